@@ -1,0 +1,48 @@
+"""Heavy optional packages are imported here and only here, on first use.
+
+Keeping them in one place means a base install (no TensorRT, no scikit-image) can import every
+``deploykit`` module, and a missing extra fails with one line that names the extra to install.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from deploykit.errors import MissingDependencyError
+
+# module name -> the pip extra that provides it
+_EXTRAS = {
+    "tensorrt": "trt",
+    "tensorrt_rtx": "rtx",
+    "skimage": "images",
+}
+
+
+def lazy_import(module: str) -> ModuleType:
+    """Import an optional module, or raise a one-line error naming the extra that provides it.
+
+    Args:
+        module: importable module name, e.g. ``"tensorrt_rtx"``.
+
+    Returns:
+        The imported module.
+
+    Raises:
+        MissingDependencyError: the module is not installed (or fails to import).
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        extra = _EXTRAS.get(module)
+        hint = f"pip install 'deploykit[{extra}]'" if extra else f"pip install {module}"
+        raise MissingDependencyError(f"{module} is not available ({err}); install it with: {hint}") from err
+
+
+def is_available(module: str) -> bool:
+    """Whether an optional module imports, without raising."""
+    try:
+        lazy_import(module)
+    except MissingDependencyError:
+        return False
+    return True

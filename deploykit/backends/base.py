@@ -1,0 +1,70 @@
+"""The one interface every backend implements (after Polygraphy's ``BaseRunner``).
+
+``activate`` loads the model or engine, ``infer`` runs a feed dict of numpy arrays and returns
+a dict of numpy arrays, ``deactivate`` frees it. The base class checks state and input names
+once so runners only implement ``_activate``, ``_infer`` and ``_deactivate``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from deploykit.errors import DeployKitError
+
+
+class Runner:
+    """Base runner; use as a context manager: ``with OnnxrtRunner(path) as r: r.infer(feed)``."""
+
+    name = "runner"
+
+    def __init__(self):
+        self.is_active = False
+
+    def activate(self) -> None:
+        if self.is_active:
+            raise DeployKitError(f"{self.name} runner is already active")
+        self._activate()
+        self.is_active = True
+
+    def deactivate(self) -> None:
+        if not self.is_active:
+            raise DeployKitError(f"{self.name} runner is not active")
+        self._deactivate()
+        self.is_active = False
+
+    def infer(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run one batch.
+
+        Args:
+            feed: input name → array (``images``: ``[B, C, H, W]`` float32).
+
+        Returns:
+            Output name → array.
+        """
+        if not self.is_active:
+            raise DeployKitError(f"{self.name} runner must be activated before infer()")
+        missing = sorted(set(self.input_names()) - set(feed))
+        if missing:
+            raise DeployKitError(f"{self.name} runner: missing input(s) {missing}; got {sorted(feed)}")
+        return self._infer(feed)
+
+    def input_names(self) -> list[str]:
+        return ["images"]
+
+    def __enter__(self):
+        self.activate()
+        return self
+
+    def __exit__(self, *exc):
+        self.deactivate()
+
+    def _activate(self) -> None:
+        raise NotImplementedError
+
+    def _infer(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def _deactivate(self) -> None:
+        raise NotImplementedError

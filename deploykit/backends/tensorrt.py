@@ -1,0 +1,269 @@
+"""Build serialized TensorRT (or TensorRT-RTX) engines from ONNX.
+
+``EngineFromOnnx`` follows Polygraphy's lazy-loader style: construct it with a model and options,
+call it to get the serialized engine. Both ``tensorrt`` (10.9+/11) and ``tensorrt_rtx`` share the
+Python API used here; differences are handled by introspection, never by guessing versions.
+Neither package is imported until a build is requested.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from deploykit._io import atomic_path
+from deploykit._lazy import lazy_import
+from deploykit.errors import ExportError
+
+TRT_MODULES = ("tensorrt", "tensorrt_rtx")
+_MAX_OPT_LEVEL = 5
+# Parser/builder messages may span lines; one-line errors need a cap as well as flattening.
+_MAX_MESSAGE_CHARS = 600
+
+_log = logging.getLogger(__name__)
+
+OnnxSource = str | os.PathLike | bytes | bytearray | memoryview
+
+
+def _check_module(module: str) -> None:
+    if module not in TRT_MODULES:
+        raise ValueError(f"unknown TensorRT module {module!r}; choose one of: {', '.join(TRT_MODULES)}")
+
+
+def import_trt(module: str = "tensorrt") -> ModuleType:
+    """Import a TensorRT flavour on demand.
+
+    Args:
+        module: ``"tensorrt"`` or ``"tensorrt_rtx"``.
+
+    Returns:
+        The imported module.
+
+    Raises:
+        ValueError: ``module`` is not one of ``TRT_MODULES``.
+        MissingDependencyError: the module is not installed.
+    """
+    _check_module(module)
+    return lazy_import(module)
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """Engine build settings.
+
+    Attributes:
+        module: Which TensorRT flavour builds the engine (``"tensorrt"`` or ``"tensorrt_rtx"``).
+        workspace_mib: Workspace memory pool limit in MiB; ``None`` keeps TensorRT's default.
+        optimization_level: Builder optimization level 0-5; ``None`` keeps the default (3).
+        min_batch: Smallest batch the engine accepts.
+        opt_batch: Batch size the engine is tuned for.
+        max_batch: Largest batch the engine accepts.
+        timing_cache: Timing cache file, loaded if it exists and saved after the build.
+            TensorRT only: it is a no-op in TensorRT-RTX and ignored there.
+        plugin_libraries: Shared libraries with plugin creators, loaded before parsing.
+    """
+
+    module: str = "tensorrt"
+    workspace_mib: int | None = None
+    optimization_level: int | None = None
+    min_batch: int = 1
+    opt_batch: int = 1
+    max_batch: int = 8
+    timing_cache: str | None = None
+    plugin_libraries: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        # Fail on construction, before minutes of building, rather than inside TensorRT.
+        _check_module(self.module)
+        if not 1 <= self.min_batch <= self.opt_batch <= self.max_batch:
+            batches = (self.min_batch, self.opt_batch, self.max_batch)
+            raise ValueError(f"batch sizes must satisfy 1 <= min <= opt <= max, got {batches}")
+        if self.workspace_mib is not None and self.workspace_mib <= 0:
+            raise ValueError(f"workspace_mib must be positive, got {self.workspace_mib}")
+        if self.optimization_level is not None and not 0 <= self.optimization_level <= _MAX_OPT_LEVEL:
+            raise ValueError(f"optimization_level must be in 0-{_MAX_OPT_LEVEL}, got {self.optimization_level}")
+
+
+def _one_line(text: str) -> str:
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= _MAX_MESSAGE_CHARS else flat[: _MAX_MESSAGE_CHARS - 3] + "..."
+
+
+def _make_logger(trt: ModuleType) -> Any:
+    """A logger that forwards to ``logging`` and keeps errors for the one-line exception."""
+
+    class _Logger(trt.ILogger):
+        def __init__(self) -> None:
+            trt.ILogger.__init__(self)
+            self.errors: list[str] = []
+
+        def log(self, severity: Any, msg: str) -> None:
+            if severity <= trt.ILogger.ERROR:
+                self.errors.append(_one_line(msg))
+            # Errors end up in the ExportError; logging them loudly too would repeat it, multi-line.
+            _log.log(logging.WARNING if severity == trt.ILogger.WARNING else logging.DEBUG, "%s", msg)
+
+    return _Logger()
+
+
+def _create_network(trt: ModuleType, builder: Any) -> Any:
+    """Create an explicitly strongly typed network where the flag exists.
+
+    TensorRT 10 needs the flag for strong typing (the only mode TensorRT 11 has); TensorRT 11
+    and TensorRT-RTX accept and ignore it, and a future release may drop the enum member.
+    """
+    strongly_typed = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
+    flags = 0 if strongly_typed is None else 1 << int(strongly_typed)
+    return builder.create_network(flags)
+
+
+def _load_plugins(builder: Any, libraries: tuple[str, ...]) -> None:
+    registry = builder.get_plugin_registry()
+    for lib in libraries:
+        if not Path(lib).is_file():
+            raise ExportError(f"plugin library {lib} does not exist")
+        if registry.load_library(str(lib)) is None:
+            raise ExportError(f"TensorRT could not load plugin library {lib}")
+
+
+def _parse(trt: ModuleType, network: Any, logger: Any, source: OnnxSource) -> Any:
+    """Parse ONNX into ``network``; returns the parser, which must outlive the build (it owns weights)."""
+    parser = trt.OnnxParser(network, logger)
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        ok = parser.parse(bytes(source))
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise ExportError(f"ONNX model {path} does not exist")
+        # From a path, so weights stored as external data resolve relative to the model file.
+        ok = parser.parse_from_file(str(path))
+    if not ok:
+        errors = []
+        for i in range(parser.num_errors):
+            err = parser.get_error(i)
+            where = f"node {err.node()} ({err.node_name() or '?'}: {err.node_operator() or '?'})"
+            errors.append(f"{err.desc()} [{where}]" if err.node() >= 0 else err.desc())
+        detail = "; ".join(errors) or "; ".join(logger.errors) or "no parser error reported"
+        raise ExportError(_one_line(f"TensorRT could not parse the ONNX model: {detail}"))
+    # Protobuf happily decodes many junk byte strings as an empty model; say so, not "no outputs".
+    if network.num_outputs == 0:
+        raise ExportError("TensorRT could not parse the ONNX model: it has no outputs (empty or not an ONNX file?)")
+    return parser
+
+
+def _add_profile(builder: Any, network: Any, config: Any, options: BuildOptions) -> None:
+    """Give every input with a dynamic batch dim the min/opt/max batch range.
+
+    Only dim 0 may be dynamic: the models are exported at one resolution, so any other dynamic
+    dim means the export went wrong, and guessing its range would build a slow or wrong engine.
+    """
+    profile = builder.create_optimization_profile()
+    dynamic = False
+    for i in range(network.num_inputs):
+        tensor = network.get_input(i)
+        dims = tuple(tensor.shape)
+        if all(d >= 0 for d in dims):
+            continue
+        bad = [axis for axis, d in enumerate(dims) if d < 0 and axis != 0]
+        if bad:
+            raise ExportError(
+                f"input {tensor.name!r} has shape {list(dims)} with dynamic non-batch dim(s) {bad}; "
+                "a static shape is expected for every dim but the batch (dim 0)"
+            )
+        rest = dims[1:]
+        shapes = [(batch, *rest) for batch in (options.min_batch, options.opt_batch, options.max_batch)]
+        profile.set_shape(tensor.name, *shapes)
+        dynamic = True
+    if dynamic:
+        config.add_optimization_profile(profile)
+
+
+def _load_timing_cache(config: Any, path: Path) -> Any:
+    data = path.read_bytes() if path.is_file() else b""
+    cache = config.create_timing_cache(data)
+    # Strict: a cache from another GPU or version would mislead tactic selection.
+    if not config.set_timing_cache(cache, False):
+        raise ExportError(f"timing cache {path} does not match this GPU/TensorRT; delete it to rebuild")
+    return cache
+
+
+class EngineFromOnnx:
+    """Lazily build a serialized engine from an ONNX model.
+
+    Args:
+        onnx_path_or_bytes: Path to an ``.onnx`` file, the serialized model, or a callable
+            returning either (evaluated when the engine is built).
+        options: Build settings; defaults to ``BuildOptions()``.
+
+    Example:
+        >>> engine = EngineFromOnnx("vit.onnx", BuildOptions(module="tensorrt_rtx"))()
+    """
+
+    def __init__(
+        self, onnx_path_or_bytes: OnnxSource | Callable[[], OnnxSource], options: BuildOptions | None = None
+    ) -> None:
+        self.onnx_path_or_bytes = onnx_path_or_bytes
+        self.options = options if options is not None else BuildOptions()
+
+    def __call__(self) -> bytes:
+        """Build the engine.
+
+        Returns:
+            The serialized engine.
+
+        Raises:
+            ExportError: the model cannot be parsed, has a dynamic non-batch dim, or the build fails.
+            MissingDependencyError: the selected TensorRT module is not installed.
+        """
+        opts = self.options
+        source = self.onnx_path_or_bytes() if callable(self.onnx_path_or_bytes) else self.onnx_path_or_bytes
+        trt = import_trt(opts.module)
+        logger = _make_logger(trt)
+        builder = trt.Builder(logger)
+        _load_plugins(builder, opts.plugin_libraries)
+        network = _create_network(trt, builder)
+        parser = _parse(trt, network, logger, source)
+
+        config = builder.create_builder_config()
+        _add_profile(builder, network, config, opts)
+        if opts.workspace_mib is not None:
+            config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, opts.workspace_mib << 20)
+        if opts.optimization_level is not None:
+            config.builder_optimization_level = opts.optimization_level
+        cache_path = cache = None
+        if opts.timing_cache is not None:
+            if opts.module == "tensorrt" and hasattr(config, "create_timing_cache"):
+                cache_path = Path(opts.timing_cache)
+                cache = _load_timing_cache(config, cache_path)  # must stay alive through the build
+            else:
+                _log.warning("timing cache ignored: %s has no usable timing cache", opts.module)
+
+        serialized = builder.build_serialized_network(network, config)
+        del parser, cache  # only now: the network used weights the parser owned
+        if serialized is None:
+            detail = "; ".join(logger.errors) or "no builder error reported"
+            raise ExportError(_one_line(f"TensorRT engine build failed: {detail}"))
+        if cache_path is not None:  # the config's cache now also holds this build's timings
+            with atomic_path(cache_path) as tmp:
+                tmp.write_bytes(bytes(config.get_timing_cache().serialize()))
+        return bytes(serialized)
+
+
+def save_engine(engine: bytes, dest: str | os.PathLike) -> Path:
+    """Write a serialized engine atomically; on failure ``dest`` is left as it was.
+
+    Args:
+        engine: Serialized engine, e.g. from ``EngineFromOnnx``.
+        dest: Destination file; parent directories are created.
+
+    Returns:
+        The destination path.
+    """
+    with atomic_path(dest) as tmp:
+        tmp.write_bytes(engine)
+    return Path(dest)

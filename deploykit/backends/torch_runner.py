@@ -1,0 +1,48 @@
+"""PyTorch eager runner: the reference (float64 by default) and a baseline for profiling."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+from deploykit.backends.base import Runner
+from deploykit.nn.vit import VisionTransformer
+
+
+class TorchRunner(Runner):
+    """Runs a ``VisionTransformer`` in eager mode.
+
+    Args:
+        model: the model (copied to ``dtype``; the caller's model is not modified).
+        dtype: ``torch.float64`` for reference checks, ``torch.float32`` for timing.
+        return_blocks: also return every block's output as ``blocks.<i>`` (for bisection).
+    """
+
+    name = "torch"
+
+    def __init__(self, model: VisionTransformer, dtype: torch.dtype = torch.float64, return_blocks: bool = False):
+        super().__init__()
+        self.model = model
+        self.dtype = dtype
+        self.return_blocks = return_blocks
+        self._model = None
+
+    def _activate(self) -> None:
+        import copy
+
+        self._model = copy.deepcopy(self.model).to(self.dtype).eval()
+
+    def _infer(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        images = torch.from_numpy(np.ascontiguousarray(feed["images"])).to(self.dtype)
+        with torch.inference_mode():
+            tables = self._model.tables(self._model.grid(*images.shape[-2:]), self.dtype)
+            features = self._model.forward_features(images, tables)
+            out = {"logits": self._model.forward_head(features[-1]).numpy()}
+            if self.return_blocks:
+                out.update({f"blocks.{i}": f.numpy() for i, f in enumerate(features[1:])})
+        return out
+
+    def _deactivate(self) -> None:
+        self._model = None

@@ -1,0 +1,134 @@
+"""The ``deploykit`` command: parse options, call one library function, print the result.
+
+Every ``DeployKitError`` (bad path, corrupt checkpoint, bad resolution, failed check) becomes a
+one-line message on stderr and exit code 1, with no traceback. Library imports happen inside
+the commands so ``deploykit --help`` starts fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from deploykit.errors import DeployKitError
+
+
+class _Resolution(click.ParamType):
+    """``224`` or ``384x256`` (height x width)."""
+
+    name = "RESOLUTION"
+
+    def convert(self, value, param, ctx):
+        from deploykit.export.onnx_export import parse_resolution
+
+        try:
+            return parse_resolution(value)
+        except DeployKitError as err:
+            self.fail(str(err), param, ctx)
+
+
+RESOLUTION = _Resolution()
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="deploykit")
+def cli():
+    """Vision Transformers with novel positional encodings, from PyTorch to served engines."""
+
+
+@cli.command()
+@click.option("--encoding", "-e", default=None, help="Encoding for a new/default model (ape, rope-axial, rope-mixed, ...).")
+@click.option("--model", "model_name", default=None, help="Model size when building from --encoding (default vit_tiny_patch16).")
+@click.option("--checkpoint", "-c", type=click.Path(path_type=Path), default=None,
+              help="Model directory (config.json + model.safetensors) or weights file (.safetensors, .pt).")
+@click.option("--resolution", "-r", "resolutions", type=RESOLUTION, multiple=True, help="Repeatable; default the model's img_size.")
+@click.option("--output", "-o", type=click.Path(path_type=Path), required=True, help="Export directory.")
+@click.option("--opset", type=int, default=None, help="ONNX opset (default 18).")
+def export(encoding, model_name, checkpoint, resolutions, output, opset):
+    """Export a model to one ONNX graph per resolution, tables baked in, graph linted."""
+    from deploykit.export import DEFAULT_OPSET, resolution_tag
+    from deploykit.export import export as export_model
+    from deploykit.nn.resolve import resolve_model
+
+    console = _console()
+    model, source = resolve_model(checkpoint=checkpoint, encoding=encoding, model_name=model_name)
+    resolutions = resolutions or [(model.cfg.img_size, model.cfg.img_size)]
+    with console.status("exporting") as status:
+        manifest = export_model(model, resolutions, output, opset=opset or DEFAULT_OPSET, source=source,
+                                progress=lambda msg: status.update(msg))
+    for graph in manifest.graphs:
+        console.print(f"[green]✓[/] {output / graph.file}  ({resolution_tag(graph.resolution)}, opset {graph.opset})")
+
+
+@cli.command()
+@click.argument("export_dir", type=click.Path(path_type=Path))
+@click.option("--resolution", "-r", "resolutions", type=RESOLUTION, multiple=True, help="Repeatable; default every exported one.")
+@click.option("--backend", "-b", "backends", multiple=True, default=("ort",), show_default=True, help="Repeatable: ort.")
+@click.option("--precision", default="fp32", show_default=True, help="Tolerance set: fp32, fp16, bf16.")
+@click.option("--num-random", default=4, show_default=True, help="Seeded noise inputs per resolution.")
+@click.option("--num-real", default=8, show_default=True, help="Bundled real images per resolution.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--report", type=click.Path(path_type=Path), default=None, help="Write the JSON report here.")
+def validate(export_dir, resolutions, backends, precision, num_random, num_real, seed, report):
+    """Compare exported graphs with the PyTorch float64 reference; exit 1 on failure."""
+    from deploykit._io import write_json_atomic
+    from deploykit.validate import validate as run_validation
+
+    console = _console()
+    with console.status("validating") as status:
+        result = run_validation(export_dir, resolutions=resolutions or None, backends=backends, precision=precision,
+                                num_random=num_random, num_real=num_real, seed=seed, progress=lambda m: status.update(m))
+    _print_report(console, result)
+    if report:
+        write_json_atomic(report, result.to_json())
+        console.print(f"report: {report}")
+    result.raise_for_failure()
+
+
+def _print_report(console, report) -> None:
+    from deploykit.export import resolution_tag
+
+    for r in report.records:
+        mark = "[green]✓[/]" if r.passed else "[red]✗[/]"
+        line = (f"{mark} {r.backend:<5} {resolution_tag(tuple(r.resolution)):>8}  max|Δ| {r.max_abs:.2e}  mean|Δ| {r.mean_abs:.2e}"
+                f"  cos {r.cosine:.8f}  top1 {r.top1_agreement:.0%}  top5 {r.top5_agreement:.0%}  NaN/Inf {r.nan_count}/{r.inf_count}")
+        if r.first_divergent_block:
+            line += f"  first divergence: {r.first_divergent_block}"
+        console.print(line, soft_wrap=True)
+    passed = sum(r.passed for r in report.records)
+    colour = "green" if report else "red"
+    console.print(f"[{colour}]{passed}/{len(report.records)} checks passed[/]")
+
+
+@cli.command("list")
+def list_cmd():
+    """List registered encodings and model sizes."""
+    from deploykit.encodings import list_encodings
+    from deploykit.nn import list_models
+
+    click.echo("encodings: " + ", ".join(list_encodings()))
+    click.echo("models:    " + ", ".join(list_models()))
+
+
+def main(argv=None) -> None:
+    """Entry point: run the CLI; a DeployKitError exits 1 with one line on stderr."""
+    try:
+        cli.main(args=argv, prog_name="deploykit", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as err:
+        err.show()
+        sys.exit(err.exit_code)
+    except DeployKitError as err:
+        click.echo(f"error: {err}", err=True)
+        sys.exit(1)

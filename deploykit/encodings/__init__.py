@@ -1,0 +1,34 @@
+"""Positional encodings: one module per paper, all behind one registry.
+
+``create_encoding("rope-axial", dims)`` builds an encoding module; ``list_encodings()`` names
+what is available. Each module registers itself with ``@register_encoding``.
+"""
+
+from deploykit.encodings._registry import (
+    config_from_dict,
+    config_to_dict,
+    create_encoding,
+    encoding_name,
+    get_config,
+    list_encodings,
+    register_encoding,
+)
+from deploykit.encodings.base import EncodingConfig, Hook, PETables, PositionalEncoding, TrunkDims
+
+# Importing the modules registers them.
+from deploykit.encodings import ape, rope  # noqa: E402,F401  isort: skip
+
+__all__ = [
+    "EncodingConfig",
+    "Hook",
+    "PETables",
+    "PositionalEncoding",
+    "TrunkDims",
+    "config_from_dict",
+    "config_to_dict",
+    "create_encoding",
+    "encoding_name",
+    "get_config",
+    "list_encodings",
+    "register_encoding",
+]

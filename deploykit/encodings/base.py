@@ -1,0 +1,134 @@
+"""What every positional encoding provides to the trunk.
+
+An encoding declares one of three hooks (see ``Hook``) and builds its tables for a patch grid
+on the host in float64. The trunk asks for the tables once per forward and hands each block its
+share, so an exporter can bake the same tables as constants for a fixed resolution.
+
+Table layouts used across encodings (``P`` prefix tokens, ``N = gh * gw`` patches, ``D`` embed
+dim, ``H`` heads, ``d`` head dim):
+
+* tokens hook: ``pos_embed`` ``[1, P + N, D]``, added to the token sequence.
+* qk hook: ``cos``/``sin`` ``[H or 1, P + N, r/2]`` per block, rotating the first ``r`` dims of q, k.
+* logits hook: whatever the encoding needs to form a ``[B, H, P + N, P + N]`` bias.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+
+class Hook(str, enum.Enum):
+    """Where in the trunk an encoding acts."""
+
+    TOKENS = "tokens"  # added to the token sequence once, before the blocks
+    QK = "qk"  # applied to queries and keys in every block
+    LOGITS = "logits"  # added to the attention logits in every block
+
+
+@dataclass(frozen=True)
+class EncodingConfig:
+    """Base for every encoding's frozen config (saved next to the weights)."""
+
+
+@dataclass(frozen=True)
+class TrunkDims:
+    """The trunk's sizes an encoding needs to build its parameters and tables."""
+
+    embed_dim: int
+    num_heads: int
+    depth: int
+    num_prefix_tokens: int
+    grid: tuple[int, int]  # the patch grid the model is built (and trained) for
+
+    @property
+    def head_dim(self) -> int:
+        return self.embed_dim // self.num_heads
+
+
+@dataclass
+class PETables:
+    """Tables for one patch grid: used once per forward (``model``) and per block (``layers``).
+
+    Per-block dicts may share tensor objects; an exporter stores each distinct tensor once.
+    """
+
+    model: dict[str, Tensor] = field(default_factory=dict)
+    layers: list[dict[str, Tensor]] = field(default_factory=list)
+
+    def map(self, fn) -> PETables:
+        """Apply ``fn`` to every tensor, keeping sharing between layers."""
+        seen: dict[int, Tensor] = {}
+
+        def once(t: Tensor) -> Tensor:
+            if id(t) not in seen:
+                seen[id(t)] = fn(t)
+            return seen[id(t)]
+
+        return PETables(
+            model={k: once(v) for k, v in self.model.items()},
+            layers=[{k: once(v) for k, v in layer.items()} for layer in self.layers],
+        )
+
+
+class PositionalEncoding(nn.Module):
+    """Base class: subclasses set ``hook`` and implement ``tables`` plus that hook's method.
+
+    Args:
+        config: the encoding's frozen config.
+        dims: the trunk sizes.
+    """
+
+    hook: ClassVar[Hook]
+    # State-dict keys this encoding keeps at the model's top level (timm names), e.g. ``pos_embed``.
+    top_level_keys: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, config: EncodingConfig, dims: TrunkDims):
+        super().__init__()
+        self.config = config
+        self.dims = dims
+
+    def tables(self, grid: tuple[int, int]) -> PETables:
+        """Build the tables for a ``(gh, gw)`` patch grid in float64 (differentiable in learned params)."""
+        raise NotImplementedError
+
+    def apply_tokens(self, x: Tensor, tables: dict[str, Tensor]) -> Tensor:
+        """Tokens hook: ``x`` ``[B, P + N, D]`` → same shape."""
+        raise NotImplementedError(f"{type(self).__name__} has no tokens hook")
+
+    def apply_qk(self, q: Tensor, k: Tensor, tables: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """QK hook: ``q``, ``k`` ``[B, H, P + N, d]`` → same shapes."""
+        raise NotImplementedError(f"{type(self).__name__} has no qk hook")
+
+    def logits_bias(self, q: Tensor, k: Tensor, tables: dict[str, Tensor]) -> Tensor:
+        """Logits hook: bias ``[B or 1, H or 1, P + N, P + N]`` added to the scaled logits."""
+        raise NotImplementedError(f"{type(self).__name__} has no logits hook")
+
+    def reset_parameters(self) -> None:
+        """Initialise learned parameters (called by the trunk's init)."""
+
+
+def prefix_identity_rotation(num_prefix: int, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """Prepend identity rotations (cos 1, sin 0) for prefix tokens along dim -2, by concatenation.
+
+    Concatenation rather than slice writes keeps the exported graph free of ScatterND.
+    """
+    if num_prefix == 0:
+        return cos, sin
+    shape = (*cos.shape[:-2], num_prefix, cos.shape[-1])
+    return (
+        torch.cat([cos.new_ones(shape), cos], dim=-2),
+        torch.cat([sin.new_zeros(shape), sin], dim=-2),
+    )
+
+
+def patch_coordinates(grid: tuple[int, int], dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor]:
+    """Integer patch coordinates ``(y, x)``, each ``[gh * gw]``, in row-major token order."""
+    gh, gw = grid
+    ys = torch.arange(gh, dtype=dtype)[:, None].expand(gh, gw).reshape(-1)
+    xs = torch.arange(gw, dtype=dtype)[None, :].expand(gh, gw).reshape(-1)
+    return ys, xs

@@ -1,0 +1,39 @@
+"""The one exception family users see.
+
+The CLI turns any ``DeployKitError`` into a one-line message and exit code 1, so every message
+says what was expected, what was found, and, where it helps, what to do.
+"""
+
+from __future__ import annotations
+
+
+class DeployKitError(Exception):
+    """Base class for every error deploykit raises on bad input or a failed check."""
+
+
+class CheckpointError(DeployKitError):
+    """A checkpoint is missing, corrupt, of an unsupported format, or does not fit the model."""
+
+
+class ResolutionError(DeployKitError):
+    """A resolution the model cannot take (e.g. not a multiple of the patch size)."""
+
+
+class ConfigError(DeployKitError):
+    """An unknown encoding/model name or an unsupported option."""
+
+
+class ExportError(DeployKitError):
+    """Export to ONNX failed, or the exported graph failed the lint."""
+
+
+class ValidationError(DeployKitError):
+    """An exported artifact disagrees with the PyTorch reference beyond tolerance."""
+
+
+class StaleEngineError(DeployKitError):
+    """A serialized engine whose fingerprint does not match the current environment."""
+
+
+class MissingDependencyError(DeployKitError):
+    """An optional package needed for the requested feature is not installed."""

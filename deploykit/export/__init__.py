@@ -1,0 +1,33 @@
+"""PyTorch → ONNX: tables baked per resolution, graph lint, export directories."""
+
+from deploykit.export.bundle import MANIFEST_FILE, GraphEntry, Manifest, export, load_reference
+from deploykit.export.lint import LintIssue, check_graph, lint_graph
+from deploykit.export.onnx_export import (
+    DEFAULT_OPSET,
+    INPUT_NAME,
+    OUTPUT_NAME,
+    BakedViT,
+    onnx_from_model,
+    parse_resolution,
+    resolution_tag,
+    save_onnx,
+)
+
+__all__ = [
+    "DEFAULT_OPSET",
+    "INPUT_NAME",
+    "MANIFEST_FILE",
+    "OUTPUT_NAME",
+    "BakedViT",
+    "GraphEntry",
+    "LintIssue",
+    "Manifest",
+    "check_graph",
+    "export",
+    "lint_graph",
+    "load_reference",
+    "onnx_from_model",
+    "parse_resolution",
+    "resolution_tag",
+    "save_onnx",
+]

@@ -1,0 +1,228 @@
+"""PyTorch → ONNX for one fixed resolution, with the encoding's tables baked as constants.
+
+``BakedViT`` freezes the encoding's tables for one patch grid (built in float64, stored fp32)
+into buffers under ``pe_tables``; the dynamo exporter turns them into initializers named
+``pe_tables.<name>``, which the lint recognises (they must stay fp32). The batch dimension is
+dynamic; the spatial size is static (one engine per resolution is TensorRT's fastest form).
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import io
+import json
+import logging
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+import torch
+from torch import Tensor, nn
+
+import deploykit
+from deploykit._io import atomic_path
+from deploykit.encodings import PETables, config_to_dict
+from deploykit.errors import ExportError
+from deploykit.export.lint import check_graph
+from deploykit.nn.vit import VisionTransformer
+
+# Opset 18: LayerNormalization is native (17+), and TensorRT 10.x, TensorRT-RTX and ONNX
+# Runtime all parse it; newer opsets map SDPA to an Attention op that TensorRT 10 lacks.
+DEFAULT_OPSET = 18
+INPUT_NAME = "images"
+OUTPUT_NAME = "logits"
+TABLE_MODULE = "pe_tables"
+# torch.export refuses to generalise a dimension whose example value is 0 or 1.
+_EXAMPLE_BATCH = 2
+_MAX_BATCH = 4096
+
+
+def parse_resolution(value: int | str | tuple[int, int]) -> tuple[int, int]:
+    """``224`` → ``(224, 224)``; ``"384x256"`` → ``(384, 256)`` (height × width)."""
+    if isinstance(value, tuple):
+        return value
+    text = str(value).lower()
+    try:
+        parts = [int(p) for p in text.split("x")]
+    except ValueError:
+        raise ExportError(f"invalid resolution {value!r}; expected e.g. 224 or 384x256") from None
+    if len(parts) == 1:
+        return parts[0], parts[0]
+    if len(parts) == 2:
+        return parts[0], parts[1]
+    raise ExportError(f"invalid resolution {value!r}; expected e.g. 224 or 384x256")
+
+
+def resolution_tag(resolution: tuple[int, int]) -> str:
+    """``(224, 224)`` → ``"224"``, ``(384, 256)`` → ``"384x256"``."""
+    h, w = resolution
+    return str(h) if h == w else f"{h}x{w}"
+
+
+class BakedViT(nn.Module):
+    """A model with its positional tables frozen for one resolution.
+
+    Args:
+        model: the trained trunk (float32, eval mode).
+        resolution: ``(height, width)`` in pixels, multiples of the patch size.
+    """
+
+    def __init__(self, model: VisionTransformer, resolution: tuple[int, int]):
+        super().__init__()
+        self.model = model
+        self.resolution = resolution
+        with torch.no_grad():
+            # Built in float64 on the host, stored in fp32 (never fp16).
+            tables = model.pos_enc.tables(model.grid(*resolution)).map(lambda t: t.detach().float())
+        self.pe_tables = nn.Module()
+        self._layout = _register_tables(self.pe_tables, tables)
+
+    def baked_tables(self) -> PETables:
+        get = lambda name: getattr(self.pe_tables, name)  # noqa: E731
+        return PETables(
+            model={k: get(n) for k, n in self._layout.model.items()},
+            layers=[{k: get(n) for k, n in layer.items()} for layer in self._layout.layers],
+        )
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.model.forward_with_tables(images, self.baked_tables())
+
+
+def _register_tables(owner: nn.Module, tables: PETables) -> PETables:
+    """Register every distinct table once as a buffer; return the same structure holding names.
+
+    Names are deterministic: ``<key>`` for model-level tables and for a tensor all blocks share,
+    ``<key>_block<i>`` for per-block tables.
+    """
+    names: dict[int, str] = {}
+
+    def name_of(key: str, tensor: Tensor, default: str) -> str:
+        if id(tensor) not in names:
+            names[id(tensor)] = default
+            owner.register_buffer(default, tensor.contiguous(), persistent=False)
+        return names[id(tensor)]
+
+    model = {k: name_of(k, v, k) for k, v in tables.model.items()}
+    layers = []
+    for i, layer in enumerate(tables.layers):
+        entry = {}
+        for key, tensor in layer.items():
+            shared = all(other.get(key) is tensor for other in tables.layers)
+            entry[key] = name_of(key, tensor, key if shared else f"{key}_block{i}")
+        layers.append(entry)
+    return PETables(model=model, layers=layers)
+
+
+@dataclass(frozen=True)
+class ExportedGraph:
+    """One exported ONNX file."""
+
+    path: Path
+    resolution: tuple[int, int]
+    opset: int
+
+
+def onnx_from_model(model: VisionTransformer, resolution: tuple[int, int], opset: int = DEFAULT_OPSET) -> onnx.ModelProto:
+    """Export ``model`` at ``resolution`` to an in-memory ONNX model, with metadata, linted.
+
+    Raises:
+        ResolutionError: the resolution is not a multiple of the patch size.
+        ExportError: the exporter failed or the graph failed the lint.
+    """
+    model = model.eval().float()
+    baked = BakedViT(model, resolution).eval()
+    example = torch.randn(_EXAMPLE_BATCH, model.cfg.in_chans, *resolution)
+    batch = torch.export.Dim("batch", min=1, max=_MAX_BATCH)
+    # The dynamo exporter prints progress lines and warnings about unrelated packages even with
+    # verbose=False; keep the CLI quiet and show only our own errors.
+    with contextlib.redirect_stdout(io.StringIO()), _quiet_exporter_logs(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            program = torch.onnx.export(
+                baked,
+                (example,),
+                dynamo=True,
+                opset_version=opset,
+                input_names=[INPUT_NAME],
+                output_names=[OUTPUT_NAME],
+                dynamic_shapes=({0: batch},),
+                optimize=True,
+                verbose=False,
+            )
+        except Exception as err:  # the exporter raises many internal types
+            raise ExportError(f"torch.onnx.export failed at {resolution}: {str(err).splitlines()[0]}") from err
+    proto = program.model_proto
+    _add_metadata(proto, model, resolution)
+    check_graph(proto)
+    return proto
+
+
+@contextlib.contextmanager
+def _quiet_exporter_logs():
+    logger = logging.getLogger("torch.onnx")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def block_output_names(proto: onnx.ModelProto, depth: int, scope: str = "model.blocks") -> list[str]:
+    """Tensor names of each transformer block's output, found from the exporter's scope metadata.
+
+    A block's output is the tensor produced inside scope ``<scope>.<i>`` and consumed outside it.
+    Recorded at export so validation can compare block by block without re-exporting.
+    """
+    producers: dict[str, str] = {}  # tensor -> block scope that produced it
+    for node in proto.graph.node:
+        block = _block_scope(node, scope)
+        for out in node.output:
+            producers[out] = block
+    outputs: dict[str, str] = {}
+    consumers = [(node, _block_scope(node, scope)) for node in proto.graph.node]
+    graph_outputs = {o.name for o in proto.graph.output}
+    for node, block in consumers:
+        for name in node.input:
+            source = producers.get(name)
+            if source and source != block:
+                outputs[source] = name
+    for name in graph_outputs:
+        if producers.get(name):
+            outputs[producers[name]] = name
+    names = [outputs.get(f"{scope}.{i}") for i in range(depth)]
+    return [n for n in names if n] if all(names) else []
+
+
+def _block_scope(node: onnx.NodeProto, scope: str) -> str:
+    """``model.blocks.<i>`` when the node belongs to a block, else ``""``."""
+    for prop in node.metadata_props:
+        if prop.key == "pkg.torch.onnx.name_scopes":
+            scopes = ast.literal_eval(prop.value)
+            return next((s for s in scopes if s.startswith(scope + ".") and s.count(".") == scope.count(".") + 1), "")
+    return ""
+
+
+def _add_metadata(proto: onnx.ModelProto, model: VisionTransformer, resolution: tuple[int, int]) -> None:
+    meta = {
+        "deploykit.version": deploykit.__version__,
+        "deploykit.encoding": config_to_dict(model.cfg.encoding)["name"],
+        "deploykit.encoding_config": json.dumps(config_to_dict(model.cfg.encoding)),
+        "deploykit.model_config": json.dumps(model.cfg.to_dict()),
+        "deploykit.resolution": json.dumps(list(resolution)),
+        "deploykit.patch_size": str(model.cfg.patch_size),
+        "deploykit.block_outputs": json.dumps(block_output_names(proto, model.cfg.depth)),
+    }
+    onnx.helper.set_model_props(proto, {**{p.key: p.value for p in proto.metadata_props}, **meta})
+    proto.producer_name = "deploykit"
+    proto.producer_version = deploykit.__version__
+
+
+def save_onnx(proto: onnx.ModelProto, dest: str | os.PathLike) -> Path:
+    """Write an ONNX model atomically (single file; ViTs up to ViT-L stay under protobuf's 2 GB)."""
+    with atomic_path(dest) as tmp:
+        onnx.save_model(proto, str(tmp))
+    return Path(dest)

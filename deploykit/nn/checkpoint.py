@@ -1,0 +1,144 @@
+"""Loading and saving models: ``config.json`` + ``model.safetensors``, and the embedded default.
+
+A ``.pt``/``.pth`` checkpoint is read only with ``torch.load(weights_only=True)``, which refuses
+pickled code. Every failure is a one-line ``CheckpointError`` naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from deploykit._io import atomic_path, write_json_atomic
+from deploykit.errors import CheckpointError, ConfigError
+from deploykit.nn.vit import ViTConfig, VisionTransformer, create_model
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+_TORCH_SUFFIXES = (".pt", ".pth", ".bin")
+
+# The embedded default until the trained zoo lands: ViT-Tiny/16 + learned APE, weights drawn
+# from a fixed seed, so `deploykit export` works with no checkpoint at all.
+DEFAULT_MODEL = "vit_tiny_patch16"
+DEFAULT_ENCODING = "ape"
+DEFAULT_SEED = 0
+
+
+def default_model(encoding: str = DEFAULT_ENCODING, model: str = DEFAULT_MODEL) -> VisionTransformer:
+    """The embedded default model (deterministic weights from ``DEFAULT_SEED``)."""
+    generator_state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(DEFAULT_SEED)
+        return create_model(model, encoding=encoding).eval()
+    finally:
+        torch.random.set_rng_state(generator_state)
+
+
+def load_checkpoint(path: str | os.PathLike) -> dict[str, Tensor]:
+    """Read a state dict from ``.safetensors`` or (weights only) ``.pt``/``.pth``/``.bin``.
+
+    Raises:
+        CheckpointError: missing, unreadable, corrupt, or of an unknown format.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    if path.suffix == ".safetensors":
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(path))
+        except (SafetensorError, OSError, ValueError) as err:
+            raise CheckpointError(f"corrupt safetensors checkpoint {path}: {err}") from err
+    if path.suffix in _TORCH_SUFFIXES:
+        return _load_torch_checkpoint(path)
+    raise CheckpointError(f"unsupported checkpoint format {path.suffix!r} for {path}; expected .safetensors or .pt")
+
+
+def _load_torch_checkpoint(path: Path) -> dict[str, Tensor]:
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch.load raises many types (UnpicklingError, RuntimeError, EOFError...)
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(f"cannot load {path} with weights_only=True: {first_line}") from err
+    # Training scripts often wrap the weights: {"state_dict": ...} or {"model": ...}.
+    for key in ("state_dict", "model"):
+        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
+            obj = obj[key]
+    if not isinstance(obj, dict) or not all(isinstance(v, Tensor) for v in obj.values()):
+        raise CheckpointError(f"{path} does not hold a state dict of tensors")
+    return obj
+
+
+def load_weights(model: VisionTransformer, state_dict: dict[str, Tensor], source: str | os.PathLike) -> None:
+    """Load a (timm-named) state dict strictly, raising one line that lists what does not fit."""
+    try:
+        result = model.load_state_dict(state_dict, strict=False)
+    except RuntimeError as err:  # shape mismatches
+        detail = " ".join(line.strip() for line in str(err).splitlines()[1:3])
+        raise CheckpointError(f"checkpoint {source} does not fit the model: {detail}") from err
+    problems = []
+    if result.missing_keys:
+        problems.append(f"missing {_preview(result.missing_keys)}")
+    if result.unexpected_keys:
+        problems.append(f"unexpected {_preview(result.unexpected_keys)}")
+    if problems:
+        raise CheckpointError(f"checkpoint {source} does not fit the model: {'; '.join(problems)}")
+
+
+def _preview(keys: list[str], limit: int = 4) -> str:
+    more = f" (+{len(keys) - limit} more)" if len(keys) > limit else ""
+    return ", ".join(keys[:limit]) + more
+
+
+def read_config(path: str | os.PathLike) -> ViTConfig:
+    """Read a ``config.json`` written by ``save_model``."""
+    path = Path(path)
+    try:
+        return ViTConfig.from_dict(json.loads(path.read_text()))
+    except FileNotFoundError as err:
+        raise CheckpointError(f"model config not found: {path}") from err
+    except (json.JSONDecodeError, TypeError, ValueError) as err:
+        raise CheckpointError(f"invalid model config {path}: {err}") from err
+
+
+def load_model(path: str | os.PathLike, config: ViTConfig | None = None) -> VisionTransformer:
+    """Load a model directory (``config.json`` + ``model.safetensors``) or a weights file.
+
+    Args:
+        path: a directory written by ``save_model``, or a weights file; for a file, the config
+            is ``config`` if given, else the ``config.json`` beside it.
+        config: architecture to build when ``path`` is a bare weights file.
+
+    Raises:
+        CheckpointError: missing/corrupt files or weights that do not fit.
+    """
+    path = Path(path)
+    weights = path / WEIGHTS_FILE if path.is_dir() else path
+    if config is None:
+        config = read_config((path if path.is_dir() else path.parent) / CONFIG_FILE)
+    state_dict = load_checkpoint(weights)
+    try:
+        model = VisionTransformer(config)
+    except (ConfigError, ValueError) as err:
+        raise CheckpointError(f"cannot build the model described for {path}: {err}") from err
+    load_weights(model, state_dict, weights)
+    return model.eval()
+
+
+def save_model(model: VisionTransformer, directory: str | os.PathLike, metadata: dict[str, Any] | None = None) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` (timm names) into ``directory`` atomically."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    with atomic_path(directory / WEIGHTS_FILE) as tmp:
+        save_file(state, str(tmp), metadata={k: str(v) for k, v in (metadata or {}).items()})
+    write_json_atomic(directory / CONFIG_FILE, model.cfg.to_dict())
+    return directory

@@ -1,0 +1,44 @@
+"""Which model a command works on: a checkpoint, a named size + encoding, or the default."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from deploykit.nn.checkpoint import CONFIG_FILE, DEFAULT_ENCODING, DEFAULT_MODEL, default_model, load_model
+from deploykit.nn.vit import VisionTransformer, create_model
+from deploykit.errors import CheckpointError
+
+
+def resolve_model(
+    checkpoint: Path | None = None, encoding: str | None = None, model_name: str | None = None
+) -> tuple[VisionTransformer, str]:
+    """Pick the model for a command.
+
+    * a checkpoint directory or a weights file with ``config.json`` beside it: loaded as is
+      (``--encoding``/``--model`` must then agree with it or be omitted);
+    * a bare weights file: architecture from ``model_name`` + ``encoding`` (defaults as below);
+    * no checkpoint: the embedded default model, with ``encoding`` if given.
+
+    Returns:
+        The model (eval mode) and a string describing where it came from.
+    """
+    if checkpoint is None:
+        enc, name = encoding or DEFAULT_ENCODING, model_name or DEFAULT_MODEL
+        return default_model(encoding=enc, model=name), f"default:{name}+{enc}"
+    checkpoint = Path(checkpoint)
+    if not checkpoint.exists():
+        raise CheckpointError(f"checkpoint not found: {checkpoint}")
+    config_dir = checkpoint if checkpoint.is_dir() else checkpoint.parent
+    if (config_dir / CONFIG_FILE).is_file():
+        model = load_model(checkpoint)
+        from deploykit.encodings import encoding_name
+
+        if encoding and encoding != encoding_name(model.cfg.encoding):
+            raise CheckpointError(
+                f"--encoding {encoding} disagrees with {config_dir / CONFIG_FILE} ({encoding_name(model.cfg.encoding)}); drop --encoding"
+            )
+        return model, str(checkpoint)
+    if checkpoint.is_dir():
+        raise CheckpointError(f"{checkpoint} has no {CONFIG_FILE}; pass a weights file with --model/--encoding")
+    model = create_model(model_name or DEFAULT_MODEL, encoding=encoding or DEFAULT_ENCODING)
+    return load_model(checkpoint, config=model.cfg), str(checkpoint)

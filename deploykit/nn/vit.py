@@ -1,0 +1,269 @@
+"""A Vision Transformer trunk with timm's module and state-dict names and three PE hooks.
+
+Names match timm's ``VisionTransformer`` (``patch_embed.proj``, ``cls_token``, ``pos_embed``,
+``blocks.N.{norm1,attn.qkv,attn.proj,norm2,mlp.fc1,mlp.fc2}``, ``norm``, ``head``), so a timm
+state dict loads. The positional encoding lives in ``pos_enc``; keys it declares top-level (the
+APE's ``pos_embed``) are renamed on save/load so they keep timm's names.
+
+The model computes its encoding's tables once per forward (``forward``) or takes them from the
+caller (``forward_with_tables``), which is how export bakes them as constants.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from deploykit.encodings import (
+    EncodingConfig,
+    Hook,
+    PETables,
+    TrunkDims,
+    config_from_dict,
+    config_to_dict,
+    create_encoding,
+    get_config,
+)
+from deploykit.errors import ConfigError, ResolutionError
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    """Architecture of the trunk plus its positional encoding.
+
+    Attributes:
+        img_size: the resolution the model is built for (the encoding's native grid).
+        norm_eps: LayerNorm epsilon (timm ViTs use 1e-6).
+        class_token: prepend a class token and pool it; otherwise mean-pool the patch tokens.
+        mean, std: input normalisation the model expects (per channel, on [0, 1] pixels).
+    """
+
+    img_size: int = 224
+    patch_size: int = 16
+    in_chans: int = 3
+    num_classes: int = 1000
+    embed_dim: int = 768
+    depth: int = 12
+    num_heads: int = 12
+    mlp_ratio: float = 4.0
+    qkv_bias: bool = True
+    class_token: bool = True
+    norm_eps: float = 1e-6
+    mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
+    std: tuple[float, float, float] = (0.229, 0.224, 0.225)
+    encoding: EncodingConfig = field(default_factory=lambda: get_config("ape"))
+
+    def __post_init__(self):
+        if self.embed_dim % self.num_heads:
+            raise ConfigError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
+        if self.img_size % self.patch_size:
+            raise ConfigError(f"img_size {self.img_size} is not a multiple of patch_size {self.patch_size}")
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return int(self.class_token)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["encoding"] = config_to_dict(self.encoding)
+        data["mean"], data["std"] = list(self.mean), list(self.std)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ViTConfig:
+        data = dict(data)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"model config has unknown field(s) {unknown}")
+        if "encoding" in data:
+            data["encoding"] = config_from_dict(data["encoding"])
+        for key in ("mean", "std"):
+            if key in data:
+                data[key] = tuple(data[key])
+        return cls(**data)
+
+
+# Standard sizes at patch 16 (timm's vit_{tiny,small,base}_patch16_224).
+MODEL_CONFIGS: dict[str, dict[str, Any]] = {
+    "vit_tiny_patch16": dict(embed_dim=192, depth=12, num_heads=3),
+    "vit_small_patch16": dict(embed_dim=384, depth=12, num_heads=6),
+    "vit_base_patch16": dict(embed_dim=768, depth=12, num_heads=12),
+}
+
+
+def list_models() -> list[str]:
+    return sorted(MODEL_CONFIGS)
+
+
+class PatchEmbed(nn.Module):
+    """Image ``[B, C, H, W]`` → tokens ``[B, (H/p)(W/p), D]`` by a stride-``p`` convolution."""
+
+    def __init__(self, patch_size: int, in_chans: int, embed_dim: int):
+        super().__init__()
+        self.patch_size = patch_size
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.proj(x).flatten(2).transpose(1, 2)
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU()  # exact erf GELU, as timm
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with the encoding's q/k and logits hooks."""
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: Tensor, pos_enc, tables: dict[str, Tensor]) -> Tensor:
+        B, N, C = x.shape
+        # [B, N, 3D] -> [3, B, H, N, d]
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        bias = None
+        if pos_enc.hook is Hook.QK:
+            q, k = pos_enc.apply_qk(q, k, tables)
+        elif pos_enc.hook is Hook.LOGITS:
+            bias = pos_enc.logits_bias(q, k, tables)
+        x = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        return self.proj(x.transpose(1, 2).reshape(B, N, C))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ViTConfig):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(cfg.embed_dim, eps=cfg.norm_eps)
+        self.attn = Attention(cfg.embed_dim, cfg.num_heads, cfg.qkv_bias)
+        self.norm2 = nn.LayerNorm(cfg.embed_dim, eps=cfg.norm_eps)
+        self.mlp = Mlp(cfg.embed_dim, int(cfg.embed_dim * cfg.mlp_ratio))
+
+    def forward(self, x: Tensor, pos_enc, tables: dict[str, Tensor]) -> Tensor:
+        x = x + self.attn(self.norm1(x), pos_enc, tables)
+        return x + self.mlp(self.norm2(x))
+
+
+class VisionTransformer(nn.Module):
+    """ViT classifier taking any resolution that is a multiple of the patch size.
+
+    Args:
+        cfg: architecture and encoding.
+    """
+
+    def __init__(self, cfg: ViTConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, cfg.embed_dim)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim)) if cfg.class_token else None
+        native = cfg.img_size // cfg.patch_size
+        dims = TrunkDims(cfg.embed_dim, cfg.num_heads, cfg.depth, cfg.num_prefix_tokens, (native, native))
+        self.pos_enc = create_encoding(cfg.encoding, dims)
+        self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.depth)])
+        self.norm = nn.LayerNorm(cfg.embed_dim, eps=cfg.norm_eps)
+        self.head = nn.Linear(cfg.embed_dim, cfg.num_classes)
+        self._init_weights()
+        self.register_state_dict_post_hook(_to_timm_names)
+        self.register_load_state_dict_pre_hook(_from_timm_names)
+
+    def _init_weights(self) -> None:
+        # timm's "jax"-free default: trunc-normal linears, zero biases, small class token.
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                nn.init.zeros_(m.bias)
+        if self.cls_token is not None:
+            nn.init.normal_(self.cls_token, std=1e-6)
+        self.pos_enc.reset_parameters()
+
+    def grid(self, height: int, width: int) -> tuple[int, int]:
+        """Patch grid for an input size; raises ``ResolutionError`` unless both are multiples of the patch."""
+        p = self.cfg.patch_size
+        if height % p or width % p or height <= 0 or width <= 0:
+            raise ResolutionError(
+                f"resolution {height}x{width} is not a positive multiple of the patch size {p}; "
+                f"try {max(p, round(height / p) * p)}"
+            )
+        return height // p, width // p
+
+    def tables(self, grid: tuple[int, int], dtype: torch.dtype) -> PETables:
+        """The encoding's tables for ``grid``, built in float64 and cast to ``dtype``."""
+        return self.pos_enc.tables(grid).map(lambda t: t.to(dtype))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.forward_with_tables(x, self.tables(self.grid(*x.shape[-2:]), x.dtype))
+
+    def forward_with_tables(self, x: Tensor, tables: PETables) -> Tensor:
+        return self.forward_head(self.forward_features(x, tables)[-1])
+
+    def forward_features(self, x: Tensor, tables: PETables) -> list[Tensor]:
+        """Token sequences after the embedding and after every block: ``depth + 1`` × ``[B, P + N, D]``."""
+        x = self.patch_embed(x)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        if self.pos_enc.hook is Hook.TOKENS:
+            x = self.pos_enc.apply_tokens(x, tables.model)
+        outputs = [x]
+        for i, block in enumerate(self.blocks):
+            x = block(x, self.pos_enc, tables.layers[i] if tables.layers else {})
+            outputs.append(x)
+        return outputs
+
+    def forward_head(self, x: Tensor) -> Tensor:
+        x = self.norm(x)
+        pooled = x[:, 0] if self.cls_token is not None else x.mean(dim=1)
+        return self.head(pooled)
+
+
+def _renames(module: VisionTransformer) -> dict[str, str]:
+    """``pos_enc.<key>`` → ``<key>`` for the keys the encoding keeps at timm's top level."""
+    return {f"pos_enc.{key}": key for key in module.pos_enc.top_level_keys}
+
+
+def _to_timm_names(module, state_dict, prefix, local_metadata):
+    for ours, timm_name in _renames(module).items():
+        if prefix + ours in state_dict:
+            state_dict[prefix + timm_name] = state_dict.pop(prefix + ours)
+
+
+def _from_timm_names(module, state_dict, prefix, *args):
+    for ours, timm_name in _renames(module).items():
+        if prefix + timm_name in state_dict:
+            state_dict[prefix + ours] = state_dict.pop(prefix + timm_name)
+
+
+def create_model(name: str = "vit_tiny_patch16", *, encoding: str | EncodingConfig = "ape", **overrides: Any) -> VisionTransformer:
+    """Build a model from a named size and an encoding.
+
+    Args:
+        name: one of ``list_models()``.
+        encoding: a registry name or a config from ``deploykit.encodings.get_config``.
+        **overrides: any ``ViTConfig`` field (``num_classes``, ``img_size``, ...).
+
+    Raises:
+        ConfigError: unknown model or encoding name, or an invalid field.
+    """
+    if name not in MODEL_CONFIGS:
+        raise ConfigError(f"unknown model {name!r}; choose one of: {', '.join(list_models())}")
+    enc = get_config(encoding) if isinstance(encoding, str) else encoding
+    try:
+        cfg = ViTConfig(**{**MODEL_CONFIGS[name], **overrides, "encoding": enc})
+    except TypeError as err:
+        raise ConfigError(f"invalid model option: {err}") from err
+    return VisionTransformer(cfg)

@@ -1,0 +1,242 @@
+"""Validate exported artifacts against the PyTorch reference.
+
+The reference is the saved model run in float64. For every backend × resolution the report
+holds max/mean absolute error, max relative error, worst per-sample cosine similarity, top-1 and
+top-5 agreement on the real images, NaN/Inf counts and pass/fail against the precision's
+tolerance. When a check fails, block outputs are compared one by one (recorded at export, so
+only those tensors are marked as outputs: fusion elsewhere is untouched) to name the first
+transformer block that diverges.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from deploykit.backends import OnnxrtRunner, Runner, TorchRunner
+from deploykit.data import random_inputs, real_inputs
+from deploykit.errors import ConfigError, DeployKitError, ValidationError
+from deploykit.export.bundle import Manifest, load_reference, sha256_file
+from deploykit.export.onnx_export import resolution_tag
+from deploykit.nn.vit import VisionTransformer
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Pass/fail thresholds on the logits."""
+
+    max_abs: float
+    min_cosine: float
+
+
+TOLERANCES = {
+    "fp32": Tolerance(max_abs=1e-4, min_cosine=0.99999),
+    "fp16": Tolerance(max_abs=5e-2, min_cosine=0.999),
+    "bf16": Tolerance(max_abs=2e-1, min_cosine=0.995),
+}
+
+
+@dataclass
+class Record:
+    """One backend at one resolution."""
+
+    backend: str
+    resolution: list[int]
+    precision: str
+    num_inputs: int
+    num_real: int
+    max_abs: float
+    mean_abs: float
+    max_rel: float
+    cosine: float
+    top1_agreement: float
+    top5_agreement: float
+    nan_count: int
+    inf_count: int
+    tolerance: dict
+    passed: bool
+    failures: list[str] = field(default_factory=list)
+    first_divergent_block: str | None = None
+
+
+@dataclass
+class ValidationReport:
+    """All records; ``bool(report)`` is True when every check passed."""
+
+    records: list[Record]
+
+    def __bool__(self) -> bool:
+        return bool(self.records) and all(r.passed for r in self.records)
+
+    def to_json(self) -> list[dict]:
+        return [asdict(r) for r in self.records]
+
+    def raise_for_failure(self) -> None:
+        failed = [r for r in self.records if not r.passed]
+        if failed:
+            parts = [f"{r.backend}@{resolution_tag(tuple(r.resolution))}: {', '.join(r.failures)}" for r in failed]
+            raise ValidationError(f"{len(failed)} of {len(self.records)} checks failed: {'; '.join(parts)}")
+
+
+def compare_logits(reference: np.ndarray, actual: np.ndarray, num_real: int, tolerance: Tolerance) -> dict:
+    """Metrics of ``actual`` against ``reference`` (both ``[B, classes]``), in float64.
+
+    Top-k agreement is measured on the last ``num_real`` rows (the real images) when there are
+    any: top-1 is the share of images with the same arg-max; top-5 is the mean overlap of the
+    two top-5 sets.
+    """
+    ref, act = reference.astype(np.float64), actual.astype(np.float64)
+    nan_count, inf_count = int(np.isnan(act).sum()), int(np.isinf(act).sum())
+    diff = np.abs(np.nan_to_num(act, nan=np.inf) - ref)
+    max_abs = float(diff.max())
+    rows = slice(len(ref) - num_real, None) if num_real else slice(None)
+    top1 = float(np.mean(ref[rows].argmax(-1) == act[rows].argmax(-1)))
+    k = min(5, ref.shape[-1])
+    top_ref, top_act = np.argsort(-ref[rows], -1)[:, :k], np.argsort(-act[rows], -1)[:, :k]
+    top5 = float(np.mean([len(set(a) & set(b)) / k for a, b in zip(top_ref, top_act)]))
+    metrics = dict(
+        max_abs=max_abs,
+        mean_abs=float(diff.mean()),
+        max_rel=float((diff / (np.abs(ref) + 1e-6)).max()),
+        cosine=_worst_cosine(ref, np.nan_to_num(act)),
+        top1_agreement=top1,
+        top5_agreement=top5,
+        nan_count=nan_count,
+        inf_count=inf_count,
+    )
+    failures = []
+    if nan_count or inf_count:
+        failures.append(f"{nan_count} NaN / {inf_count} Inf")
+    if not max_abs <= tolerance.max_abs:
+        failures.append(f"max abs {max_abs:.3g} > {tolerance.max_abs:g}")
+    if not metrics["cosine"] >= tolerance.min_cosine:
+        failures.append(f"cosine {metrics['cosine']:.7f} < {tolerance.min_cosine}")
+    return {**metrics, "failures": failures, "passed": not failures}
+
+
+def _worst_cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.reshape(len(a), -1), b.reshape(len(b), -1)
+    denom = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    cos = np.where(denom > 0, (a * b).sum(1) / np.maximum(denom, 1e-300), 1.0)
+    return float(cos.min())
+
+
+def run_batched(runner: Runner, inputs: np.ndarray, batch_size: int) -> dict[str, np.ndarray]:
+    """Run ``inputs`` through an active runner in batches; concatenate each output."""
+    parts = [runner.infer({"images": inputs[i : i + batch_size]}) for i in range(0, len(inputs), batch_size)]
+    return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+
+
+def _ort_runner(path: Path | bytes) -> Runner:
+    return OnnxrtRunner(path)
+
+
+# Backend name -> factory(onnx path or bytes) -> Runner. TensorRT backends join with their issue.
+RUNNER_FACTORIES: dict[str, Callable[[Path | bytes], Runner]] = {"ort": _ort_runner}
+
+
+def first_divergent_block(
+    onnx_path: Path, model: VisionTransformer, inputs: np.ndarray, tolerance: Tolerance, batch_size: int = 4
+) -> str | None:
+    """Name the first ``blocks.<i>`` whose output diverges, or ``"head"`` if every block agrees.
+
+    Block outputs are compared on a relative scale (error / max(1, max |reference|)) since
+    activations grow with depth. Returns None when the graph has no recorded block outputs.
+    """
+    proto = onnx.load(str(onnx_path))
+    meta = {p.key: p.value for p in proto.metadata_props}
+    names = json.loads(meta.get("deploykit.block_outputs", "[]"))
+    if not names:
+        return None
+    for name in names:
+        proto.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+    with OnnxrtRunner(proto.SerializeToString()) as runner:
+        actual = run_batched(runner, inputs, batch_size)
+    with TorchRunner(model, return_blocks=True) as runner:
+        reference = run_batched(runner, inputs, batch_size)
+    for i, name in enumerate(names):
+        ref, act = reference[f"blocks.{i}"], actual[name]
+        scale = max(1.0, float(np.abs(ref).max()))
+        if not float(np.abs(act - ref).max()) / scale <= tolerance.max_abs or _worst_cosine(ref, act) < tolerance.min_cosine:
+            return f"blocks.{i}"
+    return "head"
+
+
+def validate(
+    export_dir: str | os.PathLike,
+    *,
+    resolutions: Iterable[tuple[int, int]] | None = None,
+    backends: Sequence[str] = ("ort",),
+    precision: str = "fp32",
+    num_random: int = 4,
+    num_real: int = 8,
+    seed: int = 0,
+    batch_size: int = 4,
+    progress: Callable[[str], None] | None = None,
+) -> ValidationReport:
+    """Validate what ``deploykit export`` wrote to ``export_dir``.
+
+    Args:
+        export_dir: an export directory (``manifest.json``, reference weights, graphs).
+        resolutions: which exported resolutions; default all.
+        backends: names from ``RUNNER_FACTORIES``.
+        precision: selects the tolerance from ``TOLERANCES``.
+        num_random, num_real: seeded-noise and bundled real images per resolution.
+        seed: seed of the noise inputs.
+        batch_size: inputs per inference call.
+
+    Returns:
+        The report (``bool(report)`` tells pass/fail).
+
+    Raises:
+        DeployKitError: not an export directory, unknown backend/precision, a graph changed
+            since export, or a resolution that was not exported.
+    """
+    export_dir = Path(export_dir)
+    tolerance = _choice(TOLERANCES, precision, "precision")
+    factories = [(_choice(RUNNER_FACTORIES, b, "backend"), b) for b in backends]
+    manifest = Manifest.read(export_dir)
+    entries = [manifest.graph(tuple(r)) for r in resolutions] if resolutions else manifest.graphs
+    model = load_reference(export_dir)
+    records = []
+    for entry in entries:
+        path = _checked_graph(export_dir, entry)
+        inputs = np.concatenate(
+            [random_inputs(num_random, entry.resolution, seed), real_inputs(entry.resolution, model.cfg.mean, model.cfg.std, num_real)]
+        )
+        with TorchRunner(model) as runner:
+            reference = run_batched(runner, inputs, batch_size)["logits"]
+        for factory, backend in factories:
+            if progress:
+                progress(f"{backend} @ {resolution_tag(entry.resolution)}")
+            with factory(path) as runner:
+                actual = run_batched(runner, inputs, batch_size)["logits"]
+            metrics = compare_logits(reference, actual, num_real, tolerance)
+            record = Record(backend, list(entry.resolution), precision, len(inputs), num_real, tolerance=asdict(tolerance), **metrics)
+            if not record.passed:
+                record.first_divergent_block = first_divergent_block(path, model, inputs, tolerance, batch_size)
+            records.append(record)
+    return ValidationReport(records)
+
+
+def _choice(table: dict, key: str, what: str):
+    try:
+        return table[key]
+    except KeyError:
+        raise ConfigError(f"unknown {what} {key!r}; choose one of: {', '.join(table)}") from None
+
+
+def _checked_graph(export_dir: Path, entry) -> Path:
+    """The graph's path, refusing a file that changed since export."""
+    path = export_dir / entry.file
+    if not path.is_file():
+        raise DeployKitError(f"exported graph missing: {path}; re-run deploykit export")
+    if sha256_file(path) != entry.sha256:
+        raise DeployKitError(f"{path} changed since export (sha256 differs from manifest.json); re-run deploykit export")
+    return path

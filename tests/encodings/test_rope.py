@@ -1,0 +1,98 @@
+import math
+
+import pytest
+import torch
+
+from deploykit.encodings.base import TrunkDims
+from deploykit.encodings.rope import Rope2d, apply_rotary, axial_angles, rope_magnitudes
+from deploykit.encodings import get_config
+
+F64 = torch.float64
+DIMS = TrunkDims(embed_dim=32, num_heads=2, depth=3, num_prefix_tokens=1, grid=(4, 4))
+
+
+def make(mode):
+    torch.manual_seed(0)
+    return Rope2d(get_config(f"rope-{mode}"), DIMS)
+
+
+def rotate_at(rope, vec, pos, layer=0, head=0):
+    """Rotate a [d] vector as the token at patch position pos=(y, x) of a 6x7 grid."""
+    grid = (6, 7)
+    tables = rope.tables(grid).layers[layer]
+    idx = DIMS.num_prefix_tokens + pos[0] * grid[1] + pos[1]
+    cos, sin = tables["cos"], tables["sin"]
+    cos, sin = cos[min(head, cos.shape[0] - 1), idx], sin[min(head, sin.shape[0] - 1), idx]
+    return apply_rotary(vec, cos, sin)
+
+
+@pytest.mark.parametrize("mode", ["axial", "mixed"])
+def test_relative_position_property(mode):
+    """<R(x)q, R(y)k> depends only on x - y."""
+    rope = make(mode)
+    g = torch.Generator().manual_seed(1)
+    q, k = torch.randn(16, generator=g, dtype=F64), torch.randn(16, generator=g, dtype=F64)
+    for layer, head in [(0, 0), (2, 1)]:
+        base = rotate_at(rope, q, (1, 2), layer, head) @ rotate_at(rope, k, (3, 0), layer, head)
+        for shift in [(1, 1), (2, 4), (-1, 0)]:
+            x, y = (1 + shift[0], 2 + shift[1]), (3 + shift[0], 0 + shift[1])
+            shifted = rotate_at(rope, q, x, layer, head) @ rotate_at(rope, k, y, layer, head)
+            assert abs(shifted - base) < 1e-12
+
+
+@pytest.mark.parametrize("mode", ["axial", "mixed"])
+def test_rotation_preserves_norm_and_prefix_is_identity(mode):
+    rope = make(mode)
+    x = torch.randn(2, 2, 1 + 24, 16, dtype=F64)
+    tables = rope.tables((4, 6)).layers[1]
+    out = apply_rotary(x, tables["cos"], tables["sin"])
+    assert torch.allclose(out.norm(dim=-1), x.norm(dim=-1), atol=1e-12)
+    assert torch.equal(out[:, :, 0], x[:, :, 0])  # class token unrotated
+
+
+def test_axial_angles_split_x_then_y():
+    angles = axial_angles((3, 5), 16, 100.0)
+    mag = rope_magnitudes(16, 100.0)
+    # token (y=2, x=4) is index 14
+    assert torch.allclose(angles[14], torch.cat([4 * mag, 2 * mag]), atol=0)
+    assert torch.allclose(mag, torch.tensor([100.0 ** (-4 * j / 16) for j in range(4)], dtype=F64), rtol=1e-15)
+
+
+def test_mixed_with_axis_aligned_freqs_equals_axial():
+    """Mixed RoPE with f_x = [m, 0], f_y = [0, m] is exactly axial RoPE (paper Eq. 10 vs 11)."""
+    axial, mixed = Rope2d(get_config("rope-axial", theta=10.0), DIMS), Rope2d(get_config("rope-mixed"), DIMS)
+    mag = rope_magnitudes(DIMS.head_dim, 10.0)
+    zero = torch.zeros_like(mag)
+    with torch.no_grad():
+        mixed.freqs[0] = torch.cat([mag, zero]).float()
+        mixed.freqs[1] = torch.cat([zero, mag]).float()
+    # freqs are stored fp32; compare against axial tables built from the same rounded magnitudes
+    mag32 = mag.float().double()
+    a = axial_angles((4, 4), DIMS.head_dim, 10.0)
+    ref = torch.cat([a[:, :4] / mag * mag32, a[:, 4:] / mag * mag32], dim=-1)
+    tables = mixed.tables((4, 4)).layers[2]
+    assert torch.allclose(tables["cos"][1, 1:], ref.cos(), atol=1e-13)
+    assert torch.allclose(axial.tables((4, 4)).layers[0]["cos"][0, 1:], a.cos(), atol=0)
+
+
+def test_mixed_init_directions_are_orthogonal_pairs():
+    """The paper's init: per head, frequencies along φ and φ + π/2 with axial magnitudes."""
+    freqs = make("mixed").freqs.double()  # [2, L, H, d/2]
+    quarter = DIMS.head_dim // 4
+    first, second = freqs[..., :quarter], freqs[..., quarter:]
+    assert torch.allclose((first * second).sum(0), torch.zeros_like(first[0]), atol=1e-6)
+    mag = rope_magnitudes(DIMS.head_dim, 10.0)
+    assert torch.allclose(first.norm(dim=0), mag.expand_as(first[0]), rtol=1e-6)
+
+
+def test_head_dim_must_be_divisible_by_4():
+    with pytest.raises(ValueError, match="divisible by 4"):
+        Rope2d(get_config("rope-axial"), TrunkDims(18, 3, 1, 1, (2, 2)))
+
+
+def test_rotation_matches_complex_multiplication():
+    x = torch.randn(5, 8, dtype=F64)
+    angles = torch.rand(5, 4, dtype=F64) * 2 * math.pi
+    out = apply_rotary(x, angles.cos(), angles.sin())
+    ref = torch.view_as_real(torch.view_as_complex(x.reshape(5, 4, 2).contiguous()) * torch.polar(torch.ones_like(angles), angles))
+    assert torch.allclose(out, ref.reshape(5, 8), atol=1e-14)

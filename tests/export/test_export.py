@@ -1,0 +1,89 @@
+"""Export for every registered encoding: baked tables, lint-clean graphs, dynamic batch."""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from deploykit.backends import OnnxrtRunner
+from deploykit.encodings import list_encodings
+from deploykit.errors import ExportError, ResolutionError
+from deploykit.export import Manifest, export, lint_graph, onnx_from_model, parse_resolution
+from deploykit.nn import create_model
+
+DEPTH = 2
+
+
+def small(encoding, **kw):
+    torch.manual_seed(0)
+    return create_model("vit_tiny_patch16", encoding=encoding, depth=DEPTH, img_size=64, num_classes=10, **kw).eval()
+
+
+@pytest.fixture(scope="module", params=list_encodings())
+def exported(request):
+    model = small(request.param)
+    # a resolution different from the model's native one, non-square
+    return model, onnx_from_model(model, (96, 64))
+
+
+def test_graph_is_lint_clean_with_fp32_tables_and_no_resize(exported):
+    model, proto = exported
+    assert lint_graph(proto) == []
+    ops = {n.op_type for n in proto.graph.node}
+    assert not ops & {"Resize", "ScatterND", "If", "Loop", "Cos", "Sin"}  # tables are constants
+    tables = [t for t in proto.graph.initializer if t.name.startswith("pe_tables.")]
+    assert tables and all(t.data_type == onnx.TensorProto.FLOAT for t in tables)
+
+
+def test_metadata_and_block_outputs(exported):
+    model, proto = exported
+    meta = {p.key: p.value for p in proto.metadata_props}
+    assert json.loads(meta["deploykit.resolution"]) == [96, 64]
+    assert json.loads(meta["deploykit.encoding_config"])["name"] == meta["deploykit.encoding"]
+    assert json.loads(meta["deploykit.model_config"])["depth"] == DEPTH
+    blocks = json.loads(meta["deploykit.block_outputs"])
+    assert len(blocks) == DEPTH
+    produced = {o for n in proto.graph.node for o in n.output}
+    assert set(blocks) <= produced
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_dynamic_batch_matches_torch(exported, batch):
+    model, proto = exported
+    x = np.random.default_rng(batch).standard_normal((batch, 3, 96, 64), dtype=np.float32)
+    with OnnxrtRunner(proto.SerializeToString()) as runner:
+        out = runner.infer({"images": x})["logits"]
+    with torch.no_grad():
+        ref = model.double()(torch.from_numpy(x).double()).numpy()
+    model.float()
+    assert out.shape == (batch, 10)
+    np.testing.assert_allclose(out, ref, atol=1e-4)
+
+
+def test_bad_resolution_raises_before_exporting(tmp_path):
+    with pytest.raises(ResolutionError):
+        export(small("ape"), [(64, 64), (70, 64)], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_manifest_merges_resolutions_of_the_same_weights(tmp_path):
+    model = small("rope-axial")
+    export(model, [(64, 64)], tmp_path)
+    export(model, [(32, 32)], tmp_path)
+    manifest = Manifest.read(tmp_path)
+    assert [g.resolution for g in manifest.graphs] == [(32, 32), (64, 64)]
+    assert all((tmp_path / g.file).is_file() for g in manifest.graphs)
+    export(small("ape"), [(32, 32)], tmp_path)  # other weights: a fresh manifest
+    assert [g.resolution for g in Manifest.read(tmp_path).graphs] == [(32, 32)]
+
+
+@pytest.mark.parametrize("text,expected", [("224", (224, 224)), ("384x256", (384, 256)), (512, (512, 512))])
+def test_parse_resolution(text, expected):
+    assert parse_resolution(text) == expected
+
+
+def test_parse_resolution_rejects_garbage():
+    with pytest.raises(ExportError, match="invalid resolution"):
+        parse_resolution("big")

@@ -1,0 +1,111 @@
+"""The trunk against timm's layout and an independent functional ViT forward."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from deploykit.errors import ConfigError, ResolutionError
+from deploykit.nn import create_model
+
+F64 = torch.float64
+
+
+def timm_vit_small_patch16_224_shapes(depth=12, dim=384, classes=1000):
+    """Keys and shapes of timm's vit_small_patch16_224 state dict (timm 1.x, default options)."""
+    shapes = {
+        "cls_token": (1, 1, dim),
+        "pos_embed": (1, 197, dim),
+        "patch_embed.proj.weight": (dim, 3, 16, 16),
+        "patch_embed.proj.bias": (dim,),
+        "norm.weight": (dim,),
+        "norm.bias": (dim,),
+        "head.weight": (classes, dim),
+        "head.bias": (classes,),
+    }
+    for i in range(depth):
+        b = f"blocks.{i}."
+        shapes.update({
+            b + "norm1.weight": (dim,), b + "norm1.bias": (dim,),
+            b + "attn.qkv.weight": (3 * dim, dim), b + "attn.qkv.bias": (3 * dim,),
+            b + "attn.proj.weight": (dim, dim), b + "attn.proj.bias": (dim,),
+            b + "norm2.weight": (dim,), b + "norm2.bias": (dim,),
+            b + "mlp.fc1.weight": (4 * dim, dim), b + "mlp.fc1.bias": (4 * dim,),
+            b + "mlp.fc2.weight": (dim, 4 * dim), b + "mlp.fc2.bias": (dim,),
+        })
+    return shapes
+
+
+def reference_vit(sd, x, heads, depth, eps=1e-6):
+    """ViT forward written from the state dict alone (class token, APE, token pooling)."""
+    x = F.conv2d(x, sd["patch_embed.proj.weight"], sd["patch_embed.proj.bias"], stride=16)
+    x = x.flatten(2).transpose(1, 2)
+    x = torch.cat([sd["cls_token"].expand(len(x), -1, -1), x], 1) + sd["pos_embed"]
+    B, N, D = x.shape
+    hd = D // heads
+    for i in range(depth):
+        p = lambda n: sd[f"blocks.{i}.{n}"]  # noqa: E731
+        h = F.layer_norm(x, (D,), p("norm1.weight"), p("norm1.bias"), eps)
+        qkv = (h @ p("attn.qkv.weight").T + p("attn.qkv.bias")).reshape(B, N, 3, heads, hd)
+        q, k, v = qkv[:, :, 0].transpose(1, 2), qkv[:, :, 1].transpose(1, 2), qkv[:, :, 2].transpose(1, 2)
+        a = torch.softmax(q @ k.transpose(-1, -2) / hd**0.5, -1) @ v
+        x = x + a.transpose(1, 2).reshape(B, N, D) @ p("attn.proj.weight").T + p("attn.proj.bias")
+        h = F.layer_norm(x, (D,), p("norm2.weight"), p("norm2.bias"), eps)
+        h = F.gelu(h @ p("mlp.fc1.weight").T + p("mlp.fc1.bias"))
+        x = x + h @ p("mlp.fc2.weight").T + p("mlp.fc2.bias")
+    x = F.layer_norm(x, (D,), sd["norm.weight"], sd["norm.bias"], eps)
+    return x[:, 0] @ sd["head.weight"].T + sd["head.bias"]
+
+
+def test_timm_vit_small_state_dict_loads_and_matches_reference():
+    shapes = timm_vit_small_patch16_224_shapes()
+    g = torch.Generator().manual_seed(0)
+    sd = {k: torch.randn(s, generator=g, dtype=F64) * 0.05 for k, s in shapes.items()}
+    model = create_model("vit_small_patch16", encoding="ape").to(F64).eval()
+    model.load_state_dict(sd, strict=True)
+    assert set(model.state_dict()) == set(shapes)  # saves with timm's names too
+    x = torch.randn(2, 3, 224, 224, generator=g, dtype=F64)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), reference_vit(sd, x, heads=6, depth=12), atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("encoding", ["ape", "rope-axial", "rope-mixed"])
+def test_state_dict_round_trip(encoding):
+    torch.manual_seed(0)
+    a = create_model("vit_tiny_patch16", encoding=encoding, depth=2, img_size=64).eval()
+    torch.manual_seed(1)
+    b = create_model("vit_tiny_patch16", encoding=encoding, depth=2, img_size=64).eval()
+    b.load_state_dict(a.state_dict(), strict=True)
+    x = torch.randn(1, 3, 64, 96)
+    assert torch.equal(a(x), b(x))
+
+
+def test_block_outputs_feed_the_head():
+    model = create_model("vit_tiny_patch16", encoding="rope-axial", depth=3, img_size=32).eval()
+    x = torch.randn(2, 3, 48, 32)
+    with torch.no_grad():
+        feats = model.forward_features(x, model.tables(model.grid(48, 32), x.dtype))
+        assert len(feats) == 4 and feats[-1].shape == (2, 1 + 6, 192)
+        assert torch.equal(model.forward_head(feats[-1]), model(x))
+
+
+def test_no_class_token_mean_pools():
+    model = create_model("vit_tiny_patch16", encoding="rope-mixed", depth=1, img_size=32, class_token=False).eval()
+    assert model.cls_token is None and "cls_token" not in model.state_dict()
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        feats = model.forward_features(x, model.tables((2, 2), x.dtype))
+        assert torch.allclose(model(x), model.head(model.norm(feats[-1]).mean(1)))
+
+
+@pytest.mark.parametrize("size", [(225, 224), (224, 8), (0, 16)])
+def test_resolution_must_be_multiple_of_patch(size):
+    model = create_model("vit_tiny_patch16", depth=1)
+    with pytest.raises(ResolutionError, match="multiple of the patch size 16"):
+        model.grid(*size)
+
+
+def test_unknown_model_and_bad_config():
+    with pytest.raises(ConfigError, match="vit_tiny_patch16"):
+        create_model("vit_huge")
+    with pytest.raises(ConfigError, match="divisible"):
+        create_model("vit_tiny_patch16", num_heads=5)

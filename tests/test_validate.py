@@ -1,0 +1,99 @@
+"""validate(): every baseline passes at several resolutions; a planted error is caught and located."""
+
+import json
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import numpy_helper
+
+from deploykit.errors import ConfigError, DeployKitError, ValidationError
+from deploykit.export import Manifest, export
+from deploykit.export.bundle import MANIFEST_FILE, sha256_file
+from deploykit.nn import create_model
+from deploykit.validate import TOLERANCES, compare_logits, validate
+
+RESOLUTIONS = [(224, 224), (384, 384), (512, 512)]
+
+
+@pytest.fixture(scope="module", params=["ape", "rope-axial", "rope-mixed"])
+def export_dir(request, tmp_path_factory):
+    torch.manual_seed(0)
+    model = create_model("vit_tiny_patch16", encoding=request.param, depth=2, num_classes=100)
+    out = tmp_path_factory.mktemp(request.param)
+    export(model, RESOLUTIONS, out)
+    return out
+
+
+def test_passes_at_every_resolution(export_dir):
+    report = validate(export_dir, num_random=2, num_real=4)
+    assert bool(report)
+    assert [r.resolution for r in report.records] == [list(r) for r in RESOLUTIONS]
+    for r in report.records:
+        assert r.max_abs <= 1e-4 and r.cosine >= 0.99999 and r.nan_count == 0
+        assert r.top1_agreement == 1.0 and r.num_inputs == 6
+    json.dumps(report.to_json())  # serialisable
+
+
+def _plant_error_in_block(src, dst, block):
+    """Copy an export and scale one weight of ``blocks.<block>.mlp.fc2`` in its 224 graph."""
+    shutil.copytree(src, dst)
+    path = dst / "model_224.onnx"
+    proto = onnx.load(str(path))
+    # MatMul weights are stored transposed under exporter-chosen names; find fc2's by its node scope.
+    node = next(n for n in proto.graph.node if n.op_type in ("MatMul", "Gemm")
+                and any(f"blocks.{block}.mlp.fc2" in p.value for p in n.metadata_props))
+    init = next(i for i in proto.graph.initializer if i.name in node.input)
+    init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * 1.5, init.name))
+    onnx.save(proto, str(path))
+    manifest = json.loads((dst / MANIFEST_FILE).read_text())
+    for g in manifest["graphs"]:
+        if g["file"] == "model_224.onnx":
+            g["sha256"] = sha256_file(path)
+    (dst / MANIFEST_FILE).write_text(json.dumps(manifest))
+
+
+def test_planted_error_fails_and_names_the_block(export_dir, tmp_path):
+    _plant_error_in_block(export_dir, tmp_path / "bad", block=1)
+    report = validate(tmp_path / "bad", resolutions=[(224, 224)], num_random=2, num_real=2)
+    assert not report
+    (record,) = report.records
+    assert record.first_divergent_block == "blocks.1"
+    assert any("max abs" in f for f in record.failures)
+    with pytest.raises(ValidationError, match="ort@224"):
+        report.raise_for_failure()
+
+
+def test_graph_changed_since_export_is_refused(export_dir, tmp_path):
+    shutil.copytree(export_dir, tmp_path / "x")
+    with open(tmp_path / "x" / "model_384.onnx", "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(DeployKitError, match="changed since export"):
+        validate(tmp_path / "x", resolutions=[(384, 384)])
+
+
+def test_bad_arguments(export_dir, tmp_path):
+    with pytest.raises(ConfigError, match="ort"):
+        validate(export_dir, backends=["nope"])
+    with pytest.raises(ConfigError, match="fp32"):
+        validate(export_dir, precision="fp8")
+    with pytest.raises(DeployKitError, match="no graph exported at 320"):
+        validate(export_dir, resolutions=[(320, 320)])
+    with pytest.raises(DeployKitError, match="not a deploykit export directory"):
+        validate(tmp_path)
+
+
+def test_compare_logits_metrics():
+    ref = np.array([[1.0, 2.0, 3.0, 0.0, -1.0, 0.5], [0.0, 0.0, 1.0, 2.0, 3.0, 4.0]])
+    same = compare_logits(ref, ref.copy(), 2, TOLERANCES["fp32"])
+    assert same["passed"] and same["max_abs"] == 0 and same["top1_agreement"] == 1.0
+    swapped = ref.copy()
+    swapped[0, [1, 2]] = swapped[0, [2, 1]]  # changes the arg-max of row 0 only
+    m = compare_logits(ref, swapped, 2, TOLERANCES["fp32"])
+    assert not m["passed"] and m["top1_agreement"] == 0.5 and m["max_abs"] == 1.0
+    nan = ref.copy()
+    nan[1, 0] = np.nan
+    m = compare_logits(ref, nan, 2, TOLERANCES["fp32"])
+    assert m["nan_count"] == 1 and not m["passed"]
