@@ -95,18 +95,31 @@ def _one_line(text: str) -> str:
 
 
 def _make_logger(trt: ModuleType) -> Any:
-    """A logger that forwards to ``logging`` and keeps errors for the one-line exception."""
+    """A logger that records TensorRT's messages; ``drain()`` forwards them to ``logging``.
+
+    TensorRT calls ``log`` from its own threads as well as the caller's. Doing I/O there (a
+    ``logging`` handler flush) releases the GIL while holding the handler's lock; another
+    TensorRT thread can then take the GIL and wait on that lock: a deadlock seen with
+    TensorRT-RTX's Builder. So ``log`` only appends (atomic under the GIL, no locks), and the
+    calling thread forwards the messages after each TensorRT call.
+    """
 
     class _Logger(trt.ILogger):
         def __init__(self) -> None:
             trt.ILogger.__init__(self)
+            self.messages: list[tuple[Any, str]] = []
             self.errors: list[str] = []
 
         def log(self, severity: Any, msg: str) -> None:
-            if severity <= trt.ILogger.ERROR:
-                self.errors.append(_one_line(msg))
-            # Errors end up in the ExportError; logging them loudly too would repeat it, multi-line.
-            _log.log(logging.WARNING if severity == trt.ILogger.WARNING else logging.DEBUG, "%s", msg)
+            self.messages.append((severity, msg))
+
+        def drain(self) -> None:
+            pending, self.messages = self.messages, []
+            for severity, msg in pending:
+                if severity <= trt.ILogger.ERROR:
+                    self.errors.append(_one_line(msg))
+                # Errors end up in the ExportError; logging them loudly too would repeat them.
+                _log.log(logging.WARNING if severity == trt.ILogger.WARNING else logging.DEBUG, "%s", msg)
 
     return _Logger()
 
@@ -148,6 +161,7 @@ def _parse(trt: ModuleType, network: Any, logger: Any, source: OnnxSource) -> An
             err = parser.get_error(i)
             where = f"node {err.node()} ({err.node_name() or '?'}: {err.node_operator() or '?'})"
             errors.append(f"{err.desc()} [{where}]" if err.node() >= 0 else err.desc())
+        logger.drain()
         detail = "; ".join(errors) or "; ".join(logger.errors) or "no parser error reported"
         raise ExportError(_one_line(f"TensorRT could not parse the ONNX model: {detail}"))
     # Protobuf happily decodes many junk byte strings as an empty model; say so, not "no outputs".
@@ -224,6 +238,13 @@ class EngineFromOnnx:
         source = self.onnx_path_or_bytes() if callable(self.onnx_path_or_bytes) else self.onnx_path_or_bytes
         trt = import_trt(opts.module)
         logger = _make_logger(trt)
+        try:
+            return self._build(trt, logger, source)
+        finally:
+            logger.drain()
+
+    def _build(self, trt: ModuleType, logger: Any, source: OnnxSource) -> bytes:
+        opts = self.options
         builder = trt.Builder(logger)
         _load_plugins(builder, opts.plugin_libraries)
         network = _create_network(trt, builder)
@@ -245,6 +266,7 @@ class EngineFromOnnx:
 
         serialized = builder.build_serialized_network(network, config)
         del parser, cache  # only now: the network used weights the parser owned
+        logger.drain()
         if serialized is None:
             detail = "; ".join(logger.errors) or "no builder error reported"
             raise ExportError(_one_line(f"TensorRT engine build failed: {detail}"))
