@@ -14,27 +14,30 @@ from deploykit.errors import ConfigError
 class _Entry:
     module_cls: type[PositionalEncoding]
     config_cls: type[EncodingConfig]
-    defaults: Mapping[str, Any]
+    variant: Mapping[str, Any]  # fields whose values identify this name
+    defaults: Mapping[str, Any]  # further defaults, freely overridable
 
 
 _ENCODINGS: dict[str, _Entry] = {}
 
 
 def register_encoding(
-    name: str, config_cls: type[EncodingConfig], **defaults: Any
+    name: str, config_cls: type[EncodingConfig], *, variant: Mapping[str, Any] | None = None, **defaults: Any
 ) -> Callable[[type[PositionalEncoding]], type[PositionalEncoding]]:
     """Class decorator registering an encoding under ``name``.
 
     Args:
         name: the command-line name (``ape``, ``rope-axial``, ...).
-        config_cls: frozen dataclass of options; ``defaults`` override its field defaults for
-            this name (one class may back several names, e.g. axial and mixed RoPE).
+        config_cls: frozen dataclass of options.
+        variant: when one class backs several names (axial and mixed RoPE), the field values
+            that identify this name; fixed for the name and used to name a saved config.
+        **defaults: overrides of the config's field defaults for this name.
     """
 
     def wrap(module_cls: type[PositionalEncoding]) -> type[PositionalEncoding]:
         if name in _ENCODINGS:
             raise ValueError(f"encoding {name!r} is already registered")
-        _ENCODINGS[name] = _Entry(module_cls, config_cls, dict(defaults))
+        _ENCODINGS[name] = _Entry(module_cls, config_cls, dict(variant or {}), dict(defaults))
         return module_cls
 
     return wrap
@@ -59,11 +62,14 @@ def get_config(name: str, **options: Any) -> EncodingConfig:
         ConfigError: unknown name, or an option the encoding does not have.
     """
     entry = _entry(name)
-    fields = {f.name for f in dataclasses.fields(entry.config_cls)}
+    fields = {f.name for f in dataclasses.fields(entry.config_cls)} - set(entry.variant)
     unknown = sorted(set(options) - fields)
     if unknown:
         raise ConfigError(f"encoding {name!r} has no option(s) {unknown}; valid options: {sorted(fields)}")
-    return entry.config_cls(**{**entry.defaults, **options})
+    try:
+        return entry.config_cls(**{**entry.defaults, **options, **entry.variant})
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"invalid option for encoding {name!r}: {err}") from err
 
 
 def config_from_dict(data: Mapping[str, Any]) -> EncodingConfig:
@@ -72,7 +78,11 @@ def config_from_dict(data: Mapping[str, Any]) -> EncodingConfig:
     name = data.pop("name", None)
     if name is None:
         raise ConfigError("encoding config has no 'name'")
-    return get_config(name, **data)
+    variant = _entry(name).variant
+    clash = {k: v for k, v in data.items() if k in variant and variant[k] != v}
+    if clash:
+        raise ConfigError(f"encoding config {name!r} contradicts its name: {clash}")
+    return get_config(name, **{k: v for k, v in data.items() if k not in variant})
 
 
 def create_encoding(config: EncodingConfig, dims: TrunkDims) -> PositionalEncoding:
@@ -81,21 +91,14 @@ def create_encoding(config: EncodingConfig, dims: TrunkDims) -> PositionalEncodi
 
 
 def encoding_name(config: EncodingConfig) -> str:
-    """The registry name of a config: the entry of its class whose registered defaults it holds.
-
-    Entries that pin more fields win, so ``RopeConfig(mode="mixed")`` is ``rope-mixed``.
-    """
-    matches = [
-        (len(entry.defaults), name)
-        for name, entry in _ENCODINGS.items()
-        if type(config) is entry.config_cls
-        and all(getattr(config, key) == value for key, value in entry.defaults.items())
-    ]
-    if not matches:
-        raise ConfigError(f"{type(config).__name__} matches no registered encoding")
-    return max(matches)[1]
+    """The registry name of a config: the entry of its class whose ``variant`` fields it holds."""
+    for name, entry in _ENCODINGS.items():
+        if type(config) is entry.config_cls and all(getattr(config, k) == v for k, v in entry.variant.items()):
+            return name
+    raise ConfigError(f"{type(config).__name__} matches no registered encoding")
 
 
 def config_to_dict(config: EncodingConfig) -> dict[str, Any]:
-    """The config as JSON-ready data, with its registry name under ``"name"``."""
+    """The config as JSON-ready data, with its registry name under ``"name"`` (variant fields
+    stay in the data so a saved config reads on its own)."""
     return {"name": encoding_name(config), **dataclasses.asdict(config)}

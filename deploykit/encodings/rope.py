@@ -101,8 +101,8 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return out if x_pass.shape[-1] == 0 else torch.cat([out, x_pass], dim=-1)
 
 
-@register_encoding("rope-axial", RopeConfig, mode="axial", theta=100.0)
-@register_encoding("rope-mixed", RopeConfig, mode="mixed", theta=10.0)
+@register_encoding("rope-axial", RopeConfig, variant={"mode": "axial"}, theta=100.0)
+@register_encoding("rope-mixed", RopeConfig, variant={"mode": "mixed"}, theta=10.0)
 class Rope2d(PositionalEncoding):
     """2-D RoPE applied to q and k in every block."""
 

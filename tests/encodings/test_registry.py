@@ -7,7 +7,7 @@ from deploykit.errors import ConfigError
 from deploykit.nn import create_model
 
 # Every registered encoding must be covered by the suites below; adding one without tests fails here.
-TESTED = {"ape", "rope-axial", "rope-mixed"}
+TESTED = {"ape", "geope", "gridpe", "rope-axial", "rope-mixed"}
 
 
 def test_every_registered_encoding_has_tests():
@@ -44,3 +44,17 @@ def test_unknown_option_lists_valid_options():
 def test_configs_are_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         get_config("ape").interpolation = "nearest"
+
+
+@pytest.mark.parametrize("name,options", [("rope-axial", {"theta": 10.0}), ("rope-mixed", {"theta": 100.0})])
+def test_non_default_options_keep_their_name(name, options):
+    config = get_config(name, **options)
+    assert encoding_name(config) == name
+    assert config_from_dict(config_to_dict(config)) == config
+
+
+def test_variant_fields_are_fixed_by_the_name():
+    with pytest.raises(ConfigError, match="valid options"):
+        get_config("rope-axial", mode="mixed")
+    with pytest.raises(ConfigError, match="contradicts"):
+        config_from_dict({"name": "rope-axial", "mode": "mixed", "theta": 100.0})
