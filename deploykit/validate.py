@@ -24,6 +24,7 @@ from deploykit.data import random_inputs, real_inputs
 from deploykit.errors import ConfigError, DeployKitError, ValidationError
 from deploykit.export.bundle import Manifest, load_reference, sha256_file
 from deploykit.export.onnx_export import resolution_tag
+from deploykit.nn.checkpoint import WEIGHTS_FILE
 from deploykit.nn.vit import VisionTransformer
 
 
@@ -203,6 +204,7 @@ def validate(
     factories = [(_choice(RUNNER_FACTORIES, b, "backend"), b) for b in backends]
     manifest = Manifest.read(export_dir)
     entries = [manifest.graph(tuple(r)) for r in resolutions] if resolutions else manifest.graphs
+    _check_unchanged(export_dir / WEIGHTS_FILE, manifest.weights_sha256)
     model = load_reference(export_dir)
     records = []
     for entry in entries:
@@ -235,8 +237,13 @@ def _choice(table: dict, key: str, what: str):
 def _checked_graph(export_dir: Path, entry) -> Path:
     """The graph's path, refusing a file that changed since export."""
     path = export_dir / entry.file
-    if not path.is_file():
-        raise DeployKitError(f"exported graph missing: {path}; re-run deploykit export")
-    if sha256_file(path) != entry.sha256:
-        raise DeployKitError(f"{path} changed since export (sha256 differs from manifest.json); re-run deploykit export")
+    _check_unchanged(path, entry.sha256)
     return path
+
+
+def _check_unchanged(path: Path, sha256: str) -> None:
+    """Refuse a file that is missing or differs from what ``manifest.json`` recorded."""
+    if not path.is_file():
+        raise DeployKitError(f"exported file missing: {path}; re-run deploykit export")
+    if sha256_file(path) != sha256:
+        raise DeployKitError(f"{path} changed since export (sha256 differs from manifest.json); re-run deploykit export")

@@ -9,6 +9,7 @@ import pytest
 import torch
 from onnx import numpy_helper
 
+from deploykit.encodings import list_encodings
 from deploykit.errors import ConfigError, DeployKitError, ValidationError
 from deploykit.export import Manifest, export
 from deploykit.export.bundle import MANIFEST_FILE, sha256_file
@@ -18,7 +19,7 @@ from deploykit.validate import TOLERANCES, compare_logits, validate
 RESOLUTIONS = [(224, 224), (384, 384), (512, 512)]
 
 
-@pytest.fixture(scope="module", params=["ape", "rope-axial", "rope-mixed"])
+@pytest.fixture(scope="module", params=list_encodings())
 def export_dir(request, tmp_path_factory):
     torch.manual_seed(0)
     model = create_model("vit_tiny_patch16", encoding=request.param, depth=2, num_classes=100)
@@ -97,3 +98,15 @@ def test_compare_logits_metrics():
     nan[1, 0] = np.nan
     m = compare_logits(ref, nan, 2, TOLERANCES["fp32"])
     assert m["nan_count"] == 1 and not m["passed"]
+
+
+def test_reference_weights_changed_since_export_are_refused(export_dir, tmp_path):
+    shutil.copytree(export_dir, tmp_path / "w")
+    from deploykit.nn import load_model, save_model
+
+    model = load_model(tmp_path / "w")
+    with torch.no_grad():
+        model.head.bias.add_(1.0)
+    save_model(model, tmp_path / "w")
+    with pytest.raises(DeployKitError, match="model.safetensors changed since export"):
+        validate(tmp_path / "w")

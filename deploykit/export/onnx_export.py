@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import copy
 import io
 import json
 import logging
@@ -132,8 +133,11 @@ def onnx_from_model(model: VisionTransformer, resolution: tuple[int, int], opset
         ResolutionError: the resolution is not a multiple of the patch size.
         ExportError: the exporter failed or the graph failed the lint.
     """
-    model = model.eval().float()
-    baked = BakedViT(model, resolution).eval()
+    if any(p.dtype != torch.float32 for p in model.parameters()):
+        # Export in fp32 without changing the caller's model (buffers such as GridPE's float64
+        # omegas stay as they are: tables are built from them in float64 anyway).
+        model = copy.deepcopy(model).float()
+    baked = BakedViT(model.eval(), resolution).eval()
     example = torch.randn(_EXAMPLE_BATCH, model.cfg.in_chans, *resolution)
     batch = torch.export.Dim("batch", min=1, max=_MAX_BATCH)
     # The dynamo exporter prints progress lines and warnings about unrelated packages even with

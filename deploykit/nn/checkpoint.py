@@ -65,8 +65,7 @@ def _load_torch_checkpoint(path: Path) -> dict[str, Tensor]:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch.load raises many types (UnpicklingError, RuntimeError, EOFError...)
-        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise CheckpointError(f"cannot load {path} with weights_only=True: {first_line}") from err
+        raise CheckpointError(f"cannot load {path} with weights_only=True: {_torch_load_reason(err)}") from err
     # Training scripts often wrap the weights: {"state_dict": ...} or {"model": ...}.
     for key in ("state_dict", "model"):
         if isinstance(obj, dict) and isinstance(obj.get(key), dict):
@@ -74,6 +73,14 @@ def _load_torch_checkpoint(path: Path) -> dict[str, Tensor]:
     if not isinstance(obj, dict) or not all(isinstance(v, Tensor) for v in obj.values()):
         raise CheckpointError(f"{path} does not hold a state dict of tensors")
     return obj
+
+
+def _torch_load_reason(err: Exception) -> str:
+    """The informative line of a ``torch.load`` error: for a refused pickle, which global it
+    refused (torch's first line only suggests loading unsafely)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    refused = [line for line in lines if line.startswith("WeightsUnpickler error:")]
+    return (refused or lines or [type(err).__name__])[0]
 
 
 def load_weights(model: VisionTransformer, state_dict: dict[str, Tensor], source: str | os.PathLike) -> None:
@@ -104,7 +111,7 @@ def read_config(path: str | os.PathLike) -> ViTConfig:
         return ViTConfig.from_dict(json.loads(path.read_text()))
     except FileNotFoundError as err:
         raise CheckpointError(f"model config not found: {path}") from err
-    except (json.JSONDecodeError, TypeError, ValueError) as err:
+    except (json.JSONDecodeError, TypeError, ValueError, ConfigError) as err:
         raise CheckpointError(f"invalid model config {path}: {err}") from err
 
 
@@ -126,7 +133,7 @@ def load_model(path: str | os.PathLike, config: ViTConfig | None = None) -> Visi
     state_dict = load_checkpoint(weights)
     try:
         model = VisionTransformer(config)
-    except (ConfigError, ValueError) as err:
+    except (ConfigError, TypeError, ValueError) as err:
         raise CheckpointError(f"cannot build the model described for {path}: {err}") from err
     load_weights(model, state_dict, weights)
     return model.eval()

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from deploykit.encodings import encoding_name
+from deploykit.errors import CheckpointError
 from deploykit.nn.checkpoint import CONFIG_FILE, DEFAULT_ENCODING, DEFAULT_MODEL, default_model, load_model
 from deploykit.nn.vit import VisionTransformer, create_model
-from deploykit.errors import CheckpointError
 
 
 def resolve_model(
@@ -31,8 +32,6 @@ def resolve_model(
     config_dir = checkpoint if checkpoint.is_dir() else checkpoint.parent
     if (config_dir / CONFIG_FILE).is_file():
         model = load_model(checkpoint)
-        from deploykit.encodings import encoding_name
-
         if encoding and encoding != encoding_name(model.cfg.encoding):
             raise CheckpointError(
                 f"--encoding {encoding} disagrees with {config_dir / CONFIG_FILE} ({encoding_name(model.cfg.encoding)}); drop --encoding"

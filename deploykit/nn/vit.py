@@ -29,6 +29,7 @@ from deploykit.encodings import (
     create_encoding,
     get_config,
 )
+from deploykit.encodings import geope, gridpe
 from deploykit.errors import ConfigError, ResolutionError
 
 
@@ -59,6 +60,10 @@ class ViTConfig:
     encoding: EncodingConfig = field(default_factory=lambda: get_config("ape"))
 
     def __post_init__(self):
+        sizes = ("img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads")
+        bad = [f"{n}={getattr(self, n)!r}" for n in sizes if not (isinstance(getattr(self, n), int) and getattr(self, n) > 0)]
+        if bad:
+            raise ConfigError(f"model sizes must be positive integers: {', '.join(bad)}")
         if self.embed_dim % self.num_heads:
             raise ConfigError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
         if self.img_size % self.patch_size:
@@ -95,6 +100,17 @@ MODEL_CONFIGS: dict[str, dict[str, Any]] = {
     "vit_small_patch16": dict(embed_dim=384, depth=12, num_heads=6),
     "vit_base_patch16": dict(embed_dim=768, depth=12, num_heads=12),
 }
+
+
+# The papers' settings (documented in each encoding module): GridPE's ViT-S uses 4 heads of
+# dim 96; GeoPE's CIFAR runs use patch 4 at 32 px (its ImageNet ViT-S/B are the standard sizes).
+MODEL_CONFIGS.update(
+    {
+        "vit_small_patch16_4heads": gridpe.PAPER_MODEL,
+        "vit_small_patch4_32": geope.PAPER_MODELS["vit_small_cifar"],
+        "vit_base_patch4_32": geope.PAPER_MODELS["vit_base_cifar"],
+    }
+)
 
 
 def list_models() -> list[str]:
@@ -202,12 +218,12 @@ class VisionTransformer(nn.Module):
             )
         return height // p, width // p
 
-    def tables(self, grid: tuple[int, int], dtype: torch.dtype) -> PETables:
-        """The encoding's tables for ``grid``, built in float64 and cast to ``dtype``."""
-        return self.pos_enc.tables(grid).map(lambda t: t.to(dtype))
+    def tables(self, grid: tuple[int, int], dtype: torch.dtype, device: torch.device | str = "cpu") -> PETables:
+        """The encoding's tables for ``grid``, built in float64 and cast to ``dtype`` on ``device``."""
+        return self.pos_enc.tables(grid).map(lambda t: t.to(device=device, dtype=dtype))
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.forward_with_tables(x, self.tables(self.grid(*x.shape[-2:]), x.dtype))
+        return self.forward_with_tables(x, self.tables(self.grid(*x.shape[-2:]), x.dtype, x.device))
 
     def forward_with_tables(self, x: Tensor, tables: PETables) -> Tensor:
         return self.forward_head(self.forward_features(x, tables)[-1])

@@ -34,8 +34,9 @@ class Payload:
 
 def test_pt_with_pickled_code_is_refused(tmp_path):
     torch.save({"w": torch.zeros(1), "obj": Payload()}, tmp_path / "evil.pt")
-    with pytest.raises(CheckpointError, match="weights_only"):
+    with pytest.raises(CheckpointError, match="weights_only.*Unsupported global.*print") as err:
         load_checkpoint(tmp_path / "evil.pt")
+    assert "\n" not in str(err.value)
 
 
 def test_missing_corrupt_and_unknown_format(tmp_path):
@@ -57,3 +58,15 @@ def test_weights_that_do_not_fit(tmp_path):
     other = create_model("vit_small_patch16", depth=1, img_size=32, num_classes=7)
     with pytest.raises(CheckpointError, match="does not fit"):
         load_model(tmp_path / "m" / "model.safetensors", config=other.cfg)
+
+
+@pytest.mark.parametrize("field,value", [("num_heads", 0), ("patch_size", 0), ("depth", "x"), ("img_size", -32)])
+def test_invalid_sizes_in_config_json(tmp_path, field, value):
+    import json
+
+    save_model(small(), tmp_path / "m")
+    data = json.loads((tmp_path / "m" / "config.json").read_text())
+    data[field] = value
+    (tmp_path / "m" / "config.json").write_text(json.dumps(data))
+    with pytest.raises(CheckpointError, match=f"config.json.*{field}"):
+        load_model(tmp_path / "m")
