@@ -1,0 +1,50 @@
+"""Every ``deploykit`` module imports on a base install, and heavy extras stay unimported."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import pkgutil
+import subprocess
+import sys
+
+import pytest
+
+import deploykit
+
+_WALK_ERRORS: list[str] = []
+
+
+def _all_modules() -> list[str]:
+    names = [
+        info.name
+        for info in pkgutil.walk_packages(deploykit.__path__, prefix="deploykit.", onerror=_WALK_ERRORS.append)
+    ]
+    return sorted(set(names))
+
+
+MODULES = _all_modules()
+OPTIONAL = ("tensorrt_rtx", "tensorrt", "skimage")
+
+
+def test_walk_found_the_package():
+    assert not _WALK_ERRORS, f"packages that failed to import while walking: {_WALK_ERRORS}"
+    for expected in ("deploykit.cli", "deploykit.nn.checkpoint", "deploykit.export.bundle", "deploykit.backends.tensorrt"):
+        assert expected in MODULES
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_module_imports(name):
+    importlib.import_module(name)
+
+
+def test_cli_and_pipeline_do_not_import_optional_extras():
+    code = (
+        "import json, sys\n"
+        "import deploykit.cli, deploykit.backends, deploykit.backends.tensorrt, deploykit.export, deploykit.validate\n"
+        f"print(json.dumps(sorted(m for m in {OPTIONAL!r} if m in sys.modules)))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert loaded == [], f"optional extras imported eagerly: {loaded}"
