@@ -247,9 +247,8 @@ class GeoPE(PositionalEncoding):
         self.register_buffer("idx2", idx2, persistent=False)
 
     def tables(self, grid: tuple[int, int]) -> PETables:
-        # Built on the host in float64, then moved next to the module (its index buffers).
-        host = build_geope_table(grid, self.dims.head_dim, self.config, self.dims.num_prefix_tokens)
-        c0, c1, c2 = (t.to(self.idx1.device) for t in host)
+        # Built on the host in float64; the trunk casts and moves them next to the input.
+        c0, c1, c2 = build_geope_table(grid, self.dims.head_dim, self.config, self.dims.num_prefix_tokens)
         # One dict object for every block: the exporter stores each table once (spec §7.1).
         return PETables(layers=[{"c0": c0, "c1": c1, "c2": c2}] * self.dims.depth)
 

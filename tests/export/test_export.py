@@ -87,3 +87,31 @@ def test_parse_resolution(text, expected):
 def test_parse_resolution_rejects_garbage():
     with pytest.raises(ExportError, match="invalid resolution"):
         parse_resolution("big")
+
+
+@pytest.mark.parametrize("encoding", list_encodings())
+def test_saved_tables_equal_host_float64_tables_rounded_to_fp32(encoding, tmp_path):
+    """Load the written ONNX file: every pe_tables.* initializer is fp32 and equals the float64
+    host table rounded to fp32, and every host table is in the graph."""
+    from onnx import numpy_helper
+
+    from deploykit.export import save_onnx
+
+    model = small(encoding)
+    save_onnx(onnx_from_model(model, (96, 64)), tmp_path / "m.onnx")
+    stored = {t.name: t for t in onnx.load(str(tmp_path / "m.onnx")).graph.initializer if t.name.startswith("pe_tables.")}
+    with torch.no_grad():
+        host = model.pos_enc.tables(model.grid(96, 64))
+    expected = {}
+    for key, value in host.model.items():
+        expected[key] = value
+    for i, layer in enumerate(host.layers):
+        for key, value in layer.items():
+            shared = all(other[key] is value for other in host.layers)
+            expected[key if shared else f"{key}_block{i}"] = value
+    assert set(stored) == {f"pe_tables.{k}" for k in expected}
+    for key, value in expected.items():
+        assert value.dtype == torch.float64
+        tensor = stored[f"pe_tables.{key}"]
+        assert tensor.data_type == onnx.TensorProto.FLOAT
+        np.testing.assert_array_equal(numpy_helper.to_array(tensor), value.float().numpy())
