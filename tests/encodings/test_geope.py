@@ -356,15 +356,4 @@ def test_export_is_lint_clean_with_fp32_tables_equal_to_host_tables(exported):
         np.testing.assert_array_equal(numpy_helper.to_array(tables[f"pe_tables.{name}"]), ref.float().numpy())
 
 
-def test_onnxruntime_matches_float64_torch(exported):
-    from deploykit.backends import OnnxrtRunner
-
-    model, proto = exported
-    x = np.random.default_rng(0).standard_normal((2, 3, 96, 64), dtype=np.float32)
-    with OnnxrtRunner(proto.SerializeToString()) as runner:
-        out = runner.infer({"images": x})["logits"]
-    with torch.no_grad():
-        ref = model.double()(torch.from_numpy(x).double()).numpy()
-    model.float()
-    assert out.shape == (2, 10)
-    np.testing.assert_allclose(out, ref, atol=1e-4, rtol=0)
+# ONNX Runtime against float64 torch: tests/export/test_export.py, for every registered encoding.

@@ -322,7 +322,6 @@ def test_non_default_base_builds_through_the_registry():
 
 
 def test_export_smoke():
-    from deploykit.backends import OnnxrtRunner
     from deploykit.export import lint_graph, onnx_from_model
 
     torch.manual_seed(0)
@@ -336,9 +335,4 @@ def test_export_smoke():
     for i, layer in enumerate(host.layers):
         for key in ("cos", "sin"):
             np.testing.assert_array_equal(numpy_helper.to_array(tables[f"pe_tables.{key}_block{i}"]), layer[key].float().numpy())
-    x = np.random.default_rng(0).standard_normal((2, 3, 96, 64), dtype=np.float32)
-    with OnnxrtRunner(proto.SerializeToString()) as runner:
-        out = runner.infer({"images": x})["logits"]
-    with torch.no_grad():
-        ref = model.double()(torch.from_numpy(x).double()).numpy()
-    np.testing.assert_allclose(out, ref, atol=1e-4)
+    # ONNX Runtime against float64 torch: tests/export/test_export.py, for every registered encoding.

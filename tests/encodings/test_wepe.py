@@ -241,7 +241,6 @@ def test_paper_model_builds():
 
 
 def test_export_smoke():
-    from deploykit.backends import OnnxrtRunner
     from deploykit.export import lint_graph, onnx_from_model
 
     torch.manual_seed(0)
@@ -254,9 +253,4 @@ def test_export_smoke():
     host = model.pos_enc.tables((6, 4)).model["pos_embed"].detach()
     assert tuple(tables[0].dims) == (1, 1 + 24, model.cfg.embed_dim)
     np.testing.assert_array_equal(numpy_helper.to_array(tables[0]), host.float().numpy())
-    x = np.random.default_rng(0).standard_normal((2, 3, 96, 64), dtype=np.float32)
-    with OnnxrtRunner(proto.SerializeToString()) as runner:
-        out = runner.infer({"images": x})["logits"]
-    with torch.no_grad():
-        ref = model.double()(torch.from_numpy(x).double()).numpy()
-    np.testing.assert_allclose(out, ref, atol=1e-4)
+    # ONNX Runtime against float64 torch: tests/export/test_export.py, for every registered encoding.
