@@ -33,8 +33,7 @@ class ApeConfig(EncodingConfig):
     antialias: bool = False
 
     def __post_init__(self):
-        if self.interpolation not in _MODES:
-            raise ValueError(f"interpolation must be one of {_MODES}, got {self.interpolation!r}")
+        self.check_choices(interpolation=_MODES)
 
 
 def resample_pos_embed(

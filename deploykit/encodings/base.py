@@ -34,6 +34,12 @@ class Hook(str, enum.Enum):
 class EncodingConfig:
     """Base for every encoding's frozen config (saved next to the weights)."""
 
+    def check_choices(self, **choices: tuple) -> None:
+        """Raise ``ValueError`` naming the valid values when a field is not one of its choices."""
+        for name, valid in choices.items():
+            if getattr(self, name) not in valid:
+                raise ValueError(f"{name} must be one of {valid}, got {getattr(self, name)!r}")
+
 
 @dataclass(frozen=True)
 class TrunkDims:

@@ -89,15 +89,13 @@ class GeoPEConfig(EncodingConfig):
             raise ValueError(f"base must be a finite number > 1, got {self.base!r}")
         if not (math.isfinite(self.pos_scale) and self.pos_scale > 0.0):
             raise ValueError(f"pos_scale must be a finite number > 0, got {self.pos_scale!r}")
-        for name, choices in [
-            ("freq_schedule", _SCHEDULES),
-            ("grouping", _GROUPINGS),
-            ("coords", _COORDS),
-            ("prefix_rotation", _PREFIX),
-            ("indivisible_head_dim", _TAILS),
-        ]:
-            if getattr(self, name) not in choices:
-                raise ValueError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
+        self.check_choices(
+            freq_schedule=_SCHEDULES,
+            grouping=_GROUPINGS,
+            coords=_COORDS,
+            prefix_rotation=_PREFIX,
+            indivisible_head_dim=_TAILS,
+        )
 
 
 def geope_frequencies(head_dim: int, base: float = 100.0, schedule: str = "rope_neg") -> Tensor:

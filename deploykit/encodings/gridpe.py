@@ -86,15 +86,13 @@ class GridPEConfig(EncodingConfig):
     def __post_init__(self):
         if not (math.isfinite(self.base) and self.base > 1.0):
             raise ValueError(f"base must be a finite number > 1 (scales must shrink), got {self.base!r}")
-        for name, choices in [
-            ("orientation", _ORIENTATIONS),
-            ("layout", _LAYOUTS),
-            ("coords", _COORDS),
-            ("direction_norm", _NORMS),
-            ("indivisible_head_dim", _TAILS),
-        ]:
-            if getattr(self, name) not in choices:
-                raise ValueError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
+        self.check_choices(
+            orientation=_ORIENTATIONS,
+            layout=_LAYOUTS,
+            coords=_COORDS,
+            direction_norm=_NORMS,
+            indivisible_head_dim=_TAILS,
+        )
 
 
 def num_directions(n: int) -> int:

@@ -88,10 +88,7 @@ class MoPEConfig(EncodingConfig):
     prefix: str = "zero"
 
     def __post_init__(self):
-        options = [("init", _INITS), ("clamp_grad", _CLAMP_GRADS), ("origin", _ORIGINS), ("prefix", _PREFIXES)]
-        for name, choices in options:
-            if getattr(self, name) not in choices:
-                raise ValueError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
+        self.check_choices(init=_INITS, clamp_grad=_CLAMP_GRADS, origin=_ORIGINS, prefix=_PREFIXES)
         if not self.admissibility > 0 or not self.omega_cap > 0:
             raise ValueError(f"admissibility and omega_cap must be > 0, got {self.admissibility}, {self.omega_cap}")
         if self.sigma_floor < 0 or self.envelope_eps < 0:

@@ -48,8 +48,7 @@ class RopeConfig(EncodingConfig):
     theta: float = 100.0
 
     def __post_init__(self):
-        if self.mode not in _MODES:
-            raise ValueError(f"mode must be one of {_MODES}, got {self.mode!r}")
+        self.check_choices(mode=_MODES)
 
 
 def rope_magnitudes(head_dim: int, theta: float) -> Tensor:

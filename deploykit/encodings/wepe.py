@@ -103,9 +103,7 @@ class WePEConfig(EncodingConfig):
     lut_size: int = 256
 
     def __post_init__(self):
-        for name, choices in [("evaluation", _EVALUATIONS), ("alpha_scale_param", _SCALE_PARAMS)]:
-            if getattr(self, name) not in choices:
-                raise ValueError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
+        self.check_choices(evaluation=_EVALUATIONS, alpha_scale_param=_SCALE_PARAMS)
         for name in ("omega1", "lattice_omega3", "omega3_init", "alpha_u", "alpha_v", "alpha_scale_init"):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
                 raise ValueError(f"{name} must be a finite number > 0, got {getattr(self, name)!r}")
