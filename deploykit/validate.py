@@ -134,12 +134,8 @@ def run_batched(runner: Runner, inputs: np.ndarray, batch_size: int) -> dict[str
     return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 
 
-def _ort_runner(path: Path | bytes) -> Runner:
-    return OnnxrtRunner(path)
-
-
 # Backend name -> factory(onnx path or bytes) -> Runner. TensorRT backends join with their issue.
-RUNNER_FACTORIES: dict[str, Callable[[Path | bytes], Runner]] = {"ort": _ort_runner}
+RUNNER_FACTORIES: dict[str, Callable[[Path | bytes], Runner]] = {"ort": OnnxrtRunner}
 
 
 def first_divergent_block(

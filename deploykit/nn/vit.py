@@ -94,23 +94,17 @@ class ViTConfig:
         return cls(**data)
 
 
-# Standard sizes at patch 16 (timm's vit_{tiny,small,base}_patch16_224).
 MODEL_CONFIGS: dict[str, dict[str, Any]] = {
+    # Standard sizes at patch 16 (timm's vit_{tiny,small,base}_patch16_224).
     "vit_tiny_patch16": dict(embed_dim=192, depth=12, num_heads=3),
     "vit_small_patch16": dict(embed_dim=384, depth=12, num_heads=6),
     "vit_base_patch16": dict(embed_dim=768, depth=12, num_heads=12),
+    # The papers' settings (documented in each encoding module): GridPE's ViT-S uses 4 heads of
+    # dim 96; GeoPE's CIFAR runs use patch 4 at 32 px (its ImageNet ViT-S/B are the standard sizes).
+    "vit_small_patch16_4heads": gridpe.PAPER_MODEL,
+    "vit_small_patch4_32": geope.PAPER_MODELS["vit_small_cifar"],
+    "vit_base_patch4_32": geope.PAPER_MODELS["vit_base_cifar"],
 }
-
-
-# The papers' settings (documented in each encoding module): GridPE's ViT-S uses 4 heads of
-# dim 96; GeoPE's CIFAR runs use patch 4 at 32 px (its ImageNet ViT-S/B are the standard sizes).
-MODEL_CONFIGS.update(
-    {
-        "vit_small_patch16_4heads": gridpe.PAPER_MODEL,
-        "vit_small_patch4_32": geope.PAPER_MODELS["vit_small_cifar"],
-        "vit_base_patch4_32": geope.PAPER_MODELS["vit_base_cifar"],
-    }
-)
 
 
 def list_models() -> list[str]:
