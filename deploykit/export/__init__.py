@@ -4,9 +4,8 @@ from deploykit.export.bundle import MANIFEST_FILE, GraphEntry, Manifest, export,
 from deploykit.export.lint import LintIssue, check_graph, lint_graph
 from deploykit.export.onnx_export import (
     DEFAULT_OPSET,
-    INPUT_NAME,
     OUTPUT_NAME,
-    BakedViT,
+    BakedModel,
     onnx_from_model,
     parse_resolution,
     resolution_tag,
@@ -15,10 +14,9 @@ from deploykit.export.onnx_export import (
 
 __all__ = [
     "DEFAULT_OPSET",
-    "INPUT_NAME",
     "MANIFEST_FILE",
     "OUTPUT_NAME",
-    "BakedViT",
+    "BakedModel",
     "GraphEntry",
     "LintIssue",
     "Manifest",

@@ -1,6 +1,7 @@
 """PyTorch → ONNX for one fixed resolution, with the encoding's tables baked as constants.
 
-``BakedViT`` freezes the encoding's tables for one patch grid (built in float64, stored fp32)
+A "resolution" is the model's input shape: ``(height, width)`` for a ViT, ``(length,)`` for a
+sequence model. ``BakedModel`` freezes the encoding's tables for one patch grid (built in float64, stored fp32)
 into buffers under ``pe_tables``; the dynamo exporter turns them into initializers named
 ``pe_tables.<name>``, which the lint recognises (they must stay fp32). The batch dimension is
 dynamic; the spatial size is static (one engine per resolution is TensorRT's fastest form).
@@ -28,12 +29,11 @@ from deploykit._io import atomic_path
 from deploykit.encodings import PETables, config_to_dict
 from deploykit.errors import ExportError
 from deploykit.export.lint import check_graph
-from deploykit.nn.vit import VisionTransformer
+from deploykit.nn.factory import Model
 
 # Opset 18: LayerNormalization is native (17+), and TensorRT 10.x, TensorRT-RTX and ONNX
 # Runtime all parse it; newer opsets map SDPA to an Attention op that TensorRT 10 lacks.
 DEFAULT_OPSET = 18
-INPUT_NAME = "images"
 OUTPUT_NAME = "logits"
 TABLE_MODULE = "pe_tables"
 # torch.export refuses to generalise a dimension whose example value is 0 or 1.
@@ -57,27 +57,28 @@ def parse_resolution(value: int | str | tuple[int, int]) -> tuple[int, int]:
     raise ExportError(f"invalid resolution {value!r}; expected e.g. 224 or 384x256")
 
 
-def resolution_tag(resolution: tuple[int, int]) -> str:
-    """``(224, 224)`` → ``"224"``, ``(384, 256)`` → ``"384x256"``."""
-    h, w = resolution
-    return str(h) if h == w else f"{h}x{w}"
+def resolution_tag(resolution: tuple[int, ...]) -> str:
+    """``(224, 224)`` → ``"224"``, ``(384, 256)`` → ``"384x256"``, a sequence length ``(256,)`` → ``"256"``."""
+    if len(resolution) == 1 or resolution[0] == resolution[1]:
+        return str(resolution[0])
+    return "x".join(map(str, resolution))
 
 
-class BakedViT(nn.Module):
-    """A model with its positional tables frozen for one resolution.
+class BakedModel(nn.Module):
+    """A model with its positional tables frozen for one input shape.
 
     Args:
         model: the trained trunk (float32, eval mode).
-        resolution: ``(height, width)`` in pixels, multiples of the patch size.
+        resolution: ``model.check_shape``'d shape: ``(height, width)`` in pixels, or ``(length,)``.
     """
 
-    def __init__(self, model: VisionTransformer, resolution: tuple[int, int]):
+    def __init__(self, model: Model, resolution: tuple[int, ...]):
         super().__init__()
         self.model = model
         self.resolution = resolution
         with torch.no_grad():
             # Built in float64 on the host, stored in fp32 (never fp16).
-            tables = model.pos_enc.tables(model.grid(*resolution)).map(lambda t: t.detach().float())
+            tables = model.shape_tables(resolution).map(lambda t: t.detach().float())
         self.pe_tables = nn.Module()
         self._layout = _register_tables(self.pe_tables, tables)
 
@@ -88,8 +89,8 @@ class BakedViT(nn.Module):
             layers=[{k: get(n) for k, n in layer.items()} for layer in self._layout.layers],
         )
 
-    def forward(self, images: Tensor) -> Tensor:
-        return self.model.forward_with_tables(images, self.baked_tables())
+    def forward(self, x: Tensor) -> Tensor:
+        return self.model.forward_with_tables(x, self.baked_tables())
 
 
 def _register_tables(owner: nn.Module, tables: PETables) -> PETables:
@@ -126,19 +127,21 @@ class ExportedGraph:
     opset: int
 
 
-def onnx_from_model(model: VisionTransformer, resolution: tuple[int, int], opset: int = DEFAULT_OPSET) -> onnx.ModelProto:
+def onnx_from_model(model: Model, resolution: tuple[int, ...], opset: int = DEFAULT_OPSET) -> onnx.ModelProto:
     """Export ``model`` at ``resolution`` to an in-memory ONNX model, with metadata, linted.
 
     Raises:
-        ResolutionError: the resolution is not a multiple of the patch size.
+        ResolutionError: the shape does not fit the model (not a multiple of the patch size, a
+            length beyond a learned table).
         ExportError: the exporter failed or the graph failed the lint.
     """
     if any(p.dtype != torch.float32 for p in model.parameters()):
         # Export in fp32 without changing the caller's model (buffers such as GridPE's float64
         # omegas stay as they are: tables are built from them in float64 anyway).
         model = copy.deepcopy(model).float()
-    baked = BakedViT(model.eval(), resolution).eval()
-    example = torch.randn(_EXAMPLE_BATCH, model.cfg.in_chans, *resolution)
+    resolution = model.check_shape(resolution)
+    baked = BakedModel(model.eval(), resolution).eval()
+    example = model.example_input(resolution, _EXAMPLE_BATCH)
     batch = torch.export.Dim("batch", min=1, max=_MAX_BATCH)
     # The dynamo exporter prints progress lines and warnings about unrelated packages even with
     # verbose=False; keep the CLI quiet and show only our own errors.
@@ -150,7 +153,7 @@ def onnx_from_model(model: VisionTransformer, resolution: tuple[int, int], opset
                 (example,),
                 dynamo=True,
                 opset_version=opset,
-                input_names=[INPUT_NAME],
+                input_names=[model.input_name],
                 output_names=[OUTPUT_NAME],
                 dynamic_shapes=({0: batch},),
                 optimize=True,
@@ -158,10 +161,25 @@ def onnx_from_model(model: VisionTransformer, resolution: tuple[int, int], opset
             )
         except Exception as err:  # the exporter raises many internal types
             raise ExportError(f"torch.onnx.export failed at {resolution}: {str(err).splitlines()[0]}") from err
-    proto = program.model_proto
+    proto = _fold_constants(program.model_proto)
     _add_metadata(proto, model, resolution)
     check_graph(proto)
     return proto
+
+
+# The exporter's optimiser folds only constants up to 8192 elements; a tied LM head's transposed
+# embedding (65 × 256 in MoPE's char model) is bigger, and an engine should not transpose a
+# constant on every run. Fold anything up to this many elements.
+_FOLD_LIMIT = 1 << 24
+
+
+def _fold_constants(proto: onnx.ModelProto) -> onnx.ModelProto:
+    import onnx_ir as ir
+    import onnxscript.optimizer
+
+    model = ir.from_proto(proto)
+    onnxscript.optimizer.optimize(model, input_size_limit=_FOLD_LIMIT, output_size_limit=_FOLD_LIMIT)
+    return ir.to_proto(model)
 
 
 @contextlib.contextmanager
@@ -210,16 +228,17 @@ def _block_scope(node: onnx.NodeProto, scope: str) -> str:
     return ""
 
 
-def _add_metadata(proto: onnx.ModelProto, model: VisionTransformer, resolution: tuple[int, int]) -> None:
+def _add_metadata(proto: onnx.ModelProto, model: Model, resolution: tuple[int, ...]) -> None:
     meta = {
         "deploykit.version": deploykit.__version__,
         "deploykit.encoding": config_to_dict(model.cfg.encoding)["name"],
         "deploykit.encoding_config": json.dumps(config_to_dict(model.cfg.encoding)),
         "deploykit.model_config": json.dumps(model.cfg.to_dict()),
         "deploykit.resolution": json.dumps(list(resolution)),
-        "deploykit.patch_size": str(model.cfg.patch_size),
         "deploykit.block_outputs": json.dumps(block_output_names(proto, model.cfg.depth)),
     }
+    if hasattr(model.cfg, "patch_size"):
+        meta["deploykit.patch_size"] = str(model.cfg.patch_size)
     onnx.helper.set_model_props(proto, {**{p.key: p.value for p in proto.metadata_props}, **meta})
     proto.producer_name = "deploykit"
     proto.producer_version = deploykit.__version__
