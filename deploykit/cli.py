@@ -61,7 +61,7 @@ def export(encoding, model_name, checkpoint, resolutions, output, opset):
 
     console = _console()
     model, source = resolve_model(checkpoint=checkpoint, encoding=encoding, model_name=model_name)
-    resolutions = resolutions or [(model.cfg.img_size, model.cfg.img_size)]
+    resolutions = resolutions or [model.default_shape]
     with console.status("exporting") as status:
         manifest = export_model(model, resolutions, output, opset=opset or DEFAULT_OPSET, source=source,
                                 progress=lambda msg: status.update(msg))

@@ -63,3 +63,52 @@ def random_inputs(count: int, resolution: tuple[int, int], seed: int = 0, channe
     """``[count, C, H, W]`` float32 standard-normal inputs from ``seed`` (about the range of
     normalised images)."""
     return np.random.default_rng(seed).standard_normal((count, channels, *resolution), dtype=np.float32)
+
+
+# The 65 characters of the TinyShakespeare vocabulary MoPE's paper trains on (sorted, as the
+# authors' script builds it): newline, space, "!$&',-.3:;?", A-Z, a-z.
+CHAR_VOCAB = "\n !$&',-.3:;?" + "".join(map(chr, range(65, 91))) + "".join(map(chr, range(97, 123)))
+
+
+def sample_text() -> str:
+    """English text that ships with Python itself (the Zen of Python, stored rot13 in ``this``),
+    read without importing ``this`` (which prints it)."""
+    import ast
+    import codecs
+    import importlib.util
+
+    source = open(importlib.util.find_spec("this").origin, encoding="utf-8").read()
+    encoded = next(
+        node.value.value
+        for node in ast.parse(source).body
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "s"
+    )
+    return codecs.decode(encoded, "rot13")
+
+
+def encode_chars(text: str, vocab_size: int = len(CHAR_VOCAB)) -> np.ndarray:
+    """Character ids in ``CHAR_VOCAB`` (unknown characters become spaces), folded into ``vocab_size``."""
+    index = {c: i for i, c in enumerate(CHAR_VOCAB)}
+    return np.array([index.get(c, 1) for c in text], dtype=np.int64) % vocab_size
+
+
+def real_token_inputs(length: int, vocab_size: int, count: int = 8) -> np.ndarray:
+    """``[count, length]`` int64 windows of real text, each starting further in (wrapping)."""
+    ids = encode_chars(sample_text(), vocab_size)
+    step = max(1, len(ids) // max(count, 1))
+    return np.stack([np.take(ids, np.arange(i * step, i * step + length), mode="wrap") for i in range(count)])
+
+
+def random_token_inputs(count: int, length: int, vocab_size: int, seed: int = 0) -> np.ndarray:
+    """``[count, length]`` int64 uniformly random token ids from ``seed``."""
+    return np.random.default_rng(seed).integers(0, vocab_size, (count, length), dtype=np.int64)
+
+
+def validation_inputs(model, shape: tuple[int, ...], num_random: int, num_real: int, seed: int = 0) -> np.ndarray:
+    """Seeded noise followed by ``num_real`` real inputs for ``model`` at ``shape``: images for a
+    ViT, text windows for a sequence model."""
+    if model.input_name == "tokens":
+        (length,) = shape
+        vocab = model.cfg.vocab_size
+        return np.concatenate([random_token_inputs(num_random, length, vocab, seed), real_token_inputs(length, vocab, num_real)])
+    return np.concatenate([random_inputs(num_random, shape, seed), real_inputs(shape, model.cfg.mean, model.cfg.std, num_real)])

@@ -2,7 +2,7 @@
 
 The reference is the saved model run in float64. For every backend × resolution the report
 holds max/mean absolute error, max relative error, worst per-sample cosine similarity, top-1 and
-top-5 agreement on the real images, NaN/Inf counts and pass/fail against the precision's
+top-5 agreement on the real inputs (images, or text for a sequence model), NaN/Inf counts and pass/fail against the precision's
 tolerance. When a check fails, block outputs are compared one by one (recorded at export, so
 only those tensors are marked as outputs: fusion elsewhere is untouched) to name the first
 transformer block that diverges.
@@ -20,12 +20,12 @@ import numpy as np
 import onnx
 
 from deploykit.backends import OnnxrtRunner, Runner, TorchRunner
-from deploykit.data import random_inputs, real_inputs
+from deploykit.data import validation_inputs
 from deploykit.errors import ConfigError, DeployKitError, ValidationError
 from deploykit.export.bundle import Manifest, load_reference, sha256_file
 from deploykit.export.onnx_export import resolution_tag
 from deploykit.nn.checkpoint import WEIGHTS_FILE
-from deploykit.nn.vit import VisionTransformer
+from deploykit.nn.factory import Model
 
 
 @dataclass(frozen=True)
@@ -129,8 +129,9 @@ def _worst_cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def run_batched(runner: Runner, inputs: np.ndarray, batch_size: int) -> dict[str, np.ndarray]:
-    """Run ``inputs`` through an active runner in batches; concatenate each output."""
-    parts = [runner.infer({"images": inputs[i : i + batch_size]}) for i in range(0, len(inputs), batch_size)]
+    """Run ``inputs`` through an active runner (one input) in batches; concatenate each output."""
+    (name,) = runner.input_names()
+    parts = [runner.infer({name: inputs[i : i + batch_size]}) for i in range(0, len(inputs), batch_size)]
     return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 
 
@@ -139,7 +140,7 @@ RUNNER_FACTORIES: dict[str, Callable[[Path | bytes], Runner]] = {"ort": OnnxrtRu
 
 
 def first_divergent_block(
-    onnx_path: Path, model: VisionTransformer, inputs: np.ndarray, tolerance: Tolerance, batch_size: int = 4
+    onnx_path: Path, model: Model, inputs: np.ndarray, tolerance: Tolerance, batch_size: int = 4
 ) -> str | None:
     """Name the first ``blocks.<i>`` whose output diverges, or ``"head"`` if every block agrees.
 
@@ -184,7 +185,7 @@ def validate(
         resolutions: which exported resolutions; default all.
         backends: names from ``RUNNER_FACTORIES``.
         precision: selects the tolerance from ``TOLERANCES``.
-        num_random, num_real: seeded-noise and bundled real images per resolution.
+        num_random, num_real: seeded-noise and bundled real inputs (images or text) per resolution.
         seed: seed of the noise inputs.
         batch_size: inputs per inference call.
 
@@ -205,9 +206,7 @@ def validate(
     records = []
     for entry in entries:
         path = _checked_graph(export_dir, entry)
-        inputs = np.concatenate(
-            [random_inputs(num_random, entry.resolution, seed), real_inputs(entry.resolution, model.cfg.mean, model.cfg.std, num_real)]
-        )
+        inputs = validation_inputs(model, entry.resolution, num_random, num_real, seed)
         with TorchRunner(model) as runner:
             reference = run_batched(runner, inputs, batch_size)["logits"]
         for factory, backend in factories:
@@ -215,12 +214,22 @@ def validate(
                 progress(f"{backend} @ {resolution_tag(entry.resolution)}")
             with factory(path) as runner:
                 actual = run_batched(runner, inputs, batch_size)["logits"]
-            metrics = compare_logits(reference, actual, num_real, tolerance)
+            metrics = compare_logits(*_per_prediction(reference, actual), num_real * _predictions_per_input(reference), tolerance)
             record = Record(backend, list(entry.resolution), precision, len(inputs), num_real, tolerance=asdict(tolerance), **metrics)
             if not record.passed:
                 record.first_divergent_block = first_divergent_block(path, model, inputs, tolerance, batch_size)
             records.append(record)
     return ValidationReport(records)
+
+
+def _predictions_per_input(logits: np.ndarray) -> int:
+    """1 for a classifier's ``[B, classes]``; ``T`` for a sequence model's ``[B, T, vocab]``."""
+    return int(np.prod(logits.shape[1:-1], dtype=np.int64))
+
+
+def _per_prediction(*logits: np.ndarray) -> list[np.ndarray]:
+    """``[B, ..., classes]`` → ``[B·…, classes]``: every token's prediction is compared as one row."""
+    return [x.reshape(-1, x.shape[-1]) for x in logits]
 
 
 def _choice(table: dict, key: str, what: str):

@@ -534,3 +534,23 @@ def test_weights_shape_mismatch(capsys, tmp_path, ckpt_dir):
     code, _, err = run_cli(capsys, "export", "-c", ckpt, "-r", RES, "-o", out)
     assert_one_line_error(code, err, "checkpoint", "does not fit")
     assert not out.exists()
+
+
+# ----------------------------------------------------------------------------------------------
+# sequence models: a length is a resolution
+
+
+def test_sequence_model_export_and_validate(capsys, tmp_path):
+    out = tmp_path / "seq"
+    code, _, err = run_cli(capsys, "export", "--model", "seq_tiny_ega", "-r", "32", "-r", "64", "-o", out)
+    assert code == 0, err
+    code, _, err = run_cli(capsys, "validate", out, "-r", "64", "--num-random", "1", "--num-real", "1")
+    assert code == 0 and "1/1 checks passed" in err
+
+
+@pytest.mark.parametrize("args, words", [(["-r", "64x32"], ("one length", "64x32")), (["-e", "ape", "-r", "512"], ("covers 256", "512"))])
+def test_sequence_model_bad_length(capsys, tmp_path, args, words):
+    out = tmp_path / "seq"
+    code, _, err = run_cli(capsys, "export", "--model", "seq_tiny_ega", *args, "-o", out)
+    assert_one_line_error(code, err, *words)
+    assert not out.exists()

@@ -38,7 +38,8 @@ class Runner:
         """Run one batch.
 
         Args:
-            feed: input name → array (``images``: ``[B, C, H, W]`` float32).
+            feed: input name → array (``images``: ``[B, C, H, W]`` float32, or ``tokens``:
+                ``[B, T]`` int64 for sequence models).
 
         Returns:
             Output name → array.

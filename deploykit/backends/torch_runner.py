@@ -8,11 +8,11 @@ import numpy as np
 import torch
 
 from deploykit.backends.base import Runner
-from deploykit.nn.vit import VisionTransformer
+from deploykit.nn.factory import Model
 
 
 class TorchRunner(Runner):
-    """Runs a ``VisionTransformer`` in eager mode.
+    """Runs a ``VisionTransformer`` or ``SequenceTransformer`` in eager mode.
 
     Args:
         model: the model (copied to ``dtype``; the caller's model is not modified).
@@ -22,7 +22,7 @@ class TorchRunner(Runner):
 
     name = "torch"
 
-    def __init__(self, model: VisionTransformer, dtype: torch.dtype = torch.float64, return_blocks: bool = False):
+    def __init__(self, model: Model, dtype: torch.dtype = torch.float64, return_blocks: bool = False):
         super().__init__()
         self.model = model
         self.dtype = dtype
@@ -35,14 +35,19 @@ class TorchRunner(Runner):
         self._model = copy.deepcopy(self.model).to(self.dtype).eval()
 
     def _infer(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        images = torch.from_numpy(np.ascontiguousarray(feed["images"])).to(self.dtype)
+        x = torch.from_numpy(np.ascontiguousarray(feed[self.model.input_name]))
+        if x.is_floating_point():  # images; token ids stay integers
+            x = x.to(self.dtype)
         with torch.inference_mode():
-            tables = self._model.tables(self._model.grid(*images.shape[-2:]), self.dtype)
-            features = self._model.forward_features(images, tables)
+            tables = self._model.shape_tables(self._model.shape_of(x)).map(lambda t: t.to(self.dtype))
+            features = self._model.forward_features(x, tables)
             out = {"logits": self._model.forward_head(features[-1]).numpy()}
             if self.return_blocks:
                 out.update({f"blocks.{i}": f.numpy() for i, f in enumerate(features[1:])})
         return out
+
+    def input_names(self) -> list[str]:
+        return [self.model.input_name]
 
     def _deactivate(self) -> None:
         self._model = None

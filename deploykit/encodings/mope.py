@@ -307,19 +307,30 @@ def ega_weights_eval(scores: Tensor, log_gate: Tensor) -> Tensor:
     return (scores + log_gate[..., None, :]).softmax(dim=-1)
 
 
-def ega_attention(q: Tensor, k: Tensor, v: Tensor, log_gate: Tensor, causal: bool = True) -> Tensor:
-    """Eval-form EGA through fused SDPA: one float mask = causal ``-inf`` + ``log g`` per key.
+def ega_attention(q: Tensor, k: Tensor, v: Tensor, log_gate: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Eval-form EGA: ``softmax(q kᵀ/√d + log g + mask) v``, one additive bias per key.
+
+    Written as explicit matmul/softmax rather than fused SDPA: torch.export records SDPA's CPU
+    output layout and its ONNX decomposition then fails to reshape the heads back ("cannot view").
+    TensorRT fuses this MatMul-Add-Softmax-MatMul pattern into its attention kernels anyway.
 
     Args:
         q, k, v: ``[B, H, T, d]``.
-        log_gate: ``[B, H, T]`` from ``ega_log_gate`` (cast to ``q``'s dtype for SDPA).
+        log_gate: ``[B, H, T]`` from ``ega_log_gate`` (added in the logits' dtype).
+        mask: additive ``[T, T]`` (``causal_mask``: ``-inf`` above the diagonal), or None.
     """
-    t_q, t_k = q.shape[-2], k.shape[-2]
-    bias = log_gate[..., None, :].to(q.dtype).expand(*log_gate.shape[:-1], t_q, t_k)
-    if causal:
-        future = torch.ones(t_q, t_k, dtype=torch.bool, device=q.device).triu(1)
-        bias = bias.masked_fill(future, float("-inf"))
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    scores = (q @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5) + log_gate[..., None, :].to(q.dtype)
+    if mask is not None:
+        scores = scores + mask
+    return scores.softmax(dim=-1) @ v
+
+
+def causal_mask(length: int, dtype: torch.dtype = F64) -> Tensor:
+    """Additive ``[T, T]`` mask: 0 on and below the diagonal, ``-inf`` above (future keys).
+
+    A per-length constant, so the exporter bakes it like a position table (an in-graph Trilu on
+    constants is left unfolded by the ONNX optimiser)."""
+    return torch.full((length, length), float("-inf"), dtype=dtype).triu(1)
 
 
 class EnergyGate(nn.Module):

@@ -26,16 +26,16 @@ from deploykit.encodings import config_to_dict
 from deploykit.errors import DeployKitError
 from deploykit.export.onnx_export import DEFAULT_OPSET, onnx_from_model, resolution_tag, save_onnx
 from deploykit.nn.checkpoint import WEIGHTS_FILE, load_model, save_model
-from deploykit.nn.vit import VisionTransformer
+from deploykit.nn.factory import Model
 
 MANIFEST_FILE = "manifest.json"
 
 
 @dataclass(frozen=True)
 class GraphEntry:
-    """One exported resolution."""
+    """One exported resolution (``(height, width)``, or ``(length,)`` for a sequence model)."""
 
-    resolution: tuple[int, int]
+    resolution: tuple[int, ...]
     file: str
     sha256: str
     opset: int
@@ -51,9 +51,10 @@ class Manifest:
     deploykit_version: str = deploykit.__version__
     graphs: list[GraphEntry] = field(default_factory=list)
 
-    def graph(self, resolution: tuple[int, int]) -> GraphEntry:
+    def graph(self, resolution: tuple[int, ...]) -> GraphEntry:
+        # Compared by tag: a sequence length parsed from "--resolution 256" is (256, 256).
         for entry in self.graphs:
-            if tuple(entry.resolution) == tuple(resolution):
+            if resolution_tag(entry.resolution) == resolution_tag(tuple(resolution)):
                 return entry
         have = ", ".join(resolution_tag(g.resolution) for g in self.graphs) or "none"
         raise DeployKitError(f"no graph exported at {resolution_tag(resolution)} (exported: {have}); run deploykit export --resolution ...")
@@ -83,8 +84,8 @@ def sha256_file(path: str | os.PathLike) -> str:
 
 
 def export(
-    model: VisionTransformer,
-    resolutions: Iterable[tuple[int, int]],
+    model: Model,
+    resolutions: Iterable[tuple[int, ...]],
     output_dir: str | os.PathLike,
     *,
     opset: int = DEFAULT_OPSET,
@@ -98,7 +99,8 @@ def export(
 
     Args:
         model: the model to export (exported in float32).
-        resolutions: ``(height, width)`` pairs, multiples of the patch size.
+        resolutions: ``(height, width)`` pairs, multiples of the patch size; for a sequence
+            model, lengths (``(T,)``, or ``(T, T)`` as ``parse_resolution`` gives them).
         output_dir: created if missing.
         opset: ONNX opset for the graphs.
         source: where the model came from (recorded in the manifest).
@@ -107,9 +109,8 @@ def export(
     Returns:
         The manifest written to ``output_dir``.
     """
-    resolutions = list(dict.fromkeys(tuple(r) for r in resolutions))
-    for resolution in resolutions:
-        model.grid(*resolution)  # raises ResolutionError before any file is touched
+    # check_shape raises ResolutionError before any file is touched
+    resolutions = list(dict.fromkeys(model.check_shape(tuple(r)) for r in resolutions))
     output_dir = Path(output_dir)
     protos = []
     for resolution in resolutions:
@@ -128,7 +129,7 @@ def export(
     return manifest
 
 
-def _fresh_or_existing_manifest(output_dir: Path, model: VisionTransformer, source: str) -> Manifest:
+def _fresh_or_existing_manifest(output_dir: Path, model: Model, source: str) -> Manifest:
     weights_sha = sha256_file(output_dir / WEIGHTS_FILE)
     fresh = Manifest(encoding=config_to_dict(model.cfg.encoding)["name"], weights_sha256=weights_sha, source=source)
     try:
@@ -138,6 +139,6 @@ def _fresh_or_existing_manifest(output_dir: Path, model: VisionTransformer, sour
     return existing if existing.weights_sha256 == weights_sha else fresh
 
 
-def load_reference(directory: str | os.PathLike) -> VisionTransformer:
+def load_reference(directory: str | os.PathLike) -> Model:
     """The PyTorch reference model saved in an export directory."""
     return load_model(Path(directory))

@@ -1,16 +1,16 @@
-"""The ViT trunk (timm-compatible names) with three positional-encoding hooks."""
+"""The ViT trunk (timm-compatible names) with three positional-encoding hooks, and the causal
+sequence model that carries 1-D MoPE + EGA."""
 
-from deploykit.nn.vit import (
-    MODEL_CONFIGS,
-    ViTConfig,
-    VisionTransformer,
-    create_model,
-    list_models,
-)
+from deploykit.nn.factory import create_model, list_models
+from deploykit.nn.sequence import SEQUENCE_CONFIGS, SequenceConfig, SequenceTransformer
+from deploykit.nn.vit import MODEL_CONFIGS, ViTConfig, VisionTransformer
 from deploykit.nn.checkpoint import load_checkpoint, load_model, save_model
 
 __all__ = [
     "MODEL_CONFIGS",
+    "SEQUENCE_CONFIGS",
+    "SequenceConfig",
+    "SequenceTransformer",
     "ViTConfig",
     "VisionTransformer",
     "create_model",

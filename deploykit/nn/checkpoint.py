@@ -16,7 +16,7 @@ from torch import Tensor
 
 from deploykit._io import atomic_path, write_json_atomic
 from deploykit.errors import CheckpointError, ConfigError
-from deploykit.nn.vit import ViTConfig, VisionTransformer, create_model
+from deploykit.nn.factory import Model, ModelConfig, build_model, config_from_dict, create_model
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -29,8 +29,9 @@ DEFAULT_ENCODING = "ape"
 DEFAULT_SEED = 0
 
 
-def default_model(encoding: str = DEFAULT_ENCODING, model: str = DEFAULT_MODEL) -> VisionTransformer:
-    """The embedded default model (deterministic weights from ``DEFAULT_SEED``)."""
+def default_model(encoding: str | None = DEFAULT_ENCODING, model: str = DEFAULT_MODEL) -> Model:
+    """The embedded default model (deterministic weights from ``DEFAULT_SEED``); ``encoding``
+    None means the architecture's own default."""
     generator_state = torch.random.get_rng_state()
     try:
         torch.manual_seed(DEFAULT_SEED)
@@ -83,7 +84,7 @@ def _torch_load_reason(err: Exception) -> str:
     return (refused or lines or [type(err).__name__])[0]
 
 
-def load_weights(model: VisionTransformer, state_dict: dict[str, Tensor], source: str | os.PathLike) -> None:
+def load_weights(model: Model, state_dict: dict[str, Tensor], source: str | os.PathLike) -> None:
     """Load a (timm-named) state dict strictly, raising one line that lists what does not fit."""
     try:
         result = model.load_state_dict(state_dict, strict=False)
@@ -104,18 +105,18 @@ def _preview(keys: list[str], limit: int = 4) -> str:
     return ", ".join(keys[:limit]) + more
 
 
-def read_config(path: str | os.PathLike) -> ViTConfig:
+def read_config(path: str | os.PathLike) -> ModelConfig:
     """Read a ``config.json`` written by ``save_model``."""
     path = Path(path)
     try:
-        return ViTConfig.from_dict(json.loads(path.read_text()))
+        return config_from_dict(json.loads(path.read_text()))
     except FileNotFoundError as err:
         raise CheckpointError(f"model config not found: {path}") from err
     except (json.JSONDecodeError, TypeError, ValueError, ConfigError) as err:
         raise CheckpointError(f"invalid model config {path}: {err}") from err
 
 
-def load_model(path: str | os.PathLike, config: ViTConfig | None = None) -> VisionTransformer:
+def load_model(path: str | os.PathLike, config: ModelConfig | None = None) -> Model:
     """Load a model directory (``config.json`` + ``model.safetensors``) or a weights file.
 
     Args:
@@ -132,14 +133,14 @@ def load_model(path: str | os.PathLike, config: ViTConfig | None = None) -> Visi
         config = read_config((path if path.is_dir() else path.parent) / CONFIG_FILE)
     state_dict = load_checkpoint(weights)
     try:
-        model = VisionTransformer(config)
+        model = build_model(config)
     except (ConfigError, TypeError, ValueError) as err:
         raise CheckpointError(f"cannot build the model described for {path}: {err}") from err
     load_weights(model, state_dict, weights)
     return model.eval()
 
 
-def save_model(model: VisionTransformer, directory: str | os.PathLike, metadata: dict[str, Any] | None = None) -> Path:
+def save_model(model: Model, directory: str | os.PathLike, metadata: dict[str, Any] | None = None) -> Path:
     """Write ``config.json`` and ``model.safetensors`` (timm names) into ``directory`` atomically."""
     from safetensors.torch import save_file
 

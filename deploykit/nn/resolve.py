@@ -6,13 +6,13 @@ from pathlib import Path
 
 from deploykit.encodings import encoding_name
 from deploykit.errors import CheckpointError
-from deploykit.nn.checkpoint import CONFIG_FILE, DEFAULT_ENCODING, DEFAULT_MODEL, default_model, load_model
-from deploykit.nn.vit import VisionTransformer, create_model
+from deploykit.nn.checkpoint import CONFIG_FILE, DEFAULT_MODEL, default_model, load_model
+from deploykit.nn.factory import Model, create_model
 
 
 def resolve_model(
     checkpoint: Path | None = None, encoding: str | None = None, model_name: str | None = None
-) -> tuple[VisionTransformer, str]:
+) -> tuple[Model, str]:
     """Pick the model for a command.
 
     * a checkpoint directory or a weights file with ``config.json`` beside it: loaded as is
@@ -24,8 +24,9 @@ def resolve_model(
         The model (eval mode) and a string describing where it came from.
     """
     if checkpoint is None:
-        enc, name = encoding or DEFAULT_ENCODING, model_name or DEFAULT_MODEL
-        return default_model(encoding=enc, model=name), f"default:{name}+{enc}"
+        name = model_name or DEFAULT_MODEL
+        model = default_model(encoding=encoding, model=name)
+        return model, f"default:{name}+{encoding_name(model.cfg.encoding)}"
     checkpoint = Path(checkpoint)
     if not checkpoint.exists():
         raise CheckpointError(f"checkpoint not found: {checkpoint}")
@@ -39,5 +40,5 @@ def resolve_model(
         return model, str(checkpoint)
     if checkpoint.is_dir():
         raise CheckpointError(f"{checkpoint} has no {CONFIG_FILE}; pass a weights file with --model/--encoding")
-    model = create_model(model_name or DEFAULT_MODEL, encoding=encoding or DEFAULT_ENCODING)
+    model = create_model(model_name or DEFAULT_MODEL, encoding=encoding)
     return load_model(checkpoint, config=model.cfg), str(checkpoint)

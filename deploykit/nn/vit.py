@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -173,9 +173,15 @@ class Block(nn.Module):
 class VisionTransformer(nn.Module):
     """ViT classifier taking any resolution that is a multiple of the patch size.
 
+    The deployment interface shared with ``SequenceTransformer`` (``input_name``,
+    ``default_shape``, ``check_shape``, ``shape_of``, ``example_input``, ``shape_tables``) lets
+    export, validation and profiling treat both alike; a shape here is ``(height, width)``.
+
     Args:
         cfg: architecture and encoding.
     """
+
+    input_name: ClassVar[str] = "images"
 
     def __init__(self, cfg: ViTConfig):
         super().__init__()
@@ -211,6 +217,25 @@ class VisionTransformer(nn.Module):
                 f"try {max(p, round(height / p) * p)}"
             )
         return height // p, width // p
+
+    @property
+    def default_shape(self) -> tuple[int, int]:
+        return (self.cfg.img_size, self.cfg.img_size)
+
+    def check_shape(self, shape: tuple[int, int]) -> tuple[int, int]:
+        """The resolution itself, once checked against the patch size (``ResolutionError`` if not)."""
+        self.grid(*shape)
+        return tuple(shape)
+
+    def shape_of(self, images: Tensor) -> tuple[int, int]:
+        return tuple(images.shape[-2:])
+
+    def example_input(self, shape: tuple[int, int], batch: int) -> Tensor:
+        return torch.randn(batch, self.cfg.in_chans, *shape)
+
+    def shape_tables(self, shape: tuple[int, int]) -> PETables:
+        """The encoding's float64 tables for a ``(height, width)`` input."""
+        return self.pos_enc.tables(self.grid(*shape))
 
     def tables(self, grid: tuple[int, int], dtype: torch.dtype, device: torch.device | str = "cpu") -> PETables:
         """The encoding's tables for ``grid``, built in float64 and cast to ``dtype`` on ``device``."""

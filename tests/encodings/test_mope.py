@@ -18,6 +18,7 @@ from deploykit.encodings.mope import (  # importing registers "mope"
     MoPEConfig,
     build_mope2d_table,
     build_mope_table,
+    causal_mask,
     ega_attention,
     ega_gate_logits,
     ega_log_gate,
@@ -228,12 +229,12 @@ def test_ega_eval_form_equals_gated_renormalised_form():
     train = ega_weights_train(scores, torch.sigmoid(z))
     torch.testing.assert_close(ega_weights_eval(scores, ega_log_gate(z)), train, atol=1e-12, rtol=0)
     torch.testing.assert_close(train.sum(-1), torch.ones(2, 3, 9, dtype=F64), atol=1e-12, rtol=0)
-    v = torch.randn(2, 3, 9, 4, dtype=F64)  # the fused SDPA path, via queries/keys giving these scores
+    v = torch.randn(2, 3, 9, 4, dtype=F64)  # the attention path, via queries/keys giving these scores
     q, k = torch.eye(9, dtype=F64).expand(2, 3, 9, 9), torch.randn(2, 3, 9, 9, dtype=F64)
     s = q @ k.transpose(-1, -2) / 3.0
     s_causal = s.masked_fill(torch.ones(9, 9, dtype=torch.bool).triu(1), -math.inf)
     expect = ega_weights_train(s_causal, torch.sigmoid(z)) @ v
-    torch.testing.assert_close(ega_attention(q, k, v, ega_log_gate(z)), expect, atol=1e-12, rtol=0)
+    torch.testing.assert_close(ega_attention(q, k, v, ega_log_gate(z), causal_mask(9)), expect, atol=1e-12, rtol=0)
 
 
 def test_ega_gate_statistics_and_limits():
