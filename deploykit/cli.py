@@ -53,7 +53,9 @@ def cli():
 @click.option("--resolution", "-r", "resolutions", type=RESOLUTION, multiple=True, help="Repeatable; default the model's img_size.")
 @click.option("--output", "-o", type=click.Path(path_type=Path), required=True, help="Export directory.")
 @click.option("--opset", type=int, default=None, help="ONNX opset (default 18).")
-def export(encoding, model_name, checkpoint, resolutions, output, opset):
+@click.option("--precision", "precisions", type=click.Choice(["fp32", "fp16", "bf16"]), multiple=True,
+              help="Repeatable precision plan: matmuls in this type, tables/LayerNorm/Softmax/logits fp32 (default fp32).")
+def export(encoding, model_name, checkpoint, resolutions, output, opset, precisions):
     """Export a model to one ONNX graph per resolution, tables baked in, graph linted."""
     from deploykit.export import DEFAULT_OPSET, resolution_tag
     from deploykit.export import export as export_model
@@ -63,17 +65,17 @@ def export(encoding, model_name, checkpoint, resolutions, output, opset):
     model, source = resolve_model(checkpoint=checkpoint, encoding=encoding, model_name=model_name)
     resolutions = resolutions or [(model.cfg.img_size, model.cfg.img_size)]
     with console.status("exporting") as status:
-        manifest = export_model(model, resolutions, output, opset=opset or DEFAULT_OPSET, source=source,
-                                progress=lambda msg: status.update(msg))
+        manifest = export_model(model, resolutions, output, opset=opset or DEFAULT_OPSET, precisions=precisions or ("fp32",),
+                                source=source, progress=lambda msg: status.update(msg))
     for graph in manifest.graphs:
-        console.print(f"[green]✓[/] {output / graph.file}  ({resolution_tag(graph.resolution)}, opset {graph.opset})")
+        console.print(f"[green]✓[/] {output / graph.file}  ({resolution_tag(graph.resolution)}, {graph.precision}, opset {graph.opset})")
 
 
 @cli.command()
 @click.argument("export_dir", type=click.Path(path_type=Path))
 @click.option("--resolution", "-r", "resolutions", type=RESOLUTION, multiple=True, help="Repeatable; default every exported one.")
 @click.option("--backend", "-b", "backends", multiple=True, default=("ort",), show_default=True, help="Repeatable: ort.")
-@click.option("--precision", default="fp32", show_default=True, help="Tolerance set: fp32, fp16, bf16.")
+@click.option("--precision", default="fp32", show_default=True, help="Which exported plan to check, and its tolerance: fp32, fp16, bf16.")
 @click.option("--num-random", default=4, show_default=True, help="Seeded noise inputs per resolution.")
 @click.option("--num-real", default=8, show_default=True, help="Bundled real images per resolution.")
 @click.option("--seed", default=0, show_default=True)

@@ -151,14 +151,16 @@ def first_divergent_block(
     names = json.loads(meta.get("deploykit.block_outputs", "[]"))
     if not names:
         return None
+    # Under an fp16/bf16 plan a block output may be stored in the low type: declare what it is.
+    types = {v.name: v.type.tensor_type.elem_type for v in onnx.shape_inference.infer_shapes(proto).graph.value_info}
     for name in names:
-        proto.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+        proto.graph.output.append(onnx.helper.make_tensor_value_info(name, types.get(name, onnx.TensorProto.FLOAT), None))
     with OnnxrtRunner(proto.SerializeToString()) as runner:
         actual = run_batched(runner, inputs, batch_size)
     with TorchRunner(model, return_blocks=True) as runner:
         reference = run_batched(runner, inputs, batch_size)
     for i, name in enumerate(names):
-        ref, act = reference[f"blocks.{i}"], actual[name]
+        ref, act = reference[f"blocks.{i}"], actual[name].astype(np.float64)
         scale = max(1.0, float(np.abs(ref).max()))
         if not float(np.abs(act - ref).max()) / scale <= tolerance.max_abs or _worst_cosine(ref, act) < tolerance.min_cosine:
             return f"blocks.{i}"
@@ -183,7 +185,7 @@ def validate(
         export_dir: an export directory (``manifest.json``, reference weights, graphs).
         resolutions: which exported resolutions; default all.
         backends: names from ``RUNNER_FACTORIES``.
-        precision: selects the tolerance from ``TOLERANCES``.
+        precision: which precision plan's graphs to check, with its tolerance from ``TOLERANCES``.
         num_random, num_real: seeded-noise and bundled real images per resolution.
         seed: seed of the noise inputs.
         batch_size: inputs per inference call.
@@ -199,7 +201,8 @@ def validate(
     tolerance = _choice(TOLERANCES, precision, "precision")
     factories = [(_choice(RUNNER_FACTORIES, b, "backend"), b) for b in backends]
     manifest = Manifest.read(export_dir)
-    entries = [manifest.graph(tuple(r)) for r in resolutions] if resolutions else manifest.graphs
+    # --precision picks the graphs (model_224_fp16.onnx, ...) as well as the tolerance.
+    entries = [manifest.graph(tuple(r), precision) for r in resolutions] if resolutions else manifest.graphs_at(precision)
     _check_unchanged(export_dir / WEIGHTS_FILE, manifest.weights_sha256)
     model = load_reference(export_dir)
     records = []

@@ -6,6 +6,7 @@ Layout of ``DIR``::
     config.json          the PyTorch reference model's config   } so DIR alone is enough
     model.safetensors    the PyTorch reference model's weights  } to validate
     model_224.onnx       one graph per resolution (tables baked, batch dynamic)
+    model_224_fp16.onnx  the same graph under a precision plan (``--precision fp16``/``bf16``)
 
 Every file is written atomically; re-exporting the same weights adds resolutions to the
 manifest, exporting different weights starts a new manifest.
@@ -24,7 +25,9 @@ import deploykit
 from deploykit._io import write_json_atomic
 from deploykit.encodings import config_to_dict
 from deploykit.errors import DeployKitError
+from deploykit.export.lint import check_graph
 from deploykit.export.onnx_export import DEFAULT_OPSET, onnx_from_model, resolution_tag, save_onnx
+from deploykit.export.precision import PRECISIONS, apply_precision, check_precision
 from deploykit.nn.checkpoint import WEIGHTS_FILE, load_model, save_model
 from deploykit.nn.vit import VisionTransformer
 
@@ -39,6 +42,7 @@ class GraphEntry:
     file: str
     sha256: str
     opset: int
+    precision: str = "fp32"  # manifests written before precision plans hold fp32 graphs only
 
 
 @dataclass
@@ -51,12 +55,23 @@ class Manifest:
     deploykit_version: str = deploykit.__version__
     graphs: list[GraphEntry] = field(default_factory=list)
 
-    def graph(self, resolution: tuple[int, int]) -> GraphEntry:
+    def graph(self, resolution: tuple[int, int], precision: str = "fp32") -> GraphEntry:
         for entry in self.graphs:
-            if tuple(entry.resolution) == tuple(resolution):
+            if tuple(entry.resolution) == tuple(resolution) and entry.precision == precision:
                 return entry
-        have = ", ".join(resolution_tag(g.resolution) for g in self.graphs) or "none"
-        raise DeployKitError(f"no graph exported at {resolution_tag(resolution)} (exported: {have}); run deploykit export --resolution ...")
+        have = ", ".join(_graph_label(g) for g in self.graphs) or "none"
+        raise DeployKitError(
+            f"no graph exported at {_graph_label(GraphEntry(resolution, '', '', 0, precision))} (exported: {have}); "
+            "run deploykit export --resolution ... --precision ..."
+        )
+
+    def graphs_at(self, precision: str) -> list[GraphEntry]:
+        """Every exported graph of one precision plan, or an error naming what was exported."""
+        found = [g for g in self.graphs if g.precision == precision]
+        if not found:
+            have = ", ".join(sorted({g.precision for g in self.graphs})) or "none"
+            raise DeployKitError(f"no {precision} graphs exported (exported: {have}); run deploykit export --precision {precision}")
+        return found
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -74,6 +89,17 @@ class Manifest:
             raise DeployKitError(f"corrupt manifest {path}: {err}") from err
 
 
+def _graph_label(entry: GraphEntry) -> str:
+    tag = resolution_tag(tuple(entry.resolution))
+    return tag if entry.precision == "fp32" else f"{tag} {entry.precision}"
+
+
+def graph_file_name(resolution: tuple[int, int], precision: str = "fp32") -> str:
+    """``model_224.onnx`` for fp32 (the name before precision plans), ``model_224_fp16.onnx`` else."""
+    suffix = "" if precision == "fp32" else f"_{precision}"
+    return f"model_{resolution_tag(resolution)}{suffix}.onnx"
+
+
 def sha256_file(path: str | os.PathLike) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -88,6 +114,7 @@ def export(
     output_dir: str | os.PathLike,
     *,
     opset: int = DEFAULT_OPSET,
+    precisions: Iterable[str] = ("fp32",),
     source: str = "",
     progress=None,
 ) -> Manifest:
@@ -101,6 +128,8 @@ def export(
         resolutions: ``(height, width)`` pairs, multiples of the patch size.
         output_dir: created if missing.
         opset: ONNX opset for the graphs.
+        precisions: precision plans to write per resolution (``fp32``, ``fp16``, ``bf16``; see
+            ``deploykit.export.precision``).
         source: where the model came from (recorded in the manifest).
         progress: optional callable ``progress(message)`` for long exports.
 
@@ -108,22 +137,30 @@ def export(
         The manifest written to ``output_dir``.
     """
     resolutions = list(dict.fromkeys(tuple(r) for r in resolutions))
+    precisions = list(dict.fromkeys(precisions))
     for resolution in resolutions:
         model.grid(*resolution)  # raises ResolutionError before any file is touched
+    for precision in precisions:
+        check_precision(precision)
     output_dir = Path(output_dir)
     protos = []
     for resolution in resolutions:
         if progress:
             progress(f"exporting {resolution_tag(resolution)}")
-        protos.append((resolution, onnx_from_model(model, resolution, opset)))
+        proto = onnx_from_model(model, resolution, opset)
+        for precision in precisions:
+            planned = apply_precision(proto, precision)
+            if precision != "fp32":
+                check_graph(planned)  # the casts must leave a valid, strictly typed graph
+            protos.append((resolution, precision, planned))
     save_model(model, output_dir)
     manifest = _fresh_or_existing_manifest(output_dir, model, source)
-    for resolution, proto in protos:
-        name = f"model_{resolution_tag(resolution)}.onnx"
+    for resolution, precision, proto in protos:
+        name = graph_file_name(resolution, precision)
         save_onnx(proto, output_dir / name)
-        manifest.graphs = [g for g in manifest.graphs if tuple(g.resolution) != resolution]
-        manifest.graphs.append(GraphEntry(resolution, name, sha256_file(output_dir / name), opset))
-    manifest.graphs.sort(key=lambda g: g.resolution)
+        manifest.graphs = [g for g in manifest.graphs if (tuple(g.resolution), g.precision) != (resolution, precision)]
+        manifest.graphs.append(GraphEntry(resolution, name, sha256_file(output_dir / name), opset, precision))
+    manifest.graphs.sort(key=lambda g: (g.resolution, list(PRECISIONS).index(g.precision)))
     write_json_atomic(output_dir / MANIFEST_FILE, manifest.to_dict())
     return manifest
 
