@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from deploykit.backends import OnnxrtRunner, Runner, TorchRunner
+from deploykit.backends import OnnxrtRunner, Runner, TorchRunner, registry
 from deploykit.data import random_inputs, real_inputs
 from deploykit.errors import ConfigError, DeployKitError, ValidationError
-from deploykit.export.bundle import Manifest, load_reference, sha256_file
+from deploykit.export.bundle import Manifest, check_unchanged as _check_unchanged, checked_graph as _checked_graph, load_reference
 from deploykit.export.onnx_export import resolution_tag
 from deploykit.nn.checkpoint import WEIGHTS_FILE
 from deploykit.nn.vit import VisionTransformer
@@ -134,8 +134,8 @@ def run_batched(runner: Runner, inputs: np.ndarray, batch_size: int) -> dict[str
     return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 
 
-# Backend name -> factory(onnx path or bytes) -> Runner. TensorRT backends join with their issue.
-RUNNER_FACTORIES: dict[str, Callable[[Path | bytes], Runner]] = {"ort": OnnxrtRunner}
+# Backend name -> factory(onnx path) -> Runner; defined with the backends, shared with profile.
+RUNNER_FACTORIES = registry.RUNNER_FACTORIES
 
 
 def first_divergent_block(
@@ -231,18 +231,3 @@ def _choice(table: dict, key: str, what: str):
         return table[key]
     except KeyError:
         raise ConfigError(f"unknown {what} {key!r}; choose one of: {', '.join(table)}") from None
-
-
-def _checked_graph(export_dir: Path, entry) -> Path:
-    """The graph's path, refusing a file that changed since export."""
-    path = export_dir / entry.file
-    _check_unchanged(path, entry.sha256)
-    return path
-
-
-def _check_unchanged(path: Path, sha256: str) -> None:
-    """Refuse a file that is missing or differs from what ``manifest.json`` recorded."""
-    if not path.is_file():
-        raise DeployKitError(f"exported file missing: {path}; re-run deploykit export")
-    if sha256_file(path) != sha256:
-        raise DeployKitError(f"{path} changed since export (sha256 differs from manifest.json); re-run deploykit export")

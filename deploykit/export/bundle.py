@@ -108,6 +108,21 @@ def sha256_file(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
+def check_unchanged(path: Path, sha256: str) -> None:
+    """Refuse a file that is missing or differs from what ``manifest.json`` recorded."""
+    if not path.is_file():
+        raise DeployKitError(f"exported file missing: {path}; re-run deploykit export")
+    if sha256_file(path) != sha256:
+        raise DeployKitError(f"{path} changed since export (sha256 differs from manifest.json); re-run deploykit export")
+
+
+def checked_graph(export_dir: str | os.PathLike, entry: GraphEntry) -> Path:
+    """The graph's path, refusing a file that changed since export."""
+    path = Path(export_dir) / entry.file
+    check_unchanged(path, entry.sha256)
+    return path
+
+
 def export(
     model: VisionTransformer,
     resolutions: Iterable[tuple[int, int]],
