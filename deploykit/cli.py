@@ -143,7 +143,7 @@ def build(export_dir, backend, dynamic, batch, max_batch, precisions, resolution
                                 resolutions=resolutions, workspace_mib=workspace_mib, optimization_level=optimization_level,
                                 plugin_dirs=plugin_dirs, rebuild=rebuild, progress=progress)
     for result in results:
-        console.print(f"[green]✓[/] {describe(result)}")
+        console.print(f"[green]✓[/] {describe(result)}", soft_wrap=True)
 
 
 @cli.command("list")
