@@ -53,7 +53,9 @@ def cli():
 @click.option("--resolution", "-r", "resolutions", type=RESOLUTION, multiple=True, help="Repeatable; default the model's img_size.")
 @click.option("--output", "-o", type=click.Path(path_type=Path), required=True, help="Export directory.")
 @click.option("--opset", type=int, default=None, help="ONNX opset (default 18).")
-def export(encoding, model_name, checkpoint, resolutions, output, opset):
+@click.option("--precision", "precisions", type=click.Choice(["fp32", "fp16", "bf16"]), multiple=True,
+              help="Repeatable precision plan: matmuls in this type, tables/LayerNorm/Softmax/logits fp32 (default fp32).")
+def export(encoding, model_name, checkpoint, resolutions, output, opset, precisions):
     """Export a model to one ONNX graph per resolution, tables baked in, graph linted."""
     from deploykit.export import DEFAULT_OPSET, resolution_tag
     from deploykit.export import export as export_model
@@ -63,17 +65,17 @@ def export(encoding, model_name, checkpoint, resolutions, output, opset):
     model, source = resolve_model(checkpoint=checkpoint, encoding=encoding, model_name=model_name)
     resolutions = resolutions or [model.default_shape]
     with console.status("exporting") as status:
-        manifest = export_model(model, resolutions, output, opset=opset or DEFAULT_OPSET, source=source,
-                                progress=lambda msg: status.update(msg))
+        manifest = export_model(model, resolutions, output, opset=opset or DEFAULT_OPSET, precisions=precisions or ("fp32",),
+                                source=source, progress=lambda msg: status.update(msg))
     for graph in manifest.graphs:
-        console.print(f"[green]✓[/] {output / graph.file}  ({resolution_tag(graph.resolution)}, opset {graph.opset})")
+        console.print(f"[green]✓[/] {output / graph.file}  ({resolution_tag(graph.resolution)}, {graph.precision}, opset {graph.opset})")
 
 
 @cli.command()
 @click.argument("export_dir", type=click.Path(path_type=Path))
 @click.option("--resolution", "-r", "resolutions", type=RESOLUTION, multiple=True, help="Repeatable; default every exported one.")
-@click.option("--backend", "-b", "backends", multiple=True, default=("ort",), show_default=True, help="Repeatable: ort.")
-@click.option("--precision", default="fp32", show_default=True, help="Tolerance set: fp32, fp16, bf16.")
+@click.option("--backend", "-b", "backends", multiple=True, default=("ort",), show_default=True, help="Repeatable: ort, ort-cuda, trt, rtx (trt/rtx run the engines deploykit build wrote).")
+@click.option("--precision", default="fp32", show_default=True, help="Which exported plan to check, and its tolerance: fp32, fp16, bf16.")
 @click.option("--num-random", default=4, show_default=True, help="Seeded noise inputs per resolution.")
 @click.option("--num-real", default=8, show_default=True, help="Bundled real images per resolution.")
 @click.option("--seed", default=0, show_default=True)
@@ -107,6 +109,41 @@ def _print_report(console, report) -> None:
     passed = sum(r.passed for r in report.records)
     colour = "green" if report else "red"
     console.print(f"[{colour}]{passed}/{len(report.records)} checks passed[/]")
+
+
+@cli.command()
+@click.argument("export_dir", type=click.Path(path_type=Path))
+@click.option("--backend", "-b", type=click.Choice(["trt", "rtx"]), default="trt", show_default=True,
+              help="trt: TensorRT (NVIDIA GPUs); rtx: TensorRT-RTX (RTX GPUs; builds without a GPU).")
+@click.option("--dynamic", is_flag=True,
+              help="One batch profile 1..--max-batch tuned for --batch, instead of a static batch (resolution stays static).")
+@click.option("--batch", default=1, show_default=True, help="Static batch, or the batch a --dynamic profile is tuned for.")
+@click.option("--max-batch", default=8, show_default=True, help="Largest batch of a --dynamic profile.")
+@click.option("--precision", "precisions", type=click.Choice(["fp32", "fp16", "bf16"]), multiple=True, help="Repeatable; default every exported plan.")
+@click.option("--resolution", "-r", "resolutions", type=RESOLUTION, multiple=True, help="Repeatable; default every exported one.")
+@click.option("--workspace", "workspace_mib", type=click.IntRange(min=1), default=None, help="Workspace limit in MiB.")
+@click.option("--opt-level", "optimization_level", type=click.IntRange(0, 5), default=None, help="Builder optimization level (default 3).")
+@click.option("--plugins", "plugin_dirs", type=click.Path(path_type=Path, file_okay=False), multiple=True,
+              help="Directory of Python TensorRT plugins to import (default ./plugins when it exists; trt only).")
+@click.option("--rebuild", is_flag=True, help="Replace engines whose fingerprint no longer matches (otherwise refused).")
+def build(export_dir, backend, dynamic, batch, max_batch, precisions, resolutions, workspace_mib, optimization_level, plugin_dirs, rebuild):
+    """Build one TensorRT engine per exported graph, beside it, with a fingerprint."""
+    from rich.live import Live
+
+    from deploykit.backends.tensorrt import BuildProgress
+    from deploykit.build import build as build_engines
+    from deploykit.build import describe
+
+    console = _console()
+    if not plugin_dirs and backend == "trt" and Path("plugins").is_dir():
+        plugin_dirs = (Path("plugins"),)
+    progress = BuildProgress()
+    with Live(progress, console=console, transient=True, refresh_per_second=4):
+        results = build_engines(export_dir, backend, dynamic=dynamic, batch=batch, max_batch=max_batch, precisions=precisions,
+                                resolutions=resolutions, workspace_mib=workspace_mib, optimization_level=optimization_level,
+                                plugin_dirs=plugin_dirs, rebuild=rebuild, progress=progress)
+    for result in results:
+        console.print(f"[green]✓[/] {describe(result)}", soft_wrap=True)
 
 
 @cli.command("list")

@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from deploykit.backends import OnnxrtRunner, Runner, TorchRunner
+from deploykit.backends import OnnxrtRunner, Runner, TorchRunner, registry
 from deploykit.data import validation_inputs
 from deploykit.errors import ConfigError, DeployKitError, ValidationError
-from deploykit.export.bundle import Manifest, load_reference, sha256_file
+from deploykit.export.bundle import Manifest, check_unchanged as _check_unchanged, checked_graph as _checked_graph, load_reference
 from deploykit.export.onnx_export import resolution_tag
 from deploykit.nn.checkpoint import WEIGHTS_FILE
 from deploykit.nn.factory import Model
@@ -135,8 +135,8 @@ def run_batched(runner: Runner, inputs: np.ndarray, batch_size: int) -> dict[str
     return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 
 
-# Backend name -> factory(onnx path or bytes) -> Runner. TensorRT backends join with their issue.
-RUNNER_FACTORIES: dict[str, Callable[[Path | bytes], Runner]] = {"ort": OnnxrtRunner}
+# Backend name -> factory(onnx path) -> Runner; defined with the backends, shared with profile.
+RUNNER_FACTORIES = registry.RUNNER_FACTORIES
 
 
 def first_divergent_block(
@@ -152,14 +152,16 @@ def first_divergent_block(
     names = json.loads(meta.get("deploykit.block_outputs", "[]"))
     if not names:
         return None
+    # Under an fp16/bf16 plan a block output may be stored in the low type: declare what it is.
+    types = {v.name: v.type.tensor_type.elem_type for v in onnx.shape_inference.infer_shapes(proto).graph.value_info}
     for name in names:
-        proto.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+        proto.graph.output.append(onnx.helper.make_tensor_value_info(name, types.get(name, onnx.TensorProto.FLOAT), None))
     with OnnxrtRunner(proto.SerializeToString()) as runner:
         actual = run_batched(runner, inputs, batch_size)
     with TorchRunner(model, return_blocks=True) as runner:
         reference = run_batched(runner, inputs, batch_size)
     for i, name in enumerate(names):
-        ref, act = reference[f"blocks.{i}"], actual[name]
+        ref, act = reference[f"blocks.{i}"], actual[name].astype(np.float64)
         scale = max(1.0, float(np.abs(ref).max()))
         if not float(np.abs(act - ref).max()) / scale <= tolerance.max_abs or _worst_cosine(ref, act) < tolerance.min_cosine:
             return f"blocks.{i}"
@@ -184,7 +186,7 @@ def validate(
         export_dir: an export directory (``manifest.json``, reference weights, graphs).
         resolutions: which exported resolutions; default all.
         backends: names from ``RUNNER_FACTORIES``.
-        precision: selects the tolerance from ``TOLERANCES``.
+        precision: which precision plan's graphs to check, with its tolerance from ``TOLERANCES``.
         num_random, num_real: seeded-noise and bundled real inputs (images or text) per resolution.
         seed: seed of the noise inputs.
         batch_size: inputs per inference call.
@@ -200,7 +202,8 @@ def validate(
     tolerance = _choice(TOLERANCES, precision, "precision")
     factories = [(_choice(RUNNER_FACTORIES, b, "backend"), b) for b in backends]
     manifest = Manifest.read(export_dir)
-    entries = [manifest.graph(tuple(r)) for r in resolutions] if resolutions else manifest.graphs
+    # --precision picks the graphs (model_224_fp16.onnx, ...) as well as the tolerance.
+    entries = [manifest.graph(tuple(r), precision) for r in resolutions] if resolutions else manifest.graphs_at(precision)
     _check_unchanged(export_dir / WEIGHTS_FILE, manifest.weights_sha256)
     model = load_reference(export_dir)
     records = []
@@ -237,18 +240,3 @@ def _choice(table: dict, key: str, what: str):
         return table[key]
     except KeyError:
         raise ConfigError(f"unknown {what} {key!r}; choose one of: {', '.join(table)}") from None
-
-
-def _checked_graph(export_dir: Path, entry) -> Path:
-    """The graph's path, refusing a file that changed since export."""
-    path = export_dir / entry.file
-    _check_unchanged(path, entry.sha256)
-    return path
-
-
-def _check_unchanged(path: Path, sha256: str) -> None:
-    """Refuse a file that is missing or differs from what ``manifest.json`` recorded."""
-    if not path.is_file():
-        raise DeployKitError(f"exported file missing: {path}; re-run deploykit export")
-    if sha256_file(path) != sha256:
-        raise DeployKitError(f"{path} changed since export (sha256 differs from manifest.json); re-run deploykit export")

@@ -77,3 +77,22 @@ class OnnxrtRunner(Runner):
 
     def _deactivate(self) -> None:
         self._session = None
+
+
+class OnnxrtCudaRunner(OnnxrtRunner):
+    """ONNX Runtime on the GPU only (``onnxruntime-gpu``): refuses to fall back to the CPU silently."""
+
+    name = "ort-cuda"
+
+    def __init__(self, model: str | os.PathLike | bytes, intra_op_threads: int = 0):
+        super().__init__(model, providers=["CUDAExecutionProvider"], intra_op_threads=intra_op_threads)
+
+    def _activate(self) -> None:
+        import onnxruntime as ort
+
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise DeployKitError("ort-cuda needs onnxruntime-gpu (this onnxruntime has no CUDA provider); pip install 'deploykit[gpu]'")
+        super()._activate()
+        if self._session.get_providers()[0] != "CUDAExecutionProvider":  # ORT drops CUDA when no GPU is usable
+            self._session = None
+            raise DeployKitError("ort-cuda: onnxruntime could not use the CUDA provider (no GPU, or a CUDA/cuDNN mismatch)")

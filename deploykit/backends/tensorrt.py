@@ -8,9 +8,11 @@ Neither package is imported until a build is requested.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -135,6 +137,94 @@ def _create_network(trt: ModuleType, builder: Any) -> Any:
     return builder.create_network(flags)
 
 
+def load_plugin_modules(plugin_dirs: Iterable[str | os.PathLike]) -> list[str]:
+    """Import the Python plugins under each directory, so they register with TensorRT.
+
+    A plugin is a package ``<dir>/<name>/__init__.py`` or a module ``<dir>/<name>.py`` (the
+    SaPE² plugin lives in ``plugins/sape2/``); importing it runs its ``@trtp.register``
+    decorators. Each is imported once per process (registering twice is a TensorRT error).
+
+    Returns:
+        The module names imported or already loaded.
+
+    Raises:
+        ExportError: a directory does not exist or a plugin fails to import.
+    """
+    names = []
+    for root in map(Path, plugin_dirs):
+        if not root.is_dir():
+            raise ExportError(f"plugin directory {root} does not exist")
+        for path in sorted(root.iterdir()):
+            init = path / "__init__.py" if path.is_dir() else path
+            if not init.is_file() or init.suffix != ".py" or path.name.startswith(("_", ".")):
+                continue
+            name = f"deploykit_plugins.{root.resolve().name}.{path.stem}"
+            names.append(name)
+            if name not in sys.modules:
+                _import_plugin(name, init, path)
+    return names
+
+
+def _import_plugin(name: str, init: Path, path: Path) -> None:
+    search = [str(path)] if path.is_dir() else None
+    spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=search)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # before exec, so the package's relative imports resolve
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:  # a plugin may raise anything; report it as one line
+        del sys.modules[name]
+        raise ExportError(_one_line(f"plugin {init} failed to import: {type(err).__name__}: {err}")) from err
+
+
+class BuildProgress:
+    """TensorRT's build phases as they advance; rich renders it (``__rich__``) while a build runs.
+
+    The monitor callbacks come from TensorRT's threads, so they only assign (atomic under the
+    GIL, no locks, no I/O: see ``_make_logger``); rendering happens in rich's refresh thread.
+    """
+
+    def __init__(self, label: str = "") -> None:
+        self.label = label
+        self.phases: dict[str, list[int]] = {}  # phase -> [steps done, steps], outermost first
+
+    def start(self, phase: str, steps: int) -> None:
+        self.phases[phase] = [0, steps]
+
+    def step(self, phase: str, step: int) -> None:
+        entry = self.phases.get(phase)
+        if entry is not None:
+            entry[0] = step + 1
+
+    def finish(self, phase: str) -> None:
+        self.phases.pop(phase, None)
+
+    def __rich__(self):
+        from rich.text import Text
+
+        phases = list(self.phases.items())  # one C-level copy: safe against concurrent updates
+        detail = " › ".join(f"{name} {done}/{steps}" for name, (done, steps) in phases)
+        return Text(f"building {self.label}" + (f": {detail}" if detail else ""))
+
+
+def _make_monitor(trt: ModuleType, progress: BuildProgress) -> Any:
+    class _Monitor(trt.IProgressMonitor):
+        def __init__(self) -> None:
+            trt.IProgressMonitor.__init__(self)
+
+        def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:
+            progress.start(phase_name, num_steps)
+
+        def step_complete(self, phase_name: str, step: int) -> bool:
+            progress.step(phase_name, step)
+            return True  # False would cancel the build
+
+        def phase_finish(self, phase_name: str) -> None:
+            progress.finish(phase_name)
+
+    return _Monitor()
+
+
 def _load_plugins(builder: Any, libraries: tuple[str, ...]) -> None:
     registry = builder.get_plugin_registry()
     for lib in libraries:
@@ -213,16 +303,21 @@ class EngineFromOnnx:
         onnx_path_or_bytes: Path to an ``.onnx`` file, the serialized model, or a callable
             returning either (evaluated when the engine is built).
         options: Build settings; defaults to ``BuildOptions()``.
+        progress: Receives the builder's phases as they advance (shown by ``deploykit build``).
 
     Example:
         >>> engine = EngineFromOnnx("vit.onnx", BuildOptions(module="tensorrt_rtx"))()
     """
 
     def __init__(
-        self, onnx_path_or_bytes: OnnxSource | Callable[[], OnnxSource], options: BuildOptions | None = None
+        self,
+        onnx_path_or_bytes: OnnxSource | Callable[[], OnnxSource],
+        options: BuildOptions | None = None,
+        progress: BuildProgress | None = None,
     ) -> None:
         self.onnx_path_or_bytes = onnx_path_or_bytes
         self.options = options if options is not None else BuildOptions()
+        self.progress = progress
 
     def __call__(self) -> bytes:
         """Build the engine.
@@ -256,6 +351,9 @@ class EngineFromOnnx:
             config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, opts.workspace_mib << 20)
         if opts.optimization_level is not None:
             config.builder_optimization_level = opts.optimization_level
+        monitor = None
+        if self.progress is not None and hasattr(config, "progress_monitor"):
+            config.progress_monitor = monitor = _make_monitor(trt, self.progress)  # kept alive through the build
         cache_path = cache = None
         if opts.timing_cache is not None:
             if opts.module == "tensorrt" and hasattr(config, "create_timing_cache"):
@@ -265,7 +363,7 @@ class EngineFromOnnx:
                 _log.warning("timing cache ignored: %s has no usable timing cache", opts.module)
 
         serialized = builder.build_serialized_network(network, config)
-        del parser, cache  # only now: the network used weights the parser owned
+        del parser, cache, monitor  # only now: the network used weights the parser owned
         logger.drain()
         if serialized is None:
             detail = "; ".join(logger.errors) or "no builder error reported"

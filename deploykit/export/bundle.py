@@ -6,6 +6,7 @@ Layout of ``DIR``::
     config.json          the PyTorch reference model's config   } so DIR alone is enough
     model.safetensors    the PyTorch reference model's weights  } to validate
     model_224.onnx       one graph per resolution (tables baked, batch dynamic)
+    model_224_fp16.onnx  the same graph under a precision plan (``--precision fp16``/``bf16``)
 
 Every file is written atomically; re-exporting the same weights adds resolutions to the
 manifest, exporting different weights starts a new manifest.
@@ -24,7 +25,9 @@ import deploykit
 from deploykit._io import write_json_atomic
 from deploykit.encodings import config_to_dict
 from deploykit.errors import DeployKitError
+from deploykit.export.lint import check_graph
 from deploykit.export.onnx_export import DEFAULT_OPSET, onnx_from_model, resolution_tag, save_onnx
+from deploykit.export.precision import PRECISIONS, apply_precision, check_precision
 from deploykit.nn.checkpoint import WEIGHTS_FILE, load_model, save_model
 from deploykit.nn.factory import Model
 
@@ -39,6 +42,7 @@ class GraphEntry:
     file: str
     sha256: str
     opset: int
+    precision: str = "fp32"  # manifests written before precision plans hold fp32 graphs only
 
 
 @dataclass
@@ -51,13 +55,24 @@ class Manifest:
     deploykit_version: str = deploykit.__version__
     graphs: list[GraphEntry] = field(default_factory=list)
 
-    def graph(self, resolution: tuple[int, ...]) -> GraphEntry:
+    def graph(self, resolution: tuple[int, ...], precision: str = "fp32") -> GraphEntry:
         # Compared by tag: a sequence length parsed from "--resolution 256" is (256, 256).
         for entry in self.graphs:
-            if resolution_tag(entry.resolution) == resolution_tag(tuple(resolution)):
+            if resolution_tag(entry.resolution) == resolution_tag(tuple(resolution)) and entry.precision == precision:
                 return entry
-        have = ", ".join(resolution_tag(g.resolution) for g in self.graphs) or "none"
-        raise DeployKitError(f"no graph exported at {resolution_tag(resolution)} (exported: {have}); run deploykit export --resolution ...")
+        have = ", ".join(_graph_label(g) for g in self.graphs) or "none"
+        raise DeployKitError(
+            f"no graph exported at {_graph_label(GraphEntry(resolution, '', '', 0, precision))} (exported: {have}); "
+            "run deploykit export --resolution ... --precision ..."
+        )
+
+    def graphs_at(self, precision: str) -> list[GraphEntry]:
+        """Every exported graph of one precision plan, or an error naming what was exported."""
+        found = [g for g in self.graphs if g.precision == precision]
+        if not found:
+            have = ", ".join(sorted({g.precision for g in self.graphs})) or "none"
+            raise DeployKitError(f"no {precision} graphs exported (exported: {have}); run deploykit export --precision {precision}")
+        return found
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -75,6 +90,17 @@ class Manifest:
             raise DeployKitError(f"corrupt manifest {path}: {err}") from err
 
 
+def _graph_label(entry: GraphEntry) -> str:
+    tag = resolution_tag(tuple(entry.resolution))
+    return tag if entry.precision == "fp32" else f"{tag} {entry.precision}"
+
+
+def graph_file_name(resolution: tuple[int, int], precision: str = "fp32") -> str:
+    """``model_224.onnx`` for fp32 (the name before precision plans), ``model_224_fp16.onnx`` else."""
+    suffix = "" if precision == "fp32" else f"_{precision}"
+    return f"model_{resolution_tag(resolution)}{suffix}.onnx"
+
+
 def sha256_file(path: str | os.PathLike) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -83,12 +109,28 @@ def sha256_file(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
+def check_unchanged(path: Path, sha256: str) -> None:
+    """Refuse a file that is missing or differs from what ``manifest.json`` recorded."""
+    if not path.is_file():
+        raise DeployKitError(f"exported file missing: {path}; re-run deploykit export")
+    if sha256_file(path) != sha256:
+        raise DeployKitError(f"{path} changed since export (sha256 differs from manifest.json); re-run deploykit export")
+
+
+def checked_graph(export_dir: str | os.PathLike, entry: GraphEntry) -> Path:
+    """The graph's path, refusing a file that changed since export."""
+    path = Path(export_dir) / entry.file
+    check_unchanged(path, entry.sha256)
+    return path
+
+
 def export(
     model: Model,
     resolutions: Iterable[tuple[int, ...]],
     output_dir: str | os.PathLike,
     *,
     opset: int = DEFAULT_OPSET,
+    precisions: Iterable[str] = ("fp32",),
     source: str = "",
     progress=None,
 ) -> Manifest:
@@ -103,6 +145,8 @@ def export(
             model, lengths (``(T,)``, or ``(T, T)`` as ``parse_resolution`` gives them).
         output_dir: created if missing.
         opset: ONNX opset for the graphs.
+        precisions: precision plans to write per resolution (``fp32``, ``fp16``, ``bf16``; see
+            ``deploykit.export.precision``).
         source: where the model came from (recorded in the manifest).
         progress: optional callable ``progress(message)`` for long exports.
 
@@ -111,20 +155,28 @@ def export(
     """
     # check_shape raises ResolutionError before any file is touched
     resolutions = list(dict.fromkeys(model.check_shape(tuple(r)) for r in resolutions))
+    precisions = list(dict.fromkeys(precisions))
+    for precision in precisions:
+        check_precision(precision)
     output_dir = Path(output_dir)
     protos = []
     for resolution in resolutions:
         if progress:
             progress(f"exporting {resolution_tag(resolution)}")
-        protos.append((resolution, onnx_from_model(model, resolution, opset)))
+        proto = onnx_from_model(model, resolution, opset)
+        for precision in precisions:
+            planned = apply_precision(proto, precision)
+            if precision != "fp32":
+                check_graph(planned)  # the casts must leave a valid, strictly typed graph
+            protos.append((resolution, precision, planned))
     save_model(model, output_dir)
     manifest = _fresh_or_existing_manifest(output_dir, model, source)
-    for resolution, proto in protos:
-        name = f"model_{resolution_tag(resolution)}.onnx"
+    for resolution, precision, proto in protos:
+        name = graph_file_name(resolution, precision)
         save_onnx(proto, output_dir / name)
-        manifest.graphs = [g for g in manifest.graphs if tuple(g.resolution) != resolution]
-        manifest.graphs.append(GraphEntry(resolution, name, sha256_file(output_dir / name), opset))
-    manifest.graphs.sort(key=lambda g: g.resolution)
+        manifest.graphs = [g for g in manifest.graphs if (tuple(g.resolution), g.precision) != (resolution, precision)]
+        manifest.graphs.append(GraphEntry(resolution, name, sha256_file(output_dir / name), opset, precision))
+    manifest.graphs.sort(key=lambda g: (g.resolution, list(PRECISIONS).index(g.precision)))
     write_json_atomic(output_dir / MANIFEST_FILE, manifest.to_dict())
     return manifest
 

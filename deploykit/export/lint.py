@@ -27,6 +27,8 @@ _HALF_TYPES = frozenset({TensorProto.FLOAT16, TensorProto.BFLOAT16})
 _NONDETERMINISTIC_OPS = frozenset(
     {"RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
 )
+# Initializer-name prefixes of positional tables (baked under ``pe_tables.``; timm's APE name).
+TABLE_PREFIXES = ("pe_tables.", "pos_embed")
 # Checker/shape-inference messages carry multi-line context; keep findings readable.
 _MAX_MESSAGE_CHARS = 300
 
@@ -169,7 +171,7 @@ def _unfolded_constants(graph: onnx.GraphProto) -> list[LintIssue]:
 
 
 def lint_graph(
-    model: onnx.ModelProto, *, table_prefixes: tuple[str, ...] = ("pe_tables.", "pos_embed")
+    model: onnx.ModelProto, *, table_prefixes: tuple[str, ...] = TABLE_PREFIXES
 ) -> list[LintIssue]:
     """Lint an exported ONNX model for patterns that break or slow down deployment.
 

@@ -1,0 +1,35 @@
+"""Backend name → runner for one exported graph: the one mapping ``validate`` and ``profile`` share.
+
+Each factory takes the path of an exported ONNX graph. ONNX Runtime runs it directly; the
+TensorRT backends run the engine ``deploykit build`` wrote beside it, after checking its
+fingerprint (``deploykit.backends.engine_cache``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from functools import partial
+
+from deploykit.backends.base import Runner
+from deploykit.backends.onnxrt import OnnxrtCudaRunner, OnnxrtRunner
+from deploykit.backends.trt_runner import engine_runner
+from deploykit.errors import ConfigError
+
+RUNNER_FACTORIES: dict[str, Callable[[str | os.PathLike], Runner]] = {
+    "ort": OnnxrtRunner,
+    "ort-cuda": OnnxrtCudaRunner,
+    "trt": partial(engine_runner, module="tensorrt"),
+    "rtx": partial(engine_runner, module="tensorrt_rtx"),
+}
+
+
+def create_runner(backend: str, onnx_path: str | os.PathLike) -> Runner:
+    """The runner for ``backend`` on one exported graph (not yet activated).
+
+    Raises:
+        ConfigError: unknown backend name.
+    """
+    if backend not in RUNNER_FACTORIES:
+        raise ConfigError(f"unknown backend {backend!r}; choose one of: {', '.join(RUNNER_FACTORIES)}")
+    return RUNNER_FACTORIES[backend](onnx_path)

@@ -1,0 +1,177 @@
+"""``deploykit build``: one TensorRT (or TensorRT-RTX) engine per exported graph, beside it.
+
+For every graph in an export directory (each resolution × precision plan) the engine is written
+as ``model_224_fp16.trt.engine`` with its fingerprint ``model_224_fp16.trt.json``
+(``deploykit.backends.engine_cache``). An engine whose fingerprint matches what would be built
+now is reused; one that does not is refused, naming the fields, unless ``rebuild=True``: all
+graphs are checked before anything is built, so a refusal leaves the directory as it was.
+
+Shapes: the graphs are exported with static height/width (tables are baked per resolution)
+and a dynamic batch. By default each engine is fully static (batch ``batch``), TensorRT's
+fastest form; ``dynamic=True`` builds one optimization profile over the batch (1 / ``batch`` /
+``max_batch``). A resolution range in one engine would need graphs with dynamic H/W, which the
+baked tables rule out; export several resolutions instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from deploykit.backends.engine_cache import (
+    Device,
+    check_fingerprint,
+    current_fingerprint,
+    engine_paths,
+    graph_metadata,
+    profile_shapes,
+    read_fingerprint,
+    write_fingerprint,
+)
+from deploykit.backends.tensorrt import BuildOptions, BuildProgress, EngineFromOnnx, load_plugin_modules, save_engine
+from deploykit.errors import ConfigError, StaleEngineError
+from deploykit.export.bundle import GraphEntry, Manifest, checked_graph, sha256_file
+
+# ``--backend`` -> TensorRT flavour. "Does it build" is checked with rtx on CPU-only machines.
+BACKENDS = {"trt": "tensorrt", "rtx": "tensorrt_rtx"}
+TIMING_CACHE_FILE = "timing.cache"
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BuiltEngine:
+    """One engine ``build`` produced or found valid."""
+
+    graph: str
+    engine: Path
+    fingerprint: Path
+    cached: bool
+    seconds: float
+
+
+def build_options(
+    module: str, export_dir: Path, *, dynamic: bool, batch: int, max_batch: int, workspace_mib: int | None, optimization_level: int | None
+) -> BuildOptions:
+    """Static (``min = opt = max = batch``) or dynamic-batch options; the timing cache beside the graphs."""
+    if batch < 1 or (dynamic and max_batch < batch):
+        raise ConfigError(f"need 1 <= batch <= max batch, got batch {batch}, max batch {max_batch}")
+    low, high = (1, max_batch) if dynamic else (batch, batch)
+    # TensorRT-RTX tunes at run time: a timing cache does nothing there.
+    cache = str(export_dir / TIMING_CACHE_FILE) if module == "tensorrt" else None
+    return BuildOptions(module=module, workspace_mib=workspace_mib, optimization_level=optimization_level,
+                        min_batch=low, opt_batch=batch, max_batch=high, timing_cache=cache)
+
+
+def build(
+    export_dir: str | os.PathLike,
+    backend: str = "trt",
+    *,
+    dynamic: bool = False,
+    batch: int = 1,
+    max_batch: int = 8,
+    precisions: Sequence[str] | None = None,
+    resolutions: Iterable[tuple[int, int]] | None = None,
+    workspace_mib: int | None = None,
+    optimization_level: int | None = None,
+    plugin_dirs: Sequence[str | os.PathLike] = (),
+    rebuild: bool = False,
+    progress: BuildProgress | None = None,
+    device: Device | None = None,
+) -> list[BuiltEngine]:
+    """Build an engine for each graph ``deploykit export`` wrote to ``export_dir``.
+
+    Args:
+        export_dir: an export directory.
+        backend: ``"trt"`` (TensorRT) or ``"rtx"`` (TensorRT-RTX).
+        dynamic: one batch profile (1 / ``batch`` / ``max_batch``) instead of a static batch.
+        batch: the static batch, or the batch a dynamic profile is tuned for.
+        max_batch: largest batch of a dynamic profile.
+        precisions: which precision plans; default every exported one.
+        resolutions: which resolutions; default every exported one.
+        workspace_mib: workspace memory limit (MiB); default TensorRT's.
+        optimization_level: builder optimization level 0-5; default TensorRT's (3).
+        plugin_dirs: directories of Python plugins to import first (TensorRT only: TensorRT-RTX
+            has no Python plugins and inlines the custom ops' ONNX function bodies).
+        rebuild: replace engines whose fingerprint no longer matches instead of refusing.
+        progress: receives the builder's phases (the CLI renders it).
+        device: what ``probe_device()`` reports; probed when None (tests pass one in).
+
+    Returns:
+        One ``BuiltEngine`` per graph, in manifest order.
+
+    Raises:
+        ConfigError: unknown backend or bad batch sizes.
+        StaleEngineError: an existing engine does not match and ``rebuild`` is False.
+        ExportError: a graph does not parse or build, or a plugin fails to load.
+    """
+    if backend not in BACKENDS:
+        raise ConfigError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
+    module, export_dir = BACKENDS[backend], Path(export_dir)
+    options = build_options(module, export_dir, dynamic=dynamic, batch=batch, max_batch=max_batch,
+                            workspace_mib=workspace_mib, optimization_level=optimization_level)
+    entries = _select(Manifest.read(export_dir), precisions, resolutions)
+    if module == "tensorrt_rtx" and plugin_dirs:
+        _log.warning("TensorRT-RTX has no Python plugins: %s not loaded; custom ops run their ONNX function bodies", plugin_dirs)
+        plugin_dirs = ()
+    plugin_dirs = [str(Path(d).resolve()) for d in plugin_dirs]
+    load_plugin_modules(plugin_dirs)
+    plans = [_plan(export_dir, entry, options, plugin_dirs, rebuild, device) for entry in entries]  # refuse before building
+    results = []
+    for path, fingerprint, cached in plans:
+        engine, fp_path = engine_paths(path, module)
+        start = time.perf_counter()
+        if not cached:
+            if progress is not None:
+                progress.label = path.name
+            save_engine(EngineFromOnnx(path, options, progress)(), engine)
+            write_fingerprint(fp_path, fingerprint, sha256_file(engine), plugin_dirs)
+        results.append(BuiltEngine(path.name, engine, fp_path, cached, time.perf_counter() - start))
+    return results
+
+
+def _select(manifest: Manifest, precisions, resolutions) -> list[GraphEntry]:
+    precisions = precisions or list(dict.fromkeys(g.precision for g in manifest.graphs))
+    if resolutions:
+        return [manifest.graph(tuple(r), p) for r in resolutions for p in precisions]
+    return [g for p in precisions for g in manifest.graphs_at(p)]
+
+
+def _plan(export_dir: Path, entry: GraphEntry, options: BuildOptions, plugin_dirs, rebuild: bool, device):
+    """``(graph path, fingerprint, reuse existing engine?)``; raises if a stale engine is in the way."""
+    path = checked_graph(export_dir, entry)
+    shapes = profile_shapes(*_input_shape(path), options)
+    fingerprint = current_fingerprint(path, graph_metadata(path), shapes, options, plugin_dirs, device)
+    engine, fp_path = engine_paths(path, options.module)
+    if not engine.exists() or rebuild:
+        return path, fingerprint, False
+    tag = next(t for t, m in BACKENDS.items() if m == options.module)
+    hint = f"pass --rebuild to replace it (deploykit build {export_dir} --backend {tag} --rebuild)"
+    try:
+        stored, engine_sha, _ = read_fingerprint(fp_path)
+    except StaleEngineError as err:
+        raise StaleEngineError(f"{err}; or {hint}") from err
+    check_fingerprint(engine, stored, fingerprint, hint)
+    if sha256_file(engine) != engine_sha:
+        raise StaleEngineError(f"{engine} changed since it was built; {hint}")
+    return path, fingerprint, True
+
+
+def _input_shape(path: Path) -> tuple[str, list[int]]:
+    """Name and per-sample shape of the graph's one input (``images`` ``[C, H, W]``, ``tokens``
+    ``[T]``); the batch dim is the profile's."""
+    import onnx
+
+    (graph_input,) = onnx.load(str(path), load_external_data=False).graph.input
+    return graph_input.name, [d.dim_value for d in graph_input.type.tensor_type.shape.dim[1:]]
+
+
+def describe(result: BuiltEngine) -> str:
+    """One line for the terminal."""
+    what = "cached" if result.cached else f"built in {result.seconds:.1f} s"
+    return f"{result.engine}  ({what})"
+

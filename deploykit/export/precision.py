@@ -1,0 +1,180 @@
+"""Precision plans: decide in the ONNX graph which ops run in fp16/bf16.
+
+TensorRT 11 (and TensorRT-RTX) build strongly typed networks only: there are no fp16/bf16
+builder flags, every tensor runs in the type the graph gives it. So a "half-precision engine"
+is an fp32 export rewritten with explicit ``Cast`` nodes, and this module writes that plan:
+
+* **low** (the plan's type): MatMul, Gemm and Conv, the ops where the time goes;
+* **fp32** always: positional tables and every node that reads one, LayerNormalization,
+  Softmax, any custom-domain node (``deploykit::SaPE2Bias``, model-local functions) and the
+  nodes producing graph outputs (the logits);
+* every other node **follows** its inputs: low when all its non-constant float inputs are low,
+  fp32 otherwise (where the two meet, fp32 wins, so the residual stream stays fp32 while the
+  GEMMs, bias adds and GELU between them run low).
+
+A node only goes low when its ONNX schema at the graph's opset accepts the low type (opset 18
+``Conv`` has no bfloat16, so a bf16 plan keeps the patch embedding in fp32). Weights read only by
+low nodes are stored in the low type; the graph input and outputs stay fp32.
+
+Why our own pass rather than a maintained converter (checked 2026-10):
+ModelOpt's AutoCast does this well, but ``nvidia-modelopt[onnx]`` replaces the CPU onnxruntime
+with onnxruntime-gpu and pulls cupy and a pinned onnx; onnxconverter-common's
+``convert_float_to_float16`` has no bfloat16 and does not look inside model-local functions.
+The rules above fit in one readable pass. It edits the protobuf directly rather than through
+onnx-graphsurgeon because graphsurgeon stores constants as numpy arrays, and numpy has no
+bfloat16.
+"""
+
+from __future__ import annotations
+
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from deploykit.errors import ConfigError
+from deploykit.export.lint import TABLE_PREFIXES
+
+# Plan name -> the ONNX type its matmuls run in (None: leave the graph as exported).
+PRECISIONS: dict[str, int | None] = {"fp32": None, "fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}
+# Where the time goes: these run in the plan's type.
+LOW_PRECISION_OPS = frozenset({"MatMul", "Gemm", "Conv"})
+# Reductions whose range or accumulation fp16 cannot hold: always fp32.
+FP32_OPS = frozenset({"LayerNormalization", "Softmax"})
+_STANDARD_DOMAINS = ("", "ai.onnx")
+# Low type -> (short name for inserted tensors, ONNX schema type name).
+_LOW_NAMES = {TensorProto.FLOAT16: ("fp16", "float16"), TensorProto.BFLOAT16: ("bf16", "bfloat16")}
+PRECISION_METADATA_KEY = "deploykit.precision"
+
+
+def check_precision(precision: str) -> int | None:
+    """The ONNX element type of a plan, or ``ConfigError`` listing the valid names."""
+    if precision not in PRECISIONS:
+        raise ConfigError(f"unknown precision {precision!r}; choose one of: {', '.join(PRECISIONS)}")
+    return PRECISIONS[precision]
+
+
+def graph_precision(proto: onnx.ModelProto) -> str:
+    """The plan recorded in a graph's metadata (``"fp32"`` for graphs written before plans)."""
+    return next((p.value for p in proto.metadata_props if p.key == PRECISION_METADATA_KEY), "fp32")
+
+
+def apply_precision(proto: onnx.ModelProto, precision: str) -> onnx.ModelProto:
+    """Return a copy of an fp32 ``proto`` rewritten to the ``precision`` plan (module docstring).
+
+    Args:
+        proto: an fp32 graph from ``onnx_from_model``.
+        precision: ``"fp32"``, ``"fp16"`` or ``"bf16"``.
+
+    Returns:
+        The planned model, with ``deploykit.precision`` in its metadata.
+
+    Raises:
+        ConfigError: unknown precision.
+    """
+    low = check_precision(precision)
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    if low is not None:
+        _Plan(out, low).rewrite()
+    props = {p.key: p.value for p in out.metadata_props}
+    helper.set_model_props(out, {**props, PRECISION_METADATA_KEY: precision})
+    return out
+
+
+class _Plan:
+    """One pass over a topologically sorted graph: classify each node, then insert the casts."""
+
+    def __init__(self, proto: onnx.ModelProto, low: int):
+        self.proto, self.graph, self.low = proto, proto.graph, low
+        self.low_name = _LOW_NAMES[low][0]
+        self.opset = next(o.version for o in proto.opset_import if o.domain in _STANDARD_DOMAINS)
+        inferred = onnx.shape_inference.infer_shapes(proto)
+        infos = [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]
+        self.float_tensors = {vi.name for vi in infos if vi.type.tensor_type.elem_type == TensorProto.FLOAT}
+        self.initializers = {i.name: i for i in self.graph.initializer}
+        self.float_tensors |= {n for n, i in self.initializers.items() if i.data_type == TensorProto.FLOAT}
+        self.outputs = {o.name for o in self.graph.output}
+
+    def rewrite(self) -> None:
+        low_nodes = self._classify()
+        dtype = {name: TensorProto.FLOAT for name in self.float_tensors}  # tensor -> type it is stored in
+        self._convert_initializers(low_nodes, dtype)
+        nodes, casts = [], {}
+        for i, node in enumerate(self.graph.node):
+            want = self.low if i in low_nodes else TensorProto.FLOAT
+            for k, name in enumerate(node.input):
+                if name in dtype and dtype[name] != want:
+                    node.input[k] = self._cast(name, want, casts, nodes)
+            if i in low_nodes:
+                self._lower_node(node, dtype)
+            nodes.append(node)
+        del self.graph.node[:]
+        self.graph.node.extend(nodes)
+        del self.graph.value_info[:]  # stale types; the lint re-infers them
+
+    def _classify(self) -> set[int]:
+        """Indices of the nodes that run in the low type."""
+        low_tensors: set[str] = set()
+        low_nodes = set()
+        for i, node in enumerate(self.graph.node):
+            floats = [n for n in node.input if n in self.float_tensors]
+            live = [n for n in floats if n not in self.initializers]
+            if not self._may_lower(node, floats):
+                continue
+            if node.op_type in LOW_PRECISION_OPS or (live and all(n in low_tensors for n in live)):
+                low_nodes.add(i)
+                low_tensors.update(node.output)
+        return low_nodes
+
+    def _may_lower(self, node: onnx.NodeProto, floats: list[str]) -> bool:
+        if not floats or node.domain not in _STANDARD_DOMAINS or node.op_type in FP32_OPS:
+            return False
+        if any(n.startswith(TABLE_PREFIXES) for n in floats) or self.outputs.intersection(node.output):
+            return False
+        return _schema_accepts(node.op_type, self.opset, self.low)
+
+    def _convert_initializers(self, low_nodes: set[int], dtype: dict[str, int]) -> None:
+        """Store in the low type the float weights that only low nodes read (tables never)."""
+        readers: dict[str, set[bool]] = {}
+        for i, node in enumerate(self.graph.node):
+            for name in node.input:
+                readers.setdefault(name, set()).add(i in low_nodes)
+        for name, init in self.initializers.items():
+            if init.data_type == TensorProto.FLOAT and readers.get(name) == {True} and not name.startswith(TABLE_PREFIXES):
+                init.CopyFrom(_converted(numpy_helper.to_array(init), self.low, name))
+                dtype[name] = self.low
+
+    def _cast(self, name: str, to: int, casts: dict, nodes: list) -> str:
+        """Name of ``name`` cast to ``to``; the Cast is emitted once, before its first reader."""
+        key = (name, to)
+        if key not in casts:
+            casts[key] = cast = f"{name}.to_{'fp32' if to == TensorProto.FLOAT else self.low_name}"
+            if name in self.initializers:  # a weight read in both types: store both (a Cast would be an unfolded constant)
+                self.graph.initializer.append(_converted(numpy_helper.to_array(self.initializers[name]), to, cast))
+            else:
+                nodes.append(helper.make_node("Cast", [name], [cast], name=f"cast.{cast}", to=to))
+        return casts[key]
+
+    def _lower_node(self, node: onnx.NodeProto, dtype: dict[str, int]) -> None:
+        for attr in node.attribute:  # ops that name their output type
+            if node.op_type == "Cast" and attr.name == "to" and attr.i == TensorProto.FLOAT:
+                attr.i = self.low
+            elif node.op_type == "Constant" and attr.name == "value" and attr.t.data_type == TensorProto.FLOAT:
+                attr.t.CopyFrom(_converted(numpy_helper.to_array(attr.t), self.low, attr.t.name))
+        for name in node.output:
+            if name in self.float_tensors:
+                dtype[name] = self.low
+
+
+def _schema_accepts(op_type: str, opset: int, low: int) -> bool:
+    """Whether every type constraint of ``op_type`` that admits float also admits ``low``."""
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, "")
+    except onnx.defs.SchemaError:
+        return False
+    low_str = f"tensor({_LOW_NAMES[low][1]})"
+    return all(low_str in c.allowed_type_strs for c in schema.type_constraints if "tensor(float)" in c.allowed_type_strs)
+
+
+def _converted(array, to: int, name: str) -> TensorProto:
+    """``array`` converted to ONNX type ``to`` (round-to-nearest-even, as a Cast would)."""
+    return numpy_helper.from_array(array.astype(helper.tensor_dtype_to_np_dtype(to)), name)

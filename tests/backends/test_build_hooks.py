@@ -1,0 +1,92 @@
+"""The build's plugin hook, progress display and CLI, checked with TensorRT-RTX on CPU."""
+
+import sys
+
+import pytest
+
+from deploykit.backends.engine_cache import plugin_sha256
+from deploykit.backends.tensorrt import BuildProgress, load_plugin_modules
+from deploykit.errors import ExportError
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
+
+
+def _plugin_dir(tmp_path, marker):
+    root = tmp_path / "plugins"
+    (root / "sape2").mkdir(parents=True)
+    (root / "sape2" / "__init__.py").write_text(f"from .kernel import VALUE\nLOADS = [{marker!r}]\n")
+    (root / "sape2" / "kernel.py").write_text("VALUE = 42\n")
+    (root / "_private.py").write_text("raise RuntimeError('never imported')\n")
+    (root / "notes.txt").write_text("not a plugin\n")
+    return root
+
+
+def test_plugin_packages_are_imported_once(tmp_path):
+    root = _plugin_dir(tmp_path, "first")
+    (name,) = load_plugin_modules([root])
+    module = sys.modules[name]
+    assert module.VALUE == 42 and module.LOADS == ["first"]  # relative imports resolve
+    assert load_plugin_modules([root]) == [name] and sys.modules[name] is module  # not re-registered
+
+
+def test_broken_or_missing_plugin_is_one_line_error(tmp_path):
+    root = tmp_path / "bad"
+    root.mkdir()
+    (root / "boom.py").write_text("raise ValueError('no kernel\\nfor you')\n")
+    with pytest.raises(ExportError, match="boom.py failed to import: ValueError: no kernel for you"):
+        load_plugin_modules([root])
+    with pytest.raises(ExportError, match="does not exist"):
+        load_plugin_modules([tmp_path / "nope"])
+
+
+def test_plugin_hash_follows_sources(tmp_path):
+    root = _plugin_dir(tmp_path, "a")
+    before = plugin_sha256([root])
+    assert plugin_sha256([]) is None and plugin_sha256([root]) == before
+    (root / "sape2" / "kernel.py").write_text("VALUE = 43\n")
+    assert plugin_sha256([root]) != before
+
+
+def test_progress_records_phases_from_rtx_build(tmp_path):
+    pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed")
+    import torch
+    from rich.console import Console
+
+    from deploykit.backends.tensorrt import BuildOptions, EngineFromOnnx
+
+    seen = []
+
+    class Recording(BuildProgress):
+        def start(self, phase, steps):
+            seen.append(phase)
+            super().start(phase, steps)
+
+    path = tmp_path / "lin.onnx"
+    torch.onnx.export(torch.nn.Linear(4, 4).eval(), (torch.randn(2, 4),), str(path), dynamo=True, opset_version=18)
+    progress = Recording("lin.onnx")
+    EngineFromOnnx(path, BuildOptions(module="tensorrt_rtx", max_batch=2), progress)()
+    assert seen and progress.phases == {}  # every started phase finished
+    progress.start("Building engine", 3)
+    progress.step("Building engine", 0)
+    console = Console(record=True, width=200)
+    console.print(progress)
+    assert "building lin.onnx: Building engine 1/3" in console.export_text()
+
+
+def test_cli_build_and_refusal(tmp_path, capsys):
+    pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed")
+    from deploykit.cli import main
+
+    out = tmp_path / "exp"
+    main(["export", "--encoding", "ape", "--model", "vit_tiny_patch16", "-r", "32", "--precision", "fp16", "-o", str(out)])
+    # The default model is full depth; build only checks shapes and the fp16 plan here.
+    main(["build", str(out), "--backend", "rtx", "--opt-level", "0"])
+    assert (out / "model_32_fp16.rtx.engine").is_file() and (out / "model_32_fp16.rtx.json").is_file()
+    assert "model_32_fp16.rtx.engine  (built in" in capsys.readouterr().err
+    main(["build", str(out), "--backend", "rtx", "--opt-level", "0"])
+    assert "(cached)" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["build", str(out), "--backend", "rtx", "--batch", "2"])
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "build.opt_batch (built 1, now 2)" in err and "\n" not in err

@@ -1,0 +1,126 @@
+"""Engine runners and the backend registry.
+
+The runners need a CUDA GPU: on machines without one (CI) the GPU tests skip, and what can be
+checked without one is: the registry, the fingerprint check before any GPU work, the one-line
+refusal, and the batch splitting/padding around a static engine.
+"""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from deploykit.backends import registry
+from deploykit.backends.onnxrt import OnnxrtCudaRunner
+from deploykit.backends.trt_runner import TrtRunner
+from deploykit.errors import ConfigError, DeployKitError
+from deploykit.export import export
+from deploykit.nn import create_model
+from deploykit.validate import RUNNER_FACTORIES, validate
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="engine runners need a CUDA GPU and a CUDA build of torch")
+
+
+def test_one_mapping_for_validate_and_profile():
+    assert RUNNER_FACTORIES is registry.RUNNER_FACTORIES
+    assert {"ort", "ort-cuda", "trt", "rtx"} <= set(RUNNER_FACTORIES)
+    with pytest.raises(ConfigError, match="ort, ort-cuda, trt, rtx"):
+        registry.create_runner("tpu", "model.onnx")
+
+
+class _Echo(TrtRunner):
+    """A runner whose "engine" echoes its input, to check batch handling without a GPU."""
+
+    def __init__(self, batch_range):
+        super().__init__(b"", module="tensorrt_rtx")
+        self.calls = []
+        self._range = batch_range
+
+    def _activate(self):
+        self._state = {"batch_range": self._range, "inputs": ["images"]}
+
+    def _run(self, feed):
+        self.calls.append(len(feed["images"]))
+        return {"logits": feed["images"].reshape(len(feed["images"]), -1) * 2}
+
+
+@pytest.mark.parametrize("batch_range, calls", [((4, 4), [4, 4, 4]), ((1, 8), [8, 2]), ((1, 16), [10])])
+def test_batches_are_split_and_padded_to_the_profile(batch_range, calls):
+    images = np.random.default_rng(0).standard_normal((10, 3, 2, 2)).astype(np.float32)
+    with _Echo(batch_range) as runner:
+        out = runner.infer({"images": images})["logits"]
+    assert runner.calls == calls
+    np.testing.assert_array_equal(out, images.reshape(10, -1) * 2)
+
+
+def test_ort_cuda_refuses_cpu_only_onnxruntime(tmp_path):
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("onnxruntime-gpu is installed")
+    with pytest.raises(DeployKitError, match=r"deploykit\[gpu\]"):
+        OnnxrtCudaRunner(b"").activate()
+
+
+@pytest.fixture(scope="module")
+def rtx_dir(tmp_path_factory):
+    pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed")
+    from deploykit.build import build
+
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("runner")
+    export(create_model("vit_tiny_patch16", encoding="rope-axial", depth=1, img_size=32, num_classes=10), [(32, 32)], out,
+           precisions=["fp32", "fp16"])
+    build(out, "rtx", dynamic=True, max_batch=4, optimization_level=0)
+    return out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on machines without a GPU")
+def test_validate_rtx_without_gpu_is_one_line_error(rtx_dir):
+    with pytest.raises(DeployKitError, match="rtx runner needs a CUDA GPU") as err:
+        validate(rtx_dir, backends=["rtx"], num_random=1, num_real=1)
+    assert "\n" not in str(err.value)
+
+
+def test_validate_checks_the_fingerprint_before_the_gpu(rtx_dir, tmp_path):
+    import shutil
+
+    out = shutil.copytree(rtx_dir, tmp_path / "x")
+    fp_path = out / "model_32.rtx.json"
+    record = json.loads(fp_path.read_text())
+    record["fingerprint"]["encoding"] = json.dumps({"name": "ape"})
+    fp_path.write_text(json.dumps(record))
+    with pytest.raises(DeployKitError, match=r"model_32.rtx.engine does not match: encoding \(built"):
+        validate(out, backends=["rtx"], num_random=1, num_real=1)
+    with pytest.raises(DeployKitError, match="no trt engine for model_32.onnx|tensorrt is not available"):
+        validate(out, backends=["trt"], num_random=1, num_real=1)
+
+
+@needs_gpu
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_rtx_engine_matches_reference_on_gpu(rtx_dir, precision):
+    report = validate(rtx_dir, backends=["rtx"], precision=precision, num_random=4, num_real=4)
+    assert bool(report), report.to_json()
+
+
+@needs_gpu
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_tensorrt_engine_matches_onnxruntime(tmp_path, cuda_graph):
+    pytest.importorskip("tensorrt", reason="TensorRT not installed (pip install 'deploykit[trt]')")
+    from deploykit.backends.onnxrt import OnnxrtRunner
+    from deploykit.backends.trt_runner import engine_runner
+    from deploykit.build import build
+
+    torch.manual_seed(0)
+    export(create_model("vit_tiny_patch16", encoding="rope-mixed", depth=2, img_size=32, num_classes=10), [(32, 32)], tmp_path)
+    build(tmp_path, "trt", dynamic=True, batch=2, max_batch=4)
+    images = np.random.default_rng(0).standard_normal((6, 3, 32, 32)).astype(np.float32)
+    with engine_runner(tmp_path / "model_32.onnx", "tensorrt", cuda_graph=cuda_graph) as runner:
+        first = runner.infer({"images": images})["logits"]
+        again = runner.infer({"images": images})["logits"]  # replays the captured graphs
+    with OnnxrtRunner(tmp_path / "model_32.onnx", providers=["CPUExecutionProvider"]) as ort_runner:
+        expected = ort_runner.infer({"images": images})["logits"]
+    np.testing.assert_allclose(first, expected, atol=1e-3)
+    np.testing.assert_array_equal(first, again)
