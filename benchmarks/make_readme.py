@@ -76,9 +76,28 @@ def goal_rows(data: dict) -> list[str]:
     return ["| goal | worst case | verdict |", "|---|---|---|", *rows]
 
 
+def tune_table(data: dict) -> list[str]:
+    """``tune_ort.py`` results: each session variant's p50 and fastest call against torch eager."""
+    batches = list(data["results"])
+    header = "| variant | " + " | ".join(f"{b} p50 ms | {b} ÷ torch p50 | {b} ÷ torch min" for b in batches) + " |"
+    lines = [header, "|---|" + "---|" * 3 * len(batches)]
+    for variant in data["results"][batches[0]]:
+        cells = [f"{data['results'][b][variant]['p50_ms']:.1f} | {data['results'][b][variant]['vs_torch_p50']:.3f} "
+                 f"| {data['results'][b][variant]['vs_torch_min']:.3f}" for b in batches]  # fmt: skip
+        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def render(results_dir: Path) -> str:
     parts = []
-    for path in sorted(results_dir.glob("*.json")):
+    for path in sorted(results_dir.glob("tune-ort-*.json")):
+        data = json.loads(path.read_text())
+        parts += [f"### ONNX Runtime settings A/B (`{path.relative_to(results_dir.parent)}`)", "",
+                  f"- **Machine:** {data['environment_line']}; load average {data['environment']['load_average_end'][0]:.2f} at the end.",
+                  f"- **Model:** {data['args']['model']} + {data['args']['encoding']} at {data['args']['resolution']}, "
+                  f"{data['args']['rounds']} interleaved rounds of {data['args']['duration']} s per variant.", "",
+                  *tune_table(data), ""]  # fmt: skip
+    for path in sorted(set(results_dir.glob("*.json")) - set(results_dir.glob("tune-ort-*.json"))):
         data = json.loads(path.read_text())
         settings = data["settings"]
         budget = settings["budget"]

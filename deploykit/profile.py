@@ -291,6 +291,11 @@ def model_flops(cfg, resolution: tuple[int, int], batch: int) -> int:
 # backends
 
 
+def _device_timer(device: torch.device):
+    """CUDA events for work queued on a GPU (wall-clock would time only the launches)."""
+    return CudaEventTimer() if device.type == "cuda" else CpuTimer()
+
+
 class _TorchTarget:
     """PyTorch eager on the baked model (tables built once per resolution, as in the ONNX graph)."""
 
@@ -298,7 +303,7 @@ class _TorchTarget:
         self.device = device
         # A float32 copy on the device: the caller's model is left as it was.
         self.module = BakedViT(copy.deepcopy(model).float().eval(), resolution).to(device).eval()
-        self.timer = CudaEventTimer() if device.type == "cuda" else CpuTimer()
+        self.timer = _device_timer(device)
 
     def kernel(self, images: np.ndarray) -> Callable[[], object]:
         x = torch.from_numpy(images).to(self.device)
@@ -511,7 +516,8 @@ def _profile_resolution(subjects, resolution, batches, backends, budget, end_to_
     pe_steps = {}
     for subject in subjects:
         for batch in batches:
-            pe_steps[subject.encoding, batch] = LatencyStats.from_ns(measure(_pe_step(subject.model, resolution, batch, device), budget))
+            step = _pe_step(subject.model, resolution, batch, device)
+            pe_steps[subject.encoding, batch] = LatencyStats.from_ns(measure(step, budget, _device_timer(device)))
     rng = np.random.default_rng(0)
     records = []
     for backend in backends:

@@ -230,6 +230,21 @@ def test_bad_inputs_fail_before_any_work():
         profile([model, tiny()], resolutions=[(32, 32)], budget=TINY_BUDGET)
 
 
+def test_cuda_device_is_refused_without_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ConfigError, match="no CUDA device"):
+        profile(tiny(), resolutions=[(32, 32)], budget=TINY_BUDGET, device="cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA-event timing path)")
+def test_cuda_profile_uses_cuda_events():
+    model = tiny()
+    result = profile(model, resolutions=[(32, 32)], backends=["torch"], budget=TINY_BUDGET, device="cuda")
+    assert result.environment["gpu"]["name"] and result.records[0]["n"] == 2
+    assert next(model.parameters()).device.type == "cpu"  # the caller's model stays where it was
+
+
 # ----------------------------------------------------------------------------------------------
 # the command
 
