@@ -146,6 +146,59 @@ def build(export_dir, backend, dynamic, batch, max_batch, precisions, resolution
         console.print(f"[green]✓[/] {describe(result)}", soft_wrap=True)
 
 
+@cli.command()
+@click.argument("export_dir", type=click.Path(path_type=Path), required=False)
+@click.option("--encoding", "-e", default=None, help="Encoding of the default/new model, as for export.")
+@click.option("--model", "model_name", default=None, help="Model size when building from --encoding.")
+@click.option("--checkpoint", "-c", type=click.Path(path_type=Path), default=None, help="Model directory or weights file, as for export.")
+@click.option("--resolution", "-r", "resolutions", multiple=True, help="Repeatable: 384 or 384x256; default the model's img_size.")
+@click.option("--resolutions", "resolution_lists", multiple=True, help="Comma list, e.g. 224,384,512.")
+@click.option("--batch", "batches", multiple=True, default=("1",), show_default=True, help="Comma list, e.g. 1,8,32.")
+@click.option("--backend", "backends", multiple=True, default=("torch", "ort"), show_default=True,
+              help="Repeatable or comma list: torch and every ONNX runner (ort, ...); several are compared in one run.")
+@click.option("--duration", type=float, default=1.0, show_default=True, help="Seconds of timed calls per measurement.")
+@click.option("--iterations", type=int, default=None, help="Exactly this many timed calls per measurement (overrides --duration).")
+@click.option("--warmup", type=int, default=3, show_default=True, help="Untimed calls before each measurement.")
+@click.option("--rounds", type=int, default=1, show_default=True, help="Interleave encodings in this many rounds (shared machines).")
+@click.option("--device", default="auto", show_default=True, help="PyTorch device: auto, cpu, cuda.")
+@click.option("--no-ape-baseline", is_flag=True, help="Skip the same trunk with a learned APE.")
+@click.option("--no-end-to-end", is_flag=True, help="Time the model only, not preprocessing and copies.")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the report as JSON.")
+@click.option("--csv", "csv_path", type=click.Path(path_type=Path), default=None, help="Write one CSV row per record.")
+@click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None, help="Latency-vs-resolution PNG (needs matplotlib).")
+def profile(export_dir, encoding, model_name, checkpoint, resolutions, resolution_lists, batches, backends, duration, iterations,
+            warmup, rounds, device, no_ape_baseline, no_end_to_end, json_path, csv_path, plot_path):  # fmt: skip
+    """Latency per backend × encoding × resolution × batch, and the encoding's cost against APE."""
+    from rich.console import Console
+
+    from deploykit import profile as prof
+    from deploykit.errors import ConfigError
+    from deploykit.nn.resolve import resolve_model
+    from deploykit.profile_output import render_table
+
+    console = _console()
+    if export_dir and (encoding or model_name or checkpoint):
+        raise ConfigError("give an export directory or --encoding/--model/--checkpoint, not both")
+    budget = prof.Budget(duration_s=duration, iterations=iterations, warmup=warmup, rounds=rounds)
+    batch_sizes = prof.parse_counts(batches, "batch size")
+    backend_names = [b.strip() for value in backends for b in value.split(",")]
+    if export_dir:
+        subject, label = prof.Subject.from_export_dir(export_dir), str(export_dir)
+    else:
+        model, label = resolve_model(checkpoint=checkpoint, encoding=encoding, model_name=model_name)
+        subject = prof.Subject(model)
+    res = prof.parse_resolutions([*resolutions, *resolution_lists]) or list(subject.graphs) or [(subject.model.cfg.img_size,) * 2]
+    with console.status("profiling") as status:
+        report = prof.profile(subject, resolutions=res, batches=batch_sizes, backends=backend_names, budget=budget,
+                              compare_ape=not no_ape_baseline, end_to_end=not no_end_to_end, device=device, label=label,
+                              progress=lambda m: status.update(m))  # fmt: skip
+    # Piped output gets a fixed width so the table is not squeezed to 80 columns.
+    Console(highlight=False, width=None if sys.stdout.isatty() else 180).print(render_table(report, title=f"deploykit profile: {label}"))
+    for path, write in ((json_path, report.write_json), (csv_path, report.write_csv), (plot_path, report.plot)):
+        if path:
+            console.print(f"wrote {write(path)}")
+
+
 @cli.command("list")
 def list_cmd():
     """List registered encodings and model sizes."""

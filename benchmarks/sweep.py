@@ -1,0 +1,109 @@
+"""The standard sweep: every registered encoding × resolutions × backends × batch 1 and 8,
+ViT-S and ViT-B, with the machine's GEMM roofline. Writes one JSON file per model to
+``benchmarks/results/`` and regenerates ``benchmarks/README.md``.
+
+    python benchmarks/sweep.py            # full sweep (long: run it on a quiet machine)
+    python benchmarks/sweep.py --quick    # ViT-S, 224/384, short budget, kernel-only
+
+Re-running overwrites the same files, so a later run on a quiet machine replaces these numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from deploykit._io import write_json_atomic
+from deploykit.encodings import list_encodings
+from deploykit.export.onnx_export import parse_resolution, resolution_tag
+from deploykit.nn import create_model
+from deploykit.profile import Budget, backend_names, profile
+
+sys.path.insert(0, str(Path(__file__).parent))
+from make_readme import write_readme  # noqa: E402
+from roofline import gemm_roofline  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results"
+FULL = dict(models=["vit_small_patch16", "vit_base_patch16"], resolutions=["224", "384", "512"], batches=[1, 8],
+            duration=2.0, rounds=2, warmup=3, min_iterations=5, end_to_end=True)  # fmt: skip
+QUICK = dict(models=["vit_small_patch16"], resolutions=["224", "384"], batches=[1, 8],
+             duration=0.5, rounds=1, warmup=1, min_iterations=3, end_to_end=False)  # fmt: skip
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="reduced sweep (see QUICK)")
+    parser.add_argument("--models", nargs="+", help="model sizes (default: ViT-S and ViT-B; quick: ViT-S)")
+    parser.add_argument("--resolutions", nargs="+", help="default 224 384 512; quick: 224 384")
+    parser.add_argument("--batches", nargs="+", type=int, help="default 1 8")
+    parser.add_argument("--encodings", nargs="+", default=None, help="default: every registered encoding")
+    parser.add_argument("--backends", nargs="+", default=None, help="default: torch and every registered ONNX runner that works here")
+    parser.add_argument("--duration", type=float, help="seconds per measurement")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds per measurement")
+    parser.add_argument("--device", default="cpu", help="PyTorch device: cpu or cuda")
+    parser.add_argument("--note", default="", help="free text stored with the results (e.g. 'shared machine, loaded')")
+    parser.add_argument("--output-dir", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    for key, value in (QUICK if args.quick else FULL).items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    args.end_to_end = (QUICK if args.quick else FULL)["end_to_end"]
+    return args
+
+
+def default_backends() -> list[str]:
+    """torch, ort, and the TensorRT runners only where their package imports."""
+    from deploykit._lazy import is_available
+
+    needs = {"trt": "tensorrt", "rtx": "tensorrt_rtx"}
+    return [b for b in backend_names() if b not in needs or (torch.cuda.is_available() and is_available(needs[b]))]
+
+
+def sweep_model(name: str, args) -> dict:
+    encodings = args.encodings or list_encodings()
+    models = []
+    for encoding in encodings:
+        torch.manual_seed(0)
+        models.append(create_model(name, encoding=encoding).eval())
+    resolutions = [parse_resolution(r) for r in args.resolutions]
+    budget = Budget(duration_s=args.duration, warmup=args.warmup, min_iterations=args.min_iterations, rounds=args.rounds)
+    started = time.time()
+    report = profile(models, resolutions=resolutions, batches=args.batches, backends=args.backends or default_backends(),
+                     budget=budget, end_to_end=args.end_to_end, device=args.device, label=name,
+                     progress=lambda m: print(f"  {name}: {m}", file=sys.stderr, flush=True))  # fmt: skip
+    roofline = {}
+    for resolution in resolutions:
+        for batch in args.batches:
+            key = f"{resolution_tag(resolution)}/b{batch}"
+            print(f"  {name}: GEMM roofline {key}", file=sys.stderr, flush=True)
+            roofline[key] = gemm_roofline(models[0].cfg, resolution, batch)
+    for record in report.records:
+        peak = roofline[f"{record['resolution']}/b{record['batch']}"]["gflop_per_s"]
+        record["roofline_gflop_per_s"] = peak
+        record["roofline_fraction"] = record["achieved_gflop_per_s"] / peak
+    data = report.to_json()
+    data.update(model=name, mode="quick" if args.quick else "full", note=args.note, roofline=roofline,
+                command="python benchmarks/sweep.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+                wall_s=round(time.time() - started, 1))  # fmt: skip
+    return data
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    device = "cuda" if args.device == "cuda" else "cpu"
+    for name in args.models:
+        data = sweep_model(name, args)
+        path = args.output_dir / f"{device}-{data['mode']}-{name}.json"
+        write_json_atomic(path, data)
+        print(f"wrote {path} ({data['wall_s']} s)", file=sys.stderr)
+    readme = write_readme(args.output_dir, Path(__file__).parent / "README.md")
+    print(f"wrote {readme}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""Writing a profile: CSV, the latency-vs-resolution plot, and the terminal table."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from deploykit._io import atomic_path, write_text_atomic
+from deploykit._lazy import lazy_import
+from deploykit.export.onnx_export import parse_resolution
+from deploykit.profile import RECORD_FIELDS
+
+
+def write_csv(path: str | os.PathLike, records: Sequence[dict]) -> Path:
+    """One row per record: ``RECORD_FIELDS`` first, then the extra fields in first-seen order."""
+    extras = list(dict.fromkeys(k for r in records for k in r if k not in RECORD_FIELDS))
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=[*RECORD_FIELDS, *extras], lineterminator="\n")
+    writer.writeheader()
+    writer.writerows({k: ("" if v is None else v) for k, v in r.items()} for r in records)
+    return write_text_atomic(path, buffer.getvalue())
+
+
+def _pixels(tag: str) -> float:
+    """x position of a resolution tag: the side of the square with the same pixel count."""
+    height, width = parse_resolution(tag)
+    return (height * width) ** 0.5
+
+
+def plot_latency(path: str | os.PathLike, records: Sequence[dict], title: str = "") -> Path:
+    """PNG of kernel-only p50 latency (whisker up to p90) against resolution, one line per
+    backend × encoding, one panel per batch size. Needs the ``plot`` extra (matplotlib)."""
+    lazy_import("matplotlib")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    batches = sorted({r["batch"] for r in records})
+    figure = Figure(figsize=(6.4 * len(batches), 4.8), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(1, len(batches), squeeze=False)[0]
+    for ax, batch in zip(axes, batches):
+        rows = [r for r in records if r["batch"] == batch]
+        for backend, encoding in dict.fromkeys((r["backend"], r["encoding"]) for r in rows):
+            line = sorted((_pixels(r["resolution"]), r["p50_ms"], r["p90_ms"]) for r in rows
+                          if (r["backend"], r["encoding"]) == (backend, encoding))  # fmt: skip
+            xs, p50, p90 = zip(*line)
+            ax.errorbar(xs, p50, yerr=[[0] * len(p50), [b - a for a, b in zip(p50, p90)]], marker="o", capsize=3,
+                        linestyle="-" if backend == "torch" else "--", label=f"{backend} · {encoding}")  # fmt: skip
+        ax.set(xlabel="resolution (px, square side)", ylabel="latency p50 (ms), whisker to p90", title=f"{title} batch {batch}".strip())
+        ax.set_yscale("log")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize="small")
+    with atomic_path(path) as tmp:
+        figure.savefig(tmp, format="png", dpi=110)
+    return Path(path)
+
+
+def _ms(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}" if value < 100 else f"{value:.0f}"
+
+
+def render_table(report, title: str = "latency"):
+    """A rich ``Table``: kernel-only and end-to-end latency side by side, ratio to APE, PE share."""
+    from rich.table import Table
+
+    table = Table(title=title, caption=report.environment_line, caption_justify="left")
+    for name in ("backend", "encoding", "res", "batch"):
+        table.add_column(name)
+    for name in ("p50", "p90", "p99", "mean ± std", "n", "img/s", "e2e p50", "e2e img/s", "×APE", "PE share", "GFLOP/s"):
+        table.add_column(name, justify="right")
+    for r in report.records:
+        ratio = r.get("ratio_vs_ape")
+        table.add_row(
+            r["backend"], r["encoding"], r["resolution"], str(r["batch"]),
+            _ms(r["p50_ms"]), _ms(r["p90_ms"]), _ms(r["p99_ms"]), f"{_ms(r['mean_ms'])} ± {_ms(r['std_ms'])}", str(r["n"]),
+            f"{r['throughput_per_s']:.1f}", _ms(r.get("e2e_p50_ms")),
+            "–" if r.get("e2e_throughput_per_s") is None else f"{r['e2e_throughput_per_s']:.1f}",
+            "–" if ratio is None else f"{ratio:.3f}", f"{r['pe_share']:.1%}", f"{r['achieved_gflop_per_s']:.1f}",
+        )  # fmt: skip
+    return table

@@ -1,0 +1,301 @@
+"""``deploykit.profile`` and ``deploykit profile``: statistics, budgets, FLOP counts, the
+record schema, the plot, and bad input.
+
+Timings are never asserted (the machines are shared and noisy); what is asserted is what the
+numbers are computed from and how they are written. Models are ViT-Tiny cut to one or two
+blocks at 32-48 px, and budgets are a couple of calls, so the whole module takes seconds.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+
+import numpy as np
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from deploykit.encodings import encoding_name
+from deploykit.errors import ConfigError, ResolutionError
+from deploykit.export import BakedModel, export
+from deploykit.nn import create_model, save_model
+from deploykit.profile import (
+    RECORD_FIELDS,
+    Budget,
+    LatencyStats,
+    Subject,
+    ape_twin,
+    flush_denormal,
+    measure,
+    model_flops,
+    parse_counts,
+    parse_resolutions,
+    profile,
+)
+from tests.test_cli import run_cli
+
+RES = 32
+TINY_BUDGET = Budget(iterations=2, warmup=1)
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def tiny(encoding: str = "ape", depth: int = 1, seed: int = 0):
+    torch.manual_seed(seed)
+    return create_model("vit_tiny_patch16", encoding=encoding, depth=depth, img_size=RES, num_classes=10).eval()
+
+
+# ----------------------------------------------------------------------------------------------
+# statistics
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_stats_match_numpy_and_the_statistics_module(seed):
+    rng = np.random.default_rng(seed)
+    samples_ns = rng.integers(1_000_000, 50_000_000, size=257)  # 1-50 ms, odd count
+    ms = samples_ns / 1e6
+    stats = LatencyStats.from_ns(samples_ns.tolist(), batch=8)
+    # statistics.quantiles(method="inclusive") is linear interpolation between order statistics.
+    cuts = statistics.quantiles(ms.tolist(), n=100, method="inclusive")
+    for q in (50, 90, 95, 99):
+        assert getattr(stats, f"p{q}_ms") == pytest.approx(cuts[q - 1], rel=1e-12)
+        assert getattr(stats, f"p{q}_ms") == pytest.approx(np.percentile(ms, q), rel=1e-12)
+    assert stats.mean_ms == pytest.approx(statistics.fmean(ms), rel=1e-12)
+    assert stats.std_ms == pytest.approx(statistics.stdev(ms), rel=1e-12)
+    assert (stats.min_ms, stats.max_ms, stats.n) == (ms.min(), ms.max(), 257)
+    assert stats.throughput_per_s == pytest.approx(8 * 257 / (ms.sum() / 1000), rel=1e-12)
+
+
+def test_stats_on_hand_computed_samples():
+    stats = LatencyStats.from_ns([4_000_000, 1_000_000, 3_000_000, 2_000_000], batch=2)  # 1..4 ms
+    assert stats.p50_ms == pytest.approx(2.5)
+    assert stats.p90_ms == pytest.approx(3.7)  # 1 + 0.9 * 3 order-statistic steps
+    assert stats.mean_ms == pytest.approx(2.5)
+    assert stats.std_ms == pytest.approx((5 / 3) ** 0.5)
+    assert stats.throughput_per_s == pytest.approx(2 * 4 / 0.010)
+    single = LatencyStats.from_ns([7_000_000])
+    assert (single.std_ms, single.p99_ms, single.n) == (0.0, 7.0, 1)
+    with pytest.raises(ValueError):
+        LatencyStats.from_ns([])
+
+
+class _CountingTimer:
+    """Advances a fake clock by 1 ms per timed call and counts calls."""
+
+    def __init__(self):
+        self.timed = 0
+
+    def time_ns(self, fn):
+        fn()
+        self.timed += 1
+        return 1_000_000
+
+
+def test_measure_runs_warmup_then_exactly_the_iterations():
+    calls = []
+    timer = _CountingTimer()
+    samples = measure(lambda: calls.append(1), Budget(iterations=7, warmup=3), timer)
+    assert samples == [1_000_000] * 7
+    assert (len(calls), timer.timed) == (10, 7)
+
+
+def test_measure_keeps_min_iterations_when_the_duration_is_spent():
+    samples = measure(lambda: None, Budget(duration_s=1e-9, warmup=0, min_iterations=4))
+    assert len(samples) == 4
+
+
+def test_rounds_split_the_budget():
+    per_round = Budget(iterations=10, min_iterations=5, rounds=3, duration_s=3.0).per_round()
+    assert (per_round.iterations, per_round.min_iterations, per_round.rounds) == (4, 2, 1)
+    assert per_round.duration_s == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("kwargs", [dict(duration_s=0), dict(iterations=0), dict(rounds=0), dict(warmup=-1)])
+def test_bad_budget_is_rejected(kwargs):
+    with pytest.raises(ConfigError):
+        Budget(**kwargs)
+
+
+def test_flush_denormal_is_scoped():
+    tiny_value = torch.tensor([1e-39], dtype=torch.float32)  # a float32 denormal
+    with flush_denormal() as supported:
+        inside = float((tiny_value * 1.0).item())
+    after = float((tiny_value * 1.0).item())
+    assert after != 0.0
+    if supported:
+        assert inside == 0.0
+
+
+# ----------------------------------------------------------------------------------------------
+# FLOPs against PyTorch's own counter
+
+
+@pytest.mark.parametrize("resolution,batch", [((32, 32), 1), ((48, 64), 3)])
+def test_model_flops_match_torch_flop_counter(resolution, batch):
+    model = create_model("vit_tiny_patch16", encoding="ape", depth=2, img_size=RES, num_classes=10).eval()
+    baked = BakedModel(model, resolution)
+    # The math SDPA backend decomposes attention into bmm's, which the counter sees.
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter, torch.no_grad():
+        baked(torch.randn(batch, 3, *resolution))
+    assert model_flops(model.cfg, resolution, batch) == counter.get_total_flops()
+
+
+# ----------------------------------------------------------------------------------------------
+# parsing and the APE twin
+
+
+def test_parse_resolutions_and_counts():
+    assert parse_resolutions(["224", "384,512", "384x256", "224"]) == [(224, 224), (384, 384), (512, 512), (384, 256)]
+    assert parse_counts(["1,8", "32", "8"], "batch") == [1, 8, 32]
+    for bad in ("abc", "384x", "3x4x5"):
+        with pytest.raises(ResolutionError, match="invalid resolution"):
+            parse_resolutions([bad])
+    for bad in ("0", "x", "-2", "1.5"):
+        with pytest.raises(ConfigError, match="invalid batch"):
+            parse_counts([bad], "batch")
+
+
+def test_ape_twin_keeps_the_trunk_and_swaps_the_encoding():
+    model = tiny("rope-axial", depth=2)
+    twin = ape_twin(model)
+    assert encoding_name(twin.cfg.encoding) == "ape"
+    ours, theirs = model.state_dict(), twin.state_dict()
+    trunk = [k for k in ours if k.startswith(("blocks.", "patch_embed.", "norm.", "head.", "cls_token"))]
+    assert trunk and all(torch.equal(ours[k], theirs[k]) for k in trunk)
+    assert "pos_embed" in theirs and "pos_embed" not in ours
+
+
+# ----------------------------------------------------------------------------------------------
+# the library end to end, and the record schema
+
+
+@pytest.fixture(scope="module")
+def report():
+    return profile(
+        [tiny("rope-axial")], resolutions=[(32, 32), (48, 48)], batches=[1, 2], backends=["torch", "ort"], budget=TINY_BUDGET, device="cpu"
+    )
+
+
+def test_one_record_per_backend_encoding_resolution_batch(report):
+    keys = [(r["backend"], r["encoding"], r["resolution"], r["batch"]) for r in report.records]
+    expected = {(b, e, r, n) for b in ("torch", "ort") for e in ("rope-axial", "ape") for r in ("32", "48") for n in (1, 2)}
+    assert sorted(keys) == sorted(expected)
+    for r in report.records:
+        assert list(r)[: len(RECORD_FIELDS)] == list(RECORD_FIELDS)
+        assert r["n"] == 2 and r["e2e_n"] == 2
+        assert 0 < r["min_ms"] <= r["p50_ms"] <= r["p90_ms"] <= r["p95_ms"] <= r["p99_ms"] <= r["max_ms"]
+        assert r["throughput_per_s"] == pytest.approx(r["batch"] * r["n"] / (r["mean_ms"] * r["n"] / 1000))
+        assert r["pe_share"] == pytest.approx(r["pe_step_p50_ms"] / r["p50_ms"])
+
+
+def test_ratio_to_ape_is_within_the_same_backend_resolution_batch(report):
+    by_key = {(r["backend"], r["encoding"], r["resolution"], r["batch"]): r for r in report.records}
+    for (backend, encoding, res, batch), r in by_key.items():
+        ape = by_key[backend, "ape", res, batch]
+        assert r["ape_p50_ms"] == ape["p50_ms"]
+        assert r["ratio_vs_ape"] == pytest.approx(r["p50_ms"] / ape["p50_ms"])
+
+
+def test_environment_is_captured(report):
+    env = report.environment
+    assert env["logical_cores"] >= 1 and env["versions"]["torch"] == torch.__version__
+    assert "torch_intra_op" in env["threads"] and "flush_denormal" in env
+    assert report.settings["flush_denormal"] is True
+    assert ("no GPU" in report.environment_line) == (env["gpu"] is None)
+
+
+def test_json_csv_and_plot_files(report, tmp_path):
+    data = json.loads(report.write_json(tmp_path / "p.json").read_text())
+    assert set(data) == {"environment_line", "environment", "settings", "records"}
+    assert data["records"] == json.loads(json.dumps(report.records))
+    with open(report.write_csv(tmp_path / "p.csv"), newline="") as f:
+        rows = list(csv.reader(f))
+    assert tuple(rows[0][: len(RECORD_FIELDS)]) == RECORD_FIELDS
+    assert len(rows) == 1 + len(report.records)
+    first = dict(zip(rows[0], rows[1]))
+    assert float(first["p50_ms"]) == pytest.approx(report.records[0]["p50_ms"])
+    png = report.plot(tmp_path / "p.png").read_bytes()
+    assert png.startswith(PNG_MAGIC) and len(png) > 10_000
+
+
+def test_bad_inputs_fail_before_any_work():
+    model = tiny()
+    with pytest.raises(ResolutionError, match="not a positive multiple of the patch size 16"):
+        profile(model, resolutions=[(40, 40)], budget=TINY_BUDGET)
+    with pytest.raises(ConfigError, match="unknown backend nope"):
+        profile(model, resolutions=[(32, 32)], backends=["nope"], budget=TINY_BUDGET)
+    with pytest.raises(ConfigError, match="own encoding"):
+        profile([model, tiny()], resolutions=[(32, 32)], budget=TINY_BUDGET)
+
+
+def test_cuda_device_is_refused_without_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ConfigError, match="no CUDA device"):
+        profile(tiny(), resolutions=[(32, 32)], budget=TINY_BUDGET, device="cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA-event timing path)")
+def test_cuda_profile_uses_cuda_events():
+    model = tiny()
+    result = profile(model, resolutions=[(32, 32)], backends=["torch"], budget=TINY_BUDGET, device="cuda")
+    assert result.environment["gpu"]["name"] and result.records[0]["n"] == 2
+    assert next(model.parameters()).device.type == "cpu"  # the caller's model stays where it was
+
+
+# ----------------------------------------------------------------------------------------------
+# the command
+
+
+@pytest.fixture(scope="module")
+def ckpt_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ckpt")
+    save_model(tiny("rope-axial"), path)
+    return path
+
+
+def test_cli_smoke_writes_every_output(capsys, tmp_path, ckpt_dir):
+    out = tmp_path / "out"
+    code, stdout, stderr = run_cli(
+        capsys, "profile", "--checkpoint", ckpt_dir, "--resolutions", "32,48", "--batch", "1", "--backend", "torch",
+        "--iterations", 2, "--warmup", 1, "--json", out / "p.json", "--csv", out / "p.csv", "--plot", out / "p.png",
+    )  # fmt: skip
+    assert code == 0, stderr
+    assert "rope-axial" in stdout and "ape" in stdout and "×APE" in stdout
+    records = json.loads((out / "p.json").read_text())["records"]
+    assert len(records) == 2 * 2  # encodings × resolutions (ONNX backends: the library tests above)
+    assert (out / "p.png").read_bytes().startswith(PNG_MAGIC)
+    assert (out / "p.csv").read_text().startswith(",".join(RECORD_FIELDS))
+
+
+def test_cli_profiles_an_export_directory(capsys, tmp_path):
+    export(tiny(), [(32, 32)], tmp_path / "exp")
+    code, stdout, stderr = run_cli(capsys, "profile", tmp_path / "exp", "--iterations", 1, "--warmup", 0, "--no-end-to-end",
+                                   "--json", tmp_path / "p.json")  # fmt: skip
+    assert code == 0, stderr
+    settings = json.loads((tmp_path / "p.json").read_text())["settings"]
+    assert settings["resolutions"] == ["32"] and settings["encodings"] == ["ape"]
+    onnx_file = tmp_path / "exp" / "model_32.onnx"
+    onnx_file.write_bytes(onnx_file.read_bytes() + b"\0")
+    code, _, stderr = run_cli(capsys, "profile", tmp_path / "exp", "--iterations", 1)
+    assert code == 1 and "changed since export" in stderr
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--resolution", "40"], "not a positive multiple of the patch size 16"),
+        (["--resolutions", "32,abc"], "invalid resolution 'abc'"),
+        (["--resolution", "0"], "not a positive multiple"),
+        (["--batch", "1,zero"], "invalid batch size 'zero'"),
+        (["--backend", "tensorflow"], "unknown backend tensorflow"),
+        (["--iterations", "0"], "--iterations must be at least 1"),
+    ],
+)
+def test_cli_bad_input_is_one_line_and_exit_1(capsys, tmp_path, ckpt_dir, args, message):
+    code, stdout, stderr = run_cli(capsys, "profile", "--checkpoint", ckpt_dir, *args, "--json", tmp_path / "p.json")
+    assert code == 1
+    assert stderr.startswith("error: ") and message in stderr and len(stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "p.json").exists()
