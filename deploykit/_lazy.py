@@ -16,6 +16,10 @@ _EXTRAS = {
     "tensorrt": "trt",
     "tensorrt_rtx": "rtx",
     "skimage": "images",
+    "PIL.Image": "images",
+    "pytriton": "serve",
+    "tritonclient": "serve",
+    "ray": "ray",
 }
 
 
