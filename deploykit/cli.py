@@ -109,6 +109,36 @@ def _print_report(console, report) -> None:
     console.print(f"[{colour}]{passed}/{len(report.records)} checks passed[/]")
 
 
+@cli.command()
+@click.argument("export_dir", type=click.Path(path_type=Path))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address every endpoint binds to.")
+@click.option("--port", default=8000, show_default=True, help="HTTP port (KServe v2).")
+@click.option("--grpc-port", default=8001, show_default=True, help="gRPC port (KServe v2).")
+@click.option("--metrics-port", default=8002, show_default=True, help="Prometheus metrics port.")
+@click.option("--max-batch-size", default=32, show_default=True, help="Largest batch per request and per merged execution.")
+@click.option("--max-queue-delay-us", default=2000, show_default=True, help="Dynamic batcher wait to fill a batch.")
+@click.option("--backend", "-b", default="auto", show_default=True, help="auto (TensorRT if usable, else ONNX Runtime) or a backend name.")
+@click.option("--top-k", default=5, show_default=True, help="Classes returned per image.")
+def serve(export_dir, host, port, grpc_port, metrics_port, max_batch_size, max_queue_delay_us, backend, top_k):
+    """Serve an export directory with Triton Inference Server (KServe v2 over HTTP and gRPC)."""
+    import signal
+
+    from deploykit.serve.triton_server import ServerOptions
+    from deploykit.serve.triton_server import serve as run_server
+
+    options = ServerOptions(host=host, http_port=port, grpc_port=grpc_port, metrics_port=metrics_port, max_batch_size=max_batch_size,
+                            max_queue_delay_us=max_queue_delay_us, backend=backend, top_k=top_k)
+    console = _console()
+
+    def _interrupt(signum, frame):  # SIGTERM shuts down like Ctrl-C: Triton stops, then the process exits
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _interrupt)
+    run_server(export_dir, options, on_ready=lambda names: console.print(
+        f"[green]✓[/] serving {', '.join(names)}: http://{host}:{port}  grpc {host}:{grpc_port}  metrics http://{host}:{metrics_port}/metrics",
+        soft_wrap=True))
+
+
 @cli.command("list")
 def list_cmd():
     """List registered encodings and model sizes."""
