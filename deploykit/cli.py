@@ -139,6 +139,31 @@ def serve(export_dir, host, port, grpc_port, metrics_port, max_batch_size, max_q
         soft_wrap=True))
 
 
+@cli.group()
+def package():
+    """Package an export directory for a serving system."""
+
+
+@package.command("triton")
+@click.argument("export_dir", type=click.Path(path_type=Path))
+@click.option("--output", "-o", type=click.Path(path_type=Path), required=True, help="Model repository to create.")
+@click.option("--max-batch-size", default=32, show_default=True)
+@click.option("--preferred-batch-size", "preferred", type=int, multiple=True, default=(8, 16), show_default=True,
+              help="Repeatable; also the CUDA-graph batch sizes.")
+@click.option("--max-queue-delay-us", default=2000, show_default=True)
+@click.option("--gpu-instances", default=1, show_default=True, help="Instances per GPU of each inference model.")
+@click.option("--onnx-kind", type=click.Choice(["gpu", "cpu"]), default="gpu", show_default=True, help="Instance kind of the ONNX Runtime variant.")
+def package_triton(export_dir, output, max_batch_size, preferred, max_queue_delay_us, gpu_instances, onnx_kind):
+    """Write a Triton model repository: TensorRT + ONNX Runtime models per resolution, preprocessing ensembles."""
+    from deploykit.serve.triton_repo import RepositoryOptions
+    from deploykit.serve.triton_repo import package_triton as write_repository
+
+    options = RepositoryOptions(max_batch_size=max_batch_size, preferred_batch_sizes=tuple(preferred),
+                                max_queue_delay_us=max_queue_delay_us, gpu_instances=gpu_instances, onnx_kind=onnx_kind)
+    repo = write_repository(export_dir, output, options)
+    _console().print(f"[green]✓[/] {repo}  ({len([p for p in repo.iterdir() if p.is_dir()])} models; see {repo / 'README.md'})")
+
+
 @cli.command("list")
 def list_cmd():
     """List registered encodings and model sizes."""

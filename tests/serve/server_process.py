@@ -101,7 +101,7 @@ def process_tree(pid: int) -> list[tuple[int, str]]:
     return [(p, _start_time(p)) for p in [pid, *descendants(pid)] if _start_time(p)]
 
 
-def stop(proc: subprocess.Popen, tree: list[tuple[int, str]], timeout_s: float = 60) -> None:
+def stop(proc: subprocess.Popen, tree: list[tuple[int, str]], timeout_s: float = 60, grace_s: float = 15) -> None:
     """SIGTERM the server by pid, wait for it; then make sure every process of its tree is gone.
 
     Anything of the tree still alive after the wait is killed by its own pid (checked against
@@ -112,7 +112,9 @@ def stop(proc: subprocess.Popen, tree: list[tuple[int, str]], timeout_s: float =
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(10)
-    survivors = [pid for pid, started in tree if _start_time(pid) == started and not _zombie(pid)]
+    deadline = time.monotonic() + grace_s  # helpers (Python stubs) notice their parent is gone by polling
+    while (survivors := [pid for pid, started in tree if _start_time(pid) == started and not _zombie(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
     for pid in survivors:
         os.kill(pid, signal.SIGKILL)
     assert not survivors, f"processes left running after the server stopped: {survivors}"
