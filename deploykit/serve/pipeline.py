@@ -100,7 +100,8 @@ def _rgb_array(array: np.ndarray) -> np.ndarray:
         array = np.repeat(array[..., None], 3, axis=-1)
     if array.ndim != 3 or array.shape[-1] not in (3, 4) or 0 in array.shape:
         raise InputError(f"image arrays must be [H, W], [H, W, 1], [H, W, 3] or [H, W, 4], got shape {list(array.shape)}")
-    return array[..., :3]
+    array = array[..., :3]
+    return array if array.flags.writeable else array.copy()  # torch warns on read-only arrays (e.g. from Ray)
 
 
 def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

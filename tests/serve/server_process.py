@@ -112,6 +112,11 @@ def stop(proc: subprocess.Popen, tree: list[tuple[int, str]], timeout_s: float =
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(10)
+    stop_leftovers(tree, grace_s)
+
+
+def stop_leftovers(tree: list[tuple[int, str]], grace_s: float = 15) -> None:
+    """Wait for every process of ``tree`` to exit; kill (by pid) and fail on any still running."""
     deadline = time.monotonic() + grace_s  # helpers (Python stubs) notice their parent is gone by polling
     while (survivors := [pid for pid, started in tree if _start_time(pid) == started and not _zombie(pid)]) and time.monotonic() < deadline:
         time.sleep(0.2)
