@@ -17,6 +17,10 @@ _EXTRAS = {
     "tensorrt_rtx": "rtx",
     "skimage": "images",
     "matplotlib": "plot",
+    "PIL.Image": "images",
+    "pytriton": "serve",
+    "tritonclient": "serve",
+    "ray": "ray",
 }
 
 

@@ -151,7 +151,7 @@ def build(export_dir, backend, dynamic, batch, max_batch, precisions, resolution
 @click.option("--encoding", "-e", default=None, help="Encoding of the default/new model, as for export.")
 @click.option("--model", "model_name", default=None, help="Model size when building from --encoding.")
 @click.option("--checkpoint", "-c", type=click.Path(path_type=Path), default=None, help="Model directory or weights file, as for export.")
-@click.option("--resolution", "-r", "resolutions", multiple=True, help="Repeatable: 384 or 384x256; default the model's img_size.")
+@click.option("--resolution", "-r", "resolutions", multiple=True, help="Repeatable: 384 or 384x256 (a length for sequence models); default the model's own.")
 @click.option("--resolutions", "resolution_lists", multiple=True, help="Comma list, e.g. 224,384,512.")
 @click.option("--batch", "batches", multiple=True, default=("1",), show_default=True, help="Comma list, e.g. 1,8,32.")
 @click.option("--backend", "backends", multiple=True, default=("torch", "ort"), show_default=True,
@@ -187,7 +187,7 @@ def profile(export_dir, encoding, model_name, checkpoint, resolutions, resolutio
     else:
         model, label = resolve_model(checkpoint=checkpoint, encoding=encoding, model_name=model_name)
         subject = prof.Subject(model)
-    res = prof.parse_resolutions([*resolutions, *resolution_lists]) or list(subject.graphs) or [(subject.model.cfg.img_size,) * 2]
+    res = prof.parse_resolutions([*resolutions, *resolution_lists]) or list(subject.graphs) or [subject.model.default_shape]
     with console.status("profiling") as status:
         report = prof.profile(subject, resolutions=res, batches=batch_sizes, backends=backend_names, budget=budget,
                               compare_ape=not no_ape_baseline, end_to_end=not no_end_to_end, device=device, label=label,
@@ -197,6 +197,72 @@ def profile(export_dir, encoding, model_name, checkpoint, resolutions, resolutio
     for path, write in ((json_path, report.write_json), (csv_path, report.write_csv), (plot_path, report.plot)):
         if path:
             console.print(f"wrote {write(path)}")
+
+
+@cli.command()
+@click.argument("export_dir", type=click.Path(path_type=Path))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address every endpoint binds to.")
+@click.option("--port", default=8000, show_default=True, help="HTTP port (KServe v2).")
+@click.option("--grpc-port", default=8001, show_default=True, help="gRPC port (KServe v2).")
+@click.option("--metrics-port", default=8002, show_default=True, help="Prometheus metrics port.")
+@click.option("--max-batch-size", default=32, show_default=True, help="Largest batch per request and per merged execution.")
+@click.option("--max-queue-delay-us", default=2000, show_default=True, help="Dynamic batcher wait to fill a batch.")
+@click.option("--backend", "-b", default="auto", show_default=True, help="auto (TensorRT if usable, else ONNX Runtime) or a backend name.")
+@click.option("--top-k", default=5, show_default=True, help="Classes returned per image.")
+@click.option("--ray", "use_ray", is_flag=True, help="Serve on Ray Serve instead (HTTP on --host/--port; POST image bytes).")
+@click.option("--replicas", default=2, show_default=True, help="Ray Serve replicas (with --ray).")
+@click.option("--ray-address", default=None, help="Existing Ray cluster to join (with --ray); default: start a local one.")
+def serve(export_dir, host, port, grpc_port, metrics_port, max_batch_size, max_queue_delay_us, backend, top_k, use_ray, replicas, ray_address):
+    """Serve an export directory with Triton Inference Server (KServe v2 over HTTP and gRPC), or Ray Serve."""
+    import signal
+
+    console = _console()
+
+    def _interrupt(signum, frame):  # SIGTERM shuts down like Ctrl-C: the server stops, then the process exits
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _interrupt)
+    if use_ray:
+        from deploykit.serve.ray_serve import RayOptions, serve_ray
+
+        ray_options = RayOptions(num_replicas=replicas, max_batch_size=max_batch_size, batch_wait_timeout_s=max_queue_delay_us / 1e6,
+                                 backend=backend, top_k=top_k, host=host, port=port)
+        serve_ray(export_dir, ray_options, address=ray_address,
+                  on_ready=lambda: console.print(f"[green]✓[/] Ray Serve: POST image bytes to http://{host}:{port}/", soft_wrap=True))
+        return
+    from deploykit.serve.triton_server import ServerOptions
+    from deploykit.serve.triton_server import serve as run_server
+
+    options = ServerOptions(host=host, http_port=port, grpc_port=grpc_port, metrics_port=metrics_port, max_batch_size=max_batch_size,
+                            max_queue_delay_us=max_queue_delay_us, backend=backend, top_k=top_k)
+    run_server(export_dir, options, on_ready=lambda names: console.print(
+        f"[green]✓[/] serving {', '.join(names)}: http://{host}:{port}  grpc {host}:{grpc_port}  metrics http://{host}:{metrics_port}/metrics",
+        soft_wrap=True))
+
+
+@cli.group()
+def package():
+    """Package an export directory for a serving system."""
+
+
+@package.command("triton")
+@click.argument("export_dir", type=click.Path(path_type=Path))
+@click.option("--output", "-o", type=click.Path(path_type=Path), required=True, help="Model repository to create.")
+@click.option("--max-batch-size", default=32, show_default=True)
+@click.option("--preferred-batch-size", "preferred", type=int, multiple=True, default=(8, 16), show_default=True,
+              help="Repeatable; also the CUDA-graph batch sizes.")
+@click.option("--max-queue-delay-us", default=2000, show_default=True)
+@click.option("--gpu-instances", default=1, show_default=True, help="Instances per GPU of each inference model.")
+@click.option("--onnx-kind", type=click.Choice(["gpu", "cpu"]), default="gpu", show_default=True, help="Instance kind of the ONNX Runtime variant.")
+def package_triton(export_dir, output, max_batch_size, preferred, max_queue_delay_us, gpu_instances, onnx_kind):
+    """Write a Triton model repository: TensorRT + ONNX Runtime models per resolution, preprocessing ensembles."""
+    from deploykit.serve.triton_repo import RepositoryOptions
+    from deploykit.serve.triton_repo import package_triton as write_repository
+
+    options = RepositoryOptions(max_batch_size=max_batch_size, preferred_batch_sizes=tuple(preferred),
+                                max_queue_delay_us=max_queue_delay_us, gpu_instances=gpu_instances, onnx_kind=onnx_kind)
+    repo = write_repository(export_dir, output, options)
+    _console().print(f"[green]✓[/] {repo}  ({len([p for p in repo.iterdir() if p.is_dir()])} models; see {repo / 'README.md'})")
 
 
 @cli.command("list")

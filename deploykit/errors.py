@@ -35,5 +35,9 @@ class StaleEngineError(DeployKitError):
     """A serialized engine whose fingerprint does not match the current environment."""
 
 
+class InputError(DeployKitError):
+    """A request the pipeline cannot take: wrong dtype or shape, or bytes that are not an image."""
+
+
 class MissingDependencyError(DeployKitError):
     """An optional package needed for the requested feature is not installed."""

@@ -14,6 +14,9 @@ Method (``design.md`` "Profiling methodology"):
 * ``torch.set_flush_denormal(True)`` during timing runs: denormals in GELU can slow one variant
   by tens of percent for reasons that have nothing to do with the encoding.
 
+A sequence model (MoPE + EGA) is profiled the same way with its length as the resolution: token
+ids as the kernel input, and text → character ids → model → next-token top-5 as end-to-end.
+
 Backends are ``"torch"`` (eager, the baseline) plus every name in
 ``deploykit.validate.RUNNER_FACTORIES`` (ONNX-based runners), so a runner added there is
 profiled with no change here.
@@ -35,11 +38,13 @@ import numpy as np
 import torch
 
 from deploykit._environment import capture_environment, environment_line
-from deploykit.data import preprocess, random_inputs
+from deploykit.data import encode_chars, preprocess, random_inputs, random_token_inputs, sample_text
 from deploykit.encodings import Hook, encoding_name, get_config
 from deploykit.errors import ConfigError, DeployKitError, ExportError, ResolutionError
 from deploykit.export.bundle import Manifest, load_reference
 from deploykit.export.onnx_export import BakedModel, onnx_from_model, parse_resolution, resolution_tag
+from deploykit.nn.factory import Model, build_model
+from deploykit.nn.sequence import SequenceConfig
 from deploykit.nn.vit import VisionTransformer
 
 # The record schema (CSV column order); extra fields follow these.
@@ -220,10 +225,13 @@ class Subject:
         return cls(load_reference(directory), graphs)
 
 
-def ape_twin(model: VisionTransformer) -> VisionTransformer:
-    """The same trunk (same weights) with a learned APE in place of the model's encoding."""
-    cfg = dataclasses.replace(model.cfg, encoding=get_config(BASELINE_ENCODING))
-    twin = VisionTransformer(cfg).eval()
+def ape_twin(model: Model, max_length: int = 0) -> Model:
+    """The same trunk (same weights) with a learned APE in place of the model's encoding (for a
+    sequence model, a table covering at least ``max_length`` positions)."""
+    changes = dict(encoding=get_config(BASELINE_ENCODING))
+    if isinstance(model.cfg, SequenceConfig):
+        changes["context"] = max(model.cfg.context, max_length)
+    twin = build_model(dataclasses.replace(model.cfg, **changes)).eval()
     own = twin.state_dict()
     shared = {k: v for k, v in model.state_dict().items() if k in own and own[k].shape == v.shape and k != "pos_embed"}
     twin.load_state_dict(shared, strict=False)
@@ -263,7 +271,11 @@ def parse_counts(values: Sequence[str], what: str) -> list[int]:
 
 def gemm_shapes(cfg, resolution: tuple[int, int], batch: int) -> list[tuple[int, int, int, int]]:
     """Every matrix product of one forward as ``(count, m, k, n)`` (``count`` batched products of
-    ``[m, k] @ [k, n]``): patch embedding, per block qkv / q·kᵀ / attn·v / proj / fc1 / fc2, head."""
+    ``[m, k] @ [k, n]``): patch embedding, per block qkv / q·kᵀ / attn·v / proj / fc1 / fc2, head.
+    For a sequence model (``resolution`` ``(T,)``): no patch embedding, EGA's energy projection
+    per block, and the tied LM head over every position."""
+    if isinstance(cfg, SequenceConfig):
+        return _sequence_gemm_shapes(cfg, resolution[0], batch)
     gh, gw = resolution[0] // cfg.patch_size, resolution[1] // cfg.patch_size
     tokens = gh * gw + cfg.num_prefix_tokens
     d, heads, hidden, rows = cfg.embed_dim, cfg.num_heads, int(cfg.embed_dim * cfg.mlp_ratio), batch * tokens
@@ -279,6 +291,15 @@ def gemm_shapes(cfg, resolution: tuple[int, int], batch: int) -> list[tuple[int,
     patch = (1, batch * gh * gw, cfg.in_chans * cfg.patch_size**2, d)
     head = (1, batch, d, cfg.num_classes)
     return [patch, *block * cfg.depth, head]
+
+
+def _sequence_gemm_shapes(cfg: SequenceConfig, length: int, batch: int) -> list[tuple[int, int, int, int]]:
+    d, heads, hidden, rows = cfg.embed_dim, cfg.num_heads, int(cfg.embed_dim * cfg.mlp_ratio), batch * length
+    block = [(1, rows, d, 3 * d), (batch * heads, length, d // heads, length), (batch * heads, length, length, d // heads),
+             (1, rows, d, d), (1, rows, d, hidden), (1, rows, hidden, d)]  # fmt: skip
+    if cfg.attention == "ega":
+        block.append((1, rows, d, heads))  # energy r = x w_E + b_E, one scalar per head
+    return [*block * cfg.depth, (1, rows, d, cfg.vocab_size)]
 
 
 def model_flops(cfg, resolution: tuple[int, int], batch: int) -> int:
@@ -329,13 +350,14 @@ class _RunnerTarget:
     def __init__(self, runner):
         self.runner = runner
         runner.activate()
+        (self.input_name,) = runner.input_names()  # images, or tokens for a sequence model
 
-    def kernel(self, images: np.ndarray) -> Callable[[], object]:
-        feed = {"images": np.ascontiguousarray(images)}
+    def kernel(self, inputs: np.ndarray) -> Callable[[], object]:
+        feed = {self.input_name: np.ascontiguousarray(inputs)}
         return lambda: self.runner.infer(feed)
 
-    def infer_host(self, images: np.ndarray) -> np.ndarray:
-        return self.runner.infer({"images": images})["logits"]
+    def infer_host(self, inputs: np.ndarray) -> np.ndarray:
+        return self.runner.infer({self.input_name: inputs})["logits"]
 
     def close(self) -> None:
         self.runner.deactivate()
@@ -356,8 +378,17 @@ def _open_target(backend: str, subject: Subject, resolution: tuple[int, int], de
     return _RunnerTarget(RUNNER_FACTORIES[backend](subject.onnx(resolution)))
 
 
-def _end_to_end(target, frames: list[np.ndarray], resolution, cfg) -> Callable[[], object]:
-    """Frames → preprocess → model → softmax → top-5, all host work and copies included."""
+def _end_to_end(target, frames: list, resolution, cfg) -> Callable[[], object]:
+    """Frames → preprocess → model → softmax → top-5, all host work and copies included (for a
+    sequence model: texts → character ids → model → the last position's top-5)."""
+    if isinstance(cfg, SequenceConfig):
+
+        def run_text():
+            ids = np.stack([encode_chars(text, cfg.vocab_size)[: resolution[0]] for text in frames])
+            logits = target.infer_host(ids)[:, -1]
+            return np.argsort(-logits, -1)[:, :5]  # softmax keeps the order
+
+        return run_text
 
     def run():
         batch = np.stack([preprocess(f, resolution, cfg.mean, cfg.std) for f in frames])
@@ -371,6 +402,10 @@ def _end_to_end(target, frames: list[np.ndarray], resolution, cfg) -> Callable[[
 
 def _pe_step(model: VisionTransformer, resolution, batch: int, device: torch.device) -> Callable[[], object]:
     """The positional step alone, over every block where it runs per block, on random activations."""
+    if not isinstance(model, VisionTransformer):  # a sequence model: its table add
+        table = model.shape_tables(resolution).model["pos_embed"].detach().to(device, torch.float32)
+        x = torch.randn(batch, resolution[0], model.cfg.embed_dim, generator=torch.Generator().manual_seed(0)).to(device)
+        return lambda: x + table
     cfg, pos_enc = model.cfg, copy.deepcopy(model.pos_enc).to(device)
     tables = model.tables(model.grid(*resolution), torch.float32, device)
     tokens = math.prod(model.grid(*resolution)) + cfg.num_prefix_tokens
@@ -441,10 +476,8 @@ def _check_inputs(subjects: list[Subject], resolutions, batches, backends) -> No
     if not resolutions:
         raise ResolutionError("no resolution to profile")
     for subject in subjects:
-        if not isinstance(subject.model, VisionTransformer):
-            raise ConfigError("deploykit profile times ViT classifiers; sequence models (MoPE + EGA) are not profiled yet")
         for resolution in resolutions:
-            subject.model.grid(*resolution)  # ResolutionError with a hint, before any work
+            subject.model.check_shape(resolution)  # ResolutionError with a hint, before any work
     if not batches or min(batches) < 1:
         raise ConfigError(f"batch sizes must be positive integers, got {list(batches)}")
     known = backend_names()
@@ -494,9 +527,10 @@ def profile(
         ConfigError: unknown backend or device, bad batch or budget.
     """
     subjects = [m if isinstance(m, Subject) else Subject(m) for m in (models if isinstance(models, Sequence) else [models])]
+    # A model's own shape: (height, width), or (T,) for a sequence model given "-r 256".
+    resolutions = list(dict.fromkeys(subjects[0].model.check_shape(tuple(r)) for r in resolutions)) if resolutions else []
     if compare_ape and BASELINE_ENCODING not in [s.encoding for s in subjects]:
-        subjects.append(Subject(ape_twin(subjects[0].model)))
-    resolutions = [tuple(r) for r in resolutions]
+        subjects.append(Subject(ape_twin(subjects[0].model, max((r[0] for r in resolutions), default=0))))
     _check_inputs(subjects, resolutions, batches, backends)
     torch_device = _resolve_device(device)
     settings = dict(model=label, resolutions=[resolution_tag(r) for r in resolutions], batches=list(batches),
@@ -530,8 +564,7 @@ def _profile_resolution(subjects, resolution, batches, backends, budget, end_to_
                     progress(f"{backend} {subject.encoding} @ {tag}: preparing")
                 targets.append(_open_target(backend, subject, resolution, device))
             for batch in batches:
-                images = random_inputs(batch, resolution, seed=batch)
-                frames = [rng.integers(0, 256, FRAME_SHAPE, dtype=np.uint8) for _ in range(batch)]
+                images, frames = _inputs(subjects[0].model, resolution, batch, rng)
                 samples = {}
                 for _ in range(budget.rounds):
                     for subject, target in zip(subjects, targets):
@@ -551,6 +584,16 @@ def _profile_resolution(subjects, resolution, batches, backends, budget, end_to_
             for target in targets:
                 target.close()
     return records
+
+
+def _inputs(model: Model, resolution, batch: int, rng: np.random.Generator) -> tuple[np.ndarray, list]:
+    """Kernel inputs (seeded noise images or token ids) and end-to-end inputs (uint8 frames or texts)."""
+    if isinstance(model.cfg, SequenceConfig):
+        text = sample_text()
+        starts = rng.integers(0, len(text), batch)
+        texts = [(text * (resolution[0] // len(text) + 2))[s : s + resolution[0]] for s in starts]
+        return random_token_inputs(batch, resolution[0], model.cfg.vocab_size, seed=batch), texts
+    return random_inputs(batch, resolution, seed=batch), [rng.integers(0, 256, FRAME_SHAPE, dtype=np.uint8) for _ in range(batch)]
 
 
 def _record(backend, encoding, tag, batch, kernel: LatencyStats, e2e: LatencyStats | None, pe_step: LatencyStats, flops: int) -> dict:

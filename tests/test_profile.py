@@ -299,3 +299,25 @@ def test_cli_bad_input_is_one_line_and_exit_1(capsys, tmp_path, ckpt_dir, args, 
     assert code == 1
     assert stderr.startswith("error: ") and message in stderr and len(stderr.strip().splitlines()) == 1
     assert not (tmp_path / "p.json").exists()
+
+
+# ----------------------------------------------------------------------------------------------
+# sequence models: a length is the resolution
+
+
+def test_sequence_model_flops_match_torch_flop_counter():
+    model = create_model("seq_tiny_ega", depth=2).eval()
+    baked = BakedModel(model, (24,))
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        baked(torch.randint(0, 65, (3, 24)))
+    assert model_flops(model.cfg, (24,), 3) == counter.get_total_flops()
+
+
+def test_sequence_model_profiles_lengths_against_its_ape_twin():
+    model = create_model("seq_tiny_ega", depth=1).eval()
+    result = profile(model, resolutions=[(40, 40), (80,)], batches=[2], backends=["torch", "ort"], budget=TINY_BUDGET, device="cpu")
+    keys = sorted((r["backend"], r["encoding"], r["resolution"]) for r in result.records)
+    assert keys == sorted((b, e, t) for b in ("torch", "ort") for e in ("mope", "ape") for t in ("40", "80"))
+    assert all(r["e2e_n"] == 2 and r["ratio_vs_ape"] > 0 for r in result.records)
+    with pytest.raises(ResolutionError, match="one length"):
+        profile(model, resolutions=[(40, 48)], backends=["torch"], budget=TINY_BUDGET, device="cpu")

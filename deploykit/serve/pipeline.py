@@ -1,0 +1,286 @@
+"""The in-process pipeline: images in, top-k classes out.
+
+``deploykit.load(DIR)`` reads an export directory and returns a ``Pipeline``: decode (numpy
+array, PIL image, file path or encoded bytes) → pick the exported resolution → preprocess from
+the model config (resize, centre crop, normalise) → batch → run → softmax + top-k.
+
+Resolution routing rule: an image whose ``(height, width)`` equals an exported resolution goes
+to that graph; any other image goes to the exported resolution nearest in log-scale,
+``|log(h_r / h)| + |log(w_r / w)|``, ties broken towards the larger resolution (more detail).
+Preprocessing then resizes and crops it to that resolution, exactly as for a matching image.
+
+Backend selection: ``backend="auto"`` tries the runner factories in ``AUTO_PREFERENCE`` order
+(TensorRT, TensorRT-RTX, ONNX Runtime), skipping any not registered, and keeps the first whose
+runner activates; each skipped backend's reason is kept in ``Pipeline.skipped``. Any other
+value names one backend from the mapping, with no fallback.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Union
+
+import numpy as np
+
+from deploykit._lazy import lazy_import
+from deploykit.backends.base import Runner
+from deploykit.data import CROP_PCT, preprocess
+from deploykit.errors import ConfigError, DeployKitError, InputError
+from deploykit.export.bundle import Manifest
+from deploykit.export.onnx_export import OUTPUT_NAME, resolution_tag
+from deploykit.nn.checkpoint import CONFIG_FILE, read_config
+from deploykit.nn.vit import ViTConfig
+
+INPUT_NAME = "images"  # the ViT graphs' input: serving is for image classifiers
+
+
+def read_image_config(export_dir: Path) -> ViTConfig:
+    """The export's ViT config; a sequence model's export is refused in one line."""
+    config = read_config(export_dir / CONFIG_FILE)
+    if not isinstance(config, ViTConfig):
+        raise ConfigError(f"{export_dir} holds a sequence model; serving takes image classifiers (ViT exports)")
+    return config
+
+AUTO_PREFERENCE = ("trt", "rtx", "ort")
+
+ImageLike = Union[np.ndarray, bytes, str, os.PathLike, Any]  # Any: a PIL image (PIL is optional)
+RunnerFactory = Callable[[Path], Runner]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Top-k classes of one image, best first.
+
+    Attributes:
+        classes: class indices.
+        scores: softmax probabilities of those classes (computed in float64).
+        resolution: the exported ``(height, width)`` the image was routed to.
+    """
+
+    classes: tuple[int, ...]
+    scores: tuple[float, ...]
+    resolution: tuple[int, int]
+
+
+def nearest_resolution(size: tuple[int, int], resolutions: Sequence[tuple[int, int]]) -> tuple[int, int]:
+    """The exported resolution an image of ``size = (height, width)`` is routed to (module rule)."""
+    h, w = size
+
+    def key(r: tuple[int, int]) -> tuple[float, int]:
+        return abs(math.log(r[0] / h)) + abs(math.log(r[1] / w)), -r[0] * r[1]
+
+    return min(resolutions, key=key)
+
+
+def decode_image(item: ImageLike) -> np.ndarray:
+    """One image as ``[H, W, 3]`` uint8.
+
+    Accepts a uint8 array (``[H, W]``, ``[H, W, 1|3|4]``), a PIL image, encoded image bytes
+    (PNG, JPEG, ...) or a file path.
+
+    Raises:
+        InputError: anything else, or bytes / a file that is not a readable image.
+    """
+    if isinstance(item, np.ndarray):
+        return _rgb_array(item)
+    if isinstance(item, (bytes, bytearray, memoryview, str, os.PathLike)):
+        image_module = lazy_import("PIL.Image")
+        source = io.BytesIO(bytes(item)) if isinstance(item, (bytes, bytearray, memoryview)) else item
+        what = "image bytes" if isinstance(source, io.BytesIO) else str(item)
+        try:
+            with image_module.open(source) as img:
+                return np.array(img.convert("RGB"))  # a writable copy (torch warns on read-only arrays)
+        except (OSError, ValueError, image_module.DecompressionBombError) as err:
+            raise InputError(f"cannot decode {what} as an image: {err}") from err
+    if hasattr(item, "convert") and hasattr(item, "size"):  # a PIL image, without importing PIL for the check
+        return np.array(item.convert("RGB"))
+    raise InputError(f"unsupported image type {type(item).__name__}; expected a uint8 array, PIL image, bytes or path")
+
+
+def _rgb_array(array: np.ndarray) -> np.ndarray:
+    if array.dtype != np.uint8:
+        raise InputError(f"image arrays must be uint8 [H, W(, C)], got dtype {array.dtype}")
+    if array.ndim == 3 and array.shape[-1] == 1:
+        array = array[..., 0]
+    if array.ndim == 2:
+        array = np.repeat(array[..., None], 3, axis=-1)
+    if array.ndim != 3 or array.shape[-1] not in (3, 4) or 0 in array.shape:
+        raise InputError(f"image arrays must be [H, W], [H, W, 1], [H, W, 3] or [H, W, 4], got shape {list(array.shape)}")
+    array = array[..., :3]
+    return array if array.flags.writeable else array.copy()  # torch warns on read-only arrays (e.g. from Ray)
+
+
+def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Softmax in float64, then the ``k`` best classes per row.
+
+    Args:
+        logits: ``[B, num_classes]``.
+        k: how many classes (capped at ``num_classes``).
+
+    Returns:
+        ``(classes [B, k] int64, scores [B, k] float32)``, best first; ties keep the lower index.
+    """
+    z = logits.astype(np.float64)
+    z = np.exp(z - z.max(axis=-1, keepdims=True))
+    probs = z / z.sum(axis=-1, keepdims=True)
+    k = min(k, probs.shape[-1])
+    classes = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
+    return classes.astype(np.int64), np.take_along_axis(probs, classes, axis=-1).astype(np.float32)
+
+
+def activate_runner(
+    onnx_path: Path, backend: str, factories: Mapping[str, RunnerFactory]
+) -> tuple[str, Runner, dict[str, str]]:
+    """Create and activate the runner for one graph.
+
+    Args:
+        onnx_path: the exported graph.
+        backend: ``"auto"`` (module rule) or a key of ``factories``.
+        factories: backend name → ``factory(onnx_path) -> Runner``.
+
+    Returns:
+        ``(backend name, active runner, {skipped backend: reason})``.
+
+    Raises:
+        ConfigError: ``backend`` is not ``"auto"`` and not in ``factories``.
+        DeployKitError: no backend could be activated (every reason listed).
+    """
+    if backend == "auto":
+        candidates = [b for b in AUTO_PREFERENCE if b in factories] + [b for b in factories if b not in AUTO_PREFERENCE]
+    elif backend in factories:
+        candidates = [backend]
+    else:
+        raise ConfigError(f"unknown backend {backend!r}; choose one of: auto, {', '.join(factories)}")
+    skipped: dict[str, str] = {}
+    for name in candidates:
+        try:
+            runner = factories[name](onnx_path)
+            runner.activate()
+        except DeployKitError as err:  # missing package, no GPU, stale engine, unparsable graph...
+            skipped[name] = str(err)
+            continue
+        return name, runner, skipped
+    reasons = "; ".join(f"{name}: {why}" for name, why in skipped.items())
+    raise DeployKitError(f"no backend could run {onnx_path.name}: {reasons}")
+
+
+class Pipeline:
+    """Images → top-k classes, over every resolution of an export directory.
+
+    Args:
+        export_dir: written by ``deploykit export``.
+        backend: ``"auto"`` or a backend name (see the module docstring).
+        top_k: classes returned per image.
+        batch_size: most images per runner call.
+        crop_pct: resize the short side to ``resolution / crop_pct`` before the centre crop.
+        factories: backend name → runner factory; default ``deploykit.validate.RUNNER_FACTORIES``.
+
+    Raises:
+        DeployKitError: not an export directory, a graph changed since export, or no backend runs.
+    """
+
+    def __init__(
+        self,
+        export_dir: str | os.PathLike,
+        *,
+        backend: str = "auto",
+        top_k: int = 5,
+        batch_size: int = 8,
+        crop_pct: float = CROP_PCT,
+        factories: Mapping[str, RunnerFactory] | None = None,
+    ):
+        from deploykit.export.bundle import checked_graph
+        from deploykit.validate import RUNNER_FACTORIES
+
+        if top_k < 1 or batch_size < 1:
+            raise ConfigError(f"top_k and batch_size must be >= 1, got {top_k} and {batch_size}")
+        self.export_dir = Path(export_dir)
+        self.top_k, self.batch_size, self.crop_pct = top_k, batch_size, crop_pct
+        manifest = Manifest.read(self.export_dir)
+        self.config = read_image_config(self.export_dir)
+        self.runners: dict[tuple[int, int], Runner] = {}
+        self.backends: dict[tuple[int, int], str] = {}
+        self.skipped: dict[tuple[int, int], dict[str, str]] = {}
+        try:
+            for entry in manifest.graphs_at("fp32"):  # the served plan; fp16/bf16 graphs are built into engines separately
+                res = tuple(entry.resolution)
+                name, runner, skipped = activate_runner(checked_graph(self.export_dir, entry), backend, factories or RUNNER_FACTORIES)
+                self.runners[res], self.backends[res], self.skipped[res] = runner, name, skipped
+        except BaseException:
+            self.close()
+            raise
+        if not self.runners:
+            raise DeployKitError(f"{self.export_dir} holds no exported graph; run deploykit export")
+
+    @property
+    def resolutions(self) -> list[tuple[int, int]]:
+        return sorted(self.runners)
+
+    @property
+    def num_classes(self) -> int:
+        return self.config.num_classes
+
+    def route(self, size: tuple[int, int]) -> tuple[int, int]:
+        """The exported resolution for an image of ``(height, width)`` (module rule)."""
+        return nearest_resolution(size, self.resolutions)
+
+    def preprocess(self, image: np.ndarray, resolution: tuple[int, int]) -> np.ndarray:
+        """``[H, W, 3]`` uint8 → ``[3, h, w]`` float32 with the model's mean / std."""
+        return preprocess(image, resolution, self.config.mean, self.config.std, self.crop_pct)
+
+    def logits(self, images: np.ndarray) -> np.ndarray:
+        """Run preprocessed ``[B, 3, h, w]`` float32 images at an exported resolution.
+
+        Raises:
+            InputError: wrong dtype, rank, channel count, or a resolution that was not exported.
+        """
+        if images.dtype != np.float32 or images.ndim != 4 or images.shape[1] != self.config.in_chans:
+            raise InputError(
+                f"expected float32 [B, {self.config.in_chans}, H, W], got {images.dtype} {list(images.shape)}"
+            )
+        runner = self.runners.get(tuple(images.shape[-2:]))
+        if runner is None:
+            have = ", ".join(resolution_tag(r) for r in self.resolutions)
+            raise InputError(f"no graph at {resolution_tag(tuple(images.shape[-2:]))} (exported: {have})")
+        parts = [runner.infer({INPUT_NAME: images[i : i + self.batch_size]})[OUTPUT_NAME] for i in range(0, len(images), self.batch_size)]
+        return np.concatenate(parts) if parts else np.zeros((0, self.num_classes), np.float32)
+
+    def __call__(self, images: ImageLike | Sequence[ImageLike]) -> Prediction | list[Prediction]:
+        """Classify one image or a list of images (a ``[N, H, W, C]`` uint8 array is N images).
+
+        Returns:
+            One ``Prediction`` for a single image, else a list in input order.
+        """
+        single = not isinstance(images, (list, tuple)) and not (isinstance(images, np.ndarray) and images.ndim == 4)
+        decoded = [decode_image(images)] if single else [decode_image(item) for item in images]
+        routes = [self.route(img.shape[:2]) for img in decoded]
+        predictions: list[Prediction | None] = [None] * len(decoded)
+        for res in dict.fromkeys(routes):
+            index = [i for i, r in enumerate(routes) if r == res]
+            batch = np.stack([self.preprocess(decoded[i], res) for i in index])
+            classes, scores = top_k(self.logits(batch), self.top_k)
+            for row, i in enumerate(index):
+                predictions[i] = Prediction(tuple(classes[row].tolist()), tuple(scores[row].tolist()), res)
+        return predictions[0] if single else predictions
+
+    def close(self) -> None:
+        """Deactivate every runner (idempotent)."""
+        for runner in self.runners.values():
+            if runner.is_active:
+                runner.deactivate()
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def load(export_dir: str | os.PathLike, **options) -> Pipeline:
+    """Open an export directory as a ``Pipeline`` (``options`` as in ``Pipeline``)."""
+    return Pipeline(export_dir, **options)

@@ -1,0 +1,127 @@
+"""Scale-out on Ray Serve: the same ``Pipeline`` in replicas spread over a Ray cluster.
+
+Entry points::
+
+    deploykit serve DIR --ray --replicas 4                        # CLI, blocks until Ctrl-C
+    serve.run(deploykit.serve.ray_serve.build_app(DIR, RayOptions(num_replicas=4)))   # Python
+
+Each replica opens its own pipeline from ``export_dir``, which must therefore be readable at
+the same path on every node (shared storage, or the directory copied to each node). Requests
+are batched per replica by ``@serve.batch`` (``max_batch_size`` images, waiting at most
+``batch_wait_timeout_s``). HTTP: ``POST /`` with encoded image bytes as the body, answered
+with JSON; Python: ``handle.classify.remote(image)`` with anything ``Pipeline`` takes.
+Every answer names the node and replica that computed it, so load spreading can be seen.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+
+from deploykit._lazy import lazy_import
+from deploykit.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """How the pipeline is deployed on Ray Serve.
+
+    Attributes:
+        num_replicas: pipeline copies (Ray places them over the cluster's nodes).
+        max_batch_size: most requests one replica merges into one pipeline call.
+        batch_wait_timeout_s: how long a replica waits to fill a batch.
+        backend, top_k: as in ``Pipeline``.
+        ray_actor_options: per-replica resources (``{"num_cpus": 1}``, custom resources, ...).
+        host, port: where Ray Serve's HTTP proxy listens.
+    """
+
+    num_replicas: int = 2
+    max_batch_size: int = 8
+    batch_wait_timeout_s: float = 0.01
+    backend: str = "auto"
+    top_k: int = 5
+    ray_actor_options: dict = field(default_factory=lambda: {"num_cpus": 1})
+    host: str = "127.0.0.1"
+    port: int = 8000
+
+    def __post_init__(self) -> None:
+        if self.num_replicas < 1 or self.max_batch_size < 1 or self.batch_wait_timeout_s < 0:
+            raise ConfigError(
+                f"need num_replicas >= 1, max_batch_size >= 1, batch_wait_timeout_s >= 0; got {self.num_replicas}, "
+                f"{self.max_batch_size}, {self.batch_wait_timeout_s}"
+            )
+
+
+class PipelineReplica:
+    """One replica: a ``Pipeline`` behind a per-replica dynamic batcher (``@serve.batch``)."""
+
+    def __init__(self, export_dir: str, options: RayOptions):
+        ray = lazy_import("ray")
+        serve = lazy_import("ray.serve")
+        from deploykit.serve.pipeline import Pipeline
+
+        self.pipeline = Pipeline(export_dir, backend=options.backend, top_k=options.top_k, batch_size=options.max_batch_size)
+        self.node_id = ray.get_runtime_context().get_node_id()
+        self.replica_id = serve.get_replica_context().replica_id.unique_id
+        self._batched = serve.batch(max_batch_size=options.max_batch_size, batch_wait_timeout_s=options.batch_wait_timeout_s)(self._run)
+
+    async def _run(self, images: list) -> list[dict]:
+        predictions = self.pipeline(images)
+        return [
+            {"classes": list(p.classes), "scores": list(p.scores), "resolution": list(p.resolution),
+             "node_id": self.node_id, "replica": self.replica_id, "batch_size": len(images)}
+            for p in predictions
+        ]
+
+    async def classify(self, image) -> dict:
+        """One image (array, PIL image, bytes or path) → its prediction and where it ran."""
+        from deploykit.serve.pipeline import decode_image
+
+        return await self._batched(decode_image(image))  # decode here: a bad image fails alone
+
+    async def __call__(self, request) -> dict:
+        """HTTP: the request body is one encoded image."""
+        from deploykit.errors import InputError
+
+        starlette = lazy_import("starlette.responses")
+        try:
+            return await self.classify(await request.body())
+        except InputError as err:
+            return starlette.JSONResponse({"error": str(err)}, status_code=400)
+
+
+def build_app(export_dir: str | os.PathLike, options: RayOptions = RayOptions()):
+    """The Ray Serve application (pass it to ``ray.serve.run``)."""
+    serve = lazy_import("ray.serve")
+    deployment = serve.deployment(
+        PipelineReplica,
+        name="deploykit",
+        num_replicas=options.num_replicas,
+        ray_actor_options=dict(options.ray_actor_options),
+        # a replica must admit at least two batches' worth, or @serve.batch never fills a batch
+        max_ongoing_requests=2 * options.max_batch_size,
+    )
+    return deployment.bind(str(os.path.abspath(export_dir)), options)
+
+
+def serve_ray(export_dir: str | os.PathLike, options: RayOptions = RayOptions(), address: str | None = None, on_ready=None) -> None:
+    """Deploy on a Ray cluster (``address``; default: a local one) and block until interrupted.
+
+    Raises:
+        MissingDependencyError: Ray Serve is not installed (``pip install 'deploykit[ray]'``).
+    """
+    ray = lazy_import("ray")
+    serve = lazy_import("ray.serve")
+    ray.init(address=address) if address else ray.init(include_dashboard=False)
+    try:
+        serve.start(http_options={"host": options.host, "port": options.port})
+        serve.run(build_app(export_dir, options), name="deploykit", route_prefix="/")
+        if on_ready:
+            on_ready()
+        threading.Event().wait()  # until KeyboardInterrupt / SIGTERM turned into one
+    except KeyboardInterrupt:
+        pass
+    finally:
+        serve.shutdown()
+        ray.shutdown()

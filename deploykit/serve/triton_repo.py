@@ -1,0 +1,256 @@
+"""``deploykit package triton``: a Triton model repository for production (GPU) hosts.
+
+For every exported resolution ``<res>`` (``224``, ``384x256``, ...)::
+
+    vit_<res>_trt/       platform tensorrt_plan; 1/model.plan copied from the export directory
+                         when one was built there (model_<res>.plan / .engine), else to build
+    vit_<res>_onnx/      platform onnxruntime_onnx; 1/model.onnx (the exported graph)
+    preprocess_<res>/    Python backend: encoded image bytes -> [3, H, W] float32
+    classify_<res>_trt/  ensemble: preprocess_<res> -> vit_<res>_trt   (bytes in, logits out)
+    classify_<res>_onnx/ ensemble: preprocess_<res> -> vit_<res>_onnx
+    README.md            how to build the engines and load the SaPE2 plugin
+
+Every ``config.pbtxt`` has dynamic batching, an instance group, a zero-data warm-up and (for
+TensorRT) CUDA graphs for the preferred batch sizes. The repository is written to a temporary
+directory beside ``--output`` and renamed into place, so a failure leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from deploykit.errors import ConfigError, DeployKitError
+from deploykit.export.bundle import Manifest
+from deploykit.export.onnx_export import OUTPUT_NAME, resolution_tag
+from deploykit.serve.pipeline import INPUT_NAME, read_image_config
+
+PREPROCESS_MODEL_SOURCE = Path(__file__).with_name("triton_preprocess_model.py")
+ENGINE_SUFFIXES = (".plan", ".engine")
+
+
+@dataclass(frozen=True)
+class RepositoryOptions:
+    """Settings written into every ``config.pbtxt``.
+
+    Attributes:
+        max_batch_size: largest batch per request and per merged execution.
+        preferred_batch_sizes: what the dynamic batcher aims for; also the CUDA-graph sizes.
+        max_queue_delay_us: how long the batcher waits to fill a batch.
+        gpu_instances: model instances per GPU (TensorRT and the GPU ONNX variant).
+        onnx_kind: ``"gpu"`` or ``"cpu"`` instances for the ONNX Runtime variant.
+        preprocess_instances: CPU instances of the Python preprocessing model.
+        crop_pct: as in ``deploykit.data.preprocess``.
+    """
+
+    max_batch_size: int = 32
+    preferred_batch_sizes: tuple[int, ...] = (8, 16)
+    max_queue_delay_us: int = 2000
+    gpu_instances: int = 1
+    onnx_kind: str = "gpu"
+    preprocess_instances: int = 2
+    crop_pct: float = 0.875
+
+    def __post_init__(self) -> None:
+        if self.onnx_kind not in ("gpu", "cpu"):
+            raise ConfigError(f"unknown instance kind {self.onnx_kind!r}; choose one of: gpu, cpu")
+        if not all(1 <= b <= self.max_batch_size for b in self.preferred_batch_sizes):
+            raise ConfigError(f"preferred batch sizes {self.preferred_batch_sizes} must lie in 1..{self.max_batch_size}")
+        if min(self.gpu_instances, self.preprocess_instances) < 1 or self.max_queue_delay_us < 0:
+            raise ConfigError("instance counts must be >= 1 and the queue delay >= 0")
+
+
+def _dims(shape) -> str:
+    return "[ " + ", ".join(str(int(d)) for d in shape) + " ]"
+
+
+def _tensor(name: str, dtype: str, shape) -> str:
+    return f'  {{ name: "{name}" data_type: {dtype} dims: {_dims(shape)} }}'
+
+
+def _batching(opts: RepositoryOptions) -> str:
+    preferred = _dims(opts.preferred_batch_sizes)
+    return f"dynamic_batching {{\n  preferred_batch_size: {preferred}\n  max_queue_delay_microseconds: {opts.max_queue_delay_us}\n}}\n"
+
+
+def _warmup(input_name: str, dtype: str, shape, batch_sizes) -> str:
+    entries = [
+        f'  {{ name: "zeros_batch{b}" batch_size: {b} count: 2 inputs {{ key: "{input_name}" '
+        f"value: {{ data_type: {dtype} dims: {_dims(shape)} zero_data: true }} }} }}"
+        for b in batch_sizes
+    ]
+    return "model_warmup [\n" + ",\n".join(entries) + "\n]\n"
+
+
+def vit_config(name: str, platform: str, shape, num_classes: int, kind: str, opts: RepositoryOptions) -> str:
+    """``config.pbtxt`` of one inference model (``tensorrt_plan`` or ``onnxruntime_onnx``)."""
+    text = (
+        f'name: "{name}"\nplatform: "{platform}"\nmax_batch_size: {opts.max_batch_size}\n'
+        f"input [\n{_tensor(INPUT_NAME, 'TYPE_FP32', shape)}\n]\n"
+        f"output [\n{_tensor(OUTPUT_NAME, 'TYPE_FP32', [num_classes])}\n]\n"
+        f"instance_group [ {{ kind: KIND_{kind.upper()} count: {opts.gpu_instances if kind == 'gpu' else 1} }} ]\n"
+        + _batching(opts)
+        + _warmup(INPUT_NAME, "TYPE_FP32", shape, [1, max(opts.preferred_batch_sizes)])
+    )
+    if platform == "tensorrt_plan":
+        # CUDA graphs replay one captured launch sequence per batch size: the kernel-launch
+        # overhead of a small ViT's many short kernels is paid once at load instead of per call.
+        specs = ", ".join(f"{{ batch_size: {b} }}" for b in sorted({1, *opts.preferred_batch_sizes}))
+        text += f"optimization {{ cuda {{ graphs: true busy_wait_events: true graph_spec [ {specs} ] }} }}\n"
+    return text
+
+
+def preprocess_config(name: str, resolution: tuple[int, int], config, opts: RepositoryOptions) -> str:
+    """``config.pbtxt`` of the Python preprocessing model (settings passed as parameters)."""
+    params = dict(height=resolution[0], width=resolution[1], mean=json.dumps(list(config.mean)), std=json.dumps(list(config.std)),
+                  crop_pct=opts.crop_pct)
+    param_text = ",\n".join(f'  {{ key: "{k}" value: {{ string_value: {json.dumps(str(v))} }} }}' for k, v in params.items())
+    return (
+        f'name: "{name}"\nbackend: "python"\nmax_batch_size: {opts.max_batch_size}\n'
+        f"input [\n{_tensor('image', 'TYPE_STRING', [1])}\n]\n"
+        f"output [\n{_tensor(INPUT_NAME, 'TYPE_FP32', (config.in_chans, *resolution))}\n]\n"
+        f"instance_group [ {{ kind: KIND_CPU count: {opts.preprocess_instances} }} ]\n"
+        f"parameters [\n{param_text}\n]\n"
+    )
+
+
+def ensemble_config(name: str, preprocess: str, model: str, num_classes: int, opts: RepositoryOptions) -> str:
+    """``config.pbtxt`` of an ensemble: image bytes → ``preprocess`` → ``model`` → logits."""
+    return (
+        f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: {opts.max_batch_size}\n'
+        f"input [\n{_tensor('image', 'TYPE_STRING', [1])}\n]\n"
+        f"output [\n{_tensor(OUTPUT_NAME, 'TYPE_FP32', [num_classes])}\n]\n"
+        "ensemble_scheduling {\n  step [\n"
+        f'    {{ model_name: "{preprocess}" model_version: -1 input_map {{ key: "image" value: "image" }} '
+        f'output_map {{ key: "{INPUT_NAME}" value: "preprocessed" }} }},\n'
+        f'    {{ model_name: "{model}" model_version: -1 input_map {{ key: "{INPUT_NAME}" value: "preprocessed" }} '
+        f'output_map {{ key: "{OUTPUT_NAME}" value: "{OUTPUT_NAME}" }} }}\n'
+        "  ]\n}\n"
+    )
+
+
+def _find_engine(export_dir: Path, tag: str) -> Path | None:
+    for suffix in ENGINE_SUFFIXES:
+        path = export_dir / f"model_{tag}{suffix}"
+        if path.is_file():
+            return path
+    return None
+
+
+def _write_resolution(repo: Path, export_dir: Path, entry, config, opts: RepositoryOptions) -> dict:
+    """Write the five models of one resolution; return what the README should say about it."""
+    res, tag = tuple(entry.resolution), resolution_tag(tuple(entry.resolution))
+    shape = (config.in_chans, *res)
+    names = {"trt": f"vit_{tag}_trt", "onnx": f"vit_{tag}_onnx", "pre": f"preprocess_{tag}"}
+    files = {
+        f"{names['trt']}/config.pbtxt": vit_config(names["trt"], "tensorrt_plan", shape, config.num_classes, "gpu", opts),
+        f"{names['onnx']}/config.pbtxt": vit_config(names["onnx"], "onnxruntime_onnx", shape, config.num_classes, opts.onnx_kind, opts),
+        f"{names['pre']}/config.pbtxt": preprocess_config(names["pre"], res, config, opts),
+    }
+    for variant in ("trt", "onnx"):
+        name = f"classify_{tag}_{variant}"
+        files[f"{name}/config.pbtxt"] = ensemble_config(name, names["pre"], names[variant], config.num_classes, opts)
+        (repo / name / "1").mkdir(parents=True)  # ensembles need an (empty) version directory
+    for rel, text in files.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+    (repo / names["onnx"] / "1").mkdir()
+    shutil.copyfile(export_dir / entry.file, repo / names["onnx"] / "1" / "model.onnx")
+    (repo / names["pre"] / "1").mkdir()
+    shutil.copyfile(PREPROCESS_MODEL_SOURCE, repo / names["pre"] / "1" / "model.py")
+    (repo / names["trt"] / "1").mkdir()
+    engine = _find_engine(export_dir, tag)
+    if engine:
+        shutil.copyfile(engine, repo / names["trt"] / "1" / "model.plan")
+    return {"tag": tag, "res": res, "onnx": entry.file, "trt": names["trt"], "engine": engine.name if engine else None}
+
+
+def package_triton(export_dir: str | os.PathLike, output: str | os.PathLike, options: RepositoryOptions = RepositoryOptions()) -> Path:
+    """Write a Triton model repository for every resolution of an export directory.
+
+    Args:
+        export_dir: written by ``deploykit export``.
+        output: the repository directory to create; must not exist or be empty.
+        options: batching, instances, warm-up settings.
+
+    Returns:
+        The repository path.
+
+    Raises:
+        DeployKitError: not an export directory, or ``output`` exists and is not empty.
+    """
+    from deploykit.export.bundle import checked_graph
+
+    export_dir, output = Path(export_dir), Path(output)
+    manifest = Manifest.read(export_dir)
+    config = read_image_config(export_dir)
+    entries = [(entry, checked_graph(export_dir, entry)) for entry in manifest.graphs_at("fp32")]
+    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+        raise DeployKitError(f"{output} already exists and is not an empty directory; choose another --output")
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    except OSError as err:
+        raise DeployKitError(f"cannot write {output}: {err.strerror or err}") from err
+    try:
+        notes = [_write_resolution(tmp, export_dir, entry, config, options) for entry, _ in entries]
+        (tmp / "README.md").write_text(_readme(manifest, notes, options))
+        if output.exists():
+            output.rmdir()  # empty (checked above)
+        os.replace(tmp, output)
+    except OSError as err:
+        raise DeployKitError(f"cannot write {output}: {err.strerror or err}") from err
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return output
+
+
+def _readme(manifest: Manifest, notes: list[dict], opts: RepositoryOptions) -> str:
+    lines = [
+        "# Triton model repository (written by `deploykit package triton`)",
+        "",
+        f"Encoding `{manifest.encoding}`, weights sha256 `{manifest.weights_sha256[:16]}…`. Serve with",
+        "",
+        "    tritonserver --model-repository=$PWD",
+        "",
+        "Send encoded image bytes (input `image`, TYPE_STRING) to `classify_<res>_trt` or `classify_<res>_onnx`;",
+        "preprocessed float32 `[B, 3, H, W]` tensors (input `images`) to `vit_<res>_trt` / `vit_<res>_onnx`.",
+        "",
+        "## TensorRT engines",
+        "",
+        "An engine is specific to its GPU and TensorRT version, so build it on the serving host:",
+        "",
+    ]
+    for n in notes:
+        h, w = n["res"]
+        if n["engine"]:
+            lines.append(f"- `{n['trt']}/1/model.plan`: copied from `{n['engine']}` of the export directory.")
+        else:
+            lines.append(
+                f"- `{n['trt']}/1/model.plan`: `trtexec --onnx=vit_{n['tag']}_onnx/1/model.onnx --saveEngine={n['trt']}/1/model.plan "
+                f"--minShapes=images:1x3x{h}x{w} --optShapes=images:{max(opts.preferred_batch_sizes)}x3x{h}x{w} "
+                f"--maxShapes=images:{opts.max_batch_size}x3x{h}x{w}` (strongly typed; precision is decided in the ONNX graph)"
+            )
+    lines += [
+        "",
+        "## SaPE² plugin",
+        "",
+        "Graphs with SaPE² carry the custom op `deploykit::SaPE2Bias`. An engine built with the plugin loaded needs the",
+        "plugin's creator registered again in the server process before the engine deserializes. Either preload the",
+        "plugin library into tritonserver:",
+        "",
+        "    LD_PRELOAD=/opt/deploykit/libdeploykit_sape2.so tritonserver --model-repository=$PWD",
+        "",
+        "or let the TensorRT backend load it:",
+        "",
+        "    tritonserver --model-repository=$PWD --backend-config=tensorrt,plugins=/opt/deploykit/libdeploykit_sape2.so",
+        "",
+        "(several libraries: separate them with `;`). An engine built without the plugin inlined the op's plain-ONNX",
+        "body and needs nothing. ONNX Runtime always runs that body, so the `_onnx` variants need no plugin.",
+        f"This export's encoding: `{manifest.encoding}`" + (" (uses the plugin)." if manifest.encoding == "sape2" else " (no plugin needed)."),
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,24 @@
+"""One small export shared by the serving tests: ViT-Tiny/16 cut to depth 1, 10 classes, two
+resolutions (32 and 48 px: 2x2 and 3x3 grids), so every graph runs in milliseconds on CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from deploykit.export import export
+from deploykit.nn import create_model
+
+RESOLUTIONS = [(32, 32), (48, 48)]
+NUM_CLASSES = 10
+
+
+@pytest.fixture(scope="session")
+def export_dir(tmp_path_factory) -> Path:
+    torch.manual_seed(0)
+    model = create_model("vit_tiny_patch16", encoding="ape", depth=1, img_size=32, num_classes=NUM_CLASSES).eval()
+    out = tmp_path_factory.mktemp("serve") / "export"
+    export(model, RESOLUTIONS, out)
+    return out

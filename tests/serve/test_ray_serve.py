@@ -1,0 +1,82 @@
+"""Ray Serve on a two-node local cluster (127.0.0.1): every request succeeds, answers equal a
+direct ONNX Runtime run, replicas on both nodes did the work, and nothing is left running.
+
+The cluster runs in a child process (``ray_two_nodes.py``), inside a network namespace of its
+own whose only interface is ``lo`` when ``unshare`` is allowed (root, as on CI): Ray Serve
+2.60 replicas bind their inter-deployment gRPC server to ``[::]:0`` with no option to change
+it (``ray/serve/_private/replica.py``), so only the namespace keeps that socket on loopback.
+``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` is Ray's switch for single-machine clusters: without
+it Ray "resolves" 127.0.0.1 to the machine's outward address when a driver connects.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from serve_reference import ort_logits, preprocessed, softmax_top_k
+from server_process import stop_leftovers
+
+pytest.importorskip("ray.serve", reason="needs the ray extra: pip install 'deploykit[ray]'")
+
+from deploykit.data import sample_images  # noqa: E402
+
+REQUESTS = 48
+HERE = Path(__file__).parent
+
+
+def test_two_node_cluster_spreads_requests_over_both_nodes(export_dir):
+    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parent.parent)]))
+    command = [sys.executable, str(HERE / "ray_two_nodes.py"), str(export_dir), str(REQUESTS)]
+    isolated = _can_isolate_network()
+    if isolated:
+        command = ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *command]
+    proc = subprocess.Popen(command,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, stdin=subprocess.DEVNULL)
+    try:
+        out, err = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    assert proc.returncode == 0, err[-4000:]
+    report = json.loads(out.strip().splitlines()[-1])
+    stop_leftovers([tuple(p) for p in report["tree"]])  # every Ray process is gone (fails the test otherwise)
+
+    assert report["errors"] == []
+    results = report["results"]
+    assert len(results) == REQUESTS
+    assert len(report["nodes"]) == 2
+    assert {r["node_id"] for r in results} == set(report["nodes"]), "requests did not reach replicas on both nodes"
+    assert len({r["replica"] for r in results}) == 2
+    assert max(r["batch_size"] for r in results) > 1, "no replica ever merged requests"
+    assert report["listening"], "found no listening socket: the check would prove nothing"
+    if isolated:
+        assert report["interfaces"] == ["lo"], report["interfaces"]  # so every socket is loopback-only
+    else:  # everything but Ray Serve's hard-wired [::]:0 replica servers
+        assert {ip for ip, _ in report["listening"]} <= {"127.0.0.1", "::ffff:127.0.0.1", "::"}, report["listening"]
+
+    astronaut, chelsea = sample_images(2)
+    images = [astronaut, np.ascontiguousarray(chelsea[:32, :32])]
+    (ok_status, ok_body), (bad_status, bad_body) = report["http"]
+    assert ok_status == 200 and ok_body["classes"] == results[1]["classes"]  # PNG is lossless: same pixels
+    assert bad_status == 400 and "cannot decode" in bad_body["error"]
+    for i, result in enumerate(results):
+        res = (48, 48) if i % 2 == 0 else (32, 32)
+        top = softmax_top_k(ort_logits(export_dir, preprocessed(export_dir, images[i % 2], res)[None]), 3)[0]
+        assert result["resolution"] == list(res)
+        assert result["classes"] == [c for c, _ in top]
+        np.testing.assert_allclose(result["scores"], [p for _, p in top], rtol=1e-5, atol=1e-7)
+
+
+def _can_isolate_network() -> bool:
+    """Whether this machine lets us run a command in a new network namespace with ``lo`` up."""
+    try:
+        probe = subprocess.run(["unshare", "--net", "ip", "link", "set", "lo", "up"], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
