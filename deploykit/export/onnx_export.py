@@ -27,6 +27,7 @@ import deploykit
 from deploykit._io import atomic_path
 from deploykit.encodings import PETables, config_to_dict
 from deploykit.errors import ExportError
+from deploykit.export.custom_ops import CUSTOM_TRANSLATIONS, attach_functions
 from deploykit.export.lint import check_graph
 from deploykit.nn.vit import VisionTransformer
 
@@ -142,7 +143,9 @@ def onnx_from_model(model: VisionTransformer, resolution: tuple[int, int], opset
     batch = torch.export.Dim("batch", min=1, max=_MAX_BATCH)
     # The dynamo exporter prints progress lines and warnings about unrelated packages even with
     # verbose=False; keep the CLI quiet and show only our own errors.
-    with contextlib.redirect_stdout(io.StringIO()), _quiet_exporter_logs(), warnings.catch_warnings():
+    # no_grad: with an attention mask that requires grad (SaPE²'s bias), torch.export records the
+    # CPU flash-attention output layout, and its decomposition then fails on the head merge's view.
+    with contextlib.redirect_stdout(io.StringIO()), _quiet_exporter_logs(), warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         try:
             program = torch.onnx.export(
@@ -153,12 +156,14 @@ def onnx_from_model(model: VisionTransformer, resolution: tuple[int, int], opset
                 input_names=[INPUT_NAME],
                 output_names=[OUTPUT_NAME],
                 dynamic_shapes=({0: batch},),
+                custom_translation_table=CUSTOM_TRANSLATIONS,
                 optimize=True,
                 verbose=False,
             )
         except Exception as err:  # the exporter raises many internal types
             raise ExportError(f"torch.onnx.export failed at {resolution}: {str(err).splitlines()[0]}") from err
     proto = program.model_proto
+    attach_functions(proto)
     _add_metadata(proto, model, resolution)
     check_graph(proto)
     return proto

@@ -1,0 +1,171 @@
+"""deploykit's custom ops in ONNX: one node each, defined by a model-local function of plain ONNX ops.
+
+A node ``deploykit::SaPE2Bias`` carries the op's attributes; its function body (below) is what
+ONNX Runtime runs, and what a TensorRT parser inlines when no plugin of that name is loaded.
+With the plugin of ``deploykit.plugins.sape2`` loaded, TensorRT runs the Triton kernel instead.
+
+The exporter maps each ``torch.ops.deploykit.*`` op to its function through
+``CUSTOM_TRANSLATIONS``; ``onnx_export`` then optimises the graph without inlining functions.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar, Union
+
+import onnx
+
+from onnxscript import BFLOAT16, DOUBLE, FLOAT, FLOAT16, script
+from onnxscript import opset18 as op
+from onnxscript.values import Op, Opset
+
+import deploykit.encodings.sape2  # noqa: F401  registers torch.ops.deploykit.sape2_bias
+
+DOMAIN = "deploykit"
+deploykit_opset = Opset(DOMAIN, 1)
+# The exporter reads the function's signature from these annotations.
+TFloat = TypeVar("TFloat", bound=Union[FLOAT16, BFLOAT16, FLOAT, DOUBLE])
+TTable = TypeVar("TTable", bound=Union[FLOAT16, BFLOAT16, FLOAT, DOUBLE])
+
+
+@script(deploykit_opset, default_opset=op)
+def SaPE2Bias(
+    q: TFloat,
+    k: TFloat,
+    table_x: TTable,
+    table_y: TTable,
+    grid_h: int,
+    grid_w: int,
+    num_prefix_tokens: int,
+    scale: float,
+    mode: int,
+) -> TFloat:
+    """SaPE² bias (spec §2.2, §8.5), computed in fp32 and returned in the dtype of ``q``.
+
+    (onnxscript takes only literals here: ``to=1`` is FLOAT, ``to=7`` INT64, 2⁶³−1 "to the end".)
+
+    Inputs: ``q``, ``k`` ``[B, h, P + N, d]`` unscaled, prefix first, patches row-major;
+    ``table_x``, ``table_y`` ``[d, M]``. Attributes: ``grid_h * grid_w = N``, ``num_prefix_tokens
+    = P``, ``scale`` the gate temperature, ``mode`` 0 = q, 1 = k, 2 = k_swap. Output ``[B, h, P +
+    N, P + N]``: the raw ``‖Zx_t − Zx_n‖ + ‖Zy_t − Zy_n‖``, prefix rows and columns 0.
+    """
+    prefix = op.Reshape(op.Constant(value_int=num_prefix_tokens), [1])
+    rows = op.Reshape(op.Constant(value_int=grid_h), [1])
+    cols = op.Reshape(op.Constant(value_int=grid_w), [1])
+    gate_scale = op.Constant(value_float=scale)
+    mode_id = op.Constant(value_int=mode)
+    qf = op.Slice(op.Cast(q, to=1), prefix, [9223372036854775807], [2])  # patch tokens, fp32
+    kf = op.Slice(op.Cast(k, to=1), prefix, [9223372036854775807], [2])
+    ex = op.Cast(table_x, to=1)
+    ey = op.Cast(table_y, to=1)
+    # mode: gate operands (a, b) and projected c are (q, k, q), (q, k, k) or (k, q, k). Where on a
+    # constant condition: no control flow, and a TensorRT select costs O(N·d).
+    swap = op.Equal(mode_id, 2)
+    gate_a = op.Where(swap, kf, qf)
+    gate_b = op.Where(swap, qf, kf)
+    proj = op.Where(op.Equal(mode_id, 0), qf, kf)
+    batch_heads = op.Slice(op.Shape(q), [0], [2])
+    grid_shape = op.Concat(batch_heads, rows, cols, [-1], axis=0)  # [B, h, H, W, d]
+    a_r = op.Reshape(gate_a, grid_shape)
+    b_r = op.Reshape(gate_b, grid_shape)
+    c_r = op.Reshape(proj, grid_shape)
+    top = op.Cast(op.Sub(op.Shape(ex, start=1, end=2), 1), to=1)  # M - 1
+
+    # Row term: tokens of one row, [B, h, H, W, ·] (Eq. 9, 10, 13, 14).
+    gates_x = op.Sigmoid(op.Mul(op.MatMul(a_r, op.Transpose(b_r, perm=[0, 1, 2, 4, 3])), gate_scale))
+    pos_x = op.Min(op.CumSum(gates_x, [-1], reverse=1), top)
+    lo_x = op.Floor(pos_x)
+    w_x = op.Sub(pos_x, lo_x)
+    logits_x = op.MatMul(c_r, ex)  # [B, h, H, W, M]
+    at_hi_x = op.GatherElements(logits_x, op.Cast(op.Ceil(pos_x), to=7), axis=-1)
+    at_lo_x = op.GatherElements(logits_x, op.Cast(lo_x, to=7), axis=-1)
+    z_x = op.Add(op.Mul(at_hi_x, w_x), op.Mul(at_lo_x, op.Sub(1.0, w_x)))  # [B, h, H, W, W]
+
+    # Column term: the same on [B, h, W, H, ·], then back to row-major tokens.
+    a_c = op.Transpose(a_r, perm=[0, 1, 3, 2, 4])
+    b_c = op.Transpose(b_r, perm=[0, 1, 3, 4, 2])  # already transposed for the gate product
+    c_c = op.Transpose(c_r, perm=[0, 1, 3, 2, 4])
+    gates_y = op.Sigmoid(op.Mul(op.MatMul(a_c, b_c), gate_scale))
+    pos_y = op.Min(op.CumSum(gates_y, [-1], reverse=1), top)
+    lo_y = op.Floor(pos_y)
+    w_y = op.Sub(pos_y, lo_y)
+    logits_y = op.MatMul(c_c, ey)
+    at_hi_y = op.GatherElements(logits_y, op.Cast(op.Ceil(pos_y), to=7), axis=-1)
+    at_lo_y = op.GatherElements(logits_y, op.Cast(lo_y, to=7), axis=-1)
+    z_y = op.Transpose(op.Add(op.Mul(at_hi_y, w_y), op.Mul(at_lo_y, op.Sub(1.0, w_y))), perm=[0, 1, 3, 2, 4])
+
+    # Signatures [B, h, N, W] and [B, h, N, H]; direct distances (exact zero diagonal, Eq. 15).
+    sig_x = op.Reshape(z_x, op.Concat(batch_heads, [-1], cols, axis=0))
+    sig_y = op.Reshape(z_y, op.Concat(batch_heads, [-1], rows, axis=0))
+    diff_x = op.Sub(op.Unsqueeze(sig_x, [3]), op.Unsqueeze(sig_x, [2]))
+    diff_y = op.Sub(op.Unsqueeze(sig_y, [3]), op.Unsqueeze(sig_y, [2]))
+    dist_x = op.Sqrt(op.ReduceSum(op.Mul(diff_x, diff_x), [-1], keepdims=0))
+    dist_y = op.Sqrt(op.ReduceSum(op.Mul(diff_y, diff_y), [-1], keepdims=0))
+    # Zero prefix rows and columns: pad at the start of the last two axes.
+    pads = op.Concat([0, 0], prefix, prefix, [0, 0, 0, 0], axis=0)
+    return op.CastLike(op.Pad(op.Add(dist_x, dist_y), pads), q)
+
+
+# The exporter's version converter and optimiser inline every model-local function, so the
+# translation records a bare node (typed by the function's schema) and ``attach_functions`` adds
+# the definitions to the finished model.
+def _schema(name: str, inputs: dict[str, str], outputs: dict[str, str], attributes: dict) -> onnx.defs.OpSchema:
+    """A ``deploykit`` op's schema: ``{name: type var}`` inputs/outputs, ``{name: AttrType}`` attributes."""
+    schema = onnx.defs.OpSchema
+    floats = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)", "tensor(double)"]
+    return schema(
+        name,
+        DOMAIN,
+        1,
+        inputs=[schema.FormalParameter(n, t) for n, t in inputs.items()],
+        outputs=[schema.FormalParameter(n, t) for n, t in outputs.items()],
+        type_constraints=[(t, floats, "") for t in sorted({*inputs.values(), *outputs.values()})],
+        attributes=[schema.Attribute(n, t, required=True) for n, t in attributes.items()],
+    )
+
+
+_INT, _FLOAT = onnx.defs.OpSchema.AttrType.INT, onnx.defs.OpSchema.AttrType.FLOAT
+_SAPE2_NODE = Op(
+    deploykit_opset,
+    "SaPE2Bias",
+    _schema(
+        "SaPE2Bias",
+        inputs={"q": "T", "k": "T", "table_x": "T2", "table_y": "T2"},
+        outputs={"bias": "T"},
+        attributes=dict(grid_h=_INT, grid_w=_INT, num_prefix_tokens=_INT, scale=_FLOAT, mode=_INT),
+    ),
+)
+FUNCTIONS = {("deploykit", "SaPE2Bias"): SaPE2Bias}
+
+
+def _sape2_bias_translation(
+    q: TFloat,
+    k: TFloat,
+    table_x: TTable,
+    table_y: TTable,
+    grid_h: int,
+    grid_w: int,
+    num_prefix_tokens: int,
+    scale: float,
+    mode: int,
+) -> TFloat:
+    attrs = dict(grid_h=grid_h, grid_w=grid_w, num_prefix_tokens=num_prefix_tokens, scale=scale, mode=mode)
+    return _SAPE2_NODE(q, k, table_x, table_y, **attrs)
+
+
+def attach_functions(proto: onnx.ModelProto) -> None:
+    """Add the function of every ``deploykit`` op the graph uses (once each), in place."""
+    have = {(f.domain, f.name) for f in proto.functions}
+    used = {(n.domain, n.op_type) for n in proto.graph.node if n.domain == DOMAIN}
+    for key in sorted(used - have):
+        proto.functions.append(FUNCTIONS[key].to_function_proto())
+    if used and not any(o.domain == DOMAIN for o in proto.opset_import):
+        proto.opset_import.append(onnx.helper.make_opsetid(DOMAIN, 1))
+
+
+def _custom_translations() -> dict:
+    import torch
+
+    return {torch.ops.deploykit.sape2_bias.default: _sape2_bias_translation}
+
+
+CUSTOM_TRANSLATIONS = _custom_translations()
