@@ -16,6 +16,7 @@ _EXTRAS = {
     "tensorrt": "trt",
     "tensorrt_rtx": "rtx",
     "skimage": "images",
+    "triton": "triton",
 }
 
 

@@ -176,6 +176,12 @@ def sape2_bias_reference(
 # ``deploykit::SaPE2Bias`` (deploykit.export.custom_ops); CUDA tensors take the Triton kernel.
 
 
+def _bias_in_fp32_or_wider(q, k, table_x, table_y, grid_h, grid_w, num_prefix_tokens, scale, mode):
+    compute = torch.promote_types(q.dtype, torch.float32)
+    args = [t.to(compute) for t in (q, k, table_x, table_y)]
+    return sape2_bias_reference(*args, (grid_h, grid_w), scale, MODES[mode], num_prefix_tokens).to(q.dtype)
+
+
 @torch.library.custom_op("deploykit::sape2_bias", mutates_args=())
 def sape2_bias(
     q: Tensor,
@@ -192,18 +198,15 @@ def sape2_bias(
 
     Half-precision inputs are computed in fp32 (spec §8.7) and the result cast back.
     """
-    compute = torch.promote_types(q.dtype, torch.float32)
-    args = [t.to(compute) for t in (q, k, table_x, table_y)]
-    bias = sape2_bias_reference(*args, (grid_h, grid_w), scale, MODES[mode], num_prefix_tokens)
-    return bias.to(q.dtype)
+    return _bias_in_fp32_or_wider(q, k, table_x, table_y, grid_h, grid_w, num_prefix_tokens, scale, mode)
 
 
 @sape2_bias.register_kernel("cuda")
 def _sape2_bias_cuda(q, k, table_x, table_y, grid_h, grid_w, num_prefix_tokens, scale, mode):
     from deploykit._lazy import is_available
 
-    if not is_available("triton") or q.dtype == torch.float64:
-        return sape2_bias._init_fn(q, k, table_x, table_y, grid_h, grid_w, num_prefix_tokens, scale, mode)
+    if q.dtype == torch.float64 or not is_available("triton"):  # the kernel computes in fp32
+        return _bias_in_fp32_or_wider(q, k, table_x, table_y, grid_h, grid_w, num_prefix_tokens, scale, mode)
     from deploykit.plugins.sape2.kernels import sape2_bias_triton
 
     return sape2_bias_triton(q, k, table_x, table_y, (grid_h, grid_w), scale, mode, num_prefix_tokens)
