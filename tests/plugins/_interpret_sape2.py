@@ -32,5 +32,24 @@ def bias_errors():
     return results
 
 
+def fused_errors():
+    """Fused attention vs softmax((q·k + b)/√d) v in float64 (Eq. 16), and the Eq. 16-off variant."""
+    from deploykit.plugins.sape2.fused import sape2_attention_triton
+
+    results = []
+    g = torch.Generator().manual_seed(1)
+    for grid, prefix, d, m, divided in [((5, 7), 1, 16, 6, True), ((4, 4), 0, 8, 5, False)]:
+        q, k, v = (torch.randn(1, 2, prefix + grid[0] * grid[1], d, generator=g) for _ in range(3))
+        tx, ty = (torch.randn(d, m, generator=g) for _ in range(2))
+        out = sape2_attention_triton(q, k, v, tx, ty, grid, 0.3, 1, prefix, divided)
+        q64, k64, v64 = q.double(), k.double(), v.double()
+        bias = sape2_bias_reference(q64, k64, tx.double(), ty.double(), grid, 0.3, "k", prefix)
+        logits = q64 @ k64.transpose(-1, -2) * d**-0.5 + bias * (d**-0.5 if divided else 1.0)
+        ref = logits.softmax(-1) @ v64
+        results.append(dict(grid=grid, max_err=(out.double() - ref).abs().max().item(),
+                            bias_max=bias.abs().max().item(), spread=(ref - v64.mean(-2, keepdim=True)).abs().max().item()))
+    return results
+
+
 if __name__ == "__main__":
-    print(json.dumps({"bias": bias_errors()}))
+    print(json.dumps({"bias": bias_errors(), "fused": fused_errors()}))

@@ -39,6 +39,14 @@ def test_bias_kernel_matches_reference_under_interpreter(interpreted):
         assert case["max_ref"] > 1, case  # std-1 inputs: a real signal
 
 
+def test_fused_attention_matches_reference_under_interpreter(interpreted):
+    cases = interpreted["fused"]
+    assert len(cases) == 2
+    for case in cases:
+        assert case["max_err"] <= 1e-5, case
+        assert case["bias_max"] > 1 and case["spread"] > 0.1, case  # the bias changes the attention
+
+
 @pytest.mark.parametrize("io_dtype", ["float32", "float16"])
 def test_bias_kernel_compiles_to_sm90_ptx_without_a_gpu(io_dtype):
     from deploykit.plugins.sape2.kernels import compile_kernel, kernel_constants
