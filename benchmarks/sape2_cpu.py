@@ -135,6 +135,7 @@ def bench_resolution(name: str, resolution: int, iters: int, warmup: int) -> dic
     images = np.random.default_rng(0).standard_normal((1, 3, *res), dtype=np.float32)
     sessions = {enc: ort_session(p) for enc, p in protos.items()}
     ort_times = interleaved({f"ort_{enc}": (lambda s=s: s.run(None, {"images": images})) for enc, s in sessions.items()}, iters, warmup)
+    del sessions  # idle ORT thread pools spin and would steal the cores from PyTorch
     x = torch.from_numpy(images)
     with torch.no_grad():
         models["ape"](x)  # untimed: PyTorch's thread pool after ORT's
