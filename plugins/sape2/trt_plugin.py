@@ -3,7 +3,10 @@ kernel is ``kernels.sape2_bias_kernel`` compiled ahead of time to PTX, so a buil
 without Python or Triton.
 
 ``register()`` adds the plugin to TensorRT's registry (call it before parsing the ONNX model);
-importing this module imports neither TensorRT nor Triton. The node's attributes (grid, prefix
+importing this module imports neither TensorRT nor Triton. The exported node needs no surgery
+from TensorRT 10.10 on: the ONNX parser prefers a registered plugin to a model-local function
+(10.7) and reads the plugin namespace from the node's domain, ``deploykit`` (10.10; earlier
+parsers want a ``plugin_namespace`` attribute and would inline the function instead). The node's attributes (grid, prefix
 tokens, gate scale, mode) are compile-time constants of the kernel, so the engine holds one PTX
 per SaPE² node configuration; the batch dimension stays dynamic (grid z = B·h).
 """
