@@ -21,6 +21,7 @@ _EXTRAS = {
     "pytriton": "serve",
     "tritonclient": "serve",
     "ray": "ray",
+    "triton": "triton",
 }
 
 

@@ -407,17 +407,23 @@ def _pe_step(model: VisionTransformer, resolution, batch: int, device: torch.dev
         x = torch.randn(batch, resolution[0], model.cfg.embed_dim, generator=torch.Generator().manual_seed(0)).to(device)
         return lambda: x + table
     cfg, pos_enc = model.cfg, copy.deepcopy(model.pos_enc).to(device)
-    tables = model.tables(model.grid(*resolution), torch.float32, device)
-    tokens = math.prod(model.grid(*resolution)) + cfg.num_prefix_tokens
+    grid = model.grid(*resolution)
+    tables = model.tables(grid, torch.float32, device)
+    tokens = math.prod(grid) + cfg.num_prefix_tokens
     gen = torch.Generator().manual_seed(0)
     head_dim = cfg.embed_dim // cfg.num_heads
-    if pos_enc.hook is Hook.TOKENS:
-        x = torch.randn(batch, tokens, cfg.embed_dim, generator=gen).to(device)
-        step = lambda: pos_enc.apply_tokens(x, tables.model)  # noqa: E731
-    else:
-        q, k = (torch.randn(batch, cfg.num_heads, tokens, head_dim, generator=gen).to(device) for _ in range(2))
-        apply = pos_enc.apply_qk if pos_enc.hook is Hook.QK else pos_enc.logits_bias
-        step = lambda: [apply(q, k, tables.layers[i] if tables.layers else {}) for i in range(cfg.depth)]  # noqa: E731
+    x = torch.randn(batch, tokens, cfg.embed_dim, generator=gen).to(device)
+    q, k = (torch.randn(batch, cfg.num_heads, tokens, head_dim, generator=gen).to(device) for _ in range(2))
+    layer = lambda i: tables.layers[i] if tables.layers else {}  # noqa: E731
+    # An encoding may use several hooks (SaPE²+APE: a table add and a logits bias per block).
+    steps = []
+    if pos_enc.uses(Hook.TOKENS):
+        steps.append(lambda: pos_enc.apply_tokens(x, tables.model))
+    if pos_enc.uses(Hook.QK):
+        steps.append(lambda: [pos_enc.apply_qk(q, k, layer(i)) for i in range(cfg.depth)])
+    if pos_enc.uses(Hook.LOGITS):
+        steps.append(lambda: [pos_enc.logits_bias(q, k, layer(i), grid) for i in range(cfg.depth)])
+    step = lambda: [s() for s in steps]  # noqa: E731
 
     def run():
         with torch.inference_mode():

@@ -142,7 +142,9 @@ def load_plugin_modules(plugin_dirs: Iterable[str | os.PathLike]) -> list[str]:
 
     A plugin is a package ``<dir>/<name>/__init__.py`` or a module ``<dir>/<name>.py`` (the
     SaPE² plugin lives in ``plugins/sape2/``); importing it runs its ``@trtp.register``
-    decorators. Each is imported once per process (registering twice is a TensorRT error).
+    decorators, and a module-level ``register()`` (for plugins that import TensorRT only when
+    asked, as SaPE²'s does) is called right after. Each is imported once per process
+    (registering twice is a TensorRT error).
 
     Returns:
         The module names imported or already loaded.
@@ -162,6 +164,7 @@ def load_plugin_modules(plugin_dirs: Iterable[str | os.PathLike]) -> list[str]:
             names.append(name)
             if name not in sys.modules:
                 _import_plugin(name, init, path)
+                _call_register(sys.modules[name], init)
     return names
 
 
@@ -175,6 +178,16 @@ def _import_plugin(name: str, init: Path, path: Path) -> None:
     except Exception as err:  # a plugin may raise anything; report it as one line
         del sys.modules[name]
         raise ExportError(_one_line(f"plugin {init} failed to import: {type(err).__name__}: {err}")) from err
+
+
+def _call_register(module, init: Path) -> None:
+    register = getattr(module, "register", None)
+    if not callable(register):
+        return
+    try:
+        register()
+    except Exception as err:
+        raise ExportError(_one_line(f"plugin {init} failed to register: {type(err).__name__}: {err}")) from err
 
 
 class BuildProgress:

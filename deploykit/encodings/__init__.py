@@ -16,7 +16,7 @@ from deploykit.encodings._registry import (
 from deploykit.encodings.base import EncodingConfig, Hook, PETables, PositionalEncoding, TrunkDims
 
 # Importing the modules registers them.
-from deploykit.encodings import ape, geope, gridpe, mope, rope, wepe  # noqa: E402,F401  isort: skip
+from deploykit.encodings import ape, geope, gridpe, mope, rope, sape2, wepe  # noqa: E402,F401  isort: skip
 
 __all__ = [
     "EncodingConfig",

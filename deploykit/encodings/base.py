@@ -110,9 +110,17 @@ class PositionalEncoding(nn.Module):
         """QK hook: ``q``, ``k`` ``[B, H, P + N, d]`` → same shapes."""
         raise NotImplementedError(f"{type(self).__name__} has no qk hook")
 
-    def logits_bias(self, q: Tensor, k: Tensor, tables: dict[str, Tensor]) -> Tensor:
-        """Logits hook: bias ``[B or 1, H or 1, P + N, P + N]`` added to the scaled logits."""
+    def logits_bias(self, q: Tensor, k: Tensor, tables: dict[str, Tensor], grid: tuple[int, int]) -> Tensor:
+        """Logits hook: bias ``[B or 1, H or 1, P + N, P + N]`` added to the scaled logits.
+
+        ``grid`` is the ``(gh, gw)`` patch grid: a content-dependent bias cannot read it from a table.
+        """
         raise NotImplementedError(f"{type(self).__name__} has no logits hook")
+
+    def uses(self, hook: Hook) -> bool:
+        """Whether the trunk calls ``hook``'s method: ``self.hook``, unless an encoding adds the
+        tokens hook to its own (SaPE² + APE)."""
+        return hook is self.hook
 
     def reset_parameters(self) -> None:
         """Initialise learned parameters (called by the trunk's init)."""

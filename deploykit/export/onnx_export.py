@@ -28,6 +28,7 @@ import deploykit
 from deploykit._io import atomic_path
 from deploykit.encodings import PETables, config_to_dict
 from deploykit.errors import ExportError
+from deploykit.export.custom_ops import CUSTOM_TRANSLATIONS, attach_functions
 from deploykit.export.lint import check_graph
 from deploykit.nn.factory import Model
 
@@ -145,7 +146,9 @@ def onnx_from_model(model: Model, resolution: tuple[int, ...], opset: int = DEFA
     batch = torch.export.Dim("batch", min=1, max=_MAX_BATCH)
     # The dynamo exporter prints progress lines and warnings about unrelated packages even with
     # verbose=False; keep the CLI quiet and show only our own errors.
-    with contextlib.redirect_stdout(io.StringIO()), _quiet_exporter_logs(), warnings.catch_warnings():
+    # no_grad: with an attention mask that requires grad (SaPE²'s bias), torch.export records the
+    # CPU flash-attention output layout, and its decomposition then fails on the head merge's view.
+    with contextlib.redirect_stdout(io.StringIO()), _quiet_exporter_logs(), warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         try:
             program = torch.onnx.export(
@@ -156,12 +159,15 @@ def onnx_from_model(model: Model, resolution: tuple[int, ...], opset: int = DEFA
                 input_names=[model.input_name],
                 output_names=[OUTPUT_NAME],
                 dynamic_shapes=({0: batch},),
+                custom_translation_table=CUSTOM_TRANSLATIONS,
                 optimize=True,
                 verbose=False,
             )
         except Exception as err:  # the exporter raises many internal types
             raise ExportError(f"torch.onnx.export failed at {resolution}: {str(err).splitlines()[0]}") from err
+    # Fold first: the SaPE2Bias function is attached afterwards, so the optimiser cannot inline it.
     proto = _fold_constants(program.model_proto)
+    attach_functions(proto)
     _add_metadata(proto, model, resolution)
     check_graph(proto)
     return proto

@@ -144,15 +144,15 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, x: Tensor, pos_enc, tables: dict[str, Tensor]) -> Tensor:
+    def forward(self, x: Tensor, pos_enc, tables: dict[str, Tensor], grid: tuple[int, int]) -> Tensor:
         B, N, C = x.shape
         # [B, N, 3D] -> [3, B, H, N, d]
         q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         bias = None
-        if pos_enc.hook is Hook.QK:
+        if pos_enc.uses(Hook.QK):
             q, k = pos_enc.apply_qk(q, k, tables)
-        elif pos_enc.hook is Hook.LOGITS:
-            bias = pos_enc.logits_bias(q, k, tables)
+        if pos_enc.uses(Hook.LOGITS):
+            bias = pos_enc.logits_bias(q, k, tables, grid)
         x = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
         return self.proj(x.transpose(1, 2).reshape(B, N, C))
 
@@ -165,8 +165,8 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(cfg.embed_dim, eps=cfg.norm_eps)
         self.mlp = Mlp(cfg.embed_dim, int(cfg.embed_dim * cfg.mlp_ratio))
 
-    def forward(self, x: Tensor, pos_enc, tables: dict[str, Tensor]) -> Tensor:
-        x = x + self.attn(self.norm1(x), pos_enc, tables)
+    def forward(self, x: Tensor, pos_enc, tables: dict[str, Tensor], grid: tuple[int, int]) -> Tensor:
+        x = x + self.attn(self.norm1(x), pos_enc, tables, grid)
         return x + self.mlp(self.norm2(x))
 
 
@@ -249,14 +249,15 @@ class VisionTransformer(nn.Module):
 
     def forward_features(self, x: Tensor, tables: PETables) -> list[Tensor]:
         """Token sequences after the embedding and after every block: ``depth + 1`` × ``[B, P + N, D]``."""
+        grid = self.grid(*x.shape[-2:])
         x = self.patch_embed(x)
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
-        if self.pos_enc.hook is Hook.TOKENS:
+        if self.pos_enc.uses(Hook.TOKENS):
             x = self.pos_enc.apply_tokens(x, tables.model)
         outputs = [x]
         for i, block in enumerate(self.blocks):
-            x = block(x, self.pos_enc, tables.layers[i] if tables.layers else {})
+            x = block(x, self.pos_enc, tables.layers[i] if tables.layers else {}, grid)
             outputs.append(x)
         return outputs
 

@@ -14,7 +14,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
 def _plugin_dir(tmp_path, marker):
     root = tmp_path / "plugins"
     (root / "sape2").mkdir(parents=True)
-    (root / "sape2" / "__init__.py").write_text(f"from .kernel import VALUE\nLOADS = [{marker!r}]\n")
+    (root / "sape2" / "__init__.py").write_text(
+        f"from .kernel import VALUE\nLOADS = [{marker!r}]\nREGISTERED = []\ndef register():\n    REGISTERED.append(1)\n"
+    )
     (root / "sape2" / "kernel.py").write_text("VALUE = 42\n")
     (root / "_private.py").write_text("raise RuntimeError('never imported')\n")
     (root / "notes.txt").write_text("not a plugin\n")
@@ -26,7 +28,8 @@ def test_plugin_packages_are_imported_once(tmp_path):
     (name,) = load_plugin_modules([root])
     module = sys.modules[name]
     assert module.VALUE == 42 and module.LOADS == ["first"]  # relative imports resolve
-    assert load_plugin_modules([root]) == [name] and sys.modules[name] is module  # not re-registered
+    assert module.REGISTERED == [1]  # its register() ran once
+    assert load_plugin_modules([root]) == [name] and sys.modules[name] is module and module.REGISTERED == [1]  # not re-registered
 
 
 def test_broken_or_missing_plugin_is_one_line_error(tmp_path):
@@ -34,6 +37,10 @@ def test_broken_or_missing_plugin_is_one_line_error(tmp_path):
     root.mkdir()
     (root / "boom.py").write_text("raise ValueError('no kernel\\nfor you')\n")
     with pytest.raises(ExportError, match="boom.py failed to import: ValueError: no kernel for you"):
+        load_plugin_modules([root])
+    (root / "boom.py").unlink()
+    (root / "late.py").write_text("def register():\n    raise ImportError('tensorrt missing')\n")
+    with pytest.raises(ExportError, match="late.py failed to register: ImportError: tensorrt missing"):
         load_plugin_modules([root])
     with pytest.raises(ExportError, match="does not exist"):
         load_plugin_modules([tmp_path / "nope"])

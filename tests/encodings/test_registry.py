@@ -7,7 +7,7 @@ from deploykit.errors import ConfigError
 from deploykit.nn import create_model
 
 # Every registered encoding must be covered by the suites below; adding one without tests fails here.
-TESTED = {"ape", "geope", "gridpe", "mope", "rope-axial", "rope-mixed", "wepe"}
+TESTED = {"ape", "geope", "gridpe", "mope", "rope-axial", "rope-mixed", "sape2", "sape2+ape", "wepe"}
 
 
 def test_every_registered_encoding_has_tests():

@@ -1,0 +1,156 @@
+"""Triton kernel for the SaPE² bias: one launch, tile by tile, never storing the signatures.
+
+Program ``(i, j, bh)`` writes the ``[BLOCK, BLOCK]`` tile of ``bias[bh]`` for token rows ``i·BLOCK…``
+and columns ``j·BLOCK…``. It rebuilds the axis signatures of its row and column tokens column by
+column, from the right edge (bottom edge for the column term) inwards, so the reverse cumulative
+sum of the gates (Eq. 10) is a running sum and every step needs only ``[BLOCK]`` vectors:
+
+    p_m   = p_{m+1} + σ(s · a_t · b_(line(t), m))          running suffix sum
+    z_m   = Σ_p max(0, 1 − |min(p_m, M−1) − p|) · (c_t · E[:, p])   linear interpolation (Eq. 14)
+    acc  += (z_m(rows) − z_m(cols))²                         direct distance (Eq. 15)
+
+The hat-function form of the interpolation equals the floor/ceil form exactly (spec §8.5 (b)) and
+needs no gather. All arithmetic is fp32 whatever the input dtype (spec §8.7); prefix rows and
+columns are written as 0. One launch with no workspace is what a TensorRT AOT plugin can run
+(``trt_plugin.py``); the same kernel backs ``torch.ops.deploykit.sape2_bias`` on CUDA.
+
+Importing this module needs Triton (``pip install 'deploykit[triton]'``).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+MODES = ("q", "k", "k_swap")  # the ``mode`` attribute, as deploykit.encodings.sape2.MODES
+BLOCK = 32  # token tile; rows and columns share it so a token's signature is computed identically
+
+
+@triton.jit
+def _squared_axis_distance(
+    a_ptr, b_ptr, c_ptr, table_ptr, tok_i, tok_j,
+    ALONG_ROW: tl.constexpr, H: tl.constexpr, W: tl.constexpr, P: tl.constexpr, D: tl.constexpr,
+    M: tl.constexpr, SCALE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """``Σ_m (Z_i[m] − Z_j[m])²`` ``[BLOCK, BLOCK]`` for patch tokens ``tok_i``, ``tok_j`` (one axis)."""
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_m = tl.arange(0, BLOCK_M)
+    mask_d = offs_d < D
+    table = tl.load(table_ptr + offs_d[:, None] * M + offs_m[None, :], mask=mask_d[:, None] & (offs_m[None, :] < M), other=0.0)
+    table = table.to(tl.float32)
+    rows_i = (P + tok_i)[:, None] * D + offs_d[None, :]
+    rows_j = (P + tok_j)[:, None] * D + offs_d[None, :]
+    a_i = tl.load(a_ptr + rows_i, mask=mask_d[None, :], other=0.0).to(tl.float32)
+    a_j = tl.load(a_ptr + rows_j, mask=mask_d[None, :], other=0.0).to(tl.float32)
+    # c_t · E[:, p] for every integer p (Eq. 13); ieee: no TF32 rounding of the projection.
+    zint_i = tl.dot(tl.load(c_ptr + rows_i, mask=mask_d[None, :], other=0.0).to(tl.float32), table, input_precision="ieee")
+    zint_j = tl.dot(tl.load(c_ptr + rows_j, mask=mask_d[None, :], other=0.0).to(tl.float32), table, input_precision="ieee")
+    line_i = tok_i // W if ALONG_ROW else tok_i % W  # the token's row (row term) or column
+    line_j = tok_j // W if ALONG_ROW else tok_j % W
+    L: tl.constexpr = W if ALONG_ROW else H
+    p_i = tl.zeros([BLOCK], dtype=tl.float32)
+    p_j = tl.zeros([BLOCK], dtype=tl.float32)
+    acc = tl.zeros([BLOCK, BLOCK], dtype=tl.float32)
+    grid_p = offs_m[None, :].to(tl.float32)
+    for step in range(L):
+        m = L - 1 - step  # from the far edge inwards: p_m is a running suffix sum
+        nb_i = line_i * W + m if ALONG_ROW else m * W + line_i
+        nb_j = line_j * W + m if ALONG_ROW else m * W + line_j
+        b_i = tl.load(b_ptr + (P + nb_i)[:, None] * D + offs_d[None, :], mask=mask_d[None, :], other=0.0).to(tl.float32)
+        b_j = tl.load(b_ptr + (P + nb_j)[:, None] * D + offs_d[None, :], mask=mask_d[None, :], other=0.0).to(tl.float32)
+        p_i += tl.sigmoid(SCALE * tl.sum(a_i * b_i, axis=1))
+        p_j += tl.sigmoid(SCALE * tl.sum(a_j * b_j, axis=1))
+        hat_i = tl.maximum(1.0 - tl.abs(tl.minimum(p_i, M - 1.0)[:, None] - grid_p), 0.0)
+        hat_j = tl.maximum(1.0 - tl.abs(tl.minimum(p_j, M - 1.0)[:, None] - grid_p), 0.0)
+        diff = tl.sum(hat_i * zint_i, axis=1)[:, None] - tl.sum(hat_j * zint_j, axis=1)[None, :]
+        acc += diff * diff
+    return acc
+
+
+@triton.jit
+def sape2_bias_kernel(
+    q_ptr, k_ptr, table_x_ptr, table_y_ptr, out_ptr,
+    H: tl.constexpr, W: tl.constexpr, P: tl.constexpr, D: tl.constexpr, M: tl.constexpr,
+    SCALE: tl.constexpr, MODE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """Grid ``(cdiv(T, BLOCK), cdiv(T, BLOCK), B·h)``; q, k ``[B·h, T, D]``, tables ``[D, M]``, out ``[B·h, T, T]``.
+
+    Argument order (inputs, then outputs; everything else compile-time) is what a TensorRT AOT
+    plugin launches.
+    """
+    T: tl.constexpr = P + H * W
+    bh = tl.program_id(2).to(tl.int64)
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    valid_i = (rows >= P) & (rows < T)
+    valid_j = (cols >= P) & (cols < T)
+    tok_i = tl.where(valid_i, rows - P, 0)
+    tok_j = tl.where(valid_j, cols - P, 0)
+    q_ptr += bh * T * D
+    k_ptr += bh * T * D
+    # mode: gate operands (a, b) and projected c are (q, k, q), (q, k, k) or (k, q, k) (spec A1)
+    if MODE == 2:
+        a_ptr, b_ptr = k_ptr, q_ptr
+    else:
+        a_ptr, b_ptr = q_ptr, k_ptr
+    if MODE == 0:
+        c_ptr = q_ptr
+    else:
+        c_ptr = k_ptr
+    sq_x = _squared_axis_distance(a_ptr, b_ptr, c_ptr, table_x_ptr, tok_i, tok_j, True, H, W, P, D, M, SCALE, BLOCK, BLOCK_D, BLOCK_M)
+    sq_y = _squared_axis_distance(a_ptr, b_ptr, c_ptr, table_y_ptr, tok_i, tok_j, False, H, W, P, D, M, SCALE, BLOCK, BLOCK_D, BLOCK_M)
+    bias = tl.sqrt(sq_x) + tl.sqrt(sq_y)
+    bias = tl.where(valid_i[:, None] & valid_j[None, :], bias, 0.0)  # prefix rows/columns: 0
+    out = out_ptr + bh * T * T + rows[:, None] * T + cols[None, :]
+    tl.store(out, bias.to(out_ptr.dtype.element_ty), mask=(rows[:, None] < T) & (cols[None, :] < T))
+
+
+def kernel_constants(grid: tuple[int, int], num_prefix_tokens: int, head_dim: int, npos_max: int, scale: float, mode: int) -> dict:
+    """The compile-time arguments of ``sape2_bias_kernel`` for one op instance."""
+    return dict(
+        H=grid[0], W=grid[1], P=num_prefix_tokens, D=head_dim, M=npos_max, SCALE=float(scale), MODE=int(mode),
+        BLOCK=BLOCK, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_M=max(16, triton.next_power_of_2(npos_max)),
+    )
+
+
+def launch_grid(num_tokens: int, batch_heads: int) -> tuple[int, int, int]:
+    return triton.cdiv(num_tokens, BLOCK), triton.cdiv(num_tokens, BLOCK), batch_heads
+
+
+def sape2_bias_triton(q, k, table_x, table_y, grid, scale, mode, num_prefix_tokens):
+    """The bias ``[B, h, T, T]`` in q's dtype (torch tensors on a Triton device, or CPU under
+    ``TRITON_INTERPRET=1``); same contract as ``deploykit.encodings.sape2.sape2_bias``."""
+    import torch
+
+    B, h, T, D = q.shape
+    out = torch.empty(B, h, T, T, dtype=q.dtype, device=q.device)
+    consts = kernel_constants(grid, num_prefix_tokens, D, table_x.shape[1], scale, mode)
+    sape2_bias_kernel[launch_grid(T, B * h)](
+        q.contiguous(), k.contiguous(), table_x.contiguous(), table_y.contiguous(), out, **consts
+    )
+    return out
+
+
+_TRITON_TYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+
+
+def compile_kernel(io_dtype: str, table_dtype: str, constants: dict, target=None):
+    """Compile ``sape2_bias_kernel`` ahead of time (no GPU needed with an explicit target).
+
+    Args:
+        io_dtype, table_dtype: ``"float32"``, ``"float16"`` or ``"bfloat16"``: q/k/out, tables.
+        constants: from ``kernel_constants``.
+        target: a ``triton.backends.compiler.GPUTarget``; default sm_90 (H100/H200), warp 32.
+
+    Returns:
+        Triton's compiled kernel: ``.asm["ptx"]``, ``.metadata.name``, ``.metadata.num_warps``,
+        ``.metadata.shared``.
+    """
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    io, tab = f"*{_TRITON_TYPES[io_dtype]}", f"*{_TRITON_TYPES[table_dtype]}"
+    signature = {"q_ptr": io, "k_ptr": io, "table_x_ptr": tab, "table_y_ptr": tab, "out_ptr": io}
+    signature.update({name: "constexpr" for name in constants})
+    source = ASTSource(fn=sape2_bias_kernel, signature=signature, constexprs=dict(constants))
+    return triton.compile(source, target=target or GPUTarget("cuda", 90, 32))

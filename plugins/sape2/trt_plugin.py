@@ -1,0 +1,81 @@
+"""TensorRT plugin ``deploykit::SaPE2Bias``: a quickly deployable plugin (``tensorrt.plugin``) whose
+kernel is ``kernels.sape2_bias_kernel`` compiled ahead of time to PTX, so a built engine runs
+without Python or Triton.
+
+``register()`` adds the plugin to TensorRT's registry (call it before parsing the ONNX model);
+importing this module imports neither TensorRT nor Triton. The exported node needs no surgery
+from TensorRT 10.10 on: the ONNX parser prefers a registered plugin to a model-local function
+(10.7) and reads the plugin namespace from the node's domain, ``deploykit`` (10.10; earlier
+parsers want a ``plugin_namespace`` attribute and would inline the function instead). The node's attributes (grid, prefix
+tokens, gate scale, mode) are compile-time constants of the kernel, so the engine holds one PTX
+per SaPE² node configuration; the batch dimension stays dynamic (grid z = B·h).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from deploykit._lazy import lazy_import
+
+PLUGIN_ID = "deploykit::SaPE2Bias"
+_IO_TYPES = {"FP32": "float32", "FP16": "float16", "BF16": "bfloat16"}
+_registered = False
+
+
+def register() -> str:
+    """Register the plugin with TensorRT (idempotent) and return its id.
+
+    Raises:
+        MissingDependencyError: TensorRT (``deploykit[trt]``) or Triton (``deploykit[triton]``)
+            is not installed.
+    """
+    global _registered
+    if _registered:
+        return PLUGIN_ID
+    trt = lazy_import("tensorrt")
+    lazy_import("triton")
+    trtp = importlib.import_module("tensorrt.plugin")
+    _define(trt, trtp)
+    _registered = True
+    return PLUGIN_ID
+
+
+def _define(trt, trtp) -> None:
+    from deploykit.plugins.sape2 import kernels
+
+    @trtp.register(PLUGIN_ID)
+    def _describe(
+        q: trtp.TensorDesc,
+        k: trtp.TensorDesc,
+        table_x: trtp.TensorDesc,
+        table_y: trtp.TensorDesc,
+        grid_h: int,
+        grid_w: int,
+        num_prefix_tokens: int,
+        scale: float,
+        mode: int,
+    ) -> trtp.TensorDesc:
+        # bias [B, h, T, T] in q's dtype, from q [B, h, T, d]
+        out = q.like()
+        out.shape_expr[3] = q.shape_expr[2]
+        return out
+
+    @trtp.autotune(PLUGIN_ID)
+    def _combinations(q, k, table_x, table_y, outputs):
+        # q, k and the output share fp32 or fp16; tables stay fp32 (design: never fp16 tables).
+        return [trtp.AutoTuneCombination("FP32|FP16, FP32|FP16, FP32, FP32, FP32|FP16", "LINEAR")]
+
+    @trtp.aot_impl(PLUGIN_ID)
+    def _aot(q, k, table_x, table_y, grid_h: int, grid_w: int, num_prefix_tokens: int, scale: float, mode: int, outputs, tactic):
+        io = "float16" if q.dtype == trt.float16 else "float32"
+        head_dim, npos_max = int(q.shape_expr[3]), int(table_x.shape_expr[1])
+        consts = kernels.kernel_constants((grid_h, grid_w), num_prefix_tokens, head_dim, npos_max, scale, mode)
+        compiled = kernels.compile_kernel(io, "float32", consts)
+        tokens = num_prefix_tokens + grid_h * grid_w
+        tiles_x, tiles_y, _ = kernels.launch_grid(tokens, 1)
+        launch = trtp.KernelLaunchParams()
+        launch.grid_x, launch.grid_y = tiles_x, tiles_y
+        launch.grid_z = q.shape_expr[0] * q.shape_expr[1]  # B·h, B dynamic
+        launch.block_x = compiled.metadata.num_warps * 32
+        launch.shared_mem = compiled.metadata.shared
+        return compiled.metadata.name, compiled.asm["ptx"], launch, trtp.SymIntExprs(0)

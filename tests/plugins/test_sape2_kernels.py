@@ -1,0 +1,75 @@
+"""SaPE² Triton kernel: matches the float64 reference under the CPU interpreter, compiles to PTX
+for sm_90 without a GPU; the TensorRT plugin module imports without TensorRT."""
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton", reason="Triton not installed (pip install 'deploykit[triton]')")
+
+from deploykit.errors import MissingDependencyError  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    """The kernels run by Triton's interpreter in a fresh process (the flag is read at import)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("_interpret_sape2.py"))],
+                          capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_bias_kernel_matches_reference_under_interpreter(interpreted):
+    cases = interpreted["bias"]
+    assert len(cases) == 9
+    for case in cases:
+        # fp32 arithmetic inside: fp16 I/O costs one rounding of the output (2⁻¹¹ relative)
+        tol = (2**-10 if case["dtype"] == "torch.float16" else 1e-6) * case["max_ref"]
+        assert case["max_err"] <= tol, case
+        assert case["out_dtype"] == case["dtype"], case
+        assert case["diag_zero"] and case["prefix_zero"], case
+        assert case["max_ref"] > 1, case  # std-1 inputs: a real signal
+
+
+def test_fused_attention_matches_reference_under_interpreter(interpreted):
+    cases = interpreted["fused"]
+    assert len(cases) == 2
+    for case in cases:
+        assert case["max_err"] <= 1e-5, case
+        assert case["bias_max"] > 1 and case["spread"] > 0.1, case  # the bias changes the attention
+
+
+@pytest.mark.parametrize("io_dtype", ["float32", "float16"])
+def test_bias_kernel_compiles_to_sm90_ptx_without_a_gpu(io_dtype):
+    from deploykit.plugins.sape2.kernels import compile_kernel, kernel_constants
+
+    compiled = compile_kernel(io_dtype, "float32", kernel_constants((14, 14), 1, 64, 15, 0.125, 1))
+    ptx = compiled.asm["ptx"]
+    assert ".target sm_90" in ptx and f".entry {compiled.metadata.name}(" in ptx
+    version = next(line for line in ptx.splitlines() if line.startswith(".version"))
+    assert tuple(int(v) for v in version.split()[1].split(".")) <= (8, 7)  # Triton 3.6's PTX ISA, CUDA 12.8 drivers
+    assert compiled.metadata.num_warps >= 1
+
+
+def test_tensorrt_plugin_module_imports_without_tensorrt():
+    module = importlib.import_module("deploykit.plugins.sape2.trt_plugin")
+    assert module.PLUGIN_ID == "deploykit::SaPE2Bias"
+    if importlib.util.find_spec("tensorrt") is None:
+        with pytest.raises(MissingDependencyError, match=r"deploykit\[trt\]"):
+            module.register()
+
+
+def test_tensorrt_plugin_registers():
+    pytest.importorskip("tensorrt", reason="TensorRT not installed (pip install 'deploykit[trt]'); needs an NVIDIA GPU machine")
+    from deploykit.plugins.sape2.trt_plugin import register
+
+    assert register() == "deploykit::SaPE2Bias"
+    assert register() == "deploykit::SaPE2Bias"  # idempotent: a second trtp.register would raise
