@@ -199,6 +199,15 @@ def zoo_eval(names, limit, root):
         click.echo(f"{card['name']:<20} {accs}  (n={card['num_test']})")
 
 
+@zoo.command("cards")
+@click.option("--root", type=click.Path(path_type=Path, file_okay=False), default=None, help="Zoo directory (default models/).")
+def zoo_cards(root):
+    """Regenerate every card.md and models/README.md from the card.json files (no evaluation)."""
+    from deploykit.zoo.cards import rewrite_cards
+
+    click.echo(rewrite_cards(root))
+
+
 @zoo.command("list")
 def zoo_list():
     """List zoo entries and whether each is trained."""

@@ -109,8 +109,13 @@ def dataset_inputs(dataset: str, resolution: tuple[int, int], mean, std, count: 
     rendered at ``resolution`` and normalised."""
     from deploykit.zoo.dataset import get_dataset
 
-    images = get_dataset(dataset).images("test", range(count), resolution)
-    return ((images - np.asarray(mean, np.float32)[:, None, None]) / np.asarray(std, np.float32)[:, None, None]).astype(np.float32)
+    return normalise(get_dataset(dataset).images("test", range(count), resolution), mean, std)
+
+
+def normalise(images: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
+    """``[N, C, H, W]`` pixels in [0, 1] → float32 ``(x - mean) / std`` per channel."""
+    mean, std = np.asarray(mean, np.float32)[:, None, None], np.asarray(std, np.float32)[:, None, None]
+    return ((images - mean) / std).astype(np.float32)
 
 
 def validation_inputs(model, shape: tuple[int, ...], num_random: int, num_real: int, seed: int = 0) -> np.ndarray:

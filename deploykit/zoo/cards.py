@@ -23,22 +23,11 @@ from deploykit.encodings import config_to_dict
 from deploykit.errors import CheckpointError
 from deploykit.nn.checkpoint import WEIGHTS_FILE, load_model
 from deploykit.nn.factory import Model
-from deploykit.zoo.dataset import CLASSES, ShapeRelations, get_dataset
+from deploykit.zoo.dataset import CLASSES, get_dataset
 from deploykit.zoo.registry import EVAL_SCALES, ZOO, get_entry, model_dir, zoo_dir
-from deploykit.zoo.train import normalise
+from deploykit.zoo.train import correct_predictions
 
 CARD_JSON, CARD_MD, README = "card.json", "card.md", "README.md"
-
-
-@torch.no_grad()
-def test_predictions(model: Model, dataset: ShapeRelations, resolution: int, limit: int | None = None, batch_size: int = 200) -> np.ndarray:
-    """Whether each of the first ``limit`` test samples (all when None) is classified right, at ``resolution``."""
-    count = min(limit or dataset.size("test"), dataset.size("test"))
-    correct = []
-    for start in range(0, count, batch_size):
-        images, labels = dataset.batch("test", range(start, min(start + batch_size, count)), resolution)
-        correct.append(model(normalise(images, model)).argmax(-1).numpy() == labels)
-    return np.concatenate(correct)
 
 
 def eval_resolutions(model: Model) -> list[int]:
@@ -55,7 +44,7 @@ def evaluate(name: str, root: Path | None = None, limit: int | None = None) -> d
     model = load_model(directory)
     dataset = get_dataset(model.cfg.dataset)
     resolutions = eval_resolutions(model)
-    correct = [test_predictions(model, dataset, r, limit) for r in resolutions]
+    correct = [correct_predictions(model, dataset, "test", r, limit) for r in resolutions]
     entry = get_entry(name)
     return dict(
         name=name,
@@ -72,7 +61,6 @@ def evaluate(name: str, root: Path | None = None, limit: int | None = None) -> d
         weights_bytes=(directory / WEIGHTS_FILE).stat().st_size,
         model=_trunk(model),
         train_settings=_train_settings(directory),
-        train_command=f"deploykit zoo train {name}",
         eval_command=f"deploykit zoo eval {name}",
         overrides=entry.model_overrides,
         deploykit_version=deploykit.__version__,
@@ -91,7 +79,11 @@ def _train_settings(directory: Path) -> dict[str, Any]:
 
     with safe_open(str(directory / WEIGHTS_FILE), "pt") as f:
         meta = f.metadata() or {}
-    return {k: meta[k] for k in ("steps", "val_accuracy", "train_settings") if k in meta}
+    return dict(
+        command=meta.get("command", "?"),
+        val_accuracy=json.loads(meta.get("val_accuracy", "null")),
+        settings=json.loads(meta.get("train_settings", "{}")),
+    )
 
 
 def _bits_to_hex(bits: np.ndarray) -> str:
@@ -116,7 +108,7 @@ def card_markdown(card: dict[str, Any]) -> str:
     enc_name = enc.pop("name")
     header = " | ".join(f"{r} px ({r / card['train_resolution']:g}×)" for r in card["resolutions"])
     accs = " | ".join(f"{a:.1%}" for a in card["test_accuracy"])
-    m = card["model"]
+    m, train = card["model"], card["train_settings"]
     lines = [
         f"# {card['name']}",
         "",
@@ -131,8 +123,9 @@ def card_markdown(card: dict[str, Any]) -> str:
         f"| {accs} |",
         "",
         f"- parameters: {card['num_params']:,} ({card['weights_bytes'] / 1e6:.1f} MB safetensors)",
-        f"- training: `{card['train_command']}` ({card['train_settings'].get('steps', '?')} steps; settings {card['train_settings'].get('train_settings', '')})",
-        f"- validation accuracy at the end of training: {card['train_settings'].get('val_accuracy', '?')}",
+        f"- training: `{train['command']}` (seeded; {train['settings'].get('steps', '?')} steps of {train['settings'].get('batch_size', '?')} on CPU)",
+        f"- training settings: {', '.join(f'{k}={v}' for k, v in train['settings'].items())}",
+        f"- validation accuracy at the end of training: {train['val_accuracy']}",
         f"- these numbers: `{card['eval_command']}` (torch {card['torch_version']}, deploykit {card['deploykit_version']})",
         "",
         "Encoding configuration (every paper-ambiguity choice, as saved in `config.json`):",
@@ -179,6 +172,13 @@ def write_readme(root: Path | None = None) -> Path:
     if untrained:
         lines += ["Not trained yet: " + ", ".join(f"`{n}` (`deploykit zoo train {n}`)" for n in untrained), ""]
     return write_text_atomic(root / README, "\n".join(lines))
+
+
+def rewrite_cards(root: Path | None = None) -> Path:
+    """Rewrite each ``card.md`` and the summary table from the ``card.json`` files."""
+    for card in read_cards(root):
+        write_text_atomic(model_dir(card["name"], root) / CARD_MD, card_markdown(card))
+    return write_readme(root)
 
 
 def evaluate_zoo(names: Iterable[str] = (), root: Path | None = None, limit: int | None = None) -> list[dict[str, Any]]:

@@ -8,6 +8,7 @@ random, so the same command gives the same weights on the same torch build and t
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import time
 from collections.abc import Callable
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from deploykit.data import normalise
 from deploykit.nn.checkpoint import save_model
 from deploykit.nn.factory import Model, create_model
 from deploykit.encodings import get_config
@@ -40,11 +42,9 @@ def build_zoo_model(entry: ZooEntry) -> Model:
     return create_model(BASE_MODEL, encoding=encoding, **entry.model_overrides)
 
 
-def normalise(images: np.ndarray, model: Model) -> torch.Tensor:
+def model_input(images: np.ndarray, model: Model) -> torch.Tensor:
     """``[N, 3, H, W]`` pixels in [0, 1] → the model's normalised input."""
-    mean = torch.tensor(model.cfg.mean, dtype=torch.float32)[:, None, None]
-    std = torch.tensor(model.cfg.std, dtype=torch.float32)[:, None, None]
-    return (torch.from_numpy(images) - mean) / std
+    return torch.from_numpy(normalise(images, model.cfg.mean, model.cfg.std))
 
 
 def learning_rate(step: int, settings) -> float:
@@ -56,18 +56,18 @@ def learning_rate(step: int, settings) -> float:
 
 
 @torch.no_grad()
-def accuracy(
-    model: Model, dataset: ShapeRelations, split: str, resolution: int, limit: int | None = None, batch_size: int = 250
-) -> tuple[float, int]:
-    """Top-1 accuracy on the first ``limit`` samples of ``split`` (all when None) at ``resolution``;
-    returns (accuracy, number of samples)."""
+def correct_predictions(
+    model: Model, dataset: ShapeRelations, split: str, resolution: int, limit: int | None = None, batch_size: int = 200
+) -> np.ndarray:
+    """Whether each of the first ``limit`` samples of a fixed ``split`` (all when None) is
+    classified right, rendered at ``resolution``: bool ``[n]``."""
     count = min(limit or dataset.size(split), dataset.size(split))
-    correct = 0
     model.eval()
+    correct = []
     for start in range(0, count, batch_size):
         images, labels = dataset.batch(split, range(start, min(start + batch_size, count)), resolution)
-        correct += int((model(normalise(images, model)).argmax(-1).numpy() == labels).sum())
-    return correct / count, count
+        correct.append(model(model_input(images, model)).argmax(-1).numpy() == labels)
+    return np.concatenate(correct)
 
 
 def train(
@@ -115,17 +115,18 @@ def _train(entry: ZooEntry, root: Path | None, steps: int | None, progress) -> T
             group["lr"] = learning_rate(step, settings)
         indices = range(step * settings.batch_size, (step + 1) * settings.batch_size)
         images, labels = dataset.batch("train", indices, model.cfg.img_size)
-        loss = F.cross_entropy(model(normalise(images, model)), torch.from_numpy(labels))
+        loss = F.cross_entropy(model(model_input(images, model)), torch.from_numpy(labels))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
         optimizer.step()
         loss_avg = loss.item() if step == 0 else 0.95 * loss_avg + 0.05 * loss.item()
         if (step + 1) % settings.eval_every == 0 or step + 1 == settings.steps:
-            val_acc, _ = accuracy(model, dataset, "val", model.cfg.img_size)
+            val_acc = float(correct_predictions(model, dataset, "val", model.cfg.img_size).mean())
         if progress:
             progress(step + 1, settings.steps, dict(loss=loss_avg, val_acc=val_acc))
     directory = model_dir(name, root)
-    meta = dict(zoo_name=name, steps=settings.steps, val_accuracy=val_acc, train_settings=dataclasses.asdict(settings))
+    command = f"deploykit zoo train {name}" + (f" --steps {settings.steps}" if settings.steps != entry.train.steps else "")
+    meta = dict(zoo_name=name, command=command, val_accuracy=json.dumps(val_acc), train_settings=json.dumps(dataclasses.asdict(settings)))
     save_model(model.eval(), directory, metadata=meta)
     return TrainResult(name, settings.steps, loss_avg, val_acc, time.perf_counter() - start, str(directory))

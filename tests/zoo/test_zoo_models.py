@@ -57,7 +57,7 @@ def test_card_files_say_what_the_model_is(zoo_model):
     config = json.loads((directory / "config.json").read_text())
     assert card["encoding"] == config["encoding"]  # every ambiguity choice
     md = (directory / "card.md").read_text()
-    assert f"deploykit zoo train {name}" in md
+    assert f"`deploykit zoo train {name}`" in md  # the command that made these weights, no --steps override
     for res in card["resolutions"]:
         assert f"{res} px" in md
     assert card["num_params"] == sum(t.numel() for t in load_file(str(directory / "model.safetensors")).values())
