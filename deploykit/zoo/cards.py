@@ -41,7 +41,7 @@ def evaluate(name: str, root: Path | None = None, limit: int | None = None) -> d
     directory = model_dir(name, root)
     if not (directory / WEIGHTS_FILE).is_file():
         raise CheckpointError(f"zoo model {name} is not trained ({directory / WEIGHTS_FILE} missing); run: deploykit zoo train {name}")
-    model = load_model(directory)
+    model, train_settings = load_model(directory), _train_settings(directory)
     dataset = get_dataset(model.cfg.dataset)
     resolutions = eval_resolutions(model)
     correct = [correct_predictions(model, dataset, "test", r, limit) for r in resolutions]
@@ -60,7 +60,7 @@ def evaluate(name: str, root: Path | None = None, limit: int | None = None) -> d
         num_params=sum(p.numel() for p in model.parameters()),
         weights_bytes=(directory / WEIGHTS_FILE).stat().st_size,
         model=_trunk(model),
-        train_settings=_train_settings(directory),
+        train_settings=train_settings,
         eval_command=f"deploykit zoo eval {name}",
         overrides=entry.model_overrides,
         deploykit_version=deploykit.__version__,
