@@ -86,11 +86,13 @@ def get_entry(name: str) -> ZooEntry:
 
 
 def zoo_dir() -> Path:
-    """Where trained zoo models live: ``models/`` at the repository root, beside the package
-    (a checkout or ``pip install -e .``), else the copy a wheel ships inside the package."""
-    package = Path(__file__).resolve().parents[1]
-    checkout = package.parent / "models"
-    return checkout if checkout.is_dir() else package / "zoo" / "models"
+    """Where trained zoo models live: ``models/`` at the repository root, beside the package.
+
+    Found from the package's own location, so it works from a checkout and from
+    ``pip install -e .`` wherever the command runs. A wheel does not ship the zoo (a few MB per
+    model); there the CLI falls back to the seeded untrained default.
+    """
+    return Path(__file__).resolve().parents[2] / "models"
 
 
 def model_dir(name: str, root: Path | None = None) -> Path:

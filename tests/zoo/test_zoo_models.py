@@ -103,7 +103,8 @@ def test_validate_every_zoo_model_fp32_at_1x_and_2x(zoo_model, tmp_path, capsys)
     assert all(r["top1_agreement"] == 1.0 for r in records)
 
 
-def test_default_export_is_the_zoo_ape_model(tmp_path, capsys):
+def test_default_export_is_the_zoo_ape_model(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # models/ is found from the package, not the working directory
     out = tmp_path / "default"
     main(["export", "-o", str(out)])
     manifest = json.loads((out / "manifest.json").read_text())
