@@ -169,8 +169,10 @@ def zoo_train(name, steps, root):
     """Train zoo model NAME (seeded, reproducible) and save it to models/NAME."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+    from deploykit.zoo.registry import get_entry
     from deploykit.zoo.train import train
 
+    get_entry(name)  # an unknown name is one error line, before any progress bar
     columns = (TextColumn(f"{name}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), TextColumn("{task.fields[metrics]}"))
     with Progress(*columns, console=_console()) as bar:
         task = bar.add_task("train", total=None, metrics="")

@@ -78,3 +78,13 @@ def test_entry_defaults_are_frozen():
     entry = ZooEntry("x", "ape")
     with pytest.raises(AttributeError):
         entry.train.steps = 1
+
+
+@pytest.mark.parametrize("args", [["train", "shapes-nope"], ["eval", "shapes-ape"]])
+def test_cli_zoo_errors_are_one_line(tmp_path, capsys, args):
+    with pytest.raises(SystemExit) as exit_:
+        main(["zoo", *args, "--root", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 1 and len(err.splitlines()) == 1 and err.startswith("error: ")
+    assert ("choose one of" in err) if args[1] == "shapes-nope" else ("deploykit zoo train shapes-ape" in err)
+    assert not any(tmp_path.iterdir())
