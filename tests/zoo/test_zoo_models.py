@@ -60,7 +60,18 @@ def test_card_files_say_what_the_model_is(zoo_model):
     assert f"`deploykit zoo train {name}`" in md  # the command that made these weights, no --steps override
     for res in card["resolutions"]:
         assert f"{res} px" in md
-    assert card["num_params"] == sum(t.numel() for t in load_file(str(directory / "model.safetensors")).values())
+    # Parameter count: the ViT trunk by hand, plus whatever the encoding learns (APE: one
+    # vector per patch and the class token); persistent buffers (GridPE's orientations) are in
+    # the file but are not parameters.
+    m = card["model"]
+    d, p, c, n = m["embed_dim"], m["patch_size"], m["in_chans"], (m["img_size"] // m["patch_size"]) ** 2
+    block = 2 * 2 * d + (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d)
+    trunk = (c * p * p * d + d) + d + m["depth"] * block + 2 * d + (d * m["num_classes"] + m["num_classes"])
+    stored = sum(t.numel() for t in load_file(str(directory / "model.safetensors")).values())
+    assert trunk <= card["num_params"] <= stored
+    if card["encoding"]["name"] == "ape":
+        assert card["num_params"] == trunk + (n + 1) * d
+    assert card["weights_bytes"] == (directory / "model.safetensors").stat().st_size < 4e6
 
 
 def test_readme_table_is_generated_from_the_cards():
