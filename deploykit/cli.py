@@ -275,6 +275,70 @@ def list_cmd():
     click.echo("models:    " + ", ".join(list_models()))
 
 
+@cli.group()
+def zoo():
+    """Model zoo: small ViTs trained here for every encoding, with accuracy cards."""
+
+
+@zoo.command("train")
+@click.argument("name")
+@click.option("--steps", type=click.IntRange(min=1), default=None, help="Override the entry's step count.")
+@click.option("--root", type=click.Path(path_type=Path, file_okay=False), default=None, help="Zoo directory (default models/).")
+def zoo_train(name, steps, root):
+    """Train zoo model NAME (seeded, reproducible) and save it to models/NAME."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from deploykit.zoo.registry import get_entry
+    from deploykit.zoo.train import train
+
+    get_entry(name)  # an unknown name is one error line, before any progress bar
+    columns = (TextColumn(f"{name}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), TextColumn("{task.fields[metrics]}"))
+    with Progress(*columns, console=_console()) as bar:
+        task = bar.add_task("train", total=None, metrics="")
+
+        def report(step, total, metrics, every=100):
+            line = f"loss {metrics['loss']:.3f}  val {metrics['val_acc']:.1%}"
+            bar.update(task, completed=step, total=total, metrics=line)
+            if step % every == 0 and not bar.console.is_terminal:  # a log file gets a line now and then
+                bar.console.print(f"{name} step {step}/{total}  {line}")
+
+        result = train(name, root=root, steps=steps, progress=report)
+    _console().print(f"[green]✓[/] {result.directory}  val {result.val_accuracy:.1%}  ({result.steps} steps, {result.seconds:.0f} s)")
+
+
+@zoo.command("eval")
+@click.argument("names", nargs=-1)
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Evaluate the first N test samples only (and write no card).")
+@click.option("--root", type=click.Path(path_type=Path, file_okay=False), default=None, help="Zoo directory (default models/).")
+def zoo_eval(names, limit, root):
+    """Test accuracy at 1×, 1.5× and 2× the training resolution; writes card.md/card.json and
+    models/README.md (on the full test split). Default: every trained zoo model."""
+    from deploykit.zoo.cards import evaluate_zoo
+
+    for card in evaluate_zoo(names, root=root, limit=limit):
+        accs = "  ".join(f"{r}px {a:.1%}" for r, a in zip(card["resolutions"], card["test_accuracy"]))
+        click.echo(f"{card['name']:<20} {accs}  (n={card['num_test']})")
+
+
+@zoo.command("cards")
+@click.option("--root", type=click.Path(path_type=Path, file_okay=False), default=None, help="Zoo directory (default models/).")
+def zoo_cards(root):
+    """Regenerate every card.md and models/README.md from the card.json files (no evaluation)."""
+    from deploykit.zoo.cards import rewrite_cards
+
+    click.echo(rewrite_cards(root))
+
+
+@zoo.command("list")
+def zoo_list():
+    """List zoo entries and whether each is trained."""
+    from deploykit.zoo.registry import ZOO, model_dir
+
+    for name, entry in ZOO.items():
+        trained = (model_dir(name) / "model.safetensors").is_file()
+        click.echo(f"{name:<20} {entry.encoding:<12} {'trained' if trained else 'not trained'}")
+
+
 def main(argv=None) -> None:
     """Entry point: run the CLI; a DeployKitError exits 1 with one line on stderr."""
     try:

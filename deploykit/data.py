@@ -104,11 +104,28 @@ def random_token_inputs(count: int, length: int, vocab_size: int, seed: int = 0)
     return np.random.default_rng(seed).integers(0, vocab_size, (count, length), dtype=np.int64)
 
 
+def dataset_inputs(dataset: str, resolution: tuple[int, int], mean, std, count: int) -> np.ndarray:
+    """``[count, 3, H, W]`` float32: the first ``count`` test images of a ``deploykit.zoo`` dataset,
+    rendered at ``resolution`` and normalised."""
+    from deploykit.zoo.dataset import get_dataset
+
+    return normalise(get_dataset(dataset).images("test", range(count), resolution), mean, std)
+
+
+def normalise(images: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
+    """``[N, C, H, W]`` pixels in [0, 1] → float32 ``(x - mean) / std`` per channel."""
+    mean, std = np.asarray(mean, np.float32)[:, None, None], np.asarray(std, np.float32)[:, None, None]
+    return ((images - mean) / std).astype(np.float32)
+
+
 def validation_inputs(model, shape: tuple[int, ...], num_random: int, num_real: int, seed: int = 0) -> np.ndarray:
-    """Seeded noise followed by ``num_real`` real inputs for ``model`` at ``shape``: images for a
-    ViT, text windows for a sequence model."""
+    """Seeded noise followed by ``num_real`` real inputs for ``model`` at ``shape``: text windows
+    for a sequence model, the test split of the dataset a zoo model was trained on, else
+    bundled natural images."""
     if model.input_name == "tokens":
         (length,) = shape
         vocab = model.cfg.vocab_size
         return np.concatenate([random_token_inputs(num_random, length, vocab, seed), real_token_inputs(length, vocab, num_real)])
-    return np.concatenate([random_inputs(num_random, shape, seed), real_inputs(shape, model.cfg.mean, model.cfg.std, num_real)])
+    cfg = model.cfg
+    real = dataset_inputs(cfg.dataset, shape, cfg.mean, cfg.std, num_real) if cfg.dataset else real_inputs(shape, cfg.mean, cfg.std, num_real)
+    return np.concatenate([random_inputs(num_random, shape, seed), real])

@@ -22,8 +22,9 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 _TORCH_SUFFIXES = (".pt", ".pth", ".bin")
 
-# The embedded default until the trained zoo lands: ViT-Tiny/16 + learned APE, weights drawn
-# from a fixed seed, so `deploykit export` works with no checkpoint at all.
+# The untrained fallback for a named size or an encoding the zoo has no trained model for
+# (the embedded default is the zoo's models/shapes-ape, see deploykit.nn.resolve): ViT-Tiny/16 +
+# learned APE, weights drawn from a fixed seed, so `deploykit export` works with no checkpoint.
 DEFAULT_MODEL = "vit_tiny_patch16"
 DEFAULT_ENCODING = "ape"
 DEFAULT_SEED = 0

@@ -42,6 +42,8 @@ class ViTConfig:
         norm_eps: LayerNorm epsilon (timm ViTs use 1e-6).
         class_token: prepend a class token and pool it; otherwise mean-pool the patch tokens.
         mean, std: input normalisation the model expects (per channel, on [0, 1] pixels).
+        dataset: the ``deploykit.zoo`` dataset the weights were trained on, if any; validation
+            then takes its real inputs from that dataset's test split.
     """
 
     img_size: int = 224
@@ -58,6 +60,7 @@ class ViTConfig:
     mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
     std: tuple[float, float, float] = (0.229, 0.224, 0.225)
     encoding: EncodingConfig = field(default_factory=lambda: get_config("ape"))
+    dataset: str | None = None
 
     def __post_init__(self):
         sizes = ("img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads")

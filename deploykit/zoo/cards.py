@@ -1,0 +1,194 @@
+"""Model cards: test accuracy at the training resolution and at 1.5× and 2× (the extrapolation
+table the encoding papers discuss), written as ``card.json`` + ``card.md`` beside each zoo model,
+and the ``models/README.md`` summary table generated from the cards.
+
+``card.json`` also keeps, per resolution, which test samples the model got right (a hex bit
+mask, sample 0 in the lowest bit), so an evaluation of any prefix of the test split can be
+checked against the card exactly.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import deploykit
+from deploykit._io import write_json_atomic, write_text_atomic
+from deploykit.encodings import config_to_dict
+from deploykit.errors import CheckpointError
+from deploykit.nn.checkpoint import WEIGHTS_FILE, load_model
+from deploykit.nn.factory import Model
+from deploykit.zoo.dataset import CLASSES, get_dataset
+from deploykit.zoo.registry import EVAL_SCALES, ZOO, get_entry, model_dir, zoo_dir
+from deploykit.zoo.train import correct_predictions
+
+CARD_JSON, CARD_MD, README = "card.json", "card.md", "README.md"
+
+
+def eval_resolutions(model: Model) -> list[int]:
+    """The card's resolutions: ``EVAL_SCALES`` × the training size, each a multiple of the patch."""
+    size, patch = model.cfg.img_size, model.cfg.patch_size
+    return [int(round(size * s / patch)) * patch for s in EVAL_SCALES]
+
+
+def evaluate(name: str, root: Path | None = None, limit: int | None = None) -> dict[str, Any]:
+    """The card of a trained zoo model (test accuracy on the first ``limit`` test samples)."""
+    directory = model_dir(name, root)
+    if not (directory / WEIGHTS_FILE).is_file():
+        raise CheckpointError(f"zoo model {name} is not trained ({directory / WEIGHTS_FILE} missing); run: deploykit zoo train {name}")
+    model, train_settings = load_model(directory), _train_settings(directory)
+    dataset = get_dataset(model.cfg.dataset)
+    resolutions = eval_resolutions(model)
+    correct = [correct_predictions(model, dataset, "test", r, limit) for r in resolutions]
+    entry = get_entry(name)
+    return dict(
+        name=name,
+        encoding=config_to_dict(model.cfg.encoding),
+        dataset=model.cfg.dataset,
+        classes=list(CLASSES),
+        chance=1 / dataset.num_classes,
+        train_resolution=model.cfg.img_size,
+        resolutions=resolutions,
+        num_test=len(correct[0]),
+        test_accuracy=[float(c.mean()) for c in correct],
+        test_correct_hex=[_bits_to_hex(c) for c in correct],
+        num_params=sum(p.numel() for p in model.parameters()),
+        weights_bytes=(directory / WEIGHTS_FILE).stat().st_size,
+        model=_trunk(model),
+        train_settings=train_settings,
+        eval_command=f"deploykit zoo eval {name}",
+        overrides=entry.model_overrides,
+        deploykit_version=deploykit.__version__,
+        torch_version=torch.__version__,
+    )
+
+
+def _trunk(model: Model) -> dict[str, Any]:
+    cfg = model.cfg.to_dict()
+    cfg.pop("encoding")
+    return cfg
+
+
+def _train_settings(directory: Path) -> dict[str, Any]:
+    from safetensors import safe_open
+
+    with safe_open(str(directory / WEIGHTS_FILE), "pt") as f:
+        meta = f.metadata() or {}
+    return dict(
+        command=meta.get("command", "?"),
+        val_accuracy=json.loads(meta.get("val_accuracy", "null")),
+        settings=json.loads(meta.get("train_settings", "{}")),
+    )
+
+
+def _bits_to_hex(bits: np.ndarray) -> str:
+    return hex(int("".join("1" if b else "0" for b in reversed(bits.tolist())) or "0", 2))
+
+
+def hex_to_bits(text: str, count: int) -> np.ndarray:
+    """Inverse of the card's bit mask: the first ``count`` samples' correctness."""
+    value = int(text, 16)
+    return np.array([(value >> i) & 1 for i in range(count)], dtype=bool)
+
+
+def write_card(card: dict[str, Any], root: Path | None = None) -> Path:
+    directory = model_dir(card["name"], root)
+    write_json_atomic(directory / CARD_JSON, card)
+    write_text_atomic(directory / CARD_MD, card_markdown(card))
+    return directory
+
+
+def card_markdown(card: dict[str, Any]) -> str:
+    enc = dict(card["encoding"])
+    enc_name = enc.pop("name")
+    header = " | ".join(f"{r} px ({r / card['train_resolution']:g}×)" for r in card["resolutions"])
+    accs = " | ".join(f"{a:.1%}" for a in card["test_accuracy"])
+    m, train = card["model"], card["train_settings"]
+    lines = [
+        f"# {card['name']}",
+        "",
+        f"ViT (patch {m['patch_size']}, width {m['embed_dim']}, depth {m['depth']}, {m['num_heads']} heads) with the "
+        f"**{enc_name}** positional encoding, trained at {card['train_resolution']} px on `{card['dataset']}` "
+        f"({len(card['classes'])} classes: where the square lies relative to the circle; chance {card['chance']:.0%}).",
+        "",
+        f"Test accuracy on {card['num_test']} test scenes, rendered at each resolution:",
+        "",
+        f"| {header} |",
+        "|" + "---|" * len(card["resolutions"]),
+        f"| {accs} |",
+        "",
+        f"- parameters: {card['num_params']:,} ({card['weights_bytes'] / 1e6:.1f} MB safetensors)",
+        f"- training: `{train['command']}` (seeded; {train['settings'].get('steps', '?')} steps of {train['settings'].get('batch_size', '?')} on CPU)",
+        f"- training settings: {', '.join(f'{k}={v}' for k, v in train['settings'].items())}",
+        f"- validation accuracy at the end of training: {train['val_accuracy']}",
+        f"- these numbers: `{card['eval_command']}` (torch {card['torch_version']}, deploykit {card['deploykit_version']})",
+        "",
+        "Encoding configuration (every paper-ambiguity choice, as saved in `config.json`):",
+        "",
+        "| option | value |",
+        "|---|---|",
+        *(f"| {k} | {v} |" for k, v in enc.items()),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def read_cards(root: Path | None = None) -> list[dict[str, Any]]:
+    """The cards of every trained zoo model, in registry order."""
+    root = root or zoo_dir()
+    return [json.loads((root / n / CARD_JSON).read_text()) for n in ZOO if (root / n / CARD_JSON).is_file()]
+
+
+def write_readme(root: Path | None = None) -> Path:
+    """Regenerate ``models/README.md`` from the cards."""
+    root = root or zoo_dir()
+    cards = read_cards(root)
+    untrained = [n for n in ZOO if not (root / n / CARD_JSON).is_file()]
+    rows = [
+        f"| [{c['name']}]({c['name']}/card.md) | {c['encoding']['name']} | {c['num_params']:,} | "
+        + " | ".join(f"{a:.1%}" for a in c["test_accuracy"])
+        + " |"
+        for c in cards
+    ]
+    lines = [
+        "# Model zoo",
+        "",
+        "Generated by `deploykit zoo eval` (or `deploykit zoo cards`) from each model's `card.json`; do not edit.",
+        "",
+        "Small ViTs trained on the procedurally rendered `shape-relations` dataset (`deploykit.zoo.dataset`: "
+        "4 classes, chance 25%), one per positional encoding. Test accuracy on the test split rendered at the "
+        "training resolution and at 1.5× and 2× (no fine-tuning: the resolution-extrapolation table).",
+        "",
+        "| model | encoding | params | 1× | 1.5× | 2× |",
+        "|---|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
+    if untrained:
+        lines += ["Not trained yet: " + ", ".join(f"`{n}` (`deploykit zoo train {n}`)" for n in untrained), ""]
+    return write_text_atomic(root / README, "\n".join(lines))
+
+
+def rewrite_cards(root: Path | None = None) -> Path:
+    """Rewrite each ``card.md`` and the summary table from the ``card.json`` files."""
+    for card in read_cards(root):
+        write_text_atomic(model_dir(card["name"], root) / CARD_MD, card_markdown(card))
+    return write_readme(root)
+
+
+def evaluate_zoo(names: Iterable[str] = (), root: Path | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+    """Evaluate ``names`` (default: every trained zoo model); on the full test split, also write
+    their cards and the summary table."""
+    root = root or zoo_dir()
+    names = list(names) or [n for n in ZOO if (root / n / WEIGHTS_FILE).is_file()]
+    cards = [evaluate(n, root, limit) for n in names]
+    if limit is None:
+        for card in cards:
+            write_card(card, root)
+        write_readme(root)
+    return cards
