@@ -39,7 +39,7 @@ from deploykit.encodings.mope import (
     PAPER_MODEL as MOPE_PAPER_MODEL,
 )
 from deploykit.errors import ConfigError, ResolutionError
-from deploykit.nn.vit import Mlp
+from deploykit.nn.vit import Mlp, check_trunk_sizes
 
 ARCHITECTURE = "sequence_transformer"
 _ATTENTIONS = ("dot", "ega")
@@ -79,12 +79,7 @@ class SequenceConfig:
     architecture: ClassVar[str] = ARCHITECTURE
 
     def __post_init__(self):
-        sizes = ("vocab_size", "context", "embed_dim", "depth", "num_heads")
-        bad = [f"{n}={getattr(self, n)!r}" for n in sizes if not (isinstance(getattr(self, n), int) and getattr(self, n) > 0)]
-        if bad:
-            raise ConfigError(f"model sizes must be positive integers: {', '.join(bad)}")
-        if self.embed_dim % self.num_heads:
-            raise ConfigError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
+        check_trunk_sizes(self, ("vocab_size", "context"))
         if self.attention not in _ATTENTIONS:
             raise ConfigError(f"attention must be one of {_ATTENTIONS}, got {self.attention!r}")
         if not isinstance(self.encoding, (MoPEConfig, ApeConfig)):

@@ -33,6 +33,17 @@ from deploykit.encodings import geope, gridpe
 from deploykit.errors import ConfigError, ResolutionError
 
 
+def check_trunk_sizes(cfg, sizes: tuple[str, ...]) -> None:
+    """``ConfigError`` unless ``sizes``, ``embed_dim``, ``depth`` and ``num_heads`` are positive
+    integers and the heads divide ``embed_dim`` (shared by every architecture's config)."""
+    sizes = (*sizes, "embed_dim", "depth", "num_heads")
+    bad = [f"{n}={getattr(cfg, n)!r}" for n in sizes if not (isinstance(getattr(cfg, n), int) and getattr(cfg, n) > 0)]
+    if bad:
+        raise ConfigError(f"model sizes must be positive integers: {', '.join(bad)}")
+    if cfg.embed_dim % cfg.num_heads:
+        raise ConfigError(f"embed_dim {cfg.embed_dim} is not divisible by num_heads {cfg.num_heads}")
+
+
 @dataclass(frozen=True)
 class ViTConfig:
     """Architecture of the trunk plus its positional encoding.
@@ -63,12 +74,7 @@ class ViTConfig:
     dataset: str | None = None
 
     def __post_init__(self):
-        sizes = ("img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads")
-        bad = [f"{n}={getattr(self, n)!r}" for n in sizes if not (isinstance(getattr(self, n), int) and getattr(self, n) > 0)]
-        if bad:
-            raise ConfigError(f"model sizes must be positive integers: {', '.join(bad)}")
-        if self.embed_dim % self.num_heads:
-            raise ConfigError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
+        check_trunk_sizes(self, ("img_size", "patch_size", "in_chans", "num_classes"))
         if self.img_size % self.patch_size:
             raise ConfigError(f"img_size {self.img_size} is not a multiple of patch_size {self.patch_size}")
 
