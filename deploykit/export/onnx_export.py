@@ -30,6 +30,7 @@ from deploykit.encodings import PETables, config_to_dict
 from deploykit.errors import ExportError
 from deploykit.export.custom_ops import CUSTOM_TRANSLATIONS, attach_functions
 from deploykit.export.lint import check_graph
+from deploykit.export.rewrite import rewrite_for_runtimes
 from deploykit.nn.factory import Model
 
 # Opset 18: LayerNormalization is native (17+), and TensorRT 10.x, TensorRT-RTX and ONNX
@@ -165,8 +166,8 @@ def onnx_from_model(model: Model, resolution: tuple[int, ...], opset: int = DEFA
             )
         except Exception as err:  # the exporter raises many internal types
             raise ExportError(f"torch.onnx.export failed at {resolution}: {str(err).splitlines()[0]}") from err
-    # Fold first: the SaPE2Bias function is attached afterwards, so the optimiser cannot inline it.
-    proto = _fold_constants(program.model_proto)
+    # Rewrite and fold first: the SaPE2Bias function is attached afterwards, so the optimiser cannot inline it.
+    proto = _rewrite_and_fold(program.model_proto)
     attach_functions(proto)
     _add_metadata(proto, model, resolution)
     check_graph(proto)
@@ -179,11 +180,12 @@ def onnx_from_model(model: Model, resolution: tuple[int, ...], opset: int = DEFA
 _FOLD_LIMIT = 1 << 24
 
 
-def _fold_constants(proto: onnx.ModelProto) -> onnx.ModelProto:
+def _rewrite_and_fold(proto: onnx.ModelProto) -> onnx.ModelProto:
     import onnx_ir as ir
     import onnxscript.optimizer
 
     model = ir.from_proto(proto)
+    rewrite_for_runtimes(model)
     onnxscript.optimizer.optimize(model, input_size_limit=_FOLD_LIMIT, output_size_limit=_FOLD_LIMIT)
     return ir.to_proto(model)
 
