@@ -97,8 +97,12 @@ def render(results_dir: Path) -> str:
                   f"- **Model:** {data['args']['model']} + {data['args']['encoding']} at {data['args']['resolution']}, "
                   f"{data['args']['rounds']} interleaved rounds of {data['args']['duration']} s per variant.", "",
                   *tune_table(data), ""]  # fmt: skip
-    for path in sorted(set(results_dir.glob("*.json")) - set(results_dir.glob("tune-ort-*.json"))):
+    # Sweep files are <device>-<mode>-<model>.json; the other benchmarks (sape2_cpu, serve_cpu,
+    # precision_accuracy) write their own formats and are described in the text above.
+    for path in sorted(results_dir.glob("*-*-*.json")):
         data = json.loads(path.read_text())
+        if data.get("mode") not in ("full", "quick"):
+            continue
         settings = data["settings"]
         budget = settings["budget"]
         parts += [

@@ -45,6 +45,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--backends", nargs="+", default=None, help="default: torch and every registered ONNX runner that works here")
     parser.add_argument("--duration", type=float, help="seconds per measurement")
     parser.add_argument("--rounds", type=int, help="interleaved rounds per measurement")
+    parser.add_argument("--warmup", type=int, help="untimed calls before each measurement")
+    parser.add_argument("--min-iterations", type=int, help="timed calls per measurement even when the duration is spent")
+    parser.add_argument("--kernel-only", action="store_true", help="skip the end-to-end timings (halves a long sweep)")
     parser.add_argument("--device", default="cpu", help="PyTorch device: cpu or cuda")
     parser.add_argument("--note", default="", help="free text stored with the results (e.g. 'shared machine, loaded')")
     parser.add_argument("--output-dir", type=Path, default=RESULTS)
@@ -52,19 +55,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
-    args.end_to_end = (QUICK if args.quick else FULL)["end_to_end"]
+    args.end_to_end = (QUICK if args.quick else FULL)["end_to_end"] and not args.kernel_only
     return args
 
 
 def default_backends() -> list[str]:
-    """torch, ort, and the TensorRT runners only where their package imports."""
-    from deploykit._lazy import is_available
+    """torch, plus every registered runner whose prerequisites are present on this machine."""
+    from deploykit.backends.registry import available_backends
 
-    needs = {"trt": "tensorrt", "rtx": "tensorrt_rtx"}
-    return [b for b in backend_names() if b not in needs or (torch.cuda.is_available() and is_available(needs[b]))]
+    return ["torch", *available_backends()]
 
 
-def sweep_model(name: str, args) -> dict:
+def sweep_model(name: str, args, path: Path) -> dict:
+    """Profile every encoding of one trunk, one resolution at a time; after each resolution the
+    file at ``path`` is rewritten with what is done so far (``"complete": false`` until the end),
+    so an interrupted long sweep keeps its finished resolutions."""
     encodings = args.encodings or list_encodings()
     models = []
     for encoding in encodings:
@@ -73,23 +78,33 @@ def sweep_model(name: str, args) -> dict:
     resolutions = [parse_resolution(r) for r in args.resolutions]
     budget = Budget(duration_s=args.duration, warmup=args.warmup, min_iterations=args.min_iterations, rounds=args.rounds)
     started = time.time()
-    report = profile(models, resolutions=resolutions, batches=args.batches, backends=args.backends or default_backends(),
-                     budget=budget, end_to_end=args.end_to_end, device=args.device, label=name,
-                     progress=lambda m: print(f"  {name}: {m}", file=sys.stderr, flush=True))  # fmt: skip
-    roofline = {}
-    for resolution in resolutions:
+    data: dict = {}
+    for done, resolution in enumerate(resolutions, 1):
+        report = profile(models, resolutions=[resolution], batches=args.batches, backends=args.backends or default_backends(),
+                         budget=budget, end_to_end=args.end_to_end, device=args.device, label=name,
+                         progress=lambda m: print(f"  {time.strftime('%H:%M:%S')} {name}: {m}", file=sys.stderr, flush=True))  # fmt: skip
+        roofline = {}
         for batch in args.batches:
             key = f"{resolution_tag(resolution)}/b{batch}"
             print(f"  {name}: GEMM roofline {key}", file=sys.stderr, flush=True)
             roofline[key] = gemm_roofline(models[0].cfg, resolution, batch)
-    for record in report.records:
-        peak = roofline[f"{record['resolution']}/b{record['batch']}"]["gflop_per_s"]
-        record["roofline_gflop_per_s"] = peak
-        record["roofline_fraction"] = record["achieved_gflop_per_s"] / peak
-    data = report.to_json()
-    data.update(model=name, mode="quick" if args.quick else "full", note=args.note, roofline=roofline,
-                command="python benchmarks/sweep.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-                wall_s=round(time.time() - started, 1))  # fmt: skip
+        for record in report.records:
+            peak = roofline[f"{record['resolution']}/b{record['batch']}"]["gflop_per_s"]
+            record["roofline_gflop_per_s"] = peak
+            record["roofline_fraction"] = record["achieved_gflop_per_s"] / peak
+        part = report.to_json()
+        if not data:
+            data = part
+            data.update(model=name, mode="quick" if args.quick else "full", note=args.note, roofline={},
+                        command="python benchmarks/sweep.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]))  # fmt: skip
+        else:
+            data["records"] += part["records"]
+            data["settings"]["resolutions"] += part["settings"]["resolutions"]
+            data["environment"]["load_average_end"] = part["environment"]["load_average_end"]
+        data["roofline"].update(roofline)
+        data.update(complete=done == len(resolutions), wall_s=round(time.time() - started, 1))
+        write_json_atomic(path, data)
+        print(f"wrote {path} ({resolution_tag(resolution)} done, {data['wall_s']} s)", file=sys.stderr, flush=True)
     return data
 
 
@@ -97,10 +112,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     device = "cuda" if args.device == "cuda" else "cpu"
     for name in args.models:
-        data = sweep_model(name, args)
-        path = args.output_dir / f"{device}-{data['mode']}-{name}.json"
-        write_json_atomic(path, data)
-        print(f"wrote {path} ({data['wall_s']} s)", file=sys.stderr)
+        sweep_model(name, args, args.output_dir / f"{device}-{'quick' if args.quick else 'full'}-{name}.json")
     readme = write_readme(args.output_dir, Path(__file__).parent / "README.md")
     print(f"wrote {readme}", file=sys.stderr)
 

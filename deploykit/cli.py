@@ -101,7 +101,8 @@ def _print_report(console, report) -> None:
 
     for r in report.records:
         mark = "[green]✓[/]" if r.passed else "[red]✗[/]"
-        line = (f"{mark} {r.backend:<5} {resolution_tag(tuple(r.resolution)):>8}  max|Δ| {r.max_abs:.2e}  mean|Δ| {r.mean_abs:.2e}"
+        where = resolution_tag(tuple(r.resolution)) + (f" b{r.batch}" if r.profiled else "")
+        line = (f"{mark} {r.backend:<5} {where:>8}  max|Δ| {r.max_abs:.2e}  mean|Δ| {r.mean_abs:.2e}"
                 f"  cos {r.cosine:.8f}  top1 {r.top1_agreement:.0%}  top5 {r.top5_agreement:.0%}  NaN/Inf {r.nan_count}/{r.inf_count}")
         if r.first_divergent_block:
             line += f"  first divergence: {r.first_divergent_block}"

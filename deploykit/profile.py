@@ -365,7 +365,7 @@ class _RunnerTarget:
 
 def backend_names() -> list[str]:
     """Backends ``profile`` knows: PyTorch eager plus every registered ONNX runner."""
-    from deploykit.validate import RUNNER_FACTORIES
+    from deploykit.backends.registry import RUNNER_FACTORIES
 
     return [TORCH_BACKEND, *RUNNER_FACTORIES]
 
@@ -373,7 +373,7 @@ def backend_names() -> list[str]:
 def _open_target(backend: str, subject: Subject, resolution: tuple[int, int], device: torch.device):
     if backend == TORCH_BACKEND:
         return _TorchTarget(subject.model, resolution, device)
-    from deploykit.validate import RUNNER_FACTORIES
+    from deploykit.backends.registry import RUNNER_FACTORIES
 
     return _RunnerTarget(RUNNER_FACTORIES[backend](subject.onnx(resolution)))
 

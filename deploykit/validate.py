@@ -45,10 +45,11 @@ TOLERANCES = {
 
 @dataclass
 class Record:
-    """One backend at one resolution."""
+    """One backend at one resolution and batch size."""
 
     backend: str
     resolution: list[int]
+    batch: int
     precision: str
     num_inputs: int
     num_real: int
@@ -64,6 +65,12 @@ class Record:
     passed: bool
     failures: list[str] = field(default_factory=list)
     first_divergent_block: str | None = None
+    profiled: bool = False  # ``batch`` is one of an engine's profile shapes (min/opt/max)
+
+    @property
+    def label(self) -> str:
+        """``ort@224``, or ``trt@224/b8`` for one profiled batch of an engine."""
+        return f"{self.backend}@{resolution_tag(tuple(self.resolution))}" + (f"/b{self.batch}" if self.profiled else "")
 
 
 @dataclass
@@ -81,7 +88,7 @@ class ValidationReport:
     def raise_for_failure(self) -> None:
         failed = [r for r in self.records if not r.passed]
         if failed:
-            parts = [f"{r.backend}@{resolution_tag(tuple(r.resolution))}: {', '.join(r.failures)}" for r in failed]
+            parts = [f"{r.label}: {', '.join(r.failures)}" for r in failed]
             raise ValidationError(f"{len(failed)} of {len(self.records)} checks failed: {'; '.join(parts)}")
 
 
@@ -137,6 +144,14 @@ def run_batched(runner: Runner, inputs: np.ndarray, batch_size: int) -> dict[str
 
 # Backend name -> factory(onnx path) -> Runner; defined with the backends, shared with profile.
 RUNNER_FACTORIES = registry.RUNNER_FACTORIES
+
+
+def run_exact_batches(runner: Runner, inputs: np.ndarray, batch: int) -> dict[str, np.ndarray]:
+    """Like ``run_batched``, but every call gets exactly ``batch`` rows: the last call is filled up
+    by cycling through ``inputs`` again, and the extra rows' outputs are dropped."""
+    total = -(-len(inputs) // batch) * batch
+    filled = inputs[np.arange(total) % len(inputs)]
+    return {name: out[: len(inputs)] for name, out in run_batched(runner, filled, batch).items()}
 
 
 def first_divergent_block(
@@ -216,12 +231,17 @@ def validate(
             if progress:
                 progress(f"{backend} @ {resolution_tag(entry.resolution)}")
             with factory(path) as runner:
-                actual = run_batched(runner, inputs, batch_size)["logits"]
-            metrics = compare_logits(*_per_prediction(reference, actual), num_real * _predictions_per_input(reference), tolerance)
-            record = Record(backend, list(entry.resolution), precision, len(inputs), num_real, tolerance=asdict(tolerance), **metrics)
-            if not record.passed:
-                record.first_divergent_block = first_divergent_block(path, model, inputs, tolerance, batch_size)
-            records.append(record)
+                # An engine is checked at every batch of its optimization profile, each call
+                # exactly that batch; other runners take any batch and run in batch_size calls.
+                batches = runner.profiled_batches or (batch_size,)
+                outputs = [(batch, run_exact_batches(runner, inputs, batch)["logits"]) for batch in batches]
+            for batch, actual in outputs:
+                metrics = compare_logits(*_per_prediction(reference, actual), num_real * _predictions_per_input(reference), tolerance)
+                record = Record(backend, list(entry.resolution), batch, precision, len(inputs), num_real,
+                                tolerance=asdict(tolerance), profiled=bool(runner.profiled_batches), **metrics)  # fmt: skip
+                if not record.passed:
+                    record.first_divergent_block = first_divergent_block(path, model, inputs, tolerance, batch_size)
+                records.append(record)
     return ValidationReport(records)
 
 

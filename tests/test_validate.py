@@ -14,6 +14,7 @@ from deploykit.errors import ConfigError, DeployKitError, ValidationError
 from deploykit.export import Manifest, export
 from deploykit.export.bundle import MANIFEST_FILE, sha256_file
 from deploykit.nn import create_model
+from deploykit.backends import OnnxrtRunner, registry
 from deploykit.validate import TOLERANCES, compare_logits, validate
 
 RESOLUTIONS = [(224, 224), (384, 384), (512, 512)]
@@ -110,3 +111,34 @@ def test_reference_weights_changed_since_export_are_refused(export_dir, tmp_path
     save_model(model, tmp_path / "w")
     with pytest.raises(DeployKitError, match="model.safetensors changed since export"):
         validate(tmp_path / "w")
+
+
+class _ProfiledEngine(OnnxrtRunner):
+    """Stands in for a dynamic-batch engine (ONNX Runtime underneath): it has a min/opt/max
+    profile and, like an engine, refuses any other batch; records every batch it was fed."""
+
+    name = "engine"
+    seen: list[int] = []
+
+    @property
+    def profiled_batches(self):
+        return (1, 3, 8)
+
+    def _infer(self, feed):
+        batch = len(next(iter(feed.values())))
+        assert batch in self.profiled_batches, f"fed batch {batch}"
+        self.seen.append(batch)
+        return super()._infer(feed)
+
+
+def test_engine_is_validated_at_every_profiled_batch(tmp_path, monkeypatch):
+    torch.manual_seed(0)
+    export(create_model("vit_tiny_patch16", encoding="ape", depth=2, num_classes=100), [(224, 224)], tmp_path)
+    monkeypatch.setitem(registry.RUNNER_FACTORIES, "engine", _ProfiledEngine)
+    _ProfiledEngine.seen = []
+    report = validate(tmp_path, backends=("ort", "engine"), num_random=2, num_real=3)
+    assert bool(report)
+    assert [(r.backend, r.batch, r.profiled) for r in report.records] == [
+        ("ort", 4, False), ("engine", 1, True), ("engine", 3, True), ("engine", 8, True)]
+    assert sorted(set(_ProfiledEngine.seen)) == [1, 3, 8] and all(r.num_inputs == 5 for r in report.records)
+    assert [r.label for r in report.records][1:] == ["engine@224/b1", "engine@224/b3", "engine@224/b8"]

@@ -54,6 +54,12 @@ class Runner:
     def input_names(self) -> list[str]:
         return ["images"]
 
+    @property
+    def profiled_batches(self) -> tuple[int, ...]:
+        """The batch sizes an engine was built for (its profile's min/opt/max), which validation
+        must each run; empty for runners that take any batch (PyTorch, ONNX Runtime)."""
+        return ()
+
     def __enter__(self):
         self.activate()
         return self

@@ -33,3 +33,23 @@ def create_runner(backend: str, onnx_path: str | os.PathLike) -> Runner:
     if backend not in RUNNER_FACTORIES:
         raise ConfigError(f"unknown backend {backend!r}; choose one of: {', '.join(RUNNER_FACTORIES)}")
     return RUNNER_FACTORIES[backend](onnx_path)
+
+
+def available_backends() -> list[str]:
+    """The registered backends whose prerequisites are present here: ``ort`` always; ``ort-cuda``
+    when onnxruntime has its CUDA provider; ``trt``/``rtx`` when their package imports and
+    PyTorch sees a CUDA GPU (the engine runners use torch for device buffers)."""
+    import onnxruntime as ort
+
+    from deploykit._lazy import is_available
+
+    def usable(name: str) -> bool:
+        if name == "ort-cuda":
+            return "CUDAExecutionProvider" in ort.get_available_providers()
+        if name in ("trt", "rtx"):
+            import torch
+
+            return torch.cuda.is_available() and is_available({"trt": "tensorrt", "rtx": "tensorrt_rtx"}[name])
+        return True
+
+    return [name for name in RUNNER_FACTORIES if usable(name)]

@@ -68,12 +68,12 @@ class TrtRunner(Runner):
             raise DeployKitError(_one_line(f"{self.name}: cannot deserialize the engine: {'; '.join(logger.errors) or 'no error reported'}"))
         names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
         inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
-        lo, _, hi = engine.get_tensor_profile_shape(inputs[0], 0)
+        lo, opt, hi = engine.get_tensor_profile_shape(inputs[0], 0)
         self._state = dict(
             trt=trt, logger=logger, runtime=runtime, engine=engine, context=engine.create_execution_context(),
             stream=torch.cuda.Stream(device=self.device), inputs=inputs, outputs=[n for n in names if n not in inputs],
             dtypes={n: _torch_dtype(trt, engine.get_tensor_dtype(n)) for n in names},
-            batch_range=(lo[0], hi[0]), buffers={}, graphs={},
+            batch_range=(lo[0], hi[0]), profiled_batches=tuple(sorted({lo[0], opt[0], hi[0]})), buffers={}, graphs={},
         )
 
     def input_names(self) -> list[str]:
@@ -83,6 +83,10 @@ class TrtRunner(Runner):
     def batch_range(self) -> tuple[int, int]:
         """Smallest and largest batch of the engine's optimization profile."""
         return self._state["batch_range"]
+
+    @property
+    def profiled_batches(self) -> tuple[int, ...]:
+        return self._state["profiled_batches"]
 
     def _infer(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         lo, hi = self.batch_range

@@ -195,7 +195,7 @@ class Pipeline:
         factories: Mapping[str, RunnerFactory] | None = None,
     ):
         from deploykit.export.bundle import checked_graph
-        from deploykit.validate import RUNNER_FACTORIES
+        from deploykit.backends.registry import RUNNER_FACTORIES
 
         if top_k < 1 or batch_size < 1:
             raise ConfigError(f"top_k and batch_size must be >= 1, got {top_k} and {batch_size}")

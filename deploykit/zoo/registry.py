@@ -69,6 +69,10 @@ ZOO: dict[str, ZooEntry] = {
         # 10000 (the authors' code) exceeds it.
         _entry("gridpe", base=54.59815003314423),
         _entry("geope"),
+        # SaPE² keeps the spec's npos_max = max(grid) + 1 = 7 (A9): at 1.5× and 2× the signatures
+        # clamp at the last entry rather than reading rows that training never reached.
+        _entry("sape2"),
+        _entry("sape2+ape", name="shapes-sape2-ape"),
     )
 }
 DEFAULT_ZOO_MODEL = "shapes-ape"

@@ -30,6 +30,19 @@ def test_one_mapping_for_validate_and_profile():
         registry.create_runner("tpu", "model.onnx")
 
 
+def test_available_backends_are_the_ones_that_can_run_here(monkeypatch):
+    import onnxruntime
+
+    names = registry.available_backends()
+    assert names[0] == "ort" and set(names) <= set(RUNNER_FACTORIES)
+    # Without a GPU (this CI), neither engine runner nor ORT's CUDA provider is offered.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    assert registry.available_backends() == ["ort"]
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert registry.available_backends() == ["ort", "ort-cuda"]
+
+
 class _Echo(TrtRunner):
     """A runner whose "engine" echoes its input, to check batch handling without a GPU."""
 
