@@ -72,7 +72,9 @@ def goal_rows(data: dict) -> list[str]:
         row(f"ORT p50 ≤ {limit} × torch eager at batch {batch} (224/384)", *(max(cases) if cases else (None, "")), limit)
     cases = [(r["roofline_fraction"], f"{r['encoding']} @ {r['resolution']}") for r in data["records"]
              if r["backend"] == "ort" and r["batch"] == 8 and r.get("roofline_fraction") is not None]  # fmt: skip
-    row("ORT ≥ 90% of the GEMM roofline at batch 8", *(min(cases) if cases else (None, "")), 0.9, higher_is_better=True)
+    ape = [c for c in cases if c[1].startswith("ape @")]
+    row("ORT ≥ 90% of the GEMM roofline at batch 8: the APE trunk", *(min(ape) if ape else (None, "")), 0.9, higher_is_better=True)
+    row("ORT ≥ 90% of the GEMM roofline at batch 8: every encoding", *(min(cases) if cases else (None, "")), 0.9, higher_is_better=True)
     return ["| goal | worst case | verdict |", "|---|---|---|", *rows]
 
 

@@ -11,6 +11,7 @@ Re-running overwrites the same files, so a later run on a quiet machine replaces
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 import time
@@ -48,9 +49,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, help="untimed calls before each measurement")
     parser.add_argument("--min-iterations", type=int, help="timed calls per measurement even when the duration is spent")
     parser.add_argument("--kernel-only", action="store_true", help="skip the end-to-end timings (halves a long sweep)")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the resolutions already in the output file and add the others (e.g. 512 at batch 1 only)")
     parser.add_argument("--device", default="cpu", help="PyTorch device: cpu or cuda")
     parser.add_argument("--note", default="", help="free text stored with the results (e.g. 'shared machine, loaded')")
     parser.add_argument("--output-dir", type=Path, default=RESULTS)
+    parser.add_argument("--tag", default="", help="suffix of the result file name, for a sweep beside the standard one")
     args = parser.parse_args(argv)
     for key, value in (QUICK if args.quick else FULL).items():
         if getattr(args, key, None) is None:
@@ -79,6 +83,13 @@ def sweep_model(name: str, args, path: Path) -> dict:
     budget = Budget(duration_s=args.duration, warmup=args.warmup, min_iterations=args.min_iterations, rounds=args.rounds)
     started = time.time()
     data: dict = {}
+    if args.resume and path.is_file():
+        data = json.loads(path.read_text())
+        if data.get("model") != name:
+            raise SystemExit(f"--resume: {path} holds {data.get('model')}, not {name}")
+        resolutions = [r for r in resolutions if resolution_tag(r) not in data["settings"]["resolutions"]]
+        data["command"] += " && python benchmarks/sweep.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        started -= data.get("wall_s", 0)
     for done, resolution in enumerate(resolutions, 1):
         report = profile(models, resolutions=[resolution], batches=args.batches, backends=args.backends or default_backends(),
                          budget=budget, end_to_end=args.end_to_end, device=args.device, label=name,
@@ -100,6 +111,7 @@ def sweep_model(name: str, args, path: Path) -> dict:
         else:
             data["records"] += part["records"]
             data["settings"]["resolutions"] += part["settings"]["resolutions"]
+            data["settings"]["batches"] = sorted({*data["settings"]["batches"], *part["settings"]["batches"]})
             data["environment"]["load_average_end"] = part["environment"]["load_average_end"]
         data["roofline"].update(roofline)
         data.update(complete=done == len(resolutions), wall_s=round(time.time() - started, 1))
@@ -112,7 +124,8 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     device = "cuda" if args.device == "cuda" else "cpu"
     for name in args.models:
-        sweep_model(name, args, args.output_dir / f"{device}-{'quick' if args.quick else 'full'}-{name}.json")
+        tag = f"-{args.tag}" if args.tag else ""
+        sweep_model(name, args, args.output_dir / f"{device}-{'quick' if args.quick else 'full'}-{name}{tag}.json")
     readme = write_readme(args.output_dir, Path(__file__).parent / "README.md")
     print(f"wrote {readme}", file=sys.stderr)
 
