@@ -6,15 +6,17 @@ as ``model_224_fp16.trt.engine`` with its fingerprint ``model_224_fp16.trt.json`
 now is reused; one that does not is refused, naming the fields, unless ``rebuild=True``: all
 graphs are checked before anything is built, so a refusal leaves the directory as it was.
 
-Shapes: the graphs are exported with static height/width (tables are baked per resolution)
-and a dynamic batch. By default each engine is fully static (batch ``batch``), TensorRT's
-fastest form; ``dynamic=True`` builds one optimization profile over the batch (1 / ``batch`` /
-``max_batch``). A resolution range in one engine would need graphs with dynamic H/W, which the
-baked tables rule out; export several resolutions instead.
+Shapes: a graph exported at one resolution has static height/width (tables baked for it) and
+a dynamic batch. By default each engine is fully static (batch ``batch``), TensorRT's fastest
+form; ``dynamic=True`` builds one optimization profile over the batch (1 / ``batch`` /
+``max_batch``). A graph exported over a resolution range (``export --resolution-range``, for
+encodings whose tables nest) gets a profile over that range too: min/opt/max height and width
+from the manifest, paired with the min/opt/max batch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -122,13 +124,13 @@ def build(
     load_plugin_modules(plugin_dirs)
     plans = [_plan(export_dir, entry, options, plugin_dirs, rebuild, device) for entry in entries]  # refuse before building
     results = []
-    for path, fingerprint, cached in plans:
+    for path, entry_options, fingerprint, cached in plans:
         engine, fp_path = engine_paths(path, module)
         start = time.perf_counter()
         if not cached:
             if progress is not None:
                 progress.label = path.name
-            save_engine(EngineFromOnnx(path, options, progress)(), engine)
+            save_engine(EngineFromOnnx(path, entry_options, progress)(), engine)
             write_fingerprint(fp_path, fingerprint, sha256_file(engine), plugin_dirs)
         results.append(BuiltEngine(path.name, engine, fp_path, cached, time.perf_counter() - start))
     return results
@@ -138,17 +140,24 @@ def _select(manifest: Manifest, precisions, resolutions) -> list[GraphEntry]:
     precisions = precisions or list(dict.fromkeys(g.precision for g in manifest.graphs))
     if resolutions:
         return [manifest.graph(tuple(r), p) for r in resolutions for p in precisions]
-    return [g for p in precisions for g in manifest.graphs_at(p)]
+    return [g for p in precisions for g in manifest.graphs_at(p, ranges=True)]
 
 
 def _plan(export_dir: Path, entry: GraphEntry, options: BuildOptions, plugin_dirs, rebuild: bool, device):
-    """``(graph path, fingerprint, reuse existing engine?)``; raises if a stale engine is in the way."""
+    """``(graph path, its build options, fingerprint, reuse existing engine?)``; raises if a stale
+    engine is in the way."""
     path = checked_graph(export_dir, entry)
-    shapes = profile_shapes(*_input_shape(path), options)
+    name, sample = _input_shape(path)
+    samples = [sample] * 3
+    if entry.resolution_range is not None:  # [C, H, W] at min / opt / max of the range
+        low, high = entry.resolution_range
+        samples = [[*sample[:-2], *shape] for shape in (low, entry.resolution, high)]
+        options = dataclasses.replace(options, sample_shapes=tuple(tuple(s) for s in samples))
+    shapes = profile_shapes(name, samples, options)
     fingerprint = current_fingerprint(path, graph_metadata(path), shapes, options, plugin_dirs, device)
     engine, fp_path = engine_paths(path, options.module)
     if not engine.exists() or rebuild:
-        return path, fingerprint, False
+        return path, options, fingerprint, False
     tag = next(t for t, m in BACKENDS.items() if m == options.module)
     hint = f"pass --rebuild to replace it (deploykit build {export_dir} --backend {tag} --rebuild)"
     try:
@@ -158,12 +167,12 @@ def _plan(export_dir: Path, entry: GraphEntry, options: BuildOptions, plugin_dir
     check_fingerprint(engine, stored, fingerprint, hint)
     if sha256_file(engine) != engine_sha:
         raise StaleEngineError(f"{engine} changed since it was built; {hint}")
-    return path, fingerprint, True
+    return path, options, fingerprint, True
 
 
 def _input_shape(path: Path) -> tuple[str, list[int]]:
     """Name and per-sample shape of the graph's one input (``images`` ``[C, H, W]``, ``tokens``
-    ``[T]``); the batch dim is the profile's."""
+    ``[T]``); the batch dim is the profile's (a dynamic height/width reads as 0)."""
     import onnx
 
     (graph_input,) = onnx.load(str(path), load_external_data=False).graph.input

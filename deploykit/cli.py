@@ -33,6 +33,25 @@ class _Resolution(click.ParamType):
 RESOLUTION = _Resolution()
 
 
+class _ResolutionRange(click.ParamType):
+    """``224:384:512`` (min:opt:max; each side may be ``HxW``) → three ``(height, width)``."""
+
+    name = "MIN:OPT:MAX"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        from deploykit.export.onnx_export import parse_resolution
+
+        parts = str(value).split(":")
+        if len(parts) != 3:
+            self.fail(f"{value!r} is not MIN:OPT:MAX, e.g. 224:384:512", param, ctx)
+        try:
+            return tuple(parse_resolution(p) for p in parts)
+        except DeployKitError as err:
+            self.fail(str(err), param, ctx)
+
+
 def _console():
     from rich.console import Console
 
@@ -55,7 +74,9 @@ def cli():
 @click.option("--opset", type=int, default=None, help="ONNX opset (default 18).")
 @click.option("--precision", "precisions", type=click.Choice(["fp32", "fp16", "bf16"]), multiple=True,
               help="Repeatable precision plan: matmuls in this type, tables/LayerNorm/Softmax/logits fp32 (default fp32).")
-def export(encoding, model_name, checkpoint, resolutions, output, opset, precisions):
+@click.option("--resolution-range", "resolution_range", type=_ResolutionRange(), default=None,
+              help="Also one graph for any resolution in MIN:OPT:MAX (e.g. 224:384:512; RoPE, GridPE, GeoPE).")
+def export(encoding, model_name, checkpoint, resolutions, output, opset, precisions, resolution_range):
     """Export a model to one ONNX graph per resolution, tables baked in, graph linted."""
     from deploykit.export import DEFAULT_OPSET, resolution_tag
     from deploykit.export import export as export_model
@@ -63,12 +84,15 @@ def export(encoding, model_name, checkpoint, resolutions, output, opset, precisi
 
     console = _console()
     model, source = resolve_model(checkpoint=checkpoint, encoding=encoding, model_name=model_name)
-    resolutions = resolutions or [model.default_shape]
+    resolutions = resolutions or ([] if resolution_range else [model.default_shape])
     with console.status("exporting") as status:
         manifest = export_model(model, resolutions, output, opset=opset or DEFAULT_OPSET, precisions=precisions or ("fp32",),
-                                source=source, progress=lambda msg: status.update(msg))
+                                source=source, progress=lambda msg: status.update(msg), resolution_range=resolution_range)
     for graph in manifest.graphs:
-        console.print(f"[green]✓[/] {output / graph.file}  ({resolution_tag(graph.resolution)}, {graph.precision}, opset {graph.opset})")
+        where = resolution_tag(graph.resolution)
+        if graph.resolution_range:
+            where = f"{' to '.join(resolution_tag(r) for r in graph.resolution_range)}, tuned for {where}"
+        console.print(f"[green]✓[/] {output / graph.file}  ({where}, {graph.precision}, opset {graph.opset})")
 
 
 @cli.command()
@@ -101,7 +125,7 @@ def _print_report(console, report) -> None:
 
     for r in report.records:
         mark = "[green]✓[/]" if r.passed else "[red]✗[/]"
-        where = resolution_tag(tuple(r.resolution)) + (f" b{r.batch}" if r.profiled else "")
+        where = resolution_tag(tuple(r.resolution)) + (f" b{r.batch}" if r.profiled else "") + (" (range)" if r.range_graph else "")
         line = (f"{mark} {r.backend:<5} {where:>8}  max|Δ| {r.max_abs:.2e}  mean|Δ| {r.mean_abs:.2e}"
                 f"  cos {r.cosine:.8f}  top1 {r.top1_agreement:.0%}  top5 {r.top5_agreement:.0%}  NaN/Inf {r.nan_count}/{r.inf_count}")
         if r.first_divergent_block:

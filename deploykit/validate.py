@@ -65,12 +65,16 @@ class Record:
     passed: bool
     failures: list[str] = field(default_factory=list)
     first_divergent_block: str | None = None
-    profiled: bool = False  # ``batch`` is one of an engine's profile shapes (min/opt/max)
+    profiled: bool = False  # ``resolution`` × ``batch`` is one of an engine's profile shapes (min/opt/max)
+    graph: str = ""  # the graph file checked
+    range_graph: bool = False  # the graph covers a resolution range (checked at its min/opt/max)
 
     @property
     def label(self) -> str:
-        """``ort@224``, or ``trt@224/b8`` for one profiled batch of an engine."""
-        return f"{self.backend}@{resolution_tag(tuple(self.resolution))}" + (f"/b{self.batch}" if self.profiled else "")
+        """``ort@224``; ``trt@224/b8`` for one profile shape of an engine; ``… in model_224-512.onnx``
+        for a resolution range's graph."""
+        label = f"{self.backend}@{resolution_tag(tuple(self.resolution))}" + (f"/b{self.batch}" if self.profiled else "")
+        return label + (f" in {self.graph}" if self.range_graph else "")
 
 
 @dataclass
@@ -218,31 +222,51 @@ def validate(
     factories = [(_choice(RUNNER_FACTORIES, b, "backend"), b) for b in backends]
     manifest = Manifest.read(export_dir)
     # --precision picks the graphs (model_224_fp16.onnx, ...) as well as the tolerance.
-    entries = [manifest.graph(tuple(r), precision) for r in resolutions] if resolutions else manifest.graphs_at(precision)
+    entries = [manifest.graph(tuple(r), precision) for r in resolutions] if resolutions else manifest.graphs_at(precision, ranges=True)
     _check_unchanged(export_dir / WEIGHTS_FILE, manifest.weights_sha256)
     model = load_reference(export_dir)
+    references: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
+
+    def reference_at(resolution):
+        """Inputs at one resolution and the PyTorch logits for them (computed once)."""
+        if resolution not in references:
+            inputs = validation_inputs(model, resolution, num_random, num_real, seed)
+            with TorchRunner(model) as runner:
+                references[resolution] = inputs, run_batched(runner, inputs, batch_size)["logits"]
+        return references[resolution]
+
     records = []
     for entry in entries:
         path = _checked_graph(export_dir, entry)
-        inputs = validation_inputs(model, entry.resolution, num_random, num_real, seed)
-        with TorchRunner(model) as runner:
-            reference = run_batched(runner, inputs, batch_size)["logits"]
         for factory, backend in factories:
             if progress:
-                progress(f"{backend} @ {resolution_tag(entry.resolution)}")
+                progress(f"{backend} @ {path.name}")
+            outputs = []
             with factory(path) as runner:
-                # An engine is checked at every batch of its optimization profile, each call
-                # exactly that batch; other runners take any batch and run in batch_size calls.
-                batches = runner.profiled_batches or (batch_size,)
-                outputs = [(batch, run_exact_batches(runner, inputs, batch)["logits"]) for batch in batches]
-            for batch, actual in outputs:
+                for resolution, batch in _checks(entry, runner, batch_size):
+                    inputs, _ = reference_at(resolution)
+                    outputs.append((resolution, batch, run_exact_batches(runner, inputs, batch)["logits"]))
+                profiled = bool(runner.profiled_shapes)
+            for resolution, batch, actual in outputs:
+                inputs, reference = reference_at(resolution)
                 metrics = compare_logits(*_per_prediction(reference, actual), num_real * _predictions_per_input(reference), tolerance)
-                record = Record(backend, list(entry.resolution), batch, precision, len(inputs), num_real,
-                                tolerance=asdict(tolerance), profiled=bool(runner.profiled_batches), **metrics)  # fmt: skip
+                record = Record(backend, list(resolution), batch, precision, len(inputs), num_real, tolerance=asdict(tolerance),
+                                profiled=profiled, graph=entry.file, range_graph=entry.resolution_range is not None,
+                                **metrics)  # fmt: skip
                 if not record.passed:
                     record.first_divergent_block = first_divergent_block(path, model, inputs, tolerance, batch_size)
                 records.append(record)
     return ValidationReport(records)
+
+
+def _checks(entry, runner: Runner, batch_size: int) -> list[tuple[tuple[int, ...], int]]:
+    """``(resolution, batch)`` pairs to run one graph at. An engine: every shape of its
+    optimization profile (min/opt/max), each call exactly that batch. Any other runner: every
+    resolution the graph covers (one, or min/opt/max of a range) in ``batch_size`` calls."""
+    if not runner.profiled_shapes:
+        return [(shape, batch_size) for shape in entry.shapes]
+    # [B, C, H, W] images → (H, W); [B, T] tokens → (T,), as the manifest writes resolutions.
+    return [(tuple(shape[2:]) if len(shape) == 4 else tuple(shape[1:]), shape[0]) for shape in runner.profiled_shapes]
 
 
 def _predictions_per_input(logits: np.ndarray) -> int:

@@ -115,19 +115,19 @@ def test_reference_weights_changed_since_export_are_refused(export_dir, tmp_path
 
 class _ProfiledEngine(OnnxrtRunner):
     """Stands in for a dynamic-batch engine (ONNX Runtime underneath): it has a min/opt/max
-    profile and, like an engine, refuses any other batch; records every batch it was fed."""
+    profile and, like an engine, refuses any other shape; records every batch it was fed."""
 
     name = "engine"
     seen: list[int] = []
 
     @property
-    def profiled_batches(self):
-        return (1, 3, 8)
+    def profiled_shapes(self):
+        return tuple((b, 3, 224, 224) for b in (1, 3, 8))
 
     def _infer(self, feed):
-        batch = len(next(iter(feed.values())))
-        assert batch in self.profiled_batches, f"fed batch {batch}"
-        self.seen.append(batch)
+        shape = next(iter(feed.values())).shape
+        assert shape in self.profiled_shapes, f"fed {shape}"
+        self.seen.append(shape[0])
         return super()._infer(feed)
 
 

@@ -55,9 +55,10 @@ class Runner:
         return ["images"]
 
     @property
-    def profiled_batches(self) -> tuple[int, ...]:
-        """The batch sizes an engine was built for (its profile's min/opt/max), which validation
-        must each run; empty for runners that take any batch (PyTorch, ONNX Runtime)."""
+    def profiled_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """The input shapes an engine was built for (its optimization profile's min/opt/max,
+        duplicates dropped), which validation must each run; empty for runners that take any
+        shape (PyTorch, ONNX Runtime)."""
         return ()
 
     def __enter__(self):

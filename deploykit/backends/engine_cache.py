@@ -15,7 +15,7 @@ import dataclasses
 import hashlib
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,16 +101,18 @@ def engine_paths(onnx_path: str | os.PathLike, module: str) -> tuple[Path, Path]
     return stem.with_name(f"{stem.name}.{tag}.engine"), stem.with_name(f"{stem.name}.{tag}.json")
 
 
-def profile_shapes(input_name: str, input_shape: Iterable[int], options: BuildOptions) -> dict[str, list[list[int]]]:
-    """The input's profile ``[min, opt, max]`` for its per-sample shape (``[C, H, W]`` images,
-    ``[T]`` tokens) and the options' batches."""
-    rest = list(input_shape)
-    return {input_name: [[b, *rest] for b in (options.min_batch, options.opt_batch, options.max_batch)]}
+def profile_shapes(input_name: str, sample_shapes: Sequence[Sequence[int]], options: BuildOptions) -> dict[str, list[list[int]]]:
+    """The input's profile ``[min, opt, max]``: per-sample shapes (``[C, H, W]`` images, ``[T]``
+    tokens; three of them, equal unless the graph covers a resolution range) with the options'
+    batches in front."""
+    batches = (options.min_batch, options.opt_batch, options.max_batch)
+    return {input_name: [[b, *sample] for b, sample in zip(batches, sample_shapes)]}
 
 
 def build_settings(options: BuildOptions) -> dict:
-    """The ``BuildOptions`` fields that change the engine (not where the timing cache lives)."""
-    return {k: v for k, v in dataclasses.asdict(options).items() if k not in ("timing_cache", "module")}
+    """The ``BuildOptions`` fields that change the engine (not where the timing cache lives;
+    a range's sample shapes are in the fingerprint's profile shapes already)."""
+    return {k: v for k, v in dataclasses.asdict(options).items() if k not in ("timing_cache", "module", "sample_shapes")}
 
 
 def plugin_sha256(plugin_dirs: Iterable[str | os.PathLike]) -> str | None:

@@ -68,6 +68,9 @@ class BuildOptions:
         timing_cache: Timing cache file, loaded if it exists and saved after the build.
             TensorRT only: it is a no-op in TensorRT-RTX and ignored there.
         plugin_libraries: Shared libraries with plugin creators, loaded before parsing.
+        sample_shapes: For a graph with dynamic height/width (a resolution range), the input's
+            per-sample shape (without the batch) at min, opt and max; ``None`` when only the
+            batch is dynamic.
     """
 
     module: str = "tensorrt"
@@ -78,6 +81,7 @@ class BuildOptions:
     max_batch: int = 8
     timing_cache: str | None = None
     plugin_libraries: tuple[str, ...] = ()
+    sample_shapes: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None = None
 
     def __post_init__(self) -> None:
         # Fail on construction, before minutes of building, rather than inside TensorRT.
@@ -274,27 +278,35 @@ def _parse(trt: ModuleType, network: Any, logger: Any, source: OnnxSource) -> An
 
 
 def _add_profile(builder: Any, network: Any, config: Any, options: BuildOptions) -> None:
-    """Give every input with a dynamic batch dim the min/opt/max batch range.
+    """Give every input with dynamic dims its min/opt/max: the batch range, and for a graph
+    exported over a resolution range the per-sample shapes of ``options.sample_shapes``.
 
-    Only dim 0 may be dynamic: the models are exported at one resolution, so any other dynamic
-    dim means the export went wrong, and guessing its range would build a slow or wrong engine.
+    Without ``sample_shapes`` only dim 0 may be dynamic: such a model was exported at one
+    resolution, so any other dynamic dim means the export went wrong, and guessing its range
+    would build a slow or wrong engine.
     """
     profile = builder.create_optimization_profile()
     dynamic = False
+    batches = (options.min_batch, options.opt_batch, options.max_batch)
     for i in range(network.num_inputs):
         tensor = network.get_input(i)
         dims = tuple(tensor.shape)
         if all(d >= 0 for d in dims):
             continue
-        bad = [axis for axis, d in enumerate(dims) if d < 0 and axis != 0]
-        if bad:
-            raise ExportError(
-                f"input {tensor.name!r} has shape {list(dims)} with dynamic non-batch dim(s) {bad}; "
-                "a static shape is expected for every dim but the batch (dim 0)"
-            )
-        rest = dims[1:]
-        shapes = [(batch, *rest) for batch in (options.min_batch, options.opt_batch, options.max_batch)]
-        profile.set_shape(tensor.name, *shapes)
+        if options.sample_shapes is not None:
+            samples = [tuple(s) for s in options.sample_shapes]
+            fits = all(len(s) == len(dims) - 1 and all(d < 0 or d == v for d, v in zip(dims[1:], s)) for s in samples)
+            if not fits:
+                raise ExportError(f"input {tensor.name!r} has shape {list(dims)}; the profile's {samples} do not fit it")
+        else:
+            bad = [axis for axis, d in enumerate(dims) if d < 0 and axis != 0]
+            if bad:
+                raise ExportError(
+                    f"input {tensor.name!r} has shape {list(dims)} with dynamic non-batch dim(s) {bad}; "
+                    "a static shape is expected for every dim but the batch (dim 0) unless the graph covers a resolution range"
+                )
+            samples = [dims[1:]] * 3
+        profile.set_shape(tensor.name, *[(batch, *sample) for batch, sample in zip(batches, samples)])
         dynamic = True
     if dynamic:
         config.add_optimization_profile(profile)

@@ -73,7 +73,7 @@ class TrtRunner(Runner):
             trt=trt, logger=logger, runtime=runtime, engine=engine, context=engine.create_execution_context(),
             stream=torch.cuda.Stream(device=self.device), inputs=inputs, outputs=[n for n in names if n not in inputs],
             dtypes={n: _torch_dtype(trt, engine.get_tensor_dtype(n)) for n in names},
-            batch_range=(lo[0], hi[0]), profiled_batches=tuple(sorted({lo[0], opt[0], hi[0]})), buffers={}, graphs={},
+            batch_range=(lo[0], hi[0]), profiled_shapes=tuple(dict.fromkeys(tuple(s) for s in (lo, opt, hi))), buffers={}, graphs={},
         )
 
     def input_names(self) -> list[str]:
@@ -85,8 +85,8 @@ class TrtRunner(Runner):
         return self._state["batch_range"]
 
     @property
-    def profiled_batches(self) -> tuple[int, ...]:
-        return self._state["profiled_batches"]
+    def profiled_shapes(self) -> tuple[tuple[int, ...], ...]:
+        return self._state["profiled_shapes"]
 
     def _infer(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         lo, hi = self.batch_range
@@ -121,8 +121,8 @@ class TrtRunner(Runner):
         s = self._state
         if shape not in s["buffers"]:
             context = s["context"]
-            for name in s["inputs"]:  # every input shares the batch dim; the rest is static
-                context.set_input_shape(name, (shape[0], *s["engine"].get_tensor_shape(name)[1:]))
+            for name in s["inputs"]:  # the first input's shape is the feed's (height/width may be dynamic)
+                context.set_input_shape(name, shape if name == s["inputs"][0] else (shape[0], *s["engine"].get_tensor_shape(name)[1:]))
             make = lambda name: torch.empty(tuple(context.get_tensor_shape(name)), dtype=s["dtypes"][name], device=self.device)  # noqa: E731
             s["buffers"][shape] = ({n: make(n) for n in s["inputs"]}, {n: make(n) for n in s["outputs"]})
         return s["buffers"][shape]

@@ -117,6 +117,31 @@ class PositionalEncoding(nn.Module):
         """
         raise NotImplementedError(f"{type(self).__name__} has no logits hook")
 
+    @property
+    def tables_nest(self) -> bool:
+        """True when a smaller grid's tables are the top-left block of a larger grid's (rotations
+        of integer patch coordinates): one graph then serves a range of resolutions by cropping
+        the largest grid's tables in-graph (``crop_tables``). False for tables resized or
+        normalised to the grid (learned APE, WePE, MoPE, centred coordinates), which must be
+        baked per resolution."""
+        return False
+
+    def crop_tables(self, tables: PETables, full_grid: tuple[int, int], grid: tuple[int, int]) -> PETables:
+        """Tables for ``grid`` cut from those built for the larger ``full_grid`` (only where
+        ``tables_nest``). Every table has its tokens on dim -2, prefix tokens first, patches
+        row-major; ``grid`` may be symbolic (traced shapes), so this is plain slicing."""
+        if not self.tables_nest:
+            raise NotImplementedError(f"{type(self).__name__} tables depend on the whole grid; they do not crop")
+        prefix = self.dims.num_prefix_tokens
+
+        def crop(table: Tensor) -> Tensor:
+            lead, width = table.shape[:-2], table.shape[-1]
+            patches = table[..., prefix:, :].reshape(*lead, full_grid[0], full_grid[1], width)
+            patches = patches[..., : grid[0], : grid[1], :].reshape(*lead, grid[0] * grid[1], width)
+            return torch.cat([table[..., :prefix, :], patches], dim=-2)
+
+        return tables.map(crop)
+
     def uses(self, hook: Hook) -> bool:
         """Whether the trunk calls ``hook``'s method: ``self.hook``, unless an encoding adds the
         tokens hook to its own (SaPE² + APE)."""

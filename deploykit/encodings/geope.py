@@ -244,6 +244,10 @@ class GeoPE(PositionalEncoding):
         self.register_buffer("idx1", idx1, persistent=False)
         self.register_buffer("idx2", idx2, persistent=False)
 
+    @property
+    def tables_nest(self) -> bool:
+        return self.config.coords == "corner0"  # indices from the top-left; "center" shifts per grid
+
     def tables(self, grid: tuple[int, int]) -> PETables:
         # Built on the host in float64; the trunk casts and moves them next to the input.
         c0, c1, c2 = build_geope_table(grid, self.dims.head_dim, self.config, self.dims.num_prefix_tokens)

@@ -250,6 +250,10 @@ class GridPE(PositionalEncoding):
         """``[S]`` float64 scale magnitudes for this head dim and base."""
         return gridpe_magnitudes(self.dims.head_dim, SPATIAL_DIM, self.config.base)
 
+    @property
+    def tables_nest(self) -> bool:
+        return self.config.coords == "raw"  # integer patch indices; "normalized" rescales per grid
+
     def tables(self, grid: tuple[int, int]) -> PETables:
         positions = grid_positions(grid, self.dims.grid, self.config.coords)  # [N, 2]
         freqs = gridpe_frequencies(self.omegas.to(F64), self.magnitudes(), self.config.layout)  # [L, H, M·S, 2]

@@ -119,6 +119,10 @@ class Rope2d(PositionalEncoding):
             with torch.no_grad():
                 self.freqs.copy_(init_mixed_freqs(self.dims.depth, self.dims.num_heads, self.dims.head_dim, self.config.theta))
 
+    @property
+    def tables_nest(self) -> bool:
+        return True  # rotations by integer patch coordinates, whatever the grid
+
     def tables(self, grid: tuple[int, int]) -> PETables:
         if self.config.mode == "axial":
             angles = axial_angles(grid, self.dims.head_dim, self.config.theta)[None]  # [1, N, d/2]

@@ -7,6 +7,8 @@ Layout of ``DIR``::
     model.safetensors    the PyTorch reference model's weights  } to validate
     model_224.onnx       one graph per resolution (tables baked, batch dynamic)
     model_224_fp16.onnx  the same graph under a precision plan (``--precision fp16``/``bf16``)
+    model_224-512.onnx   one graph for a resolution range (``--resolution-range 224:384:512``;
+                         dynamic height/width, for encodings whose tables nest)
 
 Every file is written atomically; re-exporting the same weights adds resolutions to the
 manifest, exporting different weights starts a new manifest.
@@ -26,7 +28,7 @@ from deploykit._io import write_json_atomic
 from deploykit.encodings import config_to_dict
 from deploykit.errors import DeployKitError
 from deploykit.export.lint import check_graph
-from deploykit.export.onnx_export import DEFAULT_OPSET, onnx_from_model, resolution_tag, save_onnx
+from deploykit.export.onnx_export import DEFAULT_OPSET, check_resolution_range, onnx_from_model, resolution_tag, save_onnx
 from deploykit.export.precision import PRECISIONS, apply_precision, check_precision
 from deploykit.nn.checkpoint import WEIGHTS_FILE, load_model, save_model
 from deploykit.nn.factory import Model
@@ -36,13 +38,24 @@ MANIFEST_FILE = "manifest.json"
 
 @dataclass(frozen=True)
 class GraphEntry:
-    """One exported resolution (``(height, width)``, or ``(length,)`` for a sequence model)."""
+    """One exported resolution (``(height, width)``, or ``(length,)`` for a sequence model), or
+    a resolution range: then ``resolution`` is the shape it is tuned for and ``resolution_range``
+    its ``(min, max)``."""
 
     resolution: tuple[int, ...]
     file: str
     sha256: str
     opset: int
     precision: str = "fp32"  # manifests written before precision plans hold fp32 graphs only
+    resolution_range: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+
+    @property
+    def shapes(self) -> list[tuple[int, ...]]:
+        """The resolutions this graph must be checked at: its one, or min/opt/max of its range."""
+        if self.resolution_range is None:
+            return [tuple(self.resolution)]
+        low, high = self.resolution_range
+        return list(dict.fromkeys([tuple(low), tuple(self.resolution), tuple(high)]))
 
 
 @dataclass
@@ -58,7 +71,8 @@ class Manifest:
     def graph(self, resolution: tuple[int, ...], precision: str = "fp32") -> GraphEntry:
         # Compared by tag: a sequence length parsed from "--resolution 256" is (256, 256).
         for entry in self.graphs:
-            if resolution_tag(entry.resolution) == resolution_tag(tuple(resolution)) and entry.precision == precision:
+            if entry.resolution_range is None and entry.precision == precision and \
+                    resolution_tag(entry.resolution) == resolution_tag(tuple(resolution)):
                 return entry
         have = ", ".join(_graph_label(g) for g in self.graphs) or "none"
         raise DeployKitError(
@@ -66,12 +80,14 @@ class Manifest:
             "run deploykit export --resolution ... --precision ..."
         )
 
-    def graphs_at(self, precision: str) -> list[GraphEntry]:
-        """Every exported graph of one precision plan, or an error naming what was exported."""
-        found = [g for g in self.graphs if g.precision == precision]
+    def graphs_at(self, precision: str, ranges: bool = False) -> list[GraphEntry]:
+        """Every exported graph of one precision plan (fixed resolutions, and resolution ranges
+        too when ``ranges``), or an error naming what was exported."""
+        found = [g for g in self.graphs if g.precision == precision and (ranges or g.resolution_range is None)]
         if not found:
-            have = ", ".join(sorted({g.precision for g in self.graphs})) or "none"
-            raise DeployKitError(f"no {precision} graphs exported (exported: {have}); run deploykit export --precision {precision}")
+            have = ", ".join(_graph_label(g) for g in self.graphs) or "none"
+            what = f"{precision} graphs" if ranges else f"{precision} graphs at a fixed resolution"
+            raise DeployKitError(f"no {what} exported (exported: {have}); run deploykit export -r ... --precision {precision}")
         return found
 
     def to_dict(self) -> dict:
@@ -82,7 +98,7 @@ class Manifest:
         path = Path(directory) / MANIFEST_FILE
         try:
             data = json.loads(path.read_text())
-            data["graphs"] = [GraphEntry(**{**g, "resolution": tuple(g["resolution"])}) for g in data["graphs"]]
+            data["graphs"] = [_graph_entry(g) for g in data["graphs"]]
             return cls(**data)
         except FileNotFoundError:
             raise DeployKitError(f"{directory} is not a deploykit export directory (no {MANIFEST_FILE}); run deploykit export first") from None
@@ -90,15 +106,28 @@ class Manifest:
             raise DeployKitError(f"corrupt manifest {path}: {err}") from err
 
 
+def _graph_entry(data: dict) -> GraphEntry:
+    span = data.get("resolution_range")
+    return GraphEntry(**{**data, "resolution": tuple(data["resolution"]),
+                         "resolution_range": tuple(tuple(r) for r in span) if span else None})  # fmt: skip
+
+
+def range_tag(resolution_range) -> str:
+    """``((224, 224), (512, 512))`` → ``"224-512"``."""
+    return "-".join(resolution_tag(tuple(r)) for r in resolution_range)
+
+
 def _graph_label(entry: GraphEntry) -> str:
-    tag = resolution_tag(tuple(entry.resolution))
+    tag = resolution_tag(tuple(entry.resolution)) if entry.resolution_range is None else range_tag(entry.resolution_range)
     return tag if entry.precision == "fp32" else f"{tag} {entry.precision}"
 
 
-def graph_file_name(resolution: tuple[int, int], precision: str = "fp32") -> str:
-    """``model_224.onnx`` for fp32 (the name before precision plans), ``model_224_fp16.onnx`` else."""
+def graph_file_name(resolution: tuple[int, int], precision: str = "fp32", resolution_range=None) -> str:
+    """``model_224.onnx`` for fp32 (the name before precision plans), ``model_224_fp16.onnx``
+    else; ``model_224-512.onnx`` for a resolution range."""
     suffix = "" if precision == "fp32" else f"_{precision}"
-    return f"model_{resolution_tag(resolution)}{suffix}.onnx"
+    tag = resolution_tag(resolution) if resolution_range is None else range_tag(resolution_range)
+    return f"model_{tag}{suffix}.onnx"
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -133,6 +162,7 @@ def export(
     precisions: Iterable[str] = ("fp32",),
     source: str = "",
     progress=None,
+    resolution_range: tuple[tuple[int, int], tuple[int, int], tuple[int, int]] | None = None,
 ) -> Manifest:
     """Export ``model`` at each resolution into ``output_dir`` (see the module docstring).
 
@@ -149,34 +179,41 @@ def export(
             ``deploykit.export.precision``).
         source: where the model came from (recorded in the manifest).
         progress: optional callable ``progress(message)`` for long exports.
+        resolution_range: ``(min, opt, max)``: also write one graph taking any resolution in
+            that range (``onnx_from_model``'s ``resolution_range``), tuned for ``opt``.
 
     Returns:
         The manifest written to ``output_dir``.
     """
     # check_shape raises ResolutionError before any file is touched
-    resolutions = list(dict.fromkeys(model.check_shape(tuple(r)) for r in resolutions))
+    # (resolution, range or None): every fixed resolution, then the range's graph if asked for.
+    jobs = [(r, None) for r in dict.fromkeys(model.check_shape(tuple(r)) for r in resolutions)]
+    if resolution_range is not None:
+        low, opt, high = (tuple(r) for r in resolution_range)
+        check_resolution_range(model, low, opt, high)
+        jobs.append((opt, (low, high)))
     precisions = list(dict.fromkeys(precisions))
     for precision in precisions:
         check_precision(precision)
     output_dir = Path(output_dir)
     protos = []
-    for resolution in resolutions:
+    for resolution, span in jobs:
         if progress:
-            progress(f"exporting {resolution_tag(resolution)}")
-        proto = onnx_from_model(model, resolution, opset)
+            progress(f"exporting {resolution_tag(resolution) if span is None else range_tag(span)}")
+        proto = onnx_from_model(model, resolution, opset, resolution_range=span)
         for precision in precisions:
             planned = apply_precision(proto, precision)
             if precision != "fp32":
                 check_graph(planned)  # the casts must leave a valid, strictly typed graph
-            protos.append((resolution, precision, planned))
+            protos.append((resolution, span, precision, planned))
     save_model(model, output_dir)
     manifest = _fresh_or_existing_manifest(output_dir, model, source)
-    for resolution, precision, proto in protos:
-        name = graph_file_name(resolution, precision)
+    for resolution, span, precision, proto in protos:
+        name = graph_file_name(resolution, precision, span)
         save_onnx(proto, output_dir / name)
-        manifest.graphs = [g for g in manifest.graphs if (tuple(g.resolution), g.precision) != (resolution, precision)]
-        manifest.graphs.append(GraphEntry(resolution, name, sha256_file(output_dir / name), opset, precision))
-    manifest.graphs.sort(key=lambda g: (g.resolution, list(PRECISIONS).index(g.precision)))
+        manifest.graphs = [g for g in manifest.graphs if g.file != name]
+        manifest.graphs.append(GraphEntry(resolution, name, sha256_file(output_dir / name), opset, precision, span))
+    manifest.graphs.sort(key=lambda g: (g.resolution_range is not None, g.resolution, list(PRECISIONS).index(g.precision)))
     write_json_atomic(output_dir / MANIFEST_FILE, manifest.to_dict())
     return manifest
 

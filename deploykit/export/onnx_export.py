@@ -5,6 +5,11 @@ sequence model. ``BakedModel`` freezes the encoding's tables for one patch grid 
 into buffers under ``pe_tables``; the dynamo exporter turns them into initializers named
 ``pe_tables.<name>``, which the lint recognises (they must stay fp32). The batch dimension is
 dynamic; the spatial size is static (one engine per resolution is TensorRT's fastest form).
+
+A resolution range (``resolution_range``) gives one graph with dynamic height and width instead,
+for encodings whose tables nest (``PositionalEncoding.tables_nest``: RoPE, GridPE with raw
+coordinates, GeoPE from the corner): ``RangeBakedModel`` bakes the largest grid's tables and
+crops them to each input's grid inside the graph.
 """
 
 from __future__ import annotations
@@ -95,6 +100,43 @@ class BakedModel(nn.Module):
         return self.model.forward_with_tables(x, self.baked_tables())
 
 
+class RangeBakedModel(BakedModel):
+    """A model with the tables of the largest resolution of a range baked in, cropped in the graph
+    to each input's patch grid (only for encodings whose tables nest).
+
+    Args:
+        model: the trained trunk (float32, eval mode); a ViT whose encoding has ``tables_nest``.
+        largest: the largest ``(height, width)`` of the range.
+    """
+
+    def __init__(self, model: Model, largest: tuple[int, int]):
+        super().__init__(model, largest)
+        self.full_grid = model.grid(*largest)
+
+    def forward(self, x: Tensor) -> Tensor:
+        grid = self.model.grid(*x.shape[-2:])
+        tables = self.model.pos_enc.crop_tables(self.baked_tables(), self.full_grid, grid)
+        return self.model.forward_with_tables(x, tables)
+
+
+def check_resolution_range(model: Model, low: tuple[int, int], opt: tuple[int, int], high: tuple[int, int]) -> None:
+    """Refuse, in one line, a range one graph cannot serve: a sequence model, an encoding whose
+    tables do not nest, a shape that is not a multiple of the patch, or ``low <= opt <= high``
+    broken on either axis."""
+    encoding = config_to_dict(model.cfg.encoding)["name"]
+    if not hasattr(model, "grid"):
+        raise ExportError("a resolution range needs a ViT; sequence models bake their tables and masks per length")
+    if not model.pos_enc.tables_nest:
+        raise ExportError(
+            f"{encoding} builds its tables for the whole grid (resized or normalised), so one graph cannot serve "
+            "a resolution range; export each resolution (-r) instead"
+        )
+    for shape in (low, opt, high):
+        model.check_shape(shape)
+    if not all(a <= b <= c for a, b, c in zip(low, opt, high)):
+        raise ExportError(f"resolution range needs min <= opt <= max on each axis, got {low}, {opt}, {high}")
+
+
 def _register_tables(owner: nn.Module, tables: PETables) -> PETables:
     """Register every distinct table once as a buffer; return the same structure holding names.
 
@@ -129,22 +171,42 @@ class ExportedGraph:
     opset: int
 
 
-def onnx_from_model(model: Model, resolution: tuple[int, ...], opset: int = DEFAULT_OPSET) -> onnx.ModelProto:
+def onnx_from_model(
+    model: Model,
+    resolution: tuple[int, ...],
+    opset: int = DEFAULT_OPSET,
+    resolution_range: tuple[tuple[int, int], tuple[int, int]] | None = None,
+) -> onnx.ModelProto:
     """Export ``model`` at ``resolution`` to an in-memory ONNX model, with metadata, linted.
+
+    With ``resolution_range = (min, max)`` the graph takes any height and width between the two
+    (multiples of the patch; ``resolution`` is the shape it is traced and tuned at), its tables
+    baked for ``max`` and cropped per input (``RangeBakedModel``).
 
     Raises:
         ResolutionError: the shape does not fit the model (not a multiple of the patch size, a
             length beyond a learned table).
-        ExportError: the exporter failed or the graph failed the lint.
+        ExportError: the exporter failed, the graph failed the lint, or the range cannot be
+            served by one graph (``check_resolution_range``).
     """
     if any(p.dtype != torch.float32 for p in model.parameters()):
         # Export in fp32 without changing the caller's model (buffers such as GridPE's float64
         # omegas stay as they are: tables are built from them in float64 anyway).
         model = copy.deepcopy(model).float()
     resolution = model.check_shape(resolution)
-    baked = BakedModel(model.eval(), resolution).eval()
     example = model.example_input(resolution, _EXAMPLE_BATCH)
     batch = torch.export.Dim("batch", min=1, max=_MAX_BATCH)
+    input_dims = {0: batch}
+    if resolution_range is None:
+        baked = BakedModel(model.eval(), resolution).eval()
+    else:
+        low, high = (tuple(r) for r in resolution_range)
+        check_resolution_range(model, low, resolution, high)
+        baked = RangeBakedModel(model.eval(), high).eval()
+        patch = model.cfg.patch_size
+        for axis, name, lo, hi in ((2, "grid_h", low[0], high[0]), (3, "grid_w", low[1], high[1])):
+            if lo < hi:  # an axis without a range stays static
+                input_dims[axis] = patch * torch.export.Dim(name, min=lo // patch, max=hi // patch)
     # The dynamo exporter prints progress lines and warnings about unrelated packages even with
     # verbose=False; keep the CLI quiet and show only our own errors.
     # no_grad: with an attention mask that requires grad (SaPE²'s bias), torch.export records the
@@ -159,7 +221,7 @@ def onnx_from_model(model: Model, resolution: tuple[int, ...], opset: int = DEFA
                 opset_version=opset,
                 input_names=[model.input_name],
                 output_names=[OUTPUT_NAME],
-                dynamic_shapes=({0: batch},),
+                dynamic_shapes=(input_dims,),
                 custom_translation_table=CUSTOM_TRANSLATIONS,
                 optimize=True,
                 verbose=False,
@@ -169,7 +231,7 @@ def onnx_from_model(model: Model, resolution: tuple[int, ...], opset: int = DEFA
     # Rewrite and fold first: the SaPE2Bias function is attached afterwards, so the optimiser cannot inline it.
     proto = _rewrite_and_fold(program.model_proto)
     attach_functions(proto)
-    _add_metadata(proto, model, resolution)
+    _add_metadata(proto, model, resolution, resolution_range)
     check_graph(proto)
     return proto
 
@@ -236,7 +298,7 @@ def _block_scope(node: onnx.NodeProto, scope: str) -> str:
     return ""
 
 
-def _add_metadata(proto: onnx.ModelProto, model: Model, resolution: tuple[int, ...]) -> None:
+def _add_metadata(proto: onnx.ModelProto, model: Model, resolution: tuple[int, ...], resolution_range=None) -> None:
     meta = {
         "deploykit.version": deploykit.__version__,
         "deploykit.encoding": config_to_dict(model.cfg.encoding)["name"],
@@ -247,6 +309,8 @@ def _add_metadata(proto: onnx.ModelProto, model: Model, resolution: tuple[int, .
     }
     if hasattr(model.cfg, "patch_size"):
         meta["deploykit.patch_size"] = str(model.cfg.patch_size)
+    if resolution_range is not None:
+        meta["deploykit.resolution_range"] = json.dumps([list(r) for r in resolution_range])
     onnx.helper.set_model_props(proto, {**{p.key: p.value for p in proto.metadata_props}, **meta})
     proto.producer_name = "deploykit"
     proto.producer_version = deploykit.__version__
