@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deploykit.backends.engine_cache import (
+    BACKEND_TAGS,
+    ENGINE_MODULES,
     Device,
     check_fingerprint,
     current_fingerprint,
@@ -39,7 +41,7 @@ from deploykit.errors import ConfigError, StaleEngineError
 from deploykit.export.bundle import GraphEntry, Manifest, checked_graph, sha256_file
 
 # ``--backend`` -> TensorRT flavour. "Does it build" is checked with rtx on CPU-only machines.
-BACKENDS = {"trt": "tensorrt", "rtx": "tensorrt_rtx"}
+BACKENDS = ENGINE_MODULES
 TIMING_CACHE_FILE = "timing.cache"
 
 _log = logging.getLogger(__name__)
@@ -158,7 +160,7 @@ def _plan(export_dir: Path, entry: GraphEntry, options: BuildOptions, plugin_dir
     engine, fp_path = engine_paths(path, options.module)
     if not engine.exists() or rebuild:
         return path, options, fingerprint, False
-    tag = next(t for t, m in BACKENDS.items() if m == options.module)
+    tag = BACKEND_TAGS[options.module]
     hint = f"pass --rebuild to replace it (deploykit build {export_dir} --backend {tag} --rebuild)"
     try:
         stored, engine_sha, _ = read_fingerprint(fp_path)

@@ -25,6 +25,7 @@ from deploykit.errors import StaleEngineError
 
 # TensorRT flavour -> the tag in engine file names and in ``--backend``.
 BACKEND_TAGS = {"tensorrt": "trt", "tensorrt_rtx": "rtx"}
+ENGINE_MODULES = {tag: module for module, tag in BACKEND_TAGS.items()}  # ``--backend`` tag -> flavour
 _MAX_VALUE_CHARS = 40  # keep the one-line refusal readable when a hash differs
 
 

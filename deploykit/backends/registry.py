@@ -12,6 +12,7 @@ from collections.abc import Callable
 from functools import partial
 
 from deploykit.backends.base import Runner
+from deploykit.backends.engine_cache import ENGINE_MODULES
 from deploykit.backends.onnxrt import OnnxrtCudaRunner, OnnxrtRunner
 from deploykit.backends.trt_runner import engine_runner
 from deploykit.errors import ConfigError
@@ -19,8 +20,7 @@ from deploykit.errors import ConfigError
 RUNNER_FACTORIES: dict[str, Callable[[str | os.PathLike], Runner]] = {
     "ort": OnnxrtRunner,
     "ort-cuda": OnnxrtCudaRunner,
-    "trt": partial(engine_runner, module="tensorrt"),
-    "rtx": partial(engine_runner, module="tensorrt_rtx"),
+    **{tag: partial(engine_runner, module=module) for tag, module in ENGINE_MODULES.items()},
 }
 
 
@@ -46,10 +46,10 @@ def available_backends() -> list[str]:
     def usable(name: str) -> bool:
         if name == "ort-cuda":
             return "CUDAExecutionProvider" in ort.get_available_providers()
-        if name in ("trt", "rtx"):
+        if name in ENGINE_MODULES:
             import torch
 
-            return torch.cuda.is_available() and is_available({"trt": "tensorrt", "rtx": "tensorrt_rtx"}[name])
+            return torch.cuda.is_available() and is_available(ENGINE_MODULES[name])
         return True
 
     return [name for name in RUNNER_FACTORIES if usable(name)]
