@@ -14,6 +14,8 @@ dim, ``H`` heads, ``d`` head dim):
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -142,6 +144,23 @@ class PositionalEncoding(nn.Module):
 
         return tables.map(crop)
 
+    def contiguous_qk_form(self) -> QKChannelOrder | None:
+        """This encoding for q/k head channels reordered so that the channels it mixes are
+        contiguous slices, or ``None`` where they already are (or it has no qk hook).
+
+        Interleaved rotary pairs and GeoPE's contiguous triplets read every other or every third
+        channel: a strided slice or a ``Gather`` on the last axis, which ONNX Runtime copies one
+        element at a time. The exporter reorders the q and k rows of each block's ``qkv``
+        projection by ``order`` and applies the returned form instead (``deploykit.export.qk_channels``).
+        """
+        return None
+
+    def with_config(self, **changes) -> PositionalEncoding:
+        """A copy (parameters and buffers included) whose config has ``changes``."""
+        clone = copy.deepcopy(self)
+        clone.config = dataclasses.replace(self.config, **changes)
+        return clone
+
     def uses(self, hook: Hook) -> bool:
         """Whether the trunk calls ``hook``'s method: ``self.hook``, unless an encoding adds the
         tokens hook to its own (SaPE² + APE)."""
@@ -149,6 +168,22 @@ class PositionalEncoding(nn.Module):
 
     def reset_parameters(self) -> None:
         """Initialise learned parameters (called by the trunk's init)."""
+
+
+@dataclass(frozen=True)
+class QKChannelOrder:
+    """An equivalent form of a qk-hook encoding for reordered head channels.
+
+    Attributes:
+        order: int64 ``[d]``; position ``i`` of the reordered head vector holds channel
+            ``order[i]`` of the original. The same order for q and k leaves every q·k unchanged.
+        encoding: the encoding to apply to q and k in that order; with it the model computes
+            the same function (each q·k sums its channels in another order, so fp32 results
+            differ by rounding only).
+    """
+
+    order: Tensor
+    encoding: PositionalEncoding
 
 
 def prefix_identity_rotation(num_prefix: int, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:

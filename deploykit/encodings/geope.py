@@ -18,7 +18,10 @@ Applied form (spec §7.3 B): ``x' = C0 ⊙ x + C1 ⊙ x[..., idx1] + C2 ⊙ x[..
 dim ``j`` holding component ``a`` of triplet ``g``, ``idx1[j]`` / ``idx2[j]`` hold components
 ``(a+1) mod 3`` / ``(a+2) mod 3`` of the same triplet and ``C0, C1, C2 = R_g[a, a], R_g[a, a+1],
 R_g[a, a+2]``. Only Mul, Add and constant-index Gather: no Einsum over 3-wide dims, no slice
-writes, no complex dtypes. Tables ``c0``, ``c1``, ``c2`` are ``[P + N, d]`` (prefix rows first,
+writes, no complex dtypes. In the ``blocked`` grouping the partners of each third of the head
+vector are the other two thirds, so ``apply_geope_blocked`` reads them as slices (with the
+tables cut into the same thirds) instead of gathering channel by channel; the exporter reorders q/k channels into that grouping
+(``contiguous_qk_form``). Tables ``c0``, ``c1``, ``c2`` are ``[P + N, d]`` (prefix rows first,
 then patches row-major), identical for every block and head; prefix rows and the ``d - 3G``
 passthrough dims are the identity (``C0 = 1``, ``C1 = C2 = 0``, ``idx = j``).
 
@@ -35,7 +38,15 @@ import torch
 from torch import Tensor
 
 from deploykit.encodings._registry import register_encoding
-from deploykit.encodings.base import EncodingConfig, Hook, PETables, PositionalEncoding, TrunkDims, patch_coordinates
+from deploykit.encodings.base import (
+    EncodingConfig,
+    Hook,
+    PETables,
+    PositionalEncoding,
+    QKChannelOrder,
+    TrunkDims,
+    patch_coordinates,
+)
 
 F64 = torch.float64
 
@@ -221,6 +232,35 @@ def apply_geope(x: Tensor, c0: Tensor, c1: Tensor, c2: Tensor, idx1: Tensor, idx
     return c0 * x + c1 * torch.index_select(x, -1, idx1) + c2 * torch.index_select(x, -1, idx2)
 
 
+def split_blocked_tables(c0: Tensor, c1: Tensor, c2: Tensor) -> dict[str, Tensor]:
+    """``blocked`` tables as thirds: ``c{k}_{a}`` ``[..., G]`` is columns ``a·G … (a+1)·G`` of
+    ``Ck`` (component ``a`` of every triplet). The tail is the identity and needs no table.
+
+    Each third is its own table (so exported, each is a ``pe_tables.*`` fp32 initializer; a
+    slice of a table inside the graph would be folded into an anonymous constant).
+    """
+    groups = c0.shape[-1] // 3
+    return {f"c{k}_{a}": t[..., a * groups : (a + 1) * groups].contiguous() for k, t in enumerate((c0, c1, c2)) for a in range(3)}
+
+
+def apply_geope_blocked(x: Tensor, thirds: dict[str, Tensor]) -> Tensor:
+    """``apply_geope`` for the ``blocked`` grouping, by slices: thirds ``A, B, C`` of the first
+    ``3G`` dims hold components 0, 1, 2 of every triplet, so ``A' = C0 A + C1 B + C2 C`` and
+    cyclically; the tail passes. The same products and sums in the same order as ``apply_geope``.
+
+    Args:
+        x: ``[..., T, d]`` queries or keys.
+        thirds: from ``split_blocked_tables``.
+    """
+    groups = x.shape[-1] // 3
+    parts = x.split([groups, groups, groups, x.shape[-1] - 3 * groups], dim=-1)
+    out = [
+        thirds[f"c0_{a}"] * parts[a] + thirds[f"c1_{a}"] * parts[(a + 1) % 3] + thirds[f"c2_{a}"] * parts[(a + 2) % 3]
+        for a in range(3)
+    ]
+    return torch.cat(out + [parts[3]] if parts[3].shape[-1] else out, dim=-1)
+
+
 @register_encoding("geope", GeoPEConfig)
 class GeoPE(PositionalEncoding):
     """GeoPE applied to q and k in every block; no learnable parameters (spec A7).
@@ -249,11 +289,26 @@ class GeoPE(PositionalEncoding):
         return self.config.coords == "corner0"  # indices from the top-left; "center" shifts per grid
 
     def tables(self, grid: tuple[int, int]) -> PETables:
+        """``c0, c1, c2`` ``[P + N, d]``; in the ``blocked`` grouping their thirds ``c{k}_{a}``
+        (``split_blocked_tables``), which ``apply_geope_blocked`` reads."""
         # Built on the host in float64; the trunk casts and moves them next to the input.
         c0, c1, c2 = build_geope_table(grid, self.dims.head_dim, self.config, self.dims.num_prefix_tokens)
+        layer = split_blocked_tables(c0, c1, c2) if self.config.grouping == "blocked" else {"c0": c0, "c1": c1, "c2": c2}
         # One dict object for every block: the exporter stores each table once (spec §7.1).
-        return PETables(layers=[{"c0": c0, "c1": c1, "c2": c2}] * self.dims.depth)
+        return PETables(layers=[layer] * self.dims.depth)
 
     def apply_qk(self, q: Tensor, k: Tensor, tables: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        if self.config.grouping == "blocked":
+            return apply_geope_blocked(q, tables), apply_geope_blocked(k, tables)
         c0, c1, c2 = tables["c0"], tables["c1"], tables["c2"]
         return apply_geope(q, c0, c1, c2, self.idx1, self.idx2), apply_geope(k, c0, c1, c2, self.idx1, self.idx2)
+
+    def contiguous_qk_form(self) -> QKChannelOrder | None:
+        if self.config.grouping == "blocked":
+            return None
+        d = self.dims.head_dim
+        # blocked position a·G + g holds contiguous channel 3g + a; the tail stays last
+        order = torch.cat([triplet_dims(d, "contiguous").T.flatten(), torch.arange(3 * (d // 3), d)])
+        blocked = self.with_config(grouping="blocked")
+        blocked.idx1, blocked.idx2 = partner_indices(d, "blocked")
+        return QKChannelOrder(order=order, encoding=blocked)

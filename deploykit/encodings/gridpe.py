@@ -34,11 +34,12 @@ from deploykit.encodings.base import (
     Hook,
     PETables,
     PositionalEncoding,
+    QKChannelOrder,
     TrunkDims,
     patch_coordinates,
     prefix_identity_rotation,
 )
-from deploykit.encodings.rope import apply_rotary
+from deploykit.encodings.rope import PAIRINGS, apply_rotary, halves_order
 
 F64 = torch.float64
 SPATIAL_DIM = 2  # images: positions are (row, col)
@@ -74,6 +75,8 @@ class GridPEConfig(EncodingConfig):
             (App. B's unnormalised length ``√(n/(n+1))``) (A5).
         indivisible_head_dim: ``pass`` leaves the ``D_h mod 2M`` last dims unrotated; ``error``
             requires ``2M | D_h`` as the authors' code does (A10).
+        pairs: channels of complex channel ``p``: ``interleaved`` ``(2p, 2p+1)`` as the authors'
+            code, or ``halves`` ``(p, R + p)`` for ``R`` rotated pairs (timm's ``rotate_half``).
     """
 
     base: float
@@ -82,6 +85,7 @@ class GridPEConfig(EncodingConfig):
     coords: str = "raw"
     direction_norm: str = "unit"
     indivisible_head_dim: str = "pass"
+    pairs: str = "interleaved"
 
     def __post_init__(self):
         if not (math.isfinite(self.base) and self.base > 1.0):
@@ -92,6 +96,7 @@ class GridPEConfig(EncodingConfig):
             coords=_COORDS,
             direction_norm=_NORMS,
             indivisible_head_dim=_TAILS,
+            pairs=PAIRINGS,
         )
 
 
@@ -261,4 +266,11 @@ class GridPE(PositionalEncoding):
         return PETables(layers=[{"cos": cos[i], "sin": sin[i]} for i in range(self.dims.depth)])
 
     def apply_qk(self, q: Tensor, k: Tensor, tables: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        return apply_rotary(q, tables["cos"], tables["sin"]), apply_rotary(k, tables["cos"], tables["sin"])
+        cos, sin, pairs = tables["cos"], tables["sin"], self.config.pairs
+        return apply_rotary(q, cos, sin, pairs), apply_rotary(k, cos, sin, pairs)
+
+    def contiguous_qk_form(self) -> QKChannelOrder | None:
+        if self.config.pairs == "halves":
+            return None
+        rotated = 2 * num_directions(SPATIAL_DIM) * self.num_scales
+        return QKChannelOrder(order=halves_order(self.dims.head_dim, rotated), encoding=self.with_config(pairs="halves"))

@@ -2,7 +2,9 @@
 Position Embedding for Vision Transformer", arXiv:2403.13298).
 
 Real-valued throughout (no complex dtypes, which ONNX and TensorRT lack). Pairs are interleaved
-as in the paper's ``view_as_complex`` code: dims ``(2j, 2j+1)`` rotate by angle ``a_j``.
+as in the paper's ``view_as_complex`` code: dims ``(2j, 2j+1)`` rotate by angle ``a_j``; the
+``halves`` form (timm's ``rotate_half`` convention) pairs ``j`` with ``r/2 + j`` instead, and is
+what the exporter emits: the same function with q/k channels reordered (``contiguous_qk_form``).
 
 * axial (paper Eq. 10): ``d/4`` frequencies ``θ^(-4j/d)``; the first ``d/4`` angles are
   ``x * f_j``, the last ``d/4`` are ``y * f_j``; shared by all heads and blocks.
@@ -27,12 +29,14 @@ from deploykit.encodings.base import (
     Hook,
     PETables,
     PositionalEncoding,
+    QKChannelOrder,
     TrunkDims,
     patch_coordinates,
     prefix_identity_rotation,
 )
 
 _MODES = ("axial", "mixed")
+PAIRINGS = ("interleaved", "halves")
 
 
 @dataclass(frozen=True)
@@ -42,13 +46,16 @@ class RopeConfig(EncodingConfig):
     Attributes:
         mode: ``axial`` (fixed frequencies) or ``mixed`` (learned per block and head).
         theta: frequency base; the paper uses 100 for axial and 10 for mixed.
+        pairs: which channels rotate together: ``interleaved`` ``(2j, 2j+1)`` as the paper's
+            code, or ``halves`` ``(j, d/2 + j)`` as timm's ``rotate_half``.
     """
 
     mode: str = "axial"
     theta: float = 100.0
+    pairs: str = "interleaved"
 
     def __post_init__(self):
-        self.check_choices(mode=_MODES)
+        self.check_choices(mode=_MODES, pairs=PAIRINGS)
 
 
 def rope_magnitudes(head_dim: int, theta: float) -> Tensor:
@@ -85,19 +92,34 @@ def init_mixed_freqs(depth: int, num_heads: int, head_dim: int, theta: float, ge
     return torch.stack([fx, fy]).float()
 
 
-def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate interleaved pairs of the first ``2 * cos.shape[-1]`` dims of ``x``; the rest pass.
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, pairs: str = "interleaved") -> Tensor:
+    """Rotate the pairs of the first ``r = 2 * cos.shape[-1]`` dims of ``x``; the rest pass.
 
     Args:
         x: ``[..., T, d]``.
         cos, sin: broadcastable to ``[..., T, r/2]`` with ``r <= d``.
+        pairs: ``interleaved``: pair ``j`` is dims ``(2j, 2j+1)``; ``halves``: ``(j, r/2 + j)``,
+            contiguous slices (no strided copies in an exported graph). Same arithmetic either way.
     """
-    rot = 2 * cos.shape[-1]
-    x_rot, x_pass = x[..., :rot], x[..., rot:]
-    x1, x2 = x_rot[..., 0::2], x_rot[..., 1::2]
-    # (x1 + i x2) * (cos + i sin), written out in reals and re-interleaved.
-    out = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
-    return out if x_pass.shape[-1] == 0 else torch.cat([out, x_pass], dim=-1)
+    half = cos.shape[-1]
+    if pairs == "halves":
+        x1, x2, x_pass = x.split([half, half, x.shape[-1] - 2 * half], dim=-1)
+        rotated = [x1 * cos - x2 * sin, x1 * sin + x2 * cos]
+    elif pairs == "interleaved":
+        x_rot, x_pass = x[..., : 2 * half], x[..., 2 * half :]
+        x1, x2 = x_rot[..., 0::2], x_rot[..., 1::2]
+        # (x1 + i x2) * (cos + i sin), written out in reals and re-interleaved.
+        rotated = [torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)]
+    else:
+        raise ValueError(f"pairs must be one of {PAIRINGS}, got {pairs!r}")
+    parts = rotated + [x_pass] if x_pass.shape[-1] else rotated
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+
+def halves_order(head_dim: int, rotated: int) -> Tensor:
+    """Channel order taking interleaved pairs of the first ``rotated`` dims to halves: evens, then
+    odds, then the unrotated tail (``QKChannelOrder.order``)."""
+    return torch.cat([torch.arange(0, rotated, 2), torch.arange(1, rotated, 2), torch.arange(rotated, head_dim)])
 
 
 @register_encoding("rope-axial", RopeConfig, variant={"mode": "axial"}, theta=100.0)
@@ -133,4 +155,11 @@ class Rope2d(PositionalEncoding):
         return PETables(layers=[{"cos": cos[i], "sin": sin[i]} for i in range(self.dims.depth)])
 
     def apply_qk(self, q: Tensor, k: Tensor, tables: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        return apply_rotary(q, tables["cos"], tables["sin"]), apply_rotary(k, tables["cos"], tables["sin"])
+        cos, sin, pairs = tables["cos"], tables["sin"], self.config.pairs
+        return apply_rotary(q, cos, sin, pairs), apply_rotary(k, cos, sin, pairs)
+
+    def contiguous_qk_form(self) -> QKChannelOrder | None:
+        if self.config.pairs == "halves":
+            return None
+        d = self.dims.head_dim
+        return QKChannelOrder(order=halves_order(d, d), encoding=self.with_config(pairs="halves"))

@@ -35,6 +35,7 @@ from deploykit.encodings import PETables, config_to_dict
 from deploykit.errors import ExportError
 from deploykit.export.custom_ops import CUSTOM_TRANSLATIONS, attach_functions
 from deploykit.export.lint import check_graph
+from deploykit.export.qk_channels import with_contiguous_qk_channels
 from deploykit.export.rewrite import rewrite_for_runtimes
 from deploykit.nn.factory import Model
 
@@ -197,12 +198,14 @@ def onnx_from_model(
     example = model.example_input(resolution, _EXAMPLE_BATCH)
     batch = torch.export.Dim("batch", min=1, max=_MAX_BATCH)
     input_dims = {0: batch}
+    # The same function with q/k channels in the order the encoding reads as whole slices.
+    graph_model = with_contiguous_qk_channels(model).eval()
     if resolution_range is None:
-        baked = BakedModel(model.eval(), resolution).eval()
+        baked = BakedModel(graph_model, resolution).eval()
     else:
         low, high = (tuple(r) for r in resolution_range)
         check_resolution_range(model, low, resolution, high)
-        baked = RangeBakedModel(model.eval(), high).eval()
+        baked = RangeBakedModel(graph_model, high).eval()
         patch = model.cfg.patch_size
         for axis, name, lo, hi in ((2, "grid_h", low[0], high[0]), (3, "grid_w", low[1], high[1])):
             if lo < hi:  # an axis without a range stays static

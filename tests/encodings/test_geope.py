@@ -21,7 +21,9 @@ from deploykit.encodings.geope import (  # importing registers "geope"
     geope_frequencies,
     geope_quaternion,
     geope_rotation,
+    apply_geope_blocked,
     partner_indices,
+    split_blocked_tables,
     triplet_dims,
 )
 
@@ -227,8 +229,10 @@ def test_three_term_form_equals_block_diagonal_matrices(options, head_dim, prefi
     """Spec T8: C0 ⊙ x + C1 ⊙ x[idx1] + C2 ⊙ x[idx2] = blockdiag(R_g) x, prefix and tail untouched."""
     pe, grid = make(head_dim, prefix, **options), (5, 7)
     x = torch.randn(2, 3, prefix + 35, head_dim, dtype=F64)
-    c0, c1, c2 = pe.tables(grid).layers[0].values()
+    c0, c1, c2 = build_geope_table(grid, head_dim, pe.config, prefix)
     out = apply_geope(x, c0, c1, c2, pe.idx1, pe.idx2)
+    rq, _ = pe.apply_qk(x, x, pe.tables(grid).layers[0])  # the module's form (slices when blocked)
+    assert torch.equal(rq, out)
     assert torch.allclose(out, rotate_with_matrices(x, grid, head_dim, pe.config, prefix), atol=TOL, rtol=0)
     assert torch.allclose(out.norm(dim=-1), x.norm(dim=-1), atol=TOL, rtol=0)  # T1: norm preserved
     assert torch.equal(out[..., :prefix, :], x[..., :prefix, :])  # T2: prefix tokens exactly identity
@@ -260,7 +264,7 @@ def test_row_zero_and_column_zero_reduce_to_half_angle_rope(grouping):
     -p_h ω/2 (App. F's sign) with v_y fixed. A half angle: App. F's own 1-D operator uses the full one."""
     pe, grid = make(64, prefix=0, grouping=grouping), (4, 5)
     x = torch.randn(1, 1, 20, 64, dtype=F64)
-    out = apply_geope(x, *pe.tables(grid).layers[0].values(), pe.idx1, pe.idx2)
+    out = pe.apply_qk(x, x, pe.tables(grid).layers[0])[0]
     dims, omega = triplet_dims(64, grouping), geope_frequencies(64)
     v, o = x[0, 0][:, dims], out[0, 0][:, dims]  # [N, G, 3]
 
@@ -275,6 +279,34 @@ def test_row_zero_and_column_zero_reduce_to_half_angle_rope(grouping):
         t, angle = row * grid[1], -row * omega / 2
         ex, ez = rope(v[t, :, 0], v[t, :, 2], angle)
         assert torch.allclose(o[t], torch.stack([ex, v[t, :, 1], ez], -1), atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("head_dim", [64, 30])
+def test_contiguous_form_is_blocked_grouping_on_reordered_channels(head_dim):
+    """The exporter's form: q/k channels reordered by ``order`` into the ``blocked`` grouping give
+    the contiguous grouping's output reordered the same way, bit for bit (same products and sums)."""
+    pe, grid = make(head_dim, prefix=1), (3, 5)
+    form = pe.contiguous_qk_form()
+    assert form.encoding.config.grouping == "blocked" and form.encoding.contiguous_qk_form() is None
+    assert pe.config.grouping == "contiguous"  # the original is unchanged
+    assert sorted(form.order.tolist()) == list(range(head_dim))
+    x = torch.randn(2, 2, 16, head_dim, dtype=F64)
+    ref = pe.apply_qk(x, x, pe.tables(grid).layers[0])[0]
+    out = form.encoding.apply_qk(x[..., form.order], x[..., form.order], form.encoding.tables(grid).layers[0])[0]
+    assert torch.equal(out, ref[..., form.order])
+
+
+def test_blocked_tables_are_thirds_and_the_slice_form_equals_the_gather_form():
+    pe, grid = make(64, prefix=1, grouping="blocked"), (4, 3)
+    full = build_geope_table(grid, 64, pe.config, 1)
+    thirds = pe.tables(grid).layers[0]
+    assert set(thirds) == {f"c{k}_{a}" for k in range(3) for a in range(3)}
+    assert torch.equal(torch.cat([thirds[f"c1_{a}"] for a in range(3)], -1), full[1][:, :63])
+    assert torch.equal(full[0][:, 63], torch.ones(13, dtype=F64))  # the tail needs no table: identity
+    x = torch.randn(2, 2, 13, 64)  # fp32: bitwise equal, not just close
+    idx1, idx2 = partner_indices(64, "blocked")
+    expected = apply_geope(x, *(t.float() for t in full), idx1, idx2)
+    assert torch.equal(apply_geope_blocked(x, {k: v.float() for k, v in split_blocked_tables(*full).items()}), expected)
 
 
 def test_app_f_one_d_operator_is_the_two_d_operator_at_double_phase():
@@ -342,18 +374,30 @@ def exported():
 
 
 def test_export_is_lint_clean_with_fp32_tables_equal_to_host_tables(exported):
+    """Exported in the blocked grouping (q/k channels reordered): no channel Gather (the one Gather
+    left picks the class token), and the tables are the float64 host thirds rounded to fp32,
+    stored once for both blocks."""
+    from dataclasses import replace
+
     from deploykit.export import lint_graph
 
     model, proto = exported
     assert lint_graph(proto) == []
     ops = {n.op_type for n in proto.graph.node}
     assert not ops & {"Einsum", "ScatterND", "ScatterElements", "If", "Loop", "Cos", "Sin"}
+    constants = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+    constants.update({n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in proto.graph.node if n.op_type == "Constant"})
+    assert [constants[n.input[1]].size for n in proto.graph.node if n.op_type == "Gather"] == [1]
     tables = {t.name: t for t in proto.graph.initializer if t.name.startswith("pe_tables.")}
-    assert sorted(tables) == ["pe_tables.c0", "pe_tables.c1", "pe_tables.c2"]  # one copy for both blocks
-    host = build_geope_table((6, 4), 64, model.cfg.encoding, num_prefix=1)
-    for name, ref in zip(["c0", "c1", "c2"], host):
-        assert tables[f"pe_tables.{name}"].data_type == onnx.TensorProto.FLOAT
-        np.testing.assert_array_equal(numpy_helper.to_array(tables[f"pe_tables.{name}"]), ref.float().numpy())
+    host = split_blocked_tables(*build_geope_table((6, 4), 64, replace(model.cfg.encoding, grouping="blocked"), num_prefix=1))
+    assert tables and set(tables) <= {f"pe_tables.{name}" for name in host}
+    stored = [numpy_helper.to_array(t) for t in tables.values()]
+    assert all(t.data_type == onnx.TensorProto.FLOAT for t in tables.values())
+    for name, ref in host.items():
+        if f"pe_tables.{name}" in tables:
+            np.testing.assert_array_equal(numpy_helper.to_array(tables[f"pe_tables.{name}"]), ref.float().numpy())
+        else:  # the optimiser keeps one copy of equal tables (R[1, 2] = R[2, 1]: c1_1 = c2_2)
+            assert any(np.array_equal(t, ref.float().numpy()) for t in stored), name
 
 
 # ONNX Runtime against float64 torch: tests/export/test_export.py, for every registered encoding.

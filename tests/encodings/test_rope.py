@@ -6,6 +6,7 @@ import torch
 from deploykit.encodings.base import TrunkDims
 from deploykit.encodings.rope import Rope2d, apply_rotary, axial_angles, rope_magnitudes
 from deploykit.encodings import get_config
+from deploykit.errors import ConfigError
 
 F64 = torch.float64
 DIMS = TrunkDims(embed_dim=32, num_heads=2, depth=3, num_prefix_tokens=1, grid=(4, 4))
@@ -96,3 +97,31 @@ def test_rotation_matches_complex_multiplication():
     out = apply_rotary(x, angles.cos(), angles.sin())
     ref = torch.view_as_real(torch.view_as_complex(x.reshape(5, 4, 2).contiguous()) * torch.polar(torch.ones_like(angles), angles))
     assert torch.allclose(out, ref.reshape(5, 8), atol=1e-14)
+
+
+@pytest.mark.parametrize("mode", ["axial", "mixed"])
+def test_halves_form_is_interleaved_on_reordered_channels(mode):
+    """The exporter's form: channels reordered evens-then-odds, rotated as halves, equal the
+    interleaved rotation reordered the same way, bit for bit (same products, same sums)."""
+    rope = make(mode)
+    form = rope.contiguous_qk_form()
+    assert form.encoding.config.pairs == "halves" and rope.config.pairs == "interleaved"
+    assert form.encoding.contiguous_qk_form() is None
+    assert form.order.tolist() == list(range(0, 16, 2)) + list(range(1, 16, 2))
+    tables = rope.tables((3, 5)).layers[1]
+    x = torch.randn(2, 2, 16, 16)  # fp32 on purpose: equality, not closeness
+    ref = rope.apply_qk(x, x, tables)[0]
+    out = form.encoding.apply_qk(x[..., form.order], x[..., form.order], form.encoding.tables((3, 5)).layers[1])[0]
+    assert torch.equal(out, ref[..., form.order])
+
+
+def test_halves_with_an_unrotated_tail():
+    x, angles = torch.randn(3, 10, dtype=F64), torch.rand(3, 3, dtype=F64)
+    order = torch.tensor([0, 2, 4, 1, 3, 5, 6, 7, 8, 9])
+    out = apply_rotary(x[:, order], angles.cos(), angles.sin(), pairs="halves")
+    assert torch.equal(out, apply_rotary(x, angles.cos(), angles.sin())[:, order])
+    assert torch.equal(out[:, 6:], x[:, 6:])
+    with pytest.raises(ValueError, match="pairs must be one of"):
+        apply_rotary(x, angles.cos(), angles.sin(), pairs="diagonal")
+    with pytest.raises(ConfigError, match="pairs must be one of"):
+        get_config("rope-axial", pairs="diagonal")

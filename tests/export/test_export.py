@@ -97,11 +97,13 @@ def test_saved_tables_equal_host_float64_tables_rounded_to_fp32(encoding, tmp_pa
 
     from deploykit.export import save_onnx
 
+    from deploykit.export.qk_channels import with_contiguous_qk_channels
+
     model = small(encoding)
     save_onnx(onnx_from_model(model, (96, 64)), tmp_path / "m.onnx")
     stored = {t.name: t for t in onnx.load(str(tmp_path / "m.onnx")).graph.initializer if t.name.startswith("pe_tables.")}
-    with torch.no_grad():
-        host = model.pos_enc.tables(model.grid(96, 64))
+    with torch.no_grad():  # the tables of the form the graph is built with (q/k channels reordered)
+        host = with_contiguous_qk_channels(model).pos_enc.tables(model.grid(96, 64))
     expected = {}
     for key, value in host.model.items():
         expected[key] = value
@@ -109,9 +111,12 @@ def test_saved_tables_equal_host_float64_tables_rounded_to_fp32(encoding, tmp_pa
         for key, value in layer.items():
             shared = all(other[key] is value for other in host.layers)
             expected[key if shared else f"{key}_block{i}"] = value
-    assert set(stored) == {f"pe_tables.{k}" for k in expected}
+    assert stored and set(stored) <= {f"pe_tables.{k}" for k in expected}
     for key, value in expected.items():
         assert value.dtype == torch.float64
+        if f"pe_tables.{key}" not in stored:  # equal tables are stored once (GeoPE's c1_1 = c2_2)
+            assert any(np.array_equal(numpy_helper.to_array(t), value.float().numpy()) for t in stored.values()), key
+            continue
         tensor = stored[f"pe_tables.{key}"]
         assert tensor.data_type == onnx.TensorProto.FLOAT
         np.testing.assert_array_equal(numpy_helper.to_array(tensor), value.float().numpy())
