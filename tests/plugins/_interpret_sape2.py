@@ -51,5 +51,27 @@ def fused_errors():
     return results
 
 
+def cuda_op_route():
+    """What ``torch.ops.deploykit.sape2_bias`` runs for CUDA tensors (``_sape2_bias_cuda``), called
+    here on CPU tensors the interpreter accepts: fp32/fp16 go to the Triton kernel, float64 to the
+    reference (the kernel computes in fp32)."""
+    from unittest import mock
+
+    from deploykit.encodings import sape2
+
+    g = torch.Generator().manual_seed(2)
+    grid, prefix, d, m = (3, 4), 1, 8, 5
+    q, k = (torch.randn(1, 2, prefix + 12, d, generator=g) for _ in range(2))
+    tx, ty = (torch.randn(d, m, generator=g) for _ in range(2))
+    ref = sape2_bias_reference(*(t.double() for t in (q, k, tx, ty)), grid, 0.5, "k_swap", prefix)
+    results = {}
+    for name, dtype in (("float32", torch.float32), ("float64", torch.float64)):
+        args = [t.to(dtype) for t in (q, k)] + [tx, ty]
+        with mock.patch("deploykit.plugins.sape2.kernels.sape2_bias_triton", wraps=sape2_bias_triton) as kernel:
+            out = sape2._sape2_bias_cuda(*args, *grid, prefix, 0.5, 2)
+        results[name] = dict(kernel_calls=kernel.call_count, out_dtype=str(out.dtype), max_err=(out.double() - ref).abs().max().item())
+    return results
+
+
 if __name__ == "__main__":
-    print(json.dumps({"bias": bias_errors(), "fused": fused_errors()}))
+    print(json.dumps({"bias": bias_errors(), "fused": fused_errors(), "cuda_op": cuda_op_route()}))

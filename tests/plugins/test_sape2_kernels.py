@@ -47,6 +47,14 @@ def test_fused_attention_matches_reference_under_interpreter(interpreted):
         assert case["bias_max"] > 1 and case["spread"] > 0.1, case  # the bias changes the attention
 
 
+def test_cuda_op_runs_the_kernel_for_fp32_and_the_reference_for_float64(interpreted):
+    route = interpreted["cuda_op"]
+    assert route["float32"]["kernel_calls"] == 1 and route["float32"]["out_dtype"] == "torch.float32"
+    assert route["float32"]["max_err"] <= 1e-5
+    assert route["float64"]["kernel_calls"] == 0 and route["float64"]["out_dtype"] == "torch.float64"
+    assert route["float64"]["max_err"] <= 1e-12
+
+
 @pytest.mark.parametrize("io_dtype", ["float32", "float16"])
 def test_bias_kernel_compiles_to_sm90_ptx_without_a_gpu(io_dtype):
     from deploykit.plugins.sape2.kernels import compile_kernel, kernel_constants
