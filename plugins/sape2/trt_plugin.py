@@ -40,6 +40,14 @@ def register() -> str:
     return PLUGIN_ID
 
 
+def _build_constant(expr, what: str) -> int:
+    """The value of a ``trtp.ShapeExpr`` that must be fixed when the engine is built (it is a
+    compile-time constant of the kernel)."""
+    if not expr.is_constant:
+        raise ValueError(f"SaPE2Bias needs a static {what} to compile its kernel; the exported graph has one")
+    return int(expr.constant_value())
+
+
 def _define(trt, trtp) -> None:
     from deploykit.plugins.sape2 import kernels
 
@@ -68,7 +76,7 @@ def _define(trt, trtp) -> None:
     @trtp.aot_impl(PLUGIN_ID)
     def _aot(q, k, table_x, table_y, grid_h: int, grid_w: int, num_prefix_tokens: int, scale: float, mode: int, outputs, tactic):
         io = "float16" if q.dtype == trt.float16 else "float32"
-        head_dim, npos_max = int(q.shape_expr[3]), int(table_x.shape_expr[1])
+        head_dim, npos_max = _build_constant(q.shape_expr[3], "head dim"), _build_constant(table_x.shape_expr[1], "table size")
         consts = kernels.kernel_constants((grid_h, grid_w), num_prefix_tokens, head_dim, npos_max, scale, mode)
         compiled = kernels.compile_kernel(io, "float32", consts)
         tokens = num_prefix_tokens + grid_h * grid_w

@@ -81,3 +81,81 @@ def test_tensorrt_plugin_registers():
 
     assert register() == "deploykit::SaPE2Bias"
     assert register() == "deploykit::SaPE2Bias"  # idempotent: a second trtp.register would raise
+
+
+class _Expr:
+    """A ``trtp.ShapeExpr`` as documented: build-time constant or symbolic, closed under ``*``."""
+
+    def __init__(self, value=None, name=None):
+        self.value, self.name = value, name
+
+    @property
+    def is_constant(self):
+        return self.value is not None
+
+    def constant_value(self):
+        if self.value is None:
+            raise RuntimeError("not a constant")
+        return self.value
+
+    def __mul__(self, other):
+        if self.is_constant and other.is_constant:
+            return _Expr(self.value * other.value)
+        return _Expr(name=f"{self.name or self.value}*{other.name or other.value}")
+
+
+class _Desc:
+    def __init__(self, dtype, shape):
+        self.dtype, self.shape_expr = dtype, list(shape)
+
+    def like(self):
+        return _Desc(self.dtype, self.shape_expr)
+
+
+def _stand_in_tensorrt():
+    """``tensorrt`` and ``tensorrt.plugin`` reduced to the documented calls the plugin makes;
+    the decorators record the functions so the test can call them as TensorRT would."""
+    import types
+
+    defined = {}
+    trt = types.ModuleType("tensorrt")
+    trt.float16, trt.float32 = "FP16", "FP32"
+    trtp = types.ModuleType("tensorrt.plugin")
+    for kind in ("register", "autotune", "aot_impl"):
+        setattr(trtp, kind, lambda plugin_id, kind=kind: lambda fn: defined.setdefault((kind, plugin_id), fn))
+    trtp.TensorDesc = _Desc
+    trtp.AutoTuneCombination = lambda types_, layout: (types_, layout)
+    trtp.KernelLaunchParams = types.SimpleNamespace
+    trtp.SymIntExprs = lambda n: [None] * n
+    trt.plugin = trtp
+    return trt, trtp, defined
+
+
+def test_plugin_aot_impl_compiles_the_node_kernel_through_the_documented_api(monkeypatch):
+    from deploykit.plugins.sape2 import trt_plugin
+
+    trt, trtp, defined = _stand_in_tensorrt()
+    monkeypatch.setitem(sys.modules, "tensorrt", trt)
+    monkeypatch.setitem(sys.modules, "tensorrt.plugin", trtp)
+    monkeypatch.setattr(trt_plugin, "_registered", False)
+    assert trt_plugin.register() == "deploykit::SaPE2Bias"
+    plugin = "deploykit::SaPE2Bias"
+    assert {kind for kind, pid in defined if pid == plugin} == {"register", "autotune", "aot_impl"}
+
+    batch, heads, tokens, head_dim = _Expr(name="B"), _Expr(6), _Expr(197), _Expr(64)
+    q = _Desc(trt.float16, [batch, heads, tokens, head_dim])
+    table = _Desc(trt.float32, [_Expr(64), _Expr(15)])
+    out = defined[("register", plugin)](q, q, table, table, 14, 14, 1, 0.125, 1)
+    assert out.shape_expr[3] is tokens and out.shape_expr[2] is tokens  # [B, h, T, T]
+
+    name, ptx, launch, extra = defined[("aot_impl", plugin)](q, q, table, table, 14, 14, 1, 0.125, 1, [out], 0)
+    assert f".entry {name}(" in ptx and ".target sm_90" in ptx
+    assert launch.grid_x == launch.grid_y == 7  # ceil(197 / 32) token tiles
+    assert launch.grid_z.name == "B*6" and launch.block_x % 32 == 0 and extra == []
+    # fp16 I/O compiles a different kernel from fp32 I/O (the tables stay fp32)
+    q32 = _Desc(trt.float32, [batch, heads, tokens, head_dim])
+    assert defined[("aot_impl", plugin)](q32, q32, table, table, 14, 14, 1, 0.125, 1, [out], 0)[1] != ptx
+
+    dynamic = _Desc(trt.float16, [batch, heads, tokens, _Expr(name="d")])
+    with pytest.raises(ValueError, match="static head dim"):
+        defined[("aot_impl", plugin)](dynamic, dynamic, table, table, 14, 14, 1, 0.125, 1, [out], 0)
