@@ -20,8 +20,8 @@ dim ``j`` holding component ``a`` of triplet ``g``, ``idx1[j]`` / ``idx2[j]`` ho
 R_g[a, a+2]``. Only Mul, Add and constant-index Gather: no Einsum over 3-wide dims, no slice
 writes, no complex dtypes. In the ``blocked`` grouping the partners of each third of the head
 vector are the other two thirds, so ``apply_geope_blocked`` reads them as slices (with the
-tables cut into the same thirds) instead of gathering channel by channel; the exporter reorders q/k channels into that grouping
-(``contiguous_qk_form``). Tables ``c0``, ``c1``, ``c2`` are ``[P + N, d]`` (prefix rows first,
+tables cut into the same thirds) instead of gathering channel by channel; the exporter
+reorders q/k channels into that grouping (``contiguous_qk_form``). Tables ``c0``, ``c1``, ``c2`` are ``[P + N, d]`` (prefix rows first,
 then patches row-major), identical for every block and head; prefix rows and the ``d - 3G``
 passthrough dims are the identity (``C0 = 1``, ``C1 = C2 = 0``, ``idx = j``).
 
