@@ -235,6 +235,9 @@ def onnx_from_model(
     proto = _rewrite_and_fold(program.model_proto)
     attach_functions(proto)
     _add_metadata(proto, model, resolution, resolution_range)
+    if graph_model is not model:  # say so, for anyone comparing q/k tensors inside the graph
+        form = model.pos_enc.contiguous_qk_form()
+        _set_metadata(proto, {"deploykit.qk_channel_order": json.dumps(form.order.tolist())})
     check_graph(proto)
     return proto
 
@@ -314,9 +317,13 @@ def _add_metadata(proto: onnx.ModelProto, model: Model, resolution: tuple[int, .
         meta["deploykit.patch_size"] = str(model.cfg.patch_size)
     if resolution_range is not None:
         meta["deploykit.resolution_range"] = json.dumps([list(r) for r in resolution_range])
-    onnx.helper.set_model_props(proto, {**{p.key: p.value for p in proto.metadata_props}, **meta})
+    _set_metadata(proto, meta)
     proto.producer_name = "deploykit"
     proto.producer_version = deploykit.__version__
+
+
+def _set_metadata(proto: onnx.ModelProto, entries: dict[str, str]) -> None:
+    onnx.helper.set_model_props(proto, {**{p.key: p.value for p in proto.metadata_props}, **entries})
 
 
 def save_onnx(proto: onnx.ModelProto, dest: str | os.PathLike) -> Path:

@@ -2,6 +2,8 @@
 the same function (float64: equal to rounding), the caller's model untouched, and graphs without
 strided slices or channel gathers."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -53,6 +55,9 @@ def test_reordered_model_computes_the_same_function(encoding):
 def test_encodings_without_channel_mixing_export_the_model_as_is(encoding):
     model = small(encoding)
     assert with_contiguous_qk_channels(model) is model
+    if encoding == "ape":  # one export is enough to see the order is not recorded
+        meta = {p.key for p in onnx_from_model(model, (64, 64)).metadata_props}
+        assert "deploykit.qk_channel_order" not in meta and "deploykit.encoding" in meta
 
 
 def _constant(proto, name):
@@ -67,7 +72,10 @@ def _constant(proto, name):
 
 @pytest.mark.parametrize("encoding", QK_ENCODINGS)
 def test_graph_reads_channels_as_contiguous_slices(encoding):
-    proto = onnx_from_model(small(encoding), (96, 64))
+    model = small(encoding)
+    proto = onnx_from_model(model, (96, 64))
+    meta = {p.key: p.value for p in proto.metadata_props}
+    assert json.loads(meta["deploykit.qk_channel_order"]) == model.pos_enc.contiguous_qk_form().order.tolist()
     steps = [_constant(proto, n.input[4]) for n in proto.graph.node if n.op_type == "Slice" and len(n.input) > 4]
     assert all(s is not None and np.all(s == 1) for s in steps)  # no every-other-channel slice
     gathers = [_constant(proto, n.input[1]) for n in proto.graph.node if n.op_type == "Gather"]
