@@ -31,6 +31,7 @@ operator (§3.3) are not implemented.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -309,6 +310,6 @@ class GeoPE(PositionalEncoding):
         d = self.dims.head_dim
         # blocked position a·G + g holds contiguous channel 3g + a; the tail stays last
         order = torch.cat([triplet_dims(d, "contiguous").T.flatten(), torch.arange(3 * (d // 3), d)])
-        blocked = self.with_config(grouping="blocked")
-        blocked.idx1, blocked.idx2 = partner_indices(d, "blocked")
-        return QKChannelOrder(order=order, encoding=blocked)
+        # GeoPE has no parameters: a new module builds the blocked partner indices itself.
+        blocked = type(self)(dataclasses.replace(self.config, grouping="blocked"), self.dims)
+        return QKChannelOrder(order=order, encoding=blocked.to(self.idx1.device))

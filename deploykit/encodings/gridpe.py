@@ -39,7 +39,7 @@ from deploykit.encodings.base import (
     patch_coordinates,
     prefix_identity_rotation,
 )
-from deploykit.encodings.rope import PAIRINGS, apply_rotary, halves_order
+from deploykit.encodings.rope import PAIRINGS, apply_rotary, halves_form
 
 F64 = torch.float64
 SPATIAL_DIM = 2  # images: positions are (row, col)
@@ -270,7 +270,4 @@ class GridPE(PositionalEncoding):
         return apply_rotary(q, cos, sin, pairs), apply_rotary(k, cos, sin, pairs)
 
     def contiguous_qk_form(self) -> QKChannelOrder | None:
-        if self.config.pairs == "halves":
-            return None
-        rotated = 2 * num_directions(SPATIAL_DIM) * self.num_scales
-        return QKChannelOrder(order=halves_order(self.dims.head_dim, rotated), encoding=self.with_config(pairs="halves"))
+        return halves_form(self, 2 * num_directions(SPATIAL_DIM) * self.num_scales)

@@ -116,10 +116,15 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, pairs: str = "interleaved"
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
 
-def halves_order(head_dim: int, rotated: int) -> Tensor:
-    """Channel order taking interleaved pairs of the first ``rotated`` dims to halves: evens, then
-    odds, then the unrotated tail (``QKChannelOrder.order``)."""
-    return torch.cat([torch.arange(0, rotated, 2), torch.arange(1, rotated, 2), torch.arange(rotated, head_dim)])
+def halves_form(encoding: PositionalEncoding, rotated: int) -> QKChannelOrder | None:
+    """``contiguous_qk_form`` of a rotary encoding with a ``pairs`` option whose first ``rotated``
+    head dims rotate: channels reordered evens, then odds, then the unrotated tail, and the same
+    encoding with ``pairs="halves"``; ``None`` when it already pairs halves."""
+    if encoding.config.pairs == "halves":
+        return None
+    d = encoding.dims.head_dim
+    order = torch.cat([torch.arange(0, rotated, 2), torch.arange(1, rotated, 2), torch.arange(rotated, d)])
+    return QKChannelOrder(order=order, encoding=encoding.with_config(pairs="halves"))
 
 
 @register_encoding("rope-axial", RopeConfig, variant={"mode": "axial"}, theta=100.0)
@@ -159,7 +164,4 @@ class Rope2d(PositionalEncoding):
         return apply_rotary(q, cos, sin, pairs), apply_rotary(k, cos, sin, pairs)
 
     def contiguous_qk_form(self) -> QKChannelOrder | None:
-        if self.config.pairs == "halves":
-            return None
-        d = self.dims.head_dim
-        return QKChannelOrder(order=halves_order(d, d), encoding=self.with_config(pairs="halves"))
+        return halves_form(self, self.dims.head_dim)

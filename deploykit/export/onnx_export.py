@@ -199,7 +199,8 @@ def onnx_from_model(
     batch = torch.export.Dim("batch", min=1, max=_MAX_BATCH)
     input_dims = {0: batch}
     # The same function with q/k channels in the order the encoding reads as whole slices.
-    graph_model = with_contiguous_qk_channels(model).eval()
+    graph_model, qk_order = with_contiguous_qk_channels(model)
+    graph_model.eval()
     if resolution_range is None:
         baked = BakedModel(graph_model, resolution).eval()
     else:
@@ -235,9 +236,8 @@ def onnx_from_model(
     proto = _rewrite_and_fold(program.model_proto)
     attach_functions(proto)
     _add_metadata(proto, model, resolution, resolution_range)
-    if graph_model is not model:  # say so, for anyone comparing q/k tensors inside the graph
-        form = model.pos_enc.contiguous_qk_form()
-        _set_metadata(proto, {"deploykit.qk_channel_order": json.dumps(form.order.tolist())})
+    if qk_order is not None:  # say so, for anyone comparing q/k tensors inside the graph
+        _set_metadata(proto, {"deploykit.qk_channel_order": json.dumps(qk_order.tolist())})
     check_graph(proto)
     return proto
 

@@ -20,14 +20,15 @@ from deploykit.encodings import PositionalEncoding
 from deploykit.nn.factory import Model
 
 
-def with_contiguous_qk_channels(model: Model) -> Model:
-    """``model`` itself when its encoding already reads contiguous channels (or has no q/k hook);
+def with_contiguous_qk_channels(model: Model) -> tuple[Model, torch.Tensor | None]:
+    """``(model, None)`` when its encoding already reads contiguous channels (or has no q/k hook);
     otherwise a copy with every block's q/k projection rows reordered and the encoding swapped for
-    its contiguous form. The caller's model is never changed."""
+    its contiguous form, with the order (``QKChannelOrder.order``). The caller's model is never
+    changed."""
     pos_enc = getattr(model, "pos_enc", None)  # a sequence model's MoPE1d mixes no q/k channels
     form = pos_enc.contiguous_qk_form() if isinstance(pos_enc, PositionalEncoding) else None
     if form is None:
-        return model
+        return model, None
     reordered = copy.deepcopy(model)
     reordered.pos_enc = form.encoding
     projections = [m.qkv for m in reordered.modules() if isinstance(getattr(m, "qkv", None), nn.Linear)]
@@ -36,7 +37,7 @@ def with_contiguous_qk_channels(model: Model) -> Model:
     with torch.no_grad():
         for qkv in projections:
             _reorder_qk_rows(qkv, model.cfg.num_heads, form.order)
-    return reordered
+    return reordered, form.order
 
 
 def _reorder_qk_rows(qkv: nn.Linear, heads: int, order: torch.Tensor) -> None:
@@ -45,4 +46,4 @@ def _reorder_qk_rows(qkv: nn.Linear, heads: int, order: torch.Tensor) -> None:
         if param is None:
             continue
         rows = param.data.view(3, heads, -1, *param.shape[1:])
-        rows[:2] = rows[:2, :, order.to(param.device)].clone()
+        rows[:2] = rows[:2, :, order.to(param.device)]  # indexing copies before the write

@@ -30,8 +30,9 @@ def small(encoding):
 def test_reordered_model_computes_the_same_function(encoding):
     model = small(encoding).double()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    reordered = with_contiguous_qk_channels(model)
+    reordered, order = with_contiguous_qk_channels(model)
     assert reordered is not model and reordered.pos_enc.contiguous_qk_form() is None
+    assert torch.equal(order, model.pos_enc.contiguous_qk_form().order)
     x = torch.randn(2, 3, 96, 64, dtype=torch.float64)
     with torch.no_grad():
         ref, out = model(x), reordered(x)
@@ -54,7 +55,8 @@ def test_reordered_model_computes_the_same_function(encoding):
 @pytest.mark.parametrize("encoding", sorted(set(list_encodings()) - set(QK_ENCODINGS)))
 def test_encodings_without_channel_mixing_export_the_model_as_is(encoding):
     model = small(encoding)
-    assert with_contiguous_qk_channels(model) is model
+    reordered, order = with_contiguous_qk_channels(model)
+    assert reordered is model and order is None
     if encoding == "ape":  # one export is enough to see the order is not recorded
         meta = {p.key for p in onnx_from_model(model, (64, 64)).metadata_props}
         assert "deploykit.qk_channel_order" not in meta and "deploykit.encoding" in meta
@@ -86,4 +88,5 @@ def test_sequence_models_export_as_is():
     from deploykit.nn.sequence import create_sequence_model
 
     model = create_sequence_model("seq_tiny_ega")
-    assert with_contiguous_qk_channels(model) is model
+    reordered, order = with_contiguous_qk_channels(model)
+    assert reordered is model and order is None
