@@ -20,6 +20,8 @@ import numpy as np
 import onnx
 
 from deploykit.backends import OnnxrtRunner, Runner, TorchRunner, registry
+from deploykit.comparison import Tolerance, compare_logits, row_cosines
+from deploykit.export.precision import PLANS
 from deploykit.data import validation_inputs
 from deploykit.errors import ConfigError, DeployKitError, ValidationError
 from deploykit.export.bundle import Manifest, check_unchanged as _check_unchanged, checked_graph as _checked_graph, load_reference
@@ -28,19 +30,8 @@ from deploykit.nn.checkpoint import WEIGHTS_FILE
 from deploykit.nn.factory import Model
 
 
-@dataclass(frozen=True)
-class Tolerance:
-    """Pass/fail thresholds on the logits."""
-
-    max_abs: float
-    min_cosine: float
-
-
-TOLERANCES = {
-    "fp32": Tolerance(max_abs=1e-4, min_cosine=0.99999),
-    "fp16": Tolerance(max_abs=5e-2, min_cosine=0.999),
-    "bf16": Tolerance(max_abs=2e-1, min_cosine=0.995),
-}
+# Each precision plan's pass/fail thresholds (deploykit.export.precision.PLANS says why).
+TOLERANCES = {name: plan.tolerance for name, plan in PLANS.items()}
 
 
 @dataclass
@@ -57,6 +48,7 @@ class Record:
     mean_abs: float
     max_rel: float
     cosine: float
+    mean_cosine: float
     top1_agreement: float
     top5_agreement: float
     nan_count: int
@@ -96,49 +88,6 @@ class ValidationReport:
             raise ValidationError(f"{len(failed)} of {len(self.records)} checks failed: {'; '.join(parts)}")
 
 
-def compare_logits(reference: np.ndarray, actual: np.ndarray, num_real: int, tolerance: Tolerance) -> dict:
-    """Metrics of ``actual`` against ``reference`` (both ``[B, classes]``), in float64.
-
-    Top-k agreement is measured on the last ``num_real`` rows (the real images) when there are
-    any: top-1 is the share of images with the same arg-max; top-5 is the mean overlap of the
-    two top-5 sets.
-    """
-    ref, act = reference.astype(np.float64), actual.astype(np.float64)
-    nan_count, inf_count = int(np.isnan(act).sum()), int(np.isinf(act).sum())
-    diff = np.abs(np.nan_to_num(act, nan=np.inf) - ref)
-    max_abs = float(diff.max())
-    rows = slice(len(ref) - num_real, None) if num_real else slice(None)
-    top1 = float(np.mean(ref[rows].argmax(-1) == act[rows].argmax(-1)))
-    k = min(5, ref.shape[-1])
-    top_ref, top_act = np.argsort(-ref[rows], -1)[:, :k], np.argsort(-act[rows], -1)[:, :k]
-    top5 = float(np.mean([len(set(a) & set(b)) / k for a, b in zip(top_ref, top_act)]))
-    metrics = dict(
-        max_abs=max_abs,
-        mean_abs=float(diff.mean()),
-        max_rel=float((diff / (np.abs(ref) + 1e-6)).max()),
-        cosine=_worst_cosine(ref, np.nan_to_num(act)),
-        top1_agreement=top1,
-        top5_agreement=top5,
-        nan_count=nan_count,
-        inf_count=inf_count,
-    )
-    failures = []
-    if nan_count or inf_count:
-        failures.append(f"{nan_count} NaN / {inf_count} Inf")
-    if not max_abs <= tolerance.max_abs:
-        failures.append(f"max abs {max_abs:.3g} > {tolerance.max_abs:g}")
-    if not metrics["cosine"] >= tolerance.min_cosine:
-        failures.append(f"cosine {metrics['cosine']:.7f} < {tolerance.min_cosine}")
-    return {**metrics, "failures": failures, "passed": not failures}
-
-
-def _worst_cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.reshape(len(a), -1), b.reshape(len(b), -1)
-    denom = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
-    cos = np.where(denom > 0, (a * b).sum(1) / np.maximum(denom, 1e-300), 1.0)
-    return float(cos.min())
-
-
 def run_batched(runner: Runner, inputs: np.ndarray, batch_size: int) -> dict[str, np.ndarray]:
     """Run ``inputs`` through an active runner (one input) in batches; concatenate each output."""
     (name,) = runner.input_names()
@@ -159,12 +108,14 @@ def run_exact_batches(runner: Runner, inputs: np.ndarray, batch: int) -> dict[st
 
 
 def first_divergent_block(
-    onnx_path: Path, model: Model, inputs: np.ndarray, tolerance: Tolerance, batch_size: int = 4
+    onnx_path: Path, model: Model, inputs: np.ndarray, tolerance: Tolerance, batch_size: int = 4, num_real: int = 0
 ) -> str | None:
     """Name the first ``blocks.<i>`` whose output diverges, or ``"head"`` if every block agrees.
 
     Block outputs are compared on a relative scale (error / max(1, max |reference|)) since
-    activations grow with depth. Returns None when the graph has no recorded block outputs.
+    activations grow with depth, and by the tolerance's worst and mean per-input cosine (over
+    the last ``num_real`` inputs when it judges real inputs only). Returns None when the graph
+    has no recorded block outputs.
     """
     proto = onnx.load(str(onnx_path))
     meta = {p.key: p.value for p in proto.metadata_props}
@@ -179,10 +130,13 @@ def first_divergent_block(
         actual = run_batched(runner, inputs, batch_size)
     with TorchRunner(model, return_blocks=True) as runner:
         reference = run_batched(runner, inputs, batch_size)
+    rows = slice(len(inputs) - num_real, None) if tolerance.real_only and num_real else slice(None)
     for i, name in enumerate(names):
         ref, act = reference[f"blocks.{i}"], actual[name].astype(np.float64)
         scale = max(1.0, float(np.abs(ref).max()))
-        if not float(np.abs(act - ref).max()) / scale <= tolerance.max_abs or _worst_cosine(ref, act) < tolerance.min_cosine:
+        too_far = tolerance.max_abs is not None and not float(np.abs(act - ref).max()) / scale <= tolerance.max_abs
+        cosines = row_cosines(ref[rows], act[rows])
+        if too_far or cosines.min() < tolerance.min_cosine or cosines.mean() < tolerance.min_mean_cosine:
             return f"blocks.{i}"
     return "head"
 
@@ -254,7 +208,7 @@ def validate(
                                 profiled=profiled, graph=entry.file, range_graph=entry.resolution_range is not None,
                                 **metrics)  # fmt: skip
                 if not record.passed:
-                    record.first_divergent_block = first_divergent_block(path, model, inputs, tolerance, batch_size)
+                    record.first_divergent_block = first_divergent_block(path, model, inputs, tolerance, batch_size, num_real)
                 records.append(record)
     return ValidationReport(records)
 
