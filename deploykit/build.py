@@ -39,6 +39,7 @@ from deploykit.backends.engine_cache import (
 from deploykit.backends.tensorrt import BuildOptions, BuildProgress, EngineFromOnnx, load_plugin_modules, save_engine
 from deploykit.errors import ConfigError, StaleEngineError
 from deploykit.export.bundle import GraphEntry, Manifest, checked_graph, sha256_file
+from deploykit.export.precision import PLANS, check_precision
 
 # ``--backend`` -> TensorRT flavour. "Does it build" is checked with rtx on CPU-only machines.
 BACKENDS = ENGINE_MODULES
@@ -139,7 +140,12 @@ def build(
 
 
 def _select(manifest: Manifest, precisions, resolutions) -> list[GraphEntry]:
-    precisions = precisions or list(dict.fromkeys(g.precision for g in manifest.graphs))
+    """The graphs to build: the ``precisions`` asked for (refusing, in one line, a plan only ONNX
+    Runtime runs), else every exported plan TensorRT can build."""
+    for precision in precisions or ():
+        if check_precision(precision).ort_only:
+            raise ConfigError(f"cannot build {precision} engines: {PLANS[precision].ort_only}")
+    precisions = precisions or [p for p in dict.fromkeys(g.precision for g in manifest.graphs) if not PLANS[p].ort_only]
     if resolutions:
         return [manifest.graph(tuple(r), p) for r in resolutions for p in precisions]
     return [g for p in precisions for g in manifest.graphs_at(p, ranges=True)]

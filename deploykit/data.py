@@ -104,12 +104,12 @@ def random_token_inputs(count: int, length: int, vocab_size: int, seed: int = 0)
     return np.random.default_rng(seed).integers(0, vocab_size, (count, length), dtype=np.int64)
 
 
-def dataset_inputs(dataset: str, resolution: tuple[int, int], mean, std, count: int) -> np.ndarray:
-    """``[count, 3, H, W]`` float32: the first ``count`` test images of a ``deploykit.zoo`` dataset,
-    rendered at ``resolution`` and normalised."""
+def dataset_inputs(dataset: str, resolution: tuple[int, int], mean, std, count: int, split: str = "test") -> np.ndarray:
+    """``[count, 3, H, W]`` float32: the first ``count`` images of a ``deploykit.zoo`` dataset's
+    ``split``, rendered at ``resolution`` and normalised."""
     from deploykit.zoo.dataset import get_dataset
 
-    return normalise(get_dataset(dataset).images("test", range(count), resolution), mean, std)
+    return normalise(get_dataset(dataset).images(split, range(count), resolution), mean, std)
 
 
 def normalise(images: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
@@ -129,3 +129,53 @@ def validation_inputs(model, shape: tuple[int, ...], num_random: int, num_real: 
     cfg = model.cfg
     real = dataset_inputs(cfg.dataset, shape, cfg.mean, cfg.std, num_real) if cfg.dataset else real_inputs(shape, cfg.mean, cfg.std, num_real)
     return np.concatenate([random_inputs(num_random, shape, seed), real])
+
+
+# INT8 plans calibrate on the train split and check themselves on the val split; the test split
+# is left to validation and the zoo cards.
+CALIBRATION_SPLIT, HELD_OUT_SPLIT = "train", "val"
+
+
+def calibration_inputs(model, shape: tuple[int, ...], count: int, held_out: bool = False) -> tuple[np.ndarray, str]:
+    """``count`` real inputs to calibrate INT8 activation ranges on (or, ``held_out``, to check
+    the quantized graph on: other inputs from the same source), and where they came from.
+
+    A zoo model: the first ``count`` images of its dataset's train split (held out: val split),
+    never the test split. A sequence model: windows of the bundled English text at seeded random
+    offsets. Any other model: seeded random crops (scale, aspect, mirror) of the bundled sample
+    images, so that more than ``len(SAMPLE_IMAGES)`` distinct inputs exist.
+
+    Returns:
+        ``([count, ...] inputs, description)``; the description names the data for the manifest.
+    """
+    seed = int(held_out)
+    if model.input_name == "tokens":
+        (length,) = shape
+        ids = encode_chars(sample_text(), model.cfg.vocab_size)
+        starts = np.random.default_rng(seed).integers(0, len(ids), count)
+        windows = np.stack([np.take(ids, np.arange(s, s + length), mode="wrap") for s in starts])
+        return windows, f"{count} windows of the bundled text (seed {seed})"
+    cfg = model.cfg
+    if cfg.dataset:
+        split = HELD_OUT_SPLIT if held_out else CALIBRATION_SPLIT
+        return dataset_inputs(cfg.dataset, shape, cfg.mean, cfg.std, count, split=split), f"{count} images of {cfg.dataset}'s {split} split"
+    return _sample_image_crops(shape, cfg.mean, cfg.std, count, seed), (
+        f"{count} random crops (seed {seed}) of the {len(SAMPLE_IMAGES)} bundled sample images: the model names no dataset"
+    )
+
+
+def _sample_image_crops(resolution: tuple[int, int], mean, std, count: int, seed: int) -> np.ndarray:
+    """Seeded crops covering 35-100% of a bundled image's area, aspect 3:4-4:3, half of them
+    mirrored, each preprocessed like a served image (``preprocess`` of the crop)."""
+    rng = np.random.default_rng(seed)
+    images = sample_images()
+    out = []
+    for i in range(count):
+        image = images[i % len(images)]
+        h, w = image.shape[:2]
+        area, aspect = rng.uniform(0.35, 1.0) * h * w, np.exp(rng.uniform(np.log(3 / 4), np.log(4 / 3)))
+        ch, cw = min(h, int(round((area / aspect) ** 0.5))), min(w, int(round((area * aspect) ** 0.5)))
+        top, left = rng.integers(0, h - ch + 1), rng.integers(0, w - cw + 1)
+        crop = image[top : top + ch, left : left + cw]
+        out.append(preprocess(crop[:, ::-1] if rng.random() < 0.5 else crop, resolution, mean, std))
+    return np.stack(out)

@@ -13,7 +13,7 @@ from deploykit.encodings._registry import (
     list_encodings,
     register_encoding,
 )
-from deploykit.encodings.base import EncodingConfig, Hook, PETables, PositionalEncoding, QKChannelOrder, TrunkDims
+from deploykit.encodings.base import EncodingConfig, Hook, KeepsFloat, PETables, PositionalEncoding, QKChannelOrder, TrunkDims
 
 # Importing the modules registers them.
 from deploykit.encodings import ape, geope, gridpe, mope, rope, sape2, wepe  # noqa: E402,F401  isort: skip
@@ -21,6 +21,7 @@ from deploykit.encodings import ape, geope, gridpe, mope, rope, sape2, wepe  # n
 __all__ = [
     "EncodingConfig",
     "Hook",
+    "KeepsFloat",
     "PETables",
     "PositionalEncoding",
     "QKChannelOrder",

@@ -83,7 +83,13 @@ class PETables:
         )
 
 
-class PositionalEncoding(nn.Module):
+class KeepsFloat:
+    """Marker for modules whose ops quantized (INT8) plans leave in float: positional encodings
+    and content gates (MoPE's EGA), where an 8-bit step moves a position or a gate rather than
+    rounding a value. The exporter records their scopes in the graph (``deploykit.float_modules``)."""
+
+
+class PositionalEncoding(nn.Module, KeepsFloat):
     """Base class: subclasses set ``hook`` and implement ``tables`` plus that hook's method.
 
     Args:

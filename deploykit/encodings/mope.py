@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from deploykit.encodings._registry import register_encoding
-from deploykit.encodings.base import EncodingConfig, Hook, PETables, PositionalEncoding, TrunkDims, patch_coordinates
+from deploykit.encodings.base import EncodingConfig, Hook, KeepsFloat, PETables, PositionalEncoding, TrunkDims, patch_coordinates
 
 F64 = torch.float64
 _INITS = ("code", "paper")
@@ -333,7 +333,7 @@ def causal_mask(length: int, dtype: torch.dtype = F64) -> Tensor:
     return torch.full((length, length), float("-inf"), dtype=dtype).triu(1)
 
 
-class EnergyGate(nn.Module):
+class EnergyGate(nn.Module, KeepsFloat):
     """EGA-1 key gates for all heads: ``H`` stacked ``Linear(d, 1)`` plus ``α``, ``τ`` per head.
 
     Args:

@@ -6,7 +6,8 @@ Layout of ``DIR``::
     config.json          the PyTorch reference model's config   } so DIR alone is enough
     model.safetensors    the PyTorch reference model's weights  } to validate
     model_224.onnx       one graph per resolution (tables baked, batch dynamic)
-    model_224_fp16.onnx  the same graph under a precision plan (``--precision fp16``/``bf16``)
+    model_224_fp16.onnx  the same graph under a precision plan (``--precision fp16``, ``int8``, ...;
+                         ``deploykit.export.precision.PLANS``)
     model_224-512.onnx   one graph for a resolution range (``--resolution-range 224:384:512``;
                          dynamic height/width, for encodings whose tables nest)
 
@@ -23,13 +24,16 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import onnx
+
 import deploykit
 from deploykit._io import write_json_atomic
 from deploykit.encodings import config_to_dict
 from deploykit.errors import DeployKitError
 from deploykit.export.lint import check_graph
 from deploykit.export.onnx_export import DEFAULT_OPSET, check_resolution_range, onnx_from_model, resolution_tag, save_onnx
-from deploykit.export.precision import PRECISIONS, apply_precision, check_precision
+from deploykit.export.precision import PLANS, apply_precision, check_precision
+from deploykit.export.quantize import CalibrationOptions, graph_quantization
 from deploykit.nn.checkpoint import WEIGHTS_FILE, load_model, save_model
 from deploykit.nn.factory import Model
 
@@ -48,6 +52,7 @@ class GraphEntry:
     opset: int
     precision: str = "fp32"  # manifests written before precision plans hold fp32 graphs only
     resolution_range: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    quantization: dict | None = None  # INT8 plans: calibration, nodes kept float and why, agreement
 
     @property
     def shapes(self) -> list[tuple[int, ...]]:
@@ -163,6 +168,7 @@ def export(
     source: str = "",
     progress=None,
     resolution_range: tuple[tuple[int, int], tuple[int, int], tuple[int, int]] | None = None,
+    calibration: CalibrationOptions = CalibrationOptions(),
 ) -> Manifest:
     """Export ``model`` at each resolution into ``output_dir`` (see the module docstring).
 
@@ -181,6 +187,9 @@ def export(
         progress: optional callable ``progress(message)`` for long exports.
         resolution_range: ``(min, opt, max)``: also write one graph taking any resolution in
             that range (``onnx_from_model``'s ``resolution_range``), tuned for ``opt``.
+        calibration: how INT8 plans are calibrated and checked (``deploykit.data.calibration_inputs``
+            picks the data; a range graph is calibrated at ``opt``). A plan that fails its
+            tolerance on held-out inputs is refused, and nothing is written.
 
     Returns:
         The manifest written to ``output_dir``.
@@ -202,7 +211,7 @@ def export(
             progress(f"exporting {resolution_tag(resolution) if span is None else range_tag(span)}")
         proto = onnx_from_model(model, resolution, opset, resolution_range=span)
         for precision in precisions:
-            planned = apply_precision(proto, precision)
+            planned = planned_graph(proto, model, resolution, precision, calibration, progress)
             if precision != "fp32":
                 check_graph(planned)  # the casts must leave a valid, strictly typed graph
             protos.append((resolution, span, precision, planned))
@@ -212,10 +221,39 @@ def export(
         name = graph_file_name(resolution, precision, span)
         save_onnx(proto, output_dir / name)
         manifest.graphs = [g for g in manifest.graphs if g.file != name]
-        manifest.graphs.append(GraphEntry(resolution, name, sha256_file(output_dir / name), opset, precision, span))
-    manifest.graphs.sort(key=lambda g: (g.resolution_range is not None, g.resolution, list(PRECISIONS).index(g.precision)))
+        manifest.graphs.append(GraphEntry(resolution, name, sha256_file(output_dir / name), opset, precision, span,
+                                          graph_quantization(proto)))  # fmt: skip
+    manifest.graphs.sort(key=lambda g: (g.resolution_range is not None, g.resolution, list(PLANS).index(g.precision)))
     write_json_atomic(output_dir / MANIFEST_FILE, manifest.to_dict())
     return manifest
+
+
+def planned_graph(
+    proto: onnx.ModelProto, model: Model, resolution, precision: str, options: CalibrationOptions = CalibrationOptions(), progress=None
+) -> onnx.ModelProto:
+    """``proto`` (the fp32 graph of ``model`` at ``resolution``) under one precision plan; a
+    quantized plan is calibrated on the model's own data (``deploykit.data.calibration_inputs``)
+    and checked on held-out inputs against the fp32 graph.
+
+    Raises:
+        ExportError: the plan fails its tolerance on the held-out inputs, or calibration failed.
+    """
+    from deploykit.data import calibration_inputs
+    from deploykit.export import quantize
+
+    plan = check_precision(precision)
+    if not precision.startswith("int8"):
+        return apply_precision(proto, precision)
+    say = (lambda msg: progress(f"{resolution_tag(resolution)} {precision}: {msg}")) if progress else None
+    held_out, _ = calibration_inputs(model, resolution, options.held_out, held_out=True)
+    calibration = target = None
+    if plan.calibrated:
+        calibration = quantize.Calibration(*calibration_inputs(model, resolution, options.samples), method=options.method)
+        if options.min_agreement is not None:
+            target = quantize.AgreementTarget(held_out, options.min_agreement)
+    planned = apply_precision(proto, precision, calibration=calibration, target=target, progress=say)
+    quantize.check_plan(proto, planned, held_out, plan.tolerance, f"{precision} plan at {resolution_tag(resolution)}")
+    return planned
 
 
 def _fresh_or_existing_manifest(output_dir: Path, model: Model, source: str) -> Manifest:

@@ -162,6 +162,8 @@ def _unfolded_constants(graph: onnx.GraphProto) -> list[LintIssue]:
         has_subgraph = any(a.HasField("g") or a.graphs for a in node.attribute)
         if not used or has_subgraph or node.op_type in _NONDETERMINISTIC_OPS:
             continue  # subgraphs may read non-constant outer-scope values
+        if node.op_type == "DequantizeLinear" and node.domain in ("", "ai.onnx"):
+            continue  # an int8 weight's DequantizeLinear is the QDQ form itself, read by runtimes as "this weight is int8"
         if all(name in const for name in used):
             const.update(node.output)
             label = _node_label(node)

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 import deploykit
 from deploykit._io import atomic_path
-from deploykit.encodings import PETables, config_to_dict
+from deploykit.encodings import KeepsFloat, PETables, config_to_dict
 from deploykit.errors import ExportError
 from deploykit.export.custom_ops import CUSTOM_TRANSLATIONS, attach_functions
 from deploykit.export.lint import check_graph
@@ -312,6 +312,10 @@ def _add_metadata(proto: onnx.ModelProto, model: Model, resolution: tuple[int, .
         "deploykit.model_config": json.dumps(model.cfg.to_dict()),
         "deploykit.resolution": json.dumps(list(resolution)),
         "deploykit.block_outputs": json.dumps(block_output_names(proto, model.cfg.depth)),
+        # Name scopes (``BakedModel`` holds the trunk as ``model``) that quantized plans keep float.
+        "deploykit.float_modules": json.dumps(
+            sorted(f"model.{name}" for name, module in model.named_modules() if isinstance(module, KeepsFloat))
+        ),
     }
     if hasattr(model.cfg, "patch_size"):
         meta["deploykit.patch_size"] = str(model.cfg.patch_size)

@@ -1,6 +1,7 @@
 """``deploykit build --backend rtx`` on real exports: TensorRT-RTX's parser and builder run on
-CPU, so CI checks that every registered encoding's graph builds, in the fp32 and fp16 plans,
-and that the engine cache reuses, refuses and rebuilds as documented."""
+CPU, so CI checks that every registered encoding's graph builds, in the fp32, fp16 and int8 (Q/DQ)
+plans, that ONNX Runtime-only plans are refused, and that the engine cache reuses, refuses and
+rebuilds as documented."""
 
 import json
 import shutil
@@ -16,6 +17,7 @@ from deploykit.build import build  # noqa: E402
 from deploykit.encodings import list_encodings  # noqa: E402
 from deploykit.errors import DeployKitError, StaleEngineError  # noqa: E402
 from deploykit.export import export  # noqa: E402
+from deploykit.export.quantize import CalibrationOptions  # noqa: E402
 from deploykit.nn import create_model  # noqa: E402
 
 # torch.onnx's dynamo exporter trips a deprecation inside torch.utils._pytree; not ours to fix.
@@ -34,7 +36,8 @@ def exported_and_built(tmp_path_factory):
             torch.manual_seed(0)
             model = create_model("vit_tiny_patch16", encoding=encoding, depth=1, img_size=64, num_classes=10)
             out = tmp_path_factory.mktemp(f"rtx-{encoding}")
-            export(model, [RES], out, precisions=["fp32", "fp16"])
+            export(model, [RES], out, precisions=["fp32", "fp16", "int8", "int8-dynamic"],
+                   calibration=CalibrationOptions(samples=8, held_out=16, min_agreement=None))  # fmt: skip
             done[encoding] = out, build(out, "rtx", **FAST)
         return done[encoding]
 
@@ -50,16 +53,23 @@ def ape_copy(exported_and_built, tmp_path):
 @pytest.mark.parametrize("encoding", list_encodings())
 def test_every_plan_builds(exported_and_built, encoding):
     out, results = exported_and_built(encoding)
-    assert [r.graph for r in results] == ["model_96x64.onnx", "model_96x64_fp16.onnx"]
-    for r in results:
+    # Every plan TensorRT builds, by default; int8-dynamic is ONNX Runtime's own and is left out.
+    assert [r.graph for r in results] == ["model_96x64.onnx", "model_96x64_fp16.onnx", "model_96x64_int8.onnx"]
+    for r, precision in zip(results, ("fp32", "fp16", "int8")):
         assert not r.cached and r.engine.stat().st_size > 1000
         record = json.loads(r.fingerprint.read_text())["fingerprint"]
         assert record["module"] == "tensorrt_rtx" and record["gpu"] is None
         assert record["shapes"] == {"images": [[1, 3, 96, 64]] * 3}  # static by default
-        assert record["precision"] == ("fp16" if "fp16" in r.graph else "fp32")
+        assert record["precision"] == precision
         assert json.loads(record["encoding"])["name"] == encoding
     # The engine loads back through its fingerprint check.
     assert EngineFromPath(out / "model_96x64_fp16.onnx", "tensorrt_rtx")() == results[1].engine.read_bytes()
+
+
+def test_ort_only_plans_are_refused_in_one_line(ape_copy):
+    with pytest.raises(DeployKitError, match=r"^cannot build int8-dynamic engines: .*MatMulInteger.*--precision int8") as err:
+        build(ape_copy, "rtx", precisions=["int8-dynamic"], **FAST)
+    assert "\n" not in str(err.value)
 
 
 def test_cache_reuses_refuses_and_rebuilds(ape_copy):
