@@ -43,17 +43,19 @@ from deploykit.encodings import Hook, encoding_name, get_config
 from deploykit.errors import ConfigError, DeployKitError, ExportError, ResolutionError
 from deploykit.export.bundle import Manifest, load_reference
 from deploykit.export.onnx_export import BakedModel, onnx_from_model, parse_resolution, resolution_tag
+from deploykit.export.precision import check_precision
 from deploykit.nn.factory import Model, build_model
 from deploykit.nn.sequence import SequenceConfig
 from deploykit.nn.vit import VisionTransformer
 
 # The record schema (CSV column order); extra fields follow these.
 RECORD_FIELDS = (
-    "backend", "encoding", "resolution", "batch",
+    "backend", "precision", "encoding", "resolution", "batch",
     "p50_ms", "p90_ms", "p95_ms", "p99_ms", "mean_ms", "std_ms", "min_ms", "max_ms", "n", "throughput_per_s",
 )  # fmt: skip
 TORCH_BACKEND = "torch"
 BASELINE_ENCODING = "ape"
+FP32 = "fp32"  # PyTorch eager runs this plan only; other plans are ratios to it
 # End-to-end inputs: seeded uint8 frames of a common camera size (preprocessing cost depends on
 # the size, not on the content, so no image files are needed).
 FRAME_SHAPE = (480, 640, 3)
@@ -193,36 +195,55 @@ def flush_denormal() -> Iterator[bool]:
 
 @dataclass
 class Subject:
-    """One model to profile, and ONNX graphs already exported for it (else exported in memory).
+    """One model to profile, and ONNX graphs already exported for it. A subject made from a model
+    builds the graphs it is asked for in memory (each precision plan as ``export`` writes it); one
+    read from an export directory times only what was exported there.
 
     Attributes:
         model: the trunk with its encoding.
-        graphs: resolution → ``.onnx`` path (from an export directory).
+        graphs: ``(resolution, precision)`` → ``.onnx`` path (from an export directory).
+        exported_only: refuse graphs that are not in ``graphs`` (an export directory's subject).
     """
 
     model: VisionTransformer
-    graphs: dict[tuple[int, int], Path] = field(default_factory=dict)
-    _exported: dict[tuple[int, int], bytes] = field(default_factory=dict, repr=False)
+    graphs: dict[tuple[tuple[int, int], str], Path] = field(default_factory=dict)
+    exported_only: bool = False
+    _built: dict[tuple[tuple[int, int], str], bytes] = field(default_factory=dict, repr=False)
 
     @property
     def encoding(self) -> str:
         return encoding_name(self.model.cfg.encoding)
 
-    def onnx(self, resolution: tuple[int, int]) -> Path | bytes:
-        if resolution in self.graphs:
-            return self.graphs[resolution]
-        if resolution not in self._exported:
-            self._exported[resolution] = onnx_from_model(self.model, resolution).SerializeToString()
-        return self._exported[resolution]
+    @property
+    def resolutions(self) -> list[tuple[int, int]]:
+        """The exported resolutions, in manifest order."""
+        return list(dict.fromkeys(resolution for resolution, _ in self.graphs))
+
+    def has(self, resolution: tuple[int, int], precision: str) -> bool:
+        return not self.exported_only or (tuple(resolution), precision) in self.graphs
+
+    def onnx(self, resolution: tuple[int, int], precision: str = FP32) -> Path | bytes:
+        key = (tuple(resolution), precision)
+        if key in self.graphs:
+            return self.graphs[key]
+        if self.exported_only:
+            raise ConfigError(f"no {precision} graph at {resolution_tag(resolution)}; run deploykit export --precision {precision}")
+        if key not in self._built:
+            from deploykit.export.bundle import planned_graph
+
+            fp32 = onnx_from_model(self.model, resolution)
+            planned = fp32 if precision == FP32 else planned_graph(fp32, self.model, resolution, precision)
+            self._built[key] = planned.SerializeToString()
+        return self._built[key]
 
     @classmethod
-    def from_export_dir(cls, directory: str | os.PathLike) -> Subject:
-        """The reference model and the (unchanged) graphs of an export directory."""
+    def from_export_dir(cls, directory: str | os.PathLike, precisions: Sequence[str] = (FP32,)) -> Subject:
+        """The reference model and the (unchanged) graphs of each precision plan of an export directory."""
         from deploykit.export.bundle import checked_graph  # refuses files changed since export
 
         manifest = Manifest.read(directory)
-        graphs = {tuple(g.resolution): checked_graph(Path(directory), g) for g in manifest.graphs_at("fp32")}
-        return cls(load_reference(directory), graphs)
+        graphs = {(tuple(g.resolution), g.precision): checked_graph(Path(directory), g) for p in precisions for g in manifest.graphs_at(p)}
+        return cls(load_reference(directory), graphs, exported_only=True)
 
 
 def ape_twin(model: Model, max_length: int = 0) -> Model:
@@ -370,12 +391,12 @@ def backend_names() -> list[str]:
     return [TORCH_BACKEND, *RUNNER_FACTORIES]
 
 
-def _open_target(backend: str, subject: Subject, resolution: tuple[int, int], device: torch.device):
+def _open_target(backend: str, subject: Subject, resolution: tuple[int, int], precision: str, device: torch.device):
     if backend == TORCH_BACKEND:
         return _TorchTarget(subject.model, resolution, device)
     from deploykit.backends.registry import RUNNER_FACTORIES
 
-    return _RunnerTarget(RUNNER_FACTORIES[backend](subject.onnx(resolution)))
+    return _RunnerTarget(RUNNER_FACTORIES[backend](subject.onnx(resolution, precision)))
 
 
 def _end_to_end(target, frames: list, resolution, cfg) -> Callable[[], object]:
@@ -478,12 +499,17 @@ def _resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def _check_inputs(subjects: list[Subject], resolutions, batches, backends) -> None:
+def _check_inputs(subjects: list[Subject], resolutions, batches, backends, precisions) -> None:
     if not resolutions:
         raise ResolutionError("no resolution to profile")
     for subject in subjects:
         for resolution in resolutions:
             subject.model.check_shape(resolution)  # ResolutionError with a hint, before any work
+    for precision in precisions:
+        check_precision(precision)
+        missing = [resolution_tag(r) for r in resolutions if not subjects[0].has(r, precision)]
+        if missing:
+            raise ConfigError(f"no {precision} graph at {', '.join(missing)}; run deploykit export --precision {precision}")
     if not batches or min(batches) < 1:
         raise ConfigError(f"batch sizes must be positive integers, got {list(batches)}")
     known = backend_names()
@@ -501,6 +527,7 @@ def profile(
     resolutions: Sequence[tuple[int, int]],
     batches: Sequence[int] = (1,),
     backends: Sequence[str] = (TORCH_BACKEND, "ort"),
+    precisions: Sequence[str] = (FP32,),
     budget: Budget = Budget(),
     compare_ape: bool = True,
     end_to_end: bool = True,
@@ -515,6 +542,8 @@ def profile(
         resolutions: ``(height, width)`` pairs, multiples of the patch size.
         batches: batch sizes.
         backends: ``"torch"`` and/or names from ``RUNNER_FACTORIES``.
+        precisions: precision plans the ONNX runners time, interleaved (an export directory's,
+            or built in memory as ``export`` would write them); PyTorch eager runs fp32 only.
         budget: time per measurement.
         compare_ape: add the same trunk with a learned APE when no APE model is given, and
             report every encoding's latency as a ratio to it.
@@ -526,7 +555,7 @@ def profile(
         The report; ``records`` follow ``RECORD_FIELDS`` (kernel-only latency) and then extra
         fields: ``e2e_*`` (end-to-end), ``pe_step_p50_ms`` and ``pe_share`` (positional step
         alone and its share of the kernel p50), ``ape_p50_ms`` and ``ratio_vs_ape``, ``gflops``
-        and ``achieved_gflop_per_s``.
+        and ``achieved_gflop_per_s``, ``fp32_p50_ms`` and ``ratio_vs_fp32``.
 
     Raises:
         ResolutionError: a resolution the model cannot take.
@@ -537,22 +566,22 @@ def profile(
     resolutions = list(dict.fromkeys(subjects[0].model.check_shape(tuple(r)) for r in resolutions)) if resolutions else []
     if compare_ape and BASELINE_ENCODING not in [s.encoding for s in subjects]:
         subjects.append(Subject(ape_twin(subjects[0].model, max((r[0] for r in resolutions), default=0))))
-    _check_inputs(subjects, resolutions, batches, backends)
+    _check_inputs(subjects, resolutions, batches, backends, precisions)
     torch_device = _resolve_device(device)
     settings = dict(model=label, resolutions=[resolution_tag(r) for r in resolutions], batches=list(batches),
-                    backends=list(backends), encodings=[s.encoding for s in subjects], device=str(torch_device),
+                    backends=list(backends), precisions=list(precisions), encodings=[s.encoding for s in subjects], device=str(torch_device),
                     budget=dataclasses.asdict(budget), end_to_end=end_to_end, flush_denormal=True)  # fmt: skip
     records: list[dict] = []
     with flush_denormal():
         environment = capture_environment(torch_device)
         for resolution in resolutions:
-            records += _profile_resolution(subjects, resolution, batches, backends, budget, end_to_end, torch_device, progress)
+            records += _profile_resolution(subjects, resolution, batches, backends, precisions, budget, end_to_end, torch_device, progress)
     environment["load_average_end"] = list(os.getloadavg())
     _add_ape_ratios(records)
     return ProfileReport(records, settings, environment)
 
 
-def _profile_resolution(subjects, resolution, batches, backends, budget, end_to_end, device, progress) -> list[dict]:
+def _profile_resolution(subjects, resolution, batches, backends, precisions, budget, end_to_end, device, progress) -> list[dict]:
     tag = resolution_tag(resolution)
     cfg = subjects[0].model.cfg
     pe_steps = {}
@@ -563,29 +592,32 @@ def _profile_resolution(subjects, resolution, batches, backends, budget, end_to_
     rng = np.random.default_rng(0)
     records = []
     for backend in backends:
+        # (subject, precision) lanes of this backend, interleaved round by round; PyTorch runs fp32 only.
+        lanes = [(s, p) for p in ([FP32] if backend == TORCH_BACKEND else precisions) for s in subjects if s.has(resolution, p)]
         targets = []
         try:
-            for subject in subjects:
+            for subject, precision in lanes:
                 if progress:
-                    progress(f"{backend} {subject.encoding} @ {tag}: preparing")
-                targets.append(_open_target(backend, subject, resolution, device))
+                    progress(f"{backend} {subject.encoding} {precision} @ {tag}: preparing")
+                targets.append(_open_target(backend, subject, resolution, precision, device))
             for batch in batches:
                 images, frames = _inputs(subjects[0].model, resolution, batch, rng)
                 samples = {}
                 for _ in range(budget.rounds):
-                    for subject, target in zip(subjects, targets):
+                    for (subject, precision), target in zip(lanes, targets):
                         if progress:
-                            progress(f"{backend} {subject.encoding} @ {tag} batch {batch}")
-                        samples.setdefault((subject.encoding, "kernel"), []).extend(
-                            measure(target.kernel(images), budget.per_round(), target.timer))
+                            progress(f"{backend} {subject.encoding} {precision} @ {tag} batch {batch}")
+                        lane = (subject.encoding, precision)
+                        samples.setdefault((lane, "kernel"), []).extend(measure(target.kernel(images), budget.per_round(), target.timer))
                         if end_to_end:
-                            samples.setdefault((subject.encoding, "e2e"), []).extend(
+                            samples.setdefault((lane, "e2e"), []).extend(
                                 measure(_end_to_end(target, frames, resolution, subject.model.cfg), budget.per_round()))
-                for subject in subjects:
-                    kernel = LatencyStats.from_ns(samples[subject.encoding, "kernel"], batch)
-                    e2e = LatencyStats.from_ns(samples[subject.encoding, "e2e"], batch) if end_to_end else None
-                    records.append(_record(backend, subject.encoding, tag, batch, kernel, e2e, pe_steps[subject.encoding, batch],
-                                           model_flops(cfg, resolution, batch)))  # fmt: skip
+                for subject, precision in lanes:
+                    lane = (subject.encoding, precision)
+                    kernel = LatencyStats.from_ns(samples[lane, "kernel"], batch)
+                    e2e = LatencyStats.from_ns(samples[lane, "e2e"], batch) if end_to_end else None
+                    records.append(_record(backend, precision, subject.encoding, tag, batch, kernel, e2e,
+                                           pe_steps[subject.encoding, batch], model_flops(cfg, resolution, batch)))  # fmt: skip
         finally:
             for target in targets:
                 target.close()
@@ -602,8 +634,8 @@ def _inputs(model: Model, resolution, batch: int, rng: np.random.Generator) -> t
     return random_inputs(batch, resolution, seed=batch), [rng.integers(0, 256, FRAME_SHAPE, dtype=np.uint8) for _ in range(batch)]
 
 
-def _record(backend, encoding, tag, batch, kernel: LatencyStats, e2e: LatencyStats | None, pe_step: LatencyStats, flops: int) -> dict:
-    record = dict(backend=backend, encoding=encoding, resolution=tag, batch=batch, **kernel.to_dict())
+def _record(backend, precision, encoding, tag, batch, kernel: LatencyStats, e2e, pe_step: LatencyStats, flops: int) -> dict:
+    record = dict(backend=backend, precision=precision, encoding=encoding, resolution=tag, batch=batch, **kernel.to_dict())
     if e2e is not None:
         record.update(e2e.to_dict("e2e_"))
     record.update(
@@ -616,9 +648,14 @@ def _record(backend, encoding, tag, batch, kernel: LatencyStats, e2e: LatencySta
 
 
 def _add_ape_ratios(records: list[dict]) -> None:
-    """``ape_p50_ms`` and ``ratio_vs_ape`` = p50 / APE p50 (same backend, resolution, batch)."""
-    ape = {(r["backend"], r["resolution"], r["batch"]): r["p50_ms"] for r in records if r["encoding"] == BASELINE_ENCODING}
+    """``ape_p50_ms`` and ``ratio_vs_ape`` = p50 / APE p50 (same backend, precision, resolution,
+    batch), and ``fp32_p50_ms`` and ``ratio_vs_fp32`` = p50 / the same lane's fp32 p50."""
+    ape = {(r["backend"], r["precision"], r["resolution"], r["batch"]): r["p50_ms"] for r in records if r["encoding"] == BASELINE_ENCODING}
+    fp32 = {(r["backend"], r["encoding"], r["resolution"], r["batch"]): r["p50_ms"] for r in records if r["precision"] == FP32}
     for r in records:
-        base = ape.get((r["backend"], r["resolution"], r["batch"]))
+        base = ape.get((r["backend"], r["precision"], r["resolution"], r["batch"]))
         r["ape_p50_ms"] = base
         r["ratio_vs_ape"] = r["p50_ms"] / base if base else None
+        full = fp32.get((r["backend"], r["encoding"], r["resolution"], r["batch"]))
+        r["fp32_p50_ms"] = full
+        r["ratio_vs_fp32"] = r["p50_ms"] / full if full else None

@@ -32,7 +32,7 @@ def _pixels(tag: str) -> float:
 
 def plot_latency(path: str | os.PathLike, records: Sequence[dict], title: str = "") -> Path:
     """PNG of kernel-only p50 latency (whisker up to p90) against resolution, one line per
-    backend × encoding, one panel per batch size. Needs the ``plot`` extra (matplotlib)."""
+    backend × precision × encoding, one panel per batch size. Needs the ``plot`` extra (matplotlib)."""
     lazy_import("matplotlib")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -43,12 +43,12 @@ def plot_latency(path: str | os.PathLike, records: Sequence[dict], title: str = 
     axes = figure.subplots(1, len(batches), squeeze=False)[0]
     for ax, batch in zip(axes, batches):
         rows = [r for r in records if r["batch"] == batch]
-        for backend, encoding in dict.fromkeys((r["backend"], r["encoding"]) for r in rows):
-            line = sorted((_pixels(r["resolution"]), r["p50_ms"], r["p90_ms"]) for r in rows
-                          if (r["backend"], r["encoding"]) == (backend, encoding))  # fmt: skip
+        lane = lambda r: (r["backend"], r.get("precision", "fp32"), r["encoding"])  # noqa: E731  (older records: fp32)
+        for backend, precision, encoding in dict.fromkeys(map(lane, rows)):
+            line = sorted((_pixels(r["resolution"]), r["p50_ms"], r["p90_ms"]) for r in rows if lane(r) == (backend, precision, encoding))
             xs, p50, p90 = zip(*line)
             ax.errorbar(xs, p50, yerr=[[0] * len(p50), [b - a for a, b in zip(p50, p90)]], marker="o", capsize=3,
-                        linestyle="-" if backend == "torch" else "--", label=f"{backend} · {encoding}")  # fmt: skip
+                        linestyle="-" if backend == "torch" else "--", label=f"{backend} {precision} · {encoding}")  # fmt: skip
         ax.set(xlabel="resolution (px, square side)", ylabel="latency p50 (ms), whisker to p90", title=f"{title} batch {batch}".strip())
         ax.set_yscale("log")
         ax.grid(True, which="both", alpha=0.3)
@@ -67,17 +67,17 @@ def render_table(report, title: str = "latency"):
     from rich.table import Table
 
     table = Table(title=title, caption=report.environment_line, caption_justify="left")
-    for name in ("backend", "encoding", "res", "batch"):
+    for name in ("backend", "precision", "encoding", "res", "batch"):
         table.add_column(name)
-    for name in ("p50", "p90", "p99", "mean ± std", "n", "img/s", "e2e p50", "e2e img/s", "×APE", "PE share", "GFLOP/s"):
+    for name in ("p50", "p90", "p99", "mean ± std", "n", "img/s", "e2e p50", "e2e img/s", "×APE", "×fp32", "PE share", "GFLOP/s"):
         table.add_column(name, justify="right")
+    ratio = lambda value: "–" if value is None else f"{value:.3f}"  # noqa: E731
     for r in report.records:
-        ratio = r.get("ratio_vs_ape")
         table.add_row(
-            r["backend"], r["encoding"], r["resolution"], str(r["batch"]),
+            r["backend"], r["precision"], r["encoding"], r["resolution"], str(r["batch"]),
             _ms(r["p50_ms"]), _ms(r["p90_ms"]), _ms(r["p99_ms"]), f"{_ms(r['mean_ms'])} ± {_ms(r['std_ms'])}", str(r["n"]),
             f"{r['throughput_per_s']:.1f}", _ms(r.get("e2e_p50_ms")),
             "–" if r.get("e2e_throughput_per_s") is None else f"{r['e2e_throughput_per_s']:.1f}",
-            "–" if ratio is None else f"{ratio:.3f}", f"{r['pe_share']:.1%}", f"{r['achieved_gflop_per_s']:.1f}",
+            ratio(r.get("ratio_vs_ape")), ratio(r.get("ratio_vs_fp32")), f"{r['pe_share']:.1%}", f"{r['achieved_gflop_per_s']:.1f}",
         )  # fmt: skip
     return table
