@@ -15,6 +15,10 @@ import click
 
 from deploykit.errors import DeployKitError
 
+# The precision plans (deploykit.export.precision.PLANS), spelled out so --help needs no onnx
+# import; tests/test_cli.py checks the two agree.
+PLAN_NAMES = ("fp32", "fp16", "bf16", "int8", "int8-dynamic", "fp32-mha")
+
 
 class _Resolution(click.ParamType):
     """``224`` or ``384x256`` (height x width)."""
@@ -72,34 +76,62 @@ def cli():
 @click.option("--resolution", "-r", "resolutions", type=RESOLUTION, multiple=True, help="Repeatable; default the model's img_size.")
 @click.option("--output", "-o", type=click.Path(path_type=Path), required=True, help="Export directory.")
 @click.option("--opset", type=int, default=None, help="ONNX opset (default 18).")
-@click.option("--precision", "precisions", type=click.Choice(["fp32", "fp16", "bf16"]), multiple=True,
-              help="Repeatable precision plan: matmuls in this type, tables/LayerNorm/Softmax/logits fp32 (default fp32).")
+@click.option("--precision", "precisions", type=click.Choice(PLAN_NAMES), multiple=True,
+              help="Repeatable precision plan written beside fp32: fp16/bf16 (casts), int8 (Q/DQ, calibrated; ORT and TensorRT), "
+                   "int8-dynamic and fp32-mha (ONNX Runtime only). Tables, rotations, gates, LayerNorm, Softmax, logits stay float.")
+@click.option("--calibration-samples", type=click.IntRange(min=1), default=128, show_default=True,
+              help="int8: real inputs to calibrate on (a zoo model's train split, else crops of the bundled images).")
+@click.option("--calibration-method", type=click.Choice(["minmax", "percentile", "entropy"]), default="minmax", show_default=True,
+              help="int8: how activation ranges are chosen from the calibration inputs.")
+@click.option("--min-agreement", type=click.FloatRange(0, 1), default=0.99, show_default=True,
+              help="int8: top-1 agreement with fp32 to reach on held-out inputs, moving the most sensitive matmuls back to float "
+                   "(0: quantize every eligible matmul).")
 @click.option("--resolution-range", "resolution_range", type=_ResolutionRange(), default=None,
               help="Also one graph for any resolution in MIN:OPT:MAX (e.g. 224:384:512; RoPE, GridPE, GeoPE).")
-def export(encoding, model_name, checkpoint, resolutions, output, opset, precisions, resolution_range):
+def export(encoding, model_name, checkpoint, resolutions, output, opset, precisions, calibration_samples, calibration_method,
+           min_agreement, resolution_range):  # fmt: skip
     """Export a model to one ONNX graph per resolution, tables baked in, graph linted."""
     from deploykit.export import DEFAULT_OPSET, resolution_tag
     from deploykit.export import export as export_model
+    from deploykit.export.quantize import CalibrationOptions
     from deploykit.nn.resolve import resolve_model
 
     console = _console()
     model, source = resolve_model(checkpoint=checkpoint, encoding=encoding, model_name=model_name)
     resolutions = resolutions or ([] if resolution_range else [model.default_shape])
+    calibration = CalibrationOptions(samples=calibration_samples, method=calibration_method, min_agreement=min_agreement or None)
     with console.status("exporting") as status:
         manifest = export_model(model, resolutions, output, opset=opset or DEFAULT_OPSET, precisions=precisions or ("fp32",),
-                                source=source, progress=lambda msg: status.update(msg), resolution_range=resolution_range)
+                                source=source, progress=lambda msg: status.update(msg), resolution_range=resolution_range,
+                                calibration=calibration)  # fmt: skip
     for graph in manifest.graphs:
         where = resolution_tag(graph.resolution)
         if graph.resolution_range:
             where = f"{' to '.join(resolution_tag(r) for r in graph.resolution_range)}, tuned for {where}"
-        console.print(f"[green]✓[/] {output / graph.file}  ({where}, {graph.precision}, opset {graph.opset})")
+        console.print(f"[green]✓[/] {output / graph.file}  ({where}, {graph.precision}, opset {graph.opset})", soft_wrap=True)
+        if graph.quantization:
+            console.print(f"  {_quantization_line(graph.quantization)}", soft_wrap=True)
+
+
+def _quantization_line(details: dict) -> str:
+    """``int8: 15 matmuls int8, 4 float (logits 1, attention 8, ...); calibrated on ...; agreement ...``."""
+    floats = details.get("float_nodes", {})
+    line = (f"{details['quantized_nodes']} matmuls int8, {sum(map(len, floats.values()))} float "
+            f"({', '.join(f'{reason} {len(nodes)}' for reason, nodes in floats.items()) or 'none'})")  # fmt: skip
+    if "calibration_data" in details:
+        line += f"; calibrated ({details['calibration']}) on {details['calibration_data']}"
+    if details.get("agreement"):
+        line += f"; top-1 agreement with fp32 on {details['agreement']['held_out']} held-out inputs {details['agreement']['final']:.1%}"
+    return line
 
 
 @cli.command()
 @click.argument("export_dir", type=click.Path(path_type=Path))
 @click.option("--resolution", "-r", "resolutions", type=RESOLUTION, multiple=True, help="Repeatable; default every exported one.")
 @click.option("--backend", "-b", "backends", multiple=True, default=("ort",), show_default=True, help="Repeatable: ort, ort-cuda, trt, rtx (trt/rtx run the engines deploykit build wrote).")
-@click.option("--precision", default="fp32", show_default=True, help="Which exported plan to check, and its tolerance: fp32, fp16, bf16.")
+@click.option("--precision", default="fp32", show_default=True,
+              help=f"Which exported plan to check, and its tolerance ({', '.join(PLAN_NAMES)}; int8: cosine and top-1/top-5 "
+                   "agreement on the real inputs).")
 @click.option("--num-random", default=4, show_default=True, help="Seeded noise inputs per resolution.")
 @click.option("--num-real", default=8, show_default=True, help="Bundled real images per resolution.")
 @click.option("--seed", default=0, show_default=True)
@@ -144,7 +176,8 @@ def _print_report(console, report) -> None:
               help="One batch profile 1..--max-batch tuned for --batch, instead of a static batch (resolution stays static).")
 @click.option("--batch", default=1, show_default=True, help="Static batch, or the batch a --dynamic profile is tuned for.")
 @click.option("--max-batch", default=8, show_default=True, help="Largest batch of a --dynamic profile.")
-@click.option("--precision", "precisions", type=click.Choice(["fp32", "fp16", "bf16"]), multiple=True, help="Repeatable; default every exported plan.")
+@click.option("--precision", "precisions", type=click.Choice(PLAN_NAMES), multiple=True,
+              help="Repeatable; default every exported plan TensorRT can build (int8-dynamic and fp32-mha are ONNX Runtime only).")
 @click.option("--resolution", "-r", "resolutions", type=RESOLUTION, multiple=True, help="Repeatable; default every exported one.")
 @click.option("--workspace", "workspace_mib", type=click.IntRange(min=1), default=None, help="Workspace limit in MiB.")
 @click.option("--opt-level", "optimization_level", type=click.IntRange(0, 5), default=None, help="Builder optimization level (default 3).")
@@ -181,6 +214,9 @@ def build(export_dir, backend, dynamic, batch, max_batch, precisions, resolution
 @click.option("--batch", "batches", multiple=True, default=("1",), show_default=True, help="Comma list, e.g. 1,8,32.")
 @click.option("--backend", "backends", multiple=True, default=("torch", "ort"), show_default=True,
               help="Repeatable or comma list: torch and every ONNX runner (ort, ...); several are compared in one run.")
+@click.option("--precision", "precisions", type=click.Choice(PLAN_NAMES), multiple=True,
+              help="Repeatable: time these plans side by side (EXPORT_DIR's, else built as export would; default fp32); "
+                   "records get ratio_vs_fp32.")
 @click.option("--duration", type=float, default=1.0, show_default=True, help="Seconds of timed calls per measurement.")
 @click.option("--iterations", type=int, default=None, help="Exactly this many timed calls per measurement (overrides --duration).")
 @click.option("--warmup", type=int, default=3, show_default=True, help="Untimed calls before each measurement.")
@@ -191,8 +227,8 @@ def build(export_dir, backend, dynamic, batch, max_batch, precisions, resolution
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the report as JSON.")
 @click.option("--csv", "csv_path", type=click.Path(path_type=Path), default=None, help="Write one CSV row per record.")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None, help="Latency-vs-resolution PNG (needs matplotlib).")
-def profile(export_dir, encoding, model_name, checkpoint, resolutions, resolution_lists, batches, backends, duration, iterations,
-            warmup, rounds, device, no_ape_baseline, no_end_to_end, json_path, csv_path, plot_path):  # fmt: skip
+def profile(export_dir, encoding, model_name, checkpoint, resolutions, resolution_lists, batches, backends, precisions, duration,
+            iterations, warmup, rounds, device, no_ape_baseline, no_end_to_end, json_path, csv_path, plot_path):  # fmt: skip
     """Latency per backend × encoding × resolution × batch, and the encoding's cost against APE."""
     from rich.console import Console
 
@@ -208,13 +244,14 @@ def profile(export_dir, encoding, model_name, checkpoint, resolutions, resolutio
     batch_sizes = prof.parse_counts(batches, "batch size")
     backend_names = [b.strip() for value in backends for b in value.split(",")]
     if export_dir:
-        subject, label = prof.Subject.from_export_dir(export_dir), str(export_dir)
+        subject, label = prof.Subject.from_export_dir(export_dir, precisions or ("fp32",)), str(export_dir)
     else:
         model, label = resolve_model(checkpoint=checkpoint, encoding=encoding, model_name=model_name)
         subject = prof.Subject(model)
-    res = prof.parse_resolutions([*resolutions, *resolution_lists]) or list(subject.graphs) or [subject.model.default_shape]
+    res = prof.parse_resolutions([*resolutions, *resolution_lists]) or subject.resolutions or [subject.model.default_shape]
     with console.status("profiling") as status:
         report = prof.profile(subject, resolutions=res, batches=batch_sizes, backends=backend_names, budget=budget,
+                              precisions=precisions or ("fp32",),
                               compare_ape=not no_ape_baseline, end_to_end=not no_end_to_end, device=device, label=label,
                               progress=lambda m: status.update(m))  # fmt: skip
     # Piped output gets a fixed width so the table is not squeezed to 80 columns.

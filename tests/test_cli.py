@@ -554,3 +554,38 @@ def test_sequence_model_bad_length(capsys, tmp_path, args, words):
     code, _, err = run_cli(capsys, "export", "--model", "seq_tiny_ega", *args, "-o", out)
     assert_one_line_error(code, err, *words)
     assert not out.exists()
+
+
+# ----------------------------------------------------------------------------------------------
+# INT8: export says what it calibrated on, validate and profile take the plan
+
+
+def test_plan_names_are_the_registry():
+    from deploykit.cli import PLAN_NAMES
+    from deploykit.export.precision import PLANS
+
+    assert PLAN_NAMES == tuple(PLANS)
+
+
+def test_int8_export_says_what_it_calibrated_on_then_validates_and_profiles(capsys, tmp_path, ckpt_dir):
+    out = tmp_path / "q"
+    code, _, err = run_cli(capsys, "export", "-c", ckpt_dir, "-r", RES, "--precision", "fp32", "--precision", "int8",
+                           "--calibration-samples", "8", "--calibration-method", "percentile", "--min-agreement", "0", "-o", out)  # fmt: skip
+    assert code == 0, err
+    # No dataset in the config: the bundled images, and the line says so.
+    assert "calibrated (percentile) on 8 random crops" in err and "the model names no dataset" in err
+    code, _, err = run_cli(capsys, "validate", out, "--precision", "int8", "--report", tmp_path / "r.json")
+    assert code == 0 and "1/1 checks passed" in err, err
+    (record,) = json.loads((tmp_path / "r.json").read_text())
+    assert record["precision"] == "int8" and record["tolerance"]["real_only"] and record["max_abs"] > 0
+    code, _, err = run_cli(capsys, "profile", out, "--precision", "fp32", "--precision", "int8", "--backend", "ort",
+                           "--iterations", "2", "--warmup", "0", "--no-ape-baseline", "--no-end-to-end", "--json", tmp_path / "p.json")  # fmt: skip
+    assert code == 0, err
+    records = json.loads((tmp_path / "p.json").read_text())["records"]
+    assert [r["precision"] for r in records] == ["fp32", "int8"]
+    assert records[1]["ratio_vs_fp32"] == pytest.approx(records[1]["p50_ms"] / records[0]["p50_ms"])
+
+
+def test_profile_a_plan_that_was_not_exported(capsys, good_export):
+    code, _, err = run_cli(capsys, "profile", good_export, "--precision", "int8", "--backend", "ort", "--iterations", "1")
+    assert_one_line_error(code, err, "no int8 graph", "--precision int8")
