@@ -19,6 +19,7 @@ import torch
 
 import deploykit
 from deploykit._io import write_json_atomic, write_text_atomic
+from deploykit.data import normalise
 from deploykit.encodings import config_to_dict
 from deploykit.errors import CheckpointError
 from deploykit.nn.checkpoint import WEIGHTS_FILE, load_model
@@ -36,8 +37,9 @@ def eval_resolutions(model: Model) -> list[int]:
     return [int(round(size * s / patch)) * patch for s in EVAL_SCALES]
 
 
-def evaluate(name: str, root: Path | None = None, limit: int | None = None) -> dict[str, Any]:
-    """The card of a trained zoo model (test accuracy on the first ``limit`` test samples)."""
+def evaluate(name: str, root: Path | None = None, limit: int | None = None, int8: bool = True) -> dict[str, Any]:
+    """The card of a trained zoo model (test accuracy on the first ``limit`` test samples): the
+    PyTorch model, and with ``int8`` its exported ``int8`` plan in ONNX Runtime (``int8_columns``)."""
     directory = model_dir(name, root)
     if not (directory / WEIGHTS_FILE).is_file():
         raise CheckpointError(f"zoo model {name} is not trained ({directory / WEIGHTS_FILE} missing); run: deploykit zoo train {name}")
@@ -46,6 +48,37 @@ def evaluate(name: str, root: Path | None = None, limit: int | None = None) -> d
     resolutions = eval_resolutions(model)
     correct = [correct_predictions(model, dataset, "test", r, limit) for r in resolutions]
     entry = get_entry(name)
+    return dict(
+        **_fp32_columns(name, model, dataset, resolutions, correct, directory, train_settings, entry),
+        **(int8_columns(model, dataset, resolutions, limit) if int8 else {}),
+    )
+
+
+def int8_columns(model: Model, dataset, resolutions: list[int], limit: int | None = None) -> dict[str, Any]:
+    """Test accuracy of the model's ``int8`` plan at each resolution, exported and calibrated as
+    ``deploykit export --precision int8`` does (train split, agreement target on the val split),
+    run in ONNX Runtime; and the share of test predictions it shares with the fp32 graph."""
+    from deploykit.export import onnx_from_model
+    from deploykit.export.bundle import planned_graph
+    from deploykit.export.quantize import graph_quantization, run_graph
+
+    count = min(limit or dataset.size("test"), dataset.size("test"))
+    accuracy, agreement, correct_hex, plans = [], [], [], []
+    for r in resolutions:
+        fp32 = onnx_from_model(model, (r, r))
+        int8 = planned_graph(fp32, model, (r, r), "int8")
+        images, labels = dataset.batch("test", range(count), r)
+        inputs = normalise(images, model.cfg.mean, model.cfg.std)
+        predicted, reference = (run_graph(g, inputs).argmax(-1) for g in (int8, fp32))
+        accuracy.append(float(np.mean(predicted == labels)))
+        agreement.append(float(np.mean(predicted == reference)))
+        correct_hex.append(_bits_to_hex(predicted == labels))
+        details = graph_quantization(int8)
+        plans.append({"float_nodes": details["float_nodes"], "quantized_nodes": details["quantized_nodes"]})
+    return dict(int8_test_accuracy=accuracy, int8_test_correct_hex=correct_hex, int8_agreement_with_fp32=agreement, int8_plans=plans)
+
+
+def _fp32_columns(name, model, dataset, resolutions, correct, directory, train_settings, entry) -> dict[str, Any]:
     return dict(
         name=name,
         encoding=config_to_dict(model.cfg.encoding),
@@ -108,6 +141,12 @@ def card_markdown(card: dict[str, Any]) -> str:
     enc_name = enc.pop("name")
     header = " | ".join(f"{r} px ({r / card['train_resolution']:g}×)" for r in card["resolutions"])
     accs = " | ".join(f"{a:.1%}" for a in card["test_accuracy"])
+    int8_rows = []
+    if "int8_test_accuracy" in card:
+        int8_rows = [
+            "| int8 (ONNX Runtime) | " + " | ".join(f"{a:.1%}" for a in card["int8_test_accuracy"]) + " |",
+            "| int8 top-1 = fp32 | " + " | ".join(f"{a:.1%}" for a in card["int8_agreement_with_fp32"]) + " |",
+        ]
     m, train = card["model"], card["train_settings"]
     lines = [
         f"# {card['name']}",
@@ -118,10 +157,14 @@ def card_markdown(card: dict[str, Any]) -> str:
         "",
         f"Test accuracy on {card['num_test']} test scenes, rendered at each resolution:",
         "",
-        f"| {header} |",
-        "|" + "---|" * len(card["resolutions"]),
-        f"| {accs} |",
+        f"| | {header} |",
+        "|---|" + "---|" * len(card["resolutions"]),
+        f"| fp32 (PyTorch) | {accs} |",
+        *int8_rows,
         "",
+        *(["The int8 plan is `deploykit export --precision int8` (calibrated on the train split; matmuls moved back "
+           "to float where top-1 agreement on the val split fell below 99%), run in ONNX Runtime on CPU.", ""]
+          if int8_rows else []),
         f"- parameters: {card['num_params']:,} ({card['weights_bytes'] / 1e6:.1f} MB safetensors)",
         f"- training: `{train['command']}` (seeded; {train['settings'].get('steps', '?')} steps of {train['settings'].get('batch_size', '?')} on CPU)",
         f"- training settings: {', '.join(f'{k}={v}' for k, v in train['settings'].items())}",
@@ -149,12 +192,7 @@ def write_readme(root: Path | None = None) -> Path:
     root = root or zoo_dir()
     cards = read_cards(root)
     untrained = [n for n in ZOO if not (root / n / CARD_JSON).is_file()]
-    rows = [
-        f"| [{c['name']}]({c['name']}/card.md) | {c['encoding']['name']} | {c['num_params']:,} | "
-        + " | ".join(f"{a:.1%}" for a in c["test_accuracy"])
-        + " |"
-        for c in cards
-    ]
+    rows = [_summary_row(c) for c in cards]
     lines = [
         "# Model zoo",
         "",
@@ -162,16 +200,28 @@ def write_readme(root: Path | None = None) -> Path:
         "",
         "Small ViTs trained on the procedurally rendered `shape-relations` dataset (`deploykit.zoo.dataset`: "
         "4 classes, chance 25%), one per positional encoding. Test accuracy on the test split rendered at the "
-        "training resolution and at 1.5× and 2× (no fine-tuning: the resolution-extrapolation table).",
+        "training resolution and at 1.5× and 2× (no fine-tuning: the resolution-extrapolation table), for the PyTorch "
+        "model (fp32) and for its `int8` plan in ONNX Runtime, with the share of test predictions the int8 plan shares "
+        "with the fp32 graph (worst of the three resolutions).",
         "",
-        "| model | encoding | params | 1× | 1.5× | 2× |",
-        "|---|---|---|---|---|---|",
+        "| model | encoding | params | fp32 1× | 1.5× | 2× | int8 1× | 1.5× | 2× | int8 = fp32 (worst) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
         *rows,
         "",
     ]
     if untrained:
         lines += ["Not trained yet: " + ", ".join(f"`{n}` (`deploykit zoo train {n}`)" for n in untrained), ""]
     return write_text_atomic(root / README, "\n".join(lines))
+
+
+def _summary_row(card: dict[str, Any]) -> str:
+    cells = [f"[{card['name']}]({card['name']}/card.md)", card["encoding"]["name"], f"{card['num_params']:,}"]
+    cells += [f"{a:.1%}" for a in card["test_accuracy"]]
+    if "int8_test_accuracy" in card:  # cards written before the int8 columns have none
+        cells += [f"{a:.1%}" for a in card["int8_test_accuracy"]] + [f"{min(card['int8_agreement_with_fp32']):.1%}"]
+    else:
+        cells += ["–"] * 4
+    return "| " + " | ".join(cells) + " |"
 
 
 def rewrite_cards(root: Path | None = None) -> Path:

@@ -35,7 +35,7 @@ def zoo_model(request):
 
 def test_card_is_reproduced_on_a_subset(zoo_model):
     name, _, card = zoo_model
-    again = evaluate(name, limit=SUBSET)
+    again = evaluate(name, limit=SUBSET, int8=False)
     assert again["resolutions"] == card["resolutions"]
     for acc, full, bits in zip(again["test_accuracy"], card["test_accuracy"], card["test_correct_hex"]):
         # exactly what the card recorded for these samples...
@@ -43,6 +43,18 @@ def test_card_is_reproduced_on_a_subset(zoo_model):
         # ...and within sampling noise of the full-split figure (4 binomial standard errors).
         assert abs(acc - full) <= 4 * math.sqrt(max(full * (1 - full), 0.01) / SUBSET)
     assert hex_to_bits(card["test_correct_hex"][0], card["num_test"]).mean() == card["test_accuracy"][0]
+
+
+def test_int8_columns_are_reproduced_on_a_subset_and_meet_the_goals():
+    """The default model's int8 card columns: the same answers on a subset when exported again,
+    and the accuracy goals (within 0.5 points of fp32 at 1x, 1 point at 2x; agreement >= 99%)."""
+    card = json.loads((trained(DEFAULT_ZOO_MODEL) / CARD_JSON).read_text())
+    again = evaluate(DEFAULT_ZOO_MODEL, limit=SUBSET)
+    for acc, bits in zip(again["int8_test_accuracy"], card["int8_test_correct_hex"]):
+        assert acc == hex_to_bits(bits, SUBSET).mean()
+    fp32, int8 = card["test_accuracy"], card["int8_test_accuracy"]
+    assert abs(int8[0] - fp32[0]) <= 0.005 and abs(int8[-1] - fp32[-1]) <= 0.01, (fp32, int8)
+    assert min(card["int8_agreement_with_fp32"]) >= 0.99, card["int8_agreement_with_fp32"]
 
 
 def test_accuracy_is_clearly_above_chance(zoo_model):
