@@ -1,0 +1,167 @@
+"""INT8 on ONNX Runtime CPU: latency of each plan against the fp32 graph, and the attention choice.
+
+Two measurements, each written to ``benchmarks/results/`` with the command that made it and
+the CPU's instruction sets (int8 speed depends on VNNI/AMX):
+
+    python benchmarks/int8_plans.py speed       # every encoding × ViT-S/ViT-B × 224/384 × batch 1/8
+    python benchmarks/int8_plans.py attention   # zoo: quantize the attention MatMuls or not, per encoding
+
+``speed`` exports seeded (untrained) models as ``export`` does, in the ``fp32``, ``int8``,
+``int8-dynamic`` and ``fp32-mha`` plans and the ``int8`` plan with its attention MatMuls quantized
+too (``int8+attn``), then times them on ONNX Runtime with the project's session options,
+interleaved round by round, one file per model: ``int8-speed-<model>.json``. Speed does not depend
+on the weights, so calibration is short and no agreement target is set.
+
+``attention`` answers the plan's open question per encoding (``ATTENTION_INT8`` in
+``deploykit/export/quantize.py``): on every zoo model, test-split accuracy and top-1 agreement
+with fp32 at 1× and 2× with the attention MatMuls float and int8, plus ONNX Runtime latency of the
+two at 2× (the longest sequence); written to ``int8-attention.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from deploykit._environment import capture_environment
+from deploykit._io import write_json_atomic
+from deploykit.data import normalise
+from deploykit.encodings import list_encodings
+from deploykit.data import random_inputs
+from deploykit.export import onnx_from_model
+from deploykit.export.bundle import planned_graph
+from deploykit.export.quantize import Calibration, CalibrationOptions, quantize_static_int8, run_graph
+from deploykit.nn import create_model
+from deploykit.profile import Budget, LatencyStats, measure
+
+RESULTS = Path(__file__).parent / "results"
+PLANS = ("fp32", "int8", "int8-dynamic", "fp32-mha")
+SPEED_CALIBRATION = CalibrationOptions(samples=16, held_out=16, min_agreement=None)
+
+
+def _command() -> str:
+    return "python benchmarks/int8_plans.py " + " ".join(map(shlex.quote, sys.argv[1:]))
+
+
+def speed(args) -> None:
+    for model_name in args.models:
+        path = args.output_dir / f"int8-speed-{model_name}{args.tag}.json"
+        result = {"command": _command(), "environment": capture_environment(torch.device("cpu")), "records": [], "complete": False}
+        for encoding in args.encodings or list_encodings():
+            torch.manual_seed(0)
+            model = create_model(model_name, encoding=encoding).eval()
+            for r in args.resolutions:
+                variants = _variants(model, (r, r))
+                for batch in args.batches:
+                    result["records"] += _time_variants(variants, model_name, encoding, r, batch, args)
+                    print("  ".join(f"{x['variant']} {x['ratio_vs_fp32']:.2f}" for x in result["records"][-len(variants):]), flush=True)
+            result["load_average_end"] = list(os.getloadavg())
+            write_json_atomic(path, result)  # after each encoding: an interrupted run keeps what it measured
+        result["complete"] = True
+        write_json_atomic(path, result)
+
+
+def _variants(model, resolution) -> dict:
+    """Plan name -> serialized graph: the plans as ``export`` writes them, and ``int8+attn``."""
+    from deploykit.data import calibration_inputs
+
+    fp32 = onnx_from_model(model, resolution)
+    variants = {p: planned_graph(fp32, model, resolution, p, SPEED_CALIBRATION) for p in PLANS}
+    calibration = Calibration(*calibration_inputs(model, resolution, SPEED_CALIBRATION.samples))
+    variants["int8+attn"] = quantize_static_int8(fp32, calibration, attention=True)
+    return {name: proto.SerializeToString() for name, proto in variants.items()}
+
+
+def _time_variants(variants: dict, model_name, encoding, resolution, batch, args) -> list[dict]:
+    """p50 etc. of every variant on one batch, interleaved over ``args.rounds`` rounds."""
+    import onnxruntime as ort
+
+    from deploykit.backends.onnxrt import session_options
+
+    sessions = {n: ort.InferenceSession(g, session_options(), providers=["CPUExecutionProvider"]) for n, g in variants.items()}
+    x = random_inputs(batch, (resolution, resolution), seed=batch)
+    budget = Budget(duration_s=args.duration, rounds=args.rounds, warmup=args.warmup, min_iterations=args.min_iterations).per_round()
+    samples = {n: [] for n in sessions}
+    for _ in range(args.rounds):
+        for name, session in sessions.items():
+            samples[name] += measure(lambda s=session: s.run(None, {"images": x}), budget)
+    stats = {n: LatencyStats.from_ns(v, batch) for n, v in samples.items()}
+    return [dict(model=model_name, encoding=encoding, resolution=resolution, batch=batch, variant=n, **st.to_dict(),
+                 ratio_vs_fp32=st.p50_ms / stats["fp32"].p50_ms, min_ratio_vs_fp32=st.min_ms / stats["fp32"].min_ms)
+            for n, st in stats.items()]  # fmt: skip
+
+
+def attention(args) -> None:
+    from deploykit.nn.checkpoint import load_model
+    from deploykit.zoo.cards import eval_resolutions
+    from deploykit.zoo.dataset import get_dataset
+    from deploykit.zoo.registry import list_zoo, model_dir
+
+    records = []
+    for name in args.zoo or list_zoo():
+        model = load_model(model_dir(name))
+        dataset = get_dataset(model.cfg.dataset)
+        for r in eval_resolutions(model)[:: 2]:  # 1x and 2x
+            fp32 = onnx_from_model(model, (r, r))
+            images, labels = dataset.batch("test", range(dataset.size("test")), r)
+            inputs = normalise(images, model.cfg.mean, model.cfg.std)
+            reference = run_graph(fp32, inputs).argmax(-1)
+            for quantized in (False, True):
+                planned = planned_graph(fp32, model, (r, r), "int8", CalibrationOptions(min_agreement=None)) if not quantized else \
+                    _with_attention(fp32, model, (r, r))  # fmt: skip
+                predicted = run_graph(planned, inputs).argmax(-1)
+                session_ms = _p50_ms(planned, inputs[:1])
+                records.append(dict(model=name, encoding=model.cfg.encoding.name, resolution=r, attention_int8=quantized,
+                                    accuracy=float(np.mean(predicted == labels)), fp32_accuracy=float(np.mean(reference == labels)),
+                                    agreement=float(np.mean(predicted == reference)), ort_p50_ms_b1=session_ms))  # fmt: skip
+                print(records[-1], flush=True)
+    write_json_atomic(args.output_dir / f"int8-attention{args.tag}.json",
+                      {"command": _command(), "environment": capture_environment(torch.device("cpu")), "records": records})  # fmt: skip
+
+
+def _with_attention(fp32, model, resolution):
+    from deploykit.data import calibration_inputs
+
+    return quantize_static_int8(fp32, Calibration(*calibration_inputs(model, resolution, 128)), attention=True)
+
+
+def _p50_ms(proto, batch: np.ndarray) -> float:
+    import onnxruntime as ort
+
+    from deploykit.backends.onnxrt import session_options
+
+    session = ort.InferenceSession(proto.SerializeToString(), session_options(), providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    samples = measure(lambda: session.run(None, {name: batch}), Budget(duration_s=1.0, warmup=3, min_iterations=10))
+    return float(np.median(samples) / 1e6)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=["speed", "attention"])
+    parser.add_argument("--models", nargs="+", default=["vit_small_patch16", "vit_base_patch16"])
+    parser.add_argument("--encodings", nargs="+", default=None, help="default: every registered encoding")
+    parser.add_argument("--resolutions", nargs="+", type=int, default=[224, 384])
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
+    parser.add_argument("--duration", type=float, default=2.0, help="seconds per measurement")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds per measurement")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--min-iterations", type=int, default=4)
+    parser.add_argument("--zoo", nargs="+", default=None, help="attention: zoo models (default all)")
+    parser.add_argument("--output-dir", type=Path, default=RESULTS)
+    parser.add_argument("--tag", default="")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    speed(args) if args.what == "speed" else attention(args)
+    print(f"done in {time.perf_counter() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
