@@ -215,7 +215,7 @@ def onnx_from_model(
     # verbose=False; keep the CLI quiet and show only our own errors.
     # no_grad: with an attention mask that requires grad (SaPE²'s bias), torch.export records the
     # CPU flash-attention output layout, and its decomposition then fails on the head merge's view.
-    with contextlib.redirect_stdout(io.StringIO()), _quiet_exporter_logs(), warnings.catch_warnings(), torch.no_grad():
+    with contextlib.redirect_stdout(io.StringIO()), quiet_logger("torch.onnx"), warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         try:
             program = torch.onnx.export(
@@ -259,8 +259,10 @@ def _rewrite_and_fold(proto: onnx.ModelProto) -> onnx.ModelProto:
 
 
 @contextlib.contextmanager
-def _quiet_exporter_logs():
-    logger = logging.getLogger("torch.onnx")
+def quiet_logger(name: str):
+    """Errors only from logger ``name`` (``""``: the root logger) for the block: third-party
+    exporters and quantizers log progress and advice that would bury the CLI's own report."""
+    logger = logging.getLogger(name)
     level = logger.level
     logger.setLevel(logging.ERROR)
     try:

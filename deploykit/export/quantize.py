@@ -33,7 +33,6 @@ import ast
 import contextlib
 import io
 import json
-import logging
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -46,6 +45,7 @@ from onnx import numpy_helper
 from deploykit.comparison import Tolerance, compare_logits, row_cosines
 from deploykit.errors import ConfigError, ExportError
 from deploykit.export.lint import TABLE_PREFIXES
+from deploykit.export.onnx_export import quiet_logger
 
 QUANTIZED_OP_TYPES = ("MatMul", "Gemm", "Conv")
 # User-facing method name -> onnxruntime.quantization.CalibrationMethod member.
@@ -55,7 +55,7 @@ QUANTIZATION_METADATA_KEY = "deploykit.quantization"
 # encoding; measured by benchmarks/int8_plans.py (results/int8-attention.json: zoo accuracy and
 # ONNX Runtime latency with and without). Encodings not listed keep them float.
 ATTENTION_INT8: dict[str, bool] = {}
-# Tensors ORT's quantizer names after the graph input; shape ops it may look through.
+# Ops between the head's product and the logits output that only move values around.
 _SHAPE_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Transpose"})
 _CALIBRATION_BATCH = 8
 
@@ -78,8 +78,7 @@ class CalibrationOptions:
     min_agreement: float | None = 0.99
 
     def __post_init__(self):
-        if self.method not in CALIBRATION_METHODS:
-            raise ConfigError(f"unknown calibration method {self.method!r}; choose one of: {', '.join(CALIBRATION_METHODS)}")
+        _check_method(self.method)
         if self.samples < 1 or self.held_out < 1:
             raise ConfigError(f"calibration needs at least one sample and one held-out input, got {self.samples} and {self.held_out}")
         if self.min_agreement is not None and not 0 < self.min_agreement <= 1:
@@ -101,10 +100,14 @@ class Calibration:
     method: str = "minmax"
 
     def __post_init__(self):
-        if self.method not in CALIBRATION_METHODS:
-            raise ConfigError(f"unknown calibration method {self.method!r}; choose one of: {', '.join(CALIBRATION_METHODS)}")
+        _check_method(self.method)
         if len(self.inputs) == 0:
             raise ConfigError("calibration needs at least one input")
+
+
+def _check_method(method: str) -> None:
+    if method not in CALIBRATION_METHODS:
+        raise ConfigError(f"unknown calibration method {method!r}; choose one of: {', '.join(CALIBRATION_METHODS)}")
 
 
 @dataclass
@@ -228,7 +231,8 @@ def quantize_static_int8(
     selection = select_nodes(proto, attention)
     details = {"plan": "int8", "calibration": calibration.method, "samples": len(calibration.inputs),
                "calibration_data": calibration.source, "attention_int8": attention}  # fmt: skip
-    with tempfile.TemporaryDirectory(prefix="deploykit-int8-") as tmp, _quiet_quantizer():
+    # The quantizer logs "consider pre-processing" advice on the root logger.
+    with tempfile.TemporaryDirectory(prefix="deploykit-int8-") as tmp, quiet_logger(""):
         quantizer = _StaticQuantizer(proto, calibration, Path(tmp))
         if progress:
             progress(f"calibrating on {calibration.source} ({calibration.method})")
@@ -397,7 +401,8 @@ def quantize_dynamic_int8(proto: onnx.ModelProto) -> onnx.ModelProto:
 
     selection = select_nodes(proto, attention=False)
     unfolded = _gemm_as_matmul(proto, set(selection.quantize))
-    with tempfile.TemporaryDirectory(prefix="deploykit-int8-") as tmp, _quiet_quantizer():
+    # The quantizer logs "consider pre-processing" advice on the root logger.
+    with tempfile.TemporaryDirectory(prefix="deploykit-int8-") as tmp, quiet_logger(""):
         source, target = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
         onnx.save_model(unfolded, str(source))
         try:
@@ -477,16 +482,3 @@ class _Reader:
 
     def get_next(self) -> dict | None:
         return next(self._batches, None)
-
-
-@contextlib.contextmanager
-def _quiet_quantizer():
-    """The quantizer logs "consider pre-processing" warnings on the root logger; keep the CLI's
-    terminal for our own report (its errors still raise)."""
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        root.setLevel(level)
