@@ -3,7 +3,8 @@
 The reference is the saved model run in float64. For every backend × resolution the report
 holds max/mean absolute error, max relative error, worst per-sample cosine similarity, top-1 and
 top-5 agreement on the real inputs (images, or text for a sequence model), NaN/Inf counts and pass/fail against the precision's
-tolerance. When a check fails, block outputs are compared one by one (recorded at export, so
+tolerance. A backbone without a classifier (``output_kind == "features"``, e.g. an imported
+DINOv3) is compared on its features by the same max abs and cosine; it has no top-k. When a check fails, block outputs are compared one by one (recorded at export, so
 only those tensors are marked as outputs: fusion elsewhere is untouched) to name the first
 transformer block that diverges.
 """
@@ -57,8 +58,8 @@ class Record:
     mean_abs: float
     max_rel: float
     cosine: float
-    top1_agreement: float
-    top5_agreement: float
+    top1_agreement: float | None  # None for features (no classes to rank)
+    top5_agreement: float | None
     nan_count: int
     inf_count: int
     tolerance: dict
@@ -96,22 +97,24 @@ class ValidationReport:
             raise ValidationError(f"{len(failed)} of {len(self.records)} checks failed: {'; '.join(parts)}")
 
 
-def compare_logits(reference: np.ndarray, actual: np.ndarray, num_real: int, tolerance: Tolerance) -> dict:
-    """Metrics of ``actual`` against ``reference`` (both ``[B, classes]``), in float64.
+def compare_logits(reference: np.ndarray, actual: np.ndarray, num_real: int, tolerance: Tolerance, top_k: bool = True) -> dict:
+    """Metrics of ``actual`` against ``reference`` (both ``[B, classes]``, or ``[B, D]`` features), in float64.
 
     Top-k agreement is measured on the last ``num_real`` rows (the real images) when there are
     any: top-1 is the share of images with the same arg-max; top-5 is the mean overlap of the
-    two top-5 sets.
+    two top-5 sets. Features (``top_k=False``) get None there: max abs and cosine decide.
     """
     ref, act = reference.astype(np.float64), actual.astype(np.float64)
     nan_count, inf_count = int(np.isnan(act).sum()), int(np.isinf(act).sum())
     diff = np.abs(np.nan_to_num(act, nan=np.inf) - ref)
     max_abs = float(diff.max())
     rows = slice(len(ref) - num_real, None) if num_real else slice(None)
-    top1 = float(np.mean(ref[rows].argmax(-1) == act[rows].argmax(-1)))
-    k = min(5, ref.shape[-1])
-    top_ref, top_act = np.argsort(-ref[rows], -1)[:, :k], np.argsort(-act[rows], -1)[:, :k]
-    top5 = float(np.mean([len(set(a) & set(b)) / k for a, b in zip(top_ref, top_act)]))
+    top1 = top5 = None
+    if top_k:
+        top1 = float(np.mean(ref[rows].argmax(-1) == act[rows].argmax(-1)))
+        k = min(5, ref.shape[-1])
+        top_ref, top_act = np.argsort(-ref[rows], -1)[:, :k], np.argsort(-act[rows], -1)[:, :k]
+        top5 = float(np.mean([len(set(a) & set(b)) / k for a, b in zip(top_ref, top_act)]))
     metrics = dict(
         max_abs=max_abs,
         mean_abs=float(diff.mean()),
@@ -249,7 +252,8 @@ def validate(
                 profiled = bool(runner.profiled_shapes)
             for resolution, batch, actual in outputs:
                 inputs, reference = reference_at(resolution)
-                metrics = compare_logits(*_per_prediction(reference, actual), num_real * _predictions_per_input(reference), tolerance)
+                metrics = compare_logits(*_per_prediction(reference, actual), num_real * _predictions_per_input(reference), tolerance,
+                                         top_k=model.output_kind == "logits")  # fmt: skip
                 record = Record(backend, list(resolution), batch, precision, len(inputs), num_real, tolerance=asdict(tolerance),
                                 profiled=profiled, graph=entry.file, range_graph=entry.resolution_range is not None,
                                 **metrics)  # fmt: skip
