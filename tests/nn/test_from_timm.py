@@ -135,15 +135,6 @@ timm_required = pytest.mark.skipif(
 )
 
 
-def run_cli(capsys, *args) -> tuple[int, str]:
-    try:
-        main([str(a) for a in args])
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code
-    return code, capsys.readouterr().err
-
-
 def seeded_timm(name: str):
     """timm's model with the seeded weights, and a ``.pth`` of them."""
     import timm
@@ -168,28 +159,28 @@ def test_recorded_outputs_are_timms(name):
 
 @timm_required
 @pytest.mark.parametrize("name", ["deit3_small_patch16_224", "vit_small_patch16_dinov3_qkvb"])
-def test_import_export_validate_from_the_command_line(tmp_path, capsys, name):
+def test_import_export_validate_from_the_command_line(tmp_path, deploykit_cli, name):
     timm_model = seeded_timm(name)
     weights = tmp_path / "seeded.pth"
     torch.save(timm_model.state_dict(), weights)
     model_dir, out = tmp_path / "imported", tmp_path / "export"
-    assert run_cli(capsys, "import", "timm", name, "-w", weights, *kwargs_args(name), "-o", model_dir)[0] == 0
+    assert deploykit_cli("import", "timm", name, "-w", weights, *kwargs_args(name), "-o", model_dir)[0] == 0
     with torch.no_grad():
         torch.testing.assert_close(load_model(model_dir)(probe_images((48, 80))), timm_model(probe_images((48, 80))), atol=1e-5, rtol=0)
-    assert run_cli(capsys, "export", "-c", model_dir, "-r", "64", "-r", "48x80", "-o", out)[0] == 0
-    code, err = run_cli(capsys, "validate", out, "--num-random", "2", "--num-real", "2")
+    assert deploykit_cli("export", "-c", model_dir, "-r", "64", "-r", "48x80", "-o", out)[0] == 0
+    code, err = deploykit_cli("validate", out, "--num-random", "2", "--num-real", "2")
     assert code == 0 and "2/2 checks passed" in err
 
 
 @timm_required
-def test_set_changes_the_imported_encoding(tmp_path, capsys):
+def test_set_changes_the_imported_encoding(tmp_path, deploykit_cli):
     name = "vit_tiny_patch16_224"
     weights = tmp_path / "seeded.pth"
     torch.save(seeded_timm(name).state_dict(), weights)
     args = ["import", "timm", name, "-w", weights, *kwargs_args(name), "-o", tmp_path / "m"]
-    assert run_cli(capsys, *args, "--set", "antialias=false")[0] == 0
+    assert deploykit_cli(*args, "--set", "antialias=false")[0] == 0
     assert json.loads((tmp_path / "m" / "config.json").read_text())["encoding"]["antialias"] is False
-    code, err = run_cli(capsys, *args[:-2], "--set", "antialiasing=false", "-o", tmp_path / "n")
+    code, err = deploykit_cli(*args[:-2], "--set", "antialiasing=false", "-o", tmp_path / "n")
     assert code == 1 and "valid options: antialias, interpolation, no_embed_class" in err and not (tmp_path / "n").exists()
 
 
@@ -203,31 +194,31 @@ def test_set_changes_the_imported_encoding(tmp_path, capsys):
         ("vit_base_patch16_siglip_224", ["depth=1"], "not supported: attention pooling (global_pool='map')"),
     ],
 )
-def test_unknown_or_unsupported_models_are_one_line_errors(tmp_path, capsys, name, kwargs, expected):
+def test_unknown_or_unsupported_models_are_one_line_errors(tmp_path, deploykit_cli, name, kwargs, expected):
     args = [a for kw in kwargs for a in ("--model-kwargs", kw)]
-    code, err = run_cli(capsys, "import", "timm", name, "-w", tmp_path / "unused.pth", *args, "-o", tmp_path / "out")
+    code, err = deploykit_cli("import", "timm", name, "-w", tmp_path / "unused.pth", *args, "-o", tmp_path / "out")
     assert code == 1 and expected in err and err.count("\n") == 1, err
     assert not (tmp_path / "out").exists()
 
 
 @timm_required
-def test_weights_of_another_model_name_the_keys(tmp_path, capsys):
+def test_weights_of_another_model_name_the_keys(tmp_path, deploykit_cli):
     weights = tmp_path / "rope.pth"
     torch.save(seeded_timm("vit_small_patch16_rope_224").state_dict(), weights)
     name = "vit_small_patch16_dinov3_qkvb"
-    code, err = run_cli(capsys, "import", "timm", name, "-w", weights, *kwargs_args(name), "-o", tmp_path / "out")
+    code, err = deploykit_cli("import", "timm", name, "-w", weights, *kwargs_args(name), "-o", tmp_path / "out")
     assert code == 1 and err.count("\n") == 1, err
     assert "missing " in err and "blocks.0.attn.q_bias" in err and "more)" in err and "unexpected " in err
     assert not (tmp_path / "out").exists()
 
 
 @timm_required
-def test_pretrained_weights_without_hub_access_are_one_line(tmp_path, capsys, monkeypatch):
+def test_pretrained_weights_without_hub_access_are_one_line(tmp_path, deploykit_cli, monkeypatch):
     import huggingface_hub.constants
 
     # No network here, and none attempted: the hub client's offline mode fails at once.
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    code, err = run_cli(capsys, "import", "timm", "vit_tiny_patch16_224", "-o", tmp_path / "out")
+    code, err = deploykit_cli("import", "timm", "vit_tiny_patch16_224", "-o", tmp_path / "out")
     assert code == 1 and "cannot fetch timm's pretrained weights for vit_tiny_patch16_224" in err and "--weights" in err
     assert err.count("\n") == 1 and not (tmp_path / "out").exists()
