@@ -159,11 +159,11 @@ def config_from_timm(model: nn.Module, name: str) -> ViTConfig:
             f"{' and '.join(c.__name__ for c in readers)} models (ViT, DeiT-III, RoPE-ViT, DINOv3)"
         )
     refuse = _Refusals(name, type(model).__name__)
-    trunk = _trunk_fields(model, refuse)
+    _check_trunk(model, refuse)
     encoding = reader(model, refuse)
-    refuse.raise_any()
+    refuse.raise_any()  # the fields below read modules these checks vouched for
     try:
-        return ViTConfig(**trunk, encoding=encoding)
+        return ViTConfig(**_trunk_fields(model), encoding=encoding)
     except ConfigError as err:
         raise ConfigError(f"cannot import timm {name}: {err}") from err
 
@@ -173,11 +173,10 @@ def _readers() -> dict[type, Callable[[nn.Module, _Refusals], EncodingConfig | N
     return {timm.models.vision_transformer.VisionTransformer: _vit_encoding, timm.models.eva.Eva: _eva_encoding}
 
 
-def _trunk_fields(model: nn.Module, refuse: _Refusals) -> dict[str, Any]:
-    """``ViTConfig`` fields shared by ``VisionTransformer`` and ``Eva``."""
+def _check_trunk(model: nn.Module, refuse: _Refusals) -> None:
+    """What ``VisionTransformer`` and ``Eva`` can hold that deploykit's trunk does not reproduce."""
     layers = lazy_import("timm.layers")
-    embed, blocks = model.patch_embed, list(model.blocks)
-    block, attn = blocks[0], blocks[0].attn
+    embed = model.patch_embed
     (ph, pw), (ih, iw) = embed.patch_size, embed.img_size
     refuse.check(ph == pw and ih == iw, f"non-square patches or input size ({ph}x{pw}, {ih}x{iw})")
     refuse.check(type(embed) is layers.PatchEmbed and isinstance(embed.norm, nn.Identity), "a patch embedding other than a plain convolution")
@@ -187,56 +186,75 @@ def _trunk_fields(model: nn.Module, refuse: _Refusals) -> dict[str, Any]:
     refuse.check(getattr(model, "attn_pool", None) is None, f"attention pooling (global_pool={model.global_pool!r})")
     refuse.check(not getattr(model, "pool_include_prefix", False), "pooling that includes prefix tokens")
     refuse.check(not (isinstance(model.norm, nn.Identity) and isinstance(model.fc_norm, nn.Identity)), "no final norm")
-    norms = [m for m in model.modules() if isinstance(m, nn.LayerNorm)]
+    norms = [m for m in model.modules() if isinstance(m, (nn.LayerNorm, layers.RmsNorm))]
     refuse.check(
         all(type(m) in (nn.LayerNorm, layers.LayerNorm) and m.elementwise_affine and m.eps == norms[0].eps for m in norms),
         "norms other than one affine LayerNorm (RmsNorm, mixed eps)",
     )
-    for b in blocks:
-        refuse.check(not any(isinstance(getattr(b.attn, n, None), nn.Module) and not isinstance(getattr(b.attn, n), nn.Identity)
-                             for n in ("q_norm", "k_norm", "norm")), "q/k or attention-output norms")  # fmt: skip
-        refuse.check(getattr(b.attn, "gate", None) is None, "gated attention")
-        refuse.check(getattr(b.attn, "qkv", None) is not None, "separate q/k/v projections")
-        refuse.check(b.attn.head_dim * b.attn.num_heads == model.embed_dim, "an attention width other than embed_dim")
-        refuse.check(b.attn.proj.bias is not None, "an attention projection without bias")
-        refuse.check(isinstance(getattr(b.mlp, "norm", nn.Identity()), nn.Identity), "a norm inside the MLP")
-        refuse.check(type(b.mlp) in (layers.Mlp, layers.SwiGLU), f"MLP {type(b.mlp).__name__}")
-        if type(b.mlp) is layers.Mlp:
-            refuse.check(type(b.mlp.act) is nn.GELU and b.mlp.act.approximate == "none", f"MLP activation {b.mlp.act}")
-    mean, std = model.pretrained_cfg.get("mean", (0.485, 0.456, 0.406)), model.pretrained_cfg.get("std", (0.229, 0.224, 0.225))
+    for block in model.blocks:
+        _check_block(block, model.embed_dim, refuse, layers)
+
+
+# Pre-norm blocks and attentions whose forward deploykit's Block reproduces (given the checks below).
+_BLOCKS = ("Block", "EvaBlock")
+_ATTENTIONS = ("Attention", "EvaAttention", "AttentionRope")
+
+
+def _check_block(block: nn.Module, embed_dim: int, refuse: _Refusals, layers) -> None:
+    refuse.check(type(block).__name__ in _BLOCKS, f"{type(block).__name__} blocks")
+    refuse.check(type(getattr(block, "attn", None)).__name__ in _ATTENTIONS, "attention variants")
+    if type(block).__name__ not in _BLOCKS:
+        return
+    attn, mlp = block.attn, block.mlp
+    extra_norms = [getattr(attn, n, None) for n in ("q_norm", "k_norm", "norm")]
+    refuse.check(all(m is None or isinstance(m, nn.Identity) for m in extra_norms), "q/k or attention-output norms")
+    refuse.check(getattr(attn, "gate", None) is None, "gated attention")
+    refuse.check(getattr(attn, "qkv", None) is not None, "separate q/k/v projections")
+    refuse.check(attn.head_dim * attn.num_heads == embed_dim, "an attention width other than embed_dim")
+    refuse.check(attn.proj.bias is not None, "an attention projection without bias")
+    refuse.check(type(mlp) in (layers.Mlp, layers.SwiGLU), f"MLP {type(mlp).__name__}")
+    refuse.check(isinstance(getattr(mlp, "norm", nn.Identity()), nn.Identity), "a norm inside the MLP")
+    if type(mlp) is layers.Mlp:
+        refuse.check(type(mlp.act) is nn.GELU and mlp.act.approximate == "none", f"MLP activation {mlp.act}")
+    attn_scale, mlp_scale = _layer_scale(block)
+    refuse.check(attn_scale is None or mlp_scale is not None, "LayerScale on the attention branch only")
+
+
+def _trunk_fields(model: nn.Module) -> dict[str, Any]:
+    """``ViTConfig`` fields shared by ``VisionTransformer`` and ``Eva`` (after ``_check_trunk``)."""
+    embed, block = model.patch_embed, model.blocks[0]
     hidden = block.mlp.fc2.in_features
+    cfg = model.pretrained_cfg
     return dict(
-        img_size=ih,
-        patch_size=ph,
+        img_size=embed.img_size[0],
+        patch_size=embed.patch_size[0],
         in_chans=embed.proj.in_channels,
         num_classes=model.num_classes,
         embed_dim=model.embed_dim,
-        depth=len(blocks),
-        num_heads=attn.num_heads,
+        depth=len(model.blocks),
+        num_heads=block.attn.num_heads,
         mlp_ratio=hidden / model.embed_dim,
         mlp_hidden_dim=hidden,
-        mlp_layer="swiglu" if type(block.mlp) is layers.SwiGLU else "mlp",
-        qkv_bias=attn.qkv.bias is not None or getattr(attn, "q_bias", None) is not None,
+        mlp_layer="swiglu" if type(block.mlp).__name__ == "SwiGLU" else "mlp",
+        qkv_bias=block.attn.qkv.bias is not None or getattr(block.attn, "q_bias", None) is not None,
         class_token=model.cls_token is not None,
         reg_tokens=0 if model.reg_token is None else model.reg_token.shape[1],
         global_pool=model.global_pool,
         fc_norm=not isinstance(model.fc_norm, nn.Identity),
-        init_values=_layer_scale_init(model, refuse),
-        norm_eps=norms[0].eps,
-        mean=tuple(float(v) for v in mean),
-        std=tuple(float(v) for v in std),
+        init_values=_layer_scale(block)[0],
+        norm_eps=block.norm1.eps,
+        mean=tuple(float(v) for v in cfg.get("mean", (0.485, 0.456, 0.406))),
+        std=tuple(float(v) for v in cfg.get("std", (0.229, 0.224, 0.225))),
     )
 
 
-def _layer_scale_init(model: nn.Module, refuse: _Refusals) -> float | None:
-    """LayerScale's init value (only its presence matters for a trained model); both branches or none."""
-    block = model.blocks[0]
+def _layer_scale(block: nn.Module) -> tuple[float | None, float | None]:
+    """LayerScale's init value on the attention and MLP branches, None where absent (for trained
+    weights only its presence matters)."""
     if hasattr(block, "ls1"):  # VisionTransformer: LayerScale modules or Identity
-        scales = [getattr(block.ls1, "init_values", None), getattr(block.ls2, "init_values", None)]
-    else:  # Eva: gamma_1 / gamma_2 parameters or None
-        scales = [block.init_values if block.gamma_1 is not None else None, block.init_values if block.gamma_2 is not None else None]
-    refuse.check(scales[0] is None or scales[1] is not None, "LayerScale on the attention branch only")
-    return scales[0]
+        return getattr(block.ls1, "init_values", None), getattr(block.ls2, "init_values", None)
+    # Eva: gamma_1 / gamma_2 parameters or None
+    return tuple(getattr(block, "init_values", None) if getattr(block, g, None) is not None else None for g in ("gamma_1", "gamma_2"))
 
 
 def _ape(model: nn.Module) -> dict[str, Any]:
@@ -247,17 +265,13 @@ def _ape(model: nn.Module) -> dict[str, Any]:
 def _vit_encoding(model: nn.Module, refuse: _Refusals) -> EncodingConfig | None:
     """``VisionTransformer`` (ViT, DeiT-III): its learned APE."""
     refuse.check(model.pos_embed is not None, "a model without position embedding (pos_embed='none')")
-    for block in model.blocks:
-        refuse.check(type(block).__name__ == "Block" and type(block.attn).__name__ == "Attention", "block or attention variants")
     return get_config("ape", **_ape(model))
 
 
 def _eva_encoding(model: nn.Module, refuse: _Refusals) -> EncodingConfig | None:
     """``Eva`` (RoPE-ViT, DINOv3): its RoPE, plus the learned APE of ``_ape`` variants."""
     layers = lazy_import("timm.layers")
-    for block in model.blocks:
-        refuse.check(type(block).__name__ == "EvaBlock", f"{type(block).__name__} (post-norm blocks)")
-        refuse.check(getattr(block.attn, "num_kv_groups", 1) == 1, "grouped-query attention")
+    refuse.check(all(getattr(b.attn, "num_kv_groups", 1) == 1 for b in model.blocks), "grouped-query attention")
     rope, ape = model.rope, _ape(model) if model.pos_embed is not None else None
     if rope is None:
         refuse.check(ape is not None, "a model without position embedding")

@@ -192,6 +192,8 @@ def test_set_changes_the_imported_encoding(tmp_path, deploykit_cli):
         ("resnet18", [], "class ResNet is not supported"),
         ("vit_base_patch16_clip_224", ["depth=1"], "not supported: a patch embedding without bias; a norm before the blocks (pre_norm)"),
         ("vit_base_patch16_siglip_224", ["depth=1"], "not supported: attention pooling (global_pool='map')"),
+        ("eva02_tiny_patch14_224", ["depth=1"], "not supported: MLP GluMlp; RoPE grid 'index' (offset 0.0, ref_feat_shape (16, 16))"),
+        ("vit_small_patch16_18x2_224", ["depth=1"], "not supported: ParallelThingsBlock blocks; attention variants"),
     ],
 )
 def test_unknown_or_unsupported_models_are_one_line_errors(tmp_path, deploykit_cli, name, kwargs, expected):
