@@ -22,6 +22,8 @@ _EXTRAS = {
     "tritonclient": "serve",
     "ray": "ray",
     "triton": "triton",
+    "timm": "timm",
+    "timm.layers": "timm",
 }
 
 
@@ -43,6 +45,13 @@ def lazy_import(module: str) -> ModuleType:
         extra = _EXTRAS.get(module)
         hint = f"pip install 'deploykit[{extra}]'" if extra else f"pip install {module}"
         raise MissingDependencyError(f"{module} is not available ({err}); install it with: {hint}") from err
+    except RuntimeError as err:
+        # Installed but broken at import: e.g. timm imports torchvision, whose PyPI wheel for
+        # this torch version is built against CUDA torch and fails beside a CPU build.
+        raise MissingDependencyError(
+            f"{module} is installed but does not import ({err}); a dependency is built for another torch "
+            f"(torch {importlib.import_module('torch').__version__})"
+        ) from err
 
 
 def is_available(module: str) -> bool:

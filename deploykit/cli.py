@@ -62,6 +62,12 @@ def _console():
     return Console(stderr=True, highlight=False)
 
 
+_SET_OPTION = click.option(
+    "--set", "options", multiple=True, metavar="KEY=VALUE",
+    help="Repeatable encoding option, typed and checked against the encoding's config (e.g. antialias=false).",
+)  # fmt: skip
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="deploykit")
 def cli():
@@ -88,8 +94,9 @@ def cli():
                    "(0: quantize every eligible matmul).")
 @click.option("--resolution-range", "resolution_range", type=_ResolutionRange(), default=None,
               help="Also one graph for any resolution in MIN:OPT:MAX (e.g. 224:384:512; RoPE, GridPE, GeoPE).")
+@_SET_OPTION
 def export(encoding, model_name, checkpoint, resolutions, output, opset, precisions, calibration_samples, calibration_method,
-           min_agreement, resolution_range):  # fmt: skip
+           min_agreement, resolution_range, options):  # fmt: skip
     """Export a model to one ONNX graph per resolution, tables baked in, graph linted."""
     from deploykit.export import DEFAULT_OPSET, resolution_tag
     from deploykit.export import export as export_model
@@ -97,7 +104,7 @@ def export(encoding, model_name, checkpoint, resolutions, output, opset, precisi
     from deploykit.nn.resolve import resolve_model
 
     console = _console()
-    model, source = resolve_model(checkpoint=checkpoint, encoding=encoding, model_name=model_name)
+    model, source = resolve_model(checkpoint=checkpoint, encoding=encoding, model_name=model_name, options=options)
     resolutions = resolutions or ([] if resolution_range else [model.default_shape])
     calibration = CalibrationOptions(samples=calibration_samples, method=calibration_method, min_agreement=min_agreement or None)
     with console.status("exporting") as status:
@@ -158,8 +165,9 @@ def _print_report(console, report) -> None:
     for r in report.records:
         mark = "[green]✓[/]" if r.passed else "[red]✗[/]"
         where = resolution_tag(tuple(r.resolution)) + (f" b{r.batch}" if r.profiled else "") + (" (range)" if r.range_graph else "")
+        top_k = f"  top1 {r.top1_agreement:.0%}  top5 {r.top5_agreement:.0%}" if r.top1_agreement is not None else "  (features)"
         line = (f"{mark} {r.backend:<5} {where:>8}  max|Δ| {r.max_abs:.2e}  mean|Δ| {r.mean_abs:.2e}"
-                f"  cos {r.cosine:.8f}  top1 {r.top1_agreement:.0%}  top5 {r.top5_agreement:.0%}  NaN/Inf {r.nan_count}/{r.inf_count}")
+                f"  cos {r.cosine:.8f}{top_k}  NaN/Inf {r.nan_count}/{r.inf_count}")
         if r.first_divergent_block:
             line += f"  first divergence: {r.first_divergent_block}"
         console.print(line, soft_wrap=True)
@@ -300,6 +308,29 @@ def serve(export_dir, host, port, grpc_port, metrics_port, max_batch_size, max_q
     run_server(export_dir, options, on_ready=lambda names: console.print(
         f"[green]✓[/] serving {', '.join(names)}: http://{host}:{port}  grpc {host}:{grpc_port}  metrics http://{host}:{metrics_port}/metrics",
         soft_wrap=True))
+
+
+@cli.group("import")
+def import_group():
+    """Bring a trained model from another library in as a deploykit model directory."""
+
+
+@import_group.command("timm")
+@click.argument("name")
+@click.option("--weights", "-w", type=click.Path(path_type=Path), default=None,
+              help="Local .safetensors or .pth state dict of that timm model (default: timm's pretrained weights from the hub).")
+@click.option("--model-kwargs", "model_kwargs", multiple=True, metavar="KEY=VALUE",
+              help="Repeatable timm.create_model argument (e.g. num_classes=0, global_pool=token).")
+@_SET_OPTION
+@click.option("--output", "-o", type=click.Path(path_type=Path), required=True, help="Model directory to write (config.json + model.safetensors).")
+def import_timm(name, weights, model_kwargs, options, output):
+    """Import timm model NAME (ViT, DeiT-III, RoPE-ViT, DINOv3) for export, validate, build, profile and serve."""
+    from deploykit.nn.checkpoint import save_model
+    from deploykit.nn.from_timm import describe, import_timm as convert, parse_model_kwargs
+
+    model = convert(name, weights, options, **parse_model_kwargs(model_kwargs))
+    save_model(model, output, metadata={"source": f"timm:{name}", "weights": str(weights or "pretrained")})
+    _console().print(f"[green]✓[/] {output}  ({describe(model, name)})", soft_wrap=True)
 
 
 @cli.group()

@@ -34,22 +34,25 @@ class Tolerance:
     real_only: bool = False
 
 
-def compare_logits(reference: np.ndarray, actual: np.ndarray, num_real: int, tolerance: Tolerance) -> dict:
-    """Metrics of ``actual`` against ``reference`` (both ``[B, classes]``), in float64.
+def compare_logits(reference: np.ndarray, actual: np.ndarray, num_real: int, tolerance: Tolerance, top_k: bool = True) -> dict:
+    """Metrics of ``actual`` against ``reference`` (both ``[B, classes]``, or ``[B, D]`` features), in float64.
 
     Top-k agreement is measured on the last ``num_real`` rows (the real images) when there are
     any: top-1 is the share of images with the same arg-max; top-5 is the mean overlap of the
-    two top-5 sets. Cosines are per row, over every row or (``tolerance.real_only``) the real ones.
+    two top-5 sets. Features (``top_k=False``) get None there: max abs and cosine decide.
+    Cosines are per row, over every row or (``tolerance.real_only``) the real ones.
     """
     ref, act = reference.astype(np.float64), actual.astype(np.float64)
     nan_count, inf_count = int(np.isnan(act).sum()), int(np.isinf(act).sum())
     diff = np.abs(np.nan_to_num(act, nan=np.inf) - ref)
     max_abs = float(diff.max())
     rows = slice(len(ref) - num_real, None) if num_real else slice(None)
-    top1 = float(np.mean(ref[rows].argmax(-1) == act[rows].argmax(-1)))
-    k = min(5, ref.shape[-1])
-    top_ref, top_act = np.argsort(-ref[rows], -1)[:, :k], np.argsort(-act[rows], -1)[:, :k]
-    top5 = float(np.mean([len(set(a) & set(b)) / k for a, b in zip(top_ref, top_act)]))
+    top1 = top5 = None
+    if top_k:
+        top1 = float(np.mean(ref[rows].argmax(-1) == act[rows].argmax(-1)))
+        k = min(5, ref.shape[-1])
+        top_ref, top_act = np.argsort(-ref[rows], -1)[:, :k], np.argsort(-act[rows], -1)[:, :k]
+        top5 = float(np.mean([len(set(a) & set(b)) / k for a, b in zip(top_ref, top_act)]))
     judged = rows if tolerance.real_only else slice(None)
     cosines = row_cosines(ref[judged], np.nan_to_num(act[judged]))
     metrics = dict(
@@ -74,9 +77,9 @@ def compare_logits(reference: np.ndarray, actual: np.ndarray, num_real: int, tol
         failures.append(f"cosine {metrics['cosine']:.7f} < {tolerance.min_cosine}")
     if not metrics["mean_cosine"] >= tolerance.min_mean_cosine:
         failures.append(f"mean cosine {metrics['mean_cosine']:.5f} < {tolerance.min_mean_cosine}")
-    if not top1 >= tolerance.min_top1:
+    if top_k and not top1 >= tolerance.min_top1:
         failures.append(f"top-1 agreement {top1:.1%} < {tolerance.min_top1:.0%}")
-    if not top5 >= tolerance.min_top5:
+    if top_k and not top5 >= tolerance.min_top5:
         failures.append(f"top-5 overlap {top5:.1%} < {tolerance.min_top5:.0%}")
     return {**metrics, "failures": failures, "passed": not failures}
 

@@ -3,7 +3,8 @@
 The reference is the saved model run in float64. For every backend × resolution the report
 holds max/mean absolute error, max relative error, worst per-sample cosine similarity, top-1 and
 top-5 agreement on the real inputs (images, or text for a sequence model), NaN/Inf counts and pass/fail against the precision's
-tolerance. When a check fails, block outputs are compared one by one (recorded at export, so
+tolerance. A backbone without a classifier (``output_kind == "features"``, e.g. an imported
+DINOv3) is compared on its features by the same max abs and cosine; it has no top-k. When a check fails, block outputs are compared one by one (recorded at export, so
 only those tensors are marked as outputs: fusion elsewhere is untouched) to name the first
 transformer block that diverges.
 """
@@ -49,8 +50,8 @@ class Record:
     max_rel: float
     cosine: float
     mean_cosine: float
-    top1_agreement: float
-    top5_agreement: float
+    top1_agreement: float | None  # None for features (no classes to rank)
+    top5_agreement: float | None
     nan_count: int
     inf_count: int
     tolerance: dict
@@ -203,7 +204,8 @@ def validate(
                 profiled = bool(runner.profiled_shapes)
             for resolution, batch, actual in outputs:
                 inputs, reference = reference_at(resolution)
-                metrics = compare_logits(*_per_prediction(reference, actual), num_real * _predictions_per_input(reference), tolerance)
+                metrics = compare_logits(*_per_prediction(reference, actual), num_real * _predictions_per_input(reference), tolerance,
+                                         top_k=model.output_kind == "logits")  # fmt: skip
                 record = Record(backend, list(resolution), batch, precision, len(inputs), num_real, tolerance=asdict(tolerance),
                                 profiled=profiled, graph=entry.file, range_graph=entry.resolution_range is not None,
                                 **metrics)  # fmt: skip

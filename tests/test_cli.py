@@ -589,3 +589,51 @@ def test_int8_export_says_what_it_calibrated_on_then_validates_and_profiles(caps
 def test_profile_a_plan_that_was_not_exported(capsys, good_export):
     code, _, err = run_cli(capsys, "profile", good_export, "--precision", "int8", "--backend", "ort", "--iterations", "1")
     assert_one_line_error(code, err, "no int8 graph", "--precision int8")
+
+
+# ----------------------------------------------------------------------------------------------
+# --set: encoding options from the command line
+
+
+def test_export_set_changes_the_encoding_and_is_recorded(capsys, tmp_path, ckpt_dir):
+    out = tmp_path / "plain"
+    code, _, err = run_cli(capsys, "export", "-c", ckpt_dir, "--set", "antialias=false", "--set", "interpolation=bilinear",
+                           "-r", 48, "-o", out)  # fmt: skip
+    assert code == 0, err
+    encoding = json.loads((out / "config.json").read_text())["encoding"]
+    assert (encoding["antialias"], encoding["interpolation"]) == (False, "bilinear")
+    code, _, err = run_cli(capsys, "validate", out, "--num-random", "1", "--num-real", "1")
+    assert code == 0 and "1/1 checks passed" in err  # the reference is the model with the options
+
+
+def test_export_set_unknown_key_lists_the_valid_ones(capsys, tmp_path, ckpt_dir):
+    code, _, err = run_cli(capsys, "export", "-c", ckpt_dir, "--set", "antialiasing=false", "-r", RES, "-o", tmp_path / "o")
+    assert_one_line_error(code, err, "encoding 'ape' has no option 'antialiasing'", "valid options: antialias, interpolation, no_embed_class")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("value, needle", [("antialias=maybe", "not a valid bool"), ("antialias", "is not key=value"),
+                                           ("interpolation=area", "interpolation must be one of")])  # fmt: skip
+def test_export_set_bad_value_is_one_line(capsys, tmp_path, ckpt_dir, value, needle):
+    code, _, err = run_cli(capsys, "export", "-c", ckpt_dir, "--set", value, "-r", RES, "-o", tmp_path / "o")
+    assert_one_line_error(code, err, needle)
+    assert not (tmp_path / "o").exists()
+
+
+def test_export_set_on_a_fresh_model_shapes_it(capsys, tmp_path):
+    # Untrained: ape=true gives the seeded RoPE model its learned table too.
+    out = tmp_path / "rope-ape"
+    args = ["export", "--encoding", "rope-axial", "--model", "vit_tiny_patch16", "--set", "ape=true", "--set", "no_embed_class=true"]
+    assert run_cli(capsys, *args, "-r", 224, "-o", out)[0] == 0
+    encoding = json.loads((out / "config.json").read_text())["encoding"]
+    assert encoding["ape"] is True and encoding["no_embed_class"] is True
+
+
+def test_import_timm_where_timm_does_not_import(capsys, tmp_path):
+    from deploykit._lazy import is_available
+
+    if is_available("timm"):
+        pytest.skip("timm imports here; tests/nn/test_from_timm.py runs it")
+    code, _, err = run_cli(capsys, "import", "timm", "vit_tiny_patch16_224", "-o", tmp_path / "m")
+    assert_one_line_error(code, err, "timm")
+    assert not (tmp_path / "m").exists()

@@ -11,6 +11,7 @@ from deploykit.encodings._registry import (
     encoding_name,
     get_config,
     list_encodings,
+    parse_options,
     register_encoding,
 )
 from deploykit.encodings.base import EncodingConfig, Hook, KeepsFloat, PETables, PositionalEncoding, QKChannelOrder, TrunkDims
@@ -32,5 +33,6 @@ __all__ = [
     "encoding_name",
     "get_config",
     "list_encodings",
+    "parse_options",
     "register_encoding",
 ]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+import types
+import typing
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from deploykit.encodings.base import EncodingConfig, PositionalEncoding, TrunkDims
@@ -70,6 +72,48 @@ def get_config(name: str, **options: Any) -> EncodingConfig:
         return entry.config_cls(**{**entry.defaults, **options, **entry.variant})
     except (TypeError, ValueError) as err:
         raise ConfigError(f"invalid option for encoding {name!r}: {err}") from err
+
+
+def parse_options(name: str, assignments: Iterable[str]) -> dict[str, Any]:
+    """Command-line ``key=value`` options of encoding ``name``, each parsed to its config field's
+    type (``true``/``false`` for booleans, ``none`` for an optional field).
+
+    Raises:
+        ConfigError: unknown encoding, an assignment without ``=``, a key the encoding does not
+            have (the valid ones are listed), or a value of the wrong type.
+    """
+    entry = _entry(name)
+    hints = typing.get_type_hints(entry.config_cls)
+    valid = sorted(f.name for f in dataclasses.fields(entry.config_cls) if f.name not in entry.variant)
+    options = {}
+    for text in assignments:
+        key, sep, value = text.partition("=")
+        key = key.strip()
+        if not sep:
+            raise ConfigError(f"--set {text!r} is not key=value; options of {name!r}: {', '.join(valid)}")
+        if key not in valid:
+            raise ConfigError(f"encoding {name!r} has no option {key!r}; valid options: {', '.join(valid)}")
+        options[key] = _parse_value(key, value.strip(), hints[key])
+    return options
+
+
+def _parse_value(key: str, text: str, annotation: Any) -> Any:
+    kinds = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
+    if type(None) in kinds and text.lower() in ("none", "null"):
+        return None
+    kind = next(k for k in kinds if k is not type(None))
+    if kind is bool:
+        table = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+        if text.lower() in table:
+            return table[text.lower()]
+    elif kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    else:
+        return kind(text)
+    raise ConfigError(f"option {key}={text!r} is not a valid {getattr(kind, '__name__', kind)}")
 
 
 def config_from_dict(data: Mapping[str, Any]) -> EncodingConfig:

@@ -11,8 +11,19 @@ what the exporter emits: the same function with q/k channels reordered (``contig
 * mixed (paper Eq. 11-12): learned ``f_x, f_y`` per block and head, angle ``x f_x + y f_y``;
   initialised as the paper's code does (magnitudes as axial, per-head random direction).
 
-Coordinates are integer patch indices ``(x, y)``, prefix tokens get identity rotations by
-concatenation. Tables ``cos``/``sin`` are ``[H or 1, P + N, d/2]`` per block.
+Coordinates are integer patch indices ``(x, y)`` by default, prefix tokens get identity
+rotations by concatenation. Tables ``cos``/``sin`` are ``[H or 1, P + N, d/2]`` per block.
+
+timm's conventions map onto the options (``deploykit import timm`` records them in the config):
+
+* naver RoPE-ViT (``vit_*_rope_*``, ``RotaryEmbeddingCat`` / ``RotaryEmbeddingMixed`` with
+  ``grid_indexing="xy"``): the defaults above; ``_ape`` variants add a learned APE (``ape``)
+  to the patches only (``no_embed_class``).
+* DINOv3 (``RotaryEmbeddingDinoV3``): ``coords="centered"`` (patch centres ``(i + 0.5) / n``
+  mapped to [-1, 1], each axis by its own size: ``normalize_coords="separate"``),
+  ``axis_order="yx"`` (timm's ``grid_indexing="ij"``: the first d/4 angles follow the row),
+  periods ``θ^(4j/d)`` read in turns (``angle_scale=2π``: angle ``2π c / period``) and
+  ``pairs="halves"``. Its tables are normalised to the grid, so they do not nest.
 """
 
 from __future__ import annotations
@@ -24,6 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from deploykit.encodings._registry import register_encoding
+from deploykit.encodings.ape import INTERPOLATIONS, ape_table, pos_embed_parameter
 from deploykit.encodings.base import (
     EncodingConfig,
     Hook,
@@ -37,6 +49,9 @@ from deploykit.encodings.base import (
 
 _MODES = ("axial", "mixed")
 PAIRINGS = ("interleaved", "halves")
+COORDINATES = ("index", "centered")
+NORMALIZATIONS = ("separate", "min", "max")
+AXIS_ORDERS = ("xy", "yx")
 
 
 @dataclass(frozen=True)
@@ -48,14 +63,38 @@ class RopeConfig(EncodingConfig):
         theta: frequency base; the paper uses 100 for axial and 10 for mixed.
         pairs: which channels rotate together: ``interleaved`` ``(2j, 2j+1)`` as the paper's
             code, or ``halves`` ``(j, d/2 + j)`` as timm's ``rotate_half``.
+        coords: ``index``: integer patch indices (the paper, timm's index grid); ``centered``:
+            patch centres normalised to [-1, 1] (DINOv3, timm's centered grid).
+        normalize_coords: for ``centered``, the size each axis is divided by: its own
+            (``separate``), or the grid's ``min``/``max`` side (timm's option of that name).
+        axis_order: which coordinate the first d/4 angles (axial) or ``freqs[0]`` (mixed)
+            follow: ``xy`` the column (timm ``grid_indexing="xy"``), ``yx`` the row (``"ij"``).
+        angle_scale: angles are ``angle_scale · coordinate · θ^(-4j/d)``; 1 for the paper and
+            RoPE-ViT, 2π for DINOv3, whose periods ``θ^(4j/d)`` count turns.
+        ape: also a learned absolute embedding on the tokens (RoPE-ViT's ``_ape`` models).
+        interpolation, antialias, no_embed_class: that APE's resize and layout, as
+            ``deploykit.encodings.ape.ApeConfig``.
     """
 
     mode: str = "axial"
     theta: float = 100.0
     pairs: str = "interleaved"
+    coords: str = "index"
+    normalize_coords: str = "separate"
+    axis_order: str = "xy"
+    angle_scale: float = 1.0
+    ape: bool = False
+    interpolation: str = "bicubic"
+    antialias: bool = True
+    no_embed_class: bool = False
 
     def __post_init__(self):
-        self.check_choices(mode=_MODES, pairs=PAIRINGS)
+        self.check_choices(
+            mode=_MODES, pairs=PAIRINGS, coords=COORDINATES, normalize_coords=NORMALIZATIONS, axis_order=AXIS_ORDERS,
+            interpolation=INTERPOLATIONS,
+        )  # fmt: skip
+        if not self.angle_scale > 0:
+            raise ValueError(f"angle_scale must be positive, got {self.angle_scale!r}")
 
 
 def rope_magnitudes(head_dim: int, theta: float) -> Tensor:
@@ -65,18 +104,35 @@ def rope_magnitudes(head_dim: int, theta: float) -> Tensor:
     return 1.0 / theta ** (torch.arange(0, head_dim, 4, dtype=torch.float64)[: head_dim // 4] / head_dim)
 
 
-def axial_angles(grid: tuple[int, int], head_dim: int, theta: float) -> Tensor:
-    """Axial RoPE angles ``[N, d/2]``: ``[x f_0..x f_{d/4-1}, y f_0..y f_{d/4-1}]``."""
+def rope_coordinates(grid: tuple[int, int], config: RopeConfig) -> tuple[Tensor, Tensor]:
+    """The two coordinates ``(c0, c1)`` of every patch, each ``[gh * gw]`` float64, row-major,
+    in the config's axis order and scaled by its ``angle_scale``.
+
+    ``centered`` follows timm's ``_build_grid(grid_type="centered")``: ``(i + 0.5) / n``, then
+    ``2 c - 1``.
+    """
     ys, xs = patch_coordinates(grid)
+    if config.coords == "centered":
+        sizes = {"separate": grid, "min": (min(grid),) * 2, "max": (max(grid),) * 2}[config.normalize_coords]
+        ys, xs = 2 * (ys + 0.5) / sizes[0] - 1, 2 * (xs + 0.5) / sizes[1] - 1
+    first, second = (xs, ys) if config.axis_order == "xy" else (ys, xs)
+    return config.angle_scale * first, config.angle_scale * second
+
+
+def axial_angles(grid: tuple[int, int], head_dim: int, theta: float, config: RopeConfig | None = None) -> Tensor:
+    """Axial RoPE angles ``[N, d/2]``: ``[c0 f_0..c0 f_{d/4-1}, c1 f_0..c1 f_{d/4-1}]``; by default
+    ``(c0, c1) = (x, y)`` integer patch indices."""
+    c0, c1 = rope_coordinates(grid, config or RopeConfig(theta=theta))
     mag = rope_magnitudes(head_dim, theta)
-    return torch.cat([xs[:, None] * mag, ys[:, None] * mag], dim=-1)
+    return torch.cat([c0[:, None] * mag, c1[:, None] * mag], dim=-1)
 
 
-def mixed_angles(grid: tuple[int, int], freqs: Tensor) -> Tensor:
-    """Mixed RoPE angles ``[L, H, N, d/2]`` from learned ``freqs`` ``[2, L, H, d/2]`` (x, y)."""
-    ys, xs = patch_coordinates(grid, dtype=freqs.dtype)
-    # angle[l, h, n, j] = x_n * fx[l, h, j] + y_n * fy[l, h, j]
-    return xs[:, None] * freqs[0][:, :, None, :] + ys[:, None] * freqs[1][:, :, None, :]
+def mixed_angles(grid: tuple[int, int], freqs: Tensor, config: RopeConfig | None = None) -> Tensor:
+    """Mixed RoPE angles ``[L, H, N, d/2]`` from learned ``freqs`` ``[2, L, H, d/2]`` (``c0``, ``c1``;
+    by default x, y)."""
+    c0, c1 = (c.to(freqs.dtype) for c in rope_coordinates(grid, config or RopeConfig(mode="mixed")))
+    # angle[l, h, n, j] = c0_n * f0[l, h, j] + c1_n * f1[l, h, j]
+    return c0[:, None] * freqs[0][:, :, None, :] + c1[:, None] * freqs[1][:, :, None, :]
 
 
 def init_mixed_freqs(depth: int, num_heads: int, head_dim: int, theta: float, generator=None) -> Tensor:
@@ -130,34 +186,51 @@ def halves_form(encoding: PositionalEncoding, rotated: int) -> QKChannelOrder | 
 @register_encoding("rope-axial", RopeConfig, variant={"mode": "axial"}, theta=100.0)
 @register_encoding("rope-mixed", RopeConfig, variant={"mode": "mixed"}, theta=10.0)
 class Rope2d(PositionalEncoding):
-    """2-D RoPE applied to q and k in every block."""
+    """2-D RoPE applied to q and k in every block (with ``ape``, also a learned APE on the tokens).
+
+    State dict: ``pos_enc.freqs`` ``[2, L, H, d/2]`` (mixed; timm's ``rope.freqs``) and, with
+    ``ape``, timm's top-level ``pos_embed``.
+    """
 
     hook = Hook.QK
+    top_level_keys = ("pos_embed",)
 
     def __init__(self, config: RopeConfig, dims: TrunkDims):
         super().__init__(config, dims)
         rope_magnitudes(dims.head_dim, config.theta)  # validates the head dim early
         if config.mode == "mixed":
             self.freqs = nn.Parameter(torch.zeros(2, dims.depth, dims.num_heads, dims.head_dim // 2))
-            self.reset_parameters()
+        if config.ape:
+            self.pos_embed = pos_embed_parameter(dims, config.no_embed_class)
+        self.reset_parameters()
+
+    def uses(self, hook: Hook) -> bool:
+        return hook is Hook.QK or (hook is Hook.TOKENS and self.config.ape)
 
     def reset_parameters(self) -> None:
-        if self.config.mode == "mixed":
-            with torch.no_grad():
+        with torch.no_grad():
+            if self.config.mode == "mixed":
                 self.freqs.copy_(init_mixed_freqs(self.dims.depth, self.dims.num_heads, self.dims.head_dim, self.config.theta))
+            if self.config.ape:
+                nn.init.trunc_normal_(self.pos_embed, std=0.02)
 
     @property
     def tables_nest(self) -> bool:
-        return True  # rotations by integer patch coordinates, whatever the grid
+        # rotations by integer patch coordinates, whatever the grid; centred ones and an APE are resized
+        return self.config.coords == "index" and not self.config.ape
 
     def tables(self, grid: tuple[int, int]) -> PETables:
+        model = {"pos_embed": ape_table(self.pos_embed, self.dims, grid, self.config)} if self.config.ape else {}
         if self.config.mode == "axial":
-            angles = axial_angles(grid, self.dims.head_dim, self.config.theta)[None]  # [1, N, d/2]
+            angles = axial_angles(grid, self.dims.head_dim, self.config.theta, self.config)[None]  # [1, N, d/2]
             cos, sin = prefix_identity_rotation(self.dims.num_prefix_tokens, angles.cos(), angles.sin())
-            return PETables(layers=[{"cos": cos, "sin": sin}] * self.dims.depth)
-        angles = mixed_angles(grid, self.freqs.double())  # [L, H, N, d/2]
+            return PETables(model=model, layers=[{"cos": cos, "sin": sin}] * self.dims.depth)
+        angles = mixed_angles(grid, self.freqs.double(), self.config)  # [L, H, N, d/2]
         cos, sin = prefix_identity_rotation(self.dims.num_prefix_tokens, angles.cos(), angles.sin())
-        return PETables(layers=[{"cos": cos[i], "sin": sin[i]} for i in range(self.dims.depth)])
+        return PETables(model=model, layers=[{"cos": cos[i], "sin": sin[i]} for i in range(self.dims.depth)])
+
+    def apply_tokens(self, x: Tensor, tables: dict[str, Tensor]) -> Tensor:
+        return x + tables["pos_embed"]
 
     def apply_qk(self, q: Tensor, k: Tensor, tables: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         cos, sin, pairs = tables["cos"], tables["sin"], self.config.pairs

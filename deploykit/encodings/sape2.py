@@ -62,6 +62,8 @@ class SaPE2Config(EncodingConfig):
         table_init_std: trunc-normal init of the tables, 0.02 as the code's ``trunc_normal_``.
         ape: keep the learned APE of the ViT as well ("SaPE² + APE", the paper's best rows).
         interpolation: how that APE is resized to another grid (timm: bicubic).
+        antialias: the resize's antialias, as timm's ``resample_abs_pos_embed`` (default True;
+            see ``deploykit.encodings.ape``); False is the plain bicubic of older checkpoints.
         distance: ``"direct"`` ``sqrt(Σ(a−b)²)``, exact zero diagonal (A14); the Gram form is
             not offered.
         prefix_bias: ``"zero"``: prefix tokens get no positional bias (A6).
@@ -74,6 +76,7 @@ class SaPE2Config(EncodingConfig):
     table_init_std: float = 0.02
     ape: bool = False
     interpolation: str = "bicubic"
+    antialias: bool = True
     distance: str = "direct"
     prefix_bias: str = "zero"
 
@@ -292,7 +295,8 @@ class SaPE2(PositionalEncoding):
         model = {}
         if self.config.ape:
             model["pos_embed"] = resample_pos_embed(
-                self.pos_embed.double(), self.dims.grid, grid, self.dims.num_prefix_tokens, self.config.interpolation
+                self.pos_embed.double(), self.dims.grid, grid, self.dims.num_prefix_tokens, self.config.interpolation,
+                self.config.antialias,
             )
         return PETables(model=model, layers=layers)
 

@@ -320,8 +320,11 @@ def _fall_back(quantizer, selection: NodeSelection, out, target: AgreementTarget
     return out, {**record, "final": agreement}
 
 
-def check_plan(fp32: onnx.ModelProto, planned: onnx.ModelProto, inputs: np.ndarray, tolerance: Tolerance, label: str) -> dict:
-    """Judge a quantized graph against its fp32 graph on held-out real inputs.
+def check_plan(
+    fp32: onnx.ModelProto, planned: onnx.ModelProto, inputs: np.ndarray, tolerance: Tolerance, label: str, top_k: bool = True
+) -> dict:
+    """Judge a quantized graph against its fp32 graph on held-out real inputs (``top_k``: the
+    outputs are logits; a headless backbone's features are judged by cosine only).
 
     Returns:
         ``compare_logits``' metrics.
@@ -331,7 +334,7 @@ def check_plan(fp32: onnx.ModelProto, planned: onnx.ModelProto, inputs: np.ndarr
             output leaves it and the quantized nodes in that block.
     """
     reference, actual = run_graph(fp32, inputs), run_graph(planned, inputs)
-    metrics = compare_logits(reference, actual, len(reference), tolerance)
+    metrics = compare_logits(reference, actual, len(reference), tolerance, top_k=top_k)
     if not metrics["passed"]:
         block = _first_divergent_block(fp32, planned, inputs[:16], tolerance)
         nodes = [n.name for n in planned.graph.node if block and n.op_type in QUANTIZED_OP_TYPES and _quantized_input(planned, n)

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from deploykit._io import atomic_path, write_json_atomic
+from deploykit.encodings import EncodingConfig
 from deploykit.errors import CheckpointError, ConfigError
 from deploykit.nn.factory import Model, ModelConfig, build_model, config_from_dict, create_model
 
@@ -30,9 +31,9 @@ DEFAULT_ENCODING = "ape"
 DEFAULT_SEED = 0
 
 
-def default_model(encoding: str | None = DEFAULT_ENCODING, model: str = DEFAULT_MODEL) -> Model:
-    """The embedded default model (deterministic weights from ``DEFAULT_SEED``); ``encoding``
-    None means the architecture's own default."""
+def default_model(encoding: str | EncodingConfig | None = DEFAULT_ENCODING, model: str = DEFAULT_MODEL) -> Model:
+    """The embedded default model (deterministic weights from ``DEFAULT_SEED``); ``encoding`` (a
+    registry name or a config) None means the architecture's own default."""
     generator_state = torch.random.get_rng_state()
     try:
         torch.manual_seed(DEFAULT_SEED)

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 
-from deploykit.encodings import encoding_name
+from deploykit.encodings import EncodingConfig, config_from_dict, config_to_dict, encoding_name, parse_options
 from deploykit.errors import CheckpointError
-from deploykit.nn.checkpoint import CONFIG_FILE, DEFAULT_ENCODING, DEFAULT_MODEL, WEIGHTS_FILE, default_model, load_model
-from deploykit.nn.factory import Model, create_model
+from deploykit.nn.checkpoint import CONFIG_FILE, DEFAULT_ENCODING, DEFAULT_MODEL, WEIGHTS_FILE, default_model, load_model, load_weights
+from deploykit.nn.factory import Model, build_model, create_model
 
 
 def resolve_model(
-    checkpoint: Path | None = None, encoding: str | None = None, model_name: str | None = None
+    checkpoint: Path | None = None, encoding: str | None = None, model_name: str | None = None, options: Sequence[str] = ()
 ) -> tuple[Model, str]:
     """Pick the model for a command.
 
@@ -22,14 +24,19 @@ def resolve_model(
       ``ape``: ``models/shapes-ape``) when the zoo has one;
     * otherwise the seeded untrained ``model_name`` (default ``vit_tiny_patch16``) + ``encoding``.
 
+    ``options`` (``key=value``, the command line's ``--set``) then change the chosen model's
+    encoding options, typed and checked against its config (``deploykit.encodings.parse_options``).
+
     Returns:
         The model (eval mode) and a string describing where it came from.
     """
     if checkpoint is None and model_name is None and (zoo := trained_zoo_model(encoding or DEFAULT_ENCODING)):
-        return load_model(zoo), f"zoo:{zoo.name}"
+        return with_encoding_options(load_model(zoo), options, f"zoo:{zoo.name}"), f"zoo:{zoo.name}"
     if checkpoint is None:
         name = model_name or DEFAULT_MODEL
         model = default_model(encoding=encoding, model=name)
+        if options:  # untrained: the options shape the seeded model itself (ape=true adds a table)
+            model = default_model(encoding=_with_options(model.cfg.encoding, options), model=name)
         return model, f"default:{name}+{encoding_name(model.cfg.encoding)}"
     checkpoint = Path(checkpoint)
     if not checkpoint.exists():
@@ -41,11 +48,33 @@ def resolve_model(
             raise CheckpointError(
                 f"--encoding {encoding} disagrees with {config_dir / CONFIG_FILE} ({encoding_name(model.cfg.encoding)}); drop --encoding"
             )
-        return model, str(checkpoint)
+        return with_encoding_options(model, options, str(checkpoint)), str(checkpoint)
     if checkpoint.is_dir():
         raise CheckpointError(f"{checkpoint} has no {CONFIG_FILE}; pass a weights file with --model/--encoding")
     model = create_model(model_name or DEFAULT_MODEL, encoding=encoding)
-    return load_model(checkpoint, config=model.cfg), str(checkpoint)
+    config = dataclasses.replace(model.cfg, encoding=_with_options(model.cfg.encoding, options))
+    return load_model(checkpoint, config=config), str(checkpoint)
+
+
+def with_encoding_options(model: Model, options: Sequence[str], source: str) -> Model:
+    """The same weights in a model whose encoding config has ``options`` (``key=value``) applied
+    (the model itself when there are none).
+
+    Raises:
+        ConfigError: an option the encoding does not have, or a value it refuses.
+        CheckpointError: an option that changes the parameters (e.g. ``ape=true``), so the
+            weights no longer fit.
+    """
+    if not options:
+        return model
+    changed = build_model(dataclasses.replace(model.cfg, encoding=_with_options(model.cfg.encoding, options)))
+    load_weights(changed, model.state_dict(), f"{source} with --set {' '.join(options)}")
+    return changed.eval()
+
+
+def _with_options(config: EncodingConfig, options: Sequence[str]) -> EncodingConfig:
+    current = config_to_dict(config)
+    return config_from_dict({**current, **parse_options(current["name"], options)})
 
 
 def trained_zoo_model(encoding: str) -> Path | None:

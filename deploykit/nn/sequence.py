@@ -170,6 +170,7 @@ class SequenceTransformer(nn.Module):
     """
 
     input_name: ClassVar[str] = "tokens"
+    output_kind: ClassVar[str] = "logits"  # next-token logits, compared by top-k
 
     def __init__(self, cfg: SequenceConfig):
         super().__init__()

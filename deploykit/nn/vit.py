@@ -1,8 +1,9 @@
 """A Vision Transformer trunk with timm's module and state-dict names and three PE hooks.
 
-Names match timm's ``VisionTransformer`` (``patch_embed.proj``, ``cls_token``, ``pos_embed``,
-``blocks.N.{norm1,attn.qkv,attn.proj,norm2,mlp.fc1,mlp.fc2}``, ``norm``, ``head``), so a timm
-state dict loads. The positional encoding lives in ``pos_enc``; keys it declares top-level (the
+Names match timm's ``VisionTransformer`` (``patch_embed.proj``, ``cls_token``, ``reg_token``,
+``pos_embed``, ``blocks.N.{norm1,attn.qkv,attn.proj,ls1.gamma,norm2,mlp.fc1,mlp.fc2,ls2.gamma}``,
+``norm``, ``fc_norm``, ``head``; timm's ``SwiGLU`` ``mlp.fc1_g``/``mlp.fc1_x``), so a timm
+state dict loads; modules a config does not use (LayerScale, registers, ``fc_norm``) hold no keys. The positional encoding lives in ``pos_enc``; keys it declares top-level (the
 APE's ``pos_embed``) are renamed on save/load so they keep timm's names.
 
 The model computes its encoding's tables once per forward (``forward``) or takes them from the
@@ -51,7 +52,18 @@ class ViTConfig:
     Attributes:
         img_size: the resolution the model is built for (the encoding's native grid).
         norm_eps: LayerNorm epsilon (timm ViTs use 1e-6).
-        class_token: prepend a class token and pool it; otherwise mean-pool the patch tokens.
+        num_classes: classifier outputs; 0 means no head: the model returns its pooled (or, with
+            ``global_pool=""``, per-token) features, as timm's ``num_classes=0``.
+        class_token: prepend a class token.
+        reg_tokens: register tokens after the class token (timm's ``reg_tokens``; DINOv3: 4).
+        global_pool: ``token`` (the class token), ``avg``/``max``/``avgmax`` over the patch tokens
+            (prefix tokens excluded, as timm), or ``""`` (every token); ``None`` means ``token``
+            with a class token, else ``avg``.
+        fc_norm: the final LayerNorm comes after pooling (timm's ``fc_norm``) instead of before.
+        init_values: LayerScale (``ls1``/``ls2``, DeiT-III, DINOv3) with this initial value;
+            ``None`` means no LayerScale.
+        mlp_layer: ``mlp`` (fc1, GELU, fc2) or ``swiglu`` (timm's ``SwiGLU``: SiLU(fc1_g) * fc1_x, fc2).
+        mlp_hidden_dim: the MLP's hidden width; ``None`` means ``int(embed_dim * mlp_ratio)``.
         mean, std: input normalisation the model expects (per channel, on [0, 1] pixels).
         dataset: the ``deploykit.zoo`` dataset the weights were trained on, if any; validation
             then takes its real inputs from that dataset's test split.
@@ -67,6 +79,12 @@ class ViTConfig:
     mlp_ratio: float = 4.0
     qkv_bias: bool = True
     class_token: bool = True
+    reg_tokens: int = 0
+    global_pool: str | None = None
+    fc_norm: bool = False
+    init_values: float | None = None
+    mlp_layer: str = "mlp"
+    mlp_hidden_dim: int | None = None
     norm_eps: float = 1e-6
     mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
     std: tuple[float, float, float] = (0.229, 0.224, 0.225)
@@ -74,13 +92,36 @@ class ViTConfig:
     dataset: str | None = None
 
     def __post_init__(self):
-        check_trunk_sizes(self, ("img_size", "patch_size", "in_chans", "num_classes"))
+        check_trunk_sizes(self, ("img_size", "patch_size", "in_chans"))
+        counts = {"num_classes": self.num_classes, "reg_tokens": self.reg_tokens}
+        bad = [f"{n}={v!r}" for n, v in counts.items() if not (isinstance(v, int) and v >= 0)]
+        if self.mlp_hidden_dim is not None and not (isinstance(self.mlp_hidden_dim, int) and self.mlp_hidden_dim > 0):
+            bad.append(f"mlp_hidden_dim={self.mlp_hidden_dim!r}")
+        if bad:
+            raise ConfigError(f"model sizes must be non-negative integers (mlp_hidden_dim positive): {', '.join(bad)}")
         if self.img_size % self.patch_size:
             raise ConfigError(f"img_size {self.img_size} is not a multiple of patch_size {self.patch_size}")
+        if self.pool not in POOLS:
+            raise ConfigError(f"global_pool must be one of {POOLS} (attention pooling 'map' is not supported), got {self.global_pool!r}")
+        if self.pool == "token" and not self.class_token:
+            raise ConfigError("global_pool 'token' needs the class token")
+        if self.mlp_layer not in MLP_LAYERS:
+            raise ConfigError(f"mlp_layer must be one of {MLP_LAYERS}, got {self.mlp_layer!r}")
 
     @property
     def num_prefix_tokens(self) -> int:
-        return int(self.class_token)
+        return int(self.class_token) + self.reg_tokens
+
+    @property
+    def pool(self) -> str:
+        """``global_pool`` with its default resolved."""
+        if self.global_pool is None:
+            return "token" if self.class_token else "avg"
+        return self.global_pool
+
+    @property
+    def hidden_dim(self) -> int:
+        return self.mlp_hidden_dim or int(self.embed_dim * self.mlp_ratio)
 
     def to_dict(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -102,6 +143,9 @@ class ViTConfig:
                 data[key] = tuple(data[key])
         return cls(**data)
 
+
+POOLS = ("token", "avg", "max", "avgmax", "")
+MLP_LAYERS = ("mlp", "swiglu")
 
 MODEL_CONFIGS: dict[str, dict[str, Any]] = {
     # Standard sizes at patch 16 (timm's vit_{tiny,small,base}_patch16_224).
@@ -143,6 +187,32 @@ class Mlp(nn.Module):
         return self.fc2(self.act(self.fc1(x)))
 
 
+class SwiGLU(nn.Module):
+    """timm's ``SwiGLU`` (split gate and value projections): ``fc2(SiLU(fc1_g(x)) * fc1_x(x))``."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.fc1_g = nn.Linear(dim, hidden)
+        self.fc1_x = nn.Linear(dim, hidden)
+        self.act = nn.SiLU()
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.act(self.fc1_g(x)) * self.fc1_x(x))
+
+
+class LayerScale(nn.Module):
+    """Per-channel scale of a residual branch (Touvron et al. 2021, CaiT/DeiT-III): ``x * gamma``."""
+
+    def __init__(self, dim: int, init_values: float):
+        super().__init__()
+        self.init_values = init_values
+        self.gamma = nn.Parameter(torch.full((dim,), float(init_values)))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.gamma
+
+
 class Attention(nn.Module):
     """Multi-head self-attention with the encoding's q/k and logits hooks."""
 
@@ -171,12 +241,14 @@ class Block(nn.Module):
         super().__init__()
         self.norm1 = nn.LayerNorm(cfg.embed_dim, eps=cfg.norm_eps)
         self.attn = Attention(cfg.embed_dim, cfg.num_heads, cfg.qkv_bias)
+        self.ls1 = LayerScale(cfg.embed_dim, cfg.init_values) if cfg.init_values is not None else nn.Identity()
         self.norm2 = nn.LayerNorm(cfg.embed_dim, eps=cfg.norm_eps)
-        self.mlp = Mlp(cfg.embed_dim, int(cfg.embed_dim * cfg.mlp_ratio))
+        self.mlp = (SwiGLU if cfg.mlp_layer == "swiglu" else Mlp)(cfg.embed_dim, cfg.hidden_dim)
+        self.ls2 = LayerScale(cfg.embed_dim, cfg.init_values) if cfg.init_values is not None else nn.Identity()
 
     def forward(self, x: Tensor, pos_enc, tables: dict[str, Tensor], grid: tuple[int, int]) -> Tensor:
-        x = x + self.attn(self.norm1(x), pos_enc, tables, grid)
-        return x + self.mlp(self.norm2(x))
+        x = x + self.ls1(self.attn(self.norm1(x), pos_enc, tables, grid))
+        return x + self.ls2(self.mlp(self.norm2(x)))
 
 
 class VisionTransformer(nn.Module):
@@ -197,12 +269,15 @@ class VisionTransformer(nn.Module):
         self.cfg = cfg
         self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, cfg.embed_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim)) if cfg.class_token else None
+        self.reg_token = nn.Parameter(torch.zeros(1, cfg.reg_tokens, cfg.embed_dim)) if cfg.reg_tokens else None
         native = cfg.img_size // cfg.patch_size
         dims = TrunkDims(cfg.embed_dim, cfg.num_heads, cfg.depth, cfg.num_prefix_tokens, (native, native))
         self.pos_enc = create_encoding(cfg.encoding, dims)
         self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.depth)])
-        self.norm = nn.LayerNorm(cfg.embed_dim, eps=cfg.norm_eps)
-        self.head = nn.Linear(cfg.embed_dim, cfg.num_classes)
+        final_norm = nn.LayerNorm(cfg.embed_dim, eps=cfg.norm_eps)
+        self.norm = nn.Identity() if cfg.fc_norm else final_norm
+        self.fc_norm = final_norm if cfg.fc_norm else nn.Identity()
+        self.head = nn.Linear(cfg.embed_dim, cfg.num_classes) if cfg.num_classes else nn.Identity()
         self._init_weights()
         self.register_state_dict_post_hook(_to_timm_names)
         self.register_load_state_dict_pre_hook(_from_timm_names)
@@ -212,9 +287,12 @@ class VisionTransformer(nn.Module):
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.trunc_normal_(m.weight, std=0.02)
-                nn.init.zeros_(m.bias)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=1e-6)
+        if self.reg_token is not None:
+            nn.init.normal_(self.reg_token, std=1e-6)
         self.pos_enc.reset_parameters()
 
     def grid(self, height: int, width: int) -> tuple[int, int]:
@@ -230,6 +308,12 @@ class VisionTransformer(nn.Module):
     @property
     def default_shape(self) -> tuple[int, int]:
         return (self.cfg.img_size, self.cfg.img_size)
+
+    @property
+    def output_kind(self) -> str:
+        """``logits`` for a classifier; ``features`` for a backbone without a head (``num_classes=0``),
+        whose outputs validation compares by cosine and max abs rather than top-k."""
+        return "logits" if self.cfg.num_classes else "features"
 
     def check_shape(self, shape: tuple[int, int]) -> tuple[int, int]:
         """The resolution itself, once checked against the patch size (``ResolutionError`` if not)."""
@@ -260,8 +344,9 @@ class VisionTransformer(nn.Module):
         """Token sequences after the embedding and after every block: ``depth + 1`` × ``[B, P + N, D]``."""
         grid = self.grid(*x.shape[-2:])
         x = self.patch_embed(x)
-        if self.cls_token is not None:
-            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
+        if prefix:
+            x = torch.cat([*prefix, x], dim=1)
         if self.pos_enc.uses(Hook.TOKENS):
             x = self.pos_enc.apply_tokens(x, tables.model)
         outputs = [x]
@@ -271,9 +356,22 @@ class VisionTransformer(nn.Module):
         return outputs
 
     def forward_head(self, x: Tensor) -> Tensor:
-        x = self.norm(x)
-        pooled = x[:, 0] if self.cls_token is not None else x.mean(dim=1)
-        return self.head(pooled)
+        """Final norm, pooling (timm's ``global_pool_nlc``), ``fc_norm``, head: ``[B, P + N, D]`` →
+        ``[B, classes]`` (or ``[B, D]`` / ``[B, P + N, D]`` features without a head)."""
+        return self.head(self.fc_norm(self.pool(self.norm(x))))
+
+    def pool(self, x: Tensor) -> Tensor:
+        pool = self.cfg.pool
+        if pool == "token":
+            return x[:, 0]
+        if not pool:
+            return x
+        patches = x[:, self.cfg.num_prefix_tokens :]
+        if pool == "avg":
+            return patches.mean(dim=1)
+        if pool == "max":
+            return patches.amax(dim=1)
+        return 0.5 * (patches.amax(dim=1) + patches.mean(dim=1))  # avgmax
 
 
 def _renames(module: VisionTransformer) -> dict[str, str]:

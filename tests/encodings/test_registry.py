@@ -58,3 +58,32 @@ def test_variant_fields_are_fixed_by_the_name():
         get_config("rope-axial", mode="mixed")
     with pytest.raises(ConfigError, match="contradicts"):
         config_from_dict({"name": "rope-axial", "mode": "mixed", "theta": 100.0})
+
+
+@pytest.mark.parametrize("name", list_encodings())
+def test_every_option_parses_from_the_command_line(name):
+    """``--set key=value`` for every field of every encoding: its default, written out, reads back."""
+    from deploykit.encodings import parse_options
+
+    defaults = config_to_dict(get_config(name))
+    defaults.pop("name")
+    parsed = {}
+    for key, value in defaults.items():
+        try:
+            parsed.update(parse_options(name, [f"{key}={'none' if value is None else value}"]))
+        except ConfigError as err:  # the variant fields fixed by the name (rope's mode, sape2's ape)
+            assert "has no option" in str(err), err
+    assert get_config(name, **parsed) == get_config(name)
+    assert all(type(parsed[k]) is type(defaults[k]) for k in parsed)
+
+
+def test_option_values_are_typed_and_checked():
+    from deploykit.encodings import parse_options
+
+    assert parse_options("ape", ["antialias=False", "interpolation=bilinear"]) == {"antialias": False, "interpolation": "bilinear"}
+    assert parse_options("sape2", ["npos_max=none", "gate_scale=0.5", "npos_max=9"]) == {"npos_max": 9, "gate_scale": 0.5}
+    assert parse_options("rope-axial", ["theta=10", "angle_scale=6.25"]) == {"theta": 10.0, "angle_scale": 6.25}
+    with pytest.raises(ConfigError, match="option npos_max='2.5' is not a valid int"):
+        parse_options("sape2", ["npos_max=2.5"])
+    with pytest.raises(ConfigError, match="encoding 'rope-axial' has no option 'mode'; valid options: angle_scale, antialias, ape"):
+        parse_options("rope-axial", ["mode=mixed"])  # fixed by the name

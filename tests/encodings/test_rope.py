@@ -125,3 +125,31 @@ def test_halves_with_an_unrotated_tail():
         apply_rotary(x, angles.cos(), angles.sin(), pairs="diagonal")
     with pytest.raises(ConfigError, match="pairs must be one of"):
         get_config("rope-axial", pairs="diagonal")
+
+
+def test_centered_coordinates_follow_dinov3():
+    """timm's RotaryEmbeddingDinoV3: patch centres (i + 0.5) / n mapped to [-1, 1], row first
+    (grid_indexing "ij"), angle 2π c / θ^(4j/d)."""
+    cfg = get_config("rope-axial", coords="centered", axis_order="yx", angle_scale=2 * math.pi, pairs="halves")
+    angles = axial_angles((3, 5), 16, 100.0, cfg)
+    y, x = 2, 4  # token 14
+    cy, cx = 2 * (y + 0.5) / 3 - 1, 2 * (x + 0.5) / 5 - 1
+    periods = torch.tensor([100.0 ** (4 * j / 16) for j in range(4)], dtype=F64)
+    torch.testing.assert_close(angles[14], torch.cat([2 * math.pi * cy / periods, 2 * math.pi * cx / periods]), atol=1e-12, rtol=0)
+    longest = axial_angles((3, 5), 16, 100.0, get_config("rope-axial", coords="centered", normalize_coords="max"))
+    assert torch.allclose(longest[14, :4], torch.full((4,), 2 * (x + 0.5) / 5 - 1, dtype=F64) * rope_magnitudes(16, 100.0))
+    assert torch.allclose(longest[14, 4:], torch.full((4,), 2 * (y + 0.5) / 5 - 1, dtype=F64) * rope_magnitudes(16, 100.0))
+
+
+def test_only_integer_coordinates_without_an_ape_nest():
+    assert Rope2d(get_config("rope-axial"), DIMS).tables_nest
+    assert not Rope2d(get_config("rope-axial", coords="centered"), DIMS).tables_nest
+    rope_ape = Rope2d(get_config("rope-mixed", ape=True, no_embed_class=True), DIMS)
+    assert not rope_ape.tables_nest and rope_ape.pos_embed.shape == (1, 16, 32)
+    table = rope_ape.tables((2, 3)).model["pos_embed"]
+    assert table.shape == (1, 1 + 6, 32) and not table[0, 0].any()  # no position for the class token
+
+
+def test_unknown_convention_is_refused():
+    with pytest.raises(ConfigError, match="axis_order must be one of"):
+        get_config("rope-axial", axis_order="zx")

@@ -9,7 +9,7 @@ import pytest
 import torch
 from onnx import numpy_helper
 
-from deploykit.encodings import list_encodings
+from deploykit.encodings import get_config, list_encodings
 from deploykit.export import onnx_from_model
 from deploykit.export.qk_channels import with_contiguous_qk_channels
 from deploykit.nn import create_model
@@ -19,14 +19,19 @@ QK_ENCODINGS = ["rope-axial", "rope-mixed", "gridpe", "geope"]
 
 def small(encoding):
     torch.manual_seed(0)
-    model = create_model("vit_tiny_patch16", encoding=encoding, depth=2, img_size=64, num_classes=10).eval()
+    model = create_model("vit_tiny_patch16", encoding=encoding, depth=2, img_size=64, num_classes=10, reg_tokens=2).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.2)  # far from init, so every channel matters
     return model
 
 
-@pytest.mark.parametrize("encoding", QK_ENCODINGS)
+# timm's conventions (deploykit import timm): DINOv3's centred coordinates in turns, RoPE-ViT + APE.
+TIMM_FORMS = [get_config("rope-axial", coords="centered", axis_order="yx", angle_scale=6.283185307179586),
+              get_config("rope-mixed", axis_order="yx", ape=True, no_embed_class=True)]  # fmt: skip
+
+
+@pytest.mark.parametrize("encoding", QK_ENCODINGS + TIMM_FORMS)
 def test_reordered_model_computes_the_same_function(encoding):
     model = small(encoding).double()
     before = {k: v.clone() for k, v in model.state_dict().items()}

@@ -109,3 +109,42 @@ def test_unknown_model_and_bad_config():
         create_model("vit_huge")
     with pytest.raises(ConfigError, match="divisible"):
         create_model("vit_tiny_patch16", num_heads=5)
+
+
+def test_timm_trunk_options_keep_timm_names_and_pool_as_timm():
+    torch.manual_seed(0)
+    model = create_model("vit_tiny_patch16", encoding="rope-axial", depth=2, img_size=32, num_classes=0, reg_tokens=3,
+                         init_values=1e-5, global_pool="avg", fc_norm=True, mlp_layer="swiglu", mlp_hidden_dim=100).eval()  # fmt: skip
+    keys = set(model.state_dict())
+    assert {"reg_token", "blocks.1.ls1.gamma", "blocks.1.ls2.gamma", "blocks.0.mlp.fc1_g.weight", "blocks.0.mlp.fc1_x.bias",
+            "fc_norm.weight"} <= keys  # fmt: skip
+    assert not any(k.startswith(("head.", "norm.")) or k == "blocks.0.mlp.fc1.weight" for k in keys)
+    assert model.state_dict()["blocks.0.mlp.fc2.weight"].shape == (192, 100)
+    assert model.output_kind == "features"
+    x = torch.randn(2, 3, 32, 48)
+    with torch.no_grad():
+        tokens = model.forward_features(x, model.tables((2, 3), x.dtype))[-1]
+        assert tokens.shape == (2, 1 + 3 + 6, 192)
+        # avg pooling skips the class and register tokens, then fc_norm (timm's global_pool_nlc)
+        torch.testing.assert_close(model(x), model.fc_norm(tokens[:, 4:].mean(1)))
+
+
+def test_headless_per_token_features_and_refused_pools():
+    model = create_model("vit_tiny_patch16", depth=1, img_size=32, num_classes=0, global_pool="").eval()
+    with torch.no_grad():
+        assert model(torch.randn(1, 3, 32, 64)).shape == (1, 1 + 8, 192)
+    with pytest.raises(ConfigError, match="attention pooling 'map' is not supported"):
+        create_model("vit_tiny_patch16", global_pool="map")
+    with pytest.raises(ConfigError, match="'token' needs the class token"):
+        create_model("vit_tiny_patch16", global_pool="token", class_token=False)
+    with pytest.raises(ConfigError, match="mlp_layer must be one of"):
+        create_model("vit_tiny_patch16", mlp_layer="geglu")
+
+
+def test_config_without_the_new_fields_means_the_old_trunk():
+    # A config.json written before LayerScale/registers/pooled heads existed.
+    old = {"img_size": 32, "patch_size": 16, "num_classes": 5, "embed_dim": 64, "depth": 1, "num_heads": 2, "class_token": False}
+    from deploykit.nn import ViTConfig
+
+    cfg = ViTConfig.from_dict(old)
+    assert (cfg.pool, cfg.num_prefix_tokens, cfg.hidden_dim, cfg.init_values, cfg.fc_norm) == ("avg", 0, 256, None, False)

@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 from deploykit.cli import main
 from deploykit.data import validation_inputs
+from deploykit.encodings import config_from_dict, config_to_dict
 from deploykit.nn import load_model
 from deploykit.zoo.cards import CARD_JSON, README, evaluate, hex_to_bits, read_cards
 from deploykit.zoo.dataset import ShapeRelations
@@ -67,7 +68,9 @@ def test_accuracy_is_clearly_above_chance(zoo_model):
 def test_card_files_say_what_the_model_is(zoo_model):
     name, directory, card = zoo_model
     config = json.loads((directory / "config.json").read_text())
-    assert card["encoding"] == config["encoding"]  # every ambiguity choice
+    # Every ambiguity choice: the card records the model's full encoding config, the same one
+    # config.json resolves to (options added since it was written take their defaults).
+    assert card["encoding"] == config_to_dict(config_from_dict(config["encoding"]))
     md = (directory / "card.md").read_text()
     assert f"`deploykit zoo train {name}`" in md  # the command that made these weights, no --steps override
     for res in card["resolutions"]:

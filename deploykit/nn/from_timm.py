@@ -1,0 +1,329 @@
+"""timm's ViT, DeiT-III, RoPE-ViT and DINOv3 models as deploykit models (``deploykit import timm``).
+
+A timm model is read module by module: every convention it uses becomes a field of the
+deploykit config (``ViTConfig`` and the encoding's config), and anything the trunk does not
+reproduce is refused in one line naming it. The weights then move by name, as a strict load:
+
+==========  ====================================  ===========================================
+family      timm                                  deploykit
+==========  ====================================  ===========================================
+ViT         ``VisionTransformer`` (``vit_*``)     ``ape`` (timm's antialiased resize), class
+                                                  token or ``avg``/``max``/``avgmax``/none
+                                                  pooling, ``fc_norm``, register tokens
+DeiT-III    ``VisionTransformer`` (``deit3_*``)   + LayerScale ``ls1``/``ls2``, ``ape`` with
+                                                  ``no_embed_class``
+RoPE-ViT    ``Eva`` (``vit_*_rope_*``)            ``rope-axial``/``rope-mixed`` (integer
+                                                  coordinates, ``xy``, interleaved pairs),
+                                                  ``_ape`` variants: ``ape=True``,
+                                                  ``no_embed_class``; LayerScale
+DINOv3      ``Eva`` (``vit_*_dinov3*``)           ``rope-axial`` with ``coords="centered"``,
+                                                  ``axis_order="yx"``, ``angle_scale=2π``,
+                                                  ``pairs="halves"``; 4 registers, LayerScale,
+                                                  SwiGLU, ``q_bias``/``v_bias`` → ``qkv.bias``;
+                                                  no head: pooled features
+==========  ====================================  ===========================================
+
+Eva's names differ from timm's ``VisionTransformer`` (which deploykit's trunk keeps):
+``gamma_1``/``gamma_2`` → ``ls1.gamma``/``ls2.gamma``, ``rope.freqs`` → ``pos_enc.freqs``,
+and ``q_bias`` + zero ``k_bias`` + ``v_bias`` → ``qkv.bias``.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import math
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from deploykit._lazy import lazy_import
+from deploykit.encodings import EncodingConfig, encoding_name, get_config
+from deploykit.errors import CheckpointError, ConfigError
+from deploykit.nn.checkpoint import load_checkpoint, load_weights
+from deploykit.nn.resolve import with_encoding_options
+from deploykit.nn.vit import ViTConfig, VisionTransformer
+
+
+def import_timm(
+    name: str, weights: str | os.PathLike | None = None, options: Sequence[str] = (), **model_kwargs: Any
+) -> VisionTransformer:
+    """A deploykit model equal to timm's ``name``.
+
+    Args:
+        name: a timm model name (``timm.list_models()``).
+        weights: a ``.safetensors`` or ``.pth``/``.pt`` state dict of that timm model (read with
+            ``weights_only=True``); ``None`` takes timm's pretrained weights from the hub.
+        options: ``key=value`` encoding options changed after the import (``antialias=false``).
+        **model_kwargs: passed to ``timm.create_model`` (``num_classes``, ``global_pool``, or
+            sizes such as ``depth``).
+
+    Raises:
+        ConfigError: a name timm does not know, kwargs it refuses, or a model that uses
+            something deploykit does not map (named in the message).
+        CheckpointError: weights that are not that model's (keys named, with counts), or
+            pretrained weights that cannot be downloaded.
+        MissingDependencyError: timm is not installed or does not import.
+    """
+    source = timm_model(name, **model_kwargs)
+    cfg = config_from_timm(source, name)  # refuses what deploykit does not map before any weights are read
+    if weights is None:
+        load_weights(source, pretrained_state_dict(name, **model_kwargs), f"timm's pretrained {name}")
+    else:
+        load_weights(source, load_checkpoint(weights), weights)
+    model = VisionTransformer(cfg)
+    load_weights(model, state_dict_from_timm(source.state_dict()), f"converted from timm {name}")
+    return with_encoding_options(model.eval(), options, f"timm {name}")
+
+
+def parse_model_kwargs(assignments: Sequence[str]) -> dict[str, Any]:
+    """``["num_classes=0", "global_pool=token"]`` → kwargs for ``timm.create_model``: each value a
+    Python literal (``0``, ``True``, ``(224, 224)``) or else a string."""
+    kwargs = {}
+    for text in assignments:
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise ConfigError(f"--model-kwargs {text!r} is not key=value")
+        try:
+            kwargs[key.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            kwargs[key.strip()] = value.strip()
+    return kwargs
+
+
+def timm_model(name: str, **model_kwargs: Any) -> nn.Module:
+    """timm's ``name`` (eval mode, initial weights), built with ``model_kwargs``."""
+    timm = lazy_import("timm")
+    if not timm.is_model(name):
+        close = difflib.get_close_matches(name, timm.list_models(), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; see timm.list_models()"
+        raise ConfigError(f"timm has no model {name!r}{hint}")
+    try:
+        return timm.create_model(name, pretrained=False, **model_kwargs).eval()
+    except (TypeError, ValueError, AssertionError) as err:
+        raise ConfigError(f"timm cannot build {name} with {model_kwargs}: {_first_line(err)}") from err
+
+
+def pretrained_state_dict(name: str, **model_kwargs: Any) -> dict[str, Tensor]:
+    """timm's pretrained weights for ``name`` (from the hub, or its local cache).
+
+    Raises:
+        CheckpointError: they cannot be had (no network, no such weights), in one line.
+    """
+    timm = lazy_import("timm")
+    try:
+        return timm.create_model(name, pretrained=True, **model_kwargs).state_dict()
+    except Exception as err:  # hub and network errors come in many types (OSError, HTTP, offline mode, ...)
+        raise CheckpointError(
+            f"cannot fetch timm's pretrained weights for {name} ({type(err).__name__}: {_first_line(err)}); "
+            "pass a local checkpoint with --weights FILE"
+        ) from err
+
+
+def _first_line(err: BaseException) -> str:
+    return next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+
+
+# ----------------------------------------------------------------------------------- configs
+
+
+class _Refusals:
+    """Collects what a timm model uses that deploykit does not map, for one error line."""
+
+    def __init__(self, name: str, family: str):
+        self.name, self.family, self.items = name, family, []
+
+    def check(self, ok: bool, what: str) -> None:
+        if not ok and what not in self.items:
+            self.items.append(what)
+
+    def raise_any(self) -> None:
+        if self.items:
+            raise ConfigError(f"cannot import timm {self.name} ({self.family}), not supported: {'; '.join(self.items)}")
+
+
+def config_from_timm(model: nn.Module, name: str) -> ViTConfig:
+    """The ``ViTConfig`` (trunk + encoding) that computes what timm's ``model`` computes.
+
+    Raises:
+        ConfigError: a model class deploykit does not import, or an unsupported option of it.
+    """
+    readers = _readers()
+    reader = readers.get(type(model))
+    if reader is None:
+        raise ConfigError(
+            f"cannot import timm {name}: its class {type(model).__name__} is not supported; deploykit imports "
+            f"{' and '.join(c.__name__ for c in readers)} models (ViT, DeiT-III, RoPE-ViT, DINOv3)"
+        )
+    refuse = _Refusals(name, type(model).__name__)
+    _check_trunk(model, refuse)
+    encoding = reader(model, refuse)
+    refuse.raise_any()  # the fields below read modules these checks vouched for
+    try:
+        return ViTConfig(**_trunk_fields(model), encoding=encoding)
+    except ConfigError as err:
+        raise ConfigError(f"cannot import timm {name}: {err}") from err
+
+
+def _readers() -> dict[type, Callable[[nn.Module, _Refusals], EncodingConfig | None]]:
+    timm = lazy_import("timm")
+    return {timm.models.vision_transformer.VisionTransformer: _vit_encoding, timm.models.eva.Eva: _eva_encoding}
+
+
+def _check_trunk(model: nn.Module, refuse: _Refusals) -> None:
+    """What ``VisionTransformer`` and ``Eva`` can hold that deploykit's trunk does not reproduce."""
+    layers = lazy_import("timm.layers")
+    embed = model.patch_embed
+    (ph, pw), (ih, iw) = embed.patch_size, embed.img_size
+    refuse.check(ph == pw and ih == iw, f"non-square patches or input size ({ph}x{pw}, {ih}x{iw})")
+    refuse.check(type(embed) is layers.PatchEmbed and isinstance(embed.norm, nn.Identity), "a patch embedding other than a plain convolution")
+    refuse.check(embed.proj.bias is not None, "a patch embedding without bias")
+    refuse.check(not getattr(embed, "dynamic_img_pad", False), "dynamic_img_pad")
+    refuse.check(isinstance(model.norm_pre, nn.Identity), "a norm before the blocks (pre_norm)")
+    refuse.check(getattr(model, "attn_pool", None) is None, f"attention pooling (global_pool={model.global_pool!r})")
+    refuse.check(not getattr(model, "pool_include_prefix", False), "pooling that includes prefix tokens")
+    refuse.check(not (isinstance(model.norm, nn.Identity) and isinstance(model.fc_norm, nn.Identity)), "no final norm")
+    norms = [m for m in model.modules() if isinstance(m, (nn.LayerNorm, layers.RmsNorm))]
+    refuse.check(
+        all(type(m) in (nn.LayerNorm, layers.LayerNorm) and m.elementwise_affine and m.eps == norms[0].eps for m in norms),
+        "norms other than one affine LayerNorm (RmsNorm, mixed eps)",
+    )
+    for block in model.blocks:
+        _check_block(block, model.embed_dim, refuse, layers)
+
+
+# Pre-norm blocks and attentions whose forward deploykit's Block reproduces (given the checks below).
+_BLOCKS = ("Block", "EvaBlock")
+_ATTENTIONS = ("Attention", "EvaAttention", "AttentionRope")
+
+
+def _check_block(block: nn.Module, embed_dim: int, refuse: _Refusals, layers) -> None:
+    refuse.check(type(block).__name__ in _BLOCKS, f"{type(block).__name__} blocks")
+    refuse.check(type(getattr(block, "attn", None)).__name__ in _ATTENTIONS, "attention variants")
+    if type(block).__name__ not in _BLOCKS:
+        return
+    attn, mlp = block.attn, block.mlp
+    extra_norms = [getattr(attn, n, None) for n in ("q_norm", "k_norm", "norm")]
+    refuse.check(all(m is None or isinstance(m, nn.Identity) for m in extra_norms), "q/k or attention-output norms")
+    refuse.check(getattr(attn, "gate", None) is None, "gated attention")
+    refuse.check(getattr(attn, "qkv", None) is not None, "separate q/k/v projections")
+    refuse.check(attn.head_dim * attn.num_heads == embed_dim, "an attention width other than embed_dim")
+    refuse.check(attn.proj.bias is not None, "an attention projection without bias")
+    refuse.check(type(mlp) in (layers.Mlp, layers.SwiGLU), f"MLP {type(mlp).__name__}")
+    refuse.check(isinstance(getattr(mlp, "norm", nn.Identity()), nn.Identity), "a norm inside the MLP")
+    if type(mlp) is layers.Mlp:
+        refuse.check(type(mlp.act) is nn.GELU and mlp.act.approximate == "none", f"MLP activation {mlp.act}")
+    attn_scale, mlp_scale = _layer_scale(block)
+    refuse.check(attn_scale is None or mlp_scale is not None, "LayerScale on the attention branch only")
+
+
+def _trunk_fields(model: nn.Module) -> dict[str, Any]:
+    """``ViTConfig`` fields shared by ``VisionTransformer`` and ``Eva`` (after ``_check_trunk``)."""
+    embed, block = model.patch_embed, model.blocks[0]
+    hidden = block.mlp.fc2.in_features
+    cfg = model.pretrained_cfg
+    return dict(
+        img_size=embed.img_size[0],
+        patch_size=embed.patch_size[0],
+        in_chans=embed.proj.in_channels,
+        num_classes=model.num_classes,
+        embed_dim=model.embed_dim,
+        depth=len(model.blocks),
+        num_heads=block.attn.num_heads,
+        mlp_ratio=hidden / model.embed_dim,
+        mlp_hidden_dim=hidden,
+        mlp_layer="swiglu" if type(block.mlp).__name__ == "SwiGLU" else "mlp",
+        qkv_bias=block.attn.qkv.bias is not None or getattr(block.attn, "q_bias", None) is not None,
+        class_token=model.cls_token is not None,
+        reg_tokens=0 if model.reg_token is None else model.reg_token.shape[1],
+        global_pool=model.global_pool,
+        fc_norm=not isinstance(model.fc_norm, nn.Identity),
+        init_values=_layer_scale(block)[0],
+        norm_eps=block.norm1.eps,
+        mean=tuple(float(v) for v in cfg.get("mean", (0.485, 0.456, 0.406))),
+        std=tuple(float(v) for v in cfg.get("std", (0.229, 0.224, 0.225))),
+    )
+
+
+def _layer_scale(block: nn.Module) -> tuple[float | None, float | None]:
+    """LayerScale's init value on the attention and MLP branches, None where absent (for trained
+    weights only its presence matters)."""
+    if hasattr(block, "ls1"):  # VisionTransformer: LayerScale modules or Identity
+        return getattr(block.ls1, "init_values", None), getattr(block.ls2, "init_values", None)
+    # Eva: gamma_1 / gamma_2 parameters or None
+    return tuple(getattr(block, "init_values", None) if getattr(block, g, None) is not None else None for g in ("gamma_1", "gamma_2"))
+
+
+def _ape(model: nn.Module) -> dict[str, Any]:
+    # timm resizes pos_embed with resample_abs_pos_embed's defaults: bicubic, antialias=True.
+    return dict(interpolation="bicubic", antialias=True, no_embed_class=bool(model.no_embed_class))
+
+
+def _vit_encoding(model: nn.Module, refuse: _Refusals) -> EncodingConfig | None:
+    """``VisionTransformer`` (ViT, DeiT-III): its learned APE."""
+    refuse.check(model.pos_embed is not None, "a model without position embedding (pos_embed='none')")
+    return get_config("ape", **_ape(model))
+
+
+def _eva_encoding(model: nn.Module, refuse: _Refusals) -> EncodingConfig | None:
+    """``Eva`` (RoPE-ViT, DINOv3): its RoPE, plus the learned APE of ``_ape`` variants."""
+    layers = lazy_import("timm.layers")
+    refuse.check(all(getattr(b.attn, "num_kv_groups", 1) == 1 for b in model.blocks), "grouped-query attention")
+    rope, ape = model.rope, _ape(model) if model.pos_embed is not None else None
+    if rope is None:
+        refuse.check(ape is not None, "a model without position embedding")
+        return get_config("ape", **ape) if ape else None
+    extra = dict(ape=True, **ape) if ape else {}
+    augments = any(getattr(rope, n, None) for n in ("shift_coords", "jitter_coords", "rescale_coords"))
+    refuse.check(not augments, "RoPE coordinate augmentation")
+    if isinstance(rope, layers.RotaryEmbeddingMixed):
+        return get_config("rope-mixed", theta=float(rope.temperature), axis_order=_axis_order(rope.grid_indexing), **extra)
+    if isinstance(rope, layers.RotaryEmbeddingCat):
+        refuse.check(rope.grid_type == "index" and rope.ref_feat_shape is None and rope.grid_offset == 0,
+                     f"RoPE grid {rope.grid_type!r} (offset {rope.grid_offset}, ref_feat_shape {rope.ref_feat_shape})")  # fmt: skip
+        refuse.check(not rope.in_pixels, "pixel-frequency RoPE bands (in_pixels)")
+        return get_config("rope-axial", theta=float(rope.temperature), axis_order=_axis_order(rope.grid_indexing),
+                          pairs="halves" if rope.rotate_half else "interleaved", **extra)  # fmt: skip
+    if isinstance(rope, layers.RotaryEmbeddingDinoV3):
+        refuse.check(rope.min_period is None and rope.max_period is None, "DINOv3 RoPE with min/max periods")
+        refuse.check(rope.grid_offset == 0, f"RoPE grid offset {rope.grid_offset}")
+        # angle = 2π c / period, period_j = θ^(4j/d): deploykit's θ^(-4j/d) frequencies in turns.
+        return get_config("rope-axial", theta=float(rope.temperature), coords="centered", normalize_coords=rope.normalize_coords,
+                          axis_order=_axis_order(rope.grid_indexing), angle_scale=2 * math.pi,
+                          pairs="halves" if rope.rotate_half else "interleaved", **extra)  # fmt: skip
+    refuse.check(False, f"RoPE {type(rope).__name__}")
+    return None
+
+
+def _axis_order(grid_indexing: str) -> str:
+    """timm's meshgrid indexing → which coordinate the first angles follow: ``xy`` → x, ``ij`` → the row."""
+    return {"xy": "xy", "ij": "yx"}[grid_indexing]
+
+
+# ------------------------------------------------------------------------------------ weights
+
+
+def state_dict_from_timm(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A timm ``VisionTransformer``/``Eva`` state dict under deploykit's names (timm
+    ``VisionTransformer``'s; see the module doc). Pure renaming: needs no timm."""
+    out = {}
+    for key, value in state.items():
+        block, _, leaf = key.rpartition(".")
+        if leaf in ("gamma_1", "gamma_2"):
+            out[f"{block}.ls{leaf[-1]}.gamma"] = value
+        elif leaf == "q_bias":  # Eva's fused qkv: k has no bias (a zero buffer, not saved)
+            v_bias = state[f"{block}.v_bias"]
+            out[f"{block}.qkv.bias"] = torch.cat([value, torch.zeros_like(value), v_bias])
+        elif leaf != "v_bias":
+            out["pos_enc.freqs" if key == "rope.freqs" else key] = value
+    return out
+
+
+def describe(model: VisionTransformer, name: str) -> str:
+    """One line for the CLI: what the import became."""
+    cfg = model.cfg
+    head = f"{cfg.num_classes} classes" if cfg.num_classes else f"features (global_pool {cfg.pool!r})"
+    return f"timm {name}: {encoding_name(cfg.encoding)}, {cfg.depth} blocks of {cfg.embed_dim}, {head}"

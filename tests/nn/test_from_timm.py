@@ -1,0 +1,226 @@
+"""``deploykit import timm``: ViT, DeiT-III, RoPE-ViT and DINOv3 give timm's outputs, in PyTorch
+(≤ 1e-5, float32) and exported to ONNX Runtime (≤ 1e-4), at the native resolution, a non-square
+one and a larger one; graphs pass the lint and TensorRT-RTX builds them.
+
+The first part runs everywhere against timm's recorded outputs (``timm_reference.py``: timm
+does not import beside CI's CPU torch); the second part runs timm itself, where it imports.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from timm_reference import CASES, RESOLUTIONS, probe_images, read_fixture, seeded_state_dict, tag, timm_reference
+
+from deploykit._lazy import is_available
+from deploykit.backends import OnnxrtRunner
+from deploykit.cli import main
+from deploykit.export import export, lint_graph
+from deploykit.nn import ViTConfig, VisionTransformer, load_model
+from deploykit.nn.checkpoint import load_weights
+from deploykit.nn.from_timm import state_dict_from_timm
+from deploykit.validate import validate
+
+# torch.onnx's dynamo exporter trips a deprecation inside torch.utils._pytree; not ours to fix.
+pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
+REFERENCE = read_fixture()
+EXPORTED = RESOLUTIONS[:2]  # native and non-square
+ROTATING = [n for n in CASES if REFERENCE[n]["config"]["encoding"]["name"].startswith("rope")]
+
+
+def converted(name: str, **encoding_changes) -> VisionTransformer:
+    """deploykit's model from the recorded config and timm-named seeded weights (no timm needed)."""
+    data = json.loads(json.dumps(REFERENCE[name]["config"]))
+    data["encoding"].update(encoding_changes)
+    model = VisionTransformer(ViTConfig.from_dict(data))
+    load_weights(model, state_dict_from_timm(seeded_state_dict(REFERENCE[name]["shapes"])), name)
+    return model.eval()
+
+
+def timm_output(name: str, resolution) -> torch.Tensor:
+    return torch.tensor(REFERENCE[name]["outputs"][tag(resolution)])
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_pytorch_model_equals_timm_at_every_resolution(name):
+    model = converted(name)
+    for resolution in RESOLUTIONS:
+        with torch.no_grad():
+            out = model(probe_images(resolution))
+        expected = timm_output(name, resolution)
+        assert out.shape == expected.shape
+        assert expected.abs().max() > 0.1  # a real signal
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
+
+
+def test_plain_bicubic_resize_would_not_match_timm():
+    # The bug fixed here: deploykit resized pos_embed without antialias; timm's default has it.
+    model = converted("vit_tiny_patch16_224", antialias=False)
+    with torch.no_grad():
+        assert (model(probe_images((96, 96))) - timm_output("vit_tiny_patch16_224", (96, 96))).abs().max() > 1e-3
+
+
+def test_conventions_are_recorded_in_the_config():
+    dino = REFERENCE["vit_small_patch16_dinov3_qkvb"]["config"]
+    assert dino["encoding"]["coords"] == "centered" and dino["encoding"]["angle_scale"] == pytest.approx(2 * 3.141592653589793)
+    assert (dino["encoding"]["axis_order"], dino["encoding"]["pairs"], dino["reg_tokens"]) == ("yx", "halves", 4)
+    assert dino["num_classes"] == 0 and dino["global_pool"] == "avg" and dino["init_values"] is not None
+    assert REFERENCE["vit_small_plus_patch16_dinov3"]["config"]["mlp_layer"] == "swiglu"
+    rope = REFERENCE["vit_small_patch16_rope_mixed_ape_224"]["config"]["encoding"]
+    assert (rope["name"], rope["axis_order"], rope["ape"], rope["no_embed_class"]) == ("rope-mixed", "xy", True, True)
+    assert REFERENCE["deit3_small_patch16_224"]["config"]["encoding"]["no_embed_class"] is True
+    assert REFERENCE["vit_medium_patch16_reg4_gap_256"]["config"]["fc_norm"] is True
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """name -> export directory (native and non-square resolution, fp32), each exported once."""
+    done = {}
+
+    def get(name):
+        if name not in done:
+            done[name] = tmp_path_factory.mktemp(name)
+            export(converted(name), list(EXPORTED), done[name])
+        return done[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_onnx_runtime_equals_timm(exported, name):
+    out = exported(name)
+    for resolution in EXPORTED:
+        path = out / f"model_{tag(resolution) if resolution[0] != resolution[1] else resolution[0]}.onnx"
+        with OnnxrtRunner(path) as runner:
+            actual = runner.infer({"images": probe_images(resolution).numpy()})["logits"]
+        np.testing.assert_allclose(actual, timm_output(name, resolution).numpy(), atol=1e-4, rtol=0)
+        assert lint_graph(onnx.load(str(path))) == []
+
+
+@pytest.mark.parametrize("name", ROTATING)
+def test_rotation_tables_are_fp32_initializers_without_control_flow(exported, name):
+    proto = onnx.load(str(exported(name) / "model_48x80.onnx"))
+    tables = [t for t in proto.graph.initializer if t.name.startswith("pe_tables.")]
+    assert tables and all(t.data_type == onnx.TensorProto.FLOAT for t in tables)
+    ops = {n.op_type for n in proto.graph.node}
+    assert not ops & {"If", "Loop", "Scan", "ScatterND", "ScatterElements"}, ops
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_tensorrt_rtx_builds_every_graph(exported, name):
+    pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed (pip install 'deploykit[rtx]')")
+    from deploykit.build import build
+
+    results = build(exported(name), "rtx", optimization_level=0)
+    assert len(results) == len(EXPORTED) and all(r.engine.stat().st_size > 1000 for r in results)
+
+
+def test_validate_compares_backbone_features(exported, capsys):
+    out = exported("vit_small_patch16_dinov3_qkvb")
+    report = validate(out, num_random=2, num_real=2)
+    assert report and all(r.top1_agreement is None and r.cosine > 0.99999 for r in report.records)
+    main(["validate", str(out), "--num-random", "1", "--num-real", "1"])
+    assert "(features)" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------- with timm itself
+
+timm_required = pytest.mark.skipif(
+    not is_available("timm"),
+    reason="timm does not import here (PyPI's torchvision for this torch is a CUDA build); recorded outputs above stand in",
+)
+
+
+def seeded_timm(name: str):
+    """timm's model with the seeded weights, and a ``.pth`` of them."""
+    import timm
+
+    model = timm.create_model(name, pretrained=False, **CASES[name]).eval()
+    model.load_state_dict(seeded_state_dict({k: list(v.shape) for k, v in model.state_dict().items()}))
+    return model
+
+
+def kwargs_args(name: str) -> list[str]:
+    return [a for k, v in CASES[name].items() for a in ("--model-kwargs", f"{k}={v!r}")]
+
+
+@timm_required
+@pytest.mark.parametrize("name", CASES)
+def test_recorded_outputs_are_timms(name):
+    fresh, recorded = timm_reference(name), REFERENCE[name]
+    assert fresh["config"] == recorded["config"] and fresh["shapes"] == recorded["shapes"]
+    for key, value in fresh["outputs"].items():
+        torch.testing.assert_close(torch.tensor(value), torch.tensor(recorded["outputs"][key]), atol=1e-5, rtol=0)
+
+
+@timm_required
+@pytest.mark.parametrize("name", ["deit3_small_patch16_224", "vit_small_patch16_dinov3_qkvb"])
+def test_import_export_validate_from_the_command_line(tmp_path, deploykit_cli, name):
+    timm_model = seeded_timm(name)
+    weights = tmp_path / "seeded.pth"
+    torch.save(timm_model.state_dict(), weights)
+    model_dir, out = tmp_path / "imported", tmp_path / "export"
+    assert deploykit_cli("import", "timm", name, "-w", weights, *kwargs_args(name), "-o", model_dir)[0] == 0
+    with torch.no_grad():
+        torch.testing.assert_close(load_model(model_dir)(probe_images((48, 80))), timm_model(probe_images((48, 80))), atol=1e-5, rtol=0)
+    assert deploykit_cli("export", "-c", model_dir, "-r", "64", "-r", "48x80", "-o", out)[0] == 0
+    code, err = deploykit_cli("validate", out, "--num-random", "2", "--num-real", "2")
+    assert code == 0 and "2/2 checks passed" in err
+
+
+@timm_required
+def test_set_changes_the_imported_encoding(tmp_path, deploykit_cli):
+    name = "vit_tiny_patch16_224"
+    weights = tmp_path / "seeded.pth"
+    torch.save(seeded_timm(name).state_dict(), weights)
+    args = ["import", "timm", name, "-w", weights, *kwargs_args(name), "-o", tmp_path / "m"]
+    assert deploykit_cli(*args, "--set", "antialias=false")[0] == 0
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["encoding"]["antialias"] is False
+    code, err = deploykit_cli(*args[:-2], "--set", "antialiasing=false", "-o", tmp_path / "n")
+    assert code == 1 and "valid options: antialias, interpolation, no_embed_class" in err and not (tmp_path / "n").exists()
+
+
+@timm_required
+@pytest.mark.parametrize(
+    "name, kwargs, expected",
+    [
+        ("vit_tiny_patch16_244", [], "timm has no model 'vit_tiny_patch16_244'; did you mean vit_tiny_patch16_224"),
+        ("resnet18", [], "class ResNet is not supported"),
+        ("vit_base_patch16_clip_224", ["depth=1"], "not supported: a patch embedding without bias; a norm before the blocks (pre_norm)"),
+        ("vit_base_patch16_siglip_224", ["depth=1"], "not supported: attention pooling (global_pool='map')"),
+        ("eva02_tiny_patch14_224", ["depth=1"], "not supported: MLP GluMlp; RoPE grid 'index' (offset 0.0, ref_feat_shape (16, 16))"),
+        ("vit_small_patch16_18x2_224", ["depth=1"], "not supported: ParallelThingsBlock blocks; attention variants"),
+    ],
+)
+def test_unknown_or_unsupported_models_are_one_line_errors(tmp_path, deploykit_cli, name, kwargs, expected):
+    args = [a for kw in kwargs for a in ("--model-kwargs", kw)]
+    code, err = deploykit_cli("import", "timm", name, "-w", tmp_path / "unused.pth", *args, "-o", tmp_path / "out")
+    assert code == 1 and expected in err and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+@timm_required
+def test_weights_of_another_model_name_the_keys(tmp_path, deploykit_cli):
+    weights = tmp_path / "rope.pth"
+    torch.save(seeded_timm("vit_small_patch16_rope_224").state_dict(), weights)
+    name = "vit_small_patch16_dinov3_qkvb"
+    code, err = deploykit_cli("import", "timm", name, "-w", weights, *kwargs_args(name), "-o", tmp_path / "out")
+    assert code == 1 and err.count("\n") == 1, err
+    assert "missing " in err and "blocks.0.attn.q_bias" in err and "more)" in err and "unexpected " in err
+    assert not (tmp_path / "out").exists()
+
+
+@timm_required
+def test_pretrained_weights_without_hub_access_are_one_line(tmp_path, deploykit_cli, monkeypatch):
+    import huggingface_hub.constants
+
+    # No network here, and none attempted: the hub client's offline mode fails at once.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, err = deploykit_cli("import", "timm", "vit_tiny_patch16_224", "-o", tmp_path / "out")
+    assert code == 1 and "cannot fetch timm's pretrained weights for vit_tiny_patch16_224" in err and "--weights" in err
+    assert err.count("\n") == 1 and not (tmp_path / "out").exists()

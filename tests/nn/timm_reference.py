@@ -1,0 +1,95 @@
+"""timm's own outputs for small configs of every family ``deploykit import timm`` maps, recorded so
+CI checks the conversion against timm even where timm cannot be imported.
+
+Why recorded: timm imports torchvision, and PyPI's torchvision for the CPU torch CI pins
+(2.13.0) is built against CUDA torch, so it does not import there. Where timm does import,
+``tests/nn/test_from_timm.py`` regenerates these outputs live and checks they still hold.
+
+Weights and images come from a counter-based hash (splitmix64 of the element index and the
+key's CRC32), not from a framework RNG, so any machine and any torch version rebuilds them
+bit for bit from a key and a shape. Regenerate the JSON where timm imports::
+
+    python tests/nn/timm_reference.py
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+
+import numpy as np
+import torch
+
+FIXTURE = Path(__file__).with_name("data") / "timm_reference.json"
+
+_TINY = dict(img_size=64, patch_size=8, embed_dim=32, num_heads=2, depth=2)
+# name -> timm.create_model kwargs; resolutions: native, non-square, larger.
+CASES: dict[str, dict] = {
+    "vit_tiny_patch16_224": dict(_TINY, num_classes=10, dynamic_img_size=True),  # class token, APE
+    "vit_medium_patch16_reg4_gap_256": dict(_TINY, num_classes=10, dynamic_img_size=True),  # registers, avg + fc_norm, LayerScale
+    "deit3_small_patch16_224": dict(_TINY, num_classes=10, dynamic_img_size=True),  # LayerScale, no_embed_class
+    "vit_small_patch16_rope_224": dict(_TINY, num_classes=10, dynamic_img_size=True),  # axial RoPE
+    "vit_small_patch16_rope_mixed_224": dict(_TINY, num_classes=10, dynamic_img_size=True),  # mixed RoPE
+    "vit_small_patch16_rope_mixed_ape_224": dict(_TINY, num_classes=10, dynamic_img_size=True),  # mixed RoPE + APE
+    "vit_small_patch16_dinov3_qkvb": dict(_TINY),  # DINOv3 RoPE, registers, q/v bias: pooled features
+    "vit_small_plus_patch16_dinov3": dict(_TINY, global_pool="token"),  # SwiGLU, class-token features
+}
+RESOLUTIONS = ((64, 64), (48, 80), (96, 96))
+BATCH = 2
+
+
+def hashed_uniform(shape, key: str) -> torch.Tensor:
+    """Uniform in [-1, 1), float64, a pure function of ``key`` and the element index."""
+    n = int(np.prod(shape, dtype=np.int64))
+    with np.errstate(over="ignore"):
+        x = np.arange(n, dtype=np.uint64) + np.uint64(zlib.crc32(key.encode()) << 20)
+        x = (x + np.uint64(0x9E3779B97F4A7C15)) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    return torch.from_numpy((x >> np.uint64(11)).astype(np.float64) / 2.0**52 - 1.0).reshape(shape)
+
+
+def seeded_state_dict(shapes: dict[str, list[int]]) -> dict[str, torch.Tensor]:
+    """Weights for a timm state dict layout: norms' scales near 1, everything else ±0.3."""
+    state = {}
+    for key, shape in shapes.items():
+        u = hashed_uniform(shape, key)
+        norm_scale = len(shape) == 1 and key.endswith(".weight") and "norm" in key
+        state[key] = (1 + 0.2 * u if norm_scale else 0.3 * u).float()
+    return state
+
+
+def probe_images(resolution: tuple[int, int]) -> torch.Tensor:
+    """``[BATCH, 3, H, W]`` float32 inputs, roughly normalised pixels."""
+    return hashed_uniform((BATCH, 3, *resolution), f"images{resolution}").float() * 1.7
+
+
+def tag(resolution: tuple[int, int]) -> str:
+    return "x".join(map(str, resolution))
+
+
+def read_fixture() -> dict:
+    return json.loads(FIXTURE.read_text())
+
+
+def timm_reference(name: str) -> dict:
+    """Build timm's ``name`` with the seeded weights and record what deploykit needs (needs timm)."""
+    import timm
+
+    from deploykit.nn.from_timm import config_from_timm
+
+    kwargs = CASES[name]
+    model = timm.create_model(name, pretrained=False, **kwargs).eval()
+    shapes = {k: list(v.shape) for k, v in model.state_dict().items()}
+    model.load_state_dict(seeded_state_dict(shapes))
+    with torch.no_grad():
+        outputs = {tag(r): model(probe_images(r)).tolist() for r in RESOLUTIONS}
+    return dict(timm=timm.__version__, kwargs=kwargs, config=config_from_timm(model, name).to_dict(), shapes=shapes, outputs=outputs)
+
+
+if __name__ == "__main__":
+    data = {name: timm_reference(name) for name in CASES}
+    FIXTURE.parent.mkdir(exist_ok=True)
+    FIXTURE.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"wrote {FIXTURE} ({FIXTURE.stat().st_size} bytes)")
