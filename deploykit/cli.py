@@ -136,6 +136,23 @@ def _print_report(console, report) -> None:
     console.print(f"[{colour}]{passed}/{len(report.records)} checks passed[/]")
 
 
+PLUGINS_HELP = ("Repeatable: a directory of Python TensorRT plugins, a plugin library (.so), or an installed plugin's name "
+                "(e.g. sape2). None by default; an engine runs with the plugins it was built with.")
+
+
+def _log_to(console, verbose: bool) -> None:
+    """deploykit's log records on the console: warnings (summaries) always, every message with -v."""
+    import logging
+
+    from rich.logging import RichHandler
+
+    handler = RichHandler(console=console, show_time=False, show_path=False, markup=False)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger = logging.getLogger("deploykit")
+    logger.handlers = [handler]
+    logger.setLevel(logging.DEBUG if verbose else logging.WARNING)
+
+
 @cli.command()
 @click.argument("export_dir", type=click.Path(path_type=Path))
 @click.option("--backend", "-b", type=click.Choice(["trt", "rtx"]), default="trt", show_default=True,
@@ -148,25 +165,26 @@ def _print_report(console, report) -> None:
 @click.option("--resolution", "-r", "resolutions", type=RESOLUTION, multiple=True, help="Repeatable; default every exported one.")
 @click.option("--workspace", "workspace_mib", type=click.IntRange(min=1), default=None, help="Workspace limit in MiB.")
 @click.option("--opt-level", "optimization_level", type=click.IntRange(0, 5), default=None, help="Builder optimization level (default 3).")
-@click.option("--plugins", "plugin_dirs", type=click.Path(path_type=Path, file_okay=False), multiple=True,
-              help="Directory of Python TensorRT plugins to import (default ./plugins when it exists; trt only).")
+@click.option("--plugins", "plugin_specs", multiple=True, help=PLUGINS_HELP)
 @click.option("--rebuild", is_flag=True, help="Replace engines whose fingerprint no longer matches (otherwise refused).")
-def build(export_dir, backend, dynamic, batch, max_batch, precisions, resolutions, workspace_mib, optimization_level, plugin_dirs, rebuild):
+@click.option("--verbose", "-v", is_flag=True, help="Show every TensorRT message (otherwise warnings are summarised once).")
+def build(export_dir, backend, dynamic, batch, max_batch, precisions, resolutions, workspace_mib, optimization_level, plugin_specs,
+          rebuild, verbose):  # fmt: skip
     """Build one TensorRT engine per exported graph, beside it, with a fingerprint."""
     from rich.live import Live
 
+    from deploykit.backends.plugins import Plugins
     from deploykit.backends.tensorrt import BuildProgress
     from deploykit.build import build as build_engines
     from deploykit.build import describe
 
     console = _console()
-    if not plugin_dirs and backend == "trt" and Path("plugins").is_dir():
-        plugin_dirs = (Path("plugins"),)
+    _log_to(console, verbose)
     progress = BuildProgress()
     with Live(progress, console=console, transient=True, refresh_per_second=4):
         results = build_engines(export_dir, backend, dynamic=dynamic, batch=batch, max_batch=max_batch, precisions=precisions,
                                 resolutions=resolutions, workspace_mib=workspace_mib, optimization_level=optimization_level,
-                                plugin_dirs=plugin_dirs, rebuild=rebuild, progress=progress)
+                                plugins=Plugins.resolve(plugin_specs), rebuild=rebuild, progress=progress)
     for result in results:
         console.print(f"[green]✓[/] {describe(result)}", soft_wrap=True)
 

@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-from deploykit.backends.engine_cache import plugin_sha256
-from deploykit.backends.tensorrt import BuildProgress, load_plugin_modules
+from deploykit.backends.plugins import Plugins, load_plugin_modules
+from deploykit.backends.tensorrt import BuildProgress
 from deploykit.errors import ExportError
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
@@ -48,10 +48,10 @@ def test_broken_or_missing_plugin_is_one_line_error(tmp_path):
 
 def test_plugin_hash_follows_sources(tmp_path):
     root = _plugin_dir(tmp_path, "a")
-    before = plugin_sha256([root])
-    assert plugin_sha256([]) is None and plugin_sha256([root]) == before
+    before = Plugins.resolve([root]).sha256()
+    assert Plugins().sha256() is None and Plugins.resolve([root]).sha256() == before
     (root / "sape2" / "kernel.py").write_text("VALUE = 43\n")
-    assert plugin_sha256([root]) != before
+    assert Plugins.resolve([root]).sha256() != before
 
 
 def test_progress_records_phases_from_rtx_build(tmp_path):

@@ -81,8 +81,9 @@ def test_build_options_applied(onnx_path, tmp_path):
 def test_tensorrt_code_path_with_timing_cache(onnx_path, tmp_path, monkeypatch):
     # Real TensorRT is not installable here; its API is a superset of what the build uses, so
     # drive the module="tensorrt" path (timing cache load + save) through TensorRT-RTX instead.
-    rtx = import_trt("tensorrt_rtx")
+    rtx, polygraphy_on_rtx = import_trt("tensorrt_rtx"), trt_backend.backend("tensorrt_rtx")
     monkeypatch.setattr(trt_backend, "import_trt", lambda module: rtx)
+    monkeypatch.setattr(trt_backend, "backend", lambda module: polygraphy_on_rtx)
     cache = tmp_path / "caches" / "timing.cache"
     opts = BuildOptions(module="tensorrt", timing_cache=str(cache))
     assert len(EngineFromOnnx(onnx_path, opts)()) > 0
