@@ -52,6 +52,10 @@ class _ResolutionRange(click.ParamType):
             self.fail(str(err), param, ctx)
 
 
+PLUGINS_HELP = ("Repeatable: a directory of Python TensorRT plugins, a plugin library (.so), or an installed plugin's name "
+                "(e.g. sape2). None by default; an engine runs with the plugins it was built with.")
+
+
 def _console():
     from rich.console import Console
 
@@ -104,15 +108,18 @@ def export(encoding, model_name, checkpoint, resolutions, output, opset, precisi
 @click.option("--num-real", default=8, show_default=True, help="Bundled real images per resolution.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--report", type=click.Path(path_type=Path), default=None, help="Write the JSON report here.")
-def validate(export_dir, resolutions, backends, precision, num_random, num_real, seed, report):
+@click.option("--plugins", "plugin_specs", multiple=True, help=PLUGINS_HELP)
+def validate(export_dir, resolutions, backends, precision, num_random, num_real, seed, report, plugin_specs):
     """Compare exported graphs with the PyTorch float64 reference; exit 1 on failure."""
     from deploykit._io import write_json_atomic
+    from deploykit.backends.plugins import Plugins
     from deploykit.validate import validate as run_validation
 
     console = _console()
     with console.status("validating") as status:
         result = run_validation(export_dir, resolutions=resolutions or None, backends=backends, precision=precision,
-                                num_random=num_random, num_real=num_real, seed=seed, progress=lambda m: status.update(m))
+                                num_random=num_random, num_real=num_real, seed=seed, progress=lambda m: status.update(m),
+                                plugins=Plugins.resolve(plugin_specs))  # fmt: skip
     _print_report(console, result)
     if report:
         write_json_atomic(report, result.to_json())
@@ -130,24 +137,23 @@ def _print_report(console, report) -> None:
                 f"  cos {r.cosine:.8f}  top1 {r.top1_agreement:.0%}  top5 {r.top5_agreement:.0%}  NaN/Inf {r.nan_count}/{r.inf_count}")
         if r.first_divergent_block:
             line += f"  first divergence: {r.first_divergent_block}"
+        line += f"  on {r.provider}"
         console.print(line, soft_wrap=True)
     passed = sum(r.passed for r in report.records)
     colour = "green" if report else "red"
     console.print(f"[{colour}]{passed}/{len(report.records)} checks passed[/]")
 
 
-PLUGINS_HELP = ("Repeatable: a directory of Python TensorRT plugins, a plugin library (.so), or an installed plugin's name "
-                "(e.g. sape2). None by default; an engine runs with the plugins it was built with.")
-
-
 def _log_to(console, verbose: bool) -> None:
-    """deploykit's log records on the console: warnings (summaries) always, every message with -v."""
+    """deploykit's log records on the console, whole lines: warnings (summaries) always, every
+    message with -v."""
     import logging
 
-    from rich.logging import RichHandler
+    class ConsoleHandler(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            console.print(f"{record.levelname.lower()}: {record.getMessage()}", soft_wrap=True, markup=False, highlight=False)
 
-    handler = RichHandler(console=console, show_time=False, show_path=False, markup=False)
-    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler = ConsoleHandler()
     logger = logging.getLogger("deploykit")
     logger.handlers = [handler]
     logger.setLevel(logging.DEBUG if verbose else logging.WARNING)

@@ -108,6 +108,11 @@ class TrtMessages:
         self._collector = _Collector()
 
     def __enter__(self) -> TrtMessages:
+        from polygraphy.logger import G_LOGGER
+
+        # Polygraphy passes each distinct TensorRT warning once per process (LogMode.ONCE, keyed
+        # in G_LOGGER.once_logged); a summary is per step, so a second build hears its warnings too.
+        G_LOGGER.once_logged.clear()
         logger = logging.getLogger(_POLYGRAPHY_LOGGER)
         logger.setLevel(logging.DEBUG)
         logger.addHandler(self._collector)

@@ -55,6 +55,12 @@ class Runner:
         return ["images"]
 
     @property
+    def provider(self) -> str:
+        """What executes the model (ONNX Runtime's execution provider, the TensorRT flavour and
+        version, ...), for reports; meaningful once active."""
+        return self.name
+
+    @property
     def profiled_shapes(self) -> tuple[tuple[int, ...], ...]:
         """The input shapes an engine was built for (its optimization profile's min/opt/max,
         duplicates dropped), which validation must each run; empty for runners that take any
