@@ -215,12 +215,15 @@ def build(export_dir, backend, dynamic, batch, max_batch, precisions, resolution
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the report as JSON.")
 @click.option("--csv", "csv_path", type=click.Path(path_type=Path), default=None, help="Write one CSV row per record.")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None, help="Latency-vs-resolution PNG (needs matplotlib).")
+@click.option("--plugins", "plugin_specs", multiple=True, help=PLUGINS_HELP)
+@click.option("--no-cuda-graphs", is_flag=True, help="Engine backends: do not replay CUDA graphs (used where the engine allows).")
 def profile(export_dir, encoding, model_name, checkpoint, resolutions, resolution_lists, batches, backends, duration, iterations,
-            warmup, rounds, device, no_ape_baseline, no_end_to_end, json_path, csv_path, plot_path):  # fmt: skip
+            warmup, rounds, device, no_ape_baseline, no_end_to_end, json_path, csv_path, plot_path, plugin_specs, no_cuda_graphs):  # fmt: skip
     """Latency per backend × encoding × resolution × batch, and the encoding's cost against APE."""
     from rich.console import Console
 
     from deploykit import profile as prof
+    from deploykit.backends.plugins import Plugins
     from deploykit.errors import ConfigError
     from deploykit.nn.resolve import resolve_model
     from deploykit.profile_output import render_table
@@ -240,9 +243,12 @@ def profile(export_dir, encoding, model_name, checkpoint, resolutions, resolutio
     with console.status("profiling") as status:
         report = prof.profile(subject, resolutions=res, batches=batch_sizes, backends=backend_names, budget=budget,
                               compare_ape=not no_ape_baseline, end_to_end=not no_end_to_end, device=device, label=label,
-                              progress=lambda m: status.update(m))  # fmt: skip
+                              progress=lambda m: status.update(m), plugins=Plugins.resolve(plugin_specs),
+                              cuda_graphs=not no_cuda_graphs)  # fmt: skip
     # Piped output gets a fixed width so the table is not squeezed to 80 columns.
     Console(highlight=False, width=None if sys.stdout.isatty() else 180).print(render_table(report, title=f"deploykit profile: {label}"))
+    for note in report.notes:
+        console.print(f"note: {note}", soft_wrap=True, markup=False)
     for path, write in ((json_path, report.write_json), (csv_path, report.write_csv), (plot_path, report.plot)):
         if path:
             console.print(f"wrote {write(path)}")

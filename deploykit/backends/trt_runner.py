@@ -85,6 +85,10 @@ class TrtRunner(Runner):
         return f"{self.module} {trt.__version__}" + (" with CUDA graphs" if self.cuda_graphs else "")
 
     @property
+    def details(self) -> dict:
+        return {**super().details, "cuda_graph": self.cuda_graphs, "cuda_graph_note": self.cuda_graph_note}
+
+    @property
     def cuda_graphs(self) -> bool:
         """Whether executions replay CUDA graphs (requested, and the engine allows it)."""
         executor = self._state.get("executor")
