@@ -320,6 +320,21 @@ def package_triton(export_dir, output, max_batch_size, preferred, max_queue_dela
     _console().print(f"[green]✓[/] {repo}  ({len([p for p in repo.iterdir() if p.is_dir()])} models; see {repo / 'README.md'})")
 
 
+@cli.command("inspect")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Also write the description as JSON.")
+def inspect_cmd(path, json_path):
+    """Describe an exported graph (encoding, tables, precision plan, opset, custom ops, TensorRT-RTX's
+    parse) or a built engine (fingerprint, profile shapes, layers and their precisions)."""
+    from deploykit._io import write_json_atomic
+    from deploykit.inspection import inspect_path, render
+
+    info = inspect_path(path)
+    click.echo("\n".join(render(info)))
+    if json_path:
+        write_json_atomic(json_path, info)
+
+
 @cli.command("list")
 def list_cmd():
     """List registered encodings and model sizes."""

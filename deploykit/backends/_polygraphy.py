@@ -95,7 +95,8 @@ class TrtMessages:
 
     Args:
         what: names the step in the summary (``TensorRT-RTX build of model_32.onnx``).
-        log: where messages are forwarded when the block ends.
+        log: where messages are forwarded when the block ends; None keeps them for the caller
+            (``errors``, ``warnings``) only.
 
     Example:
         >>> with TrtMessages("TensorRT-RTX build", _log) as messages:
@@ -103,7 +104,7 @@ class TrtMessages:
         >>> messages.errors  # for the one-line error when the step failed
     """
 
-    def __init__(self, what: str, log: logging.Logger) -> None:
+    def __init__(self, what: str, log: logging.Logger | None) -> None:
         self.what, self.log = what, log
         self._collector = _Collector()
 
@@ -120,7 +121,8 @@ class TrtMessages:
 
     def __exit__(self, *exc) -> None:
         logging.getLogger(_POLYGRAPHY_LOGGER).removeHandler(self._collector)
-        self.forward()
+        if self.log is not None:
+            self.forward()
 
     @property
     def errors(self) -> list[str]:
@@ -153,7 +155,7 @@ class TrtMessages:
             self.log.warning("%s: %s", self.what, summary)
 
 
-def summarise(warnings) -> str | None:
+def summarise(warnings, hint: str = " (-v shows each)") -> str | None:
     """``"101 warnings: A node named n99 already exists, … (×101)"``: warnings that differ only in
     numbers (node names such as ``n97``, ``n98``) count as one kind; None without warnings."""
     warnings = [one_line(w) for w in warnings]
@@ -166,5 +168,5 @@ def summarise(warnings) -> str | None:
     shown = "; ".join(f"{first[k]} (×{n})" if n > 1 else first[k] for k, n in kinds.most_common(_MAX_KINDS))
     more = f"; and {len(kinds) - _MAX_KINDS} more kinds" if len(kinds) > _MAX_KINDS else ""
     plural = "s" if len(warnings) > 1 else ""
-    return one_line(f"{len(warnings)} warning{plural}: {shown}{more} (-v shows each)", limit=1000)
+    return one_line(f"{len(warnings)} warning{plural}: {shown}{more}{hint}", limit=1000)
 
