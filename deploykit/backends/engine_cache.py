@@ -275,7 +275,10 @@ class EngineFromPath:
             raise DeployKitError(f"no {tag} engine for {self.onnx_path.name}; run: deploykit build {self.onnx_path.parent} --backend {tag}")
         stored, engine_sha, built_with = read_fingerprint(fp_path)
         check_plugins(engine, stored.plugin_sha256, built_with, self.plugins, hint)
-        options = BuildOptions(module=self.module, **stored.build)
+        try:
+            options = BuildOptions(module=self.module, **stored.build)
+        except (TypeError, ValueError) as err:  # a fingerprint from another deploykit version, or edited
+            raise StaleEngineError(f"{fp_path} records build settings this deploykit does not know ({err}); {hint}") from err
         current = current_fingerprint(self.onnx_path, graph_metadata(self.onnx_path), stored.shapes, options, self.plugins, self.device)
         check_fingerprint(engine, stored, current, hint)
         if sha256_file(engine) != engine_sha:
