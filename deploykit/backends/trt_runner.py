@@ -5,11 +5,9 @@ buffers, stream, shapes, output allocation). Ours around it: the fingerprint and
 before anything is loaded (``EngineFromPath``), feeds of any batch size (a batch above the
 engine's profile is split, one below a static engine's is zero-padded and the padding dropped),
 one call at a time per runner (an execution context is not thread-safe), and CUDA graphs, which
-Polygraphy's runner does not do: its output allocator lets TensorRT choose output addresses
-during each execution, which a captured graph cannot replay. With ``cuda_graph=True`` the
-runner keeps fixed device buffers per input shape instead and captures the execution into a
-CUDA graph when the execution context says the engine allows it (``is_stream_capturable``);
-otherwise it runs without one, and ``cuda_graphs``/``cuda_graph_note`` say so.
+Polygraphy's runner does not do (``deploykit.backends.cuda_graphs``): with ``cuda_graph=True``
+the runner uses that executor instead, and ``cuda_graphs``/``cuda_graph_note`` say whether the
+engine allowed capture.
 """
 
 from __future__ import annotations
@@ -24,9 +22,10 @@ import numpy as np
 
 from deploykit.backends._polygraphy import FLAVOUR_NAMES, TrtMessages, backend
 from deploykit.backends.base import Runner
+from deploykit.backends.cuda_graphs import CudaGraphExecutor, io_names
 from deploykit.backends.plugins import Plugins
 from deploykit.backends.tensorrt import import_trt
-from deploykit.errors import DeployKitError, one_line
+from deploykit.errors import DeployKitError
 
 EngineSource = bytes | Callable[[], bytes]
 
@@ -62,9 +61,9 @@ class TrtRunner(Runner):
                 "on this machine use --backend ort"
             )
         engine = self._deserialize(data)
-        inputs = [n for n in _io_names(engine) if engine.get_tensor_mode(n) == import_trt(self.module).TensorIOMode.INPUT]
+        inputs = [n for n in io_names(engine) if engine.get_tensor_mode(n) == import_trt(self.module).TensorIOMode.INPUT]
         lo, opt, hi = (tuple(s) for s in engine.get_tensor_profile_shape(inputs[0], 0))
-        executor = _GraphExecutor(engine, self.module, self.device) if self.cuda_graph else backend(self.module).TrtRunner(engine)
+        executor = CudaGraphExecutor(engine, self.module, self.device) if self.cuda_graph else backend(self.module).TrtRunner(engine)
         executor.activate()
         self._state = dict(engine=engine, executor=executor, inputs=inputs, batch_range=(lo[0], hi[0]),
                            profiled_shapes=tuple(dict.fromkeys((lo, opt, hi))))  # fmt: skip
@@ -92,7 +91,7 @@ class TrtRunner(Runner):
     def cuda_graphs(self) -> bool:
         """Whether executions replay CUDA graphs (requested, and the engine allows it)."""
         executor = self._state.get("executor")
-        return isinstance(executor, _GraphExecutor) and executor.capturable is not False
+        return isinstance(executor, CudaGraphExecutor) and executor.capturable is not False
 
     @property
     def cuda_graph_note(self) -> str:
@@ -100,7 +99,7 @@ class TrtRunner(Runner):
         if not self.cuda_graph:
             return "not requested"
         executor = self._state.get("executor")
-        return executor.note if isinstance(executor, _GraphExecutor) else ""
+        return executor.note if isinstance(executor, CudaGraphExecutor) else ""
 
     @property
     def batch_range(self) -> tuple[int, int]:
@@ -122,7 +121,7 @@ class TrtRunner(Runner):
                 if n < lo:  # a static engine: pad, then drop the padded rows
                     chunk = {k: np.concatenate([v, np.zeros((lo - n, *v.shape[1:]), v.dtype)]) for k, v in chunk.items()}
                 # Copies: Polygraphy returns views of host buffers it reuses on the next call.
-                parts.append({k: np.array(v[:n], dtype=np.float32 if v.dtype == np.float16 else v.dtype) for k, v in self._run(chunk).items()})
+                parts.append({k: np.array(v[:n], dtype=_host_dtype(v)) for k, v in self._run(chunk).items()})
         return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 
     def _run(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -135,94 +134,9 @@ class TrtRunner(Runner):
         self._state = {}
 
 
-def _io_names(engine) -> list[str]:
-    return [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
-
-
-class _GraphExecutor:
-    """Our own part: fixed device buffers per input shape, each shape's execution captured into
-    a CUDA graph after one plain run (TensorRT allocates lazily on the first) and replayed."""
-
-    def __init__(self, engine: Any, module: str, device: int) -> None:
-        self.engine, self.trt, self.device = engine, import_trt(module), device
-        self.is_active, self.capturable, self.note = False, None, ""
-
-    def activate(self) -> None:
-        import torch
-
-        self.context = self.engine.create_execution_context()
-        self.stream = torch.cuda.Stream(device=self.device)
-        names = _io_names(self.engine)
-        self.inputs = [n for n in names if self.engine.get_tensor_mode(n) == self.trt.TensorIOMode.INPUT]
-        self.outputs = [n for n in names if n not in self.inputs]
-        self.buffers: dict[tuple, tuple[dict, dict]] = {}
-        self.graphs: dict[tuple, Any] = {}
-        self.is_active = True
-
-    def deactivate(self) -> None:
-        self.graphs, self.buffers, self.context, self.stream = {}, {}, None, None
-        self.is_active = False
-
-    def infer(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        import torch
-
-        shape = tuple(feed[self.inputs[0]].shape)
-        inputs, outputs = self._buffers(shape)
-        with torch.cuda.stream(self.stream):
-            for name in self.inputs:
-                inputs[name].copy_(torch.from_numpy(np.ascontiguousarray(feed[name])), non_blocking=True)
-            self._execute(shape, inputs, outputs)
-            host = {name: t.to("cpu", non_blocking=True) for name, t in outputs.items()}
-        self.stream.synchronize()
-        return {name: t.float().numpy() if t.dtype in (torch.float16, torch.bfloat16) else t.numpy() for name, t in host.items()}
-
-    def _buffers(self, shape: tuple[int, ...]):
-        """Device tensors for one input shape, allocated once (a CUDA graph replays fixed addresses)."""
-        import torch
-
-        if shape not in self.buffers:
-            context = self.context
-            for name in self.inputs:  # the first input's shape is the feed's (height/width may be dynamic)
-                context.set_input_shape(name, shape if name == self.inputs[0] else (shape[0], *self.engine.get_tensor_shape(name)[1:]))
-
-            def make(name):
-                dtype = _TORCH_DTYPES[self.engine.get_tensor_dtype(name).name.lower()]
-                return torch.empty(tuple(context.get_tensor_shape(name)), dtype=getattr(torch, dtype), device=self.device)
-
-            self.buffers[shape] = ({n: make(n) for n in self.inputs}, {n: make(n) for n in self.outputs})
-        return self.buffers[shape]
-
-    def _execute(self, shape, inputs, outputs) -> None:
-        import torch
-
-        context, stream = self.context, self.stream
-        for name, tensor in inputs.items():  # the context may last have run another shape
-            context.set_input_shape(name, tuple(tensor.shape))
-        for name, tensor in {**inputs, **outputs}.items():
-            context.set_tensor_address(name, tensor.data_ptr())
-        graph = self.graphs.get(shape)
-        if graph is not None:
-            graph.replay()
-            return
-        if not context.execute_async_v3(stream.cuda_stream):
-            raise DeployKitError(f"execute_async_v3 failed at input shape {list(shape)} (TensorRT's errors are in the debug log)")
-        if self.capturable is None:
-            self.capturable = bool(context.is_stream_capturable(stream.cuda_stream))
-            self.note = "" if self.capturable else "the engine's execution cannot be captured (is_stream_capturable is False)"
-        if self.capturable:
-            graph = torch.cuda.CUDAGraph()
-            try:
-                with torch.cuda.graph(graph, stream=stream):
-                    context.execute_async_v3(stream.cuda_stream)
-            except RuntimeError as err:  # CUDA refused the capture: run without graphs, and say why
-                self.capturable, self.note = False, one_line(f"CUDA graph capture failed: {err}")
-                return
-            self.graphs[shape] = graph
-
-
-# TensorRT DataType name (lowercase) -> torch dtype attribute.
-_TORCH_DTYPES = {"float": "float32", "half": "float16", "bf16": "bfloat16", "int32": "int32", "int64": "int64",
-                 "int8": "int8", "bool": "bool", "uint8": "uint8"}  # fmt: skip
+def _host_dtype(array: np.ndarray) -> np.dtype:
+    """float32 for a half-precision output (what callers compare in), else its own dtype."""
+    return np.dtype(np.float32) if array.dtype == np.float16 else array.dtype
 
 
 def engine_runner(onnx_path: str | os.PathLike, module: str, cuda_graph: bool = False, plugins: Plugins = Plugins()) -> TrtRunner:
