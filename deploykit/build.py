@@ -36,7 +36,8 @@ from deploykit.backends.engine_cache import (
     read_fingerprint,
     write_fingerprint,
 )
-from deploykit.backends.tensorrt import BuildOptions, BuildProgress, EngineFromOnnx, load_plugin_modules, save_engine
+from deploykit.backends.plugins import Plugins
+from deploykit.backends.tensorrt import BuildOptions, BuildProgress, EngineFromOnnx, save_engine
 from deploykit.errors import ConfigError, StaleEngineError
 from deploykit.export.bundle import GraphEntry, Manifest, checked_graph, sha256_file
 from deploykit.export.precision import PLANS, check_precision
@@ -83,7 +84,7 @@ def build(
     resolutions: Iterable[tuple[int, int]] | None = None,
     workspace_mib: int | None = None,
     optimization_level: int | None = None,
-    plugin_dirs: Sequence[str | os.PathLike] = (),
+    plugins: Plugins = Plugins(),
     rebuild: bool = False,
     progress: BuildProgress | None = None,
     device: Device | None = None,
@@ -100,8 +101,9 @@ def build(
         resolutions: which resolutions; default every exported one.
         workspace_mib: workspace memory limit (MiB); default TensorRT's.
         optimization_level: builder optimization level 0-5; default TensorRT's (3).
-        plugin_dirs: directories of Python plugins to import first (TensorRT only: TensorRT-RTX
-            has no Python plugins and inlines the custom ops' ONNX function bodies).
+        plugins: the plugins to load first, as the user named them (``Plugins.resolve``); none
+            by default. TensorRT-RTX has no Python plugins (it inlines the custom ops' ONNX
+            function bodies), so for ``rtx`` only plugin libraries are kept.
         rebuild: replace engines whose fingerprint no longer matches instead of refusing.
         progress: receives the builder's phases (the CLI renders it).
         device: what ``probe_device()`` reports; probed when None (tests pass one in).
@@ -120,12 +122,14 @@ def build(
     options = build_options(module, export_dir, dynamic=dynamic, batch=batch, max_batch=max_batch,
                             workspace_mib=workspace_mib, optimization_level=optimization_level)
     entries = _select(Manifest.read(export_dir), precisions, resolutions)
-    if module == "tensorrt_rtx" and plugin_dirs:
-        _log.warning("TensorRT-RTX has no Python plugins: %s not loaded; custom ops run their ONNX function bodies", plugin_dirs)
-        plugin_dirs = ()
-    plugin_dirs = [str(Path(d).resolve()) for d in plugin_dirs]
-    load_plugin_modules(plugin_dirs)
-    plans = [_plan(export_dir, entry, options, plugin_dirs, rebuild, device) for entry in entries]  # refuse before building
+    if module == "tensorrt_rtx" and plugins.python:
+        names = ", ".join(s.describe() for s in plugins.python)
+        _log.warning("TensorRT-RTX has no Python plugins: %s not loaded; custom ops run their ONNX function bodies", names)
+        plugins = plugins.without_python()
+    options = dataclasses.replace(options, plugin_libraries=plugins.libraries)
+    plans = [_plan(export_dir, entry, options, plugins, rebuild, device) for entry in entries]  # refuse before building
+    if not all(cached for *_, cached in plans):
+        plugins.load(module)
     results = []
     for path, entry_options, fingerprint, cached in plans:
         engine, fp_path = engine_paths(path, module)
@@ -134,7 +138,7 @@ def build(
             if progress is not None:
                 progress.label = path.name
             save_engine(EngineFromOnnx(path, entry_options, progress)(), engine)
-            write_fingerprint(fp_path, fingerprint, sha256_file(engine), plugin_dirs)
+            write_fingerprint(fp_path, fingerprint, sha256_file(engine), plugins)
         results.append(BuiltEngine(path.name, engine, fp_path, cached, time.perf_counter() - start))
     return results
 
@@ -151,7 +155,7 @@ def _select(manifest: Manifest, precisions, resolutions) -> list[GraphEntry]:
     return [g for p in precisions for g in manifest.graphs_at(p, ranges=True)]
 
 
-def _plan(export_dir: Path, entry: GraphEntry, options: BuildOptions, plugin_dirs, rebuild: bool, device):
+def _plan(export_dir: Path, entry: GraphEntry, options: BuildOptions, plugins: Plugins, rebuild: bool, device):
     """``(graph path, its build options, fingerprint, reuse existing engine?)``; raises if a stale
     engine is in the way."""
     path = checked_graph(export_dir, entry)
@@ -162,7 +166,7 @@ def _plan(export_dir: Path, entry: GraphEntry, options: BuildOptions, plugin_dir
         samples = [[*sample[:-2], *shape] for shape in (low, entry.resolution, high)]
         options = dataclasses.replace(options, sample_shapes=tuple(tuple(s) for s in samples))
     shapes = profile_shapes(name, samples, options)
-    fingerprint = current_fingerprint(path, graph_metadata(path), shapes, options, plugin_dirs, device)
+    fingerprint = current_fingerprint(path, graph_metadata(path), shapes, options, plugins, device)
     engine, fp_path = engine_paths(path, options.module)
     if not engine.exists() or rebuild:
         return path, options, fingerprint, False

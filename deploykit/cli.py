@@ -56,6 +56,10 @@ class _ResolutionRange(click.ParamType):
             self.fail(str(err), param, ctx)
 
 
+PLUGINS_HELP = ("Repeatable: a directory of Python TensorRT plugins, a plugin library (.so), or an installed plugin's name "
+                "(e.g. sape2). None by default; an engine runs with the plugins it was built with.")
+
+
 def _console():
     from rich.console import Console
 
@@ -143,15 +147,18 @@ def _quantization_line(details: dict) -> str:
 @click.option("--num-real", default=8, show_default=True, help="Bundled real images per resolution.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--report", type=click.Path(path_type=Path), default=None, help="Write the JSON report here.")
-def validate(export_dir, resolutions, backends, precision, num_random, num_real, seed, report):
+@click.option("--plugins", "plugin_specs", multiple=True, help=PLUGINS_HELP)
+def validate(export_dir, resolutions, backends, precision, num_random, num_real, seed, report, plugin_specs):
     """Compare exported graphs with the PyTorch float64 reference; exit 1 on failure."""
     from deploykit._io import write_json_atomic
+    from deploykit.backends.plugins import Plugins
     from deploykit.validate import validate as run_validation
 
     console = _console()
     with console.status("validating") as status:
         result = run_validation(export_dir, resolutions=resolutions or None, backends=backends, precision=precision,
-                                num_random=num_random, num_real=num_real, seed=seed, progress=lambda m: status.update(m))
+                                num_random=num_random, num_real=num_real, seed=seed, progress=lambda m: status.update(m),
+                                plugins=Plugins.resolve(plugin_specs))  # fmt: skip
     _print_report(console, result)
     if report:
         write_json_atomic(report, result.to_json())
@@ -170,10 +177,26 @@ def _print_report(console, report) -> None:
                 f"  cos {r.cosine:.8f}{top_k}  NaN/Inf {r.nan_count}/{r.inf_count}")
         if r.first_divergent_block:
             line += f"  first divergence: {r.first_divergent_block}"
+        line += f"  on {r.provider}"
         console.print(line, soft_wrap=True)
     passed = sum(r.passed for r in report.records)
     colour = "green" if report else "red"
     console.print(f"[{colour}]{passed}/{len(report.records)} checks passed[/]")
+
+
+def _log_to(console, verbose: bool) -> None:
+    """deploykit's log records on the console, whole lines: warnings (summaries) always, every
+    message with -v."""
+    import logging
+
+    class ConsoleHandler(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            console.print(f"{record.levelname.lower()}: {record.getMessage()}", soft_wrap=True, markup=False, highlight=False)
+
+    handler = ConsoleHandler()
+    logger = logging.getLogger("deploykit")
+    logger.handlers = [handler]
+    logger.setLevel(logging.DEBUG if verbose else logging.WARNING)
 
 
 @cli.command()
@@ -189,25 +212,26 @@ def _print_report(console, report) -> None:
 @click.option("--resolution", "-r", "resolutions", type=RESOLUTION, multiple=True, help="Repeatable; default every exported one.")
 @click.option("--workspace", "workspace_mib", type=click.IntRange(min=1), default=None, help="Workspace limit in MiB.")
 @click.option("--opt-level", "optimization_level", type=click.IntRange(0, 5), default=None, help="Builder optimization level (default 3).")
-@click.option("--plugins", "plugin_dirs", type=click.Path(path_type=Path, file_okay=False), multiple=True,
-              help="Directory of Python TensorRT plugins to import (default ./plugins when it exists; trt only).")
+@click.option("--plugins", "plugin_specs", multiple=True, help=PLUGINS_HELP)
 @click.option("--rebuild", is_flag=True, help="Replace engines whose fingerprint no longer matches (otherwise refused).")
-def build(export_dir, backend, dynamic, batch, max_batch, precisions, resolutions, workspace_mib, optimization_level, plugin_dirs, rebuild):
+@click.option("--verbose", "-v", is_flag=True, help="Show every TensorRT message (otherwise warnings are summarised once).")
+def build(export_dir, backend, dynamic, batch, max_batch, precisions, resolutions, workspace_mib, optimization_level, plugin_specs,
+          rebuild, verbose):  # fmt: skip
     """Build one TensorRT engine per exported graph, beside it, with a fingerprint."""
     from rich.live import Live
 
+    from deploykit.backends.plugins import Plugins
     from deploykit.backends.tensorrt import BuildProgress
     from deploykit.build import build as build_engines
     from deploykit.build import describe
 
     console = _console()
-    if not plugin_dirs and backend == "trt" and Path("plugins").is_dir():
-        plugin_dirs = (Path("plugins"),)
+    _log_to(console, verbose)
     progress = BuildProgress()
     with Live(progress, console=console, transient=True, refresh_per_second=4):
         results = build_engines(export_dir, backend, dynamic=dynamic, batch=batch, max_batch=max_batch, precisions=precisions,
                                 resolutions=resolutions, workspace_mib=workspace_mib, optimization_level=optimization_level,
-                                plugin_dirs=plugin_dirs, rebuild=rebuild, progress=progress)
+                                plugins=Plugins.resolve(plugin_specs), rebuild=rebuild, progress=progress)
     for result in results:
         console.print(f"[green]✓[/] {describe(result)}", soft_wrap=True)
 
@@ -235,12 +259,16 @@ def build(export_dir, backend, dynamic, batch, max_batch, precisions, resolution
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the report as JSON.")
 @click.option("--csv", "csv_path", type=click.Path(path_type=Path), default=None, help="Write one CSV row per record.")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None, help="Latency-vs-resolution PNG (needs matplotlib).")
+@click.option("--plugins", "plugin_specs", multiple=True, help=PLUGINS_HELP)
+@click.option("--no-cuda-graphs", is_flag=True, help="Engine backends: do not replay CUDA graphs (used where the engine allows).")
 def profile(export_dir, encoding, model_name, checkpoint, resolutions, resolution_lists, batches, backends, precisions, duration,
-            iterations, warmup, rounds, device, no_ape_baseline, no_end_to_end, json_path, csv_path, plot_path):  # fmt: skip
+            iterations, warmup, rounds, device, no_ape_baseline, no_end_to_end, json_path, csv_path, plot_path, plugin_specs,
+            no_cuda_graphs):  # fmt: skip
     """Latency per backend × encoding × resolution × batch, and the encoding's cost against APE."""
     from rich.console import Console
 
     from deploykit import profile as prof
+    from deploykit.backends.plugins import Plugins
     from deploykit.errors import ConfigError
     from deploykit.nn.resolve import resolve_model
     from deploykit.profile_output import render_table
@@ -261,9 +289,12 @@ def profile(export_dir, encoding, model_name, checkpoint, resolutions, resolutio
         report = prof.profile(subject, resolutions=res, batches=batch_sizes, backends=backend_names, budget=budget,
                               precisions=precisions or ("fp32",),
                               compare_ape=not no_ape_baseline, end_to_end=not no_end_to_end, device=device, label=label,
-                              progress=lambda m: status.update(m))  # fmt: skip
+                              progress=lambda m: status.update(m), plugins=Plugins.resolve(plugin_specs),
+                              cuda_graphs=not no_cuda_graphs)  # fmt: skip
     # Piped output gets a fixed width so the table is not squeezed to 80 columns.
     Console(highlight=False, width=None if sys.stdout.isatty() else 180).print(render_table(report, title=f"deploykit profile: {label}"))
+    for note in report.notes:
+        console.print(f"note: {note}", soft_wrap=True, markup=False)
     for path, write in ((json_path, report.write_json), (csv_path, report.write_csv), (plot_path, report.plot)):
         if path:
             console.print(f"wrote {write(path)}")
@@ -356,6 +387,21 @@ def package_triton(export_dir, output, max_batch_size, preferred, max_queue_dela
                                 max_queue_delay_us=max_queue_delay_us, gpu_instances=gpu_instances, onnx_kind=onnx_kind)
     repo = write_repository(export_dir, output, options)
     _console().print(f"[green]✓[/] {repo}  ({len([p for p in repo.iterdir() if p.is_dir()])} models; see {repo / 'README.md'})")
+
+
+@cli.command("inspect")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Also write the description as JSON.")
+def inspect_cmd(path, json_path):
+    """Describe an exported graph (encoding, tables, precision plan, opset, custom ops, TensorRT-RTX's
+    parse) or a built engine (fingerprint, profile shapes, layers and their precisions)."""
+    from deploykit._io import write_json_atomic
+    from deploykit.inspection import inspect_path, render
+
+    info = inspect_path(path)
+    click.echo("\n".join(render(info)))
+    if json_path:
+        write_json_atomic(json_path, info)
 
 
 @cli.command("list")

@@ -41,3 +41,9 @@ class InputError(DeployKitError):
 
 class MissingDependencyError(DeployKitError):
     """An optional package needed for the requested feature is not installed."""
+
+
+def one_line(text: object, limit: int = 600) -> str:
+    """``text`` flattened to one line (tool messages span lines) and capped at ``limit`` characters."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."

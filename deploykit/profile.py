@@ -40,6 +40,7 @@ import torch
 from deploykit._environment import capture_environment, environment_line
 from deploykit.data import encode_chars, preprocess, random_inputs, random_token_inputs, sample_text
 from deploykit.encodings import Hook, encoding_name, get_config
+from deploykit.backends.plugins import Plugins
 from deploykit.errors import ConfigError, DeployKitError, ExportError, ResolutionError
 from deploykit.export.bundle import Manifest, load_reference
 from deploykit.export.onnx_export import BakedModel, onnx_from_model, parse_resolution, resolution_tag
@@ -208,6 +209,7 @@ class Subject:
     model: VisionTransformer
     graphs: dict[tuple[tuple[int, int], str], Path] = field(default_factory=dict)
     exported_only: bool = False
+    baseline: bool = False  # the APE twin profile adds
     _built: dict[tuple[tuple[int, int], str], bytes] = field(default_factory=dict, repr=False)
 
     @property
@@ -354,6 +356,9 @@ class _TorchTarget:
     def infer_host(self, images: np.ndarray) -> np.ndarray:
         return self._forward(torch.from_numpy(images).to(self.device)).cpu().numpy()
 
+    def details(self) -> dict:
+        return {"provider": f"torch {torch.__version__} {self.device.type}"}
+
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():
             return self.module(x)
@@ -380,6 +385,10 @@ class _RunnerTarget:
     def infer_host(self, inputs: np.ndarray) -> np.ndarray:
         return self.runner.infer({self.input_name: inputs})["logits"]
 
+    def details(self) -> dict:
+        """What ran (after measuring: an engine runner captures its CUDA graphs on first use)."""
+        return self.runner.details
+
     def close(self) -> None:
         self.runner.deactivate()
 
@@ -391,12 +400,28 @@ def backend_names() -> list[str]:
     return [TORCH_BACKEND, *RUNNER_FACTORIES]
 
 
-def _open_target(backend: str, subject: Subject, resolution: tuple[int, int], precision: str, device: torch.device):
+class _Unavailable(Exception):
+    """A subject cannot run on an engine backend here; the report notes why."""
+
+
+def _open_target(backend: str, subject: Subject, resolution: tuple[int, int], precision: str, device: torch.device, engine: dict):
     if backend == TORCH_BACKEND:
         return _TorchTarget(subject.model, resolution, device)
-    from deploykit.backends.registry import RUNNER_FACTORIES
+    from deploykit.backends.engine_cache import ENGINE_MODULES
+    from deploykit.backends.registry import create_runner
 
-    return _RunnerTarget(RUNNER_FACTORIES[backend](subject.onnx(resolution, precision)))
+    if backend not in ENGINE_MODULES:
+        return _RunnerTarget(create_runner(backend, subject.onnx(resolution, precision)))
+    # An engine exists only beside a graph of an export directory (deploykit build wrote it).
+    where = f"{subject.encoding} {precision} on {backend} @ {resolution_tag(resolution)}"
+    if (resolution, precision) not in subject.graphs:
+        why = "the APE baseline is exported in memory, so no engine was built for it" if subject.baseline else \
+            "no exported graph at this resolution, so no engine"  # fmt: skip
+        raise _Unavailable(f"{where}: not profiled: {why}")
+    try:
+        return _RunnerTarget(create_runner(backend, subject.graphs[resolution, precision], **engine))
+    except DeployKitError as err:  # no engine built, a stale one, no GPU: said, not a traceback
+        raise _Unavailable(f"{where}: not profiled: {err}") from err
 
 
 def _end_to_end(target, frames: list, resolution, cfg) -> Callable[[], object]:
@@ -459,11 +484,13 @@ def _pe_step(model: VisionTransformer, resolution, batch: int, device: torch.dev
 
 @dataclass
 class ProfileReport:
-    """Records (one per backend × encoding × resolution × batch), the settings and the environment."""
+    """Records (one per backend × encoding × resolution × batch), the settings, the environment,
+    and notes on what could not be profiled (an engine that was not built, no GPU) and why."""
 
     records: list[dict]
     settings: dict
     environment: dict
+    notes: list[str] = field(default_factory=list)
 
     @property
     def environment_line(self) -> str:
@@ -471,7 +498,7 @@ class ProfileReport:
 
     def to_json(self) -> dict:
         return {"environment_line": self.environment_line, "environment": self.environment, "settings": self.settings,
-                "records": self.records}  # fmt: skip
+                "records": self.records, "notes": self.notes}  # fmt: skip
 
     def write_json(self, path: str | os.PathLike) -> Path:
         from deploykit._io import write_json_atomic
@@ -534,6 +561,8 @@ def profile(
     device: str = "auto",
     label: str = "",
     progress: Callable[[str], None] | None = None,
+    plugins: Plugins = Plugins(),
+    cuda_graphs: bool = True,
 ) -> ProfileReport:
     """Profile models (one per encoding, same trunk) at each resolution, batch and backend.
 
@@ -550,38 +579,63 @@ def profile(
         end_to_end: also time preprocessing + copies + model + top-5 per batch.
         device: ``auto``, ``cpu`` or ``cuda`` for PyTorch (ONNX runners pick their own providers).
         label: the model's name for the report (e.g. ``vit_small_patch16``).
+        plugins: for engine backends, the plugins the engines were built with.
+        cuda_graphs: engine backends replay CUDA graphs where the engine allows it (each record
+            says whether they did: ``cuda_graph``, ``cuda_graph_note``).
 
     Returns:
         The report; ``records`` follow ``RECORD_FIELDS`` (kernel-only latency) and then extra
         fields: ``e2e_*`` (end-to-end), ``pe_step_p50_ms`` and ``pe_share`` (positional step
         alone and its share of the kernel p50), ``ape_p50_ms`` and ``ratio_vs_ape``, ``gflops``
-        and ``achieved_gflop_per_s``, ``fp32_p50_ms`` and ``ratio_vs_fp32``.
+        and ``achieved_gflop_per_s``, ``fp32_p50_ms`` and ``ratio_vs_fp32``, ``provider`` (what
+        ran it). On an engine backend only the engines ``deploykit build`` wrote are timed; what
+        is missing is in ``notes``.
 
     Raises:
         ResolutionError: a resolution the model cannot take.
         ConfigError: unknown backend or device, bad batch or budget.
+        DeployKitError: nothing could be profiled (the notes say why).
     """
     subjects = [m if isinstance(m, Subject) else Subject(m) for m in (models if isinstance(models, Sequence) else [models])]
     # A model's own shape: (height, width), or (T,) for a sequence model given "-r 256".
     resolutions = list(dict.fromkeys(subjects[0].model.check_shape(tuple(r)) for r in resolutions)) if resolutions else []
     if compare_ape and BASELINE_ENCODING not in [s.encoding for s in subjects]:
-        subjects.append(Subject(ape_twin(subjects[0].model, max((r[0] for r in resolutions), default=0))))
+        subjects.append(Subject(ape_twin(subjects[0].model, max((r[0] for r in resolutions), default=0)), baseline=True))
     _check_inputs(subjects, resolutions, batches, backends, precisions)
     torch_device = _resolve_device(device)
     settings = dict(model=label, resolutions=[resolution_tag(r) for r in resolutions], batches=list(batches),
                     backends=list(backends), precisions=list(precisions), encodings=[s.encoding for s in subjects], device=str(torch_device),
                     budget=dataclasses.asdict(budget), end_to_end=end_to_end, flush_denormal=True)  # fmt: skip
     records: list[dict] = []
+    notes: list[str] = []
+    engine = dict(plugins=plugins, cuda_graph=cuda_graphs)
     with flush_denormal():
         environment = capture_environment(torch_device)
         for resolution in resolutions:
-            records += _profile_resolution(subjects, resolution, batches, backends, precisions, budget, end_to_end, torch_device, progress)
+            records += _profile_resolution(subjects, resolution, batches, backends, precisions, budget, end_to_end, torch_device,
+                                           progress, engine, notes)  # fmt: skip
+    if not records:
+        raise DeployKitError(f"nothing was profiled: {'; '.join(notes)}")
     environment["load_average_end"] = list(os.getloadavg())
     _add_ape_ratios(records)
-    return ProfileReport(records, settings, environment)
+    return ProfileReport(records, settings, environment, notes)
 
 
-def _profile_resolution(subjects, resolution, batches, backends, precisions, budget, end_to_end, device, progress) -> list[dict]:
+def _open_targets(backend, lanes, resolution, device, engine, progress, notes) -> list:
+    """``((subject, precision), target)`` for every lane that can run on ``backend``; a note for each that cannot."""
+    targets = []
+    for subject, precision in lanes:
+        if progress:
+            progress(f"{backend} {subject.encoding} {precision} @ {resolution_tag(resolution)}: preparing")
+        try:
+            targets.append(((subject, precision), _open_target(backend, subject, resolution, precision, device, engine)))
+        except _Unavailable as err:
+            notes.append(str(err))
+    return targets
+
+
+def _profile_resolution(subjects, resolution, batches, backends, precisions, budget, end_to_end, device, progress, engine,
+                        notes) -> list[dict]:  # fmt: skip
     tag = resolution_tag(resolution)
     cfg = subjects[0].model.cfg
     pe_steps = {}
@@ -596,15 +650,12 @@ def _profile_resolution(subjects, resolution, batches, backends, precisions, bud
         lanes = [(s, p) for p in ([FP32] if backend == TORCH_BACKEND else precisions) for s in subjects if s.has(resolution, p)]
         targets = []
         try:
-            for subject, precision in lanes:
-                if progress:
-                    progress(f"{backend} {subject.encoding} {precision} @ {tag}: preparing")
-                targets.append(_open_target(backend, subject, resolution, precision, device))
+            targets = _open_targets(backend, lanes, resolution, device, engine, progress, notes)
             for batch in batches:
                 images, frames = _inputs(subjects[0].model, resolution, batch, rng)
                 samples = {}
                 for _ in range(budget.rounds):
-                    for (subject, precision), target in zip(lanes, targets):
+                    for (subject, precision), target in targets:
                         if progress:
                             progress(f"{backend} {subject.encoding} {precision} @ {tag} batch {batch}")
                         lane = (subject.encoding, precision)
@@ -612,14 +663,14 @@ def _profile_resolution(subjects, resolution, batches, backends, precisions, bud
                         if end_to_end:
                             samples.setdefault((lane, "e2e"), []).extend(
                                 measure(_end_to_end(target, frames, resolution, subject.model.cfg), budget.per_round()))
-                for subject, precision in lanes:
+                for (subject, precision), target in targets:
                     lane = (subject.encoding, precision)
                     kernel = LatencyStats.from_ns(samples[lane, "kernel"], batch)
                     e2e = LatencyStats.from_ns(samples[lane, "e2e"], batch) if end_to_end else None
-                    records.append(_record(backend, precision, subject.encoding, tag, batch, kernel, e2e,
-                                           pe_steps[subject.encoding, batch], model_flops(cfg, resolution, batch)))  # fmt: skip
+                    records.append(_record(backend, precision, subject.encoding, tag, batch, kernel, e2e, pe_steps[subject.encoding, batch],
+                                           model_flops(cfg, resolution, batch)) | target.details())  # fmt: skip
         finally:
-            for target in targets:
+            for _, target in targets:
                 target.close()
     return records
 

@@ -3,10 +3,13 @@
 The reference is the saved model run in float64. For every backend × resolution the report
 holds max/mean absolute error, max relative error, worst per-sample cosine similarity, top-1 and
 top-5 agreement on the real inputs (images, or text for a sequence model), NaN/Inf counts and pass/fail against the precision's
-tolerance. A backbone without a classifier (``output_kind == "features"``, e.g. an imported
-DINOv3) is compared on its features by the same max abs and cosine; it has no top-k. When a check fails, block outputs are compared one by one (recorded at export, so
-only those tensors are marked as outputs: fusion elsewhere is untouched) to name the first
-transformer block that diverges.
+tolerance, and which execution provider ran (ONNX Runtime drops CUDA silently). A backbone
+without a classifier (``output_kind == "features"``, e.g. an imported DINOv3) is compared on its
+features by the same max abs and cosine; it has no top-k. When a check
+fails, block outputs are compared one by one (recorded at export, so only those tensors are
+marked as outputs: fusion elsewhere is untouched) to name the first transformer block that
+diverges, in the backend that failed: ONNX Runtime with the same providers, or a debug engine
+built from the marked graph with the failing engine's settings (``registry.BISECT_FACTORIES``).
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from deploykit.backends import OnnxrtRunner, Runner, TorchRunner, registry
+from deploykit.backends import Runner, TorchRunner, registry
+from deploykit.backends.plugins import Plugins
 from deploykit.comparison import Tolerance, compare_logits, row_cosines
 from deploykit.export.precision import PLANS
 from deploykit.data import validation_inputs
@@ -61,6 +65,7 @@ class Record:
     profiled: bool = False  # ``resolution`` × ``batch`` is one of an engine's profile shapes (min/opt/max)
     graph: str = ""  # the graph file checked
     range_graph: bool = False  # the graph covers a resolution range (checked at its min/opt/max)
+    provider: str = ""  # what ran it: ONNX Runtime's execution provider, the TensorRT flavour and version
 
     @property
     def label(self) -> str:
@@ -108,29 +113,44 @@ def run_exact_batches(runner: Runner, inputs: np.ndarray, batch: int) -> dict[st
     return {name: out[: len(inputs)] for name, out in run_batched(runner, filled, batch).items()}
 
 
-def first_divergent_block(
-    onnx_path: Path, model: Model, inputs: np.ndarray, tolerance: Tolerance, batch_size: int = 4, num_real: int = 0
-) -> str | None:
-    """Name the first ``blocks.<i>`` whose output diverges, or ``"head"`` if every block agrees.
-
-    Block outputs are compared on a relative scale (error / max(1, max |reference|)) since
-    activations grow with depth, and by the tolerance's worst and mean per-input cosine (over
-    the last ``num_real`` inputs when it judges real inputs only). Returns None when the graph
-    has no recorded block outputs.
-    """
+def marked_graph(onnx_path: Path) -> tuple[bytes, list[str]]:
+    """The graph with its recorded block outputs (``deploykit.block_outputs`` metadata) also
+    marked as graph outputs, and their names; ``(b"", [])`` when none were recorded."""
     proto = onnx.load(str(onnx_path))
     meta = {p.key: p.value for p in proto.metadata_props}
     names = json.loads(meta.get("deploykit.block_outputs", "[]"))
     if not names:
-        return None
+        return b"", []
     # Under an fp16/bf16 plan a block output may be stored in the low type: declare what it is.
     types = {v.name: v.type.tensor_type.elem_type for v in onnx.shape_inference.infer_shapes(proto).graph.value_info}
     for name in names:
         proto.graph.output.append(onnx.helper.make_tensor_value_info(name, types.get(name, onnx.TensorProto.FLOAT), None))
-    with OnnxrtRunner(proto.SerializeToString()) as runner:
+    return proto.SerializeToString(), names
+
+
+def first_divergent_block(
+    onnx_path: Path, model: Model, inputs: np.ndarray, tolerance: Tolerance, batch_size: int = 4, backend: str = "ort",
+    plugins: Plugins = Plugins(), num_real: int = 0,
+) -> str | None:  # fmt: skip
+    """Name the first ``blocks.<i>`` whose output diverges in ``backend``, or ``"head"`` if every
+    block agrees there.
+
+    The block outputs are marked as outputs of that backend's graph (ONNX Runtime) or engine (a
+    debug engine built from the marked graph, same precision plan and profile), so a TensorRT or
+    reduced-precision divergence is found where it happened, not re-run elsewhere. Block outputs
+    are compared on a relative scale (error / max(1, max |reference|)) since activations grow
+    with depth, and by the tolerance's worst and mean per-input cosine (over the last
+    ``num_real`` inputs when it judges real inputs only). Returns None when the graph has no
+    recorded block outputs or the backend cannot run a marked graph.
+    """
+    marked, names = marked_graph(onnx_path)
+    runner = registry.create_bisect_runner(backend, onnx_path, marked, plugins=plugins) if names else None
+    if runner is None:
+        return None
+    with runner:
         actual = run_batched(runner, inputs, batch_size)
-    with TorchRunner(model, return_blocks=True) as runner:
-        reference = run_batched(runner, inputs, batch_size)
+    with TorchRunner(model, return_blocks=True) as reference_runner:
+        reference = run_batched(reference_runner, inputs, batch_size)
     rows = slice(len(inputs) - num_real, None) if tolerance.real_only and num_real else slice(None)
     for i, name in enumerate(names):
         ref, act = reference[f"blocks.{i}"], actual[name].astype(np.float64)
@@ -153,6 +173,7 @@ def validate(
     seed: int = 0,
     batch_size: int = 4,
     progress: Callable[[str], None] | None = None,
+    plugins: Plugins = Plugins(),
 ) -> ValidationReport:
     """Validate what ``deploykit export`` wrote to ``export_dir``.
 
@@ -164,6 +185,7 @@ def validate(
         num_random, num_real: seeded-noise and bundled real inputs (images or text) per resolution.
         seed: seed of the noise inputs.
         batch_size: inputs per inference call.
+        plugins: for engine backends, the plugins the engines were built with.
 
     Returns:
         The report (``bool(report)`` tells pass/fail).
@@ -174,7 +196,8 @@ def validate(
     """
     export_dir = Path(export_dir)
     tolerance = _choice(TOLERANCES, precision, "precision")
-    factories = [(_choice(RUNNER_FACTORIES, b, "backend"), b) for b in backends]
+    for backend in backends:
+        _choice(RUNNER_FACTORIES, backend, "backend")
     manifest = Manifest.read(export_dir)
     # --precision picks the graphs (model_224_fp16.onnx, ...) as well as the tolerance.
     entries = [manifest.graph(tuple(r), precision) for r in resolutions] if resolutions else manifest.graphs_at(precision, ranges=True)
@@ -193,24 +216,26 @@ def validate(
     records = []
     for entry in entries:
         path = _checked_graph(export_dir, entry)
-        for factory, backend in factories:
+        for backend in backends:
             if progress:
                 progress(f"{backend} @ {path.name}")
             outputs = []
-            with factory(path) as runner:
+            with registry.create_runner(backend, path, plugins=plugins) as runner:
                 for resolution, batch in _checks(entry, runner, batch_size):
                     inputs, _ = reference_at(resolution)
                     outputs.append((resolution, batch, run_exact_batches(runner, inputs, batch)["logits"]))
-                profiled = bool(runner.profiled_shapes)
+                profiled, provider = bool(runner.profiled_shapes), runner.provider
             for resolution, batch, actual in outputs:
                 inputs, reference = reference_at(resolution)
                 metrics = compare_logits(*_per_prediction(reference, actual), num_real * _predictions_per_input(reference), tolerance,
                                          top_k=model.output_kind == "logits")  # fmt: skip
                 record = Record(backend, list(resolution), batch, precision, len(inputs), num_real, tolerance=asdict(tolerance),
                                 profiled=profiled, graph=entry.file, range_graph=entry.resolution_range is not None,
-                                **metrics)  # fmt: skip
+                                provider=provider, **metrics)  # fmt: skip
                 if not record.passed:
-                    record.first_divergent_block = first_divergent_block(path, model, inputs, tolerance, batch_size, num_real)
+                    if progress:
+                        progress(f"{backend} @ {path.name}: locating the first divergent block")
+                    record.first_divergent_block = first_divergent_block(path, model, inputs, tolerance, batch, backend, plugins, num_real)
                 records.append(record)
     return ValidationReport(records)
 

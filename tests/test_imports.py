@@ -24,7 +24,7 @@ def _all_modules() -> list[str]:
 
 
 MODULES = _all_modules()
-OPTIONAL = ("tensorrt_rtx", "tensorrt", "skimage", "triton")
+OPTIONAL = ("tensorrt_rtx", "tensorrt", "polygraphy", "skimage", "triton")
 
 
 def test_walk_found_the_package():

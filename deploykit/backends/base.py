@@ -55,6 +55,18 @@ class Runner:
         return ["images"]
 
     @property
+    def provider(self) -> str:
+        """What executes the model (ONNX Runtime's execution provider, the TensorRT flavour and
+        version, ...), for reports; meaningful once active."""
+        return self.name
+
+    @property
+    def details(self) -> dict:
+        """What reports record about how this runner ran: ``provider``; engine runners add
+        whether CUDA graphs were replayed."""
+        return {"provider": self.provider}
+
+    @property
     def profiled_shapes(self) -> tuple[tuple[int, ...], ...]:
         """The input shapes an engine was built for (its optimization profile's min/opt/max,
         duplicates dropped), which validation must each run; empty for runners that take any

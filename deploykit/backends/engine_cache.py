@@ -5,22 +5,24 @@
 valid for the exact graph, shapes, build settings, TensorRT/CUDA/driver versions, GPU and plugin
 sources it was built with, so ``EngineFromPath`` recomputes the fingerprint for the current
 machine and refuses any difference in one line naming the fields, instead of running an engine
-that may be wrong or crash. Nothing here rebuilds or overwrites an engine.
+that may be wrong or crash. Nothing here rebuilds or overwrites an engine, and nothing is
+imported or loaded from what a fingerprint file says: plugins come from the caller and are
+checked against the recorded hash (``deploykit.backends.plugins``).
 """
 
 from __future__ import annotations
 
 import ctypes
 import dataclasses
-import hashlib
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from deploykit._io import write_json_atomic
-from deploykit.backends.tensorrt import BuildOptions, import_trt, load_plugin_modules
+from deploykit.backends.plugins import Plugins, check_plugins
+from deploykit.backends.tensorrt import BuildOptions, import_trt
 from deploykit.errors import StaleEngineError
 
 # TensorRT flavour -> the tag in engine file names and in ``--backend``.
@@ -46,7 +48,8 @@ class Fingerprint:
         gpu: GPU name, None without a GPU; None for TensorRT-RTX, whose engines are built ahead of
             time for every supported compute capability and compiled for the GPU on first load.
         compute_capability: ``"8.9"``-style, None as for ``gpu``.
-        plugin_sha256: hash of the plugin sources loaded for the build, None without plugins.
+        plugin_sha256: hash of the plugins loaded for the build (Python sources and shared
+            libraries, ``Plugins.sha256``), None without plugins.
     """
 
     onnx_sha256: str
@@ -112,23 +115,10 @@ def profile_shapes(input_name: str, sample_shapes: Sequence[Sequence[int]], opti
 
 def build_settings(options: BuildOptions) -> dict:
     """The ``BuildOptions`` fields that change the engine (not where the timing cache lives;
-    a range's sample shapes are in the fingerprint's profile shapes already)."""
-    return {k: v for k, v in dataclasses.asdict(options).items() if k not in ("timing_cache", "module", "sample_shapes")}
-
-
-def plugin_sha256(plugin_dirs: Iterable[str | os.PathLike]) -> str | None:
-    """Hash of every source file (relative path and bytes) under the plugin directories."""
-    dirs = [Path(d) for d in plugin_dirs]
-    if not dirs:
-        return None
-    digest = hashlib.sha256()
-    for root in dirs:
-        files = sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts) if root.is_dir() else []
-        digest.update(f"{root.name}:{len(files)}\n".encode())
-        for path in files:
-            digest.update(f"{path.relative_to(root).as_posix()}\n".encode())
-            digest.update(hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()
+    a range's sample shapes are in the fingerprint's profile shapes already, plugin libraries in
+    its plugin hash, which does not depend on where they are)."""
+    skip = ("timing_cache", "module", "sample_shapes", "plugin_libraries")
+    return {k: v for k, v in dataclasses.asdict(options).items() if k not in skip}
 
 
 @dataclass(frozen=True)
@@ -179,7 +169,7 @@ def current_fingerprint(
     graph_meta: dict,
     shapes: dict,
     options: BuildOptions,
-    plugin_dirs: Iterable[str | os.PathLike] = (),
+    plugins: Plugins = Plugins(),
     device: Device | None = None,
 ) -> Fingerprint:
     """The fingerprint an engine built now, here, from ``onnx_path`` would have.
@@ -189,7 +179,7 @@ def current_fingerprint(
         graph_meta: its metadata (``deploykit.encoding_config``, ``deploykit.precision``).
         shapes: the optimization profile, from ``profile_shapes``.
         options: the build settings.
-        plugin_dirs: plugin source directories loaded for the build.
+        plugins: the plugins loaded for the build.
         device: what ``probe_device()`` reports (passed in by tests).
     """
     from deploykit.export.bundle import sha256_file
@@ -209,18 +199,19 @@ def current_fingerprint(
         driver=device.driver,
         gpu=None if portable else device.gpu,
         compute_capability=None if portable else device.compute_capability,
-        plugin_sha256=plugin_sha256(plugin_dirs),
+        plugin_sha256=plugins.sha256(),
     )
 
 
-def write_fingerprint(path: str | os.PathLike, fingerprint: Fingerprint, engine_sha256: str, plugin_dirs: Iterable[str]) -> None:
-    """Store the fingerprint with the engine's own hash and where its plugins came from."""
-    record = {"fingerprint": fingerprint.to_dict(), "engine_sha256": engine_sha256, "plugin_dirs": [str(d) for d in plugin_dirs]}
+def write_fingerprint(path: str | os.PathLike, fingerprint: Fingerprint, engine_sha256: str, plugins: Plugins = Plugins()) -> None:
+    """Store the fingerprint with the engine's own hash and where its plugins came from (named
+    in messages only: nothing is ever loaded from these paths)."""
+    record = {"fingerprint": fingerprint.to_dict(), "engine_sha256": engine_sha256, "plugins": plugins.describe()}
     write_json_atomic(path, record)
 
 
 def read_fingerprint(path: str | os.PathLike) -> tuple[Fingerprint, str, list[str]]:
-    """``(fingerprint, engine_sha256, plugin_dirs)`` from a fingerprint file.
+    """``(fingerprint, engine_sha256, plugins it was built with, as described)`` from a fingerprint file.
 
     Raises:
         StaleEngineError: the file is missing or unreadable (an engine without one is never used).
@@ -228,7 +219,7 @@ def read_fingerprint(path: str | os.PathLike) -> tuple[Fingerprint, str, list[st
     path = Path(path)
     try:
         record = json.loads(path.read_text())
-        return Fingerprint.from_dict(record["fingerprint"]), record["engine_sha256"], list(record["plugin_dirs"])
+        return Fingerprint.from_dict(record["fingerprint"]), record["engine_sha256"], [str(p) for p in record["plugins"]]
     except FileNotFoundError:
         raise StaleEngineError(f"engine fingerprint {path} is missing; rebuild with deploykit build --rebuild") from None
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
@@ -256,23 +247,23 @@ class EngineFromPath:
         onnx_path: the graph the engine was built from (``model_224_fp16.onnx``).
         module: ``"tensorrt"`` or ``"tensorrt_rtx"``.
         device: what ``probe_device()`` reports; probed when None.
-
-    The call also imports the Python plugins the build loaded (their sources' hash is part of
-    the fingerprint), so the runtime finds the same plugin creators.
+        plugins: the plugins to load before the engine is deserialized; they must be the ones the
+            engine was built with (checked by hash before anything is imported or loaded).
     """
 
-    def __init__(self, onnx_path: str | os.PathLike, module: str, device: Device | None = None) -> None:
+    def __init__(self, onnx_path: str | os.PathLike, module: str, device: Device | None = None, plugins: Plugins = Plugins()) -> None:
         self.onnx_path = Path(onnx_path)
         self.module = module
         self.device = device
-        self.plugin_dirs: list[str] = []
+        self.plugins = plugins
 
     def __call__(self) -> bytes:
-        """The serialized engine.
+        """The serialized engine, with its plugins loaded.
 
         Raises:
             DeployKitError: no engine was built for this graph and backend.
-            StaleEngineError: fingerprint missing or different from now, or the engine file changed.
+            StaleEngineError: fingerprint missing or different from now, the engine file changed,
+                or the plugins given are not the ones it was built with.
         """
         from deploykit.errors import DeployKitError
         from deploykit.export.bundle import sha256_file
@@ -282,11 +273,15 @@ class EngineFromPath:
         hint = f"rebuild with: deploykit build {self.onnx_path.parent} --backend {tag} --rebuild"
         if not engine.is_file():
             raise DeployKitError(f"no {tag} engine for {self.onnx_path.name}; run: deploykit build {self.onnx_path.parent} --backend {tag}")
-        stored, engine_sha, self.plugin_dirs = read_fingerprint(fp_path)
-        options = BuildOptions(module=self.module, **{**stored.build, "plugin_libraries": tuple(stored.build["plugin_libraries"])})
-        current = current_fingerprint(self.onnx_path, graph_metadata(self.onnx_path), stored.shapes, options, self.plugin_dirs, self.device)
+        stored, engine_sha, built_with = read_fingerprint(fp_path)
+        check_plugins(engine, stored.plugin_sha256, built_with, self.plugins, hint)
+        try:
+            options = BuildOptions(module=self.module, **stored.build)
+        except (TypeError, ValueError) as err:  # a fingerprint from another deploykit version, or edited
+            raise StaleEngineError(f"{fp_path} records build settings this deploykit does not know ({err}); {hint}") from err
+        current = current_fingerprint(self.onnx_path, graph_metadata(self.onnx_path), stored.shapes, options, self.plugins, self.device)
         check_fingerprint(engine, stored, current, hint)
         if sha256_file(engine) != engine_sha:
             raise StaleEngineError(f"{engine} changed since it was built (sha256 differs from {fp_path.name}); {hint}")
-        load_plugin_modules(self.plugin_dirs)  # the same (hash-checked) plugins the build registered
+        self.plugins.load(self.module)  # before the runner deserializes: the engine's layers need their creators
         return engine.read_bytes()

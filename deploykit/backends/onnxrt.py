@@ -67,6 +67,12 @@ class OnnxrtRunner(Runner):
     def input_names(self) -> list[str]:
         return [i.name for i in self._session.get_inputs()] if self._session else super().input_names()
 
+    @property
+    def provider(self) -> str:
+        """The execution provider ONNX Runtime put first for this session (it drops CUDA
+        silently when no GPU is usable: reports say which one ran)."""
+        return self._session.get_providers()[0] if self._session else "not active"
+
     def output_names(self) -> list[str]:
         return [o.name for o in self._session.get_outputs()]
 

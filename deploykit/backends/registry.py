@@ -2,7 +2,12 @@
 
 Each factory takes the path of an exported ONNX graph. ONNX Runtime runs it directly; the
 TensorRT backends run the engine ``deploykit build`` wrote beside it, after checking its
-fingerprint (``deploykit.backends.engine_cache``).
+fingerprint and the plugins given (``deploykit.backends.engine_cache``).
+
+``BISECT_FACTORIES`` give the same backend running a graph with more outputs (the block outputs
+``validate`` bisects over): ONNX Runtime with the same providers, or for an engine backend a
+debug engine built from that graph with the engine's own build settings, so a divergence is
+located in the backend where it happened.
 """
 
 from __future__ import annotations
@@ -14,25 +19,50 @@ from functools import partial
 from deploykit.backends.base import Runner
 from deploykit.backends.engine_cache import ENGINE_MODULES
 from deploykit.backends.onnxrt import OnnxrtCudaRunner, OnnxrtRunner
-from deploykit.backends.trt_runner import engine_runner
+from deploykit.backends.plugins import Plugins
+from deploykit.backends.trt_runner import debug_engine_runner, engine_runner
 from deploykit.errors import ConfigError
 
-RUNNER_FACTORIES: dict[str, Callable[[str | os.PathLike], Runner]] = {
+RUNNER_FACTORIES: dict[str, Callable[..., Runner]] = {
     "ort": OnnxrtRunner,
     "ort-cuda": OnnxrtCudaRunner,
     **{tag: partial(engine_runner, module=module) for tag, module in ENGINE_MODULES.items()},
 }
 
+# Backend name -> factory(onnx path, marked graph bytes, **engine options) -> Runner on the marked graph.
+BISECT_FACTORIES: dict[str, Callable[..., Runner]] = {
+    "ort": lambda onnx_path, marked: OnnxrtRunner(marked),
+    "ort-cuda": lambda onnx_path, marked: OnnxrtCudaRunner(marked),
+    **{tag: partial(debug_engine_runner, module=module) for tag, module in ENGINE_MODULES.items()},
+}
 
-def create_runner(backend: str, onnx_path: str | os.PathLike) -> Runner:
+
+def create_runner(backend: str, onnx_path: str | os.PathLike, *, plugins: Plugins = Plugins(), cuda_graph: bool = False) -> Runner:
     """The runner for ``backend`` on one exported graph (not yet activated).
+
+    Args:
+        backend: a name from ``RUNNER_FACTORIES``.
+        onnx_path: the exported graph (an engine backend runs the engine built beside it).
+        plugins: for engine backends, the plugins the engine was built with.
+        cuda_graph: for engine backends, replay CUDA graphs where the engine allows it.
 
     Raises:
         ConfigError: unknown backend name.
     """
     if backend not in RUNNER_FACTORIES:
         raise ConfigError(f"unknown backend {backend!r}; choose one of: {', '.join(RUNNER_FACTORIES)}")
+    if backend in ENGINE_MODULES:
+        return RUNNER_FACTORIES[backend](onnx_path, plugins=plugins, cuda_graph=cuda_graph)
     return RUNNER_FACTORIES[backend](onnx_path)
+
+
+def create_bisect_runner(backend: str, onnx_path: str | os.PathLike, marked: bytes, *, plugins: Plugins = Plugins()) -> Runner | None:
+    """``backend`` running ``marked`` (the graph at ``onnx_path`` with more outputs), or None when
+    the backend has no such factory."""
+    factory = BISECT_FACTORIES.get(backend)
+    if factory is None:
+        return None
+    return factory(onnx_path, marked, plugins=plugins) if backend in ENGINE_MODULES else factory(onnx_path, marked)
 
 
 def available_backends() -> list[str]:

@@ -1,18 +1,20 @@
-"""Build serialized TensorRT (or TensorRT-RTX) engines from ONNX.
+"""Build serialized TensorRT (or TensorRT-RTX) engines from ONNX, through Polygraphy's loaders.
 
 ``EngineFromOnnx`` follows Polygraphy's lazy-loader style: construct it with a model and options,
-call it to get the serialized engine. Both ``tensorrt`` (10.9+/11) and ``tensorrt_rtx`` share the
-Python API used here; differences are handled by introspection, never by guessing versions.
-Neither package is imported until a build is requested.
+call it to get the serialized engine. Underneath it is Polygraphy's own chain
+(``NetworkFromOnnxPath`` → ``CreateConfig`` → ``EngineBytesFromNetwork``, ``LoadPlugins`` for
+plugin libraries), on TensorRT or TensorRT-RTX (``deploykit.backends._polygraphy``). Ours are
+only what Polygraphy does not do as we need: the strict, atomically saved timing cache, the
+progress monitor feeding ``BuildProgress``, the check that a profile fits the graph, and
+TensorRT's messages summarised instead of printed one by one. Neither TensorRT package (nor
+Polygraphy) is imported until a build is requested.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
-import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -20,12 +22,11 @@ from typing import Any
 
 from deploykit._io import atomic_path
 from deploykit._lazy import lazy_import
+from deploykit.backends._polygraphy import FLAVOUR_NAMES, TrtMessages, backend
 from deploykit.errors import ExportError
 
 TRT_MODULES = ("tensorrt", "tensorrt_rtx")
 _MAX_OPT_LEVEL = 5
-# Parser/builder messages may span lines; one-line errors need a cap as well as flattening.
-_MAX_MESSAGE_CHARS = 600
 
 _log = logging.getLogger(__name__)
 
@@ -95,110 +96,11 @@ class BuildOptions:
             raise ValueError(f"optimization_level must be in 0-{_MAX_OPT_LEVEL}, got {self.optimization_level}")
 
 
-def _one_line(text: str) -> str:
-    flat = " ".join(str(text).split())
-    return flat if len(flat) <= _MAX_MESSAGE_CHARS else flat[: _MAX_MESSAGE_CHARS - 3] + "..."
-
-
-def _make_logger(trt: ModuleType) -> Any:
-    """A logger that records TensorRT's messages; ``drain()`` forwards them to ``logging``.
-
-    TensorRT calls ``log`` from its own threads as well as the caller's. Doing I/O there (a
-    ``logging`` handler flush) releases the GIL while holding the handler's lock; another
-    TensorRT thread can then take the GIL and wait on that lock: a deadlock seen with
-    TensorRT-RTX's Builder. So ``log`` only appends (atomic under the GIL, no locks), and the
-    calling thread forwards the messages after each TensorRT call.
-    """
-
-    class _Logger(trt.ILogger):
-        def __init__(self) -> None:
-            trt.ILogger.__init__(self)
-            self.messages: list[tuple[Any, str]] = []
-            self.errors: list[str] = []
-
-        def log(self, severity: Any, msg: str) -> None:
-            self.messages.append((severity, msg))
-
-        def drain(self) -> None:
-            pending, self.messages = self.messages, []
-            for severity, msg in pending:
-                if severity <= trt.ILogger.ERROR:
-                    self.errors.append(_one_line(msg))
-                # Errors end up in the ExportError; logging them loudly too would repeat them.
-                _log.log(logging.WARNING if severity == trt.ILogger.WARNING else logging.DEBUG, "%s", msg)
-
-    return _Logger()
-
-
-def _create_network(trt: ModuleType, builder: Any) -> Any:
-    """Create an explicitly strongly typed network where the flag exists.
-
-    TensorRT 10 needs the flag for strong typing (the only mode TensorRT 11 has); TensorRT 11
-    and TensorRT-RTX accept and ignore it, and a future release may drop the enum member.
-    """
-    strongly_typed = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
-    flags = 0 if strongly_typed is None else 1 << int(strongly_typed)
-    return builder.create_network(flags)
-
-
-def load_plugin_modules(plugin_dirs: Iterable[str | os.PathLike]) -> list[str]:
-    """Import the Python plugins under each directory, so they register with TensorRT.
-
-    A plugin is a package ``<dir>/<name>/__init__.py`` or a module ``<dir>/<name>.py`` (the
-    SaPE² plugin lives in ``plugins/sape2/``); importing it runs its ``@trtp.register``
-    decorators, and a module-level ``register()`` (for plugins that import TensorRT only when
-    asked, as SaPE²'s does) is called right after. Each is imported once per process
-    (registering twice is a TensorRT error).
-
-    Returns:
-        The module names imported or already loaded.
-
-    Raises:
-        ExportError: a directory does not exist or a plugin fails to import.
-    """
-    names = []
-    for root in map(Path, plugin_dirs):
-        if not root.is_dir():
-            raise ExportError(f"plugin directory {root} does not exist")
-        for path in sorted(root.iterdir()):
-            init = path / "__init__.py" if path.is_dir() else path
-            if not init.is_file() or init.suffix != ".py" or path.name.startswith(("_", ".")):
-                continue
-            name = f"deploykit_plugins.{root.resolve().name}.{path.stem}"
-            names.append(name)
-            if name not in sys.modules:
-                _import_plugin(name, init, path)
-                _call_register(sys.modules[name], init)
-    return names
-
-
-def _import_plugin(name: str, init: Path, path: Path) -> None:
-    search = [str(path)] if path.is_dir() else None
-    spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=search)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # before exec, so the package's relative imports resolve
-    try:
-        spec.loader.exec_module(module)
-    except Exception as err:  # a plugin may raise anything; report it as one line
-        del sys.modules[name]
-        raise ExportError(_one_line(f"plugin {init} failed to import: {type(err).__name__}: {err}")) from err
-
-
-def _call_register(module, init: Path) -> None:
-    register = getattr(module, "register", None)
-    if not callable(register):
-        return
-    try:
-        register()
-    except Exception as err:
-        raise ExportError(_one_line(f"plugin {init} failed to register: {type(err).__name__}: {err}")) from err
-
-
 class BuildProgress:
     """TensorRT's build phases as they advance; rich renders it (``__rich__``) while a build runs.
 
     The monitor callbacks come from TensorRT's threads, so they only assign (atomic under the
-    GIL, no locks, no I/O: see ``_make_logger``); rendering happens in rich's refresh thread.
+    GIL, no locks, no I/O: see ``deploykit.backends._polygraphy``); rendering happens in rich's refresh thread.
     """
 
     def __init__(self, label: str = "") -> None:
@@ -242,51 +144,37 @@ def _make_monitor(trt: ModuleType, progress: BuildProgress) -> Any:
     return _Monitor()
 
 
-def _load_plugins(builder: Any, libraries: tuple[str, ...]) -> None:
-    registry = builder.get_plugin_registry()
-    for lib in libraries:
-        if not Path(lib).is_file():
-            raise ExportError(f"plugin library {lib} does not exist")
-        if registry.load_library(str(lib)) is None:
-            raise ExportError(f"TensorRT could not load plugin library {lib}")
-
-
-def _parse(trt: ModuleType, network: Any, logger: Any, source: OnnxSource) -> Any:
-    """Parse ONNX into ``network``; returns the parser, which must outlive the build (it owns weights)."""
-    parser = trt.OnnxParser(network, logger)
+def _parse(pg: ModuleType, trt: ModuleType, source: OnnxSource, messages: TrtMessages) -> tuple:
+    """``(builder, network, parser)`` through Polygraphy's ONNX loaders (the parser must outlive
+    the build: it owns the weights). Strongly typed where the flag exists (TensorRT 10 needs it;
+    TensorRT 11 and TensorRT-RTX accept it; a future release may drop the enum member)."""
+    strongly_typed = hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED")
     if isinstance(source, (bytes, bytearray, memoryview)):
-        ok = parser.parse(bytes(source))
+        loader = pg.NetworkFromOnnxBytes(bytes(source), strongly_typed=strongly_typed)
     else:
         path = Path(source)
         if not path.is_file():
             raise ExportError(f"ONNX model {path} does not exist")
         # From a path, so weights stored as external data resolve relative to the model file.
-        ok = parser.parse_from_file(str(path))
-    if not ok:
-        errors = []
-        for i in range(parser.num_errors):
-            err = parser.get_error(i)
-            where = f"node {err.node()} ({err.node_name() or '?'}: {err.node_operator() or '?'})"
-            errors.append(f"{err.desc()} [{where}]" if err.node() >= 0 else err.desc())
-        logger.drain()
-        detail = "; ".join(errors) or "; ".join(logger.errors) or "no parser error reported"
-        raise ExportError(_one_line(f"TensorRT could not parse the ONNX model: {detail}"))
+        loader = pg.NetworkFromOnnxPath(str(path), strongly_typed=strongly_typed)
+    with messages.failing_as("TensorRT could not parse the ONNX model"):
+        builder, network, parser = loader()
     # Protobuf happily decodes many junk byte strings as an empty model; say so, not "no outputs".
     if network.num_outputs == 0:
         raise ExportError("TensorRT could not parse the ONNX model: it has no outputs (empty or not an ONNX file?)")
-    return parser
+    return builder, network, parser
 
 
-def _add_profile(builder: Any, network: Any, config: Any, options: BuildOptions) -> None:
-    """Give every input with dynamic dims its min/opt/max: the batch range, and for a graph
-    exported over a resolution range the per-sample shapes of ``options.sample_shapes``.
+def _profiles(pg: ModuleType, network: Any, options: BuildOptions) -> list:
+    """One optimization profile giving every input with dynamic dims its min/opt/max: the batch
+    range, and for a graph exported over a resolution range the per-sample shapes of
+    ``options.sample_shapes``; empty for a fully static network.
 
     Without ``sample_shapes`` only dim 0 may be dynamic: such a model was exported at one
     resolution, so any other dynamic dim means the export went wrong, and guessing its range
     would build a slow or wrong engine.
     """
-    profile = builder.create_optimization_profile()
-    dynamic = False
+    profile = pg.Profile()
     batches = (options.min_batch, options.opt_batch, options.max_batch)
     for i in range(network.num_inputs):
         tensor = network.get_input(i)
@@ -306,23 +194,34 @@ def _add_profile(builder: Any, network: Any, config: Any, options: BuildOptions)
                     "a static shape is expected for every dim but the batch (dim 0) unless the graph covers a resolution range"
                 )
             samples = [dims[1:]] * 3
-        profile.set_shape(tensor.name, *[(batch, *sample) for batch, sample in zip(batches, samples)])
-        dynamic = True
-    if dynamic:
-        config.add_optimization_profile(profile)
+        profile.add(tensor.name, *[(batch, *sample) for batch, sample in zip(batches, samples)])
+    return [profile] if len(profile) else []
 
 
 def _load_timing_cache(config: Any, path: Path) -> Any:
+    """Replace the empty cache Polygraphy's ``CreateConfig`` sets with the one at ``path``.
+
+    Our own, not ``CreateConfig(load_timing_cache=...)``: Polygraphy ignores the result of
+    ``set_timing_cache``, so a cache from another GPU or TensorRT version would be dropped
+    silently; here it is refused.
+    """
     data = path.read_bytes() if path.is_file() else b""
     cache = config.create_timing_cache(data)
-    # Strict: a cache from another GPU or version would mislead tactic selection.
     if not config.set_timing_cache(cache, False):
         raise ExportError(f"timing cache {path} does not match this GPU/TensorRT; delete it to rebuild")
     return cache
 
 
+def _save_timing_cache(config: Any, path: Path) -> None:
+    """Atomically (Polygraphy's ``save_timing_cache`` writes the file in place): an interrupted
+    build leaves the previous cache as it was."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(bytes(config.get_timing_cache().serialize()))
+
+
 class EngineFromOnnx:
-    """Lazily build a serialized engine from an ONNX model.
+    """Lazily build a serialized engine from an ONNX model, through Polygraphy's loaders
+    (``NetworkFromOnnxPath`` → ``CreateConfig`` → ``EngineBytesFromNetwork``).
 
     Args:
         onnx_path_or_bytes: Path to an ``.onnx`` file, the serialized model, or a callable
@@ -356,29 +255,23 @@ class EngineFromOnnx:
         """
         opts = self.options
         source = self.onnx_path_or_bytes() if callable(self.onnx_path_or_bytes) else self.onnx_path_or_bytes
-        trt = import_trt(opts.module)
-        logger = _make_logger(trt)
-        try:
-            return self._build(trt, logger, source)
-        finally:
-            logger.drain()
+        pg = backend(opts.module)
+        what = f"{FLAVOUR_NAMES[opts.module]} build" + (f" of {Path(source).name}" if isinstance(source, (str, os.PathLike)) else "")
+        with TrtMessages(what, _log) as messages:
+            return self._build(pg, import_trt(opts.module), source, messages)
 
-    def _build(self, trt: ModuleType, logger: Any, source: OnnxSource) -> bytes:
+    def _build(self, pg: ModuleType, trt: ModuleType, source: OnnxSource, messages: TrtMessages) -> bytes:
         opts = self.options
-        builder = trt.Builder(logger)
-        _load_plugins(builder, opts.plugin_libraries)
-        network = _create_network(trt, builder)
-        parser = _parse(trt, network, logger, source)
-
-        config = builder.create_builder_config()
-        _add_profile(builder, network, config, opts)
-        if opts.workspace_mib is not None:
-            config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, opts.workspace_mib << 20)
-        if opts.optimization_level is not None:
-            config.builder_optimization_level = opts.optimization_level
-        monitor = None
-        if self.progress is not None and hasattr(config, "progress_monitor"):
-            config.progress_monitor = monitor = _make_monitor(trt, self.progress)  # kept alive through the build
+        missing = [lib for lib in opts.plugin_libraries if not Path(lib).is_file()]
+        if missing:
+            raise ExportError(f"plugin library {missing[0]} does not exist")
+        pg.LoadPlugins(plugins=list(opts.plugin_libraries))()  # before parsing: the parser maps nodes to their creators
+        builder, network, parser = _parse(pg, trt, source, messages)
+        monitor = _make_monitor(trt, self.progress) if self.progress is not None and hasattr(trt, "IProgressMonitor") else None
+        pools = {trt.MemoryPoolType.WORKSPACE: opts.workspace_mib << 20} if opts.workspace_mib is not None else None
+        with messages.failing_as("TensorRT builder configuration failed"):
+            config = pg.CreateConfig(profiles=_profiles(pg, network, opts), memory_pool_limits=pools,
+                                     builder_optimization_level=opts.optimization_level, progress_monitor=monitor)(builder, network)
         cache_path = cache = None
         if opts.timing_cache is not None:
             if opts.module == "tensorrt" and hasattr(config, "create_timing_cache"):
@@ -386,18 +279,12 @@ class EngineFromOnnx:
                 cache = _load_timing_cache(config, cache_path)  # must stay alive through the build
             else:
                 _log.warning("timing cache ignored: %s has no usable timing cache", opts.module)
-
-        serialized = builder.build_serialized_network(network, config)
+        with messages.failing_as("TensorRT engine build failed"):
+            serialized = pg.EngineBytesFromNetwork((builder, network, parser), config)()
         del parser, cache, monitor  # only now: the network used weights the parser owned
-        logger.drain()
-        if serialized is None:
-            detail = "; ".join(logger.errors) or "no builder error reported"
-            raise ExportError(_one_line(f"TensorRT engine build failed: {detail}"))
         if cache_path is not None:  # the config's cache now also holds this build's timings
-            with atomic_path(cache_path) as tmp:
-                tmp.write_bytes(bytes(config.get_timing_cache().serialize()))
+            _save_timing_cache(config, cache_path)
         return bytes(serialized)
-
 
 def save_engine(engine: bytes, dest: str | os.PathLike) -> Path:
     """Write a serialized engine atomically; on failure ``dest`` is left as it was.

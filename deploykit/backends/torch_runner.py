@@ -49,5 +49,9 @@ class TorchRunner(Runner):
     def input_names(self) -> list[str]:
         return [self.model.input_name]
 
+    @property
+    def provider(self) -> str:
+        return f"torch {torch.__version__} cpu {str(self.dtype).removeprefix('torch.')}"
+
     def _deactivate(self) -> None:
         self._model = None

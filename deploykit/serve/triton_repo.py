@@ -2,8 +2,9 @@
 
 For every exported resolution ``<res>`` (``224``, ``384x256``, ...)::
 
-    vit_<res>_trt/       platform tensorrt_plan; 1/model.plan copied from the export directory
-                         when one was built there (model_<res>.plan / .engine), else to build
+    vit_<res>_trt/       platform tensorrt_plan; 1/model.plan: the TensorRT engine
+                         ``deploykit build --backend trt`` wrote (model_<res>.trt.engine, checked
+                         against its fingerprint), else to build on the serving host (README)
     vit_<res>_onnx/      platform onnxruntime_onnx; 1/model.onnx (the exported graph)
     preprocess_<res>/    Python backend: encoded image bytes -> [3, H, W] float32
     classify_<res>_trt/  ensemble: preprocess_<res> -> vit_<res>_trt   (bytes in, logits out)
@@ -13,11 +14,17 @@ For every exported resolution ``<res>`` (``224``, ``384x256``, ...)::
 Every ``config.pbtxt`` has dynamic batching, an instance group, a zero-data warm-up and (for
 TensorRT) CUDA graphs for the preferred batch sizes. The repository is written to a temporary
 directory beside ``--output`` and renamed into place, so a failure leaves nothing behind.
+
+TensorRT-RTX engines (``model_<res>.rtx.engine``) are not copied: Triton's ``tensorrt_plan``
+platform loads TensorRT engines only. When one is all that was built, the README and a warning
+say so and how to build the TensorRT engine instead.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -30,7 +37,8 @@ from deploykit.export.onnx_export import OUTPUT_NAME, resolution_tag
 from deploykit.serve.pipeline import INPUT_NAME, read_image_config
 
 PREPROCESS_MODEL_SOURCE = Path(__file__).with_name("triton_preprocess_model.py")
-ENGINE_SUFFIXES = (".plan", ".engine")
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -133,27 +141,55 @@ def ensemble_config(name: str, preprocess: str, model: str, num_classes: int, op
     )
 
 
-def _find_engine(export_dir: Path, tag: str) -> Path | None:
-    for suffix in ENGINE_SUFFIXES:
-        path = export_dir / f"model_{tag}{suffix}"
-        if path.is_file():
-            return path
-    return None
+def _find_engines(graph: Path) -> tuple[Path | None, tuple[int, int] | None, Path | None]:
+    """``(TensorRT engine, its (min, max) batch, TensorRT-RTX engine)`` that ``deploykit build``
+    wrote beside ``graph``, None where not built. A TensorRT engine must match its fingerprint's
+    hashes (the graph it was built from, and its own bytes), or packaging is refused."""
+    from deploykit.backends.engine_cache import engine_paths, read_fingerprint
+    from deploykit.errors import StaleEngineError
+    from deploykit.export.bundle import sha256_file
+
+    trt_engine, fp_path = engine_paths(graph, "tensorrt")
+    rtx_engine = engine_paths(graph, "tensorrt_rtx")[0]
+    rtx_engine = rtx_engine if rtx_engine.is_file() else None
+    if not trt_engine.is_file():
+        return None, None, rtx_engine
+    stored, engine_sha, _ = read_fingerprint(fp_path)
+    hint = f"rebuild with: deploykit build {graph.parent} --backend trt --rebuild"
+    if stored.onnx_sha256 != sha256_file(graph):
+        raise StaleEngineError(f"{trt_engine}: the graph changed since the engine was built; {hint}")
+    if engine_sha != sha256_file(trt_engine):
+        raise StaleEngineError(f"{trt_engine} changed since it was built; {hint}")
+    (shapes,) = stored.shapes.values()  # the input's [min, opt, max]
+    return trt_engine, (shapes[0][0], shapes[2][0]), rtx_engine
+
+
+def _fit_to_engine(opts: RepositoryOptions, batches: tuple[int, int], engine: Path) -> RepositoryOptions:
+    """The TensorRT model's settings within the engine's batch range: Triton refuses a
+    ``max_batch_size`` above the engine's profile, and sends any batch from 1."""
+    low, high = batches
+    if low > 1:
+        raise ConfigError(f"{engine} takes batches {low}-{high} only, but Triton sends any batch from 1; "
+                          "build it with --dynamic (a batch profile from 1)")
+    preferred = tuple(b for b in opts.preferred_batch_sizes if b <= high) or (high,)
+    return dataclasses.replace(opts, max_batch_size=min(opts.max_batch_size, high), preferred_batch_sizes=preferred)
 
 
 def _write_resolution(repo: Path, export_dir: Path, entry, config, opts: RepositoryOptions) -> dict:
     """Write the five models of one resolution; return what the README should say about it."""
+    engine, batches, rtx_engine = _find_engines(export_dir / entry.file)
+    trt_opts = _fit_to_engine(opts, batches, engine) if engine else opts
     res, tag = tuple(entry.resolution), resolution_tag(tuple(entry.resolution))
     shape = (config.in_chans, *res)
     names = {"trt": f"vit_{tag}_trt", "onnx": f"vit_{tag}_onnx", "pre": f"preprocess_{tag}"}
     files = {
-        f"{names['trt']}/config.pbtxt": vit_config(names["trt"], "tensorrt_plan", shape, config.num_classes, "gpu", opts),
+        f"{names['trt']}/config.pbtxt": vit_config(names["trt"], "tensorrt_plan", shape, config.num_classes, "gpu", trt_opts),
         f"{names['onnx']}/config.pbtxt": vit_config(names["onnx"], "onnxruntime_onnx", shape, config.num_classes, opts.onnx_kind, opts),
         f"{names['pre']}/config.pbtxt": preprocess_config(names["pre"], res, config, opts),
     }
-    for variant in ("trt", "onnx"):
+    for variant, variant_opts in (("trt", trt_opts), ("onnx", opts)):
         name = f"classify_{tag}_{variant}"
-        files[f"{name}/config.pbtxt"] = ensemble_config(name, names["pre"], names[variant], config.num_classes, opts)
+        files[f"{name}/config.pbtxt"] = ensemble_config(name, names["pre"], names[variant], config.num_classes, variant_opts)
         (repo / name / "1").mkdir(parents=True)  # ensembles need an (empty) version directory
     for rel, text in files.items():
         (repo / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -163,10 +199,13 @@ def _write_resolution(repo: Path, export_dir: Path, entry, config, opts: Reposit
     (repo / names["pre"] / "1").mkdir()
     shutil.copyfile(PREPROCESS_MODEL_SOURCE, repo / names["pre"] / "1" / "model.py")
     (repo / names["trt"] / "1").mkdir()
-    engine = _find_engine(export_dir, tag)
     if engine:
         shutil.copyfile(engine, repo / names["trt"] / "1" / "model.plan")
-    return {"tag": tag, "res": res, "onnx": entry.file, "trt": names["trt"], "engine": engine.name if engine else None}
+    elif rtx_engine:
+        _log.warning("%s is a TensorRT-RTX engine; Triton's tensorrt_plan needs a TensorRT engine, so %s/1/model.plan is "
+                     "left to build (see the repository's README)", rtx_engine.name, names["trt"])
+    return {"tag": tag, "res": res, "onnx": entry.file, "trt": names["trt"], "engine": engine.name if engine else None,
+            "rtx_engine": rtx_engine.name if rtx_engine and not engine else None}  # fmt: skip
 
 
 def package_triton(export_dir: str | os.PathLike, output: str | os.PathLike, options: RepositoryOptions = RepositoryOptions()) -> Path:
@@ -230,6 +269,10 @@ def _readme(manifest: Manifest, notes: list[dict], opts: RepositoryOptions) -> s
         if n["engine"]:
             lines.append(f"- `{n['trt']}/1/model.plan`: copied from `{n['engine']}` of the export directory.")
         else:
+            if n["rtx_engine"]:
+                lines.append(f"- `{n['rtx_engine']}` (TensorRT-RTX) was not copied: Triton's `tensorrt_plan` platform loads "
+                             "TensorRT engines only. Build a TensorRT engine (`deploykit build <export> --backend trt`, "
+                             "then package again) or:")  # fmt: skip
             lines.append(
                 f"- `{n['trt']}/1/model.plan`: `trtexec --onnx=vit_{n['tag']}_onnx/1/model.onnx --saveEngine={n['trt']}/1/model.plan "
                 f"--minShapes=images:1x3x{h}x{w} --optShapes=images:{max(opts.preferred_batch_sizes)}x3x{h}x{w} "

@@ -5,7 +5,7 @@ never writes the N×N bias (``fused``). See ``deploykit.encodings.sape2`` for th
 
 def register() -> str:
     """Register the ``deploykit::SaPE2Bias`` TensorRT plugin (imports TensorRT and Triton);
-    ``deploykit build --backend trt`` calls this when it loads ``plugins/``."""
+    ``deploykit build --backend trt --plugins sape2`` calls this (entry point ``deploykit.plugins``)."""
     from deploykit.plugins.sape2.trt_plugin import register as register_trt_plugin
 
     return register_trt_plugin()

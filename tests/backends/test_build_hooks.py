@@ -1,11 +1,12 @@
 """The build's plugin hook, progress display and CLI, checked with TensorRT-RTX on CPU."""
 
+import os
 import sys
 
 import pytest
 
-from deploykit.backends.engine_cache import plugin_sha256
-from deploykit.backends.tensorrt import BuildProgress, load_plugin_modules
+from deploykit.backends.plugins import Plugins, load_plugin_modules
+from deploykit.backends.tensorrt import BuildProgress
 from deploykit.errors import ExportError
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
@@ -48,10 +49,10 @@ def test_broken_or_missing_plugin_is_one_line_error(tmp_path):
 
 def test_plugin_hash_follows_sources(tmp_path):
     root = _plugin_dir(tmp_path, "a")
-    before = plugin_sha256([root])
-    assert plugin_sha256([]) is None and plugin_sha256([root]) == before
+    before = Plugins.resolve([root]).sha256()
+    assert Plugins().sha256() is None and Plugins.resolve([root]).sha256() == before
     (root / "sape2" / "kernel.py").write_text("VALUE = 43\n")
-    assert plugin_sha256([root]) != before
+    assert Plugins.resolve([root]).sha256() != before
 
 
 def test_progress_records_phases_from_rtx_build(tmp_path):
@@ -97,3 +98,31 @@ def test_cli_build_and_refusal(tmp_path, capsys):
     assert exit_info.value.code == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "build.opt_batch (built 1, now 2)" in err and "\n" not in err
+
+
+def test_tensorrt_warnings_are_summarised_once(tmp_path):
+    """A SaPE² graph inlines its function body once per block; TensorRT-RTX's parser warns about
+    every repeated node name. One summary line, not one line per node; -v shows each. (Fresh
+    processes: the parser gives each such warning once per process.)"""
+    pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed")
+    import subprocess
+
+    import torch
+
+    from deploykit.export import export
+    from deploykit.nn import create_model
+
+    torch.manual_seed(0)
+    out = tmp_path / "exp"
+    export(create_model("vit_tiny_patch16", encoding="sape2", depth=2, img_size=32, num_classes=10), [(32, 32)], out)
+
+    def build(*flags):
+        cmd = [sys.executable, "-m", "deploykit", "build", str(out), "--backend", "rtx", "--opt-level", "0", "--rebuild", *flags]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "40"})
+        assert proc.returncode == 0, proc.stderr
+        return [line for line in proc.stderr.splitlines() if "already exists" in line]
+
+    each = [line for line in build("-v") if line.startswith("debug: ")]
+    (summary,) = build()
+    assert len(each) > 10 and summary.startswith("warning: ") and f"{len(each)} warnings: " in summary
+    assert summary.endswith(f"(×{len(each)}) (-v shows each)")  # whole, even at 40 columns

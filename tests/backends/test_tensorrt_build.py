@@ -81,8 +81,9 @@ def test_build_options_applied(onnx_path, tmp_path):
 def test_tensorrt_code_path_with_timing_cache(onnx_path, tmp_path, monkeypatch):
     # Real TensorRT is not installable here; its API is a superset of what the build uses, so
     # drive the module="tensorrt" path (timing cache load + save) through TensorRT-RTX instead.
-    rtx = import_trt("tensorrt_rtx")
+    rtx, polygraphy_on_rtx = import_trt("tensorrt_rtx"), trt_backend.backend("tensorrt_rtx")
     monkeypatch.setattr(trt_backend, "import_trt", lambda module: rtx)
+    monkeypatch.setattr(trt_backend, "backend", lambda module: polygraphy_on_rtx)
     cache = tmp_path / "caches" / "timing.cache"
     opts = BuildOptions(module="tensorrt", timing_cache=str(cache))
     assert len(EngineFromOnnx(onnx_path, opts)()) > 0
@@ -168,3 +169,23 @@ def test_save_engine_failure_keeps_existing_file(tmp_path):
         save_engine(object(), dest)  # type: ignore[arg-type]  # write fails mid-way
     assert dest.read_bytes() == b"old engine"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.engine"]
+
+
+def test_the_build_runs_on_polygraphy_bound_to_tensorrt_rtx(onnx_path, monkeypatch):
+    """Polygraphy's loaders do the build, on the flavour asked for, set through Polygraphy's own
+    config (no environment variable read or written); the other flavour is refused in one line."""
+    import os
+
+    from deploykit.backends._polygraphy import backend
+    from deploykit.errors import DeployKitError
+
+    assert len(EngineFromOnnx(onnx_path, RTX)()) > 0
+    import polygraphy.config  # only now: importing polygraphy.backend.trt first would bind it to TensorRT
+    from polygraphy.backend.trt import loader
+
+    assert polygraphy.config.USE_TENSORRT_RTX is True and loader.trt.__name__ == "tensorrt_rtx"
+    assert "POLYGRAPHY_USE_TENSORRT_RTX" not in os.environ
+    monkeypatch.setattr(trt_backend, "import_trt", lambda module: import_trt("tensorrt_rtx"))  # as if TensorRT were installed
+    with pytest.raises(DeployKitError, match=r"Polygraphy already runs on TensorRT-RTX in this process.*separate command") as err:
+        backend("tensorrt")
+    assert "\n" not in str(err.value)

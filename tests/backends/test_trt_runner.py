@@ -122,6 +122,11 @@ def test_rtx_engine_matches_reference_on_gpu(rtx_dir, precision):
 @pytest.mark.parametrize("cuda_graph", [False, True])
 def test_tensorrt_engine_matches_onnxruntime(tmp_path, cuda_graph):
     pytest.importorskip("tensorrt", reason="TensorRT not installed (pip install 'deploykit[trt]')")
+    import sys
+
+    if "polygraphy.backend.trt" in sys.modules and sys.modules["polygraphy.config"].USE_TENSORRT_RTX:
+        pytest.skip("Polygraphy runs one TensorRT flavour per process and is on TensorRT-RTX here; run this test "
+                    "alone (benchmarks/gpu_acceptance.py runs each flavour in its own process)")
     from deploykit.backends.onnxrt import OnnxrtRunner
     from deploykit.backends.trt_runner import engine_runner
     from deploykit.build import build

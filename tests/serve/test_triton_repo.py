@@ -104,16 +104,6 @@ def test_refuses_nonempty_output_and_leaves_it(export_dir, repo, tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".taken")]  # no temporary left behind
 
 
-def test_copies_a_built_engine(export_dir, tmp_path):
-    exp = tmp_path / "export"
-    shutil.copytree(export_dir, exp)
-    (exp / "model_48.plan").write_bytes(b"serialized engine bytes")
-    out = package_triton(exp, tmp_path / "repo", RepositoryOptions())
-    assert (out / "vit_48_trt/1/model.plan").read_bytes() == b"serialized engine bytes"
-    assert not (out / "vit_32_trt/1/model.plan").exists()
-    assert "trtexec --onnx=vit_32_onnx/1/model.onnx" in (out / "README.md").read_text()
-
-
 # ----------------------------------------------------------------------------------------------
 # loading in the bundled tritonserver
 

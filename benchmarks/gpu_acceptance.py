@@ -1,0 +1,408 @@
+"""GPU acceptance: everything about the engine path that CI (no GPU, no TensorRT) cannot check,
+end to end, in one run, written to one JSON report that starts with the device line.
+
+For every registered encoding (the zoo's trained model by default): export at two resolutions in
+every precision plan ``deploykit.export.precision.PRECISIONS`` has; validate each plan in ONNX
+Runtime (CPU, and CUDA where onnxruntime-gpu is installed); build TensorRT and TensorRT-RTX
+engines with a batch profile and validate them at every profiled shape; profile them with CUDA
+graphs on and off; list their layers with TensorRT's engine inspector; serve each flavour with
+``deploykit serve`` under concurrent load and compare its answers with ONNX Runtime; build the
+SaPE² graph with the SaPE² TensorRT plugin and validate it; check the SaPE² Triton bias kernel
+and fused attention against the float64 reference.
+
+Each check is passed, failed (with the reason) or skipped (with the reason: no GPU, a package not
+installed, no tolerance for a plan); the exit code is 1 when any check failed. The CPU parts
+(export, ONNX Runtime validation, graph inspection, the TensorRT-RTX build) run anywhere, and CI
+runs them on a tiny model (tests/test_gpu_acceptance.py). Polygraphy drives one TensorRT flavour
+per process, so each flavour's engine checks run in a child process of this script (``--worker``).
+
+    python benchmarks/gpu_acceptance.py                      # on the GPU machine; ~minutes per encoding
+    python benchmarks/gpu_acceptance.py --encodings ape,sape2 --out /tmp/acceptance.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from deploykit._environment import capture_environment, environment_line
+from deploykit._io import write_json_atomic
+from deploykit._lazy import is_available
+from deploykit.errors import one_line
+
+RESULTS = Path(__file__).resolve().parent / "results" / "gpu_acceptance.json"
+FLAVOURS = {"rtx": "tensorrt_rtx", "trt": "tensorrt"}
+NO_GPU = None if torch.cuda.is_available() else "no CUDA GPU here (torch.cuda.is_available() is False)"
+
+
+class Failed(Exception):
+    """A check ran and did not pass; ``details`` go into the report."""
+
+    def __init__(self, reason: str, details: dict | None = None):
+        super().__init__(reason)
+        self.details = details or {}
+
+
+class Checks:
+    """The report's checks, in the order they ran."""
+
+    def __init__(self) -> None:
+        self.items: list[dict] = []
+
+    def run(self, name: str, fn, skip: str | None = None):
+        """Run ``fn`` (returns details) unless ``skip`` says why not; never raises."""
+        if skip:
+            self.items.append({"name": name, "status": "skipped", "reason": skip})
+            print(f"- {name}: skipped ({skip})", flush=True)
+            return None
+        start = time.perf_counter()
+        try:
+            details = fn()
+            item = {"name": name, "status": "passed", "details": details}
+        except Failed as err:
+            item = {"name": name, "status": "failed", "reason": str(err), "details": err.details}
+        except Exception as err:  # any failure of the path under test is a finding, not a crash of the run
+            traceback.print_exc()
+            item = {"name": name, "status": "failed", "reason": one_line(f"{type(err).__name__}: {err}")}
+        item["seconds"] = round(time.perf_counter() - start, 2)
+        self.items.append(item)
+        print(f"{'✓' if item['status'] == 'passed' else '✗'} {name}" + (f": {item['reason']}" if "reason" in item else ""), flush=True)
+        return item.get("details")
+
+
+def _report_validation(report) -> dict:
+    records = [{"label": r.label, "provider": r.provider, "max_abs": r.max_abs, "cosine": r.cosine, "top1": r.top1_agreement,
+                "passed": r.passed, "first_divergent_block": r.first_divergent_block} for r in report.records]  # fmt: skip
+    if not report:
+        raise Failed("; ".join(f"{r.label}: {', '.join(r.failures)}" for r in report.records if not r.passed), {"records": records})
+    return {"records": records}
+
+
+def validate_check(export_dir: Path, backend: str, precision: str, plugins=None):
+    from deploykit.backends.plugins import Plugins
+    from deploykit.validate import validate
+
+    def check():
+        return _report_validation(validate(export_dir, backends=[backend], precision=precision, num_random=4, num_real=8,
+                                           plugins=plugins or Plugins()))  # fmt: skip
+
+    return check
+
+
+def no_tolerance(precision: str) -> str | None:
+    from deploykit.validate import TOLERANCES
+
+    return None if precision in TOLERANCES else f"validate has no tolerance for the {precision} plan yet"
+
+
+# ----------------------------------------------------------------------------------------------
+# the CPU parts, and the orchestration
+
+
+def export_models(args, checks: Checks, work: Path) -> dict[str, Path]:
+    """One export directory per encoding, every precision plan."""
+    from deploykit.encodings import list_encodings
+    from deploykit.export import export
+    from deploykit.export.precision import PRECISIONS
+    from deploykit.nn import create_model
+    from deploykit.nn.resolve import resolve_model
+
+    exported = {}
+    for encoding in args.encodings or list_encodings():
+        out = work / encoding
+
+        def do_export(encoding=encoding, out=out):
+            if args.model:
+                torch.manual_seed(0)
+                overrides = {k: v for k, v in (("depth", args.depth), ("img_size", args.img_size)) if v}
+                model = create_model(args.model, encoding=encoding, **overrides).eval()
+            else:
+                model, _ = resolve_model(encoding=encoding)
+            base = model.default_shape
+            resolutions = [tuple(base), *([] if args.one_resolution else [tuple(2 * s for s in base)])]
+            manifest = export(model, resolutions, out, precisions=list(PRECISIONS))
+            return {"graphs": [g.file for g in manifest.graphs]}
+
+        if checks.run(f"export {encoding}", do_export) is not None:
+            exported[encoding] = out
+    return exported
+
+
+def cpu_checks(exported: dict[str, Path], checks: Checks) -> None:
+    import onnxruntime
+
+    from deploykit.export.bundle import Manifest
+    from deploykit.inspection import inspect_graph
+
+    no_ort_cuda = None if "CUDAExecutionProvider" in onnxruntime.get_available_providers() else "onnxruntime has no CUDA provider"
+    for encoding, out in exported.items():
+        for precision in dict.fromkeys(g.precision for g in Manifest.read(out).graphs):
+            cpu_bf16 = "ONNX Runtime's CPU provider has no bf16 Gemm/MatMul" if precision == "bf16" else None
+            checks.run(f"validate ort {encoding} {precision}", validate_check(out, "ort", precision),
+                       skip=no_tolerance(precision) or cpu_bf16)  # fmt: skip
+            checks.run(f"validate ort-cuda {encoding} {precision}", validate_check(out, "ort-cuda", precision),
+                       skip=no_ort_cuda or no_tolerance(precision))  # fmt: skip
+        first = out / Manifest.read(out).graphs[0].file
+
+        def inspect(first=first):
+            info = inspect_graph(first)["tensorrt_rtx"]
+            if info["parsed"] is False:
+                raise Failed("TensorRT-RTX's parser refused the graph", info)
+            return info
+
+        checks.run(f"inspect graph {encoding}", inspect)
+
+
+def run_worker(flavour: str, exported: dict[str, Path], args, work: Path) -> list[dict]:
+    """The engine checks of one TensorRT flavour, in a child process (one flavour per process)."""
+    out = work / f"{flavour}.json"
+    cmd = [sys.executable, __file__, "--worker", flavour, "--out", str(out), "--budget", str(args.budget),
+           *[f"{encoding}={path}" for encoding, path in exported.items()]]  # fmt: skip
+    proc = subprocess.run(cmd, stdin=subprocess.DEVNULL)
+    if not out.is_file():
+        return [{"name": f"{flavour} engine checks", "status": "failed", "reason": f"worker exited with {proc.returncode}, no report"}]
+    return json.loads(out.read_text())
+
+
+# ----------------------------------------------------------------------------------------------
+# one flavour's engine checks (in the worker)
+
+
+def engine_checks(flavour: str, exported: dict[str, Path], budget_s: float, checks: Checks) -> None:
+    from deploykit.build import build
+    from deploykit.export.bundle import Manifest
+    from deploykit.export.precision import PLANS
+
+    module = FLAVOURS[flavour]
+    missing = None if is_available(module) else f"{module} is not installed (pip install 'deploykit[{flavour}]')"
+    for encoding, out in exported.items():
+        precisions = list(dict.fromkeys(g.precision for g in Manifest.read(out).graphs))
+        built = checks.run(f"build {flavour} {encoding}", lambda out=out: {"engines": [
+            e.engine.name for e in build(out, flavour, dynamic=True, batch=4, max_batch=8, rebuild=True)]}, skip=missing)
+        cant_run = missing or (None if built else "the build failed") or NO_GPU
+        for precision in precisions:
+            checks.run(f"validate {flavour} {encoding} {precision} at every profiled shape", validate_check(out, flavour, precision),
+                       skip=cant_run or no_tolerance(precision) or PLANS[precision].ort_only or None)  # fmt: skip
+        for graphs in (True, False):
+            checks.run(f"profile {flavour} {encoding} cuda graphs {'on' if graphs else 'off'}",
+                       profile_check(out, flavour, graphs, budget_s), skip=cant_run)  # fmt: skip
+        checks.run(f"inspect engine {flavour} {encoding}", inspect_engine_check(out, flavour), skip=cant_run)
+    if "sape2" in exported and flavour == "trt":  # TensorRT-RTX has no Python plugins
+        checks.run("sape2 with the TensorRT plugin", sape2_plugin_check(exported["sape2"]), skip=missing or NO_GPU
+                   or (None if is_available("triton") else "triton is not installed (pip install 'deploykit[triton]')"))  # fmt: skip
+
+
+def profile_check(out: Path, flavour: str, cuda_graphs: bool, budget_s: float):
+    from deploykit import profile as prof
+
+    def check():
+        subject = prof.Subject.from_export_dir(out)
+        report = prof.profile(subject, resolutions=list(subject.graphs), batches=[1, 8], backends=[flavour],
+                              budget=prof.Budget(duration_s=budget_s), cuda_graphs=cuda_graphs)  # fmt: skip
+        rows = [{k: r[k] for k in ("encoding", "resolution", "batch", "p50_ms", "provider", "cuda_graph", "cuda_graph_note")}
+                for r in report.records]  # fmt: skip
+        if cuda_graphs and not all(r["cuda_graph"] for r in rows):
+            raise Failed("CUDA graphs requested but not used", {"records": rows, "notes": report.notes})
+        return {"records": rows, "notes": report.notes}
+
+    return check
+
+
+def inspect_engine_check(out: Path, flavour: str):
+    from deploykit.backends.engine_cache import engine_paths
+    from deploykit.export.bundle import Manifest
+    from deploykit.inspection import inspect_engine
+
+    def check():
+        graph = out / Manifest.read(out).graphs[0].file
+        layers = inspect_engine(engine_paths(graph, FLAVOURS[flavour])[0])["layers"]
+        if "count" not in layers:
+            raise Failed(layers.get("note", "no layers"))
+        precisions = sorted({o for layer in layers["layers"] for o in layer["outputs"]})
+        return {"engine": graph.name, "layers": layers["count"], "output_formats": precisions}
+
+    return check
+
+
+def sape2_plugin_check(out: Path):
+    """The SaPE² graph built with the installed SaPE² plugin (no inlined function body), validated."""
+    import shutil
+
+    from deploykit.backends.plugins import Plugins
+    from deploykit.build import build
+    from deploykit.validate import validate
+
+    def check():
+        copy = Path(tempfile.mkdtemp(prefix="sape2_plugin_")) / "exp"
+        shutil.copytree(out, copy)
+        plugins = Plugins.resolve(["sape2"])
+        build(copy, "trt", precisions=["fp32"], rebuild=True, plugins=plugins)
+        return _report_validation(validate(copy, backends=["trt"], precision="fp32", plugins=plugins))
+
+    return check
+
+
+def kernel_check() -> dict:
+    """The SaPE² Triton bias kernel and fused attention against the float64 reference (ViT-B heads, 384 px)."""
+    import torch.nn.functional as F
+
+    from deploykit.encodings.sape2 import MODES, sape2_bias_reference
+    from deploykit.plugins.sape2.fused import sape2_attention_triton
+    from deploykit.plugins.sape2.kernels import sape2_bias_triton
+
+    heads, head_dim, grid, prefix = 12, 64, (24, 24), 1
+    tokens = prefix + grid[0] * grid[1]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, heads, tokens, head_dim, device="cuda", generator=gen) for _ in range(3))
+    tx, ty = (torch.randn(head_dim, max(grid) + 1, device="cuda", generator=gen) for _ in range(2))
+    scale, mode = head_dim**-0.5, MODES.index("k")
+    with torch.no_grad():
+        exact = sape2_bias_reference(q.double(), k.double(), tx.double(), ty.double(), grid, scale, "k", prefix)
+        bias_err = ((sape2_bias_triton(q, k, tx, ty, grid, scale, mode, prefix).double() - exact).abs().max() / exact.abs().max()).item()
+        reference = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=exact * scale)
+        fused_err = (sape2_attention_triton(q, k, v, tx, ty, grid, scale, mode, prefix).double() - reference).abs().max().item()
+    details = {"bias_rel_err": bias_err, "fused_max_abs_err": fused_err}
+    if not (bias_err < 1e-3 and fused_err < 1e-2):
+        raise Failed("SaPE² kernels disagree with the float64 reference", details)
+    return details
+
+
+# ----------------------------------------------------------------------------------------------
+# serving
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for sock in sockets:
+        sock.bind(("127.0.0.1", 0))
+    ports = [sock.getsockname()[1] for sock in sockets]
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
+def serving_check(out: Path, backend: str, requests: int = 200, concurrency: int = 16):
+    """``deploykit serve --backend <engine>`` under ``concurrency`` concurrent requests: answers
+    equal ONNX Runtime's in-process answers (fp32 tolerance) and the server's own sequential ones."""
+
+    def check():
+        import tritonclient.http as httpclient
+
+        import deploykit
+        from deploykit.serve.triton_server import logits_model_name
+        from deploykit.validate import TOLERANCES, compare_logits
+
+        http, grpc, metrics = _free_ports(3)
+        cmd = [sys.executable, "-m", "deploykit", "serve", str(out), "--port", str(http), "--grpc-port", str(grpc),
+               "--metrics-port", str(metrics), "--backend", backend]  # fmt: skip
+        log = out / f"serve-{backend}.log"
+        with open(log, "wb") as sink:
+            proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            client = httpclient.InferenceServerClient(f"127.0.0.1:{http}", concurrency=concurrency)
+            _wait_ready(client, proc, log)
+            with deploykit.load(out, backend="ort") as pipeline:
+                resolution = pipeline.resolutions[0]
+                inputs = np.random.default_rng(0).standard_normal((requests, 3, *resolution), dtype=np.float32)
+                expected = pipeline.logits(inputs)
+
+            def call(i):
+                tensor = httpclient.InferInput("images", [1, 3, *resolution], "FP32")
+                tensor.set_data_from_numpy(inputs[i : i + 1])
+                return client.infer(logits_model_name(resolution), [tensor]).as_numpy("logits")[0]
+
+            sequential = np.stack([call(i) for i in range(requests)])
+            with ThreadPoolExecutor(concurrency) as pool:
+                concurrent = np.stack(list(pool.map(call, range(requests))))
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(120)
+        vs_ort = compare_logits(expected, concurrent, requests, TOLERANCES["fp32"])
+        vs_sequential = float(np.abs(concurrent - sequential).max())
+        details = {"requests": requests, "concurrency": concurrency, "max_abs_vs_ort": vs_ort["max_abs"],
+                   "top1_vs_ort": vs_ort["top1_agreement"], "max_abs_concurrent_vs_sequential": vs_sequential}  # fmt: skip
+        if not vs_ort["passed"] or vs_sequential > TOLERANCES["fp32"].max_abs:
+            raise Failed("served answers differ", details)
+        return details
+
+    return check
+
+
+def _wait_ready(client, proc, log: Path, timeout_s: float = 600) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise Failed(f"deploykit serve exited with {proc.returncode}: {one_line(log.read_text()[-600:])}")
+        try:
+            if client.is_server_ready():
+                return
+        except Exception:  # still starting: connection refused
+            pass
+        time.sleep(0.5)
+    raise Failed(f"deploykit serve was not ready within {timeout_s:.0f} s")
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def worker_main(args) -> int:
+    checks = Checks()
+    exported = dict(item.split("=", 1) for item in args.items)
+    engine_checks(args.worker, {k: Path(v) for k, v in exported.items()}, args.budget, checks)
+    write_json_atomic(args.out, checks.items)
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--encodings", type=lambda s: [e for e in s.split(",") if e], default=None, help="comma list; default all")
+    parser.add_argument("--model", default=None, help="a seeded untrained model of this size instead of the zoo's trained ones")
+    parser.add_argument("--depth", type=int, default=None, help="with --model: cut to this many blocks")
+    parser.add_argument("--img-size", type=int, default=None, help="with --model: its own resolution")
+    parser.add_argument("--one-resolution", action="store_true", help="export the model's own resolution only")
+    parser.add_argument("--budget", type=float, default=1.0, help="seconds per profile measurement")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--worker", choices=sorted(FLAVOURS), default=None, help=argparse.SUPPRESS)
+    parser.add_argument("items", nargs="*", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        return worker_main(args)
+
+    environment = capture_environment(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    checks = Checks()
+    work = Path(tempfile.mkdtemp(prefix="gpu_acceptance_"))
+    exported = export_models(args, checks, work)
+    cpu_checks(exported, checks)
+    for flavour in FLAVOURS:
+        checks.items += run_worker(flavour, exported, args, work)
+    serve_missing = None if is_available("tritonclient") else "tritonclient is not installed (pip install 'deploykit[serve]')"
+    for flavour, module in FLAVOURS.items():
+        engine_missing = None if is_available(module) else f"{module} is not installed"
+        for encoding, out in exported.items():
+            checks.run(f"serve {flavour} {encoding} under concurrent load", serving_check(out, flavour),
+                       skip=engine_missing or NO_GPU or serve_missing)  # fmt: skip
+    checks.run("sape2 Triton kernels against the float64 reference", kernel_check,
+               skip=NO_GPU or (None if is_available("triton") else "triton is not installed"))  # fmt: skip
+    counts = {status: sum(c["status"] == status for c in checks.items) for status in ("passed", "failed", "skipped")}
+    report = {"device": environment_line(environment), "summary": counts, "checks": checks.items, "environment": environment,
+              "work_dir": str(work)}  # fmt: skip
+    write_json_atomic(args.out, report)
+    print(f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped; wrote {args.out}")
+    return 1 if counts["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

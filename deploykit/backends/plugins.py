@@ -1,0 +1,237 @@
+"""TensorRT plugins: only the ones the caller names, checked against what an engine was built with.
+
+A plugin is code, so it comes from exactly two places: what the user names (``--plugins``), and
+packages installed in this environment that register under the entry-point group
+``deploykit.plugins`` (deploykit's own SaPE² plugin is ``sape2``). Never from a path found in a
+file someone handed us (an engine's fingerprint) or from the working directory. An engine's
+fingerprint records the hash of the plugins it was built with; loading it with other plugins, or
+with none, is refused before anything is imported or loaded (``check_plugins``).
+
+Three kinds, one spec each (``Plugins.resolve``):
+
+* a directory of Python plugins: packages ``<dir>/<name>/__init__.py`` or modules
+  ``<dir>/<name>.py``, imported so their ``@trtp.register`` decorators run (and a module-level
+  ``register()`` is called);
+* the name of an installed plugin package (entry point ``deploykit.plugins``), imported the same way;
+* a shared library (``.so``), loaded with Polygraphy's ``LoadPlugins`` (``ctypes.CDLL``): its
+  plugin creators register themselves on load, as ``trtexec --staticPlugins`` and Triton's
+  ``--backend-config=tensorrt,plugins=`` load them, so an engine that needs it deserializes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from pathlib import Path
+
+from deploykit.errors import ExportError, StaleEngineError, one_line
+
+ENTRY_POINT_GROUP = "deploykit.plugins"
+LIBRARY_SUFFIXES = (".so", ".dll", ".dylib")
+_MAX_NAMES = 3  # sources named in a one-line refusal
+
+
+@dataclass(frozen=True)
+class PluginSource:
+    """One named plugin source.
+
+    Attributes:
+        kind: ``"directory"`` (Python plugins), ``"package"`` (installed, by entry point) or
+            ``"library"`` (shared library).
+        path: the directory, the package's directory, or the library file.
+        module: the importable module of an installed package; None otherwise.
+    """
+
+    kind: str
+    path: Path
+    module: str | None = None
+
+    def sha256(self) -> str:
+        """Hash of the library's bytes, or of every file (relative path and bytes) under the directory."""
+        digest = hashlib.sha256(f"{self.kind}:{self.path.name}\n".encode())
+        files = [self.path] if self.kind == "library" else sorted(
+            p for p in self.path.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+        for path in files:
+            digest.update(f"{path.relative_to(self.path.parent).as_posix()}\n".encode())
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+        return digest.hexdigest()
+
+    def describe(self) -> str:
+        return f"{self.module} (installed)" if self.module else str(self.path)
+
+
+@dataclass(frozen=True)
+class Plugins:
+    """The plugins a build or a runner was given (empty: none)."""
+
+    sources: tuple[PluginSource, ...] = ()
+
+    @classmethod
+    def resolve(cls, specs: Iterable[str | os.PathLike]) -> Plugins:
+        """Plugins from ``--plugins`` values: a directory, a library file, or an installed name.
+
+        Raises:
+            ExportError: a spec is none of these (nothing is imported here).
+        """
+        return cls(tuple(_resolve_one(str(spec)) for spec in specs))
+
+    def __bool__(self) -> bool:
+        return bool(self.sources)
+
+    @property
+    def libraries(self) -> tuple[str, ...]:
+        return tuple(str(s.path) for s in self.sources if s.kind == "library")
+
+    @property
+    def python(self) -> tuple[PluginSource, ...]:
+        return tuple(s for s in self.sources if s.kind != "library")
+
+    def without_python(self) -> Plugins:
+        """Only the shared libraries (TensorRT-RTX has no Python plugins)."""
+        return Plugins(tuple(s for s in self.sources if s.kind == "library"))
+
+    def sha256(self) -> str | None:
+        """One hash over every source, independent of their order; None without plugins."""
+        if not self.sources:
+            return None
+        return hashlib.sha256("\n".join(sorted(s.sha256() for s in self.sources)).encode()).hexdigest()
+
+    def describe(self) -> list[str]:
+        """Where each source came from (recorded beside a fingerprint, for messages only)."""
+        return [s.describe() for s in self.sources]
+
+    def load(self, module: str) -> list[str]:
+        """Import the Python plugins (each once per process) and load the shared libraries.
+
+        Args:
+            module: the TensorRT flavour the libraries are for (``tensorrt``, ``tensorrt_rtx``).
+
+        Returns:
+            The module names imported or already loaded.
+
+        Raises:
+            ExportError: a plugin fails to import or register, or a library fails to load.
+        """
+        names = []
+        for source in self.python:
+            names += _import_package(source) if source.kind == "package" else load_plugin_modules([source.path])
+        if self.libraries:
+            from deploykit.backends._polygraphy import backend
+
+            try:
+                backend(module).LoadPlugins(plugins=list(self.libraries))()
+            except OSError as err:
+                raise ExportError(one_line(f"cannot load plugin library: {err}")) from err
+        return names
+
+
+def _resolve_one(spec: str) -> PluginSource:
+    path = Path(spec)
+    if path.is_dir():
+        return PluginSource("directory", path.resolve())
+    if path.is_file() and path.suffix in LIBRARY_SUFFIXES:
+        return PluginSource("library", path.resolve())
+    if path.is_file():
+        raise ExportError(f"plugin {spec} is a file but not a shared library ({', '.join(LIBRARY_SUFFIXES)}); "
+                          "give a directory of Python plugins, a library, or an installed plugin's name")
+    installed = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    if spec in installed:
+        module = installed[spec].value
+        spec_ = importlib.util.find_spec(module)  # imports its parent packages only (installed code)
+        if spec_ is None or not spec_.submodule_search_locations:
+            raise ExportError(f"installed plugin {spec} names {module}, which is not an importable package")
+        return PluginSource("package", Path(list(spec_.submodule_search_locations)[0]).resolve(), module)
+    names = ", ".join(sorted(installed)) or "none"
+    raise ExportError(f"plugin {spec} is not a directory, a shared library or an installed plugin (installed: {names})")
+
+
+def _import_package(source: PluginSource) -> list[str]:
+    name = source.module
+    if name not in sys.modules:
+        try:
+            module = importlib.import_module(name)
+        except Exception as err:  # a plugin may raise anything; report it as one line
+            raise ExportError(one_line(f"plugin {name} failed to import: {type(err).__name__}: {err}")) from err
+        _call_register(module, Path(module.__file__))
+    return [name]
+
+
+def load_plugin_modules(plugin_dirs: Iterable[str | os.PathLike]) -> list[str]:
+    """Import the Python plugins under each directory, so they register with TensorRT.
+
+    A plugin is a package ``<dir>/<name>/__init__.py`` or a module ``<dir>/<name>.py``; importing
+    it runs its ``@trtp.register`` decorators, and a module-level ``register()`` (for plugins that
+    import TensorRT only when asked, as SaPE²'s does) is called right after. Each is imported once
+    per process (registering twice is a TensorRT error). Only call this with directories the user
+    named.
+
+    Returns:
+        The module names imported or already loaded.
+
+    Raises:
+        ExportError: a directory does not exist or a plugin fails to import.
+    """
+    names = []
+    for root in map(Path, plugin_dirs):
+        if not root.is_dir():
+            raise ExportError(f"plugin directory {root} does not exist")
+        for path in sorted(root.iterdir()):
+            init = path / "__init__.py" if path.is_dir() else path
+            if not init.is_file() or init.suffix != ".py" or path.name.startswith(("_", ".")):
+                continue
+            name = f"deploykit_plugins.{root.resolve().name}.{path.stem}"
+            names.append(name)
+            if name not in sys.modules:
+                _import_plugin(name, init, path)
+                _call_register(sys.modules[name], init)
+    return names
+
+
+def _import_plugin(name: str, init: Path, path: Path) -> None:
+    search = [str(path)] if path.is_dir() else None
+    spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=search)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # before exec, so the package's relative imports resolve
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:  # a plugin may raise anything; report it as one line
+        del sys.modules[name]
+        raise ExportError(one_line(f"plugin {init} failed to import: {type(err).__name__}: {err}")) from err
+
+
+def _call_register(module, init: Path) -> None:
+    register = getattr(module, "register", None)
+    if not callable(register):
+        return
+    try:
+        register()
+    except Exception as err:
+        raise ExportError(one_line(f"plugin {init} failed to register: {type(err).__name__}: {err}")) from err
+
+
+def check_plugins(engine: Path, built_sha256: str | None, built_from: list[str], given: Plugins, hint: str) -> None:
+    """Refuse, in one line and before anything is imported, plugins that are not the ones the
+    engine was built with (by hash; ``built_from`` only names them in the message)."""
+    if given.sha256() == built_sha256:
+        return
+    if built_sha256 is None:
+        raise StaleEngineError(f"{engine} was built without plugins, but plugins were given ({_names(given.describe())}); "
+                               "run it without --plugins")
+    where = _names(built_from) or "unrecorded sources"
+    if not given:
+        raise StaleEngineError(f"{engine} needs the plugins it was built with ({where}); pass them with --plugins "
+                               "(plugins are never loaded from paths recorded in a fingerprint)")
+    raise StaleEngineError(f"{engine} was built with other plugins than the ones given (built with {where}, "
+                           f"given {_names(given.describe())}; sources differ); pass the same plugins, or {hint}")
+
+
+def _names(items: list[str]) -> str:
+    shown = ", ".join(items[:_MAX_NAMES])
+    return shown + (f" and {len(items) - _MAX_NAMES} more" if len(items) > _MAX_NAMES else "")
+

@@ -1,0 +1,159 @@
+"""``deploykit inspect PATH``: what an exported graph or a built engine is.
+
+A graph (``.onnx``): its encoding, positional tables, precision plan, opset, custom ops and
+model-local functions, inputs and outputs, and what TensorRT-RTX's parser reports about it (when
+``tensorrt_rtx`` is installed; it runs on CPU). An engine (``.engine``/``.plan``): its
+fingerprint (what it was built from and for), profile shapes, and its layers with their
+precisions from TensorRT's engine inspector, which needs the engine deserialized, so a CUDA GPU;
+elsewhere the report says why the layers are missing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections import Counter
+from pathlib import Path
+
+from deploykit.errors import DeployKitError, one_line
+
+GRAPH_SUFFIXES = (".onnx",)
+ENGINE_SUFFIXES = (".engine", ".plan")
+_TABLE_PREFIX = "pe_tables"
+
+
+def inspect_path(path: str | os.PathLike) -> dict:
+    """A JSON-ready description of a graph or an engine.
+
+    Raises:
+        DeployKitError: ``path`` is neither (one line).
+    """
+    path = Path(path)
+    if path.is_file() and path.suffix in GRAPH_SUFFIXES:
+        return inspect_graph(path)
+    if path.is_file() and path.suffix in ENGINE_SUFFIXES:
+        return inspect_engine(path)
+    what = "does not exist" if not path.exists() else "is a directory" if path.is_dir() else f"has suffix {path.suffix!r}"
+    raise DeployKitError(f"{path} {what}; inspect takes an ONNX graph ({', '.join(GRAPH_SUFFIXES)}) "
+                         f"or a TensorRT engine ({', '.join(ENGINE_SUFFIXES)})")  # fmt: skip
+
+
+def inspect_graph(path: Path) -> dict:
+    """Encoding, tables, precision plan, opset, custom ops and TensorRT-RTX's parse of one graph."""
+    import onnx
+
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception as err:  # protobuf's DecodeError and friends: not a model
+        raise DeployKitError(one_line(f"{path} is not a readable ONNX graph: {err}")) from err
+    meta = {p.key: p.value for p in proto.metadata_props}
+    tables = [i for i in proto.graph.initializer if i.name.startswith(_TABLE_PREFIX)]
+    custom = Counter(f"{n.domain}::{n.op_type}" for n in proto.graph.node if n.domain not in ("", "ai.onnx"))
+    return {
+        "kind": "graph",
+        "path": str(path),
+        "encoding": json.loads(meta["deploykit.encoding_config"]) if "deploykit.encoding_config" in meta else None,
+        "precision_plan": meta.get("deploykit.precision", "not recorded (not exported by deploykit)"),
+        "opset": {o.domain or "ai.onnx": o.version for o in proto.opset_import},
+        "inputs": [_value_info(v) for v in proto.graph.input],
+        "outputs": [_value_info(v) for v in proto.graph.output],
+        "tables": [{"name": t.name, "shape": list(t.dims), "dtype": onnx.helper.tensor_dtype_to_np_dtype(t.data_type).name}
+                   for t in tables],  # fmt: skip
+        "initializer_dtypes": dict(Counter(onnx.helper.tensor_dtype_to_np_dtype(i.data_type).name for i in proto.graph.initializer)),
+        "casts": sum(n.op_type == "Cast" for n in proto.graph.node),
+        "custom_ops": dict(custom),
+        "functions": [f"{f.domain}::{f.name}" for f in proto.functions],
+        "tensorrt_rtx": _rtx_parse(path),
+    }
+
+
+def _value_info(value) -> dict:
+    import onnx
+
+    dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in value.type.tensor_type.shape.dim]
+    return {"name": value.name, "shape": dims, "dtype": onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type).name}
+
+
+def _rtx_parse(path: Path) -> dict:
+    """What TensorRT-RTX's ONNX parser makes of the graph (through Polygraphy's loader)."""
+    from deploykit._lazy import is_available
+
+    if not is_available("tensorrt_rtx"):
+        return {"parsed": None, "note": "tensorrt_rtx is not installed (pip install 'deploykit[rtx]')"}
+    from deploykit.backends._polygraphy import TrtMessages, backend, summarise
+
+    pg = backend("tensorrt_rtx")
+    with TrtMessages("TensorRT-RTX parse", log=None) as messages:
+        try:
+            with messages.failing_as("TensorRT-RTX could not parse the graph"):
+                _, network, _ = pg.NetworkFromOnnxPath(str(path), strongly_typed=True)()
+        except DeployKitError as err:
+            return {"parsed": False, "errors": messages.errors or [str(err)]}
+        warnings = summarise(messages.warnings, hint="")
+        layers = Counter(str(network.get_layer(i).type).split(".")[-1] for i in range(network.num_layers))
+    return {"parsed": True, "layers": network.num_layers, "layer_types": dict(layers.most_common()), "warnings": warnings}
+
+
+def inspect_engine(path: Path) -> dict:
+    """Fingerprint, profile shapes and (with a GPU) layers and their precisions of one engine."""
+    from deploykit.backends.engine_cache import ENGINE_MODULES, read_fingerprint
+    from deploykit.errors import StaleEngineError
+
+    info: dict = {"kind": "engine", "path": str(path), "bytes": path.stat().st_size}
+    try:
+        fingerprint, engine_sha, plugins = read_fingerprint(path.with_suffix(".json"))
+    except StaleEngineError as err:
+        info["fingerprint"] = None
+        info["note"] = str(err)
+        tag = path.suffixes[-2].lstrip(".") if len(path.suffixes) > 1 else ""
+        module = ENGINE_MODULES.get(tag)
+    else:
+        from deploykit.export.bundle import sha256_file
+
+        info.update(fingerprint=fingerprint.to_dict(), plugins=plugins, matches_fingerprint=sha256_file(path) == engine_sha,
+                    profile_shapes=fingerprint.shapes)  # fmt: skip
+        module = fingerprint.module
+    if module is None:
+        info["layers"] = {"note": "unknown TensorRT flavour (no fingerprint, and the name is not model_<res>.trt/.rtx.engine)"}
+    else:
+        info["layers"] = _engine_layers(path, module)
+    return info
+
+
+def _engine_layers(path: Path, module: str) -> dict:
+    """Layers and their output precisions from TensorRT's engine inspector (needs a GPU to
+    deserialize the engine); a note saying why otherwise."""
+    from deploykit.backends._polygraphy import TrtMessages, backend
+    from deploykit.backends.tensorrt import import_trt
+
+    try:
+        pg, trt = backend(module), import_trt(module)
+        with TrtMessages(f"{module} engine inspector", log=logging.getLogger(__name__)) as messages:
+            with messages.failing_as("cannot deserialize the engine here", DeployKitError):
+                engine = pg.EngineFromBytes(path.read_bytes())()
+    except DeployKitError as err:
+        return {"note": f"layers unavailable: {err} (the engine inspector needs a CUDA GPU and the engine's plugins)"}
+    inspector = engine.create_engine_inspector()
+    layers = []
+    for i in range(engine.num_layers):
+        layer = json.loads(inspector.get_layer_information(i, trt.LayerInformationFormat.JSON))
+        if not isinstance(layer, dict):  # built without detailed profiling verbosity: the name only
+            layer = {"Name": layer}
+        outputs = [o.get("Format/Datatype", "?") for o in layer.get("Outputs", [])]
+        layers.append({"name": layer.get("Name", "?"), "type": layer.get("LayerType", "?"), "outputs": outputs})
+    return {"count": engine.num_layers, "layers": layers}
+
+
+def render(info: dict, indent: int = 0) -> list[str]:
+    """Indented ``key: value`` lines for the terminal (nested dicts indented, lists one item a line)."""
+    lines, pad = [], "  " * indent
+    for key, value in info.items():
+        if isinstance(value, dict) and value:
+            lines += [f"{pad}{key}:", *render(value, indent + 1)]
+        elif isinstance(value, list) and value and isinstance(value[0], dict):
+            lines.append(f"{pad}{key}:")
+            lines += [f"{pad}  - " + ", ".join(f"{k}={json.dumps(v)}" for k, v in item.items()) for item in value]
+        else:
+            lines.append(f"{pad}{key}: {value if isinstance(value, str) else json.dumps(value)}")
+    return lines

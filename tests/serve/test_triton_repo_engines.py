@@ -1,0 +1,78 @@
+"""``deploykit package triton`` ships the engines ``deploykit build`` wrote: across the seam
+build → package, by the names build uses (``engine_paths``), checked against the fingerprint,
+with the TensorRT model's batch settings fitted to the engine's profile; a TensorRT-RTX engine
+is not a ``tensorrt_plan`` and is said so, not copied."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from deploykit.backends.engine_cache import Fingerprint, engine_paths, write_fingerprint
+from deploykit.cli import main
+from deploykit.errors import ConfigError, StaleEngineError
+from deploykit.export.bundle import sha256_file
+from deploykit.serve.triton_repo import RepositoryOptions, package_triton
+
+model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2", reason="needs tritonclient (serve extra)")
+from google.protobuf import text_format  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
+
+
+def parse(path):
+    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+
+
+def _tensorrt_engine(graph, batches=(1, 8, 16), data=b"serialized TensorRT engine"):
+    """An engine file and fingerprint where ``deploykit build --backend trt`` puts them (TensorRT
+    itself cannot be installed here, so the bytes are a stand-in)."""
+    engine, fp_path = engine_paths(graph, "tensorrt")
+    engine.write_bytes(data)
+    shapes = {"images": [[b, 3, 32, 32] for b in batches]}
+    fingerprint = Fingerprint(onnx_sha256=sha256_file(graph), encoding="{}", precision="fp32", shapes=shapes, build={},
+                              module="tensorrt", trt_version="10.13.0", cuda_driver="13.0", driver="580.65", gpu="NVIDIA L4",
+                              compute_capability="8.9", plugin_sha256=None)  # fmt: skip
+    write_fingerprint(fp_path, fingerprint, sha256_file(engine))
+    return engine
+
+
+def test_rtx_build_then_package_says_the_rtx_engine_is_not_a_tensorrt_plan(export_dir, tmp_path, capsys):
+    pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed")
+    exp = shutil.copytree(export_dir, tmp_path / "exp")
+    main(["build", str(exp), "--backend", "rtx", "--opt-level", "0", "-r", "32"])
+    assert (exp / "model_32.rtx.engine").is_file()
+    capsys.readouterr()
+    main(["package", "triton", str(exp), "--output", str(tmp_path / "repo")])
+    err = capsys.readouterr().err
+    repo = tmp_path / "repo"
+    assert not (repo / "vit_32_trt/1/model.plan").exists()
+    readme = (repo / "README.md").read_text()
+    assert "`model_32.rtx.engine` (TensorRT-RTX) was not copied: Triton's `tensorrt_plan` platform loads TensorRT engines only" in readme
+    assert "model_32.rtx.engine is a TensorRT-RTX engine" in err
+    assert "trtexec --onnx=vit_48_onnx/1/model.onnx" in readme  # 48 px: nothing built, how to build
+
+
+def test_the_engine_build_wrote_is_packaged_and_the_batching_fits_it(export_dir, tmp_path):
+    exp = shutil.copytree(export_dir, tmp_path / "exp")
+    engine = _tensorrt_engine(exp / "model_48.onnx", batches=(1, 8, 16))
+    repo = package_triton(exp, tmp_path / "repo", RepositoryOptions(max_batch_size=32, preferred_batch_sizes=(8, 32)))
+    assert (repo / "vit_48_trt/1/model.plan").read_bytes() == engine.read_bytes()
+    assert not (repo / "vit_32_trt/1/model.plan").exists()
+    trt, ensemble, onnx_cfg = (parse(repo / f"{m}/config.pbtxt") for m in ("vit_48_trt", "classify_48_trt", "vit_48_onnx"))
+    assert trt.max_batch_size == ensemble.max_batch_size == 16 and list(trt.dynamic_batching.preferred_batch_size) == [8]
+    assert [s.batch_size for s in trt.optimization.cuda.graph_spec] == [1, 8]
+    assert onnx_cfg.max_batch_size == 32  # ONNX Runtime takes any batch
+    assert "copied from `model_48.trt.engine`" in (repo / "README.md").read_text()
+
+
+def test_a_stale_or_fixed_batch_engine_is_refused(export_dir, tmp_path):
+    exp = shutil.copytree(export_dir, tmp_path / "exp")
+    engine = _tensorrt_engine(exp / "model_32.onnx", batches=(4, 4, 4))
+    with pytest.raises(ConfigError, match="takes batches 4-4 only, but Triton sends any batch from 1; build it with --dynamic"):
+        package_triton(exp, tmp_path / "a", RepositoryOptions())
+    engine.write_bytes(b"something else")
+    with pytest.raises(StaleEngineError, match=r"model_32.trt.engine changed since it was built; rebuild with"):
+        package_triton(exp, tmp_path / "b", RepositoryOptions())
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

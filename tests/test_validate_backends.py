@@ -1,0 +1,137 @@
+"""validate() says which execution provider ran, and locates a divergence in the backend that
+failed: the recorded block outputs are marked as outputs of that backend's graph (ONNX Runtime)
+or of a debug engine built like the failing one, and the first block out of tolerance there is
+named, in the fp32 and the reduced-precision plans."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import onnx
+import onnxruntime
+import pytest
+import torch
+from onnx import numpy_helper
+
+from deploykit.backends import OnnxrtRunner, registry
+from deploykit.export import export
+from deploykit.export.bundle import MANIFEST_FILE, sha256_file
+from deploykit.nn import create_model
+from deploykit.validate import marked_graph, validate
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
+RES = (64, 64)
+
+
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("bisect") / "exp"
+    export(create_model("vit_tiny_patch16", encoding="rope-axial", depth=3, img_size=64, num_classes=10), [RES], out,
+           precisions=["fp32", "fp16"])
+    return out
+
+
+def _miscompile(model: bytes, block: int, factor: float = 3.0) -> bytes:
+    """``model`` with the weight of ``blocks.<block>.mlp.fc2`` scaled: a planted divergence."""
+    proto = onnx.load_from_string(model)
+    node = next(n for n in proto.graph.node if n.op_type in ("MatMul", "Gemm")
+                and any(f"blocks.{block}.mlp.fc2" in p.value for p in n.metadata_props))  # fmt: skip
+    init = next(i for i in proto.graph.initializer if i.name in node.input)
+    init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * factor, init.name))
+    return proto.SerializeToString()
+
+
+def test_records_say_which_execution_provider_ran(export_dir):
+    report = validate(export_dir, num_random=1, num_real=1)
+    with OnnxrtRunner(export_dir / "model_64.onnx") as runner:
+        ran = runner.provider
+    assert ran in onnxruntime.get_available_providers()
+    assert [r.provider for r in report.records] == [ran]
+    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+        assert ran == "CPUExecutionProvider"
+
+
+def test_fp16_divergence_is_named_in_onnxruntime(export_dir, tmp_path):
+    out = shutil.copytree(export_dir, tmp_path / "exp")
+    path = out / "model_64_fp16.onnx"
+    path.write_bytes(_miscompile(path.read_bytes(), block=1))
+    manifest = json.loads((out / MANIFEST_FILE).read_text())
+    for graph in manifest["graphs"]:
+        graph["sha256"] = sha256_file(out / graph["file"])
+    (out / MANIFEST_FILE).write_text(json.dumps(manifest))
+    (record,) = validate(out, precision="fp16", num_random=2, num_real=2).records
+    assert not record.passed and record.first_divergent_block == "blocks.1"
+    assert validate(out, precision="fp32", num_random=2, num_real=2).records[0].first_divergent_block is None  # fp32 intact
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_an_engine_s_divergence_is_located_in_that_engine(export_dir, monkeypatch, precision):
+    """A stand-in engine backend that miscompiles block 2 (ONNX Runtime underneath): the graph on
+    disk is right, so bisecting it in ONNX Runtime would find nothing ("head"); bisecting the
+    debug "engine" built from the marked graph finds block 2."""
+    compile_ = lambda model: OnnxrtRunner(_miscompile(model, block=2))  # noqa: E731
+    monkeypatch.setitem(registry.RUNNER_FACTORIES, "engine", lambda path: compile_(Path(path).read_bytes()))
+    monkeypatch.setitem(registry.BISECT_FACTORIES, "engine", lambda path, marked: compile_(marked))
+    report = validate(export_dir, backends=["ort", "engine"], precision=precision, num_random=2, num_real=2)
+    (ort_record, engine_record) = report.records
+    assert ort_record.passed and ort_record.first_divergent_block is None
+    assert not engine_record.passed and engine_record.first_divergent_block == "blocks.2"
+
+
+class _StandInStop(Exception):
+    pass
+
+
+def test_debug_engine_is_built_from_the_marked_graph_with_the_engine_s_settings(export_dir, tmp_path, monkeypatch):
+    """TensorRT-RTX on CPU: the marked graph's block outputs survive TensorRT's parser under their
+    ONNX names, and the debug engine is built with the settings recorded for the failing engine."""
+    pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed")
+    from deploykit.backends import tensorrt
+    from deploykit.backends._polygraphy import backend
+    from deploykit.backends.trt_runner import TrtRunner
+    from deploykit.build import build
+
+    out = shutil.copytree(export_dir, tmp_path / "exp")
+    (built,) = build(out, "rtx", dynamic=True, batch=2, max_batch=4, optimization_level=0, precisions=["fp16"])
+    onnx_path = out / "model_64_fp16.onnx"
+    marked, names = marked_graph(onnx_path)
+    assert len(names) == 3  # one recorded output per block
+    _, network, _ = backend("tensorrt_rtx").NetworkFromOnnxBytes(marked, strongly_typed=True)()
+    assert {network.get_output(i).name for i in range(network.num_outputs)} == {"logits", *names}
+
+    options, engines = [], []
+    real_call = tensorrt.EngineFromOnnx.__call__
+    monkeypatch.setattr(tensorrt.EngineFromOnnx, "__call__", lambda self: options.append(self.options) or real_call(self))
+
+    def deserialize(self, data):  # stands in for TensorRT's deserialization, which needs a GPU
+        engines.append(data)
+        raise _StandInStop
+
+    monkeypatch.setattr(TrtRunner, "_deserialize", deserialize)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(_StandInStop):
+        registry.create_bisect_runner("rtx", onnx_path, marked).activate()
+    (debug_options,) = options
+    assert (debug_options.min_batch, debug_options.opt_batch, debug_options.max_batch) == (1, 2, 4)
+    assert debug_options.optimization_level == 0 and debug_options.module == "tensorrt_rtx"
+    (debug_engine,) = engines
+    assert debug_engine and debug_engine != built.engine.read_bytes()
+
+
+def test_a_debug_engine_is_refused_when_the_engine_is_stale(export_dir, tmp_path):
+    pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed")
+    from deploykit.build import build
+    from deploykit.errors import StaleEngineError
+
+    out = shutil.copytree(export_dir, tmp_path / "exp")
+    build(out, "rtx", optimization_level=0, precisions=["fp32"])
+    fp_path = out / "model_64.rtx.json"
+    record = json.loads(fp_path.read_text())
+    record["fingerprint"]["precision"] = "fp16"
+    fp_path.write_text(json.dumps(record))
+    marked, _ = marked_graph(out / "model_64.onnx")
+    with pytest.raises(StaleEngineError, match="precision"):
+        registry.create_bisect_runner("rtx", out / "model_64.onnx", marked).activate()
