@@ -413,7 +413,8 @@ def _open_target(backend: str, subject: Subject, resolution: tuple[int, int], pr
     if backend not in ENGINE_MODULES:
         return _RunnerTarget(create_runner(backend, subject.onnx(resolution, precision)))
     # An engine exists only beside a graph of an export directory (deploykit build wrote it).
-    where = f"{subject.encoding} {precision} on {backend} @ {resolution_tag(resolution)}"
+    plan = "" if precision == FP32 else f" {precision}"
+    where = f"{subject.encoding}{plan} on {backend} @ {resolution_tag(resolution)}"
     if (resolution, precision) not in subject.graphs:
         why = "the APE baseline is exported in memory, so no engine was built for it" if subject.baseline else \
             "no exported graph at this resolution, so no engine"  # fmt: skip
