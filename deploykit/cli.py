@@ -279,14 +279,24 @@ def profile(export_dir, encoding, model_name, checkpoint, resolutions, resolutio
 @click.option("--max-queue-delay-us", default=2000, show_default=True, help="Dynamic batcher wait to fill a batch.")
 @click.option("--backend", "-b", default="auto", show_default=True, help="auto (TensorRT if usable, else ONNX Runtime) or a backend name.")
 @click.option("--top-k", default=5, show_default=True, help="Classes returned per image.")
+@click.option("--max-image-pixels", default=40_000_000, show_default=True, help="Largest image (height x width) decoded; larger ones get HTTP 400.")
+@click.option("--max-image-bytes", default=32 * 2**20, show_default=True, help="Largest encoded image accepted, in bytes.")
 @click.option("--ray", "use_ray", is_flag=True, help="Serve on Ray Serve instead (HTTP on --host/--port; POST image bytes).")
 @click.option("--replicas", default=2, show_default=True, help="Ray Serve replicas (with --ray).")
 @click.option("--ray-address", default=None, help="Existing Ray cluster to join (with --ray); default: start a local one.")
-def serve(export_dir, host, port, grpc_port, metrics_port, max_batch_size, max_queue_delay_us, backend, top_k, use_ray, replicas, ray_address):
+def serve(export_dir, host, port, grpc_port, metrics_port, max_batch_size, max_queue_delay_us, backend, top_k, max_image_pixels,
+          max_image_bytes, use_ray, replicas, ray_address):
     """Serve an export directory with Triton Inference Server (KServe v2 over HTTP and gRPC), or Ray Serve."""
     import signal
 
+    from deploykit.serve.pipeline import ImageLimits
+
     console = _console()
+    limits = ImageLimits(max_pixels=max_image_pixels, max_bytes=max_image_bytes)
+
+    def _say_backends(lines):  # once per server: what runs each resolution, and why the others were skipped
+        for line in lines:
+            console.print(line, markup=False, soft_wrap=True)  # reasons hold brackets: pip install 'deploykit[trt]'
 
     def _interrupt(signum, frame):  # SIGTERM shuts down like Ctrl-C: the server stops, then the process exits
         raise KeyboardInterrupt
@@ -296,18 +306,26 @@ def serve(export_dir, host, port, grpc_port, metrics_port, max_batch_size, max_q
         from deploykit.serve.ray_serve import RayOptions, serve_ray
 
         ray_options = RayOptions(num_replicas=replicas, max_batch_size=max_batch_size, batch_wait_timeout_s=max_queue_delay_us / 1e6,
-                                 backend=backend, top_k=top_k, host=host, port=port)
-        serve_ray(export_dir, ray_options, address=ray_address,
-                  on_ready=lambda: console.print(f"[green]✓[/] Ray Serve: POST image bytes to http://{host}:{port}/", soft_wrap=True))
+                                 backend=backend, top_k=top_k, host=host, port=port, limits=limits)
+
+        def ray_ready(backends):
+            _say_backends(backends)
+            console.print(f"[green]✓[/] Ray Serve: POST image bytes to http://{host}:{port}/", soft_wrap=True)
+
+        serve_ray(export_dir, ray_options, address=ray_address, on_ready=ray_ready)
         return
     from deploykit.serve.triton_server import ServerOptions
     from deploykit.serve.triton_server import serve as run_server
 
     options = ServerOptions(host=host, http_port=port, grpc_port=grpc_port, metrics_port=metrics_port, max_batch_size=max_batch_size,
-                            max_queue_delay_us=max_queue_delay_us, backend=backend, top_k=top_k)
-    run_server(export_dir, options, on_ready=lambda names: console.print(
-        f"[green]✓[/] serving {', '.join(names)}: http://{host}:{port}  grpc {host}:{grpc_port}  metrics http://{host}:{metrics_port}/metrics",
-        soft_wrap=True))
+                            max_queue_delay_us=max_queue_delay_us, backend=backend, top_k=top_k, limits=limits)
+
+    def triton_ready(ready):
+        _say_backends(ready.backends)
+        console.print(f"[green]✓[/] serving {', '.join(ready.models)}: http://{ready.http}  grpc {ready.grpc}  "
+                      f"metrics http://{ready.metrics}/metrics", soft_wrap=True)
+
+    run_server(export_dir, options, on_ready=triton_ready)
 
 
 @cli.group("import")
