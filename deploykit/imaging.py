@@ -66,7 +66,9 @@ def decode(data: bytes, max_pixels: int = MAX_PIXELS, max_bytes: int = MAX_BYTES
             return np.array(img.convert("RGB"))  # a writable copy
     except Image.UnidentifiedImageError as err:
         raise ImageRejected("cannot decode image bytes: not an image format Pillow reads") from err
-    except (OSError, ValueError, Image.DecompressionBombError) as err:
+    except Image.DecompressionBombError as err:  # Pillow's own header check, at twice its MAX_IMAGE_PIXELS
+        raise ImageRejected(f"image is too large: {_first_line(err)}; this server takes at most {max_pixels} pixels") from err
+    except (OSError, ValueError) as err:
         if isinstance(err, ImageRejected):
             raise
         raise ImageRejected(f"cannot decode image bytes: {_first_line(err)}") from err
