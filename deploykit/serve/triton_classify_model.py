@@ -35,14 +35,16 @@ class TritonPythonModel:
         self.max_batch_size = settings["max_batch_size"]
 
     def execute(self, requests):
-        errors, images = {}, []  # request index -> TritonError; (request, item, resolution, [3, h, w])
+        errors, images, counts = {}, [], []  # request index -> TritonError; (request, item, resolution, [3, h, w])
         for i, request in enumerate(requests):
             try:
-                images += [(i, j, *self._prepare(data)) for j, data in enumerate(self._items(request))]
-            except ImageRejected as err:
-                errors[i] = self.pb.TritonError(str(err), self.pb.TritonError.INVALID_ARG)
+                prepared = [(i, j, *self._prepare(data)) for j, data in enumerate(self._items(request))]
+            except ImageRejected as err:  # the client's error: this request fails alone
+                errors[i], prepared = self.pb.TritonError(str(err), self.pb.TritonError.INVALID_ARG), []
+            images += prepared
+            counts.append(len(prepared))
         results = self._classify(images, errors)
-        return [self._response(i, request, results, errors) for i, request in enumerate(requests)]
+        return [self._response(i, counts[i], results, errors) for i in range(len(requests))]
 
     def _items(self, request) -> np.ndarray:
         items = self.pb.get_input_tensor_by_name(request, "image").as_numpy().reshape(-1)
@@ -76,9 +78,9 @@ class TritonPythonModel:
                     results[i, j] = classes[row], scores[row], np.array(res, np.int64)
         return results
 
-    def _response(self, i: int, request, results: dict, errors: dict):
+    def _response(self, i: int, count: int, results: dict, errors: dict):
         if i in errors:
             return self.pb.InferenceResponse(error=errors[i])
-        rows = [results[i, j] for j in range(len(self._items(request)))]
+        rows = [results[i, j] for j in range(count)]
         names = ("classes", "scores", "resolution")
         return self.pb.InferenceResponse(output_tensors=[self.pb.Tensor(n, np.stack([r[k] for r in rows])) for k, n in enumerate(names)])

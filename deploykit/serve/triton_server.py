@@ -143,7 +143,7 @@ def check_listen_addresses(options: ServerOptions) -> None:
         except (socket.gaierror, UnicodeError) as err:
             raise ConfigError(f"cannot listen on host {options.host!r}: {getattr(err, 'strerror', None) or err}") from err
         with socket.socket(family, kind, proto) as probe:
-            # SO_REUSEADDR as tritonserver sets it: a port left in TIME_WAIT is free, a listening one is not
+            # SO_REUSEADDR: a port a previous server left in TIME_WAIT counts as free, a listening one does not
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 probe.bind(address)
