@@ -17,16 +17,16 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from deploykit_imaging import ImageRejected, decode, nearest_resolution, preprocess
 
 
 class TritonPythonModel:
     """The Python backend's entry point (``initialize`` / ``execute``)."""
 
     def initialize(self, args: dict) -> None:
+        import deploykit_imaging  # beside this file: the Python backend puts the version directory on sys.path
         import triton_python_backend_utils as pb_utils  # only exists inside Triton's stub
 
-        self.pb = pb_utils
+        self.pb, self.imaging = pb_utils, deploykit_imaging
         settings = json.loads(json.loads(args["model_config"])["parameters"]["settings"]["string_value"])
         self.resolutions = [tuple(r) for r in settings["resolutions"]]
         self.models = dict(zip(self.resolutions, settings["models"]))
@@ -39,7 +39,7 @@ class TritonPythonModel:
         for i, request in enumerate(requests):
             try:
                 prepared = [(i, j, *self._prepare(data)) for j, data in enumerate(self._items(request))]
-            except ImageRejected as err:  # the client's error: this request fails alone
+            except self.imaging.ImageRejected as err:  # the client's error: this request fails alone
                 errors[i], prepared = self.pb.TritonError(str(err), self.pb.TritonError.INVALID_ARG), []
             images += prepared
             counts.append(len(prepared))
@@ -49,13 +49,13 @@ class TritonPythonModel:
     def _items(self, request) -> np.ndarray:
         items = self.pb.get_input_tensor_by_name(request, "image").as_numpy().reshape(-1)
         if len(items) == 0:
-            raise ImageRejected("empty batch: send at least one image")
+            raise self.imaging.ImageRejected("empty batch: send at least one image")
         return items
 
     def _prepare(self, data: bytes) -> tuple[tuple[int, int], np.ndarray]:
-        image = decode(bytes(data), self.max_pixels, self.max_bytes)
-        res = nearest_resolution(image.shape[:2], self.resolutions)
-        return res, preprocess(image, res, self.mean, self.std, self.crop_pct)
+        image = self.imaging.decode(bytes(data), self.max_pixels, self.max_bytes)
+        res = self.imaging.nearest_resolution(image.shape[:2], self.resolutions)
+        return res, self.imaging.preprocess(image, res, self.mean, self.std, self.crop_pct)
 
     def _classify(self, images: list, errors: dict) -> dict:
         """``(request, item) -> (classes, scores, resolution)``; a failed call marks its requests in ``errors``."""

@@ -14,13 +14,15 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from deploykit_imaging import ImageRejected, decode, preprocess
 
 
 class TritonPythonModel:
     """The Python backend's entry point (``initialize`` / ``execute``)."""
 
     def initialize(self, args: dict) -> None:
+        import deploykit_imaging  # beside this file: the Python backend puts the version directory on sys.path
+
+        self.imaging = deploykit_imaging
         params = {k: v["string_value"] for k, v in json.loads(args["model_config"])["parameters"].items()}
         self.resolution = int(params["height"]), int(params["width"])
         self.mean, self.std = json.loads(params["mean"]), json.loads(params["std"])
@@ -28,7 +30,8 @@ class TritonPythonModel:
         self.max_pixels, self.max_bytes = int(params["max_pixels"]), int(params["max_bytes"])
 
     def _preprocess(self, data: bytes) -> np.ndarray:
-        return preprocess(decode(data, self.max_pixels, self.max_bytes), self.resolution, self.mean, self.std, self.crop_pct)
+        image = self.imaging.decode(data, self.max_pixels, self.max_bytes)
+        return self.imaging.preprocess(image, self.resolution, self.mean, self.std, self.crop_pct)
 
     def execute(self, requests):
         import triton_python_backend_utils as pb_utils  # only exists inside Triton's stub
@@ -39,7 +42,7 @@ class TritonPythonModel:
                 items = pb_utils.get_input_tensor_by_name(request, "image").as_numpy().reshape(-1)
                 images = np.stack([self._preprocess(bytes(b)) for b in items])
                 responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("images", images)]))
-            except ImageRejected as err:
+            except self.imaging.ImageRejected as err:
                 error = pb_utils.TritonError(str(err), pb_utils.TritonError.INVALID_ARG)
                 responses.append(pb_utils.InferenceResponse(error=error))
         return responses
