@@ -60,6 +60,15 @@ PLUGINS_HELP = ("Repeatable: a directory of Python TensorRT plugins, a plugin li
                 "(e.g. sape2). None by default; an engine runs with the plugins it was built with.")
 
 
+def _image_limit_options(command):
+    """``--max-image-pixels`` / ``--max-image-bytes``: what one image may cost before it is decoded."""
+    from deploykit.imaging import MAX_BYTES, MAX_PIXELS
+
+    command = click.option("--max-image-bytes", default=MAX_BYTES, show_default=True, help="Largest encoded image accepted, in bytes.")(command)
+    return click.option("--max-image-pixels", default=MAX_PIXELS, show_default=True,
+                        help="Largest image (height x width) decoded; larger ones are refused (HTTP 400) from their header.")(command)
+
+
 def _console():
     from rich.console import Console
 
@@ -310,14 +319,23 @@ def profile(export_dir, encoding, model_name, checkpoint, resolutions, resolutio
 @click.option("--max-queue-delay-us", default=2000, show_default=True, help="Dynamic batcher wait to fill a batch.")
 @click.option("--backend", "-b", default="auto", show_default=True, help="auto (TensorRT if usable, else ONNX Runtime) or a backend name.")
 @click.option("--top-k", default=5, show_default=True, help="Classes returned per image.")
+@_image_limit_options
 @click.option("--ray", "use_ray", is_flag=True, help="Serve on Ray Serve instead (HTTP on --host/--port; POST image bytes).")
 @click.option("--replicas", default=2, show_default=True, help="Ray Serve replicas (with --ray).")
 @click.option("--ray-address", default=None, help="Existing Ray cluster to join (with --ray); default: start a local one.")
-def serve(export_dir, host, port, grpc_port, metrics_port, max_batch_size, max_queue_delay_us, backend, top_k, use_ray, replicas, ray_address):
+def serve(export_dir, host, port, grpc_port, metrics_port, max_batch_size, max_queue_delay_us, backend, top_k, max_image_pixels,
+          max_image_bytes, use_ray, replicas, ray_address):
     """Serve an export directory with Triton Inference Server (KServe v2 over HTTP and gRPC), or Ray Serve."""
     import signal
 
+    from deploykit.serve.pipeline import ImageLimits
+
     console = _console()
+    limits = ImageLimits(max_pixels=max_image_pixels, max_bytes=max_image_bytes)
+
+    def _say_backends(lines):  # once per server: what runs each resolution, and why the others were skipped
+        for line in lines:
+            console.print(line, markup=False, soft_wrap=True)  # reasons hold brackets: pip install 'deploykit[trt]'
 
     def _interrupt(signum, frame):  # SIGTERM shuts down like Ctrl-C: the server stops, then the process exits
         raise KeyboardInterrupt
@@ -327,18 +345,26 @@ def serve(export_dir, host, port, grpc_port, metrics_port, max_batch_size, max_q
         from deploykit.serve.ray_serve import RayOptions, serve_ray
 
         ray_options = RayOptions(num_replicas=replicas, max_batch_size=max_batch_size, batch_wait_timeout_s=max_queue_delay_us / 1e6,
-                                 backend=backend, top_k=top_k, host=host, port=port)
-        serve_ray(export_dir, ray_options, address=ray_address,
-                  on_ready=lambda: console.print(f"[green]✓[/] Ray Serve: POST image bytes to http://{host}:{port}/", soft_wrap=True))
+                                 backend=backend, top_k=top_k, host=host, port=port, limits=limits)
+
+        def ray_ready(backends):
+            _say_backends(backends)
+            console.print(f"[green]✓[/] Ray Serve: POST image bytes to http://{host}:{port}/", soft_wrap=True)
+
+        serve_ray(export_dir, ray_options, address=ray_address, on_ready=ray_ready)
         return
     from deploykit.serve.triton_server import ServerOptions
     from deploykit.serve.triton_server import serve as run_server
 
     options = ServerOptions(host=host, http_port=port, grpc_port=grpc_port, metrics_port=metrics_port, max_batch_size=max_batch_size,
-                            max_queue_delay_us=max_queue_delay_us, backend=backend, top_k=top_k)
-    run_server(export_dir, options, on_ready=lambda names: console.print(
-        f"[green]✓[/] serving {', '.join(names)}: http://{host}:{port}  grpc {host}:{grpc_port}  metrics http://{host}:{metrics_port}/metrics",
-        soft_wrap=True))
+                            max_queue_delay_us=max_queue_delay_us, backend=backend, top_k=top_k, limits=limits)
+
+    def triton_ready(ready):
+        _say_backends(ready.backends)
+        console.print(f"[green]✓[/] serving {', '.join(ready.models)}: http://{ready.http}  grpc {ready.grpc}  "
+                      f"metrics http://{ready.metrics}/metrics", soft_wrap=True)
+
+    run_server(export_dir, options, on_ready=triton_ready)
 
 
 @cli.group("import")
@@ -364,6 +390,37 @@ def import_timm(name, weights, model_kwargs, options, output):
     _console().print(f"[green]✓[/] {output}  ({describe(model, name)})", soft_wrap=True)
 
 
+@cli.command("serve-bench")
+@click.argument("export_dir", type=click.Path(path_type=Path))
+@click.option("--concurrency", "concurrency", multiple=True, default=("1,8,32",), show_default=True, help="Levels, comma-separated or repeated.")
+@click.option("--requests", default=256, show_default=True, help="Requests per level and side.")
+@click.option("--resolution", "-r", type=RESOLUTION, default=None, help="Exported resolution to load (default: the first).")
+@click.option("--backend", "-b", default="ort", show_default=True, help="Backend of both sides.")
+@click.option("--max-batch-size", default=32, show_default=True, help="The server's dynamic batching limit.")
+@click.option("--max-queue-delay-us", default=2000, show_default=True, help="The server's dynamic batching wait.")
+@click.option("--client", type=click.Choice(["auto", "perf_analyzer", "builtin"]), default="auto", show_default=True,
+              help="Load generator of the served side: Triton's perf_analyzer when installed, else our own.")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the report as JSON.")
+def serve_bench(export_dir, concurrency, requests, resolution, backend, max_batch_size, max_queue_delay_us, client, json_path):
+    """Served (Triton, dynamic batching) vs in-process throughput and p50/p99 latency per concurrency."""
+    from deploykit.profile import parse_counts
+    from deploykit.serve.bench import BenchOptions, bench_serving
+
+    console = _console()
+    options = BenchOptions(concurrency=tuple(parse_counts(concurrency, "concurrency")), requests=requests, resolution=resolution,
+                           backend=backend, max_batch_size=max_batch_size, max_queue_delay_us=max_queue_delay_us, client=client)
+    with console.status("starting the server") as status:
+        report = bench_serving(export_dir, options, progress=lambda m: status.update(m))
+    for level in report.levels:
+        local, served = level["in_process"], level["served"]
+        click.echo(f"concurrency {level['concurrency']:>3}: in-process {local['throughput_rps']:.1f} req/s, p50 {local['p50_ms']:.2f} ms, "
+                   f"p99 {local['p99_ms']:.2f} ms | served {served['throughput_rps']:.1f} req/s, p50 {served['p50_ms']:.2f} ms, "
+                   f"p99 {served['p99_ms']:.2f} ms, mean merged batch {served['mean_merged_batch']:.1f} | "
+                   f"served/in-process {level['served_vs_in_process_throughput']:.2f}")
+    if json_path:
+        console.print(f"wrote {report.write_json(json_path)}", markup=False, soft_wrap=True)
+
+
 @cli.group()
 def package():
     """Package an export directory for a serving system."""
@@ -378,13 +435,16 @@ def package():
 @click.option("--max-queue-delay-us", default=2000, show_default=True)
 @click.option("--gpu-instances", default=1, show_default=True, help="Instances per GPU of each inference model.")
 @click.option("--onnx-kind", type=click.Choice(["gpu", "cpu"]), default="gpu", show_default=True, help="Instance kind of the ONNX Runtime variant.")
-def package_triton(export_dir, output, max_batch_size, preferred, max_queue_delay_us, gpu_instances, onnx_kind):
+@_image_limit_options
+def package_triton(export_dir, output, max_batch_size, preferred, max_queue_delay_us, gpu_instances, onnx_kind, max_image_pixels, max_image_bytes):
     """Write a Triton model repository: TensorRT + ONNX Runtime models per resolution, preprocessing ensembles."""
+    from deploykit.serve.pipeline import ImageLimits
     from deploykit.serve.triton_repo import RepositoryOptions
     from deploykit.serve.triton_repo import package_triton as write_repository
 
     options = RepositoryOptions(max_batch_size=max_batch_size, preferred_batch_sizes=tuple(preferred),
-                                max_queue_delay_us=max_queue_delay_us, gpu_instances=gpu_instances, onnx_kind=onnx_kind)
+                                max_queue_delay_us=max_queue_delay_us, gpu_instances=gpu_instances, onnx_kind=onnx_kind,
+                                limits=ImageLimits(max_pixels=max_image_pixels, max_bytes=max_image_bytes))
     repo = write_repository(export_dir, output, options)
     _console().print(f"[green]✓[/] {repo}  ({len([p for p in repo.iterdir() if p.is_dir()])} models; see {repo / 'README.md'})")
 

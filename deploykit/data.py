@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
+from deploykit import imaging
 from deploykit._lazy import lazy_import
 
 # RGB samples bundled inside scikit-image's wheel (no pooch download).
@@ -31,21 +30,10 @@ def preprocess(
     """One ``[H, W, 3]`` (or ``[H, W]``) uint8 image → ``[3, h, w]`` float32, normalised.
 
     Bicubic antialiased resize of the short side to ``max(h, w) / crop_pct``, centre crop to
-    ``resolution``, scale to ``[0, 1]``, subtract ``mean`` and divide by ``std`` per channel.
+    ``resolution``, scale to ``[0, 1]``, subtract ``mean`` and divide by ``std`` per channel
+    (``deploykit.imaging.preprocess``: the same code runs inside the Triton models).
     """
-    image = np.asarray(image)
-    if image.ndim == 2:
-        image = np.repeat(image[..., None], 3, axis=-1)
-    image = image[..., :3]  # drop alpha
-    h, w = resolution
-    x = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)[None].double() / 255.0
-    scale = max(h, w) / crop_pct / min(x.shape[-2:])
-    size = (max(h, round(x.shape[-2] * scale)), max(w, round(x.shape[-1] * scale)))
-    x = F.interpolate(x, size=size, mode="bicubic", align_corners=False, antialias=True).clamp_(0, 1)
-    top, left = (size[0] - h) // 2, (size[1] - w) // 2
-    x = x[..., top : top + h, left : left + w]
-    x = (x - torch.tensor(mean, dtype=x.dtype)[:, None, None]) / torch.tensor(std, dtype=x.dtype)[:, None, None]
-    return x[0].float().numpy()
+    return imaging.preprocess(image, resolution, mean, std, crop_pct)
 
 
 def sample_images(count: int = len(SAMPLE_IMAGES)) -> list[np.ndarray]:

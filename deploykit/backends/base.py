@@ -18,6 +18,10 @@ class Runner:
     """Base runner; use as a context manager: ``with OnnxrtRunner(path) as r: r.infer(feed)``."""
 
     name = "runner"
+    # Whether one active runner may run ``infer`` from several threads at once. A runner that
+    # owns per-call state (an execution context, device buffers, a stream) may not: callers
+    # that share it across threads (``deploykit.serve.Pipeline``) serialise its calls with a lock.
+    thread_safe = False
 
     def __init__(self):
         self.is_active = False

@@ -42,6 +42,9 @@ class OnnxrtRunner(Runner):
     """
 
     name = "ort"
+    # ONNX Runtime guarantees InferenceSession::Run() is thread-safe (microsoft/onnxruntime#19301);
+    # callers need no lock (benchmarks/ort_lock.py measures what one would cost).
+    thread_safe = True
 
     def __init__(self, model: str | os.PathLike | bytes, providers: Sequence[str] | None = None, intra_op_threads: int = 0):
         super().__init__()

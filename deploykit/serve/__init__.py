@@ -3,6 +3,6 @@
 Only the pipeline is imported here; the server modules import their optional packages lazily.
 """
 
-from deploykit.serve.pipeline import Pipeline, Prediction, load, nearest_resolution
+from deploykit.serve.pipeline import ImageLimits, Pipeline, Prediction, load, nearest_resolution
 
-__all__ = ["Pipeline", "Prediction", "load", "nearest_resolution"]
+__all__ = ["ImageLimits", "Pipeline", "Prediction", "load", "nearest_resolution"]

@@ -11,15 +11,22 @@ Preprocessing then resizes and crops it to that resolution, exactly as for a mat
 
 Backend selection: ``backend="auto"`` tries the runner factories in ``AUTO_PREFERENCE`` order
 (TensorRT, TensorRT-RTX, ONNX Runtime), skipping any not registered, and keeps the first whose
-runner activates; each skipped backend's reason is kept in ``Pipeline.skipped``. Any other
-value names one backend from the mapping, with no fallback.
+runner activates; each skipped backend's reason is kept in ``Pipeline.skipped`` and
+``Pipeline.describe_backends()`` says it in a few lines. Any other value names one backend from
+the mapping, with no fallback.
+
+Threads: a pipeline may be called from several threads (a server's model instances, Ray's
+thread pool). A runner that does not declare itself ``thread_safe`` (an engine's execution
+context and buffers) is used by one thread at a time, behind a lock of its own.
+
+Limits: an image over ``ImageLimits`` (pixels, encoded bytes) is refused before it is decoded.
 """
 
 from __future__ import annotations
 
-import io
-import math
+import contextlib
 import os
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,12 +34,14 @@ from typing import Any, Union
 
 import numpy as np
 
+from deploykit import imaging
 from deploykit._lazy import lazy_import
 from deploykit.backends.base import Runner
 from deploykit.data import CROP_PCT, preprocess
 from deploykit.errors import ConfigError, DeployKitError, InputError
 from deploykit.export.bundle import Manifest
 from deploykit.export.onnx_export import OUTPUT_NAME, resolution_tag
+from deploykit.imaging import nearest_resolution
 from deploykit.nn.checkpoint import CONFIG_FILE, read_config
 from deploykit.nn.vit import ViTConfig
 
@@ -53,6 +62,23 @@ RunnerFactory = Callable[[Path], Runner]
 
 
 @dataclass(frozen=True)
+class ImageLimits:
+    """What one image may cost before it is decoded; anything larger is refused.
+
+    Attributes:
+        max_pixels: most pixels (height x width), checked from the image header.
+        max_bytes: most encoded bytes per image.
+    """
+
+    max_pixels: int = imaging.MAX_PIXELS
+    max_bytes: int = imaging.MAX_BYTES
+
+    def __post_init__(self) -> None:
+        if self.max_pixels < 1 or self.max_bytes < 1:
+            raise ConfigError(f"image limits must be >= 1, got max_pixels={self.max_pixels}, max_bytes={self.max_bytes}")
+
+
+@dataclass(frozen=True)
 class Prediction:
     """Top-k classes of one image, best first.
 
@@ -67,39 +93,40 @@ class Prediction:
     resolution: tuple[int, int]
 
 
-def nearest_resolution(size: tuple[int, int], resolutions: Sequence[tuple[int, int]]) -> tuple[int, int]:
-    """The exported resolution an image of ``size = (height, width)`` is routed to (module rule)."""
-    h, w = size
-
-    def key(r: tuple[int, int]) -> tuple[float, int]:
-        return abs(math.log(r[0] / h)) + abs(math.log(r[1] / w)), -r[0] * r[1]
-
-    return min(resolutions, key=key)
-
-
-def decode_image(item: ImageLike) -> np.ndarray:
+def decode_image(item: ImageLike, limits: ImageLimits = ImageLimits()) -> np.ndarray:
     """One image as ``[H, W, 3]`` uint8.
 
     Accepts a uint8 array (``[H, W]``, ``[H, W, 1|3|4]``), a PIL image, encoded image bytes
-    (PNG, JPEG, ...) or a file path.
+    (PNG, JPEG, ...) or a file path. Encoded images are size-checked from their header first.
 
     Raises:
-        InputError: anything else, or bytes / a file that is not a readable image.
+        InputError: anything else, bytes / a file that is not a readable image, or an image
+            over ``limits``.
     """
-    if isinstance(item, np.ndarray):
-        return _rgb_array(item)
-    if isinstance(item, (bytes, bytearray, memoryview, str, os.PathLike)):
-        image_module = lazy_import("PIL.Image")
-        source = io.BytesIO(bytes(item)) if isinstance(item, (bytes, bytearray, memoryview)) else item
-        what = "image bytes" if isinstance(source, io.BytesIO) else str(item)
-        try:
-            with image_module.open(source) as img:
-                return np.array(img.convert("RGB"))  # a writable copy (torch warns on read-only arrays)
-        except (OSError, ValueError, image_module.DecompressionBombError) as err:
-            raise InputError(f"cannot decode {what} as an image: {err}") from err
-    if hasattr(item, "convert") and hasattr(item, "size"):  # a PIL image, without importing PIL for the check
-        return np.array(item.convert("RGB"))
+    try:
+        if isinstance(item, np.ndarray):
+            array = _rgb_array(item)
+            imaging.check_size(*array.shape[:2], limits.max_pixels)
+            return array
+        if isinstance(item, (bytes, bytearray, memoryview, str, os.PathLike)):
+            lazy_import("PIL.Image")  # a missing Pillow is named with its extra
+            data = bytes(item) if isinstance(item, (bytes, bytearray, memoryview)) else _read_file(item, limits.max_bytes)
+            return imaging.decode(data, limits.max_pixels, limits.max_bytes)
+        if hasattr(item, "convert") and hasattr(item, "size"):  # a PIL image, without importing PIL for the check
+            imaging.check_size(item.size[1], item.size[0], limits.max_pixels)
+            return np.array(item.convert("RGB"))
+    except imaging.ImageRejected as err:
+        raise InputError(f"{item}: {err}" if isinstance(item, (str, os.PathLike)) else str(err)) from err
     raise InputError(f"unsupported image type {type(item).__name__}; expected a uint8 array, PIL image, bytes or path")
+
+
+def _read_file(path: str | os.PathLike, max_bytes: int) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(max_bytes + 1)  # one byte more than allowed is enough to refuse it
+    except OSError as err:
+        raise InputError(f"cannot read {path}: {err.strerror or err}") from err
+    return data
 
 
 def _rgb_array(array: np.ndarray) -> np.ndarray:
@@ -178,6 +205,8 @@ class Pipeline:
         top_k: classes returned per image.
         batch_size: most images per runner call.
         crop_pct: resize the short side to ``resolution / crop_pct`` before the centre crop.
+        limits: the largest image (pixels, encoded bytes) accepted; larger ones are refused
+            before decoding.
         factories: backend name → runner factory; default ``deploykit.validate.RUNNER_FACTORIES``.
 
     Raises:
@@ -192,6 +221,7 @@ class Pipeline:
         top_k: int = 5,
         batch_size: int = 8,
         crop_pct: float = CROP_PCT,
+        limits: ImageLimits = ImageLimits(),
         factories: Mapping[str, RunnerFactory] | None = None,
     ):
         from deploykit.export.bundle import checked_graph
@@ -200,17 +230,19 @@ class Pipeline:
         if top_k < 1 or batch_size < 1:
             raise ConfigError(f"top_k and batch_size must be >= 1, got {top_k} and {batch_size}")
         self.export_dir = Path(export_dir)
-        self.top_k, self.batch_size, self.crop_pct = top_k, batch_size, crop_pct
+        self.top_k, self.batch_size, self.crop_pct, self.limits = top_k, batch_size, crop_pct, limits
         manifest = Manifest.read(self.export_dir)
         self.config = read_image_config(self.export_dir)
         self.runners: dict[tuple[int, int], Runner] = {}
         self.backends: dict[tuple[int, int], str] = {}
         self.skipped: dict[tuple[int, int], dict[str, str]] = {}
+        self._locks: dict[tuple[int, int], contextlib.AbstractContextManager] = {}
         try:
             for entry in manifest.graphs_at("fp32"):  # the served plan; fp16/bf16 graphs are built into engines separately
                 res = tuple(entry.resolution)
                 name, runner, skipped = activate_runner(checked_graph(self.export_dir, entry), backend, factories or RUNNER_FACTORIES)
                 self.runners[res], self.backends[res], self.skipped[res] = runner, name, skipped
+                self._locks[res] = contextlib.nullcontext() if runner.thread_safe else threading.Lock()
         except BaseException:
             self.close()
             raise
@@ -224,6 +256,19 @@ class Pipeline:
     @property
     def num_classes(self) -> int:
         return self.config.num_classes
+
+    def describe_backends(self) -> list[str]:
+        """What runs each resolution and why the backends before it were skipped, one line per
+        distinct fact: ``backend ort at 32, 48`` then ``skipped trt at 32, 48: <reason>``."""
+        chosen: dict[str, list[str]] = {}
+        skipped: dict[tuple[str, str], list[str]] = {}
+        for res in self.resolutions:
+            chosen.setdefault(self.backends[res], []).append(resolution_tag(res))
+            for name, why in self.skipped[res].items():
+                skipped.setdefault((name, why), []).append(resolution_tag(res))
+        return [f"backend {name} at {', '.join(tags)}" for name, tags in chosen.items()] + [
+            f"skipped {name} at {', '.join(tags)}: {why}" for (name, why), tags in skipped.items()
+        ]
 
     def route(self, size: tuple[int, int]) -> tuple[int, int]:
         """The exported resolution for an image of ``(height, width)`` (module rule)."""
@@ -243,11 +288,13 @@ class Pipeline:
             raise InputError(
                 f"expected float32 [B, {self.config.in_chans}, H, W], got {images.dtype} {list(images.shape)}"
             )
-        runner = self.runners.get(tuple(images.shape[-2:]))
+        res = tuple(images.shape[-2:])
+        runner = self.runners.get(res)
         if runner is None:
             have = ", ".join(resolution_tag(r) for r in self.resolutions)
-            raise InputError(f"no graph at {resolution_tag(tuple(images.shape[-2:]))} (exported: {have})")
-        parts = [runner.infer({INPUT_NAME: images[i : i + self.batch_size]})[OUTPUT_NAME] for i in range(0, len(images), self.batch_size)]
+            raise InputError(f"no graph at {resolution_tag(res)} (exported: {have})")
+        with self._locks[res]:
+            parts = [runner.infer({INPUT_NAME: images[i : i + self.batch_size]})[OUTPUT_NAME] for i in range(0, len(images), self.batch_size)]
         return np.concatenate(parts) if parts else np.zeros((0, self.num_classes), np.float32)
 
     def __call__(self, images: ImageLike | Sequence[ImageLike]) -> Prediction | list[Prediction]:
@@ -257,7 +304,7 @@ class Pipeline:
             One ``Prediction`` for a single image, else a list in input order.
         """
         single = not isinstance(images, (list, tuple)) and not (isinstance(images, np.ndarray) and images.ndim == 4)
-        decoded = [decode_image(images)] if single else [decode_image(item) for item in images]
+        decoded = [decode_image(images, self.limits)] if single else [decode_image(item, self.limits) for item in images]
         routes = [self.route(img.shape[:2]) for img in decoded]
         predictions: list[Prediction | None] = [None] * len(decoded)
         for res in dict.fromkeys(routes):

@@ -11,16 +11,22 @@ are batched per replica by ``@serve.batch`` (``max_batch_size`` images, waiting 
 ``batch_wait_timeout_s``). HTTP: ``POST /`` with encoded image bytes as the body, answered
 with JSON; Python: ``handle.classify.remote(image)`` with anything ``Pipeline`` takes.
 Every answer names the node and replica that computed it, so load spreading can be seen.
+
+The pipeline is synchronous (decoding, ONNX Runtime / TensorRT calls), so a replica runs it in
+a worker thread: the replica's event loop keeps accepting requests, forming the next batch and
+answering other calls while a batch computes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from dataclasses import dataclass, field
 
 from deploykit._lazy import lazy_import
 from deploykit.errors import ConfigError
+from deploykit.serve.pipeline import ImageLimits
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,7 @@ class RayOptions:
         backend, top_k: as in ``Pipeline``.
         ray_actor_options: per-replica resources (``{"num_cpus": 1}``, custom resources, ...).
         host, port: where Ray Serve's HTTP proxy listens.
+        limits: the largest image a replica decodes (pixels, encoded bytes).
     """
 
     num_replicas: int = 2
@@ -44,6 +51,7 @@ class RayOptions:
     ray_actor_options: dict = field(default_factory=lambda: {"num_cpus": 1})
     host: str = "127.0.0.1"
     port: int = 8000
+    limits: ImageLimits = field(default_factory=ImageLimits)
 
     def __post_init__(self) -> None:
         if self.num_replicas < 1 or self.max_batch_size < 1 or self.batch_wait_timeout_s < 0:
@@ -61,13 +69,15 @@ class PipelineReplica:
         serve = lazy_import("ray.serve")
         from deploykit.serve.pipeline import Pipeline
 
-        self.pipeline = Pipeline(export_dir, backend=options.backend, top_k=options.top_k, batch_size=options.max_batch_size)
+        self.pipeline = Pipeline(export_dir, backend=options.backend, top_k=options.top_k, batch_size=options.max_batch_size,
+                                 limits=options.limits)
         self.node_id = ray.get_runtime_context().get_node_id()
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self._batched = serve.batch(max_batch_size=options.max_batch_size, batch_wait_timeout_s=options.batch_wait_timeout_s)(self._run)
 
     async def _run(self, images: list) -> list[dict]:
-        predictions = self.pipeline(images)
+        # @serve.batch takes coroutines only; the synchronous pipeline runs in a worker thread
+        predictions = await asyncio.to_thread(self.pipeline, images)
         return [
             {"classes": list(p.classes), "scores": list(p.scores), "resolution": list(p.resolution),
              "node_id": self.node_id, "replica": self.replica_id, "batch_size": len(images)}
@@ -78,7 +88,12 @@ class PipelineReplica:
         """One image (array, PIL image, bytes or path) → its prediction and where it ran."""
         from deploykit.serve.pipeline import decode_image
 
-        return await self._batched(decode_image(image))  # decode here: a bad image fails alone
+        decoded = await asyncio.to_thread(decode_image, image, self.pipeline.limits)  # here: a bad image fails alone
+        return await self._batched(decoded)
+
+    async def backends(self) -> list[str]:
+        """``Pipeline.describe_backends()`` of this replica."""
+        return self.pipeline.describe_backends()
 
     async def __call__(self, request) -> dict:
         """HTTP: the request body is one encoded image."""
@@ -108,6 +123,8 @@ def build_app(export_dir: str | os.PathLike, options: RayOptions = RayOptions())
 def serve_ray(export_dir: str | os.PathLike, options: RayOptions = RayOptions(), address: str | None = None, on_ready=None) -> None:
     """Deploy on a Ray cluster (``address``; default: a local one) and block until interrupted.
 
+    ``on_ready`` is called once the replicas run, with one replica's ``describe_backends()``.
+
     Raises:
         MissingDependencyError: Ray Serve is not installed (``pip install 'deploykit[ray]'``).
     """
@@ -116,9 +133,9 @@ def serve_ray(export_dir: str | os.PathLike, options: RayOptions = RayOptions(),
     ray.init(address=address) if address else ray.init(include_dashboard=False)
     try:
         serve.start(http_options={"host": options.host, "port": options.port})
-        serve.run(build_app(export_dir, options), name="deploykit", route_prefix="/")
+        handle = serve.run(build_app(export_dir, options), name="deploykit", route_prefix="/")
         if on_ready:
-            on_ready()
+            on_ready(handle.backends.remote().result())
         threading.Event().wait()  # until KeyboardInterrupt / SIGTERM turned into one
     except KeyboardInterrupt:
         pass

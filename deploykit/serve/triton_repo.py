@@ -6,7 +6,8 @@ For every exported resolution ``<res>`` (``224``, ``384x256``, ...)::
                          ``deploykit build --backend trt`` wrote (model_<res>.trt.engine, checked
                          against its fingerprint), else to build on the serving host (README)
     vit_<res>_onnx/      platform onnxruntime_onnx; 1/model.onnx (the exported graph)
-    preprocess_<res>/    Python backend: encoded image bytes -> [3, H, W] float32
+    preprocess_<res>/    Python backend: encoded image bytes -> [3, H, W] float32 (deploykit.imaging,
+                         copied beside model.py: the pipeline's own preprocessing)
     classify_<res>_trt/  ensemble: preprocess_<res> -> vit_<res>_trt   (bytes in, logits out)
     classify_<res>_onnx/ ensemble: preprocess_<res> -> vit_<res>_onnx
     README.md            how to build the engines and load the SaPE2 plugin
@@ -28,15 +29,17 @@ import logging
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from deploykit import imaging
 from deploykit.errors import ConfigError, DeployKitError
 from deploykit.export.bundle import Manifest
 from deploykit.export.onnx_export import OUTPUT_NAME, resolution_tag
-from deploykit.serve.pipeline import INPUT_NAME, read_image_config
+from deploykit.serve.pipeline import INPUT_NAME, ImageLimits, read_image_config
 
 PREPROCESS_MODEL_SOURCE = Path(__file__).with_name("triton_preprocess_model.py")
+IMAGING_MODULE = "deploykit_imaging"  # the name the Python models import deploykit/imaging.py by
 
 _log = logging.getLogger(__name__)
 
@@ -53,6 +56,7 @@ class RepositoryOptions:
         onnx_kind: ``"gpu"`` or ``"cpu"`` instances for the ONNX Runtime variant.
         preprocess_instances: CPU instances of the Python preprocessing model.
         crop_pct: as in ``deploykit.data.preprocess``.
+        limits: the largest image the preprocessing models decode (pixels, encoded bytes).
     """
 
     max_batch_size: int = 32
@@ -62,6 +66,7 @@ class RepositoryOptions:
     onnx_kind: str = "gpu"
     preprocess_instances: int = 2
     crop_pct: float = 0.875
+    limits: ImageLimits = field(default_factory=ImageLimits)
 
     def __post_init__(self) -> None:
         if self.onnx_kind not in ("gpu", "cpu"):
@@ -115,7 +120,7 @@ def vit_config(name: str, platform: str, shape, num_classes: int, kind: str, opt
 def preprocess_config(name: str, resolution: tuple[int, int], config, opts: RepositoryOptions) -> str:
     """``config.pbtxt`` of the Python preprocessing model (settings passed as parameters)."""
     params = dict(height=resolution[0], width=resolution[1], mean=json.dumps(list(config.mean)), std=json.dumps(list(config.std)),
-                  crop_pct=opts.crop_pct)
+                  crop_pct=opts.crop_pct, max_pixels=opts.limits.max_pixels, max_bytes=opts.limits.max_bytes)
     param_text = ",\n".join(f'  {{ key: "{k}" value: {{ string_value: {json.dumps(str(v))} }} }}' for k, v in params.items())
     return (
         f'name: "{name}"\nbackend: "python"\nmax_batch_size: {opts.max_batch_size}\n'
@@ -175,6 +180,13 @@ def _fit_to_engine(opts: RepositoryOptions, batches: tuple[int, int], engine: Pa
     return dataclasses.replace(opts, max_batch_size=min(opts.max_batch_size, high), preferred_batch_sizes=preferred)
 
 
+def copy_python_model(source: Path, version_dir: Path) -> None:
+    """Copy a Python-backend model into ``version_dir`` as ``model.py``, with ``deploykit/imaging.py``
+    beside it (the Python backend puts the version directory on ``sys.path``)."""
+    shutil.copyfile(source, version_dir / "model.py")
+    shutil.copyfile(imaging.__file__, version_dir / f"{IMAGING_MODULE}.py")
+
+
 def _write_resolution(repo: Path, export_dir: Path, entry, config, opts: RepositoryOptions) -> dict:
     """Write the five models of one resolution; return what the README should say about it."""
     engine, batches, rtx_engine = _find_engines(export_dir / entry.file)
@@ -197,7 +209,7 @@ def _write_resolution(repo: Path, export_dir: Path, entry, config, opts: Reposit
     (repo / names["onnx"] / "1").mkdir()
     shutil.copyfile(export_dir / entry.file, repo / names["onnx"] / "1" / "model.onnx")
     (repo / names["pre"] / "1").mkdir()
-    shutil.copyfile(PREPROCESS_MODEL_SOURCE, repo / names["pre"] / "1" / "model.py")
+    copy_python_model(PREPROCESS_MODEL_SOURCE, repo / names["pre"] / "1")
     (repo / names["trt"] / "1").mkdir()
     if engine:
         shutil.copyfile(engine, repo / names["trt"] / "1" / "model.plan")
@@ -258,6 +270,10 @@ def _readme(manifest: Manifest, notes: list[dict], opts: RepositoryOptions) -> s
         "",
         "Send encoded image bytes (input `image`, TYPE_STRING) to `classify_<res>_trt` or `classify_<res>_onnx`;",
         "preprocessed float32 `[B, 3, H, W]` tensors (input `images`) to `vit_<res>_trt` / `vit_<res>_onnx`.",
+        "",
+        "The `preprocess_<res>` models run `deploykit_imaging.py` beside their `model.py`: the preprocessing deploykit",
+        "validates with (Triton's Python backend needs numpy and Pillow). Bytes that are not an image, or an image over",
+        f"{opts.limits.max_pixels} pixels or {opts.limits.max_bytes} bytes, get HTTP 400 / INVALID_ARGUMENT.",
         "",
         "## TensorRT engines",
         "",

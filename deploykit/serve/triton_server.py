@@ -8,37 +8,51 @@ batch merged). Models served from one export directory:
 ``logits_<res>`` (one per exported resolution, e.g. ``logits_224``, ``logits_384x256``)
     input ``images`` FP32 ``[B, 3, H, W]`` (preprocessed); outputs ``logits`` FP32
     ``[B, classes]``, ``classes`` INT64 ``[B, k]`` and ``scores`` FP32 ``[B, k]`` (softmax,
-    best first). Dynamic batching merges concurrent requests up to ``max_batch_size``.
+    best first). Dynamic batching merges concurrent requests up to ``max_batch_size``. Bound
+    through PyTriton to the pipeline's runners, in this process.
 ``classify``
     input ``image`` BYTES ``[B, 1]`` (encoded PNG/JPEG/...); outputs ``classes``, ``scores``
-    and ``resolution`` INT64 ``[B, 2]`` (where the pipeline routed each image). Not dynamically
-    batched: PyTriton answers a merged batch with one error for all of it, so one client's
-    undecodable bytes would fail other clients' requests.
+    and ``resolution`` INT64 ``[B, 2]`` (where each image was routed). A Triton Python-backend
+    model of our own (``triton_classify_model.py``, in Triton's stub processes): it checks each
+    image's size from its header, decodes, routes and preprocesses with ``deploykit.imaging``
+    (the pipeline's code), and sends each resolution's images to ``logits_<res>``, whose
+    dynamic batcher merges them with other clients' tensors. Its own model because PyTriton
+    (0.7, and its main branch) answers any exception of a bound function with HTTP 500 / gRPC
+    INTERNAL and a Python traceback; a Python-backend model can say INVALID_ARGUMENT.
 
-Triton itself rejects a wrong dtype, a wrong rank or a batch over ``max_batch_size`` before the
-model runs; the pipeline rejects an empty batch and non-image bytes. Either way the client gets
-a KServe v2 error (HTTP 4xx/5xx with an ``error`` body, or a gRPC error status) and the server
-keeps serving.
+Triton rejects a wrong dtype, a wrong rank or a batch over ``max_batch_size`` before any model
+runs; ``classify`` rejects non-image bytes and images over the limits with HTTP 400 / gRPC
+INVALID_ARGUMENT and one line, per request (other clients' requests batched with it are
+answered). The server keeps serving.
+
+Startup: the host and ports are checked before anything starts (a taken port or an unusable
+host is one error line); every model is written into Triton's repository before tritonserver
+starts, and tritonserver opens its ports only once it has loaded them all, so
+``/v2/health/ready`` never answers 200 while a model is still loading.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
+import socket
 import sysconfig
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from deploykit._lazy import lazy_import
-from deploykit.errors import ConfigError, InputError
+from deploykit.errors import ConfigError, DeployKitError, InputError
 from deploykit.export.onnx_export import resolution_tag
-from deploykit.serve.pipeline import Pipeline, decode_image, top_k
+from deploykit.serve.pipeline import INPUT_NAME, ImageLimits, Pipeline, top_k
+from deploykit.serve.triton_repo import copy_python_model
 
 CLASSIFY_MODEL = "classify"
+CLASSIFY_MODEL_SOURCE = Path(__file__).with_name("triton_classify_model.py")
 _log = logging.getLogger(__name__)
 
 
@@ -59,6 +73,8 @@ class ServerOptions:
         backend: pipeline backend (``"auto"``, ``"ort"``, ...).
         top_k: classes returned per image.
         exit_timeout_s: how long Triton waits for in-flight requests on shutdown.
+        limits: the largest image ``classify`` decodes (pixels, encoded bytes).
+        classify_instances: ``classify`` model instances (processes decoding in parallel).
     """
 
     host: str = "127.0.0.1"
@@ -70,12 +86,14 @@ class ServerOptions:
     backend: str = "auto"
     top_k: int = 5
     exit_timeout_s: int = 5
+    limits: ImageLimits = field(default_factory=ImageLimits)
+    classify_instances: int = 2
 
     def __post_init__(self) -> None:
-        if self.max_batch_size < 1 or self.max_queue_delay_us < 0 or self.top_k < 1:
+        if self.max_batch_size < 1 or self.max_queue_delay_us < 0 or self.top_k < 1 or self.classify_instances < 1:
             raise ConfigError(
-                f"need max_batch_size >= 1, max_queue_delay_us >= 0, top_k >= 1; got {self.max_batch_size}, "
-                f"{self.max_queue_delay_us}, {self.top_k}"
+                f"need max_batch_size >= 1, max_queue_delay_us >= 0, top_k >= 1, classify_instances >= 1; got "
+                f"{self.max_batch_size}, {self.max_queue_delay_us}, {self.top_k}, {self.classify_instances}"
             )
         ports = (self.http_port, self.grpc_port, self.metrics_port)
         if len(set(ports)) != 3 or not all(0 < p < 65536 for p in ports):
@@ -112,6 +130,27 @@ def interpreter_libpython_first() -> Iterator[None]:
             os.environ["LD_LIBRARY_PATH"] = before
 
 
+def check_listen_addresses(options: ServerOptions) -> None:
+    """Refuse, in one line and before anything starts, a host this machine cannot listen on or a
+    port already taken (tritonserver would report it in its log and exit, after loading every model).
+
+    Raises:
+        ConfigError: the host does not resolve or is not local, or a port is in use.
+    """
+    for label, port in (("HTTP", options.http_port), ("gRPC", options.grpc_port), ("metrics", options.metrics_port)):
+        try:
+            family, kind, proto, _, address = socket.getaddrinfo(options.host, port, type=socket.SOCK_STREAM)[0]
+        except (socket.gaierror, UnicodeError) as err:
+            raise ConfigError(f"cannot listen on host {options.host!r}: {getattr(err, 'strerror', None) or err}") from err
+        with socket.socket(family, kind, proto) as probe:
+            # SO_REUSEADDR: a port a previous server left in TIME_WAIT counts as free, a listening one does not
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as err:
+                raise ConfigError(f"cannot listen on {options.host}:{port} ({label} port): {err.strerror or err}") from err
+
+
 def _logits_fn(pipeline: Pipeline) -> Callable:
     batch = lazy_import("pytriton.decorators").batch
 
@@ -126,37 +165,19 @@ def _logits_fn(pipeline: Pipeline) -> Callable:
     return infer
 
 
-def _classify_fn(pipeline: Pipeline) -> Callable:
-    batch = lazy_import("pytriton.decorators").batch
-
-    @batch
-    def infer(image: np.ndarray) -> dict[str, np.ndarray]:
-        items = image.reshape(-1)
-        if len(items) == 0:
-            raise InputError("empty batch: send at least one image")
-        predictions = pipeline([decode_image(bytes(item)) for item in items])
-        return {
-            "classes": np.array([p.classes for p in predictions], np.int64),
-            "scores": np.array([p.scores for p in predictions], np.float32),
-            "resolution": np.array([p.resolution for p in predictions], np.int64),
-        }
-
-    return infer
-
-
-def bind_models(triton, pipeline: Pipeline, options: ServerOptions) -> list[str]:
-    """Bind the ``logits_<res>`` models and ``classify`` to a PyTriton ``Triton``; return their names."""
+def bind_logits_models(triton, pipeline: Pipeline, options: ServerOptions) -> list[str]:
+    """Bind one ``logits_<res>`` model per resolution to a PyTriton ``Triton``; return their names."""
     mc = lazy_import("pytriton.model_config")
     k = min(options.top_k, pipeline.num_classes)
-    topk_outputs = [mc.Tensor(name="classes", dtype=np.int64, shape=(k,)), mc.Tensor(name="scores", dtype=np.float32, shape=(k,))]
     names = []
     for res in pipeline.resolutions:
         name = logits_model_name(res)
         triton.bind(
             model_name=name,
             infer_func=_logits_fn(pipeline),
-            inputs=[mc.Tensor(name="images", dtype=np.float32, shape=(pipeline.config.in_chans, *res))],
-            outputs=[mc.Tensor(name="logits", dtype=np.float32, shape=(pipeline.num_classes,)), *topk_outputs],
+            inputs=[mc.Tensor(name=INPUT_NAME, dtype=np.float32, shape=(pipeline.config.in_chans, *res))],
+            outputs=[mc.Tensor(name="logits", dtype=np.float32, shape=(pipeline.num_classes,)),
+                     mc.Tensor(name="classes", dtype=np.int64, shape=(k,)), mc.Tensor(name="scores", dtype=np.float32, shape=(k,))],
             config=mc.ModelConfig(
                 max_batch_size=options.max_batch_size,
                 batcher=mc.DynamicBatcher(max_queue_delay_microseconds=options.max_queue_delay_us),
@@ -164,15 +185,37 @@ def bind_models(triton, pipeline: Pipeline, options: ServerOptions) -> list[str]
             strict=True,
         )
         names.append(name)
-    triton.bind(
-        model_name=CLASSIFY_MODEL,
-        infer_func=_classify_fn(pipeline),
-        inputs=[mc.Tensor(name="image", dtype=bytes, shape=(1,))],
-        outputs=[*topk_outputs, mc.Tensor(name="resolution", dtype=np.int64, shape=(2,))],
-        config=mc.ModelConfig(max_batch_size=options.max_batch_size, batcher=None),
-        strict=True,
+    return names
+
+
+def classify_config(pipeline: Pipeline, options: ServerOptions) -> str:
+    """``config.pbtxt`` of the ``classify`` Python-backend model; its settings travel as one JSON parameter."""
+    k = min(options.top_k, pipeline.num_classes)
+    settings = dict(
+        resolutions=[list(r) for r in pipeline.resolutions], models=[logits_model_name(r) for r in pipeline.resolutions],
+        mean=list(pipeline.config.mean), std=list(pipeline.config.std), crop_pct=pipeline.crop_pct,
+        max_pixels=options.limits.max_pixels, max_bytes=options.limits.max_bytes, max_batch_size=options.max_batch_size,
     )
-    return [*names, CLASSIFY_MODEL]
+    return (
+        f'name: "{CLASSIFY_MODEL}"\nbackend: "python"\nmax_batch_size: {options.max_batch_size}\n'
+        'input [ { name: "image" data_type: TYPE_STRING dims: [ 1 ] } ]\n'
+        f'output [\n  {{ name: "classes" data_type: TYPE_INT64 dims: [ {k} ] }},\n'
+        f'  {{ name: "scores" data_type: TYPE_FP32 dims: [ {k} ] }},\n'
+        '  { name: "resolution" data_type: TYPE_INT64 dims: [ 2 ] }\n]\n'
+        f"instance_group [ {{ kind: KIND_CPU count: {options.classify_instances} }} ]\n"
+        f"dynamic_batching {{ max_queue_delay_microseconds: {options.max_queue_delay_us} }}\n"
+        f'parameters [ {{ key: "settings" value: {{ string_value: {json.dumps(json.dumps(settings))} }} }} ]\n'
+    )
+
+
+def write_classify_model(repository: Path, pipeline: Pipeline, options: ServerOptions) -> str:
+    """Write the ``classify`` model (config, ``model.py`` and the imaging module beside it) into a
+    Triton model repository; return its name."""
+    version = repository / CLASSIFY_MODEL / "1"
+    version.mkdir(parents=True)
+    (repository / CLASSIFY_MODEL / "config.pbtxt").write_text(classify_config(pipeline, options))
+    copy_python_model(CLASSIFY_MODEL_SOURCE, version)
+    return CLASSIFY_MODEL
 
 
 def triton_config(options: ServerOptions):
@@ -197,25 +240,93 @@ def security_config():
     return triton.TritonSecurityConfig(restricted_endpoints=restricted)
 
 
-def serve(export_dir: str | os.PathLike, options: ServerOptions = ServerOptions(), on_ready: Callable[[list[str]], None] | None = None) -> None:
+@dataclass(frozen=True)
+class ServerReady:
+    """What a started server serves, for the caller to print.
+
+    Attributes:
+        models: every model name.
+        backends: ``Pipeline.describe_backends()``: what runs each resolution, what was skipped and why.
+        http, grpc, metrics: the endpoints' ``host:port``.
+    """
+
+    models: list[str]
+    backends: list[str]
+    http: str
+    grpc: str
+    metrics: str
+
+
+class TritonServer:
+    """Triton serving one pipeline; entering starts it and returns once every model is ready.
+
+    The models go into a PyTriton workspace's model store before tritonserver starts (PyTriton's
+    "local model store" lifecycle), so tritonserver loads them all before it opens its ports.
+
+    Args:
+        pipeline: an open pipeline (its runners serve the ``logits_<res>`` models).
+        options: ports, batching, limits.
+    """
+
+    def __init__(self, pipeline: Pipeline, options: ServerOptions = ServerOptions()):
+        self.pipeline, self.options = pipeline, options
+        self._triton = None
+
+    def __enter__(self) -> TritonServer:
+        pytriton = lazy_import("pytriton.triton")
+        workspace = lazy_import("pytriton.utils.workspace").Workspace()
+        check_listen_addresses(self.options)
+        policy = pytriton.TritonLifecyclePolicy(launch_triton_on_startup=False, local_model_store=True)
+        self._triton = pytriton.Triton(config=triton_config(self.options), security_config=security_config(),
+                                       workspace=workspace, triton_lifecycle_policy=policy)
+        try:
+            names = bind_logits_models(self._triton, self.pipeline, self.options)
+            names.append(write_classify_model(workspace.model_store_path, self.pipeline, self.options))
+            self._start()
+        except BaseException:
+            self._triton.stop()
+            raise
+        o = self.options
+        self.ready = ServerReady(names, self.pipeline.describe_backends(), f"{o.host}:{o.http_port}", f"{o.host}:{o.grpc_port}",
+                                 f"{o.host}:{o.metrics_port}")
+        return self
+
+    def _start(self) -> None:
+        client_errors = lazy_import("pytriton.client.exceptions")
+        try:
+            with interpreter_libpython_first():
+                # Launches tritonserver; the model stubs it starts inherit its environment.
+                self._triton.run()
+        except (TimeoutError, client_errors.PyTritonClientError) as err:
+            raise DeployKitError(f"Triton did not become ready: {err}; its log above says why") from err
+        if not self._triton.is_alive():
+            raise DeployKitError("tritonserver exited while starting; its log above says why")
+
+    def serve_forever(self) -> None:
+        """Block until SIGINT (``KeyboardInterrupt``) or until tritonserver dies."""
+        self._triton.serve()
+
+    def __exit__(self, *exc) -> None:
+        self._triton.stop()
+
+
+def serve(export_dir: str | os.PathLike, options: ServerOptions = ServerOptions(), on_ready: Callable[[ServerReady], None] | None = None) -> None:
     """Serve an export directory with Triton until interrupted (SIGINT / ``KeyboardInterrupt``).
 
     Args:
         export_dir: written by ``deploykit export``.
-        options: ports, batching, backend.
-        on_ready: called with the model names once every model is loaded.
+        options: ports, batching, backend, limits.
+        on_ready: called once every model is loaded, with what is served.
 
     Raises:
         MissingDependencyError: PyTriton is not installed (``pip install 'deploykit[serve]'``).
+        ConfigError: the host or a port cannot be listened on.
         DeployKitError: the export directory cannot be served.
     """
-    pytriton = lazy_import("pytriton.triton")
-    with contextlib.ExitStack() as stack:
-        pipeline = stack.enter_context(Pipeline(export_dir, backend=options.backend, top_k=options.top_k, batch_size=options.max_batch_size))
-        with interpreter_libpython_first():
-            # Entering launches tritonserver; the model stubs it starts later inherit its environment.
-            triton = stack.enter_context(pytriton.Triton(config=triton_config(options), security_config=security_config()))
-        names = bind_models(triton, pipeline, options)
+    check_listen_addresses(options)  # before anything loads: a taken port fails in a second
+    lazy_import("pytriton.triton")  # a missing extra is said before the export is opened
+    pipeline = Pipeline(export_dir, backend=options.backend, top_k=options.top_k, batch_size=options.max_batch_size, limits=options.limits)
+    with pipeline, TritonServer(pipeline, options) as server:
         if on_ready:
-            on_ready(names)
-        triton.serve()  # returns on SIGINT, or when tritonserver dies; exiting the stack stops it
+            on_ready(server.ready)
+        server.serve_forever()  # returns on SIGINT, or when tritonserver dies; leaving the block stops it

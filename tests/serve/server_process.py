@@ -15,19 +15,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from deploykit.serve.bench import free_loopback_ports as free_ports  # noqa: F401  (the tests' import name)
+
 _LISTEN = "0A"
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct ports free on 127.0.0.1 right now."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def descendants(pid: int) -> list[int]:

@@ -161,3 +161,88 @@ def test_sequence_model_export_is_refused_in_one_line(tmp_path):
     export(create_model("seq_tiny_ega", depth=1), [(16,)], tmp_path)
     with pytest.raises(ConfigError, match="sequence model"):
         Pipeline(tmp_path)
+
+
+# ----------------------------------------------------------------------------------------------
+# threads, limits, what runs
+
+
+def test_a_runner_shared_by_threads_is_entered_by_one_at_a_time(export_dir):
+    """200 calls from 16 threads on one resolution: no call starts while another is running on
+    the same runner, and every answer equals the sequential one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from stand_in_runner import OverlapDetectingRunner
+
+    runners = []
+
+    def factory(path):
+        runners.append(OverlapDetectingRunner(path))
+        return runners[-1]
+
+    inputs = np.random.default_rng(3).standard_normal((200, 1, 3, 32, 32), dtype=np.float32)
+    with Pipeline(export_dir, backend="one-context", factories={"one-context": factory}) as pipe:
+        sequential = [pipe.logits(x) for x in inputs]
+        with ThreadPoolExecutor(16) as pool:
+            concurrent = list(pool.map(pipe.logits, inputs))
+    calls = sum(r.calls for r in runners)
+    assert calls == 400, calls
+    assert sum(r.overlaps for r in runners) == 0, "two threads were inside one runner at once"
+    for got, want in zip(concurrent, sequential):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_thread_safe_runner_is_not_serialised(export_dir):
+    """A runner declaring ``thread_safe`` (an ONNX Runtime session) takes concurrent calls: two
+    calls must be inside at once to pass the barrier, which a lock would never let happen."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    barrier = threading.Barrier(2, timeout=30)
+
+    class MeetingRunner(OnnxrtRunner):
+        thread_safe = True
+
+        def _infer(self, feed):
+            barrier.wait()  # BrokenBarrierError after 30 s if calls were serialised
+            return super()._infer(feed)
+
+    x = np.random.default_rng(4).standard_normal((2, 1, 3, 32, 32), dtype=np.float32)
+    with Pipeline(export_dir, backend="meet", factories={"meet": MeetingRunner}) as pipe, ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(pipe.logits, x))
+    np.testing.assert_allclose(np.concatenate(results), ort_logits(export_dir, x[:, 0]), rtol=1e-5, atol=1e-6)
+
+
+def test_describe_backends_names_the_choice_and_each_skip_once(export_dir):
+    def unavailable(path):
+        raise MissingDependencyError("tensorrt is not available")
+
+    def stale(path):
+        raise DeployKitError(f"engine for {path.name} is stale")
+
+    with Pipeline(export_dir, factories={"ort": OnnxrtRunner, "trt": unavailable, "rtx": stale}) as pipe:
+        assert pipe.describe_backends() == [
+            "backend ort at 32, 48",
+            "skipped trt at 32, 48: tensorrt is not available",
+            "skipped rtx at 32: engine for model_32.onnx is stale",
+            "skipped rtx at 48: engine for model_48.onnx is stale",
+        ]
+
+
+def test_images_over_the_limits_are_refused_before_decoding(export_dir, tmp_path):
+    from deploykit.serve import ImageLimits
+    from tests.test_imaging import png_header_only
+
+    limits = ImageLimits(max_pixels=32 * 40, max_bytes=10_000)
+    with deploykit.load(export_dir, backend="ort", limits=limits) as pipe:
+        too_big = np.zeros((33, 40, 3), np.uint8)
+        for item in (too_big, PIL.fromarray(too_big), png_header_only(40, 33)):
+            with pytest.raises(InputError, match="40x33 = 1320 pixels; this server takes at most 1280"):
+                pipe(item)
+        path = tmp_path / "big.png"
+        path.write_bytes(png_header_only(40, 33) + b"\0" * 10_000)
+        with pytest.raises(InputError, match=f"{path}: image is 10001 bytes; this server takes at most 10000"):
+            pipe(path)
+        assert pipe(np.zeros((32, 40, 3), np.uint8)).resolution == (32, 32)  # at the limit: served
+    with pytest.raises(ConfigError, match="max_pixels=0"):
+        ImageLimits(max_pixels=0)

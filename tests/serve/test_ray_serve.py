@@ -73,6 +73,22 @@ def test_two_node_cluster_spreads_requests_over_both_nodes(export_dir):
         np.testing.assert_allclose(result["scores"], [p for _, p in top], rtol=1e-5, atol=1e-7)
 
 
+def test_a_replica_keeps_receiving_requests_while_its_pipeline_computes(export_dir):
+    """The pipeline runs in a worker thread: while one batch computes, the replica's event loop
+    receives the next request (``ray_event_loop.py`` holds the first call until one arrives)."""
+    command = [sys.executable, str(HERE / "ray_event_loop.py"), str(export_dir)]
+    if _can_isolate_network():
+        command = ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *command]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parent.parent)]))
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["first_call"] == {"received_during_call": True}, "the replica's event loop was blocked by the pipeline"
+    assert report["answers"] == report["received"] >= 2
+    top = softmax_top_k(ort_logits(export_dir, preprocessed(export_dir, np.zeros((32, 32, 3), np.uint8), (32, 32))[None]), 3)[0]
+    assert report["classes"][0] == [c for c, _ in top]
+
+
 def _can_isolate_network() -> bool:
     """Whether this machine lets us run a command in a new network namespace with ``lo`` up."""
     try:

@@ -44,3 +44,35 @@ def test_package_triton_bad_options(capsys, export_dir, tmp_path, option):
     code, err = run_cli(capsys, "package", "triton", export_dir, "--output", tmp_path / "repo", *option)
     assert code == 1 and err.startswith("error: "), err
     assert not (tmp_path / "repo").exists()
+
+
+def _serve(export_dir, *options) -> subprocess.CompletedProcess:
+    """``deploykit serve`` in its own process; the timeout only guards against the hang this tests."""
+    return subprocess.run([sys.executable, "-m", "deploykit", "serve", str(export_dir), *map(str, options)],
+                          capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
+
+
+def test_serve_exits_with_one_line_when_its_port_is_taken(export_dir):
+    import socket
+
+    from server_process import free_ports
+
+    http, grpc, metrics = free_ports(3)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", grpc))
+        taken.listen()
+        proc = _serve(export_dir, "--port", http, "--grpc-port", grpc, "--metrics-port", metrics)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stderr.strip() == f"error: cannot listen on 127.0.0.1:{grpc} (gRPC port): Address already in use"
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("host, reason", [("256.0.0.1", "cannot listen on host '256.0.0.1'"),
+                                          ("192.0.2.1", "cannot listen on 192.0.2.1:")])  # TEST-NET-1: never local
+def test_serve_exits_with_one_line_on_a_host_it_cannot_listen_on(export_dir, host, reason):
+    from server_process import free_ports
+
+    proc = _serve(export_dir, "--host", host, *[x for pair in zip(("--port", "--grpc-port", "--metrics-port"), free_ports(3)) for x in pair])
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {reason}"), proc.stderr[-2000:]

@@ -15,12 +15,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from serve_reference import torch_preprocess
 from server_process import free_ports, process_tree, stop, wait_until
 
 from deploykit.cli import main
 from deploykit.data import preprocess, sample_images
 from deploykit.errors import DeployKitError
 from deploykit.serve.triton_repo import RepositoryOptions, package_triton
+from tests.test_imaging import png_header_only
 
 model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2", reason="needs tritonclient (serve extra)")
 from google.protobuf import text_format  # noqa: E402
@@ -54,6 +56,10 @@ def test_layout_and_every_config_parses(repo):
         assert config.max_batch_size == 8
         assert (repo / name / "1").is_dir()
     assert (repo / "vit_32_onnx/1/model.onnx").stat().st_size > 0
+    import deploykit.imaging
+
+    for tag in TAGS:  # the pipeline's own preprocessing travels with the model
+        assert (repo / f"preprocess_{tag}/1/deploykit_imaging.py").read_bytes() == Path(deploykit.imaging.__file__).read_bytes()
     assert "LD_PRELOAD" in (repo / "README.md").read_text() and "--backend-config=tensorrt,plugins=" in (repo / "README.md").read_text()
 
 
@@ -176,12 +182,11 @@ def test_preprocessing_model_serves_in_bundled_tritonserver(bundled_server, expo
     tensor.set_data_from_numpy(np.array([[_png(img)] for img in images], dtype=object))
     served = bundled_server.infer(f"preprocess_{tag}", [tensor]).as_numpy("images")
     res = (int(tag), int(tag))
-    expected = np.stack([preprocess(img, res, config["mean"], config["std"]) for img in images])
+    expected = np.stack([torch_preprocess(img, res, config["mean"], config["std"]) for img in images])
     assert served.shape == expected.shape == (2, 3, *res)
-    # Pillow's antialiased bicubic vs torch's: same filter family, different rounding / taps at
-    # this 10x downscale; within a few grey levels of [0, 255] after normalisation
-    assert np.abs(served - expected).max() < 8 / 255 / min(config["std"])
-    assert np.abs(served - expected).mean() < 1 / 255 / min(config["std"])
+    # the served model preprocesses with the code validation uses: equal to float32 rounding
+    np.testing.assert_allclose(served, expected, rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(served, np.stack([preprocess(img, res, config["mean"], config["std"]) for img in images]))
 
 
 def test_bundled_preprocessing_rejects_non_image_bytes_and_keeps_serving(bundled_server):
@@ -190,9 +195,16 @@ def test_bundled_preprocessing_rejects_non_image_bytes_and_keeps_serving(bundled
 
     bad = InferInput("image", [1, 1], "BYTES")
     bad.set_data_from_numpy(np.array([[b"not an image"]], dtype=object))
-    with pytest.raises(InferenceServerException, match="cannot decode image bytes") as info:
+    with pytest.raises(InferenceServerException) as info:
         bundled_server.infer("preprocess_32", [bad])
     assert str(info.value.status()) == "400"
+    assert info.value.message() == "cannot decode image bytes: not an image format Pillow reads"
+    huge = InferInput("image", [1, 1], "BYTES")
+    huge.set_data_from_numpy(np.array([[png_header_only(12000, 12000)]], dtype=object))
+    with pytest.raises(InferenceServerException) as info:
+        bundled_server.infer("preprocess_32", [huge])
+    assert str(info.value.status()) == "400"
+    assert info.value.message() == "image is 12000x12000 = 144000000 pixels; this server takes at most 40000000"
     good = InferInput("image", [1, 1], "BYTES")
     good.set_data_from_numpy(np.array([[_png(sample_images(1)[0])]], dtype=object))
     assert bundled_server.infer("preprocess_32", [good]).as_numpy("images").shape == (1, 3, 32, 32)

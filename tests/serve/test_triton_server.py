@@ -1,21 +1,23 @@
-"""``deploykit serve`` end to end: a real tritonserver (PyTriton's bundled binary, on CPU),
-answered over KServe v2 HTTP and gRPC with ``tritonclient``, checked against ONNX Runtime run
-directly. One server for the module: started on 127.0.0.1 at free ports, stopped by its pid."""
+"""``deploykit serve`` end to end: a real tritonserver (PyTriton's bundled binary, on CPU)
+serving the zoo's trained APE model, answered over KServe v2 HTTP and gRPC with
+``tritonclient``, checked against ONNX Runtime run directly. One server for the module: started
+on 127.0.0.1 at free ports with the default ``--backend auto``, watched from its first moment,
+stopped by its pid."""
 
 from __future__ import annotations
 
-import io
 import ipaddress
 import os
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from serve_reference import ort_logits, preprocessed, softmax_top_k
-from server_process import free_ports, listening_addresses, process_tree, stop, wait_until
+from serve_reference import ort_logits, png, preprocessed, softmax_top_k, zoo_test_images
+from server_process import free_ports, listening_addresses, process_tree, stop
 
 pytest.importorskip("pytriton", reason="needs the serve extra: pip install 'deploykit[serve]'")
 httpclient = pytest.importorskip("tritonclient.http", reason="needs the serve extra")
@@ -24,30 +26,63 @@ PIL = pytest.importorskip("PIL.Image", reason="needs pillow")
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from deploykit.data import sample_images  # noqa: E402
+from deploykit.serve.pipeline import AUTO_PREFERENCE  # noqa: E402
 
 MAX_BATCH = 8
 QUEUE_DELAY_US = 20_000  # long enough that concurrent requests reliably meet in the queue
 TOP_K = 3
 MODELS = ["logits_32", "logits_48", "classify"]
+MAX_PIXELS, MAX_BYTES = 4_000_000, 1_000_000  # set on the command line: the limits are options
 
 
 @pytest.fixture(scope="module")
-def server(export_dir, tmp_path_factory):
+def served_dir(zoo_export_dir):
+    return zoo_export_dir
+
+
+@pytest.fixture(scope="module")
+def server(served_dir, tmp_path_factory):
     http_port, grpc_port, metrics_port = free_ports(3)
     log = tmp_path_factory.mktemp("triton") / "server.log"
-    cmd = [sys.executable, "-m", "deploykit", "serve", str(export_dir), "--host", "127.0.0.1", "--port", str(http_port),
+    cmd = [sys.executable, "-m", "deploykit", "serve", str(served_dir), "--host", "127.0.0.1", "--port", str(http_port),
            "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port), "--max-batch-size", str(MAX_BATCH),
-           "--max-queue-delay-us", str(QUEUE_DELAY_US), "--backend", "ort", "--top-k", str(TOP_K)]
+           "--max-queue-delay-us", str(QUEUE_DELAY_US), "--top-k", str(TOP_K), "--max-image-pixels", str(MAX_PIXELS),
+           "--max-image-bytes", str(MAX_BYTES)]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     tree = [(proc.pid, "")]
     try:
-        http = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}")
-        wait_until(lambda: all(http.is_model_ready(m) for m in MODELS), proc, timeout_s=180, log=log)
+        first_ready = watch_until_ready(httpclient.InferenceServerClient(f"127.0.0.1:{http_port}"), proc, log)
         tree = process_tree(proc.pid)
-        yield dict(proc=proc, http=f"127.0.0.1:{http_port}", grpc=f"127.0.0.1:{grpc_port}", ports={http_port, grpc_port, metrics_port})
+        yield dict(proc=proc, http=f"127.0.0.1:{http_port}", grpc=f"127.0.0.1:{grpc_port}", ports={http_port, grpc_port, metrics_port},
+                   first_ready=first_ready, log=log)
     finally:
         stop(proc, tree)
+
+
+def watch_until_ready(client, proc, log, timeout_s: float = 180) -> dict:
+    """Poll ``/v2/health/ready`` from the server's first moment; at the first 200 ask every model
+    whether it is ready and send one ``classify`` request, before anything else can happen."""
+    from tritonclient.utils import InferenceServerException
+
+    image = np.array([[png(zoo_test_images(1, 48)[0])]], dtype=object)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        try:
+            ready = client.is_server_ready()
+        except (ConnectionError, OSError, InferenceServerException):  # not listening yet
+            ready = False
+        if ready:
+            models = {m: client.is_model_ready(m) for m in MODELS}
+            try:
+                answer = infer(client, "classify", image, name="image").as_numpy("classes").tolist()
+            except InferenceServerException as err:
+                answer = f"{err.status()}: {err.message()}"
+            return {"models": models, "classify": answer}
+        time.sleep(0.1)
+    raise TimeoutError(f"server not ready after {timeout_s} s:\n{log.read_text()[-4000:]}")
 
 
 @pytest.fixture(scope="module")
@@ -70,12 +105,6 @@ def module_set_raw(tensor, array):
 
     tensor._datatype = np_to_triton_dtype(array.dtype)
     tensor.set_data_from_numpy(array)
-
-
-def png(image: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    PIL.fromarray(image).save(buf, format="PNG")
-    return buf.getvalue()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -108,10 +137,10 @@ def test_health_readiness_and_batching_config(clients, protocol):
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 @pytest.mark.parametrize("res", [32, 48])
-def test_logits_equal_direct_ort(clients, export_dir, protocol, res):
+def test_logits_equal_direct_ort(clients, served_dir, protocol, res):
     x = np.random.default_rng(res).standard_normal((3, 3, res, res), dtype=np.float32)
     result = infer(clients[protocol], f"logits_{res}", x)
-    expected = ort_logits(export_dir, x)
+    expected = ort_logits(served_dir, x)
     np.testing.assert_array_equal(result.as_numpy("logits"), expected)
     top = softmax_top_k(expected, TOP_K)
     assert result.as_numpy("classes").tolist() == [[c for c, _ in row] for row in top]
@@ -119,7 +148,7 @@ def test_logits_equal_direct_ort(clients, export_dir, protocol, res):
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_classify_encoded_images(clients, export_dir, protocol):
+def test_classify_encoded_images(clients, served_dir, protocol):
     astronaut, chelsea = sample_images(2)
     small = np.ascontiguousarray(chelsea[:30, :34])
     images = [astronaut, small]
@@ -127,7 +156,7 @@ def test_classify_encoded_images(clients, export_dir, protocol):
     result = infer(clients[protocol], "classify", batch, name="image")
     assert result.as_numpy("resolution").tolist() == [[48, 48], [32, 32]]
     for row, (image, res) in enumerate(zip(images, [(48, 48), (32, 32)])):
-        top = softmax_top_k(ort_logits(export_dir, preprocessed(export_dir, image, res)[None]), TOP_K)[0]
+        top = softmax_top_k(ort_logits(served_dir, preprocessed(served_dir, image, res)[None]), TOP_K)[0]
         assert result.as_numpy("classes")[row].tolist() == [c for c, _ in top]
         np.testing.assert_allclose(result.as_numpy("scores")[row], [p for _, p in top], rtol=1e-5, atol=1e-7)
 
@@ -137,10 +166,10 @@ def _stats(client, model):
     return int(stats["inference_count"]), int(stats["execution_count"])
 
 
-def test_concurrent_load_is_merged_by_the_dynamic_batcher(server, clients, export_dir):
+def test_concurrent_load_is_merged_by_the_dynamic_batcher(server, clients, served_dir):
     requests = 64
     inputs = np.random.default_rng(7).standard_normal((requests, 1, 3, 32, 32), dtype=np.float32)
-    expected = ort_logits(export_dir, inputs[:, 0])
+    expected = ort_logits(served_dir, inputs[:, 0])
     local = threading.local()
 
     def one(i):
@@ -173,7 +202,7 @@ MALFORMED = {
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 @pytest.mark.parametrize("case", list(MALFORMED))
-def test_malformed_request_is_rejected_and_server_keeps_serving(clients, export_dir, protocol, case):
+def test_malformed_request_is_rejected_and_server_keeps_serving(clients, served_dir, protocol, case):
     model, array, name, datatype, needle = MALFORMED[case]
     client = clients[protocol]
     with pytest.raises(InferenceServerException) as info:
@@ -184,11 +213,10 @@ def test_malformed_request_is_rejected_and_server_keeps_serving(clients, export_
         assert status.isdigit() and 400 <= int(status) < 600, status
     else:
         assert status.startswith("StatusCode.") and status != "StatusCode.OK", status
-    if case != "non_image_bytes":  # Triton's own validation: a client error
-        assert status in ("400", "StatusCode.INVALID_ARGUMENT"), status
+    assert status in ("400", "StatusCode.INVALID_ARGUMENT"), status  # Triton's checks, or classify's: a client error
     assert needle in info.value.message()
     x = np.random.default_rng(1).standard_normal((2, 3, 32, 32), dtype=np.float32)
-    np.testing.assert_array_equal(infer(client, "logits_32", x).as_numpy("logits"), ort_logits(export_dir, x))
+    np.testing.assert_array_equal(infer(client, "logits_32", x).as_numpy("logits"), ort_logits(served_dir, x))
 
 
 def test_libpython_of_this_interpreter_is_first_only_while_triton_starts(monkeypatch):
@@ -204,3 +232,112 @@ def test_libpython_of_this_interpreter_is_first_only_while_triton_starts(monkeyp
         assert inside == f"{sysconfig.get_config_var('LIBDIR')}:/opt/before"
     else:
         assert inside == "/opt/before"
+
+
+# ----------------------------------------------------------------------------------------------
+# startup, client errors, limits, answers under load
+
+
+def test_ready_means_every_model_is_ready(server):
+    """At the very first 200 of ``/v2/health/ready`` every model is ready and ``classify`` answers."""
+    first = server["first_ready"]
+    assert first["models"] == {m: True for m in MODELS}, first
+    assert isinstance(first["classify"], list) and len(first["classify"][0]) == TOP_K, first
+
+
+def test_backend_choice_and_skips_are_said_once(server):
+    lines = [line.strip() for line in server["log"].read_text().splitlines()]
+    said = [line for line in lines if line.startswith(("backend ", "skipped "))]
+    assert said.count("backend ort at 32, 48") == 1, said
+    for name in AUTO_PREFERENCE[: AUTO_PREFERENCE.index("ort")]:  # tried before ONNX Runtime: each says why not
+        assert any(line.startswith(f"skipped {name} at ") for line in said), said
+    assert len(said) == len(set(said)), f"repeated: {said}"
+
+
+def _png_header_only(width: int, height: int) -> bytes:
+    from tests.test_imaging import png_header_only
+
+    return png_header_only(width, height)
+
+
+CLIENT_ERRORS = {
+    "not_an_image": (b"\x89PNG but not really", "cannot decode image bytes: not an image format Pillow reads"),
+    "too_many_pixels": (_png_header_only(2001, 2000), f"image is 2001x2000 = 4002000 pixels; this server takes at most {MAX_PIXELS}"),
+    "too_many_bytes": (b"\0" * (MAX_BYTES + 1), f"image is {MAX_BYTES + 1} bytes; this server takes at most {MAX_BYTES}"),
+}
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("case", list(CLIENT_ERRORS))
+def test_bad_images_are_the_clients_error_in_one_line(clients, protocol, case):
+    data, message = CLIENT_ERRORS[case]
+    start = time.perf_counter()
+    with pytest.raises(InferenceServerException) as info:
+        infer(clients[protocol], "classify", np.array([[data]], dtype=object), name="image")
+    assert str(info.value.status()) == {"http": "400", "grpc": "StatusCode.INVALID_ARGUMENT"}[protocol]
+    assert info.value.message() == message  # one line: no traceback, no server paths
+    assert time.perf_counter() - start < 30  # a header read, not a 4-megapixel decode (a bound against hangs, not a benchmark)
+
+
+def _load_requests(count: int) -> list[tuple[str, str, np.ndarray]]:
+    """``(protocol, model, input)``: encoded zoo test images of several sizes for ``classify``,
+    preprocessed tensors for ``logits_<res>``, and a bad image now and then."""
+    rng = np.random.default_rng(11)
+    images = [img for size in (48, 40, 30, 64) for img in zoo_test_images(6, size, offset=size)]
+    kinds = []
+    for i in range(count):
+        protocol = ("http", "grpc")[i % 2]
+        if i % 10 == 9:
+            kinds.append((protocol, "classify", np.array([[b"not an image"]], dtype=object)))
+        elif i % 3 == 0:
+            res = (32, 48)[i % 2]
+            kinds.append((protocol, f"logits_{res}", rng.standard_normal((1, 3, res, res), dtype=np.float32)))
+        else:
+            kinds.append((protocol, "classify", np.array([[png(images[i % len(images)])]], dtype=object)))
+    return kinds
+
+
+def _send(clients, request):
+    protocol, model, x = request
+    try:
+        result = infer(clients[protocol], model, x, name="image" if model == "classify" else "images")
+    except InferenceServerException as err:
+        return ("error", str(err.status()), err.message())
+    names = ("classes", "scores", "resolution") if model == "classify" else ("logits", "classes", "scores")
+    return ("ok", *[result.as_numpy(n) for n in names])
+
+
+def test_served_answers_equal_sequential_answers_under_load(server, clients, served_dir):
+    """200 requests at concurrency 16 on 127.0.0.1: each answer equals the one the same request
+    got alone; ``classify`` equals the in-process pipeline (same pixels, same model)."""
+    import deploykit
+
+    requests = _load_requests(200)
+    sequential = [_send(clients, r) for r in requests]
+    local = threading.local()
+
+    def concurrent_send(request):
+        if not hasattr(local, "clients"):  # tritonclient's HTTP client is not thread-safe: one per thread
+            local.clients = {"http": httpclient.InferenceServerClient(server["http"]), "grpc": grpcclient.InferenceServerClient(server["grpc"])}
+        return _send(local.clients, request)
+
+    with ThreadPoolExecutor(16) as pool:
+        concurrent = list(pool.map(concurrent_send, requests))
+    assert sum(s[0] == "error" for s in sequential) == 20
+    for (_, model, _), alone, loaded in zip(requests, sequential, concurrent):
+        assert alone[0] == loaded[0], (model, alone, loaded)
+        if alone[0] == "error":
+            assert alone[1:] == loaded[1:] and alone[1] in ("400", "StatusCode.INVALID_ARGUMENT")
+            continue
+        if model == "classify":  # one image per request: the classes and where it was routed are exact
+            np.testing.assert_array_equal(loaded[1], alone[1])
+            np.testing.assert_array_equal(loaded[3], alone[3])
+        # merged batches change the GEMMs' row counts, which may change the last bits
+        for got, want in zip(loaded[1:], alone[1:]):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    with deploykit.load(served_dir, backend="ort", top_k=TOP_K) as pipeline:
+        for (_, model, x), alone in zip(requests, sequential):
+            if model == "classify" and alone[0] == "ok":
+                prediction = pipeline(x[0, 0])
+                assert list(prediction.classes) == alone[1][0].tolist() and list(prediction.resolution) == alone[3][0].tolist()
+                np.testing.assert_allclose(prediction.scores, alone[2][0], rtol=1e-5, atol=1e-6)

@@ -1,0 +1,86 @@
+"""Triton Python-backend model ``classify`` of ``deploykit serve``: encoded images → top-k classes.
+
+Written into the server's model repository as ``classify/1/model.py``, beside
+``deploykit_imaging.py`` (a copy of ``deploykit/imaging.py``: the pipeline's decoding, routing
+and preprocessing, so served and in-process answers come from the same pixels). Settings come
+from the ``settings`` JSON parameter of ``config.pbtxt`` (written by ``classify_config``).
+
+Per request: every image's size is read from its header and checked against the limits, then it
+is decoded, routed to the nearest exported resolution and preprocessed. A request with a bad
+image gets INVALID_ARGUMENT (HTTP 400) with one line and no traceback; the other requests of the
+same batch are answered. The images of all requests routed to one resolution go to
+``logits_<res>`` in one call (Triton's BLS), whose dynamic batcher merges them with other clients'.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+
+class TritonPythonModel:
+    """The Python backend's entry point (``initialize`` / ``execute``)."""
+
+    def initialize(self, args: dict) -> None:
+        import deploykit_imaging  # beside this file: the Python backend puts the version directory on sys.path
+        import triton_python_backend_utils as pb_utils  # only exists inside Triton's stub
+
+        self.pb, self.imaging = pb_utils, deploykit_imaging
+        settings = json.loads(json.loads(args["model_config"])["parameters"]["settings"]["string_value"])
+        self.resolutions = [tuple(r) for r in settings["resolutions"]]
+        self.models = dict(zip(self.resolutions, settings["models"]))
+        self.mean, self.std, self.crop_pct = settings["mean"], settings["std"], settings["crop_pct"]
+        self.max_pixels, self.max_bytes = settings["max_pixels"], settings["max_bytes"]
+        self.max_batch_size = settings["max_batch_size"]
+
+    def execute(self, requests):
+        errors, images, counts = {}, [], []  # request index -> TritonError; (request, item, resolution, [3, h, w])
+        for i, request in enumerate(requests):
+            try:
+                prepared = [(i, j, *self._prepare(data)) for j, data in enumerate(self._items(request))]
+            except self.imaging.ImageRejected as err:  # the client's error: this request fails alone
+                errors[i], prepared = self.pb.TritonError(str(err), self.pb.TritonError.INVALID_ARG), []
+            images += prepared
+            counts.append(len(prepared))
+        results = self._classify(images, errors)
+        return [self._response(i, counts[i], results, errors) for i in range(len(requests))]
+
+    def _items(self, request) -> np.ndarray:
+        items = self.pb.get_input_tensor_by_name(request, "image").as_numpy().reshape(-1)
+        if len(items) == 0:
+            raise self.imaging.ImageRejected("empty batch: send at least one image")
+        return items
+
+    def _prepare(self, data: bytes) -> tuple[tuple[int, int], np.ndarray]:
+        image = self.imaging.decode(bytes(data), self.max_pixels, self.max_bytes)
+        res = self.imaging.nearest_resolution(image.shape[:2], self.resolutions)
+        return res, self.imaging.preprocess(image, res, self.mean, self.std, self.crop_pct)
+
+    def _classify(self, images: list, errors: dict) -> dict:
+        """``(request, item) -> (classes, scores, resolution)``; a failed call marks its requests in ``errors``."""
+        results = {}
+        for res in dict.fromkeys(r for _, _, r, _ in images):
+            routed = [entry for entry in images if entry[2] == res and entry[0] not in errors]
+            for start in range(0, len(routed), self.max_batch_size):
+                chunk = routed[start : start + self.max_batch_size]
+                response = self.pb.InferenceRequest(
+                    model_name=self.models[res], inputs=[self.pb.Tensor("images", np.stack([x for *_, x in chunk]))],
+                    requested_output_names=["classes", "scores"],
+                ).exec()
+                if response.has_error():
+                    message = response.error().message().strip().splitlines()[0]  # a server-side fault: one line
+                    errors.update({i: self.pb.TritonError(f"{self.models[res]} failed: {message}") for i, *_ in chunk})
+                    continue
+                classes = self.pb.get_output_tensor_by_name(response, "classes").as_numpy()
+                scores = self.pb.get_output_tensor_by_name(response, "scores").as_numpy()
+                for row, (i, j, _, _) in enumerate(chunk):
+                    results[i, j] = classes[row], scores[row], np.array(res, np.int64)
+        return results
+
+    def _response(self, i: int, count: int, results: dict, errors: dict):
+        if i in errors:
+            return self.pb.InferenceResponse(error=errors[i])
+        rows = [results[i, j] for j in range(count)]
+        names = ("classes", "scores", "resolution")
+        return self.pb.InferenceResponse(output_tensors=[self.pb.Tensor(n, np.stack([r[k] for r in rows])) for k, n in enumerate(names)])

@@ -1,0 +1,39 @@
+"""A stand-in runner that detects overlapping calls: what an engine with one execution context,
+one set of device buffers and one stream must never see. It runs the real graph with ONNX
+Runtime (so answers can be compared) and holds each call open for a moment, so two threads
+that are allowed in at once do meet inside."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from deploykit.backends.onnxrt import OnnxrtRunner
+
+HOLD_S = 0.002
+
+
+class OverlapDetectingRunner(OnnxrtRunner):
+    """Counts calls that started while another call on this runner was still running."""
+
+    name = "one-context"
+    thread_safe = False  # like an engine context: one call at a time
+
+    def __init__(self, model):
+        super().__init__(model)
+        self._guard = threading.Lock()  # protects the counters only, never the call
+        self.inside = 0
+        self.calls = 0
+        self.overlaps = 0
+
+    def _infer(self, feed):
+        with self._guard:
+            self.inside += 1
+            self.calls += 1
+            self.overlaps += self.inside > 1
+        try:
+            time.sleep(HOLD_S)
+            return super()._infer(feed)
+        finally:
+            with self._guard:
+                self.inside -= 1

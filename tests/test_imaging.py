@@ -1,0 +1,75 @@
+"""``deploykit.imaging``: the one preprocessing, checked against PyTorch's antialiased bicubic
+resize (the implementation validation used before), and size limits enforced from the header."""
+
+from __future__ import annotations
+
+import io
+import struct
+import zlib
+
+import numpy as np
+import pytest
+
+from deploykit import imaging
+from tests.serve.serve_reference import torch_preprocess
+
+PIL = pytest.importorskip("PIL.Image", reason="pillow comes with the images extra")
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+@pytest.mark.parametrize("shape", [(512, 512), (300, 451), (30, 34), (7, 200), (1000, 37), (48, 48)])
+@pytest.mark.parametrize("resolution", [(32, 32), (48, 48), (224, 224), (384, 256), (5, 9)])
+def test_preprocess_equals_torch_antialiased_bicubic(shape, resolution):
+    """Down- and upscaling, odd aspect ratios, non-square outputs: equal to float32 rounding."""
+    image = np.random.default_rng(sum(shape)).integers(0, 256, (*shape, 3), dtype=np.uint8)
+    ours = imaging.preprocess(image, resolution, MEAN, STD, 0.875)
+    assert ours.shape == (3, *resolution) and ours.dtype == np.float32
+    np.testing.assert_allclose(ours, torch_preprocess(image, resolution, MEAN, STD), rtol=0, atol=1e-6)
+
+
+def test_grey_and_alpha_images_are_rgb():
+    rgb = np.random.default_rng(0).integers(0, 256, (40, 50, 3), dtype=np.uint8)
+    rgba = np.concatenate([rgb, np.full((40, 50, 1), 7, np.uint8)], axis=-1)
+    np.testing.assert_array_equal(imaging.preprocess(rgba, (32, 32), MEAN, STD, 0.875), imaging.preprocess(rgb, (32, 32), MEAN, STD, 0.875))
+    grey = rgb[..., 0]
+    np.testing.assert_array_equal(imaging.preprocess(grey, (32, 32), MEAN, STD, 0.875),
+                                  imaging.preprocess(np.repeat(grey[..., None], 3, -1), (32, 32), MEAN, STD, 0.875))
+
+
+def png_header_only(width: int, height: int) -> bytes:
+    """A PNG whose header says ``width x height`` and whose pixel data is garbage: decoding it
+    fails, so a refusal that names the pixel count was made before decoding."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", b"not zlib data") + chunk(b"IEND", b"")
+
+
+def test_oversized_image_is_refused_from_its_header():
+    with pytest.raises(imaging.ImageRejected, match="12000x12000 = 144000000 pixels; this server takes at most 40000000"):
+        imaging.decode(png_header_only(12000, 12000))
+    with pytest.raises(imaging.ImageRejected, match="too large.*at most 40000000 pixels"):  # past Pillow's own bomb check
+        imaging.decode(png_header_only(20000, 20000))
+    with pytest.raises(imaging.ImageRejected, match="cannot decode"):  # the same garbage, under the limit: decoding fails
+        imaging.decode(png_header_only(100, 100))
+
+
+def test_limits_are_arguments():
+    buf = io.BytesIO()
+    PIL.new("RGB", (40, 30)).save(buf, format="PNG")
+    data = buf.getvalue()
+    assert imaging.decode(data, max_pixels=1200, max_bytes=len(data)).shape == (30, 40, 3)
+    with pytest.raises(imaging.ImageRejected, match="40x30 = 1200 pixels; this server takes at most 1199$"):
+        imaging.decode(data, max_pixels=1199)
+    with pytest.raises(imaging.ImageRejected, match=f"{len(data)} bytes; this server takes at most {len(data) - 1}"):
+        imaging.decode(data, max_bytes=len(data) - 1)
+
+
+@pytest.mark.parametrize("data", [b"", b"definitely not an image", b"\x89PNG\r\n\x1a\n"])
+def test_undecodable_bytes_are_one_line(data):
+    with pytest.raises(imaging.ImageRejected, match="^cannot decode image bytes: ") as info:
+        imaging.decode(data)
+    assert "\n" not in str(info.value)
