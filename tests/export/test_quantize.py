@@ -199,3 +199,11 @@ def test_validate_passes_int8_on_a_trained_model_and_fails_a_planted_bad_scale(t
     (bad,) = validate(out, precision="int8").records
     assert not bad.passed and any("mean cosine" in f or "top-1" in f for f in bad.failures), bad.failures
     assert bad.first_divergent_block == "blocks.1"
+
+
+def test_every_encoding_has_a_measured_attention_choice():
+    """A new encoding needs its own measurement (benchmarks/int8_plans.py attention) before its
+    INT8 plan may decide for it."""
+    from deploykit.export.quantize import ATTENTION_INT8
+
+    assert set(ATTENTION_INT8) == set(list_encodings())
