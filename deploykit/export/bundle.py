@@ -252,7 +252,7 @@ def planned_graph(
         calibration = quantize.Calibration(*calibration_inputs(model, resolution, options.samples), method=options.method)
         if options.min_agreement is not None and logits:
             target = quantize.AgreementTarget(held_out, options.min_agreement)
-    planned = apply_precision(proto, precision, calibration=calibration, target=target, progress=say)
+    planned = apply_precision(proto, precision, calibration=calibration, target=target, progress=say, attention=options.attention)
     quantize.check_plan(proto, planned, held_out, plan.tolerance, f"{precision} plan at {resolution_tag(resolution)}", top_k=logits)
     return planned
 

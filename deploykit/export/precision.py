@@ -113,7 +113,9 @@ def graph_precision(proto: onnx.ModelProto) -> str:
     return next((p.value for p in proto.metadata_props if p.key == PRECISION_METADATA_KEY), "fp32")
 
 
-def apply_precision(proto: onnx.ModelProto, precision: str, calibration=None, target=None, progress=None) -> onnx.ModelProto:
+def apply_precision(
+    proto: onnx.ModelProto, precision: str, calibration=None, target=None, progress=None, attention: bool | None = None
+) -> onnx.ModelProto:
     """Return a copy of an fp32 ``proto`` rewritten to the ``precision`` plan (``PLANS``).
 
     Args:
@@ -122,6 +124,8 @@ def apply_precision(proto: onnx.ModelProto, precision: str, calibration=None, ta
         calibration: ``deploykit.export.quantize.Calibration``, for plans with ``calibrated``.
         target: optional ``deploykit.export.quantize.AgreementTarget`` for the ``int8`` plan.
         progress: optional callable taking a status line (calibration can take minutes).
+        attention: ``int8``: quantize the attention products too (None: the measured choice,
+            ``deploykit.export.quantize.ATTENTION_INT8``).
 
     Returns:
         The planned model, with ``deploykit.precision`` in its metadata.
@@ -136,7 +140,7 @@ def apply_precision(proto: onnx.ModelProto, precision: str, calibration=None, ta
     if plan.calibrated and calibration is None:
         raise ConfigError(f"the {precision} plan needs calibration inputs")
     if plan.name == "int8":
-        out = quantize.quantize_static_int8(proto, calibration, quantize.attention_int8(proto), target, progress)
+        out = quantize.quantize_static_int8(proto, calibration, quantize.attention_int8(proto, attention), target, progress)
     elif plan.name == "int8-dynamic":
         out = quantize.quantize_dynamic_int8(proto)
     elif plan.name == "fp32-mha":

@@ -77,12 +77,15 @@ class CalibrationOptions:
         held_out: held-out inputs the plan is checked on (agreement target and tolerance).
         min_agreement: top-1 agreement with the fp32 graph to aim for on the held-out inputs,
             falling back to float where missed (``AgreementTarget``); None: no fallback.
+        attention: quantize the attention-score and attention-value products too; None: the
+            measured choice for the encoding (``ATTENTION_INT8``: float for every encoding).
     """
 
     samples: int = 128
     method: str = "minmax"
     held_out: int = 256
     min_agreement: float | None = 0.99
+    attention: bool | None = None
 
     def __post_init__(self):
         _check_method(self.method)
@@ -163,8 +166,11 @@ def select_nodes(proto: onnx.ModelProto, attention: bool) -> NodeSelection:
     return selection
 
 
-def attention_int8(proto: onnx.ModelProto) -> bool:
-    """The measured choice for the graph's encoding (``ATTENTION_INT8``; float when unmeasured)."""
+def attention_int8(proto: onnx.ModelProto, override: bool | None = None) -> bool:
+    """``override``, else the measured choice for the graph's encoding (``ATTENTION_INT8``;
+    float when unmeasured)."""
+    if override is not None:
+        return override
     encoding = next((p.value for p in proto.metadata_props if p.key == "deploykit.encoding"), "")
     return ATTENTION_INT8.get(encoding, False)
 

@@ -207,3 +207,15 @@ def test_every_encoding_has_a_measured_attention_choice():
     from deploykit.export.quantize import ATTENTION_INT8
 
     assert set(ATTENTION_INT8) == set(list_encodings())
+
+
+def test_attention_products_quantized_on_request(tmp_path):
+    manifest = export(_model("rope-mixed"), [RES], tmp_path, precisions=["int8"],
+                      calibration=CalibrationOptions(samples=8, held_out=16, min_agreement=None, attention=True))  # fmt: skip
+    proto = onnx.load(str(tmp_path / "model_64_int8.onnx"))
+    weights = {i.name for i in proto.graph.initializer}
+    dequantized = _dequantized_inputs(proto)
+    products = [n for n in proto.graph.node if n.op_type == "MatMul" and not set(n.input) & weights and len(dequantized[n.name]) == 2]
+    assert len(products) == 2 * 2  # q·kᵀ and attention·v in both blocks, both inputs int8
+    details = manifest.graphs[0].quantization
+    assert details["attention_int8"] and "attention" not in details["float_nodes"]
