@@ -99,6 +99,15 @@ def render(results_dir: Path) -> str:
                   f"- **Model:** {data['args']['model']} + {data['args']['encoding']} at {data['args']['resolution']}, "
                   f"{data['args']['rounds']} interleaved rounds of {data['args']['duration']} s per variant.", "",
                   *tune_table(data), ""]  # fmt: skip
+    for path in sorted(results_dir.glob("int8-speed-*.json")):
+        data = json.loads(path.read_text())
+        env = data["environment"]
+        parts += [f"### INT8 plans on ONNX Runtime: {path.stem.removeprefix('int8-speed-')} (`{path.relative_to(results_dir.parent)}`)", "",
+                  f"- **Machine:** {env['cpu']}, {env['usable_cores']} cores, instruction sets {' '.join(env.get('cpu_instruction_sets', []))}; "
+                  f"load average {env['load_average_start'][0]:.2f} at the start, {data.get('load_average_end', [float('nan')])[0]:.2f} at the end"
+                  + ("" if data.get("complete") else " (**incomplete run**)") + ".",
+                  f"- **Command:** `{data['command']}`; p50 of each plan over the fp32 graph's p50, same run, interleaved.", "",
+                  *int8_table(data), ""]  # fmt: skip
     # Sweep files are <device>-<mode>-<model>.json; the other benchmarks (sape2_cpu, serve_cpu,
     # precision_accuracy) write their own formats and are described in the text above.
     for path in sorted(results_dir.glob("*-*-*.json")):
@@ -121,6 +130,24 @@ def render(results_dir: Path) -> str:
             "",
         ]
     return "\n".join(parts) if parts else "_No results yet: run `python benchmarks/sweep.py`._\n"
+
+
+INT8_VARIANTS = ("int8", "int8-dynamic", "int8+attn", "fp32-mha")
+
+
+def int8_table(data: dict) -> list[str]:
+    """One row per resolution × batch × encoding: fp32 p50 and each plan's p50 as a ratio to it
+    (fastest calls' ratio in brackets)."""
+    by = {(r["resolution"], r["batch"], r["encoding"], r["variant"]): r for r in data["records"]}
+    lines = ["| res | batch | encoding | fp32 p50 ms | " + " | ".join(f"{v} × fp32" for v in INT8_VARIANTS) + " |",
+             "|---|---|---|---|" + "---|" * len(INT8_VARIANTS)]  # fmt: skip
+    for res, batch, enc in sorted({k[:3] for k in by}, key=lambda k: (k[0], k[1], k[2] != "ape", k[2])):
+        cells = []
+        for variant in INT8_VARIANTS:
+            r = by.get((res, batch, enc, variant))
+            cells.append("–" if r is None else f"{r['ratio_vs_fp32']:.2f} ({r['min_ratio_vs_fp32']:.2f})")
+        lines.append(f"| {res} | {batch} | {enc} | {by[(res, batch, enc, 'fp32')]['p50_ms']:.1f} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def write_readme(results_dir: Path, readme: Path) -> Path:
