@@ -7,8 +7,11 @@ the commands so ``deploykit --help`` starts fast.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -72,7 +75,47 @@ def _image_limit_options(command):
 def _console():
     from rich.console import Console
 
-    return Console(stderr=True, highlight=False)
+    # soft_wrap: a line is never broken at the console width (80 columns when not a terminal),
+    # so logs and greps see whole lines whatever the width and the path lengths.
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+class _EchoHandler(logging.Handler):
+    """Log records as ``warning: ...`` lines on the current stderr (looked up per record, so
+    in-process callers that swap ``sys.stderr`` see them)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        click.echo(f"{record.levelname.lower()}: {self.format(record)}", err=True)
+
+
+def _verbosity() -> int:
+    """-1 with ``-q``, 0 by default, 1 with ``-v``, 2 with ``-vv``."""
+    return (click.get_current_context().find_root().obj or {}).get("verbosity", 0)
+
+
+@contextlib.contextmanager
+def _steps(console, title: str):
+    """Show the steps of long work: yields ``step(message)``. On a terminal a spinner naming
+    the current step; otherwise (logs, pipes) one line per step; ``-v`` adds the lines on a
+    terminal too, with the elapsed time; ``-q`` shows nothing."""
+    verbosity, start = _verbosity(), time.perf_counter()
+
+    def line(message: str) -> None:
+        console.print(f"{title}: {message}  ({time.perf_counter() - start:.0f} s)")
+
+    if verbosity < 0:
+        yield lambda message: None
+    elif not console.is_terminal:
+        yield line
+    else:
+        with console.status(title) as status:
+
+            def update(message: str) -> None:
+                status.update(f"{title}: {message}")
+                if verbosity > 0:
+                    line(message)
+
+            yield update
 
 
 _SET_OPTION = click.option(
@@ -83,8 +126,17 @@ _SET_OPTION = click.option(
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="deploykit")
-def cli():
+@click.option("--quiet", "-q", is_flag=True, help="No progress and no warnings: results and errors only.")
+@click.option("--verbose", "-v", count=True, help="Every step as a line with its time, and info logs (-vv: debug logs).")
+@click.pass_context
+def cli(ctx, quiet, verbose):
     """Vision Transformers with novel positional encodings, from PyTorch to served engines."""
+    ctx.obj = {"verbosity": -1 if quiet else verbose}
+    logger = logging.getLogger("deploykit")
+    for handler in [h for h in logger.handlers if isinstance(h, _EchoHandler)]:
+        logger.removeHandler(handler)
+    logger.addHandler(_EchoHandler())
+    logger.setLevel(logging.ERROR if quiet else {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG))
 
 
 @cli.command()
@@ -94,7 +146,7 @@ def cli():
               help="Model directory (config.json + model.safetensors) or weights file (.safetensors, .pt).")
 @click.option("--resolution", "-r", "resolutions", type=RESOLUTION, multiple=True, help="Repeatable; default the model's img_size.")
 @click.option("--output", "-o", type=click.Path(path_type=Path), required=True, help="Export directory.")
-@click.option("--opset", type=int, default=None, help="ONNX opset (default 18).")
+@click.option("--opset", type=int, default=None, help="ONNX opset, 17 to 25 (default 18; SaPE² needs 18).")
 @click.option("--precision", "precisions", type=click.Choice(PLAN_NAMES), multiple=True,
               help="Repeatable precision plan written beside fp32: fp16/bf16 (casts), int8 (Q/DQ, calibrated; ORT and TensorRT), "
                    "int8-dynamic and fp32-mha (ONNX Runtime only). Tables, rotations, gates, LayerNorm, Softmax, logits stay float.")
@@ -124,9 +176,9 @@ def export(encoding, model_name, checkpoint, resolutions, output, opset, precisi
     resolutions = resolutions or ([] if resolution_range else [model.default_shape])
     calibration = CalibrationOptions(samples=calibration_samples, method=calibration_method, min_agreement=min_agreement or None,
                                      attention=True if int8_attention else None)  # fmt: skip
-    with console.status("exporting") as status:
-        manifest = export_model(model, resolutions, output, opset=opset or DEFAULT_OPSET, precisions=precisions or ("fp32",),
-                                source=source, progress=lambda msg: status.update(msg), resolution_range=resolution_range,
+    with _steps(console, "export") as step:
+        manifest = export_model(model, resolutions, output, opset=DEFAULT_OPSET if opset is None else opset,
+                                precisions=precisions or ("fp32",), source=source, progress=step, resolution_range=resolution_range,
                                 calibration=calibration)  # fmt: skip
     for graph in manifest.graphs:
         where = resolution_tag(graph.resolution)
@@ -163,14 +215,16 @@ def _quantization_line(details: dict) -> str:
 @click.option("--plugins", "plugin_specs", multiple=True, help=PLUGINS_HELP)
 def validate(export_dir, resolutions, backends, precision, num_random, num_real, seed, report, plugin_specs):
     """Compare exported graphs with the PyTorch float64 reference; exit 1 on failure."""
-    from deploykit._io import write_json_atomic
+    from deploykit._io import check_file_destination, write_json_atomic
     from deploykit.backends.plugins import Plugins
     from deploykit.validate import validate as run_validation
 
     console = _console()
-    with console.status("validating") as status:
+    if report:
+        check_file_destination(report)  # before the work, not after it
+    with _steps(console, "validate") as step:
         result = run_validation(export_dir, resolutions=resolutions or None, backends=backends, precision=precision,
-                                num_random=num_random, num_real=num_real, seed=seed, progress=lambda m: status.update(m),
+                                num_random=num_random, num_real=num_real, seed=seed, progress=step,
                                 plugins=Plugins.resolve(plugin_specs))  # fmt: skip
     _print_report(console, result)
     if report:
@@ -298,11 +352,11 @@ def profile(export_dir, encoding, model_name, checkpoint, resolutions, resolutio
         model, label = resolve_model(checkpoint=checkpoint, encoding=encoding, model_name=model_name)
         subject = prof.Subject(model)
     res = prof.parse_resolutions([*resolutions, *resolution_lists]) or subject.resolutions or [subject.model.default_shape]
-    with console.status("profiling") as status:
+    with _steps(console, "profile") as step:
         report = prof.profile(subject, resolutions=res, batches=batch_sizes, backends=backend_names, budget=budget,
                               precisions=precisions or ("fp32",),
                               compare_ape=not no_ape_baseline, end_to_end=not no_end_to_end, device=device, label=label,
-                              progress=lambda m: status.update(m), plugins=Plugins.resolve(plugin_specs),
+                              progress=step, plugins=Plugins.resolve(plugin_specs),
                               cuda_graphs=not no_cuda_graphs)  # fmt: skip
     # Piped output gets a fixed width so the table is not squeezed to 80 columns.
     Console(highlight=False, width=None if sys.stdout.isatty() else 180).print(render_table(report, title=f"deploykit profile: {label}"))
@@ -413,8 +467,8 @@ def serve_bench(export_dir, concurrency, requests, resolution, backend, max_batc
     console = _console()
     options = BenchOptions(concurrency=tuple(parse_counts(concurrency, "concurrency")), requests=requests, resolution=resolution,
                            backend=backend, max_batch_size=max_batch_size, max_queue_delay_us=max_queue_delay_us, client=client)
-    with console.status("starting the server") as status:
-        report = bench_serving(export_dir, options, progress=lambda m: status.update(m))
+    with _steps(console, "serve-bench") as step:
+        report = bench_serving(export_dir, options, progress=step)
     for level in report.levels:
         local, served = level["in_process"], level["served"]
         click.echo(f"concurrency {level['concurrency']:>3}: in-process {local['throughput_rps']:.1f} req/s, p50 {local['p50_ms']:.2f} ms, "
@@ -487,14 +541,14 @@ def zoo():
 @click.argument("name")
 @click.option("--steps", type=click.IntRange(min=1), default=None, help="Override the entry's step count.")
 @click.option("--root", type=click.Path(path_type=Path, file_okay=False), default=None, help="Zoo directory (default models/).")
-def zoo_train(name, steps, root):
-    """Train zoo model NAME (seeded, reproducible) and save it to models/NAME."""
+@click.option("--force", is_flag=True, help="Replace the trained model already in models/NAME.")
+def zoo_train(name, steps, root, force):
+    """Train zoo model NAME (seeded, reproducible) and save it to models/NAME (refused if trained, unless --force)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from deploykit.zoo.registry import get_entry
-    from deploykit.zoo.train import train
+    from deploykit.zoo.train import check_destination, train
 
-    get_entry(name)  # an unknown name is one error line, before any progress bar
+    check_destination(name, root, force)  # an unknown name or a trained model: one error line, before any progress bar
     columns = (TextColumn(f"{name}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), TextColumn("{task.fields[metrics]}"))
     with Progress(*columns, console=_console()) as bar:
         task = bar.add_task("train", total=None, metrics="")
@@ -505,7 +559,7 @@ def zoo_train(name, steps, root):
             if step % every == 0 and not bar.console.is_terminal:  # a log file gets a line now and then
                 bar.console.print(f"{name} step {step}/{total}  {line}")
 
-        result = train(name, root=root, steps=steps, progress=report)
+        result = train(name, root=root, steps=steps, progress=report, force=force)
     _console().print(f"[green]✓[/] {result.directory}  val {result.val_accuracy:.1%}  ({result.steps} steps, {result.seconds:.0f} s)")
 
 
