@@ -97,6 +97,7 @@ def test_interrupted_fresh_export_leaves_nothing(tmp_path, monkeypatch, where):
 def test_reexport_of_other_weights_leaves_only_the_new_export(existing):
     export(tiny(1), [(48, 48)], existing)
     assert sorted(p.name for p in existing.iterdir()) == ["config.json", "manifest.json", "model.safetensors", "model_48.onnx"]
+    assert _leftovers(existing.parent) == []  # neither the staging directory nor the previous export
     assert [g.file for g in Manifest.read(existing).graphs] == ["model_48.onnx"]
 
 
