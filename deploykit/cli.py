@@ -358,8 +358,11 @@ def profile(export_dir, encoding, model_name, checkpoint, resolutions, resolutio
                               compare_ape=not no_ape_baseline, end_to_end=not no_end_to_end, device=device, label=label,
                               progress=step, plugins=Plugins.resolve(plugin_specs),
                               cuda_graphs=not no_cuda_graphs)  # fmt: skip
-    # Piped output gets a fixed width so the table is not squeezed to 80 columns.
-    Console(highlight=False, width=None if sys.stdout.isatty() else 180).print(render_table(report, title=f"deploykit profile: {label}"))
+    table, out = render_table(report, title=f"deploykit profile: {label}"), Console(highlight=False)
+    if not out.is_terminal:  # piped: the table's own width (caption included), never squeezed or wrapped to 80 columns
+        table.min_width, out.width = len(report.environment_line), 1 << 16  # measured without a width limit
+        out.width = max(out.measure(table).maximum, len(table.title))
+    out.print(table)
     for note in report.notes:
         console.print(f"note: {note}", soft_wrap=True, markup=False)
     for path, write in ((json_path, report.write_json), (csv_path, report.write_csv), (plot_path, report.plot)):

@@ -82,9 +82,13 @@ def test_profile_table_has_units():
         assert header in headers, headers
 
 
-def test_profile_shows_its_steps(capsys, good_export):
+def test_profile_shows_its_steps_and_a_whole_table(capsys, narrow, good_export):
     code, out, err = run_cli(capsys, "profile", good_export, "--iterations", 1, "--warmup", 0, "--no-end-to-end", "--no-ape-baseline")
     assert code == 0, err
     steps = [line for line in err.splitlines() if line.startswith("profile: ")]
-    assert any("ort ape @ 32" in s for s in steps) and any("torch ape @ 32" in s for s in steps), err
+    assert any(s.startswith("profile: ort ape") and "@ 32" in s for s in steps), err
+    assert any(s.startswith("profile: torch ape") and "@ 32" in s for s in steps), err
     assert "p50 (ms)" in out
+    rows = [line.replace("│", " ").split() for line in out.splitlines() if " ort " in line]  # one line per row, at 40 columns
+    assert rows and all(row[row.index("ort") + 1 : row.index("ort") + 4] == ["fp32", "ape", "32"] for row in rows), out
+    assert any("torch " in line and "load avg" in line for line in out.splitlines()), out  # the environment caption, whole
