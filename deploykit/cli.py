@@ -7,11 +7,8 @@ the commands so ``deploykit --help`` starts fast.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import sys
-import time
 from pathlib import Path
 
 import click
@@ -80,42 +77,16 @@ def _console():
     return Console(stderr=True, highlight=False, soft_wrap=True)
 
 
-class _EchoHandler(logging.Handler):
-    """Log records as ``warning: ...`` lines on the current stderr (looked up per record, so
-    in-process callers that swap ``sys.stderr`` see them)."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        click.echo(f"{record.levelname.lower()}: {self.format(record)}", err=True)
-
-
 def _verbosity() -> int:
-    """-1 with ``-q``, 0 by default, 1 with ``-v``, 2 with ``-vv``."""
+    """-1 with the global ``-q``, 0 by default, 1 with ``-v``, 2 with ``-vv``."""
     return (click.get_current_context().find_root().obj or {}).get("verbosity", 0)
 
 
-@contextlib.contextmanager
 def _steps(console, title: str):
-    """Show the steps of long work: yields ``step(message)``. On a terminal a spinner naming
-    the current step; otherwise (logs, pipes) one line per step; ``-v`` adds the lines on a
-    terminal too, with the elapsed time; ``-q`` shows nothing."""
-    verbosity, start = _verbosity(), time.perf_counter()
+    """``deploykit._terminal.steps`` at the verbosity of the global ``-q``/``-v`` options."""
+    from deploykit._terminal import steps
 
-    def line(message: str) -> None:
-        console.print(f"{title}: {message}  ({time.perf_counter() - start:.0f} s)")
-
-    if verbosity < 0:
-        yield lambda message: None
-    elif not console.is_terminal:
-        yield line
-    else:
-        with console.status(title) as status:
-
-            def update(message: str) -> None:
-                status.update(f"{title}: {message}")
-                if verbosity > 0:
-                    line(message)
-
-            yield update
+    return steps(console, title, _verbosity())
 
 
 _SET_OPTION = click.option(
@@ -131,12 +102,10 @@ _SET_OPTION = click.option(
 @click.pass_context
 def cli(ctx, quiet, verbose):
     """Vision Transformers with novel positional encodings, from PyTorch to served engines."""
+    from deploykit._terminal import configure_logging
+
     ctx.obj = {"verbosity": -1 if quiet else verbose}
-    logger = logging.getLogger("deploykit")
-    for handler in [h for h in logger.handlers if isinstance(h, _EchoHandler)]:
-        logger.removeHandler(handler)
-    logger.addHandler(_EchoHandler())
-    logger.setLevel(logging.ERROR if quiet else {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG))
+    configure_logging(ctx.obj["verbosity"])
 
 
 @cli.command()
@@ -251,21 +220,6 @@ def _print_report(console, report) -> None:
     console.print(f"[{colour}]{passed}/{len(report.records)} checks passed[/]")
 
 
-def _log_to(console, verbose: bool) -> None:
-    """deploykit's log records on the console, whole lines: warnings (summaries) always, every
-    message with -v."""
-    import logging
-
-    class ConsoleHandler(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            console.print(f"{record.levelname.lower()}: {record.getMessage()}", soft_wrap=True, markup=False, highlight=False)
-
-    handler = ConsoleHandler()
-    logger = logging.getLogger("deploykit")
-    logger.handlers = [handler]
-    logger.setLevel(logging.DEBUG if verbose else logging.WARNING)
-
-
 @cli.command()
 @click.argument("export_dir", type=click.Path(path_type=Path))
 @click.option("--backend", "-b", type=click.Choice(["trt", "rtx"]), default="trt", show_default=True,
@@ -287,13 +241,14 @@ def build(export_dir, backend, dynamic, batch, max_batch, precisions, resolution
     """Build one TensorRT engine per exported graph, beside it, with a fingerprint."""
     from rich.live import Live
 
+    from deploykit._terminal import configure_logging
     from deploykit.backends.plugins import Plugins
     from deploykit.backends.tensorrt import BuildProgress
     from deploykit.build import build as build_engines
     from deploykit.build import describe
 
     console = _console()
-    _log_to(console, verbose)
+    configure_logging(2 if verbose else _verbosity())  # build -v: every TensorRT message
     progress = BuildProgress()
     with Live(progress, console=console, transient=True, refresh_per_second=4):
         results = build_engines(export_dir, backend, dynamic=dynamic, batch=batch, max_batch=max_batch, precisions=precisions,
