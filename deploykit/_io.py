@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
         DeployKitError: the destination directory cannot be created or written.
     """
     dest = Path(dest)
+    check_file_destination(dest)
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
@@ -36,9 +38,69 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
         yield tmp_path
         # mkstemp makes the file private (0600); give it the permissions a plain open() would.
         os.chmod(tmp_path, 0o666 & ~_umask())
-        os.replace(tmp_path, dest)
+        try:
+            os.replace(tmp_path, dest)
+        except OSError as err:
+            raise DeployKitError(f"cannot write {dest}: {err.strerror or err}") from err
     finally:
         tmp_path.unlink(missing_ok=True)
+
+
+def check_file_destination(dest: str | os.PathLike) -> None:
+    """Refuse, before any work, a destination for a file that is an existing directory.
+
+    Raises:
+        DeployKitError: ``dest`` is a directory.
+    """
+    if Path(dest).is_dir():
+        raise DeployKitError(f"cannot write {dest}: it is a directory; give a file name")
+
+
+@contextlib.contextmanager
+def staged_directory(dest: str | os.PathLike) -> Iterator[Path]:
+    """Yield an empty directory beside ``dest`` to fill; swap it in for ``dest`` only if the
+    block succeeds.
+
+    Whatever ``dest`` held before is gone after a successful block (the caller carries over what
+    should stay). On any exception, ``KeyboardInterrupt`` included, the staging directory is
+    removed and ``dest`` is left exactly as it was. The swap is two renames on one filesystem;
+    if the second one fails, the first is undone.
+
+    Raises:
+        DeployKitError: ``dest`` is a file, or the directory beside it cannot be written.
+    """
+    dest = Path(dest)
+    if dest.exists() and not dest.is_dir():
+        raise DeployKitError(f"cannot write {dest}: it exists and is not a directory")
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".staging", dir=dest.parent))
+        os.chmod(stage, 0o777 & ~_umask())  # mkdtemp makes it private (0700)
+    except OSError as err:
+        raise DeployKitError(f"cannot write {dest}: {err.strerror or err}") from err
+    try:
+        yield stage
+        _swap_in(stage, dest)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _swap_in(stage: Path, dest: Path) -> None:
+    """Rename ``stage`` to ``dest``, moving an existing ``dest`` aside first and deleting it after."""
+    previous = stage.with_name(stage.name + ".previous")
+    try:
+        if not dest.exists():
+            os.replace(stage, dest)
+            return
+        os.replace(dest, previous)
+        try:
+            os.replace(stage, dest)
+        except BaseException:
+            os.replace(previous, dest)
+            raise
+    except OSError as err:
+        raise DeployKitError(f"cannot replace {dest}: {err.strerror or err}") from err
+    shutil.rmtree(previous, ignore_errors=True)
 
 
 def _umask() -> int:

@@ -72,7 +72,21 @@ def _image_limit_options(command):
 def _console():
     from rich.console import Console
 
-    return Console(stderr=True, highlight=False)
+    # soft_wrap: a line is never broken at the console width (80 columns when not a terminal),
+    # so logs and greps see whole lines whatever the width and the path lengths.
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _verbosity() -> int:
+    """-1 with the global ``-q``, 0 by default, 1 with ``-v``, 2 with ``-vv``."""
+    return (click.get_current_context().find_root().obj or {}).get("verbosity", 0)
+
+
+def _steps(console, title: str):
+    """``deploykit._terminal.steps`` at the verbosity of the global ``-q``/``-v`` options."""
+    from deploykit._terminal import steps
+
+    return steps(console, title, _verbosity())
 
 
 _SET_OPTION = click.option(
@@ -83,8 +97,15 @@ _SET_OPTION = click.option(
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="deploykit")
-def cli():
+@click.option("--quiet", "-q", is_flag=True, help="No progress and no warnings: results and errors only.")
+@click.option("--verbose", "-v", count=True, help="Every step as a line with its time, and info logs (-vv: debug logs).")
+@click.pass_context
+def cli(ctx, quiet, verbose):
     """Vision Transformers with novel positional encodings, from PyTorch to served engines."""
+    from deploykit._terminal import configure_logging
+
+    ctx.obj = {"verbosity": -1 if quiet else verbose}
+    configure_logging(ctx.obj["verbosity"])
 
 
 @cli.command()
@@ -94,7 +115,7 @@ def cli():
               help="Model directory (config.json + model.safetensors) or weights file (.safetensors, .pt).")
 @click.option("--resolution", "-r", "resolutions", type=RESOLUTION, multiple=True, help="Repeatable; default the model's img_size.")
 @click.option("--output", "-o", type=click.Path(path_type=Path), required=True, help="Export directory.")
-@click.option("--opset", type=int, default=None, help="ONNX opset (default 18).")
+@click.option("--opset", type=int, default=None, help="ONNX opset, 17 to 25 (default 18; SaPE² needs 18).")
 @click.option("--precision", "precisions", type=click.Choice(PLAN_NAMES), multiple=True,
               help="Repeatable precision plan written beside fp32: fp16/bf16 (casts), int8 (Q/DQ, calibrated; ORT and TensorRT), "
                    "int8-dynamic and fp32-mha (ONNX Runtime only). Tables, rotations, gates, LayerNorm, Softmax, logits stay float.")
@@ -124,9 +145,9 @@ def export(encoding, model_name, checkpoint, resolutions, output, opset, precisi
     resolutions = resolutions or ([] if resolution_range else [model.default_shape])
     calibration = CalibrationOptions(samples=calibration_samples, method=calibration_method, min_agreement=min_agreement or None,
                                      attention=True if int8_attention else None)  # fmt: skip
-    with console.status("exporting") as status:
-        manifest = export_model(model, resolutions, output, opset=opset or DEFAULT_OPSET, precisions=precisions or ("fp32",),
-                                source=source, progress=lambda msg: status.update(msg), resolution_range=resolution_range,
+    with _steps(console, "export") as step:
+        manifest = export_model(model, resolutions, output, opset=DEFAULT_OPSET if opset is None else opset,
+                                precisions=precisions or ("fp32",), source=source, progress=step, resolution_range=resolution_range,
                                 calibration=calibration)  # fmt: skip
     for graph in manifest.graphs:
         where = resolution_tag(graph.resolution)
@@ -163,14 +184,16 @@ def _quantization_line(details: dict) -> str:
 @click.option("--plugins", "plugin_specs", multiple=True, help=PLUGINS_HELP)
 def validate(export_dir, resolutions, backends, precision, num_random, num_real, seed, report, plugin_specs):
     """Compare exported graphs with the PyTorch float64 reference; exit 1 on failure."""
-    from deploykit._io import write_json_atomic
+    from deploykit._io import check_file_destination, write_json_atomic
     from deploykit.backends.plugins import Plugins
     from deploykit.validate import validate as run_validation
 
     console = _console()
-    with console.status("validating") as status:
+    if report:
+        check_file_destination(report)  # before the work, not after it
+    with _steps(console, "validate") as step:
         result = run_validation(export_dir, resolutions=resolutions or None, backends=backends, precision=precision,
-                                num_random=num_random, num_real=num_real, seed=seed, progress=lambda m: status.update(m),
+                                num_random=num_random, num_real=num_real, seed=seed, progress=step,
                                 plugins=Plugins.resolve(plugin_specs))  # fmt: skip
     _print_report(console, result)
     if report:
@@ -197,21 +220,6 @@ def _print_report(console, report) -> None:
     console.print(f"[{colour}]{passed}/{len(report.records)} checks passed[/]")
 
 
-def _log_to(console, verbose: bool) -> None:
-    """deploykit's log records on the console, whole lines: warnings (summaries) always, every
-    message with -v."""
-    import logging
-
-    class ConsoleHandler(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            console.print(f"{record.levelname.lower()}: {record.getMessage()}", soft_wrap=True, markup=False, highlight=False)
-
-    handler = ConsoleHandler()
-    logger = logging.getLogger("deploykit")
-    logger.handlers = [handler]
-    logger.setLevel(logging.DEBUG if verbose else logging.WARNING)
-
-
 @cli.command()
 @click.argument("export_dir", type=click.Path(path_type=Path))
 @click.option("--backend", "-b", type=click.Choice(["trt", "rtx"]), default="trt", show_default=True,
@@ -233,13 +241,14 @@ def build(export_dir, backend, dynamic, batch, max_batch, precisions, resolution
     """Build one TensorRT engine per exported graph, beside it, with a fingerprint."""
     from rich.live import Live
 
+    from deploykit._terminal import configure_logging
     from deploykit.backends.plugins import Plugins
     from deploykit.backends.tensorrt import BuildProgress
     from deploykit.build import build as build_engines
     from deploykit.build import describe
 
     console = _console()
-    _log_to(console, verbose)
+    configure_logging(2 if verbose else _verbosity())  # build -v: every TensorRT message
     progress = BuildProgress()
     with Live(progress, console=console, transient=True, refresh_per_second=4):
         results = build_engines(export_dir, backend, dynamic=dynamic, batch=batch, max_batch=max_batch, precisions=precisions,
@@ -298,14 +307,17 @@ def profile(export_dir, encoding, model_name, checkpoint, resolutions, resolutio
         model, label = resolve_model(checkpoint=checkpoint, encoding=encoding, model_name=model_name)
         subject = prof.Subject(model)
     res = prof.parse_resolutions([*resolutions, *resolution_lists]) or subject.resolutions or [subject.model.default_shape]
-    with console.status("profiling") as status:
+    with _steps(console, "profile") as step:
         report = prof.profile(subject, resolutions=res, batches=batch_sizes, backends=backend_names, budget=budget,
                               precisions=precisions or ("fp32",),
                               compare_ape=not no_ape_baseline, end_to_end=not no_end_to_end, device=device, label=label,
-                              progress=lambda m: status.update(m), plugins=Plugins.resolve(plugin_specs),
+                              progress=step, plugins=Plugins.resolve(plugin_specs),
                               cuda_graphs=not no_cuda_graphs)  # fmt: skip
-    # Piped output gets a fixed width so the table is not squeezed to 80 columns.
-    Console(highlight=False, width=None if sys.stdout.isatty() else 180).print(render_table(report, title=f"deploykit profile: {label}"))
+    table, out = render_table(report, title=f"deploykit profile: {label}"), Console(highlight=False)
+    if not out.is_terminal:  # piped: the table's own width (caption included), never squeezed or wrapped to 80 columns
+        table.min_width, out.width = len(report.environment_line), 1 << 16  # measured without a width limit
+        out.width = max(out.measure(table).maximum, len(table.title))
+    out.print(table)
     for note in report.notes:
         console.print(f"note: {note}", soft_wrap=True, markup=False)
     for path, write in ((json_path, report.write_json), (csv_path, report.write_csv), (plot_path, report.plot)):
@@ -413,8 +425,8 @@ def serve_bench(export_dir, concurrency, requests, resolution, backend, max_batc
     console = _console()
     options = BenchOptions(concurrency=tuple(parse_counts(concurrency, "concurrency")), requests=requests, resolution=resolution,
                            backend=backend, max_batch_size=max_batch_size, max_queue_delay_us=max_queue_delay_us, client=client)
-    with console.status("starting the server") as status:
-        report = bench_serving(export_dir, options, progress=lambda m: status.update(m))
+    with _steps(console, "serve-bench") as step:
+        report = bench_serving(export_dir, options, progress=step)
     for level in report.levels:
         local, served = level["in_process"], level["served"]
         click.echo(f"concurrency {level['concurrency']:>3}: in-process {local['throughput_rps']:.1f} req/s, p50 {local['p50_ms']:.2f} ms, "
@@ -487,14 +499,14 @@ def zoo():
 @click.argument("name")
 @click.option("--steps", type=click.IntRange(min=1), default=None, help="Override the entry's step count.")
 @click.option("--root", type=click.Path(path_type=Path, file_okay=False), default=None, help="Zoo directory (default models/).")
-def zoo_train(name, steps, root):
-    """Train zoo model NAME (seeded, reproducible) and save it to models/NAME."""
+@click.option("--force", is_flag=True, help="Replace the trained model already in models/NAME.")
+def zoo_train(name, steps, root, force):
+    """Train zoo model NAME (seeded, reproducible) and save it to models/NAME (refused if trained, unless --force)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from deploykit.zoo.registry import get_entry
-    from deploykit.zoo.train import train
+    from deploykit.zoo.train import check_destination, train
 
-    get_entry(name)  # an unknown name is one error line, before any progress bar
+    check_destination(name, root, force)  # an unknown name or a trained model: one error line, before any progress bar
     columns = (TextColumn(f"{name}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), TextColumn("{task.fields[metrics]}"))
     with Progress(*columns, console=_console()) as bar:
         task = bar.add_task("train", total=None, metrics="")
@@ -505,7 +517,7 @@ def zoo_train(name, steps, root):
             if step % every == 0 and not bar.console.is_terminal:  # a log file gets a line now and then
                 bar.console.print(f"{name} step {step}/{total}  {line}")
 
-        result = train(name, root=root, steps=steps, progress=report)
+        result = train(name, root=root, steps=steps, progress=report, force=force)
     _console().print(f"[green]✓[/] {result.directory}  val {result.val_accuracy:.1%}  ({result.steps} steps, {result.seconds:.0f} s)")
 
 

@@ -44,6 +44,7 @@ def compare_logits(reference: np.ndarray, actual: np.ndarray, num_real: int, tol
     """
     ref, act = reference.astype(np.float64), actual.astype(np.float64)
     nan_count, inf_count = int(np.isnan(act).sum()), int(np.isinf(act).sum())
+    ref_nan, ref_inf = int(np.isnan(ref).sum()), int(np.isinf(ref).sum())
     diff = np.abs(np.nan_to_num(act, nan=np.inf) - ref)
     max_abs = float(diff.max())
     rows = slice(len(ref) - num_real, None) if num_real else slice(None)
@@ -54,7 +55,9 @@ def compare_logits(reference: np.ndarray, actual: np.ndarray, num_real: int, tol
         top_ref, top_act = np.argsort(-ref[rows], -1)[:, :k], np.argsort(-act[rows], -1)[:, :k]
         top5 = float(np.mean([len(set(a) & set(b)) / k for a, b in zip(top_ref, top_act)]))
     judged = rows if tolerance.real_only else slice(None)
-    cosines = row_cosines(ref[judged], np.nan_to_num(act[judged]))
+    # A row holding NaN or Inf has no cosine: NaN, which prints as such and fails every bound.
+    finite = np.isfinite(ref[judged]).reshape(len(ref[judged]), -1).all(1) & np.isfinite(act[judged]).reshape(len(act[judged]), -1).all(1)
+    cosines = np.where(finite, row_cosines(ref[judged], np.nan_to_num(act[judged])), np.nan)
     metrics = dict(
         max_abs=max_abs,
         mean_abs=float(diff.mean()),
@@ -67,15 +70,17 @@ def compare_logits(reference: np.ndarray, actual: np.ndarray, num_real: int, tol
         inf_count=inf_count,
     )
     failures = []
+    if ref_nan or ref_inf:
+        failures.append(f"the PyTorch reference has {ref_nan} NaN / {ref_inf} Inf")
     if nan_count or inf_count:
         failures.append(f"{nan_count} NaN / {inf_count} Inf")
     if tolerance.real_only and not num_real:
         failures.append("no real inputs to judge on")
     if tolerance.max_abs is not None and not max_abs <= tolerance.max_abs:
         failures.append(f"max abs {max_abs:.3g} > {tolerance.max_abs:g}")
-    if not metrics["cosine"] >= tolerance.min_cosine:
+    if finite.all() and not metrics["cosine"] >= tolerance.min_cosine:  # else the NaN/Inf failure says it
         failures.append(f"cosine {metrics['cosine']:.7f} < {tolerance.min_cosine}")
-    if not metrics["mean_cosine"] >= tolerance.min_mean_cosine:
+    if finite.all() and not metrics["mean_cosine"] >= tolerance.min_mean_cosine:
         failures.append(f"mean cosine {metrics['mean_cosine']:.5f} < {tolerance.min_mean_cosine}")
     if top_k and not top1 >= tolerance.min_top1:
         failures.append(f"top-1 agreement {top1:.1%} < {tolerance.min_top1:.0%}")

@@ -43,7 +43,7 @@ from deploykit.encodings import Hook, encoding_name, get_config
 from deploykit.backends.plugins import Plugins
 from deploykit.errors import ConfigError, DeployKitError, ExportError, ResolutionError
 from deploykit.export.bundle import Manifest, load_reference
-from deploykit.export.onnx_export import BakedModel, onnx_from_model, parse_resolution, resolution_tag
+from deploykit.export.onnx_export import BakedModel, check_export_shape, onnx_from_model, parse_resolution, resolution_tag
 from deploykit.export.precision import check_precision
 from deploykit.nn.factory import Model, build_model
 from deploykit.nn.sequence import SequenceConfig
@@ -119,10 +119,15 @@ class Budget:
     rounds: int = 1
 
     def __post_init__(self):
-        if not self.duration_s > 0 or self.warmup < 0 or self.min_iterations < 1 or self.rounds < 1:
-            raise ConfigError(f"invalid budget {self}: duration > 0, warmup >= 0, min_iterations >= 1, rounds >= 1")
-        if self.iterations is not None and self.iterations < 1:
-            raise ConfigError(f"--iterations must be at least 1, got {self.iterations}")
+        problems = [f"{name} must be {rule}, got {value:g}" for name, value, ok, rule in (
+            ("--duration", self.duration_s, self.duration_s > 0 and math.isfinite(self.duration_s), "a positive number of seconds"),
+            ("--warmup", self.warmup, self.warmup >= 0, "0 or more calls"),
+            ("min_iterations", self.min_iterations, self.min_iterations >= 1, "at least 1"),
+            ("--rounds", self.rounds, self.rounds >= 1, "at least 1"),
+            ("--iterations", self.iterations or 0, self.iterations is None or self.iterations >= 1, "at least 1"),
+        ) if not ok]  # fmt: skip
+        if problems:
+            raise ConfigError("; ".join(problems))
 
     def per_round(self) -> Budget:
         iterations = None if self.iterations is None else max(1, math.ceil(self.iterations / self.rounds))
@@ -532,7 +537,7 @@ def _check_inputs(subjects: list[Subject], resolutions, batches, backends, preci
         raise ResolutionError("no resolution to profile")
     for subject in subjects:
         for resolution in resolutions:
-            subject.model.check_shape(resolution)  # ResolutionError with a hint, before any work
+            check_export_shape(subject.model, resolution)  # ResolutionError with a hint, before any work
     for precision in precisions:
         check_precision(precision)
         missing = [resolution_tag(r) for r in resolutions if not subjects[0].has(r, precision)]

@@ -67,9 +67,10 @@ def render_table(report, title: str = "latency"):
     from rich.table import Table
 
     table = Table(title=title, caption=report.environment_line, caption_justify="left")
-    for name in ("backend", "precision", "encoding", "res", "batch"):
+    for name in ("backend", "precision", "encoding", "res (px)", "batch"):
         table.add_column(name)
-    for name in ("p50", "p90", "p99", "mean ± std", "n", "img/s", "e2e p50", "e2e img/s", "×APE", "×fp32", "PE share", "GFLOP/s"):
+    for name in ("p50 (ms)", "p90 (ms)", "p99 (ms)", "mean ± std (ms)", "n (calls)", "img/s", "e2e p50 (ms)", "e2e img/s", "×APE", "×fp32",
+                 "PE share", "GFLOP/s"):  # fmt: skip
         table.add_column(name, justify="right")
     ratio = lambda value: "–" if value is None else f"{value:.3f}"  # noqa: E731
     for r in report.records:

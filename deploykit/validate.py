@@ -198,6 +198,7 @@ def validate(
     tolerance = _choice(TOLERANCES, precision, "precision")
     for backend in backends:
         _choice(RUNNER_FACTORIES, backend, "backend")
+    _check_input_counts(num_random, num_real)
     manifest = Manifest.read(export_dir)
     # --precision picks the graphs (model_224_fp16.onnx, ...) as well as the tolerance.
     entries = [manifest.graph(tuple(r), precision) for r in resolutions] if resolutions else manifest.graphs_at(precision, ranges=True)
@@ -238,6 +239,13 @@ def validate(
                     record.first_divergent_block = first_divergent_block(path, model, inputs, tolerance, batch, backend, plugins, num_real)
                 records.append(record)
     return ValidationReport(records)
+
+
+def _check_input_counts(num_random: int, num_real: int) -> None:
+    if num_random < 0 or num_real < 0:
+        raise ConfigError(f"input counts cannot be negative: --num-random {num_random}, --num-real {num_real}")
+    if num_random + num_real == 0:
+        raise ConfigError("nothing to compare: --num-random and --num-real are both 0; give at least one input")
 
 
 def _checks(entry, runner: Runner, batch_size: int) -> list[tuple[tuple[int, ...], int]]:

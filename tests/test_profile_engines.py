@@ -46,7 +46,7 @@ def test_cli_profile_on_rtx_notes_what_it_cannot_time(export_dir, tmp_path, caps
     if not torch.cuda.is_available():
         assert any(n.startswith("rope-axial on rtx @ 32: not profiled: the rtx runner needs a CUDA GPU") for n in notes)
     assert all(f"note: {n}" in stderr for n in notes) and "Traceback" not in stderr
-    code, _, stderr = run_cli(capsys, "profile", export_dir, "--backend", "rtx", "--resolution", "48", "--iterations", 1)
+    code, _, stderr = run_cli(capsys, "-q", "profile", export_dir, "--backend", "rtx", "--resolution", "48", "--iterations", 1)  # -q: no step lines
     assert code == 1 and stderr.startswith("error: nothing was profiled: ") and len(stderr.strip().splitlines()) == 1
 
 

@@ -24,7 +24,9 @@ one ONNX node ``deploykit::SaPE2Bias`` whose model-local function body is plain 
 
 from __future__ import annotations
 
+import functools
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -206,13 +208,27 @@ def sape2_bias(
 
 @sape2_bias.register_kernel("cuda")
 def _sape2_bias_cuda(q, k, table_x, table_y, grid_h, grid_w, num_prefix_tokens, scale, mode):
-    from deploykit._lazy import is_available
-
-    if q.dtype == torch.float64 or not is_available("triton"):  # the kernel computes in fp32
+    kernels = _triton_kernels()
+    if q.dtype == torch.float64 or kernels is None:  # the kernel computes in fp32
         return _bias_in_fp32_or_wider(q, k, table_x, table_y, grid_h, grid_w, num_prefix_tokens, scale, mode)
-    from deploykit.plugins.sape2.kernels import sape2_bias_triton
+    return kernels.sape2_bias_triton(q, k, table_x, table_y, (grid_h, grid_w), scale, mode, num_prefix_tokens)
 
-    return sape2_bias_triton(q, k, table_x, table_y, (grid_h, grid_w), scale, mode, num_prefix_tokens)
+
+@functools.cache
+def _triton_kernels():
+    """``deploykit.plugins.sape2.kernels``, imported once; None, said once in a warning, when
+    Triton is not installed (the op then runs the PyTorch reference on CUDA: same values, slower)."""
+    from deploykit._lazy import lazy_import
+    from deploykit.errors import MissingDependencyError
+
+    try:
+        lazy_import("triton")
+    except MissingDependencyError as err:
+        warnings.warn(f"SaPE² on CUDA runs the PyTorch reference, not the Triton kernel: {err}", RuntimeWarning, stacklevel=2)
+        return None
+    from deploykit.plugins.sape2 import kernels
+
+    return kernels
 
 
 @sape2_bias.register_fake

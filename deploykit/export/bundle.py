@@ -11,33 +11,63 @@ Layout of ``DIR``::
     model_224-512.onnx   one graph for a resolution range (``--resolution-range 224:384:512``;
                          dynamic height/width, for encodings whose tables nest)
 
-Every file is written atomically; re-exporting the same weights adds resolutions to the
-manifest, exporting different weights starts a new manifest.
+An export is staged: everything is written into a hidden sibling directory (``.DIR.*.staging``)
+and swapped in for ``DIR`` at the end, so an interrupted or failed export leaves ``DIR`` exactly
+as it was, and a finished one leaves nothing in ``DIR`` that the new export does not account for.
+Re-exporting the same weights keeps the graphs of the previous manifest that are not exported
+again (resolutions add up), each checked unchanged; files derived from a graph and named after
+it (``model_224.trt.engine`` and its fingerprint ``model_224.trt.json``) are kept only when that
+graph is byte-identical in the new export. Different weights start a new manifest. Everything
+else in ``DIR`` (reports, ``timing.cache``, stray files) does not survive a re-export, and a
+non-empty ``DIR`` without a ``manifest.json`` is refused rather than replaced.
+
+Every path read from ``manifest.json`` goes through ``confined_path``: a name leading outside
+``DIR`` (``../x``, an absolute path, a symlink pointing elsewhere) is refused before anything is
+read, so ``validate``, ``build``, ``profile``, ``serve`` and ``package`` never open, run or copy
+a file from outside the export. Each graph's entry is checked against the graph itself
+(resolution, range, precision and opset recorded in its metadata) before it is used.
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
+import logging
 import os
-from collections.abc import Iterable
+import shutil
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
+
+import onnx
+import torch
+from google.protobuf.message import DecodeError
 
 import onnx
 
 import deploykit
-from deploykit._io import write_json_atomic
+from deploykit._io import staged_directory, write_json_atomic
 from deploykit.encodings import config_to_dict
-from deploykit.errors import DeployKitError
+from deploykit.errors import DeployKitError, ExportError
 from deploykit.export.lint import check_graph
-from deploykit.export.onnx_export import DEFAULT_OPSET, check_resolution_range, onnx_from_model, resolution_tag, save_onnx
-from deploykit.export.precision import PLANS, apply_precision, check_precision
+from deploykit.export.onnx_export import (
+    DEFAULT_OPSET,
+    check_export_shape,
+    check_opset,
+    check_resolution_range,
+    graph_opset,
+    onnx_from_model,
+    resolution_tag,
+    save_onnx,
+)
+from deploykit.export.precision import PLANS, apply_precision, check_precision, graph_precision
 from deploykit.export.quantize import CalibrationOptions, graph_quantization
-from deploykit.nn.checkpoint import WEIGHTS_FILE, load_model, save_model
+from deploykit.nn.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_model, save_model
 from deploykit.nn.factory import Model
 
 MANIFEST_FILE = "manifest.json"
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -61,6 +91,19 @@ class GraphEntry:
             return [tuple(self.resolution)]
         low, high = self.resolution_range
         return list(dict.fromkeys([tuple(low), tuple(self.resolution), tuple(high)]))
+
+    @classmethod
+    def describing(cls, proto: onnx.ModelProto, file: str, sha256: str) -> GraphEntry:
+        """The entry for a written graph, every field read from the graph itself (its metadata and
+        opset import), so the manifest never says what the graph is not."""
+        meta = {p.key: p.value for p in proto.metadata_props}
+        try:
+            resolution = tuple(json.loads(meta["deploykit.resolution"]))
+            span = meta.get("deploykit.resolution_range")
+            span = tuple(tuple(r) for r in json.loads(span)) if span else None
+        except (KeyError, TypeError, ValueError) as err:
+            raise DeployKitError(f"{file} is not a graph deploykit exported (no readable deploykit.resolution metadata)") from err
+        return cls(resolution, file, sha256, graph_opset(proto), graph_precision(proto), span, graph_quantization(proto))
 
 
 @dataclass
@@ -100,15 +143,26 @@ class Manifest:
 
     @classmethod
     def read(cls, directory: str | os.PathLike) -> Manifest:
+        """Read ``directory/manifest.json``, refusing any file name in it that leads outside
+        ``directory`` (``confined_path``) before anything else is read.
+
+        Raises:
+            DeployKitError: not a directory, no or a corrupt manifest, or a confined path escapes.
+        """
         path = Path(directory) / MANIFEST_FILE
+        if Path(directory).exists() and not Path(directory).is_dir():
+            raise DeployKitError(f"{directory} is a file, not a deploykit export directory; give the directory deploykit export wrote")
         try:
             data = json.loads(path.read_text())
             data["graphs"] = [_graph_entry(g) for g in data["graphs"]]
-            return cls(**data)
+            manifest = cls(**data)
         except FileNotFoundError:
             raise DeployKitError(f"{directory} is not a deploykit export directory (no {MANIFEST_FILE}); run deploykit export first") from None
-        except (json.JSONDecodeError, KeyError, TypeError) as err:
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
             raise DeployKitError(f"corrupt manifest {path}: {err}") from err
+        for entry in manifest.graphs:
+            confined_path(directory, entry.file)
+        return manifest
 
 
 def _graph_entry(data: dict) -> GraphEntry:
@@ -143,19 +197,90 @@ def sha256_file(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def check_unchanged(path: Path, sha256: str) -> None:
-    """Refuse a file that is missing or differs from what ``manifest.json`` recorded."""
+def confined_path(export_dir: str | os.PathLike, name: str) -> Path:
+    """``export_dir / name``, refusing a name that leads outside ``export_dir``.
+
+    The one check every path named by an export directory goes through: an absolute path, a
+    ``..`` component, or a symlink (the file itself or a directory on the way) resolving outside
+    the directory is refused, so nothing outside the export is read, copied or run.
+
+    Raises:
+        DeployKitError: the name escapes the export directory.
+    """
+    if not isinstance(name, str) or not name or PurePath(name).is_absolute() or ".." in PurePath(name).parts:
+        raise DeployKitError(f"{Path(export_dir) / MANIFEST_FILE} names {name!r}, a path outside the export directory; refusing to read it")
+    path = Path(export_dir) / name
+    if not path.resolve().is_relative_to(Path(export_dir).resolve()):
+        raise DeployKitError(f"{path} is a symlink leading outside the export directory (to {path.resolve()}); refusing to read it")
+    return path
+
+
+def checked_file(export_dir: str | os.PathLike, name: str, sha256: str) -> Path:
+    """The path of file ``name`` of an export directory, confined to it (``confined_path``) and
+    refused when missing or different from what ``manifest.json`` recorded."""
+    path = confined_path(export_dir, name)
     if not path.is_file():
         raise DeployKitError(f"exported file missing: {path}; re-run deploykit export")
     if sha256_file(path) != sha256:
         raise DeployKitError(f"{path} changed since export (sha256 differs from manifest.json); re-run deploykit export")
+    return path
+
+
+def check_unchanged(path: Path, sha256: str) -> None:
+    """Refuse a file that is missing, leads outside its directory, or differs from what
+    ``manifest.json`` recorded."""
+    checked_file(path.parent, path.name, sha256)
 
 
 def checked_graph(export_dir: str | os.PathLike, entry: GraphEntry) -> Path:
-    """The graph's path, refusing a file that changed since export."""
-    path = Path(export_dir) / entry.file
-    check_unchanged(path, entry.sha256)
+    """The graph's path, refusing a file outside the export, changed since export, or whose
+    entry in ``manifest.json`` says something the graph does not (resolution, range,
+    precision, opset)."""
+    path = checked_file(export_dir, entry.file, entry.sha256)
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, OSError, ValueError) as err:
+        raise DeployKitError(f"{path} is not a readable ONNX graph ({err}); re-run deploykit export") from err
+    actual, recorded = GraphEntry.describing(proto, entry.file, entry.sha256), _graph_entry(asdict(entry))
+    fields = [f"{name} {getattr(recorded, name)} in the manifest, {getattr(actual, name)} in the graph"
+              for name in ("resolution", "resolution_range", "precision", "opset") if getattr(recorded, name) != getattr(actual, name)]  # fmt: skip
+    if fields:
+        raise DeployKitError(f"{MANIFEST_FILE} disagrees with {path}: {'; '.join(fields)}; re-run deploykit export")
     return path
+
+
+# One graph to export: (resolution, None) or (the tuned-for resolution, (min, max) of its range).
+Job = tuple[tuple[int, ...], tuple[tuple[int, ...], tuple[int, ...]] | None]
+
+
+@dataclass(frozen=True)
+class ExportPlan:
+    """What one export writes: a graph per job and precision plan, at one opset, INT8 plans
+    calibrated as ``calibration`` says."""
+
+    jobs: list[Job]
+    precisions: list[str]
+    opset: int
+    calibration: CalibrationOptions = CalibrationOptions()
+
+    @classmethod
+    def checked(cls, model: Model, resolutions, precisions, opset: int, resolution_range=None,
+                calibration: CalibrationOptions = CalibrationOptions()) -> ExportPlan:  # fmt: skip
+        """The plan, every part checked before any work (``ResolutionError``, ``ExportError`` or
+        ``ConfigError`` in one line): shapes the model takes at a size a graph can hold, a
+        valid range, known precision plans, a supported opset."""
+        opset = check_opset(opset)
+        jobs: list[Job] = [(r, None) for r in dict.fromkeys(check_export_shape(model, tuple(r)) for r in resolutions)]
+        if resolution_range is not None:
+            low, opt, high = (tuple(r) for r in resolution_range)
+            check_resolution_range(model, low, opt, high)
+            jobs.append((opt, (low, high)))
+        if not jobs:
+            raise ExportError("nothing to export: give at least one resolution or a resolution range")
+        precisions = list(dict.fromkeys(precisions))
+        for precision in precisions:
+            check_precision(precision)
+        return cls(jobs, precisions, opset, calibration)
 
 
 def export(
@@ -166,25 +291,26 @@ def export(
     opset: int = DEFAULT_OPSET,
     precisions: Iterable[str] = ("fp32",),
     source: str = "",
-    progress=None,
+    progress: Callable[[str], None] | None = None,
     resolution_range: tuple[tuple[int, int], tuple[int, int], tuple[int, int]] | None = None,
     calibration: CalibrationOptions = CalibrationOptions(),
 ) -> Manifest:
     """Export ``model`` at each resolution into ``output_dir`` (see the module docstring).
 
-    Every resolution is checked before anything is written, so a bad one leaves the directory
-    untouched.
+    Everything is checked before any work, and everything is written into a staging directory
+    beside ``output_dir`` by the steps below, then swapped in: a failed or interrupted export
+    (``KeyboardInterrupt`` included) leaves ``output_dir`` exactly as it was.
 
     Args:
         model: the model to export (exported in float32).
         resolutions: ``(height, width)`` pairs, multiples of the patch size; for a sequence
             model, lengths (``(T,)``, or ``(T, T)`` as ``parse_resolution`` gives them).
-        output_dir: created if missing.
-        opset: ONNX opset for the graphs.
+        output_dir: created if missing; an existing one must be a previous export (or empty).
+        opset: ONNX opset for the graphs (``SUPPORTED_OPSETS``).
         precisions: precision plans to write per resolution (``fp32``, ``fp16``, ``bf16``; see
             ``deploykit.export.precision``).
         source: where the model came from (recorded in the manifest).
-        progress: optional callable ``progress(message)`` for long exports.
+        progress: called as ``progress(message)`` at each step of a long export.
         resolution_range: ``(min, opt, max)``: also write one graph taking any resolution in
             that range (``onnx_from_model``'s ``resolution_range``), tuned for ``opt``.
         calibration: how INT8 plans are calibrated and checked (``deploykit.data.calibration_inputs``
@@ -193,39 +319,69 @@ def export(
 
     Returns:
         The manifest written to ``output_dir``.
+
+    Raises:
+        DeployKitError: a bad resolution, opset, precision or destination; weights that are not
+            finite; a failed export or lint.
     """
-    # check_shape raises ResolutionError before any file is touched
-    # (resolution, range or None): every fixed resolution, then the range's graph if asked for.
-    jobs = [(r, None) for r in dict.fromkeys(model.check_shape(tuple(r)) for r in resolutions)]
-    if resolution_range is not None:
-        low, opt, high = (tuple(r) for r in resolution_range)
-        check_resolution_range(model, low, opt, high)
-        jobs.append((opt, (low, high)))
-    precisions = list(dict.fromkeys(precisions))
-    for precision in precisions:
-        check_precision(precision)
-    output_dir = Path(output_dir)
-    protos = []
-    for resolution, span in jobs:
-        if progress:
-            progress(f"exporting {resolution_tag(resolution) if span is None else range_tag(span)}")
-        proto = onnx_from_model(model, resolution, opset, resolution_range=span)
-        for precision in precisions:
-            planned = planned_graph(proto, model, resolution, precision, calibration, progress)
+    plan = ExportPlan.checked(model, resolutions, precisions, opset, resolution_range, calibration)
+    check_finite_weights(model)
+    output_dir = _destination(Path(output_dir))
+    say = progress or (lambda message: None)
+    with staged_directory(output_dir) as stage:
+        weights_sha256 = _write_reference(model, stage)
+        graphs = _write_graphs(model, plan, stage, say)
+        graphs += _keep_previous(output_dir, stage, weights_sha256, graphs)
+        manifest = _write_manifest(stage, model, weights_sha256, source, graphs)
+    return manifest
+
+
+def check_finite_weights(model: Model) -> None:
+    """Refuse weights holding NaN or Inf, naming the tensors: the graph would only propagate them.
+
+    Raises:
+        ExportError: a floating-point tensor of the state dict is not finite.
+    """
+    bad = [(name, int(t.isnan().sum()), int(t.isinf().sum()))
+           for name, t in model.state_dict().items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]  # fmt: skip
+    if bad:
+        named = ", ".join(f"{name} has {nan} NaN / {inf} Inf" for name, nan, inf in bad[:3])
+        more = f" (+{len(bad) - 3} more tensors)" if len(bad) > 3 else ""
+        raise ExportError(f"the model's weights are not finite: {named}{more}; fix the checkpoint")
+
+
+def _destination(output_dir: Path) -> Path:
+    """Where the export goes (a symlink's target), refusing a non-empty directory that is not a
+    previous export: an export replaces its whole directory."""
+    output_dir = output_dir.resolve() if output_dir.is_symlink() else output_dir
+    if output_dir.is_dir() and not (output_dir / MANIFEST_FILE).is_file() and any(output_dir.iterdir()):
+        raise DeployKitError(
+            f"{output_dir} is not empty and not a deploykit export directory (no {MANIFEST_FILE}); an export replaces "
+            "its output directory, so choose another --output or empty it"
+        )
+    return output_dir
+
+
+def _write_reference(model: Model, stage: Path) -> str:
+    """Step: the PyTorch reference (``config.json`` + ``model.safetensors``); returns the weights' sha256."""
+    save_model(model, stage)
+    return sha256_file(stage / WEIGHTS_FILE)
+
+
+def _write_graphs(model: Model, plan: ExportPlan, stage: Path, say: Callable[[str], None]) -> list[GraphEntry]:
+    """Step: one graph per job and precision plan, each entry read back from the graph written."""
+    entries = []
+    for resolution, span in plan.jobs:
+        say(f"exporting {resolution_tag(resolution) if span is None else range_tag(span)}")
+        proto = onnx_from_model(model, resolution, plan.opset, resolution_range=span)
+        for precision in plan.precisions:
+            planned = planned_graph(proto, model, resolution, precision, plan.calibration, say)
             if precision != "fp32":
                 check_graph(planned)  # the casts must leave a valid, strictly typed graph
-            protos.append((resolution, span, precision, planned))
-    save_model(model, output_dir)
-    manifest = _fresh_or_existing_manifest(output_dir, model, source)
-    for resolution, span, precision, proto in protos:
-        name = graph_file_name(resolution, precision, span)
-        save_onnx(proto, output_dir / name)
-        manifest.graphs = [g for g in manifest.graphs if g.file != name]
-        manifest.graphs.append(GraphEntry(resolution, name, sha256_file(output_dir / name), opset, precision, span,
-                                          graph_quantization(proto)))  # fmt: skip
-    manifest.graphs.sort(key=lambda g: (g.resolution_range is not None, g.resolution, list(PLANS).index(g.precision)))
-    write_json_atomic(output_dir / MANIFEST_FILE, manifest.to_dict())
-    return manifest
+            name = graph_file_name(resolution, precision, span)
+            path = save_onnx(planned, stage / name)
+            entries.append(GraphEntry.describing(planned, name, sha256_file(path)))
+    return entries
 
 
 def planned_graph(
@@ -257,16 +413,76 @@ def planned_graph(
     return planned
 
 
-def _fresh_or_existing_manifest(output_dir: Path, model: Model, source: str) -> Manifest:
-    weights_sha = sha256_file(output_dir / WEIGHTS_FILE)
-    fresh = Manifest(encoding=config_to_dict(model.cfg.encoding)["name"], weights_sha256=weights_sha, source=source)
+def _keep_previous(output_dir: Path, stage: Path, weights_sha256: str, written: list[GraphEntry]) -> list[GraphEntry]:
+    """Step: from a previous export of the same weights, the graphs not written again (each
+    checked unchanged), and the files derived from every graph that is byte-identical in both.
+
+    Returns:
+        The entries of the graphs kept.
+    """
+    previous = _previous_manifest(output_dir, weights_sha256)
+    if previous is None:
+        return []
+    rewritten = {g.file for g in written}
+    kept = []
+    for entry in previous.graphs:
+        if entry.file in rewritten:
+            continue
+        try:
+            _carry(checked_graph(output_dir, entry), output_dir, stage)
+        except DeployKitError as err:
+            _log.warning("not keeping %s of the previous export: %s", entry.file, err)
+            continue
+        _log.info("keeping %s of the previous export (same weights)", entry.file)
+        kept.append(entry)
+    before = {g.file: g.sha256 for g in previous.graphs}
+    for entry in [*written, *kept]:
+        if before.get(entry.file) == entry.sha256:
+            for derived in derived_files(output_dir, entry.file):
+                _carry(derived, output_dir, stage)
+    return kept
+
+
+def _previous_manifest(output_dir: Path, weights_sha256: str) -> Manifest | None:
+    if not (output_dir / MANIFEST_FILE).is_file():
+        return None
     try:
-        existing = Manifest.read(output_dir)
-    except DeployKitError:
-        return fresh
-    return existing if existing.weights_sha256 == weights_sha else fresh
+        previous = Manifest.read(output_dir)
+    except DeployKitError as err:
+        _log.warning("starting a new manifest: %s", err)
+        return None
+    return previous if previous.weights_sha256 == weights_sha256 else None
+
+
+def derived_files(export_dir: Path, graph_file: str) -> list[Path]:
+    """Regular files named after a graph (``model_224.*`` for ``model_224.onnx``: engines and
+    their fingerprints), the graph itself and symlinks excluded."""
+    graph = export_dir / graph_file
+    pattern = glob.escape(PurePath(graph_file).stem) + ".*"
+    return sorted(p for p in graph.parent.glob(pattern) if p.name != graph.name and p.is_file() and not p.is_symlink())
+
+
+def _carry(path: Path, output_dir: Path, stage: Path) -> None:
+    """Put ``path`` (a file of ``output_dir``) at the same place in ``stage``: a hard link, as
+    files here are only ever replaced, never changed in place; a copy where links fail."""
+    dest = stage / path.relative_to(output_dir)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(path, dest)
+    except OSError:
+        shutil.copy2(path, dest)
+
+
+def _write_manifest(stage: Path, model: Model, weights_sha256: str, source: str, graphs: list[GraphEntry]) -> Manifest:
+    """Step, last: the manifest naming everything the steps before wrote or kept."""
+    graphs = sorted(graphs, key=lambda g: (g.resolution_range is not None, g.resolution, list(PLANS).index(g.precision)))
+    manifest = Manifest(encoding=config_to_dict(model.cfg.encoding)["name"], weights_sha256=weights_sha256, source=source, graphs=graphs)
+    write_json_atomic(stage / MANIFEST_FILE, manifest.to_dict())
+    return manifest
 
 
 def load_reference(directory: str | os.PathLike) -> Model:
-    """The PyTorch reference model saved in an export directory."""
+    """The PyTorch reference model saved in an export directory (its files confined to it)."""
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        confined_path(directory, name)
     return load_model(Path(directory))

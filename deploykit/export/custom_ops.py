@@ -20,8 +20,10 @@ from onnxscript import opset18 as op
 from onnxscript.values import Op, Opset
 
 import deploykit.encodings.sape2  # noqa: F401  registers torch.ops.deploykit.sape2_bias
+from deploykit.errors import ExportError
 
 DOMAIN = "deploykit"
+FUNCTION_OPSET = op.version  # the opset the function bodies below are written in (18)
 deploykit_opset = Opset(DOMAIN, 1)
 # The exporter reads the function's signature from these annotations.
 TFloat = TypeVar("TFloat", bound=Union[FLOAT16, BFLOAT16, FLOAT, DOUBLE])
@@ -156,9 +158,18 @@ def _sape2_bias_translation(
 
 
 def attach_functions(proto: onnx.ModelProto) -> None:
-    """Add the function of every ``deploykit`` op the graph uses (once each), in place."""
+    """Add the function of every ``deploykit`` op the graph uses (once each), in place.
+
+    Raises:
+        ExportError: the graph's opset is not the one the functions are written in (ONNX wants
+            a function's default-domain opset to equal its model's).
+    """
     have = {(f.domain, f.name) for f in proto.functions}
     used = {(n.domain, n.op_type) for n in proto.graph.node if n.domain == DOMAIN}
+    opset = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
+    if used and opset != FUNCTION_OPSET:
+        names = ", ".join(f"{domain}::{name}" for domain, name in sorted(used))
+        raise ExportError(f"{names} is defined as an ONNX function in opset {FUNCTION_OPSET}; export this model with --opset {FUNCTION_OPSET}, not {opset}")
     for key in sorted(used - have):
         proto.functions.append(FUNCTIONS[key].to_function_proto())
     if used and not any(o.domain == DOMAIN for o in proto.opset_import):

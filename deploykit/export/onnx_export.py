@@ -20,6 +20,7 @@ import copy
 import io
 import json
 import logging
+import math
 import os
 import warnings
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from torch import Tensor, nn
 import deploykit
 from deploykit._io import atomic_path
 from deploykit.encodings import KeepsFloat, PETables, config_to_dict
-from deploykit.errors import ExportError
+from deploykit.errors import ExportError, ResolutionError
 from deploykit.export.custom_ops import CUSTOM_TRANSLATIONS, attach_functions
 from deploykit.export.lint import check_graph
 from deploykit.export.qk_channels import with_contiguous_qk_channels
@@ -42,6 +43,15 @@ from deploykit.nn.factory import Model
 # Opset 18: LayerNormalization is native (17+), and TensorRT 10.x, TensorRT-RTX and ONNX
 # Runtime all parse it; newer opsets map SDPA to an Attention op that TensorRT 10 lacks.
 DEFAULT_OPSET = 18
+# What a requested opset may be. Below 17 there is no LayerNormalization op: the exporter's
+# version converter cannot write one and silently leaves the graph at its own opset. Above 25:
+# TensorRT 11's ONNX parser reads up to opset 25 (its support matrix), and the exporter's
+# converter fails beyond it. SaPE²'s ONNX function is written in opset 18 (custom_ops.FUNCTION_OPSET).
+SUPPORTED_OPSETS = range(17, 26)
+# TensorRT's ITensor: "the volume of the tensor must be less than 2^31 elements". Every graph
+# here materialises each block's attention scores [batch, heads, T, T], so even at batch 1
+# heads * T^2 must stay within it (and past it the host tables alone run to hundreds of GB).
+MAX_TENSOR_ELEMENTS = 2**31 - 1
 OUTPUT_NAME = "logits"
 TABLE_MODULE = "pe_tables"
 # torch.export refuses to generalise a dimension whose example value is 0 or 1.
@@ -63,6 +73,46 @@ def parse_resolution(value: int | str | tuple[int, int]) -> tuple[int, int]:
     if len(parts) == 2:
         return parts[0], parts[1]
     raise ExportError(f"invalid resolution {value!r}; expected e.g. 224 or 384x256")
+
+
+def check_opset(opset: int) -> int:
+    """The opset, or ``ExportError`` stating the supported range and why.
+
+    Raises:
+        ExportError: outside ``SUPPORTED_OPSETS``.
+    """
+    low, high = SUPPORTED_OPSETS[0], SUPPORTED_OPSETS[-1]
+    if opset not in SUPPORTED_OPSETS:
+        raise ExportError(
+            f"opset {opset} is not supported: deploykit exports opsets {low} to {high} ({low} is the first with "
+            f"LayerNormalization, {high} the newest TensorRT's ONNX parser reads); the default is {DEFAULT_OPSET}"
+        )
+    return opset
+
+
+def graph_opset(proto: onnx.ModelProto) -> int:
+    """The default-domain opset a graph imports (what it really is, whatever was asked for)."""
+    return next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
+
+
+def check_export_shape(model: Model, resolution: tuple[int, ...]) -> tuple[int, ...]:
+    """``model.check_shape(resolution)``, also refusing a shape whose attention scores one
+    tensor cannot hold (``MAX_TENSOR_ELEMENTS``), with the bound in the message.
+
+    Raises:
+        ResolutionError: the model cannot take the shape, or its graph would be absurdly large.
+    """
+    resolution = model.check_shape(resolution)
+    tokens, heads = model.num_tokens(resolution), model.cfg.num_heads
+    scores = heads * tokens**2
+    if scores > MAX_TENSOR_ELEMENTS:
+        most = math.isqrt(MAX_TENSOR_ELEMENTS // heads)
+        raise ResolutionError(
+            f"resolution {resolution_tag(resolution)} gives {tokens:,} tokens: each block's attention scores "
+            f"[1, {heads}, {tokens}, {tokens}] would hold {scores:.3g} elements ({4 * scores / 1e9:.3g} GB in fp32), "
+            f"more than the 2^31-1 TensorRT allows in one tensor; this model takes at most {most:,} tokens"
+        )
+    return resolution
 
 
 def resolution_tag(resolution: tuple[int, ...]) -> str:
@@ -133,7 +183,7 @@ def check_resolution_range(model: Model, low: tuple[int, int], opt: tuple[int, i
             "a resolution range; export each resolution (-r) instead"
         )
     for shape in (low, opt, high):
-        model.check_shape(shape)
+        check_export_shape(model, shape)
     if not all(a <= b <= c for a, b, c in zip(low, opt, high)):
         raise ExportError(f"resolution range needs min <= opt <= max on each axis, got {low}, {opt}, {high}")
 
@@ -190,11 +240,12 @@ def onnx_from_model(
         ExportError: the exporter failed, the graph failed the lint, or the range cannot be
             served by one graph (``check_resolution_range``).
     """
+    check_opset(opset)
     if any(p.dtype != torch.float32 for p in model.parameters()):
         # Export in fp32 without changing the caller's model (buffers such as GridPE's float64
         # omegas stay as they are: tables are built from them in float64 anyway).
         model = copy.deepcopy(model).float()
-    resolution = model.check_shape(resolution)
+    resolution = check_export_shape(model, resolution)
     example = model.example_input(resolution, _EXAMPLE_BATCH)
     batch = torch.export.Dim("batch", min=1, max=_MAX_BATCH)
     input_dims = {0: batch}
@@ -215,7 +266,9 @@ def onnx_from_model(
     # verbose=False; keep the CLI quiet and show only our own errors.
     # no_grad: with an attention mask that requires grad (SaPE²'s bias), torch.export records the
     # CPU flash-attention output layout, and its decomposition then fails on the head merge's view.
-    with contextlib.redirect_stdout(io.StringIO()), quiet_logger("torch.onnx"), warnings.catch_warnings(), torch.no_grad():
+    # onnxscript's version converter logs a traceback for a conversion it then falls back from;
+    # the result is checked (opset, lint) and reported in one line.
+    with contextlib.redirect_stdout(io.StringIO()), quiet_logger("torch.onnx"), quiet_logger("onnxscript"), warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         try:
             program = torch.onnx.export(
@@ -231,7 +284,11 @@ def onnx_from_model(
                 verbose=False,
             )
         except Exception as err:  # the exporter raises many internal types
+            if _interrupted(err):  # Ctrl-C inside the exporter, re-raised by it as another error
+                raise KeyboardInterrupt from err
             raise ExportError(f"torch.onnx.export failed at {resolution}: {str(err).splitlines()[0]}") from err
+    if graph_opset(program.model_proto) != opset:  # the converter gave up and left its own opset
+        raise ExportError(f"opset {opset} was asked for, but the exporter wrote opset {graph_opset(program.model_proto)}")
     # Rewrite and fold first: the SaPE2Bias function is attached afterwards, so the optimiser cannot inline it.
     proto = _rewrite_and_fold(program.model_proto)
     attach_functions(proto)
@@ -256,6 +313,19 @@ def _rewrite_and_fold(proto: onnx.ModelProto) -> onnx.ModelProto:
     rewrite_for_runtimes(model)
     onnxscript.optimizer.optimize(model, input_size_limit=_FOLD_LIMIT, output_size_limit=_FOLD_LIMIT)
     return ir.to_proto(model)
+
+
+def _interrupted(err: BaseException) -> bool:
+    """Whether a ``KeyboardInterrupt`` is among the causes or contexts of ``err``: the exporter
+    turns one caught mid-trace into its own ``TorchExportError`` (seen with an ``AttributeError``
+    raised while handling the interrupt)."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, KeyboardInterrupt):
+            return True
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return False
 
 
 @contextlib.contextmanager

@@ -86,10 +86,11 @@ def _torch_load_reason(err: Exception) -> str:
     return (refused or lines or [type(err).__name__])[0]
 
 
-def load_weights(model: Model, state_dict: dict[str, Tensor], source: str | os.PathLike) -> None:
-    """Load a (timm-named) state dict strictly, raising one line that lists what does not fit."""
+def load_weights(model: Model, state_dict: dict[str, Tensor], source: str | os.PathLike, assign: bool = False) -> None:
+    """Load a (timm-named) state dict strictly, raising one line that lists what does not fit
+    (``assign``: take the tensors themselves rather than copying into the model's)."""
     try:
-        result = model.load_state_dict(state_dict, strict=False)
+        result = model.load_state_dict(state_dict, strict=False, assign=assign)
     except RuntimeError as err:  # shape mismatches
         detail = " ".join(line.strip() for line in str(err).splitlines()[1:3])
         raise CheckpointError(f"checkpoint {source} does not fit the model: {detail}") from err
@@ -135,11 +136,35 @@ def load_model(path: str | os.PathLike, config: ModelConfig | None = None) -> Mo
         config = read_config((path if path.is_dir() else path.parent) / CONFIG_FILE)
     state_dict = load_checkpoint(weights)
     try:
+        check_config_fits(config, state_dict, weights)
         model = build_model(config)
     except (ConfigError, TypeError, ValueError) as err:
         raise CheckpointError(f"cannot build the model described for {path}: {err}") from err
     load_weights(model, state_dict, weights)
     return model.eval()
+
+
+def check_config_fits(config: ModelConfig, state_dict: dict[str, Tensor], source: str | os.PathLike) -> None:
+    """Refuse a config whose model the weights cannot fill, before allocating it: a config with
+    huge sizes must fail in one line, not in the allocator.
+
+    The model is built on the meta device (shapes only, no memory) and the weights are matched
+    against it by name and shape. Building takes time in the number of blocks, so first a
+    bound that needs no model: every block holds at least four weight matrices (qkv, proj and
+    the MLP's two), so ``4·depth`` tensors at least.
+
+    Raises:
+        CheckpointError: the config describes more blocks than the weights hold, or other names
+            or shapes.
+    """
+    if 4 * config.depth > len(state_dict):
+        raise CheckpointError(
+            f"the config describes {config.depth:,} blocks but {source} holds {len(state_dict):,} tensors (each block has "
+            "at least 4 weight matrices): the config does not describe these weights"
+        )
+    with torch.device("meta"):
+        shell = build_model(config)
+    load_weights(shell, state_dict, source, assign=True)  # assign: no copy into meta tensors
 
 
 def save_model(model: Model, directory: str | os.PathLike, metadata: dict[str, Any] | None = None) -> Path:

@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
-from deploykit.encodings import EncodingConfig, config_from_dict, config_to_dict, encoding_name, parse_options
+from deploykit.encodings import EncodingConfig, config_from_dict, config_to_dict, encoding_name, get_config, parse_options
 from deploykit.errors import CheckpointError
 from deploykit.nn.checkpoint import CONFIG_FILE, DEFAULT_ENCODING, DEFAULT_MODEL, WEIGHTS_FILE, default_model, load_model, load_weights
 from deploykit.nn.factory import Model, build_model, create_model
@@ -21,23 +21,36 @@ def resolve_model(
       (``--encoding``/``--model`` must then agree with it or be omitted);
     * a bare weights file: architecture from ``model_name`` + ``encoding`` (defaults as below);
     * no checkpoint and no ``model_name``: the trained zoo model for ``encoding`` (default
-      ``ape``: ``models/shapes-ape``) when the zoo has one;
-    * otherwise the seeded untrained ``model_name`` (default ``vit_tiny_patch16``) + ``encoding``.
+      ``ape``: ``models/shapes-ape``), refused when there is none (a wheel does not ship
+      ``models/``): nobody should get an untrained model believing it is the zoo's;
+    * ``model_name`` without a checkpoint: the seeded untrained ``model_name`` + ``encoding``.
 
     ``options`` (``key=value``, the command line's ``--set``) then change the chosen model's
     encoding options, typed and checked against its config (``deploykit.encodings.parse_options``).
 
     Returns:
         The model (eval mode) and a string describing where it came from.
+
+    Raises:
+        ConfigError: an unknown encoding or model name.
+        CheckpointError: no trained zoo model where one was needed; a bad checkpoint.
     """
-    if checkpoint is None and model_name is None and (zoo := trained_zoo_model(encoding or DEFAULT_ENCODING)):
-        return with_encoding_options(load_model(zoo), options, f"zoo:{zoo.name}"), f"zoo:{zoo.name}"
+    if checkpoint is None and model_name is None:
+        wanted = encoding or DEFAULT_ENCODING
+        get_config(wanted)  # an unknown encoding is named as such, with the choices
+        if zoo := trained_zoo_model(wanted):
+            return with_encoding_options(load_model(zoo), options, f"zoo:{zoo.name}"), f"zoo:{zoo.name}"
+        from deploykit.zoo.registry import zoo_dir
+
+        raise CheckpointError(
+            f"no trained zoo model for encoding {wanted} in {zoo_dir()} (a wheel does not ship models/); pass "
+            f"--checkpoint DIR, or --model NAME (e.g. {DEFAULT_MODEL}) for a seeded untrained model"
+        )
     if checkpoint is None:
-        name = model_name or DEFAULT_MODEL
-        model = default_model(encoding=encoding, model=name)
+        model = default_model(encoding=encoding, model=model_name)
         if options:  # untrained: the options shape the seeded model itself (ape=true adds a table)
-            model = default_model(encoding=_with_options(model.cfg.encoding, options), model=name)
-        return model, f"default:{name}+{encoding_name(model.cfg.encoding)}"
+            model = default_model(encoding=_with_options(model.cfg.encoding, options), model=model_name)
+        return model, f"default:{model_name}+{encoding_name(model.cfg.encoding)}"
     checkpoint = Path(checkpoint)
     if not checkpoint.exists():
         raise CheckpointError(f"checkpoint not found: {checkpoint}")

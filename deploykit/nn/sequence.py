@@ -39,7 +39,7 @@ from deploykit.encodings.mope import (
     PAPER_MODEL as MOPE_PAPER_MODEL,
 )
 from deploykit.errors import ConfigError, ResolutionError
-from deploykit.nn.vit import Mlp, check_trunk_sizes
+from deploykit.nn.vit import Mlp, check_fields, check_trunk_sizes
 
 ARCHITECTURE = "sequence_transformer"
 _ATTENTIONS = ("dot", "ega")
@@ -77,6 +77,8 @@ class SequenceConfig:
     encoding: EncodingConfig = field(default_factory=lambda: MoPEConfig(origin="corner"))
 
     architecture: ClassVar[str] = ARCHITECTURE
+    # What config.json must say (check_fields); the rest default to the authors' script.
+    required: ClassVar[tuple[str, ...]] = ("vocab_size", "context", "embed_dim", "depth", "num_heads", "attention", "causal", "encoding")
 
     def __post_init__(self):
         check_trunk_sizes(self, ("vocab_size", "context"))
@@ -93,9 +95,7 @@ class SequenceConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SequenceConfig:
         data = {k: v for k, v in data.items() if k != "architecture"}
-        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            raise ConfigError(f"model config has unknown field(s) {unknown}")
+        check_fields(cls, data)
         if "encoding" in data:
             data["encoding"] = config_from_dict(data["encoding"])
         return cls(**data)
@@ -214,6 +214,10 @@ class SequenceTransformer(nn.Module):
 
     def shape_of(self, tokens: Tensor) -> tuple[int]:
         return (tokens.shape[-1],)
+
+    def num_tokens(self, shape: tuple[int, ...]) -> int:
+        """Tokens the blocks attend over: the length."""
+        return self.check_shape(shape)[0]
 
     def example_input(self, shape: tuple[int], batch: int) -> Tensor:
         return torch.randint(0, self.cfg.vocab_size, (batch, *shape))

@@ -13,6 +13,7 @@ caller (``forward_with_tables``), which is how export bakes them as constants.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -43,6 +44,25 @@ def check_trunk_sizes(cfg, sizes: tuple[str, ...]) -> None:
         raise ConfigError(f"model sizes must be positive integers: {', '.join(bad)}")
     if cfg.embed_dim % cfg.num_heads:
         raise ConfigError(f"embed_dim {cfg.embed_dim} is not divisible by num_heads {cfg.num_heads}")
+
+
+def check_fields(cls, data: dict[str, Any]) -> None:
+    """``ConfigError`` naming the unknown fields of a config dict, or the missing ``cls.required`` ones."""
+    unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise ConfigError(f"model config has unknown field(s) {unknown}")
+    missing = [name for name in cls.required if name not in data]
+    if missing:
+        raise ConfigError(f"model config is missing required field(s) {missing}; no default fits every checkpoint")
+
+
+def check_normalisation(mean, std) -> None:
+    """``ConfigError`` unless the input normalisation is finite with a positive ``std`` (inputs
+    are divided by it: a zero gives Inf/NaN inputs that validate as equal to themselves)."""
+    if not all(math.isfinite(m) for m in mean):
+        raise ConfigError(f"mean must be finite per channel, got {list(mean)}")
+    if not all(math.isfinite(s) and s > 0 for s in std):
+        raise ConfigError(f"std must be positive and finite per channel (inputs are divided by it), got {list(std)}")
 
 
 @dataclass(frozen=True)
@@ -91,6 +111,11 @@ class ViTConfig:
     encoding: EncodingConfig = field(default_factory=lambda: get_config("ape"))
     dataset: str | None = None
 
+    # What config.json must say: the architecture and encoding have no default that fits every
+    # checkpoint. Missing other fields take timm's ViT values (mlp_ratio 4, qkv bias, class
+    # token, LayerNorm eps 1e-6, ImageNet mean/std).
+    required: ClassVar[tuple[str, ...]] = ("img_size", "patch_size", "num_classes", "embed_dim", "depth", "num_heads", "encoding")
+
     def __post_init__(self):
         check_trunk_sizes(self, ("img_size", "patch_size", "in_chans"))
         counts = {"num_classes": self.num_classes, "reg_tokens": self.reg_tokens}
@@ -107,6 +132,7 @@ class ViTConfig:
             raise ConfigError("global_pool 'token' needs the class token")
         if self.mlp_layer not in MLP_LAYERS:
             raise ConfigError(f"mlp_layer must be one of {MLP_LAYERS}, got {self.mlp_layer!r}")
+        check_normalisation(self.mean, self.std)
 
     @property
     def num_prefix_tokens(self) -> int:
@@ -132,10 +158,7 @@ class ViTConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ViTConfig:
         data = dict(data)
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"model config has unknown field(s) {unknown}")
+        check_fields(cls, data)
         if "encoding" in data:
             data["encoding"] = config_from_dict(data["encoding"])
         for key in ("mean", "std"):
@@ -319,6 +342,11 @@ class VisionTransformer(nn.Module):
         """The resolution itself, once checked against the patch size (``ResolutionError`` if not)."""
         self.grid(*shape)
         return tuple(shape)
+
+    def num_tokens(self, shape: tuple[int, int]) -> int:
+        """Tokens the blocks attend over at ``shape``: prefix tokens plus one per patch."""
+        gh, gw = self.grid(*shape)
+        return gh * gw + self.cfg.num_prefix_tokens
 
     def shape_of(self, images: Tensor) -> tuple[int, int]:
         return tuple(images.shape[-2:])

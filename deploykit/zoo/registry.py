@@ -100,7 +100,8 @@ def zoo_dir() -> Path:
 
     Found from the package's own location, so it works from a checkout and from
     ``pip install -e .`` wherever the command runs. A wheel does not ship the zoo (a few MB per
-    model); there the CLI falls back to the seeded untrained default.
+    model); there a command needing a zoo model refuses and says so (``--model`` picks a seeded
+    untrained model explicitly).
     """
     return Path(__file__).resolve().parents[2] / "models"
 

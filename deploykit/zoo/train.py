@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from deploykit.data import normalise
-from deploykit.nn.checkpoint import save_model
+from deploykit.errors import ConfigError
+from deploykit.nn.checkpoint import WEIGHTS_FILE, save_model
 from deploykit.nn.factory import Model, create_model
 from deploykit.encodings import get_config
 from deploykit.zoo.dataset import ShapeRelations, get_dataset
@@ -76,6 +77,7 @@ def train(
     steps: int | None = None,
     progress: Callable[[int, int, dict], None] | None = None,
     threads: int = 1,
+    force: bool = False,
 ) -> TrainResult:
     """Train zoo entry ``name`` and save it to ``root/name`` (default ``models/name``).
 
@@ -87,13 +89,30 @@ def train(
         threads: torch intra-op threads while training (restored after). One thread is the
             fastest on a shared 2-core machine (2 threads ran 3× slower per step beside other
             jobs) and keeps float reductions in one order.
+        force: replace a trained model already in ``root/name`` (refused otherwise, before training).
+
+    Raises:
+        ConfigError: unknown name, or a trained model is there and ``force`` is False.
     """
+    check_destination(name, root, force)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         return _train(get_entry(name), root, steps, progress)
     finally:
         torch.set_num_threads(previous)
+
+
+def check_destination(name: str, root: Path | None = None, force: bool = False) -> Path:
+    """``root/name``, where ``train`` saves; refused when a trained model is there and not ``force``.
+
+    Raises:
+        ConfigError: unknown name, or a trained model would be replaced without ``force``.
+    """
+    directory = model_dir(name, root)
+    if (directory / WEIGHTS_FILE).exists() and not force:
+        raise ConfigError(f"{directory} already holds a trained model; pass --force to replace it")
+    return directory
 
 
 def _train(entry: ZooEntry, root: Path | None, steps: int | None, progress) -> TrainResult:

@@ -84,7 +84,7 @@ def test_a_fingerprint_naming_a_plugin_directory_is_refused_and_nothing_imported
         EngineFromPath(out / "model_32.onnx", "tensorrt_rtx")()
     assert "\n" not in str(err.value)
     with pytest.raises(SystemExit) as exit_info:
-        main(["validate", str(out), "--backend", "rtx", "--num-random", "1", "--num-real", "0"])
+        main(["-q", "validate", str(out), "--backend", "rtx", "--num-random", "1", "--num-real", "0"])  # -q: no step lines
     stderr = capsys.readouterr().err.strip()
     assert exit_info.value.code == 1 and stderr.startswith("error: ") and "--plugins" in stderr and "\n" not in stderr
     assert not marker.exists() and not [m for m in sys.modules if root.name in m]

@@ -143,7 +143,8 @@ def test_headless_per_token_features_and_refused_pools():
 
 def test_config_without_the_new_fields_means_the_old_trunk():
     # A config.json written before LayerScale/registers/pooled heads existed.
-    old = {"img_size": 32, "patch_size": 16, "num_classes": 5, "embed_dim": 64, "depth": 1, "num_heads": 2, "class_token": False}
+    old = {"img_size": 32, "patch_size": 16, "num_classes": 5, "embed_dim": 64, "depth": 1, "num_heads": 2, "class_token": False,
+           "encoding": {"name": "ape"}}
     from deploykit.nn import ViTConfig
 
     cfg = ViTConfig.from_dict(old)

@@ -1,0 +1,64 @@
+"""What the CLI shows while it works: its steps, and deploykit's log records.
+
+The library reports progress through ``progress(message)`` callables and logs through the
+``deploykit`` loggers; this module renders both on stderr, for a terminal or for a log file.
+Verbosity: -1 with ``-q``, 0 by default, 1 with ``-v``, 2 with ``-vv``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+
+import click
+
+
+class EchoHandler(logging.Handler):
+    """Log records as ``warning: ...`` lines on the current stderr (looked up per record, so
+    in-process callers that swap ``sys.stderr`` see them)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        click.echo(f"{record.levelname.lower()}: {self.format(record)}", err=True)
+
+
+def configure_logging(verbosity: int) -> None:
+    """deploykit's records on stderr: errors only with ``-q``, warnings by default, info with
+    ``-v``, debug with ``-vv``; one handler however often the CLI runs in one process."""
+    logger = logging.getLogger("deploykit")
+    for handler in [h for h in logger.handlers if isinstance(h, EchoHandler)]:
+        logger.removeHandler(handler)
+    logger.addHandler(EchoHandler())
+    logger.setLevel({-1: logging.ERROR, 0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))
+
+
+@contextlib.contextmanager
+def steps(console, title: str, verbosity: int) -> Iterator[Callable[[str], None]]:
+    """Show the steps of long work: yields ``step(message)``. On a terminal a spinner naming
+    the current step; otherwise (logs, pipes) one line per step, with the time since the start;
+    ``-v`` adds those lines on a terminal too; ``-q`` shows nothing.
+
+    Args:
+        console: a rich ``Console`` on stderr.
+        title: what the work is (``export``), the prefix of every line.
+        verbosity: -1 to 2, as the module docstring says.
+    """
+    start = time.perf_counter()
+
+    def line(message: str) -> None:
+        console.print(f"{title}: {message}  ({time.perf_counter() - start:.0f} s)")
+
+    if verbosity < 0:
+        yield lambda message: None
+    elif not console.is_terminal:
+        yield line
+    else:
+        with console.status(title) as status:
+
+            def update(message: str) -> None:
+                status.update(f"{title}: {message}")
+                if verbosity > 0:
+                    line(message)
+
+            yield update

@@ -1,0 +1,214 @@
+"""Inputs that used to end in a traceback, a silent fallback or a wrong "pass": each is one
+``error:`` line, a non-zero exit and nothing written (issue 18).
+
+Commands run in-process through ``deploykit.cli.main`` with the helpers of ``test_cli``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from deploykit.nn import save_model
+from deploykit.validate import TOLERANCES, compare_logits
+
+from tests.test_cli import RES, assert_one_line_error, ckpt_dir, good_export, run_cli, small_model, snapshot  # noqa: F401
+
+
+@pytest.fixture
+def ckpt_copy(ckpt_dir, tmp_path):
+    dest = tmp_path / "ckpt"
+    shutil.copytree(ckpt_dir, dest)
+    return dest
+
+
+def _edit_json(path, **changes):
+    data = json.loads(path.read_text())
+    data.update(changes)
+    path.write_text(json.dumps(data))
+
+
+# ----------------------------------------------------------------------------------------------
+# sizes
+
+
+def test_an_absurd_resolution_is_refused_with_the_bound(capsys, tmp_path):
+    out = tmp_path / "out"
+    code, _, err = run_cli(capsys, "export", "--model", "vit_tiny_patch16", "-r", "100000", "-o", out)
+    # 6250 x 6250 patches + the class token, 3 heads: the bound is sqrt((2^31 - 1) / 3) tokens
+    assert_one_line_error(code, err, "39,062,501 tokens", "2^31-1", "at most 26,754 tokens")
+    assert not out.exists()
+
+
+def test_the_largest_resolution_under_the_bound_is_not_refused():
+    """Control: the bound is a bound, not a blanket refusal of large inputs."""
+    from deploykit.export.onnx_export import check_export_shape
+    from deploykit.nn import create_model
+
+    model = create_model("vit_tiny_patch16", depth=1)
+    # 163 x 163 patches + 1 = 26,570 tokens <= 26,754; 164 x 164 + 1 = 26,897 > 26,754
+    assert check_export_shape(model, (163 * 16, 163 * 16)) == (2608, 2608)
+    with pytest.raises(Exception, match="26,897 tokens"):
+        check_export_shape(model, (164 * 16, 164 * 16))
+
+
+@pytest.mark.parametrize("changes, words", [
+    (dict(embed_dim=1_920_000, num_heads=3), ("does not fit", "1920000")),
+    (dict(img_size=16 * 62_500), ("does not fit", "pos_embed")),
+    (dict(num_classes=10**9), ("does not fit", "head")),
+    (dict(depth=10**7), ("10,000,000 blocks", "does not describe these weights")),
+])  # fmt: skip
+def test_a_config_with_huge_sizes_is_one_line(capsys, ckpt_copy, tmp_path, changes, words):
+    _edit_json(ckpt_copy / "config.json", **changes)
+    out = tmp_path / "out"
+    code, _, err = run_cli(capsys, "export", "-c", ckpt_copy, "-o", out)
+    assert_one_line_error(code, err, *words)
+    assert not out.exists()
+
+
+# ----------------------------------------------------------------------------------------------
+# config.json fields
+
+
+@pytest.mark.parametrize("drop", [("encoding",), ("embed_dim",), ("encoding", "depth")])
+def test_a_config_missing_required_fields_names_them(capsys, ckpt_copy, tmp_path, drop):
+    data = json.loads((ckpt_copy / "config.json").read_text())
+    for name in drop:
+        del data[name]
+    (ckpt_copy / "config.json").write_text(json.dumps(data))
+    out = tmp_path / "out"
+    code, _, err = run_cli(capsys, "export", "-c", ckpt_copy, "-o", out)
+    line = assert_one_line_error(code, err, "missing required field")
+    assert all(repr(name) in line for name in drop), line
+    assert not out.exists()
+
+
+def test_a_zero_std_is_refused_naming_the_field(capsys, ckpt_copy, tmp_path):
+    _edit_json(ckpt_copy / "config.json", std=[0.229, 0.0, 0.225])
+    out = tmp_path / "out"
+    code, _, err = run_cli(capsys, "export", "-c", ckpt_copy, "-o", out)
+    assert_one_line_error(code, err, "std must be positive")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_weights_are_refused_naming_the_tensor(capsys, ckpt_copy, tmp_path, value):
+    weights = load_file(str(ckpt_copy / "model.safetensors"))
+    weights["blocks.0.attn.qkv.weight"][0, :3] = value
+    save_file(weights, str(ckpt_copy / "model.safetensors"))
+    out = tmp_path / "out"
+    code, _, err = run_cli(capsys, "export", "-c", ckpt_copy, "-o", out)
+    kind = "3 NaN" if np.isnan(value) else "3 Inf"
+    assert_one_line_error(code, err, "not finite", "blocks.0.attn.qkv.weight", kind)
+    assert not out.exists()
+
+
+# ----------------------------------------------------------------------------------------------
+# validate
+
+
+def test_validate_a_file(capsys, good_export):
+    code, _, err = run_cli(capsys, "validate", good_export / "manifest.json")
+    assert_one_line_error(code, err, "is a file", "not a deploykit export directory")
+
+
+@pytest.mark.parametrize("counts, words", [
+    (("--num-random", "0", "--num-real", "0"), ("nothing to compare",)),
+    (("--num-random", "-3"), ("cannot be negative", "-3")),
+    (("--num-real", "-1"), ("cannot be negative", "-1")),
+])  # fmt: skip
+def test_validate_input_counts(capsys, good_export, counts, words):
+    code, _, err = run_cli(capsys, "validate", good_export, *counts)
+    assert_one_line_error(code, err, *words)
+
+
+def test_validate_report_into_a_directory_is_refused_before_the_work(capsys, good_export, tmp_path):
+    report = tmp_path / "reports"
+    report.mkdir()
+    code, _, err = run_cli(capsys, "validate", good_export, "--report", report)
+    assert_one_line_error(code, err, "is a directory")  # one line: no check ran before it
+    assert list(report.iterdir()) == []
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("resolution", [48, 48], ("resolution (48, 48) in the manifest", f"({RES}, {RES}) in the graph")),
+    ("resolution", [48, RES], ("resolution",)),
+    ("opset", 16, ("opset 16 in the manifest", "18 in the graph")),
+    ("precision", "fp16", ("precision fp16 in the manifest",)),
+])  # fmt: skip
+def test_a_manifest_entry_edited_away_from_its_graph(capsys, good_export, tmp_path, field, value, words):
+    export_dir = tmp_path / "export"
+    shutil.copytree(good_export, export_dir)
+    manifest = json.loads((export_dir / "manifest.json").read_text())
+    manifest["graphs"][0][field] = value
+    (export_dir / "manifest.json").write_text(json.dumps(manifest))
+    args = ["--precision", "fp16"] if field == "precision" else []
+    code, _, err = run_cli(capsys, "validate", export_dir, *args)
+    assert_one_line_error(code, err, "disagrees with", *words)
+
+
+def test_cosine_of_a_nan_output_is_not_one():
+    reference = np.array([[1.0, 2.0, 3.0], [3.0, 1.0, 2.0]])
+    actual = reference.copy()
+    actual[1] = np.nan
+    metrics = compare_logits(reference, actual, num_real=0, tolerance=TOLERANCES["fp32"])
+    assert np.isnan(metrics["cosine"]) and f"{metrics['cosine']:.8f}" == "nan"
+    assert not metrics["passed"] and "3 NaN / 0 Inf" in metrics["failures"]
+
+
+def test_cosine_of_a_zero_output_against_a_non_zero_reference_is_zero():
+    reference = np.array([[1.0, 2.0, 3.0]])
+    assert compare_logits(reference, np.zeros_like(reference), 0, TOLERANCES["fp32"])["cosine"] == 0.0
+    assert compare_logits(np.zeros((1, 3)), np.zeros((1, 3)), 0, TOLERANCES["fp32"])["cosine"] == 1.0
+
+
+def test_a_nan_reference_is_named():
+    reference = np.array([[np.nan, 2.0, 3.0]])
+    metrics = compare_logits(reference, np.array([[1.0, 2.0, 3.0]]), 0, TOLERANCES["fp32"])
+    assert "the PyTorch reference has 1 NaN / 0 Inf" in metrics["failures"] and not metrics["passed"]
+
+
+# ----------------------------------------------------------------------------------------------
+# profile
+
+
+@pytest.mark.parametrize("option, value", [("--duration", "-1"), ("--duration", "nan"), ("--warmup", "-2"), ("--rounds", "0")])
+def test_profile_budget_is_one_plain_line(capsys, good_export, option, value):
+    code, _, err = run_cli(capsys, "profile", good_export, option, value)
+    line = assert_one_line_error(code, err, option)
+    assert "Budget(" not in line and "duration_s" not in line, line
+
+
+# ----------------------------------------------------------------------------------------------
+# zoo
+
+
+def test_zoo_train_does_not_overwrite_without_force(capsys, tmp_path):
+    trained = tmp_path / "shapes-ape"
+    save_model(small_model(), trained)
+    before = snapshot(trained)
+    code, _, err = run_cli(capsys, "zoo", "train", "shapes-ape", "--steps", "1", "--root", tmp_path)
+    assert_one_line_error(code, err, "already holds a trained model", "--force")
+    assert snapshot(trained) == before
+    code, _, err = run_cli(capsys, "zoo", "train", "shapes-ape", "--steps", "1", "--root", tmp_path, "--force")
+    assert code == 0, err
+    assert snapshot(trained) != before
+
+
+def test_no_untrained_model_in_place_of_a_missing_zoo(capsys, monkeypatch, tmp_path):
+    """A wheel ships no models/: export without --checkpoint/--model refuses instead of
+    exporting a seeded untrained model as if it were the zoo's."""
+    from deploykit.zoo import registry
+
+    monkeypatch.setattr(registry, "zoo_dir", lambda: tmp_path / "site-packages" / "models")
+    out = tmp_path / "out"
+    code, _, err = run_cli(capsys, "export", "-o", out)
+    assert_one_line_error(code, err, "no trained zoo model", "--model")
+    code, _, err = run_cli(capsys, "export", "-e", "rope-axial", "-o", out)
+    assert_one_line_error(code, err, "no trained zoo model for encoding rope-axial")
+    assert not out.exists()

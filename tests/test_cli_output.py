@@ -1,0 +1,94 @@
+"""What the CLI prints: whole lines at any width and path length, one line per step of long work
+when not on a terminal, units in the profile table, ``-q``/``-v``."""
+
+from __future__ import annotations
+
+import pytest
+
+from deploykit.profile import ProfileReport
+from deploykit.profile_output import render_table
+
+from tests.test_cli import RES, ckpt_dir, good_export, run_cli  # noqa: F401
+
+LONG = "a_directory_name_long_enough_to_wrap_any_terminal_" * 3
+
+
+@pytest.fixture
+def narrow(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "40")
+
+
+def test_export_lines_are_whole_at_40_columns_with_a_long_path(capsys, narrow, ckpt_dir, tmp_path):
+    out = tmp_path / LONG / "out"
+    code, _, err = run_cli(capsys, "export", "-c", ckpt_dir, "-r", RES, "-o", out)
+    assert code == 0, err
+    assert f"✓ {out / f'model_{RES}.onnx'}  ({RES}, fp32, opset 18)" in err.splitlines()
+
+
+def test_range_line_is_whole_at_40_columns(capsys, narrow, tmp_path):
+    """The line tests/export/test_resolution_range.py greps, which broke on long temp paths."""
+    out = tmp_path / LONG / "g"
+    code, _, err = run_cli(capsys, "export", "-e", "geope", "--model", "vit_tiny_patch16", "--resolution-range", "32:48:64", "-o", out)
+    assert code == 0, err
+    assert f"✓ {out / 'model_32-64.onnx'}  (32 to 64, tuned for 48, fp32, opset 18)" in err.splitlines()
+
+
+def test_validate_lines_are_whole_at_40_columns(capsys, narrow, good_export, tmp_path):
+    report = tmp_path / LONG / "report.json"
+    code, _, err = run_cli(capsys, "validate", good_export, "--num-random", "1", "--num-real", "1", "--report", report)
+    assert code == 0, err
+    lines = err.splitlines()
+    assert "1/1 checks passed" in lines and f"report: {report}" in lines
+    assert any(line.startswith("✓ ort") and "NaN/Inf 0/0" in line for line in lines), lines
+
+
+def test_one_line_per_step_when_not_a_terminal(capsys, ckpt_dir, good_export, tmp_path):
+    code, _, err = run_cli(capsys, "export", "-c", ckpt_dir, "-r", RES, "-r", "48", "-o", tmp_path / "out")
+    assert code == 0, err
+    steps = [line for line in err.splitlines() if line.startswith("export: ")]
+    assert [s.split("  (")[0] for s in steps] == [f"export: exporting {RES}", "export: exporting 48"], err
+    code, _, err = run_cli(capsys, "validate", good_export, "--num-random", "1", "--num-real", "1")
+    assert [line.split("  (")[0] for line in err.splitlines() if line.startswith("validate: ")] == [f"validate: ort @ model_{RES}.onnx"]
+
+
+def test_quiet_prints_results_only(capsys, ckpt_dir, tmp_path):
+    code, _, err = run_cli(capsys, "-q", "export", "-c", ckpt_dir, "-r", RES, "-o", tmp_path / "out")
+    assert code == 0, err
+    assert err.splitlines() == [f"✓ {tmp_path / 'out' / f'model_{RES}.onnx'}  ({RES}, fp32, opset 18)"]
+
+
+def test_warnings_by_default_info_with_v_nothing_with_q(capsys, ckpt_dir, tmp_path):
+    """A re-export of the same weights keeps the previous graphs (info) unless one changed (warning)."""
+    out = tmp_path / "out"
+    assert run_cli(capsys, "export", "-c", ckpt_dir, "-r", RES, "-r", "48", "-o", out)[0] == 0
+    code, _, err = run_cli(capsys, "-v", "export", "-c", ckpt_dir, "-r", "64", "-o", out)
+    assert code == 0 and f"info: keeping model_{RES}.onnx of the previous export" in err, err
+    code, _, err = run_cli(capsys, "export", "-c", ckpt_dir, "-r", "64", "-o", out)
+    assert code == 0 and "keeping" not in err, err
+    (out / "model_48.onnx").write_bytes(b"changed")
+    code, _, err = run_cli(capsys, "-q", "export", "-c", ckpt_dir, "-r", "64", "-o", out)
+    assert code == 0 and "not keeping" not in err, err
+    (out / f"model_{RES}.onnx").write_bytes(b"changed too")
+    code, _, err = run_cli(capsys, "export", "-c", ckpt_dir, "-r", "64", "-o", out)
+    assert code == 0 and any(line.startswith(f"warning: not keeping model_{RES}.onnx") for line in err.splitlines()), err
+
+
+def test_profile_table_has_units():
+    record = dict(backend="ort", precision="fp32", encoding="ape", resolution="32", batch=1, p50_ms=1.0, p90_ms=1.1, p99_ms=1.2, mean_ms=1.0,
+                  std_ms=0.1, n=5, throughput_per_s=1000.0, pe_share=0.1, achieved_gflop_per_s=2.0)
+    table = render_table(ProfileReport([record], {}, {}))
+    headers = [str(column.header) for column in table.columns]
+    for header in ("p50 (ms)", "p90 (ms)", "p99 (ms)", "mean ± std (ms)", "e2e p50 (ms)", "img/s", "GFLOP/s"):
+        assert header in headers, headers
+
+
+def test_profile_shows_its_steps_and_a_whole_table(capsys, narrow, good_export):
+    code, out, err = run_cli(capsys, "profile", good_export, "--iterations", 1, "--warmup", 0, "--no-end-to-end", "--no-ape-baseline")
+    assert code == 0, err
+    steps = [line for line in err.splitlines() if line.startswith("profile: ")]
+    assert any(s.startswith("profile: ort ape") and "@ 32" in s for s in steps), err
+    assert any(s.startswith("profile: torch ape") and "@ 32" in s for s in steps), err
+    assert "p50 (ms)" in out
+    rows = [line.replace("│", " ").split() for line in out.splitlines() if " ort " in line]  # one line per row, at 40 columns
+    assert rows and all(row[row.index("ort") + 1 : row.index("ort") + 4] == ["fp32", "ape", "32"] for row in rows), out
+    assert any("torch " in line and "load avg" in line for line in out.splitlines()), out  # the environment caption, whole
