@@ -23,8 +23,9 @@ ops (``deploykit::SaPE2Bias``) are model-local functions the quantizer never ent
 Calibrator: ONNX Runtime's ``onnxruntime.quantization`` (``quantize_static``, min-max /
 percentile / entropy calibrators). It ships with the onnxruntime the project already depends on
 and writes standard QDQ. TensorRT Model Optimizer's ONNX PTQ writes the same form, but
-``nvidia-modelopt[onnx]`` replaces the CPU onnxruntime with onnxruntime-gpu and pins onnx
-(checked 2026-11), which a CPU install cannot take.
+``nvidia-modelopt[onnx]`` 0.47.0 requires ``onnxruntime-gpu~=1.24.2``, ``onnx~=1.21.0`` and
+``cupy-cuda12x`` on Linux x86-64 (its wheel metadata, read 2026-11-24), against the CPU
+onnxruntime 1.32 and onnx 1.23 this project runs on.
 """
 
 from __future__ import annotations
