@@ -126,6 +126,8 @@ def cli(ctx, quiet, verbose):
 @click.option("--min-agreement", type=click.FloatRange(0, 1), default=0.99, show_default=True,
               help="int8: top-1 agreement with fp32 to reach on held-out inputs, moving the most sensitive matmuls back to float "
                    "(0: quantize every eligible matmul).")
+@click.option("--held-out", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="int8: held-out inputs (a zoo model's val split, else other crops) the plan is checked on.")
 @click.option("--int8-attention", is_flag=True,
               help="int8: quantize the attention products too (faster at high resolution; measured to cost top-1 agreement "
                    "away from the training resolution, so off by default).")
@@ -133,7 +135,7 @@ def cli(ctx, quiet, verbose):
               help="Also one graph for any resolution in MIN:OPT:MAX (e.g. 224:384:512; RoPE, GridPE, GeoPE).")
 @_SET_OPTION
 def export(encoding, model_name, checkpoint, resolutions, output, opset, precisions, calibration_samples, calibration_method,
-           min_agreement, int8_attention, resolution_range, options):  # fmt: skip
+           min_agreement, held_out, int8_attention, resolution_range, options):  # fmt: skip
     """Export a model to one ONNX graph per resolution, tables baked in, graph linted."""
     from deploykit.export import DEFAULT_OPSET, resolution_tag
     from deploykit.export import export as export_model
@@ -144,7 +146,7 @@ def export(encoding, model_name, checkpoint, resolutions, output, opset, precisi
     model, source = resolve_model(checkpoint=checkpoint, encoding=encoding, model_name=model_name, options=options)
     resolutions = resolutions or ([] if resolution_range else [model.default_shape])
     calibration = CalibrationOptions(samples=calibration_samples, method=calibration_method, min_agreement=min_agreement or None,
-                                     attention=True if int8_attention else None)  # fmt: skip
+                                     held_out=held_out, attention=True if int8_attention else None)  # fmt: skip
     with _steps(console, "export") as step:
         manifest = export_model(model, resolutions, output, opset=DEFAULT_OPSET if opset is None else opset,
                                 precisions=precisions or ("fp32",), source=source, progress=step, resolution_range=resolution_range,

@@ -145,7 +145,10 @@ def calibration_inputs(model, shape: tuple[int, ...], count: int, held_out: bool
         return windows, f"{count} windows of the bundled text (seed {seed})"
     cfg = model.cfg
     if cfg.dataset:
+        from deploykit.zoo.dataset import get_dataset
+
         split = HELD_OUT_SPLIT if held_out else CALIBRATION_SPLIT
+        count = min(count, get_dataset(cfg.dataset).size(split) or count)  # the val split is fixed (1000); train is a stream
         return dataset_inputs(cfg.dataset, shape, cfg.mean, cfg.std, count, split=split), f"{count} images of {cfg.dataset}'s {split} split"
     return _sample_image_crops(shape, cfg.mean, cfg.std, count, seed), (
         f"{count} random crops (seed {seed}) of the {len(SAMPLE_IMAGES)} bundled sample images: the model names no dataset"

@@ -570,7 +570,7 @@ def test_plan_names_are_the_registry():
 def test_int8_export_says_what_it_calibrated_on_then_validates_and_profiles(capsys, tmp_path, ckpt_dir):
     out = tmp_path / "q"
     code, _, err = run_cli(capsys, "export", "-c", ckpt_dir, "-r", RES, "--precision", "fp32", "--precision", "int8",
-                           "--calibration-samples", "8", "--calibration-method", "percentile", "--min-agreement", "0", "-o", out)  # fmt: skip
+                           "--calibration-samples", "8", "--calibration-method", "percentile", "--min-agreement", "0", "--held-out", "64", "-o", out)  # fmt: skip
     assert code == 0, err
     # No dataset in the config: the bundled images, and the line says so.
     assert "calibrated (percentile) on 8 random crops" in err and "the model names no dataset" in err

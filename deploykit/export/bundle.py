@@ -402,14 +402,18 @@ def planned_graph(
         return apply_precision(proto, precision)
     say = (lambda msg: progress(f"{resolution_tag(resolution)} {precision}: {msg}")) if progress else None
     held_out, _ = calibration_inputs(model, resolution, options.held_out, held_out=True)
+    if say:
+        say(f"fp32 reference on {len(held_out)} held-out inputs")
+    reference = quantize.run_graph(proto, held_out)  # once: the agreement target and the check share it
     logits = model.output_kind == "logits"  # a headless backbone's features have no answers to agree on
     calibration = target = None
     if plan.calibrated:
         calibration = quantize.Calibration(*calibration_inputs(model, resolution, options.samples), method=options.method)
         if options.min_agreement is not None and logits:
-            target = quantize.AgreementTarget(held_out, options.min_agreement)
+            target = quantize.AgreementTarget(held_out, reference, options.min_agreement)
     planned = apply_precision(proto, precision, calibration=calibration, target=target, progress=say, attention=options.attention)
-    quantize.check_plan(proto, planned, held_out, plan.tolerance, f"{precision} plan at {resolution_tag(resolution)}", top_k=logits)
+    label = f"{precision} plan at {resolution_tag(resolution)}"
+    quantize.check_plan(proto, planned, held_out, plan.tolerance, label, top_k=logits, reference=reference)
     return planned
 
 
