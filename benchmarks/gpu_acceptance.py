@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -144,7 +143,7 @@ def export_models(args, checks: Checks, work: Path) -> dict[str, Path]:
 def cpu_checks(exported: dict[str, Path], checks: Checks) -> None:
     import onnxruntime
 
-    from deploykit.export.bundle import Manifest
+    from deploykit.export.manifest import Manifest
     from deploykit.inspection import inspect_graph
 
     no_ort_cuda = None if "CUDAExecutionProvider" in onnxruntime.get_available_providers() else "onnxruntime has no CUDA provider"
@@ -183,7 +182,7 @@ def run_worker(flavour: str, exported: dict[str, Path], args, work: Path) -> lis
 
 def engine_checks(flavour: str, exported: dict[str, Path], budget_s: float, checks: Checks) -> None:
     from deploykit.build import build
-    from deploykit.export.bundle import Manifest
+    from deploykit.export.manifest import Manifest
     from deploykit.export.precision import PLANS
 
     module = FLAVOURS[flavour]
@@ -223,7 +222,7 @@ def profile_check(out: Path, flavour: str, cuda_graphs: bool, budget_s: float):
 
 def inspect_engine_check(out: Path, flavour: str):
     from deploykit.backends.engine_cache import engine_paths
-    from deploykit.export.bundle import Manifest
+    from deploykit.export.manifest import Manifest
     from deploykit.inspection import inspect_engine
 
     def check():

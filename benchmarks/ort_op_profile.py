@@ -28,8 +28,9 @@ import torch
 from deploykit._environment import capture_environment, environment_line
 from deploykit._io import write_json_atomic
 from deploykit.backends.onnxrt import session_options
-from deploykit.export import onnx_from_model, parse_resolution, resolution_tag
+from deploykit.export import onnx_from_model
 from deploykit.nn import create_model
+from deploykit.resolutions import parse_resolution, resolution_tag
 
 RESULTS = Path(__file__).parent / "results"
 GEMM_OPS = ("MatMul", "FusedMatMul", "Gemm", "Conv")

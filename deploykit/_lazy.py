@@ -61,3 +61,25 @@ def is_available(module: str) -> bool:
     except MissingDependencyError:
         return False
     return True
+
+
+def lazy_exports(package: str, exports: dict[str, list[str]]):
+    """``__getattr__``, ``__dir__`` and ``__all__`` for a package whose public names live in
+    submodules that are imported on first use (PEP 562), so importing one light submodule does
+    not import its heavy siblings.
+
+    Args:
+        package: the package's ``__name__``.
+        exports: submodule → the names it provides.
+    """
+    where = {name: module for module, names in exports.items() for name in names}
+
+    def __getattr__(name: str):
+        if name not in where:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(where[name]), name)
+
+    def __dir__() -> list[str]:
+        return sorted(where)
+
+    return __getattr__, __dir__, sorted(where)

@@ -39,7 +39,7 @@ from deploykit.backends.engine_cache import (
 from deploykit.backends.plugins import Plugins
 from deploykit.backends.tensorrt import BuildOptions, BuildProgress, EngineFromOnnx, save_engine
 from deploykit.errors import ConfigError, StaleEngineError
-from deploykit.export.bundle import GraphEntry, Manifest, checked_graph, sha256_file
+from deploykit.export.manifest import GraphEntry, Manifest, checked_graph, sha256_file
 from deploykit.export.precision import PLANS, check_precision
 
 # ``--backend`` -> TensorRT flavour. "Does it build" is checked with rtx on CPU-only machines.

@@ -7,7 +7,6 @@ the commands so ``deploykit --help`` starts fast.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -26,7 +25,7 @@ class _Resolution(click.ParamType):
     name = "RESOLUTION"
 
     def convert(self, value, param, ctx):
-        from deploykit.export.onnx_export import parse_resolution
+        from deploykit.resolutions import parse_resolution
 
         try:
             return parse_resolution(value)
@@ -45,7 +44,7 @@ class _ResolutionRange(click.ParamType):
     def convert(self, value, param, ctx):
         if isinstance(value, tuple):
             return value
-        from deploykit.export.onnx_export import parse_resolution
+        from deploykit.resolutions import parse_resolution
 
         parts = str(value).split(":")
         if len(parts) != 3:
@@ -137,10 +136,11 @@ def cli(ctx, quiet, verbose):
 def export(encoding, model_name, checkpoint, resolutions, output, opset, precisions, calibration_samples, calibration_method,
            min_agreement, held_out, int8_attention, resolution_range, options):  # fmt: skip
     """Export a model to one ONNX graph per resolution, tables baked in, graph linted."""
-    from deploykit.export import DEFAULT_OPSET, resolution_tag
+    from deploykit.export import DEFAULT_OPSET
     from deploykit.export import export as export_model
     from deploykit.export.quantize import CalibrationOptions
     from deploykit.nn.resolve import resolve_model
+    from deploykit.resolutions import resolution_tag
 
     console = _console()
     model, source = resolve_model(checkpoint=checkpoint, encoding=encoding, model_name=model_name, options=options)
@@ -205,7 +205,7 @@ def validate(export_dir, resolutions, backends, precision, num_random, num_real,
 
 
 def _print_report(console, report) -> None:
-    from deploykit.export import resolution_tag
+    from deploykit.resolutions import resolution_tag
 
     for r in report.records:
         mark = "[green]✓[/]" if r.passed else "[red]✗[/]"
@@ -346,7 +346,7 @@ def serve(export_dir, host, port, grpc_port, metrics_port, max_batch_size, max_q
     """Serve an export directory with Triton Inference Server (KServe v2 over HTTP and gRPC), or Ray Serve."""
     import signal
 
-    from deploykit.serve.pipeline import ImageLimits
+    from deploykit.serve.classifier import ImageLimits
 
     console = _console()
     limits = ImageLimits(max_pixels=max_image_pixels, max_bytes=max_image_bytes)
@@ -401,7 +401,8 @@ def import_group():
 def import_timm(name, weights, model_kwargs, options, output):
     """Import timm model NAME (ViT, DeiT-III, RoPE-ViT, DINOv3) for export, validate, build, profile and serve."""
     from deploykit.nn.checkpoint import save_model
-    from deploykit.nn.from_timm import describe, import_timm as convert, parse_model_kwargs
+    from deploykit.nn.from_timm import describe, parse_model_kwargs
+    from deploykit.nn.from_timm import import_timm as convert
 
     model = convert(name, weights, options, **parse_model_kwargs(model_kwargs))
     save_model(model, output, metadata={"source": f"timm:{name}", "weights": str(weights or "pretrained")})
@@ -456,7 +457,7 @@ def package():
 @_image_limit_options
 def package_triton(export_dir, output, max_batch_size, preferred, max_queue_delay_us, gpu_instances, onnx_kind, max_image_pixels, max_image_bytes):
     """Write a Triton model repository: TensorRT + ONNX Runtime models per resolution, preprocessing ensembles."""
-    from deploykit.serve.pipeline import ImageLimits
+    from deploykit.serve.classifier import ImageLimits
     from deploykit.serve.triton_repo import RepositoryOptions
     from deploykit.serve.triton_repo import package_triton as write_repository
 
@@ -485,11 +486,10 @@ def inspect_cmd(path, json_path):
 @cli.command("list")
 def list_cmd():
     """List registered encodings and model sizes."""
-    from deploykit.encodings import list_encodings
-    from deploykit.nn import list_models
+    from deploykit.catalog import ENCODINGS, MODELS
 
-    click.echo("encodings: " + ", ".join(list_encodings()))
-    click.echo("models:    " + ", ".join(list_models()))
+    click.echo("encodings: " + ", ".join(ENCODINGS))
+    click.echo("models:    " + ", ".join(MODELS))
 
 
 @cli.group()

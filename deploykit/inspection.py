@@ -109,7 +109,7 @@ def inspect_engine(path: Path) -> dict:
         tag = path.suffixes[-2].lstrip(".") if len(path.suffixes) > 1 else ""
         module = ENGINE_MODULES.get(tag)
     else:
-        from deploykit.export.bundle import sha256_file
+        from deploykit.export.manifest import sha256_file
 
         info.update(fingerprint=fingerprint.to_dict(), plugins=plugins, matches_fingerprint=sha256_file(path) == engine_sha,
                     profile_shapes=fingerprint.shapes)  # fmt: skip
@@ -124,8 +124,7 @@ def inspect_engine(path: Path) -> dict:
 def _engine_layers(path: Path, module: str) -> dict:
     """Layers and their output precisions from TensorRT's engine inspector (needs a GPU to
     deserialize the engine); a note saying why otherwise."""
-    from deploykit.backends._polygraphy import TrtMessages, backend
-    from deploykit.backends.tensorrt import import_trt
+    from deploykit.backends._polygraphy import TrtMessages, backend, import_trt
 
     try:
         pg, trt = backend(module), import_trt(module)

@@ -38,16 +38,18 @@ import numpy as np
 import torch
 
 from deploykit._environment import capture_environment, environment_line
+from deploykit.backends.plugins import Plugins
 from deploykit.data import encode_chars, preprocess, random_inputs, random_token_inputs, sample_text
 from deploykit.encodings import Hook, encoding_name, get_config
-from deploykit.backends.plugins import Plugins
 from deploykit.errors import ConfigError, DeployKitError, ExportError, ResolutionError
-from deploykit.export.bundle import Manifest, load_reference
-from deploykit.export.onnx_export import BakedModel, check_export_shape, onnx_from_model, parse_resolution, resolution_tag
+from deploykit.export.bundle import load_reference
+from deploykit.export.manifest import Manifest
+from deploykit.export.onnx_export import BakedModel, check_export_shape, onnx_from_model
 from deploykit.export.precision import check_precision
 from deploykit.nn.factory import Model, build_model
 from deploykit.nn.sequence import SequenceConfig
 from deploykit.nn.vit import VisionTransformer
+from deploykit.resolutions import parse_resolution, resolution_tag
 
 # The record schema (CSV column order); extra fields follow these.
 RECORD_FIELDS = (
@@ -246,7 +248,7 @@ class Subject:
     @classmethod
     def from_export_dir(cls, directory: str | os.PathLike, precisions: Sequence[str] = (FP32,)) -> Subject:
         """The reference model and the (unchanged) graphs of each precision plan of an export directory."""
-        from deploykit.export.bundle import checked_graph  # refuses files changed since export
+        from deploykit.export.manifest import checked_graph  # refuses files changed since export
 
         manifest = Manifest.read(directory)
         graphs = {(tuple(g.resolution), g.precision): checked_graph(Path(directory), g) for p in precisions for g in manifest.graphs_at(p)}

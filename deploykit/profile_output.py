@@ -10,8 +10,8 @@ from pathlib import Path
 
 from deploykit._io import atomic_path, write_text_atomic
 from deploykit._lazy import lazy_import
-from deploykit.export.onnx_export import parse_resolution
 from deploykit.profile import RECORD_FIELDS
+from deploykit.resolutions import parse_resolution
 
 
 def write_csv(path: str | os.PathLike, records: Sequence[dict]) -> Path:

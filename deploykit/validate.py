@@ -26,14 +26,16 @@ import onnx
 from deploykit.backends import Runner, TorchRunner, registry
 from deploykit.backends.plugins import Plugins
 from deploykit.comparison import Tolerance, compare_logits, row_cosines
-from deploykit.export.precision import PLANS
 from deploykit.data import validation_inputs
-from deploykit.errors import ConfigError, DeployKitError, ValidationError
-from deploykit.export.bundle import Manifest, check_unchanged as _check_unchanged, checked_graph as _checked_graph, load_reference
-from deploykit.export.onnx_export import resolution_tag
+from deploykit.errors import ConfigError, ValidationError
+from deploykit.export.bundle import load_reference
+from deploykit.export.manifest import Manifest
+from deploykit.export.manifest import check_unchanged as _check_unchanged
+from deploykit.export.manifest import checked_graph as _checked_graph
+from deploykit.export.precision import PLANS
 from deploykit.nn.checkpoint import WEIGHTS_FILE
 from deploykit.nn.factory import Model
-
+from deploykit.resolutions import resolution_tag
 
 # Each precision plan's pass/fail thresholds (deploykit.export.precision.PLANS says why).
 TOLERANCES = {name: plan.tolerance for name, plan in PLANS.items()}

@@ -26,7 +26,6 @@ from deploykit.profile import (
     RECORD_FIELDS,
     Budget,
     LatencyStats,
-    Subject,
     ape_twin,
     flush_denormal,
     measure,

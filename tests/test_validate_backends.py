@@ -17,7 +17,7 @@ from onnx import numpy_helper
 
 from deploykit.backends import OnnxrtRunner, registry
 from deploykit.export import export
-from deploykit.export.bundle import MANIFEST_FILE, sha256_file
+from deploykit.export.manifest import MANIFEST_FILE, sha256_file
 from deploykit.nn import create_model
 from deploykit.validate import marked_graph, validate
 

@@ -1,10 +1,16 @@
 """Backends behind one ``Runner`` interface: torch, onnxruntime, tensorrt, tensorrt_rtx.
 
-TensorRT modules are imported lazily inside ``deploykit.backends.tensorrt``.
+Names are imported on first use (the engine modules need neither PyTorch nor ONNX Runtime);
+TensorRT itself is imported lazily inside ``deploykit.backends.tensorrt``.
 """
 
-from deploykit.backends.base import Runner
-from deploykit.backends.onnxrt import OnnxrtRunner
-from deploykit.backends.torch_runner import TorchRunner
+from deploykit._lazy import lazy_exports
 
-__all__ = ["OnnxrtRunner", "Runner", "TorchRunner"]
+__getattr__, __dir__, __all__ = lazy_exports(
+    __name__,
+    {
+        "deploykit.backends.base": ["Runner"],
+        "deploykit.backends.onnxrt": ["OnnxrtRunner"],
+        "deploykit.backends.torch_runner": ["TorchRunner"],
+    },
+)

@@ -29,11 +29,37 @@ from collections import Counter
 from collections.abc import Iterator
 from types import ModuleType
 
+from deploykit._lazy import lazy_import
 from deploykit.errors import DeployKitError, ExportError, MissingDependencyError, one_line
+
+TRT_MODULES = ("tensorrt", "tensorrt_rtx")
 
 _POLYGRAPHY_LOGGER = "Polygraphy"
 FLAVOUR_NAMES = {"tensorrt": "TensorRT", "tensorrt_rtx": "TensorRT-RTX"}
 _MAX_KINDS = 3  # distinct warnings quoted in the summary
+
+
+def check_trt_module(module: str) -> None:
+    """``ValueError`` unless ``module`` is one of ``TRT_MODULES``."""
+    if module not in TRT_MODULES:
+        raise ValueError(f"unknown TensorRT module {module!r}; choose one of: {', '.join(TRT_MODULES)}")
+
+
+def import_trt(module: str = "tensorrt") -> ModuleType:
+    """Import a TensorRT flavour on demand.
+
+    Args:
+        module: ``"tensorrt"`` or ``"tensorrt_rtx"``.
+
+    Returns:
+        The imported module.
+
+    Raises:
+        ValueError: ``module`` is not one of ``TRT_MODULES``.
+        MissingDependencyError: the module is not installed.
+    """
+    check_trt_module(module)
+    return lazy_import(module)
 
 
 def backend(module: str) -> ModuleType:
@@ -43,8 +69,6 @@ def backend(module: str) -> ModuleType:
         MissingDependencyError: the flavour (or polygraphy) is not installed.
         DeployKitError: Polygraphy already runs on the other flavour in this process.
     """
-    from deploykit.backends.tensorrt import import_trt
-
     import_trt(module)  # a missing flavour is our one-line error naming the extra, not Polygraphy's
     try:
         from polygraphy import config

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from deploykit.backends.tensorrt import import_trt
+from deploykit.backends._polygraphy import import_trt
 from deploykit.errors import DeployKitError, one_line
 
 

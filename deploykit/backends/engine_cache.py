@@ -22,7 +22,8 @@ from pathlib import Path
 
 from deploykit._io import write_json_atomic
 from deploykit.backends.plugins import Plugins, check_plugins
-from deploykit.backends.tensorrt import BuildOptions, import_trt
+from deploykit.backends._polygraphy import import_trt
+from deploykit.backends.tensorrt import BuildOptions
 from deploykit.errors import StaleEngineError
 
 # TensorRT flavour -> the tag in engine file names and in ``--backend``.
@@ -182,7 +183,7 @@ def current_fingerprint(
         plugins: the plugins loaded for the build.
         device: what ``probe_device()`` reports (passed in by tests).
     """
-    from deploykit.export.bundle import sha256_file
+    from deploykit.export.manifest import sha256_file
 
     device = probe_device() if device is None else device
     portable = options.module == "tensorrt_rtx"
@@ -266,7 +267,7 @@ class EngineFromPath:
                 or the plugins given are not the ones it was built with.
         """
         from deploykit.errors import DeployKitError
-        from deploykit.export.bundle import sha256_file
+        from deploykit.export.manifest import sha256_file
 
         engine, fp_path = engine_paths(self.onnx_path, self.module)
         tag = BACKEND_TAGS[self.module]

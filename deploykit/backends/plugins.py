@@ -134,21 +134,36 @@ class Plugins:
 def _resolve_one(spec: str) -> PluginSource:
     path = Path(spec)
     if path.is_dir():
+        _refuse_installed_directory(path)
         return PluginSource("directory", path.resolve())
     if path.is_file() and path.suffix in LIBRARY_SUFFIXES:
         return PluginSource("library", path.resolve())
     if path.is_file():
         raise ExportError(f"plugin {spec} is a file but not a shared library ({', '.join(LIBRARY_SUFFIXES)}); "
                           "give a directory of Python plugins, a library, or an installed plugin's name")
-    installed = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    installed = {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
     if spec in installed:
-        module = installed[spec].value
-        spec_ = importlib.util.find_spec(module)  # imports its parent packages only (installed code)
-        if spec_ is None or not spec_.submodule_search_locations:
-            raise ExportError(f"installed plugin {spec} names {module}, which is not an importable package")
-        return PluginSource("package", Path(list(spec_.submodule_search_locations)[0]).resolve(), module)
+        return PluginSource("package", _package_dir(spec, installed[spec]), installed[spec])
     names = ", ".join(sorted(installed)) or "none"
     raise ExportError(f"plugin {spec} is not a directory, a shared library or an installed plugin (installed: {names})")
+
+
+def _package_dir(name: str, module: str) -> Path:
+    """Where an installed plugin's package is (finding it imports its parent packages only)."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise ExportError(f"installed plugin {name} names {module}, which is not an importable package")
+    return Path(list(spec.submodule_search_locations)[0]).resolve()
+
+
+def _refuse_installed_directory(path: Path) -> None:
+    """A directory that is, or holds, an installed plugin package would import that package a
+    second time under another module name (``deploykit_plugins.<dir>.<name>``), registering its
+    ops twice; it is named by its entry point instead."""
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        package = _package_dir(ep.name, ep.value)
+        if path.resolve() in (package, package.parent):
+            raise ExportError(f"plugin directory {path} holds the installed plugin {ep.name} ({ep.value}); pass --plugins {ep.name}")
 
 
 def _import_package(source: PluginSource) -> list[str]:

@@ -21,38 +21,14 @@ from types import ModuleType
 from typing import Any
 
 from deploykit._io import atomic_path
-from deploykit._lazy import lazy_import
-from deploykit.backends._polygraphy import FLAVOUR_NAMES, TrtMessages, backend
+from deploykit.backends._polygraphy import FLAVOUR_NAMES, TrtMessages, backend, check_trt_module, import_trt
 from deploykit.errors import ExportError
 
-TRT_MODULES = ("tensorrt", "tensorrt_rtx")
 _MAX_OPT_LEVEL = 5
 
 _log = logging.getLogger(__name__)
 
 OnnxSource = str | os.PathLike | bytes | bytearray | memoryview
-
-
-def _check_module(module: str) -> None:
-    if module not in TRT_MODULES:
-        raise ValueError(f"unknown TensorRT module {module!r}; choose one of: {', '.join(TRT_MODULES)}")
-
-
-def import_trt(module: str = "tensorrt") -> ModuleType:
-    """Import a TensorRT flavour on demand.
-
-    Args:
-        module: ``"tensorrt"`` or ``"tensorrt_rtx"``.
-
-    Returns:
-        The imported module.
-
-    Raises:
-        ValueError: ``module`` is not one of ``TRT_MODULES``.
-        MissingDependencyError: the module is not installed.
-    """
-    _check_module(module)
-    return lazy_import(module)
 
 
 @dataclass(frozen=True)
@@ -86,7 +62,7 @@ class BuildOptions:
 
     def __post_init__(self) -> None:
         # Fail on construction, before minutes of building, rather than inside TensorRT.
-        _check_module(self.module)
+        check_trt_module(self.module)
         if not 1 <= self.min_batch <= self.opt_batch <= self.max_batch:
             batches = (self.min_batch, self.opt_batch, self.max_batch)
             raise ValueError(f"batch sizes must satisfy 1 <= min <= opt <= max, got {batches}")

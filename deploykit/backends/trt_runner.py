@@ -24,7 +24,7 @@ from deploykit.backends._polygraphy import FLAVOUR_NAMES, TrtMessages, backend
 from deploykit.backends.base import Runner
 from deploykit.backends.cuda_graphs import CudaGraphExecutor, io_names
 from deploykit.backends.plugins import Plugins
-from deploykit.backends.tensorrt import import_trt
+from deploykit.backends._polygraphy import import_trt
 from deploykit.errors import DeployKitError
 
 EngineSource = bytes | Callable[[], bytes]

@@ -1,31 +1,17 @@
-"""PyTorch → ONNX: tables baked per resolution, graph lint, export directories."""
+"""PyTorch → ONNX: tables baked per resolution, graph lint, export directories.
 
-from deploykit.export.bundle import MANIFEST_FILE, GraphEntry, Manifest, export, load_reference
-from deploykit.export.lint import LintIssue, check_graph, lint_graph
-from deploykit.export.onnx_export import (
-    DEFAULT_OPSET,
-    OUTPUT_NAME,
-    BakedModel,
-    onnx_from_model,
-    parse_resolution,
-    resolution_tag,
-    save_onnx,
+The names below are imported on first use, so ``deploykit.export.manifest`` (what reads an
+export directory) loads without PyTorch.
+"""
+
+from deploykit._lazy import lazy_exports
+
+__getattr__, __dir__, __all__ = lazy_exports(
+    __name__,
+    {
+        "deploykit.export.bundle": ["export", "load_reference"],
+        "deploykit.export.lint": ["LintIssue", "check_graph", "lint_graph"],
+        "deploykit.export.manifest": ["MANIFEST_FILE", "OUTPUT_NAME", "GraphEntry", "Manifest"],
+        "deploykit.export.onnx_export": ["DEFAULT_OPSET", "BakedModel", "onnx_from_model", "save_onnx"],
+    },
 )
-
-__all__ = [
-    "DEFAULT_OPSET",
-    "MANIFEST_FILE",
-    "OUTPUT_NAME",
-    "BakedModel",
-    "GraphEntry",
-    "LintIssue",
-    "Manifest",
-    "check_graph",
-    "export",
-    "lint_graph",
-    "load_reference",
-    "onnx_from_model",
-    "parse_resolution",
-    "resolution_tag",
-    "save_onnx",
-]

@@ -23,7 +23,6 @@ import logging
 import math
 import os
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
@@ -36,9 +35,11 @@ from deploykit.encodings import KeepsFloat, PETables, config_to_dict
 from deploykit.errors import ExportError, ResolutionError
 from deploykit.export.custom_ops import CUSTOM_TRANSLATIONS, attach_functions
 from deploykit.export.lint import check_graph
+from deploykit.export.manifest import OUTPUT_NAME, graph_opset
 from deploykit.export.qk_channels import with_contiguous_qk_channels
 from deploykit.export.rewrite import rewrite_for_runtimes
 from deploykit.nn.factory import Model
+from deploykit.resolutions import resolution_tag
 
 # Opset 18: LayerNormalization is native (17+), and TensorRT 10.x, TensorRT-RTX and ONNX
 # Runtime all parse it; newer opsets map SDPA to an Attention op that TensorRT 10 lacks.
@@ -52,27 +53,9 @@ SUPPORTED_OPSETS = range(17, 26)
 # here materialises each block's attention scores [batch, heads, T, T], so even at batch 1
 # heads * T^2 must stay within it (and past it the host tables alone run to hundreds of GB).
 MAX_TENSOR_ELEMENTS = 2**31 - 1
-OUTPUT_NAME = "logits"
-TABLE_MODULE = "pe_tables"
 # torch.export refuses to generalise a dimension whose example value is 0 or 1.
 _EXAMPLE_BATCH = 2
 _MAX_BATCH = 4096
-
-
-def parse_resolution(value: int | str | tuple[int, int]) -> tuple[int, int]:
-    """``224`` → ``(224, 224)``; ``"384x256"`` → ``(384, 256)`` (height × width)."""
-    if isinstance(value, tuple):
-        return value
-    text = str(value).lower()
-    try:
-        parts = [int(p) for p in text.split("x")]
-    except ValueError:
-        raise ExportError(f"invalid resolution {value!r}; expected e.g. 224 or 384x256") from None
-    if len(parts) == 1:
-        return parts[0], parts[0]
-    if len(parts) == 2:
-        return parts[0], parts[1]
-    raise ExportError(f"invalid resolution {value!r}; expected e.g. 224 or 384x256")
 
 
 def check_opset(opset: int) -> int:
@@ -88,11 +71,6 @@ def check_opset(opset: int) -> int:
             f"LayerNormalization, {high} the newest TensorRT's ONNX parser reads); the default is {DEFAULT_OPSET}"
         )
     return opset
-
-
-def graph_opset(proto: onnx.ModelProto) -> int:
-    """The default-domain opset a graph imports (what it really is, whatever was asked for)."""
-    return next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
 
 
 def check_export_shape(model: Model, resolution: tuple[int, ...]) -> tuple[int, ...]:
@@ -113,13 +91,6 @@ def check_export_shape(model: Model, resolution: tuple[int, ...]) -> tuple[int, 
             f"more than the 2^31-1 TensorRT allows in one tensor; this model takes at most {most:,} tokens"
         )
     return resolution
-
-
-def resolution_tag(resolution: tuple[int, ...]) -> str:
-    """``(224, 224)`` → ``"224"``, ``(384, 256)`` → ``"384x256"``, a sequence length ``(256,)`` → ``"256"``."""
-    if len(resolution) == 1 or resolution[0] == resolution[1]:
-        return str(resolution[0])
-    return "x".join(map(str, resolution))
 
 
 class BakedModel(nn.Module):
@@ -211,15 +182,6 @@ def _register_tables(owner: nn.Module, tables: PETables) -> PETables:
             entry[key] = name_of(key, tensor, key if shared else f"{key}_block{i}")
         layers.append(entry)
     return PETables(model=model, layers=layers)
-
-
-@dataclass(frozen=True)
-class ExportedGraph:
-    """One exported ONNX file."""
-
-    path: Path
-    resolution: tuple[int, int]
-    opset: int
 
 
 def onnx_from_model(

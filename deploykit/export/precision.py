@@ -38,6 +38,7 @@ from onnx import TensorProto, helper, numpy_helper
 from deploykit.comparison import Tolerance
 from deploykit.errors import ConfigError
 from deploykit.export.lint import TABLE_PREFIXES
+from deploykit.export.manifest import PRECISION_METADATA_KEY
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,6 @@ FP32_OPS = frozenset({"LayerNormalization", "Softmax"})
 _STANDARD_DOMAINS = ("", "ai.onnx")
 # Low type -> (short name for inserted tensors, ONNX schema type name).
 _LOW_NAMES = {TensorProto.FLOAT16: ("fp16", "float16"), TensorProto.BFLOAT16: ("bf16", "bfloat16")}
-PRECISION_METADATA_KEY = "deploykit.precision"
 
 
 def check_precision(precision: str) -> PrecisionPlan:
@@ -106,11 +106,6 @@ def check_precision(precision: str) -> PrecisionPlan:
     if precision not in PLANS:
         raise ConfigError(f"unknown precision {precision!r}; choose one of: {', '.join(PLANS)}")
     return PLANS[precision]
-
-
-def graph_precision(proto: onnx.ModelProto) -> str:
-    """The plan recorded in a graph's metadata (``"fp32"`` for graphs written before plans)."""
-    return next((p.value for p in proto.metadata_props if p.key == PRECISION_METADATA_KEY), "fp32")
 
 
 def apply_precision(

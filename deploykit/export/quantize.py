@@ -46,12 +46,12 @@ from onnx import numpy_helper
 from deploykit.comparison import Tolerance, compare_logits, row_cosines
 from deploykit.errors import ConfigError, ExportError
 from deploykit.export.lint import TABLE_PREFIXES
+from deploykit.export.manifest import QUANTIZATION_METADATA_KEY
 from deploykit.export.onnx_export import quiet_logger
 
 QUANTIZED_OP_TYPES = ("MatMul", "Gemm", "Conv")
 # User-facing method name -> onnxruntime.quantization.CalibrationMethod member.
 CALIBRATION_METHODS = {"minmax": "MinMax", "percentile": "Percentile", "entropy": "Entropy"}
-QUANTIZATION_METADATA_KEY = "deploykit.quantization"
 # Whether the static plan quantizes the attention-score and attention-value MatMuls, per
 # encoding, measured on the zoo (`python benchmarks/int8_plans.py attention`,
 # results/int8-attention.json, 2000 test images): quantizing them lowered top-1 agreement with
@@ -484,12 +484,6 @@ def check_scales(proto: onnx.ModelProto) -> None:
 def _listed(names: list[str], shown: int = 5) -> str:
     """``a, b, c, d, e and 7 more``: at most ``shown`` names in a one-line message."""
     return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
-
-
-def graph_quantization(proto: onnx.ModelProto) -> dict | None:
-    """The ``deploykit.quantization`` record of a quantized graph (None for float plans)."""
-    value = next((p.value for p in proto.metadata_props if p.key == QUANTIZATION_METADATA_KEY), None)
-    return json.loads(value) if value else None
 
 
 def _with_metadata(out: onnx.ModelProto, original: onnx.ModelProto, details: dict) -> onnx.ModelProto:

@@ -1,8 +1,15 @@
 """Serving: the in-process pipeline, a Triton server (PyTriton), a Triton model repository, Ray Serve.
 
-Only the pipeline is imported here; the server modules import their optional packages lazily.
+Names are imported on first use; the server modules import their optional packages lazily.
 """
 
-from deploykit.serve.pipeline import ImageLimits, Pipeline, Prediction, load, nearest_resolution
+from deploykit._lazy import lazy_exports
 
-__all__ = ["ImageLimits", "Pipeline", "Prediction", "load", "nearest_resolution"]
+__getattr__, __dir__, __all__ = lazy_exports(
+    __name__,
+    {
+        "deploykit.serve.classifier": ["ImageLimits"],
+        "deploykit.imaging": ["nearest_resolution"],
+        "deploykit.serve.pipeline": ["Pipeline", "Prediction", "load"],
+    },
+)

@@ -39,7 +39,7 @@ import numpy as np
 from deploykit._io import write_json_atomic
 from deploykit._lazy import lazy_import
 from deploykit.errors import ConfigError, DeployKitError
-from deploykit.export.onnx_export import resolution_tag
+from deploykit.resolutions import resolution_tag
 from deploykit.serve.pipeline import Pipeline
 from deploykit.serve.triton_server import logits_model_name
 

@@ -39,43 +39,15 @@ from deploykit._lazy import lazy_import
 from deploykit.backends.base import Runner
 from deploykit.data import CROP_PCT, preprocess
 from deploykit.errors import ConfigError, DeployKitError, InputError
-from deploykit.export.bundle import Manifest
-from deploykit.export.onnx_export import OUTPUT_NAME, resolution_tag
+from deploykit.export.manifest import OUTPUT_NAME, Manifest
 from deploykit.imaging import nearest_resolution
-from deploykit.nn.checkpoint import CONFIG_FILE, read_config
-from deploykit.nn.vit import ViTConfig
-
-INPUT_NAME = "images"  # the ViT graphs' input: serving is for image classifiers
-
-
-def read_image_config(export_dir: Path) -> ViTConfig:
-    """The export's ViT config; a sequence model's export is refused in one line."""
-    config = read_config(export_dir / CONFIG_FILE)
-    if not isinstance(config, ViTConfig):
-        raise ConfigError(f"{export_dir} holds a sequence model; serving takes image classifiers (ViT exports)")
-    return config
+from deploykit.resolutions import resolution_tag
+from deploykit.serve.classifier import INPUT_NAME, ImageLimits, read_image_config
 
 AUTO_PREFERENCE = ("trt", "rtx", "ort")
 
 ImageLike = Union[np.ndarray, bytes, str, os.PathLike, Any]  # Any: a PIL image (PIL is optional)
 RunnerFactory = Callable[[Path], Runner]
-
-
-@dataclass(frozen=True)
-class ImageLimits:
-    """What one image may cost before it is decoded; anything larger is refused.
-
-    Attributes:
-        max_pixels: most pixels (height x width), checked from the image header.
-        max_bytes: most encoded bytes per image.
-    """
-
-    max_pixels: int = imaging.MAX_PIXELS
-    max_bytes: int = imaging.MAX_BYTES
-
-    def __post_init__(self) -> None:
-        if self.max_pixels < 1 or self.max_bytes < 1:
-            raise ConfigError(f"image limits must be >= 1, got max_pixels={self.max_pixels}, max_bytes={self.max_bytes}")
 
 
 @dataclass(frozen=True)
@@ -224,8 +196,8 @@ class Pipeline:
         limits: ImageLimits = ImageLimits(),
         factories: Mapping[str, RunnerFactory] | None = None,
     ):
-        from deploykit.export.bundle import checked_graph
         from deploykit.backends.registry import RUNNER_FACTORIES
+        from deploykit.export.manifest import checked_graph
 
         if top_k < 1 or batch_size < 1:
             raise ConfigError(f"top_k and batch_size must be >= 1, got {top_k} and {batch_size}")

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from deploykit._lazy import lazy_import
 from deploykit.errors import ConfigError
-from deploykit.serve.pipeline import ImageLimits
+from deploykit.serve.classifier import ImageLimits
 
 
 @dataclass(frozen=True)

@@ -34,9 +34,9 @@ from pathlib import Path
 
 from deploykit import imaging
 from deploykit.errors import ConfigError, DeployKitError
-from deploykit.export.bundle import Manifest
-from deploykit.export.onnx_export import OUTPUT_NAME, resolution_tag
-from deploykit.serve.pipeline import INPUT_NAME, ImageLimits, read_image_config
+from deploykit.export.manifest import OUTPUT_NAME, Manifest
+from deploykit.resolutions import resolution_tag
+from deploykit.serve.classifier import INPUT_NAME, ImageLimits, read_image_config
 
 PREPROCESS_MODEL_SOURCE = Path(__file__).with_name("triton_preprocess_model.py")
 IMAGING_MODULE = "deploykit_imaging"  # the name the Python models import deploykit/imaging.py by
@@ -152,7 +152,7 @@ def _find_engines(graph: Path) -> tuple[Path | None, tuple[int, int] | None, Pat
     hashes (the graph it was built from, and its own bytes), or packaging is refused."""
     from deploykit.backends.engine_cache import engine_paths, read_fingerprint
     from deploykit.errors import StaleEngineError
-    from deploykit.export.bundle import sha256_file
+    from deploykit.export.manifest import sha256_file
 
     trt_engine, fp_path = engine_paths(graph, "tensorrt")
     rtx_engine = engine_paths(graph, "tensorrt_rtx")[0]
@@ -234,7 +234,7 @@ def package_triton(export_dir: str | os.PathLike, output: str | os.PathLike, opt
     Raises:
         DeployKitError: not an export directory, or ``output`` exists and is not empty.
     """
-    from deploykit.export.bundle import checked_graph
+    from deploykit.export.manifest import checked_graph
 
     export_dir, output = Path(export_dir), Path(output)
     manifest = Manifest.read(export_dir)

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import socket
 import sysconfig
@@ -47,13 +46,13 @@ import numpy as np
 
 from deploykit._lazy import lazy_import
 from deploykit.errors import ConfigError, DeployKitError, InputError
-from deploykit.export.onnx_export import resolution_tag
-from deploykit.serve.pipeline import INPUT_NAME, ImageLimits, Pipeline, top_k
+from deploykit.resolutions import resolution_tag
+from deploykit.serve.classifier import INPUT_NAME, ImageLimits
+from deploykit.serve.pipeline import Pipeline, top_k
 from deploykit.serve.triton_repo import copy_python_model
 
 CLASSIFY_MODEL = "classify"
 CLASSIFY_MODEL_SOURCE = Path(__file__).with_name("triton_classify_model.py")
-_log = logging.getLogger(__name__)
 
 
 def logits_model_name(resolution: tuple[int, int]) -> str:

@@ -60,7 +60,8 @@ def int8_columns(model: Model, dataset, resolutions: list[int], limit: int | Non
     run in ONNX Runtime; and the share of test predictions it shares with the fp32 graph."""
     from deploykit.export import onnx_from_model
     from deploykit.export.bundle import planned_graph
-    from deploykit.export.quantize import graph_quantization, run_graph
+    from deploykit.export.manifest import graph_quantization
+    from deploykit.export.quantize import run_graph
 
     count = min(limit or dataset.size("test"), dataset.size("test"))
     accuracy, agreement, correct_hex, plans = [], [], [], []

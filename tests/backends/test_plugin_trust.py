@@ -10,6 +10,7 @@ read from the process's memory map.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import deploykit
 from deploykit.backends.plugins import Plugins
 from deploykit.errors import ExportError, StaleEngineError
 from deploykit.export import export
@@ -161,3 +163,15 @@ def test_installed_plugins_resolve_by_entry_point_name():
     assert sape2.sha256() == Plugins.resolve(["sape2"]).sha256() and sape2.describe() == ["deploykit.plugins.sape2 (installed)"]
     with pytest.raises(ExportError, match=r"not a directory, a shared library or an installed plugin \(installed: .*sape2"):
         Plugins.resolve(["no-such-plugin"])
+
+
+def test_an_installed_plugin_is_imported_under_one_name_only(tmp_path):
+    # Its package directory or the folder holding it, given as a directory of plugins, would import
+    # the same files again as deploykit_plugins.<dir>.sape2 (and register the op twice).
+    (source,) = Plugins.resolve(["sape2"]).sources
+    for directory in (source.path, source.path.parent):
+        with pytest.raises(ExportError, match=r"holds the installed plugin sape2 .*pass --plugins sape2"):
+            Plugins.resolve([str(directory)])
+    # The repository no longer has a top-level plugins/ package beside deploykit/.
+    assert importlib.util.find_spec("plugins.sape2") is None
+    assert source.path == Path(deploykit.__file__).parent / "plugins" / "sape2"

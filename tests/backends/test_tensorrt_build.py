@@ -12,14 +12,10 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import deploykit.backends.tensorrt as trt_backend  # noqa: E402
+from deploykit.backends import _polygraphy  # noqa: E402
 from deploykit._lazy import is_available  # noqa: E402
-from deploykit.backends.tensorrt import (  # noqa: E402
-    TRT_MODULES,
-    BuildOptions,
-    EngineFromOnnx,
-    import_trt,
-    save_engine,
-)
+from deploykit.backends._polygraphy import TRT_MODULES, import_trt  # noqa: E402
+from deploykit.backends.tensorrt import BuildOptions, EngineFromOnnx, save_engine  # noqa: E402
 from deploykit.errors import ExportError, MissingDependencyError  # noqa: E402
 
 # torch.onnx's dynamo exporter trips a deprecation inside torch.utils._pytree; not ours to fix.
@@ -185,7 +181,7 @@ def test_the_build_runs_on_polygraphy_bound_to_tensorrt_rtx(onnx_path, monkeypat
 
     assert polygraphy.config.USE_TENSORRT_RTX is True and loader.trt.__name__ == "tensorrt_rtx"
     assert "POLYGRAPHY_USE_TENSORRT_RTX" not in os.environ
-    monkeypatch.setattr(trt_backend, "import_trt", lambda module: import_trt("tensorrt_rtx"))  # as if TensorRT were installed
+    monkeypatch.setattr(_polygraphy, "import_trt", lambda module: import_trt("tensorrt_rtx"))  # as if TensorRT were installed
     with pytest.raises(DeployKitError, match=r"Polygraphy already runs on TensorRT-RTX in this process.*separate command") as err:
         backend("tensorrt")
     assert "\n" not in str(err.value)

@@ -16,11 +16,17 @@ from pathlib import Path
 import pytest
 
 from deploykit.errors import DeployKitError
-from deploykit.export import Manifest
-from deploykit.export.bundle import checked_graph, load_reference
-
-from tests.test_cli import RES, assert_one_line_error, good_export, run_cli, small_model, snapshot  # noqa: F401
-from tests.test_cli import ckpt_dir  # noqa: F401  (good_export's fixture)
+from deploykit.export.bundle import load_reference
+from deploykit.export.manifest import Manifest, checked_graph
+from tests.test_cli import (  # noqa: F401
+    RES,
+    assert_one_line_error,
+    ckpt_dir,  # noqa: F401  (good_export's fixture)
+    good_export,
+    run_cli,
+    small_model,
+    snapshot,
+)
 
 GRAPH = f"model_{RES}.onnx"
 
@@ -104,7 +110,7 @@ def test_every_reader_goes_through_manifest_read(layout, kind):
     with pytest.raises(DeployKitError, match="outside the export directory"):
         Manifest.read(export_dir)
     entry = json.loads((export_dir / "manifest.json").read_text())["graphs"][0]
-    from deploykit.export.bundle import _graph_entry
+    from deploykit.export.manifest import _graph_entry
 
     with pytest.raises(DeployKitError, match="outside the export directory"):
         checked_graph(export_dir, _graph_entry(entry))

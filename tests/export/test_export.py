@@ -10,8 +10,10 @@ import torch
 from deploykit.backends import OnnxrtRunner
 from deploykit.encodings import list_encodings
 from deploykit.errors import ExportError, ResolutionError
-from deploykit.export import Manifest, export, lint_graph, onnx_from_model, parse_resolution
+from deploykit.export import export, lint_graph, onnx_from_model
+from deploykit.export.manifest import Manifest
 from deploykit.nn import create_model
+from deploykit.resolutions import parse_resolution
 
 DEPTH = 2
 
@@ -96,7 +98,6 @@ def test_saved_tables_equal_host_float64_tables_rounded_to_fp32(encoding, tmp_pa
     from onnx import numpy_helper
 
     from deploykit.export import save_onnx
-
     from deploykit.export.qk_channels import with_contiguous_qk_channels
 
     model = small(encoding)

@@ -12,9 +12,10 @@ from onnx import TensorProto, numpy_helper
 import deploykit.data
 from deploykit.encodings import list_encodings
 from deploykit.errors import ConfigError, ExportError
-from deploykit.export import Manifest, export
+from deploykit.export import export
 from deploykit.export.lint import TABLE_PREFIXES
-from deploykit.export.quantize import CalibrationOptions, graph_quantization
+from deploykit.export.manifest import Manifest, graph_quantization
+from deploykit.export.quantize import CalibrationOptions
 from deploykit.nn import create_model
 from deploykit.nn.checkpoint import load_model
 from deploykit.zoo.dataset import ShapeRelations
@@ -176,7 +177,7 @@ def test_dynamic_and_fused_attention_plans_validate(tmp_path):
 
 
 def test_validate_passes_int8_on_a_trained_model_and_fails_a_planted_bad_scale(tmp_path):
-    from deploykit.export.bundle import MANIFEST_FILE, sha256_file
+    from deploykit.export.manifest import MANIFEST_FILE, sha256_file
     from deploykit.validate import validate
 
     out = tmp_path / "x"

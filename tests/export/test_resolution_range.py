@@ -11,7 +11,8 @@ import torch
 
 from deploykit.backends import OnnxrtRunner, registry
 from deploykit.errors import ExportError, ResolutionError
-from deploykit.export import Manifest, export, onnx_from_model
+from deploykit.export import export, onnx_from_model
+from deploykit.export.manifest import Manifest
 from deploykit.nn import create_model
 from deploykit.validate import validate
 

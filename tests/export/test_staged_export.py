@@ -16,10 +16,9 @@ import pytest
 import torch
 
 from deploykit.errors import DeployKitError
-from deploykit.export import Manifest, export
-from deploykit.export import bundle
+from deploykit.export import bundle, export
+from deploykit.export.manifest import Manifest
 from deploykit.nn import create_model
-
 from tests.test_cli import assert_one_line_error, run_cli, snapshot
 
 

@@ -12,7 +12,7 @@ import pytest
 from deploykit.backends.engine_cache import Fingerprint, engine_paths, write_fingerprint
 from deploykit.cli import main
 from deploykit.errors import ConfigError, StaleEngineError
-from deploykit.export.bundle import sha256_file
+from deploykit.export.manifest import sha256_file
 from deploykit.serve.triton_repo import RepositoryOptions, package_triton
 
 model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2", reason="needs tritonclient (serve extra)")

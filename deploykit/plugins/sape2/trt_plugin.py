@@ -18,7 +18,6 @@ import importlib
 from deploykit._lazy import lazy_import
 
 PLUGIN_ID = "deploykit::SaPE2Bias"
-_IO_TYPES = {"FP32": "float32", "FP16": "float16", "BF16": "bfloat16"}
 _registered = False
 
 

@@ -1,0 +1,222 @@
+"""What an export directory holds and how it is read: ``manifest.json``, its graph entries, and the
+checks every later step makes before it uses a file (confined to the directory, unchanged since
+export, the graph saying what its entry says).
+
+Torch-free (onnx and the standard library), so commands that only read an export directory, such
+as ``package triton``, do not load PyTorch; ``deploykit.export.bundle`` writes what this reads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path, PurePath
+
+import onnx
+from google.protobuf.message import DecodeError
+
+import deploykit
+from deploykit.errors import DeployKitError
+from deploykit.resolutions import resolution_tag
+
+MANIFEST_FILE = "manifest.json"
+OUTPUT_NAME = "logits"  # every exported graph's output
+PRECISION_METADATA_KEY = "deploykit.precision"
+QUANTIZATION_METADATA_KEY = "deploykit.quantization"
+
+
+def graph_opset(proto: onnx.ModelProto) -> int:
+    """The default-domain opset a graph imports (what it really is, whatever was asked for)."""
+    return next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
+
+
+def graph_precision(proto: onnx.ModelProto) -> str:
+    """The plan recorded in a graph's metadata (``"fp32"`` for graphs written before plans)."""
+    return next((p.value for p in proto.metadata_props if p.key == PRECISION_METADATA_KEY), "fp32")
+
+
+def graph_quantization(proto: onnx.ModelProto) -> dict | None:
+    """The ``deploykit.quantization`` record of a quantized graph (None for float plans)."""
+    value = next((p.value for p in proto.metadata_props if p.key == QUANTIZATION_METADATA_KEY), None)
+    return json.loads(value) if value else None
+
+
+@dataclass(frozen=True)
+class GraphEntry:
+    """One exported resolution (``(height, width)``, or ``(length,)`` for a sequence model), or
+    a resolution range: then ``resolution`` is the shape it is tuned for and ``resolution_range``
+    its ``(min, max)``."""
+
+    resolution: tuple[int, ...]
+    file: str
+    sha256: str
+    opset: int
+    precision: str = "fp32"  # manifests written before precision plans hold fp32 graphs only
+    resolution_range: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    quantization: dict | None = None  # INT8 plans: calibration, nodes kept float and why, agreement
+
+    @property
+    def shapes(self) -> list[tuple[int, ...]]:
+        """The resolutions this graph must be checked at: its one, or min/opt/max of its range."""
+        if self.resolution_range is None:
+            return [tuple(self.resolution)]
+        low, high = self.resolution_range
+        return list(dict.fromkeys([tuple(low), tuple(self.resolution), tuple(high)]))
+
+    @classmethod
+    def describing(cls, proto: onnx.ModelProto, file: str, sha256: str) -> GraphEntry:
+        """The entry for a written graph, every field read from the graph itself (its metadata and
+        opset import), so the manifest never says what the graph is not."""
+        meta = {p.key: p.value for p in proto.metadata_props}
+        try:
+            resolution = tuple(json.loads(meta["deploykit.resolution"]))
+            span = meta.get("deploykit.resolution_range")
+            span = tuple(tuple(r) for r in json.loads(span)) if span else None
+        except (KeyError, TypeError, ValueError) as err:
+            raise DeployKitError(f"{file} is not a graph deploykit exported (no readable deploykit.resolution metadata)") from err
+        return cls(resolution, file, sha256, graph_opset(proto), graph_precision(proto), span, graph_quantization(proto))
+
+
+@dataclass
+class Manifest:
+    """Contents of ``manifest.json``."""
+
+    encoding: str
+    weights_sha256: str
+    source: str
+    deploykit_version: str = deploykit.__version__
+    graphs: list[GraphEntry] = field(default_factory=list)
+
+    def graph(self, resolution: tuple[int, ...], precision: str = "fp32") -> GraphEntry:
+        # Compared by tag: a sequence length parsed from "--resolution 256" is (256, 256).
+        for entry in self.graphs:
+            if entry.resolution_range is None and entry.precision == precision and \
+                    resolution_tag(entry.resolution) == resolution_tag(tuple(resolution)):
+                return entry
+        have = ", ".join(_graph_label(g) for g in self.graphs) or "none"
+        raise DeployKitError(
+            f"no graph exported at {_graph_label(GraphEntry(resolution, '', '', 0, precision))} (exported: {have}); "
+            "run deploykit export --resolution ... --precision ..."
+        )
+
+    def graphs_at(self, precision: str, ranges: bool = False) -> list[GraphEntry]:
+        """Every exported graph of one precision plan (fixed resolutions, and resolution ranges
+        too when ``ranges``), or an error naming what was exported."""
+        found = [g for g in self.graphs if g.precision == precision and (ranges or g.resolution_range is None)]
+        if not found:
+            have = ", ".join(_graph_label(g) for g in self.graphs) or "none"
+            what = f"{precision} graphs" if ranges else f"{precision} graphs at a fixed resolution"
+            raise DeployKitError(f"no {what} exported (exported: {have}); run deploykit export -r ... --precision {precision}")
+        return found
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def read(cls, directory: str | os.PathLike) -> Manifest:
+        """Read ``directory/manifest.json``, refusing any file name in it that leads outside
+        ``directory`` (``confined_path``) before anything else is read.
+
+        Raises:
+            DeployKitError: not a directory, no or a corrupt manifest, or a confined path escapes.
+        """
+        path = Path(directory) / MANIFEST_FILE
+        if Path(directory).exists() and not Path(directory).is_dir():
+            raise DeployKitError(f"{directory} is a file, not a deploykit export directory; give the directory deploykit export wrote")
+        try:
+            data = json.loads(path.read_text())
+            data["graphs"] = [_graph_entry(g) for g in data["graphs"]]
+            manifest = cls(**data)
+        except FileNotFoundError:
+            raise DeployKitError(f"{directory} is not a deploykit export directory (no {MANIFEST_FILE}); run deploykit export first") from None
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+            raise DeployKitError(f"corrupt manifest {path}: {err}") from err
+        for entry in manifest.graphs:
+            confined_path(directory, entry.file)
+        return manifest
+
+
+def _graph_entry(data: dict) -> GraphEntry:
+    span = data.get("resolution_range")
+    return GraphEntry(**{**data, "resolution": tuple(data["resolution"]),
+                         "resolution_range": tuple(tuple(r) for r in span) if span else None})  # fmt: skip
+
+
+def range_tag(resolution_range) -> str:
+    """``((224, 224), (512, 512))`` → ``"224-512"``."""
+    return "-".join(resolution_tag(tuple(r)) for r in resolution_range)
+
+
+def _graph_label(entry: GraphEntry) -> str:
+    tag = resolution_tag(tuple(entry.resolution)) if entry.resolution_range is None else range_tag(entry.resolution_range)
+    return tag if entry.precision == "fp32" else f"{tag} {entry.precision}"
+
+
+def graph_file_name(resolution: tuple[int, int], precision: str = "fp32", resolution_range=None) -> str:
+    """``model_224.onnx`` for fp32 (the name before precision plans), ``model_224_fp16.onnx``
+    else; ``model_224-512.onnx`` for a resolution range."""
+    suffix = "" if precision == "fp32" else f"_{precision}"
+    tag = resolution_tag(resolution) if resolution_range is None else range_tag(resolution_range)
+    return f"model_{tag}{suffix}.onnx"
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def confined_path(export_dir: str | os.PathLike, name: str) -> Path:
+    """``export_dir / name``, refusing a name that leads outside ``export_dir``.
+
+    The one check every path named by an export directory goes through: an absolute path, a
+    ``..`` component, or a symlink (the file itself or a directory on the way) resolving outside
+    the directory is refused, so nothing outside the export is read, copied or run.
+
+    Raises:
+        DeployKitError: the name escapes the export directory.
+    """
+    if not isinstance(name, str) or not name or PurePath(name).is_absolute() or ".." in PurePath(name).parts:
+        raise DeployKitError(f"{Path(export_dir) / MANIFEST_FILE} names {name!r}, a path outside the export directory; refusing to read it")
+    path = Path(export_dir) / name
+    if not path.resolve().is_relative_to(Path(export_dir).resolve()):
+        raise DeployKitError(f"{path} is a symlink leading outside the export directory (to {path.resolve()}); refusing to read it")
+    return path
+
+
+def checked_file(export_dir: str | os.PathLike, name: str, sha256: str) -> Path:
+    """The path of file ``name`` of an export directory, confined to it (``confined_path``) and
+    refused when missing or different from what ``manifest.json`` recorded."""
+    path = confined_path(export_dir, name)
+    if not path.is_file():
+        raise DeployKitError(f"exported file missing: {path}; re-run deploykit export")
+    if sha256_file(path) != sha256:
+        raise DeployKitError(f"{path} changed since export (sha256 differs from manifest.json); re-run deploykit export")
+    return path
+
+
+def check_unchanged(path: Path, sha256: str) -> None:
+    """Refuse a file that is missing, leads outside its directory, or differs from what
+    ``manifest.json`` recorded."""
+    checked_file(path.parent, path.name, sha256)
+
+
+def checked_graph(export_dir: str | os.PathLike, entry: GraphEntry) -> Path:
+    """The graph's path, refusing a file outside the export, changed since export, or whose
+    entry in ``manifest.json`` says something the graph does not (resolution, range,
+    precision, opset)."""
+    path = checked_file(export_dir, entry.file, entry.sha256)
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, OSError, ValueError) as err:
+        raise DeployKitError(f"{path} is not a readable ONNX graph ({err}); re-run deploykit export") from err
+    actual, recorded = GraphEntry.describing(proto, entry.file, entry.sha256), _graph_entry(asdict(entry))
+    fields = [f"{name} {getattr(recorded, name)} in the manifest, {getattr(actual, name)} in the graph"
+              for name in ("resolution", "resolution_range", "precision", "opset") if getattr(recorded, name) != getattr(actual, name)]  # fmt: skip
+    if fields:
+        raise DeployKitError(f"{MANIFEST_FILE} disagrees with {path}: {'; '.join(fields)}; re-run deploykit export")
+    return path

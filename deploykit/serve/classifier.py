@@ -1,0 +1,84 @@
+"""What serving needs to know of an exported image classifier, read from its files without
+PyTorch: the graphs' input name, the fields of ``config.json`` preprocessing and the outputs
+need, and how large an image may be.
+
+``deploykit package triton`` writes a model repository from these alone, so it does not load
+PyTorch; the in-process pipeline reads the same fields the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from deploykit import imaging
+from deploykit.errors import ConfigError
+
+INPUT_NAME = "images"  # the ViT graphs' input: serving is for image classifiers
+CONFIG_FILE = "config.json"  # as deploykit.nn.checkpoint writes it
+SEQUENCE_ARCHITECTURE = "sequence_transformer"  # deploykit.nn.sequence.ARCHITECTURE
+
+
+@dataclass(frozen=True)
+class ImageLimits:
+    """What one image may cost before it is decoded; anything larger is refused.
+
+    Attributes:
+        max_pixels: most pixels (height x width), checked from the image header.
+        max_bytes: most encoded bytes per image.
+    """
+
+    max_pixels: int = imaging.MAX_PIXELS
+    max_bytes: int = imaging.MAX_BYTES
+
+    def __post_init__(self) -> None:
+        if self.max_pixels < 1 or self.max_bytes < 1:
+            raise ConfigError(f"image limits must be >= 1, got max_pixels={self.max_pixels}, max_bytes={self.max_bytes}")
+
+
+@dataclass(frozen=True)
+class ClassifierConfig:
+    """The fields of an export's ``config.json`` that serving uses.
+
+    Attributes:
+        in_chans: image channels (``[B, in_chans, H, W]`` float32 inputs).
+        num_classes: logits per image.
+        mean: per-channel mean subtracted after scaling to [0, 1].
+        std: per-channel divisor (positive).
+    """
+
+    in_chans: int
+    num_classes: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+def read_image_config(export_dir: Path) -> ClassifierConfig:
+    """The export's classifier fields; a sequence model's export is refused in one line.
+
+    Raises:
+        ConfigError: no or an unreadable ``config.json``, a sequence model, or fields that are
+            missing or out of range.
+    """
+    path = Path(export_dir) / CONFIG_FILE
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"model config not found: {path}") from None
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"invalid model config {path}: {err}") from err
+    if not isinstance(data, dict):
+        raise ConfigError(f"invalid model config {path}: a JSON object expected")
+    if data.get("architecture") == SEQUENCE_ARCHITECTURE:
+        raise ConfigError(f"{export_dir} holds a sequence model; serving takes image classifiers (ViT exports)")
+    try:
+        config = ClassifierConfig(int(data["in_chans"]), int(data["num_classes"]), tuple(map(float, data["mean"])),
+                                  tuple(map(float, data["std"])))  # fmt: skip
+    except (KeyError, TypeError, ValueError) as err:
+        raise ConfigError(f"invalid model config {path}: in_chans, num_classes, mean and std are needed ({err!r})") from err
+    sizes_ok = config.in_chans >= 1 and config.num_classes >= 1 and len(config.mean) == len(config.std) == config.in_chans
+    if not sizes_ok or not all(math.isfinite(s) and s > 0 for s in config.std):
+        raise ConfigError(f"invalid model config {path}: {config}")
+    return config
