@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from deploykit._environment import capture_environment, environment_line
+from deploykit.profile.environment import capture_environment, environment_line
 from deploykit._io import write_json_atomic
 from deploykit._lazy import is_available
 from deploykit.errors import one_line

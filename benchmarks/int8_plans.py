@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from deploykit._environment import capture_environment
+from deploykit.profile.environment import capture_environment
 from deploykit._io import write_json_atomic
 from deploykit.data import normalise
 from deploykit.encodings import encoding_name, list_encodings

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from deploykit._environment import environment_line
+from deploykit.profile.environment import environment_line
 from deploykit._io import write_json_atomic
 from deploykit.export import export
 from deploykit.nn import create_model

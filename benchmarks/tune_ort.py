@@ -21,7 +21,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from deploykit._environment import capture_environment, environment_line
+from deploykit.profile.environment import capture_environment, environment_line
 from deploykit._io import write_json_atomic
 from deploykit.backends.onnxrt import session_options
 from deploykit.export import BakedModel, onnx_from_model

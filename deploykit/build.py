@@ -37,13 +37,12 @@ from deploykit.backends.engine_cache import (
     write_fingerprint,
 )
 from deploykit.backends.plugins import Plugins
+from deploykit.backends.registry import check_backend
 from deploykit.backends.tensorrt import BuildOptions, BuildProgress, EngineFromOnnx, save_engine
 from deploykit.errors import ConfigError, StaleEngineError
 from deploykit.export.manifest import GraphEntry, Manifest, checked_graph, sha256_file
 from deploykit.export.precision import PLANS, check_precision
 
-# ``--backend`` -> TensorRT flavour. "Does it build" is checked with rtx on CPU-only machines.
-BACKENDS = ENGINE_MODULES
 TIMING_CACHE_FILE = "timing.cache"
 
 _log = logging.getLogger(__name__)
@@ -116,9 +115,7 @@ def build(
         StaleEngineError: an existing engine does not match and ``rebuild`` is False.
         ExportError: a graph does not parse or build, or a plugin fails to load.
     """
-    if backend not in BACKENDS:
-        raise ConfigError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
-    module, export_dir = BACKENDS[backend], Path(export_dir)
+    module, export_dir = ENGINE_MODULES[check_backend(backend, ENGINE_MODULES)], Path(export_dir)
     options = build_options(module, export_dir, dynamic=dynamic, batch=batch, max_batch=max_batch,
                             workspace_mib=workspace_mib, optimization_level=optimization_level)
     entries = _select(Manifest.read(export_dir), precisions, resolutions)

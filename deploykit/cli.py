@@ -59,6 +59,27 @@ PLUGINS_HELP = ("Repeatable: a directory of Python TensorRT plugins, a plugin li
                 "(e.g. sape2). None by default; an engine runs with the plugins it was built with.")
 
 
+def parse_counts(values, what: str) -> list[int]:
+    """``["1,8", "32"]`` → ``[1, 8, 32]`` (duplicates dropped); each must be a positive integer.
+
+    Raises:
+        ConfigError: a part that is not a positive integer.
+    """
+    from deploykit.errors import ConfigError
+
+    out = []
+    for value in values:
+        for part in str(value).split(","):
+            try:
+                count = int(part)
+            except ValueError:
+                count = 0
+            if count < 1:
+                raise ConfigError(f"invalid {what} {part.strip()!r}; expected positive integers such as 1,8,32")
+            out.append(count)
+    return list(dict.fromkeys(out))
+
+
 def _image_limit_options(command):
     """``--max-image-pixels`` / ``--max-image-bytes``: what one image may cost before it is decoded."""
     from deploykit.imaging import MAX_BYTES, MAX_PIXELS
@@ -295,20 +316,21 @@ def profile(export_dir, encoding, model_name, checkpoint, resolutions, resolutio
     from deploykit.backends.plugins import Plugins
     from deploykit.errors import ConfigError
     from deploykit.nn.resolve import resolve_model
-    from deploykit.profile_output import render_table
+    from deploykit.profile.output import plot_latency, render_table, write_csv
+    from deploykit.resolutions import parse_resolutions
 
     console = _console()
     if export_dir and (encoding or model_name or checkpoint):
         raise ConfigError("give an export directory or --encoding/--model/--checkpoint, not both")
     budget = prof.Budget(duration_s=duration, iterations=iterations, warmup=warmup, rounds=rounds)
-    batch_sizes = prof.parse_counts(batches, "batch size")
+    batch_sizes = parse_counts(batches, "batch size")
     backend_names = [b.strip() for value in backends for b in value.split(",")]
     if export_dir:
         subject, label = prof.Subject.from_export_dir(export_dir, precisions or ("fp32",)), str(export_dir)
     else:
         model, label = resolve_model(checkpoint=checkpoint, encoding=encoding, model_name=model_name)
         subject = prof.Subject(model)
-    res = prof.parse_resolutions([*resolutions, *resolution_lists]) or subject.resolutions or [subject.model.default_shape]
+    res = parse_resolutions([*resolutions, *resolution_lists]) or subject.resolutions or [subject.model.default_shape]
     with _steps(console, "profile") as step:
         report = prof.profile(subject, resolutions=res, batches=batch_sizes, backends=backend_names, budget=budget,
                               precisions=precisions or ("fp32",),
@@ -322,7 +344,9 @@ def profile(export_dir, encoding, model_name, checkpoint, resolutions, resolutio
     out.print(table)
     for note in report.notes:
         console.print(f"note: {note}", soft_wrap=True, markup=False)
-    for path, write in ((json_path, report.write_json), (csv_path, report.write_csv), (plot_path, report.plot)):
+    writers = ((json_path, report.write_json), (csv_path, lambda path: write_csv(path, report.records)),
+               (plot_path, lambda path: plot_latency(path, report.records, title=label)))  # fmt: skip
+    for path, write in writers:
         if path:
             console.print(f"wrote {write(path)}")
 
@@ -422,7 +446,6 @@ def import_timm(name, weights, model_kwargs, options, output):
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the report as JSON.")
 def serve_bench(export_dir, concurrency, requests, resolution, backend, max_batch_size, max_queue_delay_us, client, json_path):
     """Served (Triton, dynamic batching) vs in-process throughput and p50/p99 latency per concurrency."""
-    from deploykit.profile import parse_counts
     from deploykit.serve.bench import BenchOptions, bench_serving
 
     console = _console()

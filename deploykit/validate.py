@@ -32,7 +32,7 @@ from deploykit.export.bundle import load_reference
 from deploykit.export.manifest import Manifest
 from deploykit.export.manifest import check_unchanged as _check_unchanged
 from deploykit.export.manifest import checked_graph as _checked_graph
-from deploykit.export.precision import PLANS
+from deploykit.export.precision import PLANS, check_precision
 from deploykit.nn.checkpoint import WEIGHTS_FILE
 from deploykit.nn.factory import Model
 from deploykit.resolutions import resolution_tag
@@ -101,10 +101,6 @@ def run_batched(runner: Runner, inputs: np.ndarray, batch_size: int) -> dict[str
     (name,) = runner.input_names()
     parts = [runner.infer({name: inputs[i : i + batch_size]}) for i in range(0, len(inputs), batch_size)]
     return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
-
-
-# Backend name -> factory(onnx path) -> Runner; defined with the backends, shared with profile.
-RUNNER_FACTORIES = registry.RUNNER_FACTORIES
 
 
 def run_exact_batches(runner: Runner, inputs: np.ndarray, batch: int) -> dict[str, np.ndarray]:
@@ -182,7 +178,7 @@ def validate(
     Args:
         export_dir: an export directory (``manifest.json``, reference weights, graphs).
         resolutions: which exported resolutions; default all.
-        backends: names from ``RUNNER_FACTORIES``.
+        backends: names from ``deploykit.backends.registry.RUNNER_FACTORIES``.
         precision: which precision plan's graphs to check, with its tolerance from ``TOLERANCES``.
         num_random, num_real: seeded-noise and bundled real inputs (images or text) per resolution.
         seed: seed of the noise inputs.
@@ -197,9 +193,9 @@ def validate(
             since export, or a resolution that was not exported.
     """
     export_dir = Path(export_dir)
-    tolerance = _choice(TOLERANCES, precision, "precision")
+    tolerance = check_precision(precision).tolerance
     for backend in backends:
-        _choice(RUNNER_FACTORIES, backend, "backend")
+        registry.check_backend(backend)
     _check_input_counts(num_random, num_real)
     manifest = Manifest.read(export_dir)
     # --precision picks the graphs (model_224_fp16.onnx, ...) as well as the tolerance.
@@ -268,10 +264,3 @@ def _predictions_per_input(logits: np.ndarray) -> int:
 def _per_prediction(*logits: np.ndarray) -> list[np.ndarray]:
     """``[B, ..., classes]`` → ``[B·…, classes]``: every token's prediction is compared as one row."""
     return [x.reshape(-1, x.shape[-1]) for x in logits]
-
-
-def _choice(table: dict, key: str, what: str):
-    try:
-        return table[key]
-    except KeyError:
-        raise ConfigError(f"unknown {what} {key!r}; choose one of: {', '.join(table)}") from None

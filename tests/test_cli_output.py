@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from deploykit.profile import ProfileReport
-from deploykit.profile_output import render_table
+from deploykit.profile.output import render_table
 
 from tests.test_cli import RES, ckpt_dir, good_export, run_cli  # noqa: F401
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deploykit._io import write_json_atomic
+from deploykit._nvml import driver_version
 from deploykit.backends.plugins import Plugins, check_plugins
 from deploykit.backends._polygraphy import import_trt
 from deploykit.backends.tensorrt import BuildOptions
@@ -133,7 +134,8 @@ class Device:
 
 
 def probe_device(ordinal: int = 0) -> Device:
-    """Ask the CUDA driver (``libcuda``) and NVML directly, so no CUDA toolkit or torch build is needed."""
+    """Ask the CUDA driver (``libcuda``: what CUDA sees, so ``CUDA_VISIBLE_DEVICES`` holds) and NVML
+    (``deploykit._nvml``: the driver version), so no CUDA toolkit or torch build is needed."""
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError:
@@ -144,25 +146,11 @@ def probe_device(ordinal: int = 0) -> Device:
         return Device()
     cuda_driver = f"{version.value // 1000}.{version.value % 1000 // 10}"
     if cuda.cuDeviceGet(ctypes.byref(dev), ordinal) != 0 or cuda.cuDeviceGetName(name, len(name), dev) != 0:
-        return Device(cuda_driver=cuda_driver, driver=_nvml_driver())
+        return Device(cuda_driver=cuda_driver, driver=driver_version())
     # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR
     cuda.cuDeviceGetAttribute(ctypes.byref(major), 75, dev)
     cuda.cuDeviceGetAttribute(ctypes.byref(minor), 76, dev)
-    return Device(cuda_driver, _nvml_driver(), name.value.decode(), f"{major.value}.{minor.value}")
-
-
-def _nvml_driver() -> str | None:
-    try:
-        nvml = ctypes.CDLL("libnvidia-ml.so.1")
-    except OSError:
-        return None
-    buf = ctypes.create_string_buffer(96)
-    if nvml.nvmlInit_v2() != 0:
-        return None
-    try:
-        return buf.value.decode() if nvml.nvmlSystemGetDriverVersion(buf, len(buf)) == 0 else None
-    finally:
-        nvml.nvmlShutdown()
+    return Device(cuda_driver, driver_version(), name.value.decode(), f"{major.value}.{minor.value}")
 
 
 def current_fingerprint(

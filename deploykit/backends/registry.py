@@ -13,7 +13,7 @@ located in the backend where it happened.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 
 from deploykit.backends.base import Runner
@@ -37,6 +37,19 @@ BISECT_FACTORIES: dict[str, Callable[..., Runner]] = {
 }
 
 
+def check_backend(name: str, choices: Iterable[str] = RUNNER_FACTORIES) -> str:
+    """``name`` if it is one of ``choices`` (by default every registered backend; a command passes
+    its own: build the engine backends, profile ``torch`` too, serve ``auto`` too).
+
+    Raises:
+        ConfigError: any other name, listing the valid ones.
+    """
+    choices = list(choices)
+    if name not in choices:
+        raise ConfigError(f"unknown backend {name!r}; choose one of: {', '.join(choices)}")
+    return name
+
+
 def create_runner(backend: str, onnx_path: str | os.PathLike, *, plugins: Plugins = Plugins(), cuda_graph: bool = False) -> Runner:
     """The runner for ``backend`` on one exported graph (not yet activated).
 
@@ -49,8 +62,7 @@ def create_runner(backend: str, onnx_path: str | os.PathLike, *, plugins: Plugin
     Raises:
         ConfigError: unknown backend name.
     """
-    if backend not in RUNNER_FACTORIES:
-        raise ConfigError(f"unknown backend {backend!r}; choose one of: {', '.join(RUNNER_FACTORIES)}")
+    check_backend(backend)
     if backend in ENGINE_MODULES:
         return RUNNER_FACTORIES[backend](onnx_path, plugins=plugins, cuda_graph=cuda_graph)
     return RUNNER_FACTORIES[backend](onnx_path)

@@ -237,7 +237,7 @@ def bench_serving(export_dir: str | os.PathLike, options: BenchOptions = BenchOp
     """
     import torch
 
-    from deploykit._environment import capture_environment
+    from deploykit.profile.environment import capture_environment
 
     export_dir = Path(export_dir)
     perf = _perf_analyzer(options.client)

@@ -151,10 +151,10 @@ def activate_runner(
     """
     if backend == "auto":
         candidates = [b for b in AUTO_PREFERENCE if b in factories] + [b for b in factories if b not in AUTO_PREFERENCE]
-    elif backend in factories:
-        candidates = [backend]
     else:
-        raise ConfigError(f"unknown backend {backend!r}; choose one of: auto, {', '.join(factories)}")
+        from deploykit.backends.registry import check_backend
+
+        candidates = [check_backend(backend, ["auto", *factories])]
     skipped: dict[str, str] = {}
     for name in candidates:
         try:
@@ -179,7 +179,7 @@ class Pipeline:
         crop_pct: resize the short side to ``resolution / crop_pct`` before the centre crop.
         limits: the largest image (pixels, encoded bytes) accepted; larger ones are refused
             before decoding.
-        factories: backend name → runner factory; default ``deploykit.validate.RUNNER_FACTORIES``.
+        factories: backend name → runner factory; default ``deploykit.backends.registry.RUNNER_FACTORIES``.
 
     Raises:
         DeployKitError: not an export directory, a graph changed since export, or no backend runs.

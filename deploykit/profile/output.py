@@ -1,4 +1,4 @@
-"""Writing a profile: CSV, the latency-vs-resolution plot, and the terminal table."""
+"""Writing a profile's records: CSV, the latency-vs-resolution plot, and the terminal table."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from deploykit._io import atomic_path, write_text_atomic
 from deploykit._lazy import lazy_import
-from deploykit.profile import RECORD_FIELDS
+from deploykit.profile.report import RECORD_FIELDS, ProfileReport
 from deploykit.resolutions import parse_resolution
 
 
@@ -62,7 +62,7 @@ def _ms(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f}" if value < 100 else f"{value:.0f}"
 
 
-def render_table(report, title: str = "latency"):
+def render_table(report: ProfileReport, title: str = "latency"):
     """A rich ``Table``: kernel-only and end-to-end latency side by side, ratio to APE, PE share."""
     from rich.table import Table
 
@@ -79,6 +79,6 @@ def render_table(report, title: str = "latency"):
             _ms(r["p50_ms"]), _ms(r["p90_ms"]), _ms(r["p99_ms"]), f"{_ms(r['mean_ms'])} ± {_ms(r['std_ms'])}", str(r["n"]),
             f"{r['throughput_per_s']:.1f}", _ms(r.get("e2e_p50_ms")),
             "–" if r.get("e2e_throughput_per_s") is None else f"{r['e2e_throughput_per_s']:.1f}",
-            ratio(r.get("ratio_vs_ape")), ratio(r.get("ratio_vs_fp32")), f"{r['pe_share']:.1%}", f"{r['achieved_gflop_per_s']:.1f}",
+            ratio(r.get("ratio_vs_ape")), ratio(r.get("ratio_vs_fp32")), "–" if r.get("pe_share") is None else f"{r['pe_share']:.1%}", f"{r['achieved_gflop_per_s']:.1f}",
         )  # fmt: skip
     return table

@@ -9,10 +9,11 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
-import shutil
-import subprocess
 
 import torch
+
+from deploykit._nvml import clocks, driver_version
+from deploykit.backends.onnxrt import session_options
 
 # Distributions whose versions change timings; absent ones are left out.
 _PACKAGES = ("deploykit", "torch", "onnxruntime", "onnxruntime-gpu", "onnx", "numpy", "tensorrt", "tensorrt-rtx")
@@ -64,22 +65,12 @@ def _gpu(device: torch.device) -> dict | None:
     props = torch.cuda.get_device_properties(device)
     info = {"name": props.name, "memory_gib": round(props.total_memory / 2**30, 1), "cuda": torch.version.cuda,
             "capability": f"{props.major}.{props.minor}"}  # fmt: skip
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        query = "--query-gpu=driver_version,clocks.sm,clocks.max.sm,clocks.mem"
-        try:
-            line = subprocess.run([smi, query, "--format=csv,noheader"], capture_output=True, text=True, timeout=10).stdout
-            driver, sm, sm_max, mem = (p.strip() for p in line.splitlines()[device.index or 0].split(","))
-            info.update(driver=driver, clock_sm=sm, clock_sm_max=sm_max, clock_mem=mem)
-        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-            info["driver"] = "unknown (nvidia-smi failed)"
+    info.update(driver=driver_version() or "unknown (no NVML)", **(clocks(device.index or 0) or {}))
     return info
 
 
 def capture_environment(device: torch.device) -> dict:
     """CPU model, cores, clock, GPU (when ``device`` is CUDA), versions, thread settings, load."""
-    from deploykit.backends.onnxrt import session_options
-
     cpu = _cpuinfo()
     opts = session_options()
     return {

@@ -1,0 +1,250 @@
+"""What is profiled and what runs it: subjects (a model and its exported graphs, or the APE twin
+of the same trunk), one target per backend (PyTorch eager, or a runner from
+``deploykit.backends.registry``), their inputs, the end-to-end call and the positional step alone.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from deploykit.data import encode_chars, preprocess, random_inputs, random_token_inputs, sample_text
+from deploykit.encodings import Hook, encoding_name, get_config
+from deploykit.errors import ConfigError, DeployKitError
+from deploykit.export.bundle import load_reference
+from deploykit.export.manifest import Manifest
+from deploykit.export.onnx_export import BakedModel, onnx_from_model
+from deploykit.nn.factory import Model, build_model
+from deploykit.nn.sequence import SequenceConfig
+from deploykit.nn.vit import VisionTransformer
+from deploykit.profile.report import BASELINE_ENCODING, FP32, TORCH_BACKEND
+from deploykit.profile.timing import CpuTimer, device_timer
+from deploykit.resolutions import resolution_tag
+
+# End-to-end inputs: seeded uint8 frames of a common camera size (preprocessing cost depends on
+# the size, not on the content, so no image files are needed).
+FRAME_SHAPE = (480, 640, 3)
+
+
+@dataclass
+class Subject:
+    """One model to profile, and ONNX graphs already exported for it. A subject made from a model
+    builds the graphs it is asked for in memory (each precision plan as ``export`` writes it); one
+    read from an export directory times only what was exported there.
+
+    Attributes:
+        model: the trunk with its encoding.
+        graphs: ``(resolution, precision)`` → ``.onnx`` path (from an export directory).
+        exported_only: refuse graphs that are not in ``graphs`` (an export directory's subject).
+    """
+
+    model: VisionTransformer
+    graphs: dict[tuple[tuple[int, int], str], Path] = field(default_factory=dict)
+    exported_only: bool = False
+    baseline: bool = False  # the APE twin profile adds
+    _built: dict[tuple[tuple[int, int], str], bytes] = field(default_factory=dict, repr=False)
+
+    @property
+    def encoding(self) -> str:
+        return encoding_name(self.model.cfg.encoding)
+
+    @property
+    def resolutions(self) -> list[tuple[int, int]]:
+        """The exported resolutions, in manifest order."""
+        return list(dict.fromkeys(resolution for resolution, _ in self.graphs))
+
+    def has(self, resolution: tuple[int, int], precision: str) -> bool:
+        return not self.exported_only or (tuple(resolution), precision) in self.graphs
+
+    def onnx(self, resolution: tuple[int, int], precision: str = FP32) -> Path | bytes:
+        key = (tuple(resolution), precision)
+        if key in self.graphs:
+            return self.graphs[key]
+        if self.exported_only:
+            raise ConfigError(f"no {precision} graph at {resolution_tag(resolution)}; run deploykit export --precision {precision}")
+        if key not in self._built:
+            from deploykit.export.bundle import planned_graph
+
+            fp32 = onnx_from_model(self.model, resolution)
+            planned = fp32 if precision == FP32 else planned_graph(fp32, self.model, resolution, precision)
+            self._built[key] = planned.SerializeToString()
+        return self._built[key]
+
+    @classmethod
+    def from_export_dir(cls, directory: str | os.PathLike, precisions: Sequence[str] = (FP32,)) -> Subject:
+        """The reference model and the (unchanged) graphs of each precision plan of an export directory."""
+        from deploykit.export.manifest import checked_graph  # refuses files changed since export
+
+        manifest = Manifest.read(directory)
+        graphs = {(tuple(g.resolution), g.precision): checked_graph(Path(directory), g) for p in precisions for g in manifest.graphs_at(p)}
+        return cls(load_reference(directory), graphs, exported_only=True)
+
+
+def ape_twin(model: Model, max_length: int = 0) -> Model:
+    """The same trunk (same weights) with a learned APE in place of the model's encoding (for a
+    sequence model, a table covering at least ``max_length`` positions)."""
+    changes = dict(encoding=get_config(BASELINE_ENCODING))
+    if isinstance(model.cfg, SequenceConfig):
+        changes["context"] = max(model.cfg.context, max_length)
+    twin = build_model(dataclasses.replace(model.cfg, **changes)).eval()
+    own = twin.state_dict()
+    shared = {k: v for k, v in model.state_dict().items() if k in own and own[k].shape == v.shape and k != "pos_embed"}
+    twin.load_state_dict(shared, strict=False)
+    return twin
+
+
+class TorchTarget:
+    """PyTorch eager on the baked model (tables built once per resolution, as in the ONNX graph)."""
+
+    def __init__(self, model: VisionTransformer, resolution: tuple[int, int], device: torch.device):
+        self.device = device
+        # A float32 copy on the device: the caller's model is left as it was.
+        self.module = BakedModel(copy.deepcopy(model).float().eval(), resolution).to(device).eval()
+        self.timer = device_timer(device)
+
+    def kernel(self, images: np.ndarray) -> Callable[[], object]:
+        x = torch.from_numpy(images).to(self.device)
+        return lambda: self._forward(x)
+
+    def infer_host(self, images: np.ndarray) -> np.ndarray:
+        return self._forward(torch.from_numpy(images).to(self.device)).cpu().numpy()
+
+    def details(self) -> dict:
+        return {"provider": f"torch {torch.__version__} {self.device.type}"}
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode():
+            return self.module(x)
+
+    def close(self) -> None:
+        self.module = None
+
+
+class RunnerTarget:
+    """A runner from ``deploykit.backends.registry``; its ``infer`` returns host arrays, so wall-clock
+    time is right on any device (kernel-only then includes that runner's own copies)."""
+
+    timer = CpuTimer()
+
+    def __init__(self, runner):
+        self.runner = runner
+        runner.activate()
+        (self.input_name,) = runner.input_names()  # images, or tokens for a sequence model
+
+    def kernel(self, inputs: np.ndarray) -> Callable[[], object]:
+        feed = {self.input_name: np.ascontiguousarray(inputs)}
+        return lambda: self.runner.infer(feed)
+
+    def infer_host(self, inputs: np.ndarray) -> np.ndarray:
+        return self.runner.infer({self.input_name: inputs})["logits"]
+
+    def details(self) -> dict:
+        """What ran (after measuring: an engine runner captures its CUDA graphs on first use)."""
+        return self.runner.details
+
+    def close(self) -> None:
+        self.runner.deactivate()
+
+
+def backend_names() -> list[str]:
+    """Backends ``profile`` knows: PyTorch eager plus every registered ONNX runner."""
+    from deploykit.backends.registry import RUNNER_FACTORIES
+
+    return [TORCH_BACKEND, *RUNNER_FACTORIES]
+
+
+class Unavailable(Exception):
+    """A subject cannot run on an engine backend here; the report notes why."""
+
+
+def open_target(backend: str, subject: Subject, resolution: tuple[int, int], precision: str, device: torch.device, engine: dict):
+    if backend == TORCH_BACKEND:
+        return TorchTarget(subject.model, resolution, device)
+    from deploykit.backends.engine_cache import ENGINE_MODULES
+    from deploykit.backends.registry import create_runner
+
+    if backend not in ENGINE_MODULES:
+        return RunnerTarget(create_runner(backend, subject.onnx(resolution, precision)))
+    # An engine exists only beside a graph of an export directory (deploykit build wrote it).
+    plan = "" if precision == FP32 else f" {precision}"
+    where = f"{subject.encoding}{plan} on {backend} @ {resolution_tag(resolution)}"
+    if (resolution, precision) not in subject.graphs:
+        why = "the APE baseline is exported in memory, so no engine was built for it" if subject.baseline else \
+            "no exported graph at this resolution, so no engine"  # fmt: skip
+        raise Unavailable(f"{where}: not profiled: {why}")
+    try:
+        return RunnerTarget(create_runner(backend, subject.graphs[resolution, precision], **engine))
+    except DeployKitError as err:  # no engine built, a stale one, no GPU: said, not a traceback
+        raise Unavailable(f"{where}: not profiled: {err}") from err
+
+
+def inputs(model: Model, resolution, batch: int, rng: np.random.Generator) -> tuple[np.ndarray, list]:
+    """Kernel inputs (seeded noise images or token ids) and end-to-end inputs (uint8 frames or texts)."""
+    if isinstance(model.cfg, SequenceConfig):
+        text = sample_text()
+        starts = rng.integers(0, len(text), batch)
+        texts = [(text * (resolution[0] // len(text) + 2))[s : s + resolution[0]] for s in starts]
+        return random_token_inputs(batch, resolution[0], model.cfg.vocab_size, seed=batch), texts
+    return random_inputs(batch, resolution, seed=batch), [rng.integers(0, 256, FRAME_SHAPE, dtype=np.uint8) for _ in range(batch)]
+
+
+def end_to_end_call(target, frames: list, resolution, cfg) -> Callable[[], object]:
+    """Frames → preprocess → model → softmax → top-5, all host work and copies included (for a
+    sequence model: texts → character ids → model → the last position's top-5)."""
+    if isinstance(cfg, SequenceConfig):
+
+        def run_text():
+            ids = np.stack([encode_chars(text, cfg.vocab_size)[: resolution[0]] for text in frames])
+            logits = target.infer_host(ids)[:, -1]
+            return np.argsort(-logits, -1)[:, :5]  # softmax keeps the order
+
+        return run_text
+
+    def run():
+        batch = np.stack([preprocess(f, resolution, cfg.mean, cfg.std) for f in frames])
+        logits = target.infer_host(batch)
+        shifted = np.exp(logits - logits.max(-1, keepdims=True))
+        probs = shifted / shifted.sum(-1, keepdims=True)
+        return np.argsort(-probs, -1)[:, :5]
+
+    return run
+
+
+def pe_step(model: VisionTransformer, resolution, batch: int, device: torch.device) -> Callable[[], object]:
+    """The positional step alone, over every block where it runs per block, on random activations."""
+    if not isinstance(model, VisionTransformer):  # a sequence model: its table add
+        table = model.shape_tables(resolution).model["pos_embed"].detach().to(device, torch.float32)
+        x = torch.randn(batch, resolution[0], model.cfg.embed_dim, generator=torch.Generator().manual_seed(0)).to(device)
+        return lambda: x + table
+    cfg, pos_enc = model.cfg, copy.deepcopy(model.pos_enc).to(device)
+    grid = model.grid(*resolution)
+    tables = model.tables(grid, torch.float32, device)
+    tokens = math.prod(grid) + cfg.num_prefix_tokens
+    gen = torch.Generator().manual_seed(0)
+    head_dim = cfg.embed_dim // cfg.num_heads
+    x = torch.randn(batch, tokens, cfg.embed_dim, generator=gen).to(device)
+    q, k = (torch.randn(batch, cfg.num_heads, tokens, head_dim, generator=gen).to(device) for _ in range(2))
+    layer = lambda i: tables.layers[i] if tables.layers else {}  # noqa: E731
+    # An encoding may use several hooks (SaPE²+APE: a table add and a logits bias per block).
+    steps = []
+    if pos_enc.uses(Hook.TOKENS):
+        steps.append(lambda: pos_enc.apply_tokens(x, tables.model))
+    if pos_enc.uses(Hook.QK):
+        steps.append(lambda: [pos_enc.apply_qk(q, k, layer(i)) for i in range(cfg.depth)])
+    if pos_enc.uses(Hook.LOGITS):
+        steps.append(lambda: [pos_enc.logits_bias(q, k, layer(i), grid) for i in range(cfg.depth)])
+    step = lambda: [s() for s in steps]  # noqa: E731
+
+    def run():
+        with torch.inference_mode():
+            return step()
+
+    return run

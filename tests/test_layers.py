@@ -1,0 +1,120 @@
+"""The package's layers: every import points down (or within its layer), and no modules import
+each other in a cycle.
+
+Read from the source (every ``import``, at module level or inside a function: a function-level
+import is still a dependency), so the test needs none of the optional packages.
+"""
+
+import ast
+from pathlib import Path
+
+import deploykit
+
+PACKAGE = Path(deploykit.__file__).parent
+
+# Lowest first. A module belongs to the longest prefix listed; it may import its own layer and
+# the layers below. Where the small shared modules sit, and why:
+LAYERS = [
+    # Imports nothing above itself: errors, atomic writes, the lazy importer, NVML, CLI rendering
+    # helpers, comparison metrics (numpy), image decoding (numpy + Pillow), resolution strings,
+    # the torch-free catalog of names, model inputs (numpy: noise, sample images, the zoo's data)
+    # and the zoo's entries and dataset, which data and nn.resolve read.
+    (
+        "infrastructure",
+        ("deploykit.errors", "deploykit._io", "deploykit._lazy", "deploykit._nvml", "deploykit._terminal", "deploykit.comparison",
+         "deploykit.imaging", "deploykit.resolutions", "deploykit.catalog", "deploykit.data", "deploykit.zoo", "deploykit.zoo.registry",
+         "deploykit.zoo.dataset"),
+    ),  # fmt: skip
+    # GPU kernels and TensorRT plugins: imported by the encodings' own ops (SaPE²'s CUDA kernel),
+    # importing nothing of deploykit but the lazy importer.
+    ("kernels", ("deploykit.plugins",)),
+    ("encodings", ("deploykit.encodings",)),
+    ("nn", ("deploykit.nn",)),
+    ("export", ("deploykit.export",)),
+    ("backends", ("deploykit.backends",)),
+    # What uses exported graphs and runners: checks, engines, timing (with what a timing ran on,
+    # which reads the runtimes' thread settings), inspection, and the zoo's training and cards.
+    (
+        "tools",
+        ("deploykit.validate", "deploykit.build", "deploykit.profile", "deploykit.inspection", "deploykit.zoo.train",
+         "deploykit.zoo.cards"),
+    ),  # fmt: skip
+    ("serve", ("deploykit.serve",)),
+    ("cli", ("deploykit.cli", "deploykit.__main__")),
+]
+# The package root only holds ``__version__`` and the facade ``deploykit.load`` (imported on
+# first use): anything may import it, and its lazy import of the pipeline is the public API.
+ROOT = "deploykit"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if "__pycache__" not in p.parts}
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The deploykit modules ``name`` imports (``from pkg import sub`` counts as ``pkg.sub``)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1], *filter(None, [node.module])])
+            for alias in node.names:
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base)
+    return {m for m in found if m in known and m != name}
+
+
+def _layer(name: str) -> int:
+    matches = [(len(prefix), i) for i, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes
+               if name == prefix or name.startswith(prefix + ".")]  # fmt: skip
+    assert matches, f"{name} is in no layer: add it to LAYERS with the reason it sits there"
+    return max(matches)[1]
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, set(modules)) for name, path in modules.items()}
+
+
+def test_every_module_has_a_layer():
+    for name in _graph():
+        if name != ROOT:
+            _layer(name)
+
+
+def test_imports_point_down():
+    upward = [
+        f"{name} ({LAYERS[_layer(name)][0]}) imports {dep} ({LAYERS[_layer(dep)][0]})"
+        for name, deps in _graph().items()
+        if name != ROOT
+        for dep in sorted(deps)
+        if dep != ROOT and _layer(dep) > _layer(name)
+    ]
+    assert not upward, "\n".join(upward)
+
+
+def test_no_import_cycle():
+    graph = {name: deps - {ROOT} for name, deps in _graph().items() if name != ROOT}
+    cycles, state = [], {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = "open"
+        for dep in sorted(graph[node]):
+            if state.get(dep) == "open":
+                cycles.append(" -> ".join([*stack[stack.index(dep):], dep]))
+            elif dep not in state:
+                visit(dep, [*stack, dep])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert not cycles, "\n".join(cycles)
