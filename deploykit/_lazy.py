@@ -20,6 +20,7 @@ _EXTRAS = {
     "PIL.Image": "images",
     "pytriton": "serve",
     "tritonclient": "serve",
+    "tritonclient.grpc.model_config_pb2": "serve",
     "ray": "ray",
     "triton": "triton",
     "timm": "timm",

@@ -10,10 +10,12 @@ For every exported resolution ``<res>`` (``224``, ``384x256``, ...)::
                          copied beside model.py: the pipeline's own preprocessing)
     classify_<res>_trt/  ensemble: preprocess_<res> -> vit_<res>_trt   (bytes in, logits out)
     classify_<res>_onnx/ ensemble: preprocess_<res> -> vit_<res>_onnx
-    README.md            how to build the engines and load the SaPE2 plugin
+    README.md            how to build the engines, and SaPE2's custom op under Triton
 
-Every ``config.pbtxt`` has dynamic batching, an instance group, a zero-data warm-up and (for
-TensorRT) CUDA graphs for the preferred batch sizes. The repository is written to a temporary
+Every ``config.pbtxt`` is built as Triton's own ``ModelConfig`` protobuf messages (from
+``tritonclient``, the ``serve`` extra) and written in protobuf text format. Each has dynamic
+batching, an instance group, a zero-data warm-up and (for TensorRT) CUDA graphs for the
+preferred batch sizes. The repository is written to a temporary
 directory beside ``--output`` and renamed into place, so a failure leaves nothing behind.
 
 TensorRT-RTX engines (``model_<res>.rtx.engine``) are not copied: Triton's ``tensorrt_plan``
@@ -33,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from deploykit import imaging
+from deploykit._lazy import lazy_import
 from deploykit.errors import ConfigError, DeployKitError
 from deploykit.export.manifest import OUTPUT_NAME, Manifest
 from deploykit.resolutions import resolution_tag
@@ -77,73 +80,82 @@ class RepositoryOptions:
             raise ConfigError("instance counts must be >= 1 and the queue delay >= 0")
 
 
-def _dims(shape) -> str:
-    return "[ " + ", ".join(str(int(d)) for d in shape) + " ]"
+def _pb():
+    """Triton's ``ModelConfig`` protobuf module (the ``serve`` extra), imported on first use."""
+    return lazy_import("tritonclient.grpc.model_config_pb2")
 
 
-def _tensor(name: str, dtype: str, shape) -> str:
-    return f'  {{ name: "{name}" data_type: {dtype} dims: {_dims(shape)} }}'
+def _text(config) -> str:
+    """A ``ModelConfig`` message as ``config.pbtxt`` (protobuf text format, as Triton reads it)."""
+    from google.protobuf import text_format
+
+    return text_format.MessageToString(config)
 
 
-def _batching(opts: RepositoryOptions) -> str:
-    preferred = _dims(opts.preferred_batch_sizes)
-    return f"dynamic_batching {{\n  preferred_batch_size: {preferred}\n  max_queue_delay_microseconds: {opts.max_queue_delay_us}\n}}\n"
+def _tensor(cls, name: str, dtype: str, shape):
+    """A ``ModelInput``/``ModelOutput`` (``cls``) of that name, ``TYPE_*`` data type and dims."""
+    return cls(name=name, data_type=_pb().DataType.Value(dtype), dims=[int(d) for d in shape])
 
 
-def _warmup(input_name: str, dtype: str, shape, batch_sizes) -> str:
-    entries = [
-        f'  {{ name: "zeros_batch{b}" batch_size: {b} count: 2 inputs {{ key: "{input_name}" '
-        f"value: {{ data_type: {dtype} dims: {_dims(shape)} zero_data: true }} }} }}"
-        for b in batch_sizes
-    ]
-    return "model_warmup [\n" + ",\n".join(entries) + "\n]\n"
+def _batching(opts: RepositoryOptions):
+    return _pb().ModelDynamicBatching(preferred_batch_size=list(opts.preferred_batch_sizes),
+                                      max_queue_delay_microseconds=opts.max_queue_delay_us)  # fmt: skip
+
+
+def _warmup(input_name: str, dtype: str, shape, batch_sizes) -> list:
+    pb = _pb()
+    sample = pb.ModelWarmup.Input(data_type=pb.DataType.Value(dtype), dims=[int(d) for d in shape], zero_data=True)
+    return [pb.ModelWarmup(name=f"zeros_batch{b}", batch_size=b, count=2, inputs={input_name: sample}) for b in batch_sizes]
 
 
 def vit_config(name: str, platform: str, shape, num_classes: int, kind: str, opts: RepositoryOptions) -> str:
     """``config.pbtxt`` of one inference model (``tensorrt_plan`` or ``onnxruntime_onnx``)."""
-    text = (
-        f'name: "{name}"\nplatform: "{platform}"\nmax_batch_size: {opts.max_batch_size}\n'
-        f"input [\n{_tensor(INPUT_NAME, 'TYPE_FP32', shape)}\n]\n"
-        f"output [\n{_tensor(OUTPUT_NAME, 'TYPE_FP32', [num_classes])}\n]\n"
-        f"instance_group [ {{ kind: KIND_{kind.upper()} count: {opts.gpu_instances if kind == 'gpu' else 1} }} ]\n"
-        + _batching(opts)
-        + _warmup(INPUT_NAME, "TYPE_FP32", shape, [1, max(opts.preferred_batch_sizes)])
-    )
+    pb = _pb()
+    config = pb.ModelConfig(
+        name=name, platform=platform, max_batch_size=opts.max_batch_size,
+        input=[_tensor(pb.ModelInput, INPUT_NAME, "TYPE_FP32", shape)],
+        output=[_tensor(pb.ModelOutput, OUTPUT_NAME, "TYPE_FP32", [num_classes])],
+        instance_group=[pb.ModelInstanceGroup(kind=pb.ModelInstanceGroup.Kind.Value(f"KIND_{kind.upper()}"),
+                                              count=opts.gpu_instances if kind == "gpu" else 1)],
+        dynamic_batching=_batching(opts),
+        model_warmup=_warmup(INPUT_NAME, "TYPE_FP32", shape, [1, max(opts.preferred_batch_sizes)]),
+    )  # fmt: skip
     if platform == "tensorrt_plan":
         # CUDA graphs replay one captured launch sequence per batch size: the kernel-launch
         # overhead of a small ViT's many short kernels is paid once at load instead of per call.
-        specs = ", ".join(f"{{ batch_size: {b} }}" for b in sorted({1, *opts.preferred_batch_sizes}))
-        text += f"optimization {{ cuda {{ graphs: true busy_wait_events: true graph_spec [ {specs} ] }} }}\n"
-    return text
+        cuda = pb.ModelOptimizationPolicy.Cuda
+        specs = [cuda.GraphSpec(batch_size=b) for b in sorted({1, *opts.preferred_batch_sizes})]
+        config.optimization.cuda.CopyFrom(cuda(graphs=True, busy_wait_events=True, graph_spec=specs))
+    return _text(config)
 
 
 def preprocess_config(name: str, resolution: tuple[int, int], config, opts: RepositoryOptions) -> str:
     """``config.pbtxt`` of the Python preprocessing model (settings passed as parameters)."""
+    pb = _pb()
     params = dict(height=resolution[0], width=resolution[1], mean=json.dumps(list(config.mean)), std=json.dumps(list(config.std)),
-                  crop_pct=opts.crop_pct, max_pixels=opts.limits.max_pixels, max_bytes=opts.limits.max_bytes)
-    param_text = ",\n".join(f'  {{ key: "{k}" value: {{ string_value: {json.dumps(str(v))} }} }}' for k, v in params.items())
-    return (
-        f'name: "{name}"\nbackend: "python"\nmax_batch_size: {opts.max_batch_size}\n'
-        f"input [\n{_tensor('image', 'TYPE_STRING', [1])}\n]\n"
-        f"output [\n{_tensor(INPUT_NAME, 'TYPE_FP32', (config.in_chans, *resolution))}\n]\n"
-        f"instance_group [ {{ kind: KIND_CPU count: {opts.preprocess_instances} }} ]\n"
-        f"parameters [\n{param_text}\n]\n"
-    )
+                  crop_pct=opts.crop_pct, max_pixels=opts.limits.max_pixels, max_bytes=opts.limits.max_bytes)  # fmt: skip
+    return _text(pb.ModelConfig(
+        name=name, backend="python", max_batch_size=opts.max_batch_size,
+        input=[_tensor(pb.ModelInput, "image", "TYPE_STRING", [1])],
+        output=[_tensor(pb.ModelOutput, INPUT_NAME, "TYPE_FP32", (config.in_chans, *resolution))],
+        instance_group=[pb.ModelInstanceGroup(kind=pb.ModelInstanceGroup.KIND_CPU, count=opts.preprocess_instances)],
+        parameters={k: pb.ModelParameter(string_value=str(v)) for k, v in params.items()},
+    ))  # fmt: skip
 
 
 def ensemble_config(name: str, preprocess: str, model: str, num_classes: int, opts: RepositoryOptions) -> str:
     """``config.pbtxt`` of an ensemble: image bytes → ``preprocess`` → ``model`` → logits."""
-    return (
-        f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: {opts.max_batch_size}\n'
-        f"input [\n{_tensor('image', 'TYPE_STRING', [1])}\n]\n"
-        f"output [\n{_tensor(OUTPUT_NAME, 'TYPE_FP32', [num_classes])}\n]\n"
-        "ensemble_scheduling {\n  step [\n"
-        f'    {{ model_name: "{preprocess}" model_version: -1 input_map {{ key: "image" value: "image" }} '
-        f'output_map {{ key: "{INPUT_NAME}" value: "preprocessed" }} }},\n'
-        f'    {{ model_name: "{model}" model_version: -1 input_map {{ key: "{INPUT_NAME}" value: "preprocessed" }} '
-        f'output_map {{ key: "{OUTPUT_NAME}" value: "{OUTPUT_NAME}" }} }}\n'
-        "  ]\n}\n"
-    )
+    pb = _pb()
+    step = pb.ModelEnsembling.Step
+    return _text(pb.ModelConfig(
+        name=name, platform="ensemble", max_batch_size=opts.max_batch_size,
+        input=[_tensor(pb.ModelInput, "image", "TYPE_STRING", [1])],
+        output=[_tensor(pb.ModelOutput, OUTPUT_NAME, "TYPE_FP32", [num_classes])],
+        ensemble_scheduling=pb.ModelEnsembling(step=[
+            step(model_name=preprocess, model_version=-1, input_map={"image": "image"}, output_map={INPUT_NAME: "preprocessed"}),
+            step(model_name=model, model_version=-1, input_map={INPUT_NAME: "preprocessed"}, output_map={OUTPUT_NAME: OUTPUT_NAME}),
+        ]),
+    ))  # fmt: skip
 
 
 def _find_engines(graph: Path) -> tuple[Path | None, tuple[int, int] | None, Path | None]:
@@ -298,18 +310,13 @@ def _readme(manifest: Manifest, notes: list[dict], opts: RepositoryOptions) -> s
         "",
         "## SaPE² plugin",
         "",
-        "Graphs with SaPE² carry the custom op `deploykit::SaPE2Bias`. An engine built with the plugin loaded needs the",
-        "plugin's creator registered again in the server process before the engine deserializes. Either preload the",
-        "plugin library into tritonserver:",
-        "",
-        "    LD_PRELOAD=/opt/deploykit/libdeploykit_sape2.so tritonserver --model-repository=$PWD",
-        "",
-        "or let the TensorRT backend load it:",
-        "",
-        "    tritonserver --model-repository=$PWD --backend-config=tensorrt,plugins=/opt/deploykit/libdeploykit_sape2.so",
-        "",
-        "(several libraries: separate them with `;`). An engine built without the plugin inlined the op's plain-ONNX",
-        "body and needs nothing. ONNX Runtime always runs that body, so the `_onnx` variants need no plugin.",
-        f"This export's encoding: `{manifest.encoding}`" + (" (uses the plugin)." if manifest.encoding == "sape2" else " (no plugin needed)."),
+        "Graphs with SaPE² carry the custom op `deploykit::SaPE2Bias`, a model-local ONNX function. deploykit's plugin for it",
+        "is a TensorRT Python plugin (`deploykit build --plugins sape2`); deploykit builds no plugin library (`.so`) that",
+        "tritonserver could preload. For Triton, build the `_trt` engine without `--plugins`: TensorRT then inlines the",
+        "op's plain-ONNX body and the engine needs nothing at load. An engine built with `--plugins sape2` is for",
+        "deploykit's own runners, which register the plugin before the engine deserializes. ONNX Runtime always runs",
+        "the function body, so the `_onnx` variants need no plugin. A plugin library of your own is loaded with",
+        "`--backend-config=tensorrt,plugins=/path/to/lib.so` (several: separate them with `;`).",
+        f"This export's encoding: `{manifest.encoding}`" + (" (has the op)." if manifest.encoding.startswith("sape2") else " (no custom op)."),
     ]
     return "\n".join(lines) + "\n"

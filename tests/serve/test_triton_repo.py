@@ -60,7 +60,9 @@ def test_layout_and_every_config_parses(repo):
 
     for tag in TAGS:  # the pipeline's own preprocessing travels with the model
         assert (repo / f"preprocess_{tag}/1/deploykit_imaging.py").read_bytes() == Path(deploykit.imaging.__file__).read_bytes()
-    assert "LD_PRELOAD" in (repo / "README.md").read_text() and "--backend-config=tensorrt,plugins=" in (repo / "README.md").read_text()
+    readme = (repo / "README.md").read_text()
+    # No path to a plugin library that nothing builds: SaPE²'s plugin is Python; Triton gets the inlined op.
+    assert "LD_PRELOAD" not in readme and "libdeploykit" not in readme and "without `--plugins`" in readme
 
 
 @pytest.mark.parametrize("tag", TAGS)
