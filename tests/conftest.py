@@ -19,3 +19,26 @@ def deploykit_cli(capsys):
         return 0, capsys.readouterr().err
 
     return run
+
+
+@pytest.fixture(scope="module")
+def ckpt_dir(tmp_path_factory):
+    """A small model directory: config.json + model.safetensors (``tests.test_cli.small_model``)."""
+    from deploykit.nn import save_model
+    from tests.test_cli import small_model
+
+    return save_model(small_model(), tmp_path_factory.mktemp("ckpt") / "small")
+
+
+@pytest.fixture(scope="module")
+def good_export(tmp_path_factory, ckpt_dir):
+    """One successful export of the small model at 32x32 (shared; copy it before modifying)."""
+    from deploykit.cli import main
+    from tests.test_cli import RES
+
+    out = tmp_path_factory.mktemp("export") / "out"
+    try:
+        main(["export", "--checkpoint", str(ckpt_dir), "-r", str(RES), "--output", str(out)])
+    except SystemExit as exit_:
+        assert exit_.code in (0, None), f"export of the small model failed with {exit_.code}"
+    return out

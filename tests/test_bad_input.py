@@ -11,13 +11,11 @@ import shutil
 
 import numpy as np
 import pytest
-import torch
 from safetensors.torch import load_file, save_file
 
 from deploykit.nn import save_model
 from deploykit.validate import TOLERANCES, compare_logits
-
-from tests.test_cli import RES, assert_one_line_error, ckpt_dir, good_export, run_cli, small_model, snapshot  # noqa: F401
+from tests.test_cli import RES, assert_one_line_error, run_cli, small_model, snapshot
 
 
 @pytest.fixture
@@ -62,7 +60,7 @@ def test_the_largest_resolution_under_the_bound_is_not_refused():
     (dict(img_size=16 * 62_500), ("does not fit", "pos_embed")),
     (dict(num_classes=10**9), ("does not fit", "head")),
     (dict(depth=10**7), ("10,000,000 blocks", "does not describe these weights")),
-])  # fmt: skip
+])
 def test_a_config_with_huge_sizes_is_one_line(capsys, ckpt_copy, tmp_path, changes, words):
     _edit_json(ckpt_copy / "config.json", **changes)
     out = tmp_path / "out"
@@ -121,7 +119,7 @@ def test_validate_a_file(capsys, good_export):
     (("--num-random", "0", "--num-real", "0"), ("nothing to compare",)),
     (("--num-random", "-3"), ("cannot be negative", "-3")),
     (("--num-real", "-1"), ("cannot be negative", "-1")),
-])  # fmt: skip
+])
 def test_validate_input_counts(capsys, good_export, counts, words):
     code, _, err = run_cli(capsys, "validate", good_export, *counts)
     assert_one_line_error(code, err, *words)
@@ -140,7 +138,7 @@ def test_validate_report_into_a_directory_is_refused_before_the_work(capsys, goo
     ("resolution", [48, RES], ("resolution",)),
     ("opset", 16, ("opset 16 in the manifest", "18 in the graph")),
     ("precision", "fp16", ("precision fp16 in the manifest",)),
-])  # fmt: skip
+])
 def test_a_manifest_entry_edited_away_from_its_graph(capsys, good_export, tmp_path, field, value, words):
     export_dir = tmp_path / "export"
     shutil.copytree(good_export, export_dir)

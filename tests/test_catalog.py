@@ -8,7 +8,6 @@ import sys
 from deploykit import catalog
 from deploykit.encodings import list_encodings
 from deploykit.nn import list_models
-from tests.test_cli import ckpt_dir, good_export  # noqa: F401  fixtures, used by name
 
 
 def test_catalog_names_every_registered_encoding_and_model():

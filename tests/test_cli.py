@@ -85,23 +85,6 @@ def snapshot(path: Path) -> dict[str, bytes | None]:
 # fixtures
 
 
-@pytest.fixture(scope="module")
-def ckpt_dir(tmp_path_factory) -> Path:
-    """A small model directory: config.json + model.safetensors."""
-    return save_model(small_model(), tmp_path_factory.mktemp("ckpt") / "small")
-
-
-@pytest.fixture(scope="module")
-def good_export(tmp_path_factory, ckpt_dir) -> Path:
-    """One successful export of the small model at 32x32 (shared; copy it before modifying)."""
-    out = tmp_path_factory.mktemp("export") / "out"
-    try:
-        main(["export", "--checkpoint", str(ckpt_dir), "-r", str(RES), "--output", str(out)])
-    except SystemExit as exit_:
-        assert exit_.code in (0, None), f"export of the small model failed with {exit_.code}"
-    return out
-
-
 @pytest.fixture
 def export_copy(good_export, tmp_path) -> Path:
     dest = tmp_path / "export_copy"
@@ -570,7 +553,7 @@ def test_plan_names_are_the_registry():
 def test_int8_export_says_what_it_calibrated_on_then_validates_and_profiles(capsys, tmp_path, ckpt_dir):
     out = tmp_path / "q"
     code, _, err = run_cli(capsys, "export", "-c", ckpt_dir, "-r", RES, "--precision", "fp32", "--precision", "int8",
-                           "--calibration-samples", "8", "--calibration-method", "percentile", "--min-agreement", "0", "--held-out", "64", "-o", out)  # fmt: skip
+                           "--calibration-samples", "8", "--calibration-method", "percentile", "--min-agreement", "0", "--held-out", "64", "-o", out)
     assert code == 0, err
     # No dataset in the config: the bundled images, and the line says so.
     assert "calibrated (percentile) on 8 random crops" in err and "the model names no dataset" in err
@@ -579,7 +562,7 @@ def test_int8_export_says_what_it_calibrated_on_then_validates_and_profiles(caps
     (record,) = json.loads((tmp_path / "r.json").read_text())
     assert record["precision"] == "int8" and record["tolerance"]["real_only"] and record["max_abs"] > 0
     code, _, err = run_cli(capsys, "profile", out, "--precision", "fp32", "--precision", "int8", "--backend", "ort",
-                           "--iterations", "2", "--warmup", "0", "--no-ape-baseline", "--no-end-to-end", "--json", tmp_path / "p.json")  # fmt: skip
+                           "--iterations", "2", "--warmup", "0", "--no-ape-baseline", "--no-end-to-end", "--json", tmp_path / "p.json")
     assert code == 0, err
     records = json.loads((tmp_path / "p.json").read_text())["records"]
     assert [r["precision"] for r in records] == ["fp32", "int8"]
@@ -598,7 +581,7 @@ def test_profile_a_plan_that_was_not_exported(capsys, good_export):
 def test_export_set_changes_the_encoding_and_is_recorded(capsys, tmp_path, ckpt_dir):
     out = tmp_path / "plain"
     code, _, err = run_cli(capsys, "export", "-c", ckpt_dir, "--set", "antialias=false", "--set", "interpolation=bilinear",
-                           "-r", 48, "-o", out)  # fmt: skip
+                           "-r", 48, "-o", out)
     assert code == 0, err
     encoding = json.loads((out / "config.json").read_text())["encoding"]
     assert (encoding["antialias"], encoding["interpolation"]) == (False, "bilinear")
@@ -613,7 +596,7 @@ def test_export_set_unknown_key_lists_the_valid_ones(capsys, tmp_path, ckpt_dir)
 
 
 @pytest.mark.parametrize("value, needle", [("antialias=maybe", "not a valid bool"), ("antialias", "is not key=value"),
-                                           ("interpolation=area", "interpolation must be one of")])  # fmt: skip
+                                           ("interpolation=area", "interpolation must be one of")])
 def test_export_set_bad_value_is_one_line(capsys, tmp_path, ckpt_dir, value, needle):
     code, _, err = run_cli(capsys, "export", "-c", ckpt_dir, "--set", value, "-r", RES, "-o", tmp_path / "o")
     assert_one_line_error(code, err, needle)

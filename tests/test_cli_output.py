@@ -7,8 +7,7 @@ import pytest
 
 from deploykit.profile import ProfileReport
 from deploykit.profile.output import render_table
-
-from tests.test_cli import RES, ckpt_dir, good_export, run_cli  # noqa: F401
+from tests.test_cli import RES, run_cli
 
 LONG = "a_directory_name_long_enough_to_wrap_any_terminal_" * 3
 

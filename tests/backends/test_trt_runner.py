@@ -14,27 +14,39 @@ import torch
 from deploykit.backends import registry
 from deploykit.backends.onnxrt import OnnxrtCudaRunner
 from deploykit.backends.trt_runner import TrtRunner
+from deploykit.build import build
 from deploykit.errors import ConfigError, DeployKitError
 from deploykit.export import export
 from deploykit.nn import create_model
-from deploykit.validate import RUNNER_FACTORIES, validate
+from deploykit.profile import backend_names
+from deploykit.validate import validate
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="engine runners need a CUDA GPU and a CUDA build of torch")
 
 
-def test_one_mapping_for_validate_and_profile():
-    assert RUNNER_FACTORIES is registry.RUNNER_FACTORIES
-    assert {"ort", "ort-cuda", "trt", "rtx"} <= set(RUNNER_FACTORIES)
-    with pytest.raises(ConfigError, match="ort, ort-cuda, trt, rtx"):
-        registry.create_runner("tpu", "model.onnx")
+def test_validate_profile_and_build_take_backend_names_from_the_registry(monkeypatch, tmp_path):
+    # A backend registered once is known to every command; an unknown one is refused by each in
+    # the same words, listing what is registered.
+    made = []
+    monkeypatch.setitem(registry.RUNNER_FACTORIES, "stand-in", lambda path: made.append(path) or "runner")
+    assert registry.create_runner("stand-in", "model.onnx") == "runner" and made == ["model.onnx"]
+    assert backend_names() == ["torch", "ort", "ort-cuda", "trt", "rtx", "stand-in"]
+    with pytest.raises(DeployKitError, match="not a deploykit export directory"):  # the name passed; the directory did not
+        validate(tmp_path, backends=["stand-in"])
+    listed = "ort, ort-cuda, trt, rtx, stand-in"
+    for refuse in (lambda: registry.create_runner("tpu", "model.onnx"), lambda: validate(tmp_path, backends=["tpu"])):
+        with pytest.raises(ConfigError, match=f"unknown backend 'tpu'; choose one of: {listed}$"):
+            refuse()
+    with pytest.raises(ConfigError, match="unknown backend 'ort'; choose one of: trt, rtx$"):
+        build(tmp_path, backend="ort")
 
 
 def test_available_backends_are_the_ones_that_can_run_here(monkeypatch):
     import onnxruntime
 
     names = registry.available_backends()
-    assert names[0] == "ort" and set(names) <= set(RUNNER_FACTORIES)
+    assert names[0] == "ort" and set(names) <= set(registry.RUNNER_FACTORIES)
     # Without a GPU (this CI), neither engine runner nor ORT's CUDA provider is offered.
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CPUExecutionProvider"])

@@ -18,15 +18,7 @@ import pytest
 from deploykit.errors import DeployKitError
 from deploykit.export.bundle import load_reference
 from deploykit.export.manifest import Manifest, checked_graph
-from tests.test_cli import (  # noqa: F401
-    RES,
-    assert_one_line_error,
-    ckpt_dir,  # noqa: F401  (good_export's fixture)
-    good_export,
-    run_cli,
-    small_model,
-    snapshot,
-)
+from tests.test_cli import RES, assert_one_line_error, run_cli, snapshot
 
 GRAPH = f"model_{RES}.onnx"
 
