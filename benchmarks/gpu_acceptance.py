@@ -37,10 +37,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from deploykit.profile.environment import capture_environment, environment_line
 from deploykit._io import write_json_atomic
 from deploykit._lazy import is_available
 from deploykit.errors import one_line
+from deploykit.profile.environment import capture_environment, environment_line
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gpu_acceptance.json"
 FLAVOURS = {"rtx": "tensorrt_rtx", "trt": "tensorrt"}
@@ -84,7 +84,7 @@ class Checks:
 
 def _report_validation(report) -> dict:
     records = [{"label": r.label, "provider": r.provider, "max_abs": r.max_abs, "cosine": r.cosine, "top1": r.top1_agreement,
-                "passed": r.passed, "first_divergent_block": r.first_divergent_block} for r in report.records]  # fmt: skip
+                "passed": r.passed, "first_divergent_block": r.first_divergent_block} for r in report.records]
     if not report:
         raise Failed("; ".join(f"{r.label}: {', '.join(r.failures)}" for r in report.records if not r.passed), {"records": records})
     return {"records": records}
@@ -96,7 +96,7 @@ def validate_check(export_dir: Path, backend: str, precision: str, plugins=None)
 
     def check():
         return _report_validation(validate(export_dir, backends=[backend], precision=precision, num_random=4, num_real=8,
-                                           plugins=plugins or Plugins()))  # fmt: skip
+                                           plugins=plugins or Plugins()))
 
     return check
 
@@ -151,9 +151,9 @@ def cpu_checks(exported: dict[str, Path], checks: Checks) -> None:
         for precision in dict.fromkeys(g.precision for g in Manifest.read(out).graphs):
             cpu_bf16 = "ONNX Runtime's CPU provider has no bf16 Gemm/MatMul" if precision == "bf16" else None
             checks.run(f"validate ort {encoding} {precision}", validate_check(out, "ort", precision),
-                       skip=no_tolerance(precision) or cpu_bf16)  # fmt: skip
+                       skip=no_tolerance(precision) or cpu_bf16)
             checks.run(f"validate ort-cuda {encoding} {precision}", validate_check(out, "ort-cuda", precision),
-                       skip=no_ort_cuda or no_tolerance(precision))  # fmt: skip
+                       skip=no_ort_cuda or no_tolerance(precision))
         first = out / Manifest.read(out).graphs[0].file
 
         def inspect(first=first):
@@ -169,7 +169,7 @@ def run_worker(flavour: str, exported: dict[str, Path], args, work: Path) -> lis
     """The engine checks of one TensorRT flavour, in a child process (one flavour per process)."""
     out = work / f"{flavour}.json"
     cmd = [sys.executable, __file__, "--worker", flavour, "--out", str(out), "--budget", str(args.budget),
-           *[f"{encoding}={path}" for encoding, path in exported.items()]]  # fmt: skip
+           *[f"{encoding}={path}" for encoding, path in exported.items()]]
     proc = subprocess.run(cmd, stdin=subprocess.DEVNULL)
     if not out.is_file():
         return [{"name": f"{flavour} engine checks", "status": "failed", "reason": f"worker exited with {proc.returncode}, no report"}]
@@ -194,14 +194,14 @@ def engine_checks(flavour: str, exported: dict[str, Path], budget_s: float, chec
         cant_run = missing or (None if built else "the build failed") or NO_GPU
         for precision in precisions:
             checks.run(f"validate {flavour} {encoding} {precision} at every profiled shape", validate_check(out, flavour, precision),
-                       skip=cant_run or no_tolerance(precision) or PLANS[precision].ort_only or None)  # fmt: skip
+                       skip=cant_run or no_tolerance(precision) or PLANS[precision].ort_only or None)
         for graphs in (True, False):
             checks.run(f"profile {flavour} {encoding} cuda graphs {'on' if graphs else 'off'}",
-                       profile_check(out, flavour, graphs, budget_s), skip=cant_run)  # fmt: skip
+                       profile_check(out, flavour, graphs, budget_s), skip=cant_run)
         checks.run(f"inspect engine {flavour} {encoding}", inspect_engine_check(out, flavour), skip=cant_run)
     if "sape2" in exported and flavour == "trt":  # TensorRT-RTX has no Python plugins
         checks.run("sape2 with the TensorRT plugin", sape2_plugin_check(exported["sape2"]), skip=missing or NO_GPU
-                   or (None if is_available("triton") else "triton is not installed (pip install 'deploykit[triton]')"))  # fmt: skip
+                   or (None if is_available("triton") else "triton is not installed (pip install 'deploykit[triton]')"))
 
 
 def profile_check(out: Path, flavour: str, cuda_graphs: bool, budget_s: float):
@@ -210,9 +210,9 @@ def profile_check(out: Path, flavour: str, cuda_graphs: bool, budget_s: float):
     def check():
         subject = prof.Subject.from_export_dir(out)
         report = prof.profile(subject, resolutions=list(subject.graphs), batches=[1, 8], backends=[flavour],
-                              budget=prof.Budget(duration_s=budget_s), cuda_graphs=cuda_graphs)  # fmt: skip
+                              budget=prof.Budget(duration_s=budget_s), cuda_graphs=cuda_graphs)
         rows = [{k: r[k] for k in ("encoding", "resolution", "batch", "p50_ms", "provider", "cuda_graph", "cuda_graph_note")}
-                for r in report.records]  # fmt: skip
+                for r in report.records]
         if cuda_graphs and not all(r["cuda_graph"] for r in rows):
             raise Failed("CUDA graphs requested but not used", {"records": rows, "notes": report.notes})
         return {"records": rows, "notes": report.notes}
@@ -306,7 +306,7 @@ def serving_check(out: Path, backend: str, requests: int = 200, concurrency: int
 
         http, grpc, metrics = _free_ports(3)
         cmd = [sys.executable, "-m", "deploykit", "serve", str(out), "--port", str(http), "--grpc-port", str(grpc),
-               "--metrics-port", str(metrics), "--backend", backend]  # fmt: skip
+               "--metrics-port", str(metrics), "--backend", backend]
         log = out / f"serve-{backend}.log"
         with open(log, "wb") as sink:
             proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -332,7 +332,7 @@ def serving_check(out: Path, backend: str, requests: int = 200, concurrency: int
         vs_ort = compare_logits(expected, concurrent, requests, TOLERANCES["fp32"])
         vs_sequential = float(np.abs(concurrent - sequential).max())
         details = {"requests": requests, "concurrency": concurrency, "max_abs_vs_ort": vs_ort["max_abs"],
-                   "top1_vs_ort": vs_ort["top1_agreement"], "max_abs_concurrent_vs_sequential": vs_sequential}  # fmt: skip
+                   "top1_vs_ort": vs_ort["top1_agreement"], "max_abs_concurrent_vs_sequential": vs_sequential}
         if not vs_ort["passed"] or vs_sequential > TOLERANCES["fp32"].max_abs:
             raise Failed("served answers differ", details)
         return details
@@ -392,12 +392,12 @@ def main(argv=None) -> int:
         engine_missing = None if is_available(module) else f"{module} is not installed"
         for encoding, out in exported.items():
             checks.run(f"serve {flavour} {encoding} under concurrent load", serving_check(out, flavour),
-                       skip=engine_missing or NO_GPU or serve_missing)  # fmt: skip
+                       skip=engine_missing or NO_GPU or serve_missing)
     checks.run("sape2 Triton kernels against the float64 reference", kernel_check,
-               skip=NO_GPU or (None if is_available("triton") else "triton is not installed"))  # fmt: skip
+               skip=NO_GPU or (None if is_available("triton") else "triton is not installed"))
     counts = {status: sum(c["status"] == status for c in checks.items) for status in ("passed", "failed", "skipped")}
     report = {"device": environment_line(environment), "summary": counts, "checks": checks.items, "environment": environment,
-              "work_dir": str(work)}  # fmt: skip
+              "work_dir": str(work)}
     write_json_atomic(args.out, report)
     print(f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped; wrote {args.out}")
     return 1 if counts["failed"] else 0

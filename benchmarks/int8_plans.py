@@ -31,16 +31,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from deploykit.profile.environment import capture_environment
 from deploykit._io import write_json_atomic
-from deploykit.data import normalise
+from deploykit.data import normalise, random_inputs
 from deploykit.encodings import encoding_name, list_encodings
-from deploykit.data import random_inputs
 from deploykit.export import onnx_from_model
 from deploykit.export.bundle import planned_graph
 from deploykit.export.quantize import Calibration, CalibrationOptions, quantize_static_int8, run_graph
 from deploykit.nn import create_model
 from deploykit.profile import Budget, LatencyStats, measure
+from deploykit.profile.environment import capture_environment
 
 RESULTS = Path(__file__).parent / "results"
 PLANS = ("fp32", "int8", "int8-dynamic", "fp32-mha")
@@ -96,7 +95,7 @@ def _time_variants(variants: dict, model_name, encoding, resolution, batch, args
     stats = {n: LatencyStats.from_ns(v, batch) for n, v in samples.items()}
     return [dict(model=model_name, encoding=encoding, resolution=resolution, batch=batch, variant=n, **st.to_dict(),
                  ratio_vs_fp32=st.p50_ms / stats["fp32"].p50_ms, min_ratio_vs_fp32=st.min_ms / stats["fp32"].min_ms)
-            for n, st in stats.items()]  # fmt: skip
+            for n, st in stats.items()]
 
 
 def attention(args) -> None:
@@ -120,10 +119,10 @@ def attention(args) -> None:
                 predicted = run_graph(quantize_static_int8(fp32, calibration, attention=quantized), inputs).argmax(-1)
                 records.append(dict(model=name, encoding=encoding_name(model.cfg.encoding), resolution=r, attention_int8=quantized,
                                     accuracy=float(np.mean(predicted == labels)), fp32_accuracy=float(np.mean(reference == labels)),
-                                    agreement=float(np.mean(predicted == reference))))  # fmt: skip
+                                    agreement=float(np.mean(predicted == reference))))
                 print(records[-1], flush=True)
     write_json_atomic(args.output_dir / f"int8-attention{args.tag}.json",
-                      {"command": _command(), "environment": capture_environment(torch.device("cpu")), "records": records})  # fmt: skip
+                      {"command": _command(), "environment": capture_environment(torch.device("cpu")), "records": records})
 
 
 def main(argv=None) -> None:

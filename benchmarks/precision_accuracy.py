@@ -34,7 +34,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import deploykit
-from deploykit.backends import OnnxrtRunner, TorchRunner
+from deploykit.backends import TorchRunner
 from deploykit.data import random_inputs, real_inputs
 from deploykit.encodings import list_encodings
 from deploykit.export import onnx_from_model

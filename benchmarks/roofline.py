@@ -45,7 +45,7 @@ def _ort_matmul(a: np.ndarray, b: np.ndarray):
         [helper.make_tensor_value_info("a", TensorProto.FLOAT, list(a.shape))],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
         initializer=[numpy_helper.from_array(b, "b")],
-    )  # fmt: skip
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     session = ort.InferenceSession(model.SerializeToString(), session_options(), providers=["CPUExecutionProvider"])
     feed = {"a": np.ascontiguousarray(a)}
@@ -90,7 +90,7 @@ def gemm_roofline(cfg, resolution: tuple[int, int], batch: int, budget: Budget =
             for name in LIBRARIES:
                 seconds[name] += per_lib[name] * times
             shapes.append(dict(count=c, m=m, k=k, n=n, occurrences=times, best_gflop_per_s=2 * c * m * k * n / best / 1e9,
-                               best_library=min(per_lib, key=per_lib.get)))  # fmt: skip
+                               best_library=min(per_lib, key=per_lib.get)))
     return {
         "gflop_per_s": total_flops / seconds["best"] / 1e9,
         **{f"{name}_gflop_per_s": total_flops / seconds[name] / 1e9 for name in LIBRARIES},

@@ -67,10 +67,10 @@ def bench(resolution: int, batch: int, iters: int) -> dict:
     q, k, v = (torch.randn(batch, HEADS, tokens, HEAD_DIM, device="cuda", generator=g) for _ in range(3))
     tx, ty = (torch.randn(HEAD_DIM, npos, device="cuda", generator=g) for _ in range(2))
     scale, mode = HEAD_DIM**-0.5, MODES.index("k")
-    ref_bias = lambda: sape2_bias_reference(q, k, tx, ty, grid, scale, "k", PREFIX)  # noqa: E731
-    tri_bias = lambda: sape2_bias_triton(q, k, tx, ty, grid, scale, mode, PREFIX)  # noqa: E731
-    ref_attn = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=ref_bias() * scale)  # noqa: E731
-    fused = lambda: sape2_attention_triton(q, k, v, tx, ty, grid, scale, mode, PREFIX)  # noqa: E731
+    ref_bias = lambda: sape2_bias_reference(q, k, tx, ty, grid, scale, "k", PREFIX)
+    tri_bias = lambda: sape2_bias_triton(q, k, tx, ty, grid, scale, mode, PREFIX)
+    ref_attn = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=ref_bias() * scale)
+    fused = lambda: sape2_attention_triton(q, k, v, tx, ty, grid, scale, mode, PREFIX)
     with torch.no_grad():
         exact = sape2_bias_reference(*(t[:1].double() for t in (q, k)), tx.double(), ty.double(), grid, scale, "k", PREFIX)
         bias_err = (tri_bias()[:1].double() - exact).abs().max().item() / exact.abs().max().item()

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
-from deploykit.profile.environment import environment_line
 from deploykit._io import write_json_atomic
 from deploykit.export import export
 from deploykit.nn import create_model
+from deploykit.profile.environment import environment_line
 from deploykit.serve.bench import BenchOptions, bench_serving
 
 RESULTS = Path(__file__).parent / "results"

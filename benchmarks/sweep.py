@@ -26,14 +26,14 @@ from deploykit.profile import Budget, profile
 from deploykit.resolutions import parse_resolution, resolution_tag
 
 sys.path.insert(0, str(Path(__file__).parent))
-from make_readme import write_readme  # noqa: E402
-from roofline import gemm_roofline  # noqa: E402
+from make_readme import write_readme
+from roofline import gemm_roofline
 
 RESULTS = Path(__file__).parent / "results"
 FULL = dict(models=["vit_small_patch16", "vit_base_patch16"], resolutions=["224", "384", "512"], batches=[1, 8],
-            duration=2.0, rounds=2, warmup=3, min_iterations=5, end_to_end=True)  # fmt: skip
+            duration=2.0, rounds=2, warmup=3, min_iterations=5, end_to_end=True)
 QUICK = dict(models=["vit_small_patch16"], resolutions=["224", "384"], batches=[1, 8],
-             duration=0.5, rounds=1, warmup=1, min_iterations=3, end_to_end=False)  # fmt: skip
+             duration=0.5, rounds=1, warmup=1, min_iterations=3, end_to_end=False)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -93,7 +93,7 @@ def sweep_model(name: str, args, path: Path) -> dict:
     for done, resolution in enumerate(resolutions, 1):
         report = profile(models, resolutions=[resolution], batches=args.batches, backends=args.backends or default_backends(),
                          budget=budget, end_to_end=args.end_to_end, device=args.device, label=name,
-                         progress=lambda m: print(f"  {time.strftime('%H:%M:%S')} {name}: {m}", file=sys.stderr, flush=True))  # fmt: skip
+                         progress=lambda m: print(f"  {time.strftime('%H:%M:%S')} {name}: {m}", file=sys.stderr, flush=True))
         roofline = {}
         for batch in args.batches:
             key = f"{resolution_tag(resolution)}/b{batch}"
@@ -107,7 +107,7 @@ def sweep_model(name: str, args, path: Path) -> dict:
         if not data:
             data = part
             data.update(model=name, mode="quick" if args.quick else "full", note=args.note, roofline={},
-                        command="python benchmarks/sweep.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]))  # fmt: skip
+                        command="python benchmarks/sweep.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
         else:
             data["records"] += part["records"]
             data["settings"]["resolutions"] += part["settings"]["resolutions"]

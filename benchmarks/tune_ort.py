@@ -21,12 +21,12 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from deploykit.profile.environment import capture_environment, environment_line
 from deploykit._io import write_json_atomic
 from deploykit.backends.onnxrt import session_options
 from deploykit.export import BakedModel, onnx_from_model
 from deploykit.nn import create_model
 from deploykit.profile import Budget, LatencyStats, flush_denormal, measure
+from deploykit.profile.environment import capture_environment, environment_line
 
 RESULTS = Path(__file__).parent / "results"
 VARIANTS = {
@@ -57,7 +57,7 @@ def _fuse(model_bytes: bytes, cfg) -> bytes:
     from onnxruntime.transformers import optimizer
 
     fused = optimizer.optimize_model(onnx.load_from_string(model_bytes), model_type="vit", num_heads=cfg.num_heads,
-                                     hidden_size=cfg.embed_dim, opt_level=0)  # fmt: skip
+                                     hidden_size=cfg.embed_dim, opt_level=0)
     return fused.model.SerializeToString()
 
 
@@ -83,8 +83,8 @@ def main(argv=None) -> None:
         for batch in args.batches:
             x = np.random.default_rng(0).standard_normal((batch, 3, *res), dtype=np.float32)
             xt = torch.from_numpy(x)
-            calls = {name: (lambda s=s: s.run(None, {"images": x})) for name, s in sessions.items()}
-            calls["torch_eager"] = lambda: torch.inference_mode()(baked)(xt)
+            calls = {name: (lambda s=s, x=x: s.run(None, {"images": x})) for name, s in sessions.items()}
+            calls["torch_eager"] = lambda xt=xt: torch.inference_mode()(baked)(xt)
             samples = {name: [] for name in calls}
             for round_ in range(args.rounds):
                 for name, call in calls.items():
@@ -93,7 +93,7 @@ def main(argv=None) -> None:
             stats = {name: LatencyStats.from_ns(s, batch) for name, s in samples.items()}
             torch_p50, torch_min = stats["torch_eager"].p50_ms, stats["torch_eager"].min_ms
             results[f"b{batch}"] = {name: {**st.to_dict(), "vs_torch_p50": st.p50_ms / torch_p50, "vs_torch_min": st.min_ms / torch_min}
-                                    for name, st in stats.items()}  # fmt: skip
+                                    for name, st in stats.items()}
             for name, row in results[f"b{batch}"].items():
                 print(f"b{batch} {name:18s} p50 {row['p50_ms']:8.2f} ms  min {row['min_ms']:8.2f}  vs torch p50 {row['vs_torch_p50']:.3f} min {row['vs_torch_min']:.3f}")
     env["load_average_end"] = list(__import__("os").getloadavg())

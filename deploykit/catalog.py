@@ -10,4 +10,4 @@ ENCODINGS = ("ape", "geope", "gridpe", "mope", "rope-axial", "rope-mixed", "sape
 MODELS = (
     "char_gpt_dot", "char_gpt_ega", "seq_tiny_ega", "vit_base_patch16", "vit_base_patch4_32", "vit_small_patch16",
     "vit_small_patch16_4heads", "vit_small_patch4_32", "vit_tiny_patch16",
-)  # fmt: skip
+)

@@ -3,6 +3,9 @@
 Every ``DeployKitError`` (bad path, corrupt checkpoint, bad resolution, failed check) becomes a
 one-line message on stderr and exit code 1, with no traceback. Library imports happen inside
 the commands so ``deploykit --help`` starts fast.
+
+Over 400 lines on purpose: one short function per command, and most of the length is click's
+option declarations (names, types, help), which read best beside the command they belong to.
 """
 
 from __future__ import annotations
@@ -112,7 +115,7 @@ def _steps(console, title: str):
 _SET_OPTION = click.option(
     "--set", "options", multiple=True, metavar="KEY=VALUE",
     help="Repeatable encoding option, typed and checked against the encoding's config (e.g. antialias=false).",
-)  # fmt: skip
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -155,7 +158,7 @@ def cli(ctx, quiet, verbose):
               help="Also one graph for any resolution in MIN:OPT:MAX (e.g. 224:384:512; RoPE, GridPE, GeoPE).")
 @_SET_OPTION
 def export(encoding, model_name, checkpoint, resolutions, output, opset, precisions, calibration_samples, calibration_method,
-           min_agreement, held_out, int8_attention, resolution_range, options):  # fmt: skip
+           min_agreement, held_out, int8_attention, resolution_range, options):
     """Export a model to one ONNX graph per resolution, tables baked in, graph linted."""
     from deploykit.export import DEFAULT_OPSET
     from deploykit.export import export as export_model
@@ -167,11 +170,11 @@ def export(encoding, model_name, checkpoint, resolutions, output, opset, precisi
     model, source = resolve_model(checkpoint=checkpoint, encoding=encoding, model_name=model_name, options=options)
     resolutions = resolutions or ([] if resolution_range else [model.default_shape])
     calibration = CalibrationOptions(samples=calibration_samples, method=calibration_method, min_agreement=min_agreement or None,
-                                     held_out=held_out, attention=True if int8_attention else None)  # fmt: skip
+                                     held_out=held_out, attention=True if int8_attention else None)
     with _steps(console, "export") as step:
         manifest = export_model(model, resolutions, output, opset=DEFAULT_OPSET if opset is None else opset,
                                 precisions=precisions or ("fp32",), source=source, progress=step, resolution_range=resolution_range,
-                                calibration=calibration)  # fmt: skip
+                                calibration=calibration)
     for graph in manifest.graphs:
         where = resolution_tag(graph.resolution)
         if graph.resolution_range:
@@ -185,7 +188,7 @@ def _quantization_line(details: dict) -> str:
     """``int8: 15 matmuls int8, 4 float (logits 1, attention 8, ...); calibrated on ...; agreement ...``."""
     floats = details.get("float_nodes", {})
     line = (f"{details['quantized_nodes']} matmuls int8, {sum(map(len, floats.values()))} float "
-            f"({', '.join(f'{reason} {len(nodes)}' for reason, nodes in floats.items()) or 'none'})")  # fmt: skip
+            f"({', '.join(f'{reason} {len(nodes)}' for reason, nodes in floats.items()) or 'none'})")
     if "calibration_data" in details:
         line += f"; calibrated ({details['calibration']}) on {details['calibration_data']}"
     if details.get("agreement"):
@@ -217,7 +220,7 @@ def validate(export_dir, resolutions, backends, precision, num_random, num_real,
     with _steps(console, "validate") as step:
         result = run_validation(export_dir, resolutions=resolutions or None, backends=backends, precision=precision,
                                 num_random=num_random, num_real=num_real, seed=seed, progress=step,
-                                plugins=Plugins.resolve(plugin_specs))  # fmt: skip
+                                plugins=Plugins.resolve(plugin_specs))
     _print_report(console, result)
     if report:
         write_json_atomic(report, result.to_json())
@@ -260,7 +263,7 @@ def _print_report(console, report) -> None:
 @click.option("--rebuild", is_flag=True, help="Replace engines whose fingerprint no longer matches (otherwise refused).")
 @click.option("--verbose", "-v", is_flag=True, help="Show every TensorRT message (otherwise warnings are summarised once).")
 def build(export_dir, backend, dynamic, batch, max_batch, precisions, resolutions, workspace_mib, optimization_level, plugin_specs,
-          rebuild, verbose):  # fmt: skip
+          rebuild, verbose):
     """Build one TensorRT engine per exported graph, beside it, with a fingerprint."""
     from rich.live import Live
 
@@ -308,7 +311,7 @@ def build(export_dir, backend, dynamic, batch, max_batch, precisions, resolution
 @click.option("--no-cuda-graphs", is_flag=True, help="Engine backends: do not replay CUDA graphs (used where the engine allows).")
 def profile(export_dir, encoding, model_name, checkpoint, resolutions, resolution_lists, batches, backends, precisions, duration,
             iterations, warmup, rounds, device, no_ape_baseline, no_end_to_end, json_path, csv_path, plot_path, plugin_specs,
-            no_cuda_graphs):  # fmt: skip
+            no_cuda_graphs):
     """Latency per backend × encoding × resolution × batch, and the encoding's cost against APE."""
     from rich.console import Console
 
@@ -336,7 +339,7 @@ def profile(export_dir, encoding, model_name, checkpoint, resolutions, resolutio
                               precisions=precisions or ("fp32",),
                               compare_ape=not no_ape_baseline, end_to_end=not no_end_to_end, device=device, label=label,
                               progress=step, plugins=Plugins.resolve(plugin_specs),
-                              cuda_graphs=not no_cuda_graphs)  # fmt: skip
+                              cuda_graphs=not no_cuda_graphs)
     table, out = render_table(report, title=f"deploykit profile: {label}"), Console(highlight=False)
     if not out.is_terminal:  # piped: the table's own width (caption included), never squeezed or wrapped to 80 columns
         table.min_width, out.width = len(report.environment_line), 1 << 16  # measured without a width limit
@@ -345,7 +348,7 @@ def profile(export_dir, encoding, model_name, checkpoint, resolutions, resolutio
     for note in report.notes:
         console.print(f"note: {note}", soft_wrap=True, markup=False)
     writers = ((json_path, report.write_json), (csv_path, lambda path: write_csv(path, report.records)),
-               (plot_path, lambda path: plot_latency(path, report.records, title=label)))  # fmt: skip
+               (plot_path, lambda path: plot_latency(path, report.records, title=label)))
     for path, write in writers:
         if path:
             console.print(f"wrote {write(path)}")

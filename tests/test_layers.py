@@ -24,7 +24,7 @@ LAYERS = [
         ("deploykit.errors", "deploykit._io", "deploykit._lazy", "deploykit._nvml", "deploykit._terminal", "deploykit.comparison",
          "deploykit.imaging", "deploykit.resolutions", "deploykit.catalog", "deploykit.data", "deploykit.zoo", "deploykit.zoo.registry",
          "deploykit.zoo.dataset"),
-    ),  # fmt: skip
+    ),
     # GPU kernels and TensorRT plugins: imported by the encodings' own ops (SaPE²'s CUDA kernel),
     # importing nothing of deploykit but the lazy importer.
     ("kernels", ("deploykit.plugins",)),
@@ -38,7 +38,7 @@ LAYERS = [
         "tools",
         ("deploykit.validate", "deploykit.build", "deploykit.profile", "deploykit.inspection", "deploykit.zoo.train",
          "deploykit.zoo.cards"),
-    ),  # fmt: skip
+    ),
     ("serve", ("deploykit.serve",)),
     ("cli", ("deploykit.cli", "deploykit.__main__")),
 ]
@@ -74,7 +74,7 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
 
 def _layer(name: str) -> int:
     matches = [(len(prefix), i) for i, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes
-               if name == prefix or name.startswith(prefix + ".")]  # fmt: skip
+               if name == prefix or name.startswith(prefix + ".")]
     assert matches, f"{name} is in no layer: add it to LAYERS with the reason it sits there"
     return max(matches)[1]
 

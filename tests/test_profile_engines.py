@@ -36,7 +36,7 @@ def test_cli_profile_on_rtx_notes_what_it_cannot_time(export_dir, tmp_path, caps
 
     build(export_dir, "rtx", resolutions=[(32, 32)], optimization_level=0)
     code, stdout, stderr = run_cli(capsys, "profile", export_dir, "--backend", "ort,rtx", "--iterations", 1, "--warmup", 0,
-                                   "--no-end-to-end", "--json", tmp_path / "p.json")  # fmt: skip
+                                   "--no-end-to-end", "--json", tmp_path / "p.json")
     assert code == 0, stderr
     report = json.loads((tmp_path / "p.json").read_text())
     assert {(r["backend"], r["encoding"]) for r in report["records"]} == {("ort", "rope-axial"), ("ort", "ape")}
@@ -70,7 +70,7 @@ def test_engine_backend_gets_the_export_s_graph_and_records_cuda_graph_use(expor
     monkeypatch.setitem(registry.RUNNER_FACTORIES, "rtx", _StandInEngine)
     _StandInEngine.given = []
     result = profile(Subject.from_export_dir(export_dir), resolutions=[(32, 32)], backends=["ort", "rtx"], budget=TINY_BUDGET,
-                     end_to_end=False, device="cpu", cuda_graphs=cuda_graphs)  # fmt: skip
+                     end_to_end=False, device="cpu", cuda_graphs=cuda_graphs)
     assert _StandInEngine.given == [export_dir / "model_32.onnx"]  # a path in the export, never in-memory bytes
     by_key = {(r["backend"], r["encoding"]): r for r in result.records}
     assert set(by_key) == {("ort", "rope-axial"), ("ort", "ape"), ("rtx", "rope-axial")}
@@ -81,5 +81,5 @@ def test_engine_backend_gets_the_export_s_graph_and_records_cuda_graph_use(expor
 
 def test_torch_records_say_what_ran(export_dir):
     result = profile(Subject.from_export_dir(export_dir), resolutions=[(32, 32)], backends=["torch"], budget=TINY_BUDGET,
-                     end_to_end=False, device="cpu")  # fmt: skip
+                     end_to_end=False, device="cpu")
     assert {r["provider"] for r in result.records} == {f"torch {torch.__version__} cpu"} and result.notes == []

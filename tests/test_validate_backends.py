@@ -38,7 +38,7 @@ def _miscompile(model: bytes, block: int, factor: float = 3.0) -> bytes:
     """``model`` with the weight of ``blocks.<block>.mlp.fc2`` scaled: a planted divergence."""
     proto = onnx.load_from_string(model)
     node = next(n for n in proto.graph.node if n.op_type in ("MatMul", "Gemm")
-                and any(f"blocks.{block}.mlp.fc2" in p.value for p in n.metadata_props))  # fmt: skip
+                and any(f"blocks.{block}.mlp.fc2" in p.value for p in n.metadata_props))
     init = next(i for i in proto.graph.initializer if i.name in node.input)
     init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * factor, init.name))
     return proto.SerializeToString()
@@ -72,7 +72,7 @@ def test_an_engine_s_divergence_is_located_in_that_engine(export_dir, monkeypatc
     """A stand-in engine backend that miscompiles block 2 (ONNX Runtime underneath): the graph on
     disk is right, so bisecting it in ONNX Runtime would find nothing ("head"); bisecting the
     debug "engine" built from the marked graph finds block 2."""
-    compile_ = lambda model: OnnxrtRunner(_miscompile(model, block=2))  # noqa: E731
+    compile_ = lambda model: OnnxrtRunner(_miscompile(model, block=2))
     monkeypatch.setitem(registry.RUNNER_FACTORIES, "engine", lambda path: compile_(Path(path).read_bytes()))
     monkeypatch.setitem(registry.BISECT_FACTORIES, "engine", lambda path, marked: compile_(marked))
     report = validate(export_dir, backends=["ort", "engine"], precision=precision, num_random=2, num_real=2)

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from deploykit._io import write_json_atomic
 from deploykit._nvml import driver_version
-from deploykit.backends.plugins import Plugins, check_plugins
 from deploykit.backends._polygraphy import import_trt
+from deploykit.backends.plugins import Plugins, check_plugins
 from deploykit.backends.tensorrt import BuildOptions
 from deploykit.errors import StaleEngineError
 

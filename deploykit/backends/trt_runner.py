@@ -20,11 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from deploykit.backends._polygraphy import FLAVOUR_NAMES, TrtMessages, backend
+from deploykit.backends._polygraphy import FLAVOUR_NAMES, TrtMessages, backend, import_trt
 from deploykit.backends.base import Runner
 from deploykit.backends.cuda_graphs import CudaGraphExecutor, io_names
 from deploykit.backends.plugins import Plugins
-from deploykit.backends._polygraphy import import_trt
 from deploykit.errors import DeployKitError
 
 EngineSource = bytes | Callable[[], bytes]
@@ -66,7 +65,7 @@ class TrtRunner(Runner):
         executor = CudaGraphExecutor(engine, self.module, self.device) if self.cuda_graph else backend(self.module).TrtRunner(engine)
         executor.activate()
         self._state = dict(engine=engine, executor=executor, inputs=inputs, batch_range=(lo[0], hi[0]),
-                           profiled_shapes=tuple(dict.fromkeys((lo, opt, hi))))  # fmt: skip
+                           profiled_shapes=tuple(dict.fromkeys((lo, opt, hi))))
 
     def _deserialize(self, data: bytes) -> Any:
         """The engine, by Polygraphy's ``EngineFromBytes`` (its plugins are loaded already)."""
@@ -164,7 +163,7 @@ def debug_engine_runner(onnx_path: str | os.PathLike, marked: bytes, module: str
         (shapes,) = stored.shapes.values()  # [min, opt, max] of the one input
         samples = tuple(tuple(s[1:]) for s in shapes)
         options = BuildOptions(module=module, **stored.build, plugin_libraries=plugins.libraries,
-                               sample_shapes=samples if len(set(samples)) > 1 else None)  # fmt: skip
+                               sample_shapes=samples if len(set(samples)) > 1 else None)
         return EngineFromOnnx(marked, options)()
 
     return TrtRunner(build, module=module)

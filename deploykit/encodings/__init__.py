@@ -17,7 +17,7 @@ from deploykit.encodings._registry import (
 from deploykit.encodings.base import EncodingConfig, Hook, KeepsFloat, PETables, PositionalEncoding, QKChannelOrder, TrunkDims
 
 # Importing the modules registers them.
-from deploykit.encodings import ape, geope, gridpe, mope, rope, sape2, wepe  # noqa: E402,F401  isort: skip
+from deploykit.encodings import ape, geope, gridpe, mope, rope, sape2, wepe  # noqa: F401  isort: skip  (after base: they import it)
 
 __all__ = [
     "EncodingConfig",

@@ -92,7 +92,7 @@ class RopeConfig(EncodingConfig):
         self.check_choices(
             mode=_MODES, pairs=PAIRINGS, coords=COORDINATES, normalize_coords=NORMALIZATIONS, axis_order=AXIS_ORDERS,
             interpolation=INTERPOLATIONS,
-        )  # fmt: skip
+        )
         if not self.angle_scale > 0:
             raise ValueError(f"angle_scale must be positive, got {self.angle_scale!r}")
 

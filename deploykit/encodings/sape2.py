@@ -25,7 +25,6 @@ one ONNX node ``deploykit::SaPE2Bias`` whose model-local function body is plain 
 from __future__ import annotations
 
 import functools
-import math
 import warnings
 from dataclasses import dataclass
 
@@ -104,7 +103,7 @@ def _axis_signature(a: Tensor, b: Tensor, c: Tensor, table: Tensor, scale: float
     lo, hi = pos.floor(), pos.ceil()
     weight = pos - lo
     logits = c @ table  # [..., L, M]: c_i · E[:, p] for every integer p                 Eq. 13
-    at = lambda index: logits.gather(-1, index.long())  # noqa: E731
+    at = lambda index: logits.gather(-1, index.long())
     return at(hi) * weight + at(lo) * (1 - weight)  # Eq. 14
 
 

@@ -81,7 +81,7 @@ class ExportPlan:
 
     @classmethod
     def checked(cls, model: Model, resolutions, precisions, opset: int, resolution_range=None,
-                calibration: CalibrationOptions = CalibrationOptions()) -> ExportPlan:  # fmt: skip
+                calibration: CalibrationOptions = CalibrationOptions()) -> ExportPlan:
         """The plan, every part checked before any work (``ResolutionError``, ``ExportError`` or
         ``ConfigError`` in one line): shapes the model takes at a size a graph can hold, a
         valid range, known precision plans, a supported opset."""
@@ -159,7 +159,7 @@ def check_finite_weights(model: Model) -> None:
         ExportError: a floating-point tensor of the state dict is not finite.
     """
     bad = [(name, int(t.isnan().sum()), int(t.isinf().sum()))
-           for name, t in model.state_dict().items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]  # fmt: skip
+           for name, t in model.state_dict().items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
     if bad:
         named = ", ".join(f"{name} has {nan} NaN / {inf} Inf" for name, nan, inf in bad[:3])
         more = f" (+{len(bad) - 3} more tensors)" if len(bad) > 3 else ""

@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import TypeVar, Union
 
 import onnx
-
 from onnxscript import BFLOAT16, DOUBLE, FLOAT, FLOAT16, script
 from onnxscript import opset18 as op
 from onnxscript.values import Op, Opset
@@ -25,9 +24,10 @@ from deploykit.errors import ExportError
 DOMAIN = "deploykit"
 FUNCTION_OPSET = op.version  # the opset the function bodies below are written in (18)
 deploykit_opset = Opset(DOMAIN, 1)
-# The exporter reads the function's signature from these annotations.
-TFloat = TypeVar("TFloat", bound=Union[FLOAT16, BFLOAT16, FLOAT, DOUBLE])
-TTable = TypeVar("TTable", bound=Union[FLOAT16, BFLOAT16, FLOAT, DOUBLE])
+# The exporter reads the function's signature from these annotations (typing.Union bounds, as
+# onnxscript's own type constraints are written).
+TFloat = TypeVar("TFloat", bound=Union[FLOAT16, BFLOAT16, FLOAT, DOUBLE])  # noqa: UP007  as onnxscript spells them
+TTable = TypeVar("TTable", bound=Union[FLOAT16, BFLOAT16, FLOAT, DOUBLE])  # noqa: UP007  as onnxscript spells them
 
 
 @script(deploykit_opset, default_opset=op)

@@ -141,7 +141,7 @@ class Manifest:
 def _graph_entry(data: dict) -> GraphEntry:
     span = data.get("resolution_range")
     return GraphEntry(**{**data, "resolution": tuple(data["resolution"]),
-                         "resolution_range": tuple(tuple(r) for r in span) if span else None})  # fmt: skip
+                         "resolution_range": tuple(tuple(r) for r in span) if span else None})
 
 
 def range_tag(resolution_range) -> str:
@@ -216,7 +216,7 @@ def checked_graph(export_dir: str | os.PathLike, entry: GraphEntry) -> Path:
         raise DeployKitError(f"{path} is not a readable ONNX graph ({err}); re-run deploykit export") from err
     actual, recorded = GraphEntry.describing(proto, entry.file, entry.sha256), _graph_entry(asdict(entry))
     fields = [f"{name} {getattr(recorded, name)} in the manifest, {getattr(actual, name)} in the graph"
-              for name in ("resolution", "resolution_range", "precision", "opset") if getattr(recorded, name) != getattr(actual, name)]  # fmt: skip
+              for name in ("resolution", "resolution_range", "precision", "opset") if getattr(recorded, name) != getattr(actual, name)]
     if fields:
         raise DeployKitError(f"{MANIFEST_FILE} disagrees with {path}: {'; '.join(fields)}; re-run deploykit export")
     return path

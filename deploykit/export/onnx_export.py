@@ -112,7 +112,7 @@ class BakedModel(nn.Module):
         self._layout = _register_tables(self.pe_tables, tables)
 
     def baked_tables(self) -> PETables:
-        get = lambda name: getattr(self.pe_tables, name)  # noqa: E731
+        get = lambda name: getattr(self.pe_tables, name)
         return PETables(
             model={k: get(n) for k, n in self._layout.model.items()},
             layers=[{k: get(n) for k, n in layer.items()} for layer in self._layout.layers],

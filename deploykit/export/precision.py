@@ -89,7 +89,7 @@ PLANS: dict[str, PrecisionPlan] = {
                       ort_only="fp32-mha uses ONNX Runtime's com.microsoft.MultiHeadAttention, which TensorRT does not parse; "
                       "TensorRT fuses attention itself from the fp32 graph"),
     )
-}  # fmt: skip
+}
 # Plan name -> the ONNX type its matmuls run in (None: not a cast plan).
 PRECISIONS: dict[str, int | None] = {name: plan.low for name, plan in PLANS.items()}
 # Where the time goes: these run in the plan's type.

@@ -26,6 +26,10 @@ and writes standard QDQ. TensorRT Model Optimizer's ONNX PTQ writes the same for
 ``nvidia-modelopt[onnx]`` 0.47.0 requires ``onnxruntime-gpu~=1.24.2``, ``onnx~=1.21.0`` and
 ``cupy-cuda12x`` on Linux x86-64 (its wheel metadata, read 2026-11-24), against the CPU
 onnxruntime 1.32 and onnx 1.23 this project runs on.
+
+Over 400 lines: selection, calibration, the agreement check that moves nodes back to float, and
+the recorded plan are the steps of one plan and share its node names; apart, each would need
+the others' internals.
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ CALIBRATION_METHODS = {"minmax": "MinMax", "percentile": "Percentile", "entropy"
 ATTENTION_INT8: dict[str, bool] = {
     "ape": False, "rope-axial": False, "rope-mixed": False, "gridpe": False, "geope": False,
     "wepe": False, "mope": False, "sape2": False, "sape2+ape": False,
-}  # fmt: skip
+}
 # Ops between the head's product and the logits output that only move values around.
 _SHAPE_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Transpose"})
 _CALIBRATION_BATCH = 8
@@ -248,7 +252,7 @@ def quantize_static_int8(
     """
     selection = select_nodes(proto, attention)
     details = {"plan": "int8", "calibration": calibration.method, "samples": len(calibration.inputs),
-               "calibration_data": calibration.source, "attention_int8": attention}  # fmt: skip
+               "calibration_data": calibration.source, "attention_int8": attention}
     # The quantizer logs "consider pre-processing" advice on the root logger.
     with tempfile.TemporaryDirectory(prefix="deploykit-int8-") as tmp, quiet_logger(""):
         quantizer = _StaticQuantizer(proto, calibration, Path(tmp))
@@ -290,7 +294,7 @@ class _StaticQuantizer:
                     per_channel=True, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
                     calibrate_method=getattr(CalibrationMethod, CALIBRATION_METHODS[self.calibration.method]),
                     extra_options=extra, calibration_cache_path=str(self.cache),
-                )  # fmt: skip
+                )
         # The quantizer asserts on a NaN range (quant_utils.compute_scale_zp) rather than raising.
         except (ValueError, RuntimeError, AssertionError, onnx.checker.ValidationError) as err:
             self._refuse_bad_ranges()
@@ -309,7 +313,7 @@ class _StaticQuantizer:
         nodes = [n.name for n in self.proto.graph.node if n.name in self.candidates and bad.intersection(n.input)]
         if bad:
             raise ExportError(f"INT8 calibration gave NaN/Inf ranges at {_listed(nodes or sorted(bad))}; "
-                              "check the calibration data for NaN/Inf")  # fmt: skip
+                              "check the calibration data for NaN/Inf")
 
 
 def _fall_back(quantizer, selection: NodeSelection, out, target: AgreementTarget, progress) -> tuple[onnx.ModelProto, dict]:
@@ -347,7 +351,7 @@ def _fall_back(quantizer, selection: NodeSelection, out, target: AgreementTarget
 def check_plan(
     fp32: onnx.ModelProto, planned: onnx.ModelProto, inputs: np.ndarray, tolerance: Tolerance, label: str, top_k: bool = True,
     reference: np.ndarray | None = None,
-) -> dict:  # fmt: skip
+) -> dict:
     """Judge a quantized graph against its fp32 graph on held-out real inputs (``top_k``: the
     outputs are logits; a headless backbone's features are judged by cosine only; ``reference``:
     the fp32 graph's outputs on them, when already computed).
@@ -365,7 +369,7 @@ def check_plan(
     if not metrics["passed"]:
         block = _first_divergent_block(fp32, planned, inputs[:16], tolerance)
         nodes = [n.name for n in planned.graph.node if block and n.op_type in QUANTIZED_OP_TYPES and _quantized_input(planned, n)
-                 and any(s == block or s.startswith(block + ".") for s in _scopes(n))]  # fmt: skip
+                 and any(s == block or s.startswith(block + ".") for s in _scopes(n))]
         where = f"; first divergent block {block} (quantized there: {', '.join(nodes) or 'none'})" if block else ""
         raise ExportError(f"{label} fails its tolerance on {len(inputs)} held-out inputs ({'; '.join(metrics['failures'])}){where}")
     return metrics
@@ -438,7 +442,7 @@ def quantize_dynamic_int8(proto: onnx.ModelProto) -> onnx.ModelProto:
         try:
             quantize_dynamic(str(source), str(target), op_types_to_quantize=["MatMul"], per_channel=True,
                              weight_type=QuantType.QInt8, nodes_to_quantize=selection.quantize or None,
-                             nodes_to_exclude=list(selection.keep_float), extra_options={"MatMulConstBOnly": True})  # fmt: skip
+                             nodes_to_exclude=list(selection.keep_float), extra_options={"MatMulConstBOnly": True})
         except (ValueError, RuntimeError, onnx.checker.ValidationError) as err:
             raise ExportError(f"dynamic INT8 quantization failed: {str(err).splitlines()[0]}") from err
         out = onnx.load_model(str(target))
@@ -478,7 +482,7 @@ def check_scales(proto: onnx.ModelProto) -> None:
                 bad.append(node.name or node.output[0])
     if bad:
         raise ExportError(f"INT8 calibration gave NaN/Inf or zero scales at {_listed(bad)}; "
-                          "check the calibration data for NaN/Inf or constant inputs")  # fmt: skip
+                          "check the calibration data for NaN/Inf or constant inputs")
 
 
 def _listed(names: list[str], shown: int = 5) -> str:

@@ -1,10 +1,10 @@
 """The ViT trunk (timm-compatible names) with three positional-encoding hooks, and the causal
 sequence model that carries 1-D MoPE + EGA."""
 
+from deploykit.nn.checkpoint import load_checkpoint, load_model, save_model
 from deploykit.nn.factory import create_model, list_models
 from deploykit.nn.sequence import SEQUENCE_CONFIGS, SequenceConfig, SequenceTransformer
-from deploykit.nn.vit import MODEL_CONFIGS, ViTConfig, VisionTransformer
-from deploykit.nn.checkpoint import load_checkpoint, load_model, save_model
+from deploykit.nn.vit import MODEL_CONFIGS, VisionTransformer, ViTConfig
 
 __all__ = [
     "MODEL_CONFIGS",

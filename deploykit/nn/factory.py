@@ -10,8 +10,10 @@ from typing import Any
 
 from deploykit.encodings import EncodingConfig
 from deploykit.errors import ConfigError
-from deploykit.nn.sequence import ARCHITECTURE as SEQUENCE, SEQUENCE_CONFIGS, SequenceConfig, SequenceTransformer, create_sequence_model
-from deploykit.nn.vit import MODEL_CONFIGS, ViTConfig, VisionTransformer, create_model as create_vit
+from deploykit.nn.sequence import ARCHITECTURE as SEQUENCE
+from deploykit.nn.sequence import SEQUENCE_CONFIGS, SequenceConfig, SequenceTransformer, create_sequence_model
+from deploykit.nn.vit import MODEL_CONFIGS, VisionTransformer, ViTConfig
+from deploykit.nn.vit import create_model as create_vit
 
 Model = VisionTransformer | SequenceTransformer
 ModelConfig = ViTConfig | SequenceConfig

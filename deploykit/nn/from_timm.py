@@ -45,7 +45,7 @@ from deploykit.encodings import EncodingConfig, encoding_name, get_config
 from deploykit.errors import CheckpointError, ConfigError
 from deploykit.nn.checkpoint import load_checkpoint, load_weights
 from deploykit.nn.resolve import with_encoding_options
-from deploykit.nn.vit import ViTConfig, VisionTransformer
+from deploykit.nn.vit import VisionTransformer, ViTConfig
 
 
 def import_timm(
@@ -283,17 +283,17 @@ def _eva_encoding(model: nn.Module, refuse: _Refusals) -> EncodingConfig | None:
         return get_config("rope-mixed", theta=float(rope.temperature), axis_order=_axis_order(rope.grid_indexing), **extra)
     if isinstance(rope, layers.RotaryEmbeddingCat):
         refuse.check(rope.grid_type == "index" and rope.ref_feat_shape is None and rope.grid_offset == 0,
-                     f"RoPE grid {rope.grid_type!r} (offset {rope.grid_offset}, ref_feat_shape {rope.ref_feat_shape})")  # fmt: skip
+                     f"RoPE grid {rope.grid_type!r} (offset {rope.grid_offset}, ref_feat_shape {rope.ref_feat_shape})")
         refuse.check(not rope.in_pixels, "pixel-frequency RoPE bands (in_pixels)")
         return get_config("rope-axial", theta=float(rope.temperature), axis_order=_axis_order(rope.grid_indexing),
-                          pairs="halves" if rope.rotate_half else "interleaved", **extra)  # fmt: skip
+                          pairs="halves" if rope.rotate_half else "interleaved", **extra)
     if isinstance(rope, layers.RotaryEmbeddingDinoV3):
         refuse.check(rope.min_period is None and rope.max_period is None, "DINOv3 RoPE with min/max periods")
         refuse.check(rope.grid_offset == 0, f"RoPE grid offset {rope.grid_offset}")
         # angle = 2π c / period, period_j = θ^(4j/d): deploykit's θ^(-4j/d) frequencies in turns.
         return get_config("rope-axial", theta=float(rope.temperature), coords="centered", normalize_coords=rope.normalize_coords,
                           axis_order=_axis_order(rope.grid_indexing), angle_scale=2 * math.pi,
-                          pairs="halves" if rope.rotate_half else "interleaved", **extra)  # fmt: skip
+                          pairs="halves" if rope.rotate_half else "interleaved", **extra)
     refuse.check(False, f"RoPE {type(rope).__name__}")
     return None
 

@@ -29,6 +29,9 @@ from torch import Tensor, nn
 from deploykit.encodings import EncodingConfig, PETables, config_from_dict, config_to_dict, get_config
 from deploykit.encodings.ape import ApeConfig
 from deploykit.encodings.mope import (
+    PAPER_MODEL as MOPE_PAPER_MODEL,
+)
+from deploykit.encodings.mope import (
     EnergyGate,
     MoPE1d,
     MoPEConfig,
@@ -36,7 +39,6 @@ from deploykit.encodings.mope import (
     ega_attention,
     ega_log_gate,
     ega_weights_train,
-    PAPER_MODEL as MOPE_PAPER_MODEL,
 )
 from deploykit.errors import ConfigError, ResolutionError
 from deploykit.nn.vit import Mlp, check_fields, check_trunk_sizes

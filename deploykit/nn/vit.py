@@ -8,6 +8,9 @@ APE's ``pos_embed``) are renamed on save/load so they keep timm's names.
 
 The model computes its encoding's tables once per forward (``forward``) or takes them from the
 caller (``forward_with_tables``), which is how export bakes them as constants.
+
+Over 400 lines, as timm's ``vision_transformer.py``: the config and the modules whose names
+make up the state dict (patch embedding, attention, block, trunk) read together.
 """
 
 from __future__ import annotations
@@ -29,9 +32,10 @@ from deploykit.encodings import (
     config_from_dict,
     config_to_dict,
     create_encoding,
+    geope,
     get_config,
+    gridpe,
 )
-from deploykit.encodings import geope, gridpe
 from deploykit.errors import ConfigError, ResolutionError
 
 

@@ -31,7 +31,7 @@ def gemm_shapes(cfg, resolution: tuple[int, int], batch: int) -> list[tuple[int,
 def _sequence_gemm_shapes(cfg: SequenceConfig, length: int, batch: int) -> list[tuple[int, int, int, int]]:
     d, heads, hidden, rows = cfg.embed_dim, cfg.num_heads, int(cfg.embed_dim * cfg.mlp_ratio), batch * length
     block = [(1, rows, d, 3 * d), (batch * heads, length, d // heads, length), (batch * heads, length, length, d // heads),
-             (1, rows, d, d), (1, rows, d, hidden), (1, rows, hidden, d)]  # fmt: skip
+             (1, rows, d, d), (1, rows, d, hidden), (1, rows, hidden, d)]
     if cfg.attention == "ega":
         block.append((1, rows, d, heads))  # energy r = x w_E + b_E, one scalar per head
     return [*block * cfg.depth, (1, rows, d, cfg.vocab_size)]

@@ -43,12 +43,12 @@ def plot_latency(path: str | os.PathLike, records: Sequence[dict], title: str = 
     axes = figure.subplots(1, len(batches), squeeze=False)[0]
     for ax, batch in zip(axes, batches):
         rows = [r for r in records if r["batch"] == batch]
-        lane = lambda r: (r["backend"], r.get("precision", "fp32"), r["encoding"])  # noqa: E731  (older records: fp32)
+        lane = lambda r: (r["backend"], r.get("precision", "fp32"), r["encoding"])  # (older records: fp32)
         for backend, precision, encoding in dict.fromkeys(map(lane, rows)):
             line = sorted((_pixels(r["resolution"]), r["p50_ms"], r["p90_ms"]) for r in rows if lane(r) == (backend, precision, encoding))
             xs, p50, p90 = zip(*line)
             ax.errorbar(xs, p50, yerr=[[0] * len(p50), [b - a for a, b in zip(p50, p90)]], marker="o", capsize=3,
-                        linestyle="-" if backend == "torch" else "--", label=f"{backend} {precision} · {encoding}")  # fmt: skip
+                        linestyle="-" if backend == "torch" else "--", label=f"{backend} {precision} · {encoding}")
         ax.set(xlabel="resolution (px, square side)", ylabel="latency p50 (ms), whisker to p90", title=f"{title} batch {batch}".strip())
         ax.set_yscale("log")
         ax.grid(True, which="both", alpha=0.3)
@@ -70,9 +70,9 @@ def render_table(report: ProfileReport, title: str = "latency"):
     for name in ("backend", "precision", "encoding", "res (px)", "batch"):
         table.add_column(name)
     for name in ("p50 (ms)", "p90 (ms)", "p99 (ms)", "mean ± std (ms)", "n (calls)", "img/s", "e2e p50 (ms)", "e2e img/s", "×APE", "×fp32",
-                 "PE share", "GFLOP/s"):  # fmt: skip
+                 "PE share", "GFLOP/s"):
         table.add_column(name, justify="right")
-    ratio = lambda value: "–" if value is None else f"{value:.3f}"  # noqa: E731
+    ratio = lambda value: "–" if value is None else f"{value:.3f}"
     for r in report.records:
         table.add_row(
             r["backend"], r["precision"], r["encoding"], r["resolution"], str(r["batch"]),
@@ -80,5 +80,5 @@ def render_table(report: ProfileReport, title: str = "latency"):
             f"{r['throughput_per_s']:.1f}", _ms(r.get("e2e_p50_ms")),
             "–" if r.get("e2e_throughput_per_s") is None else f"{r['e2e_throughput_per_s']:.1f}",
             ratio(r.get("ratio_vs_ape")), ratio(r.get("ratio_vs_fp32")), "–" if r.get("pe_share") is None else f"{r['pe_share']:.1%}", f"{r['achieved_gflop_per_s']:.1f}",
-        )  # fmt: skip
+        )
     return table

@@ -16,7 +16,7 @@ from deploykit.profile.timing import LatencyStats
 RECORD_FIELDS = (
     "backend", "precision", "encoding", "resolution", "batch",
     "p50_ms", "p90_ms", "p95_ms", "p99_ms", "mean_ms", "std_ms", "min_ms", "max_ms", "n", "throughput_per_s",
-)  # fmt: skip
+)
 TORCH_BACKEND = "torch"
 BASELINE_ENCODING = "ape"
 FP32 = "fp32"  # PyTorch eager runs this plan only; other plans are ratios to it
@@ -73,7 +73,7 @@ class ProfileReport:
 
     def to_json(self) -> dict:
         return {"environment_line": self.environment_line, "environment": self.environment, "settings": self.settings,
-                "records": self.records, "notes": self.notes}  # fmt: skip
+                "records": self.records, "notes": self.notes}
 
     def write_json(self, path: str | os.PathLike) -> Path:
         return write_json_atomic(path, self.to_json())

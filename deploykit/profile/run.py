@@ -113,7 +113,7 @@ def profile(
     torch_device = _resolve_device(device)
     settings = dict(model=label, resolutions=[resolution_tag(r) for r in resolutions], batches=list(batches),
                     backends=list(backends), precisions=list(precisions), encodings=[s.encoding for s in subjects], device=str(torch_device),
-                    budget=dataclasses.asdict(budget), end_to_end=end_to_end, flush_denormal=True)  # fmt: skip
+                    budget=dataclasses.asdict(budget), end_to_end=end_to_end, flush_denormal=True)
     records: list[dict] = []
     notes: list[str] = []
     engine = dict(plugins=plugins, cuda_graph=cuda_graphs)
@@ -121,7 +121,7 @@ def profile(
         environment = capture_environment(torch_device)
         for resolution in resolutions:
             records += _profile_resolution(subjects, resolution, batches, backends, precisions, budget, end_to_end, torch_device,
-                                           progress, engine, notes)  # fmt: skip
+                                           progress, engine, notes)
     if not records:
         raise DeployKitError(f"nothing was profiled: {'; '.join(notes)}")
     environment["load_average_end"] = list(os.getloadavg())
@@ -143,7 +143,7 @@ def _open_targets(backend, lanes, resolution, device, engine, progress, notes) -
 
 
 def _profile_resolution(subjects, resolution, batches, backends, precisions, budget, end_to_end, device, progress, engine,
-                        notes) -> list[dict]:  # fmt: skip
+                        notes) -> list[dict]:
     tag = resolution_tag(resolution)
     cfg = subjects[0].model.cfg
     # The positional step alone, in PyTorch eager: its share is reported on the torch records only.

@@ -178,7 +178,7 @@ def open_target(backend: str, subject: Subject, resolution: tuple[int, int], pre
     where = f"{subject.encoding}{plan} on {backend} @ {resolution_tag(resolution)}"
     if (resolution, precision) not in subject.graphs:
         why = "the APE baseline is exported in memory, so no engine was built for it" if subject.baseline else \
-            "no exported graph at this resolution, so no engine"  # fmt: skip
+            "no exported graph at this resolution, so no engine"
         raise Unavailable(f"{where}: not profiled: {why}")
     try:
         return RunnerTarget(create_runner(backend, subject.graphs[resolution, precision], **engine))
@@ -232,7 +232,7 @@ def pe_step(model: VisionTransformer, resolution, batch: int, device: torch.devi
     head_dim = cfg.embed_dim // cfg.num_heads
     x = torch.randn(batch, tokens, cfg.embed_dim, generator=gen).to(device)
     q, k = (torch.randn(batch, cfg.num_heads, tokens, head_dim, generator=gen).to(device) for _ in range(2))
-    layer = lambda i: tables.layers[i] if tables.layers else {}  # noqa: E731
+    layer = lambda i: tables.layers[i] if tables.layers else {}
     # An encoding may use several hooks (SaPE²+APE: a table add and a logits bias per block).
     steps = []
     if pos_enc.uses(Hook.TOKENS):
@@ -241,7 +241,7 @@ def pe_step(model: VisionTransformer, resolution, batch: int, device: torch.devi
         steps.append(lambda: [pos_enc.apply_qk(q, k, layer(i)) for i in range(cfg.depth)])
     if pos_enc.uses(Hook.LOGITS):
         steps.append(lambda: [pos_enc.logits_bias(q, k, layer(i), grid) for i in range(cfg.depth)])
-    step = lambda: [s() for s in steps]  # noqa: E731
+    step = lambda: [s() for s in steps]
 
     def run():
         with torch.inference_mode():

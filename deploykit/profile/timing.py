@@ -52,7 +52,7 @@ class LatencyStats:
             mean_ms=float(ms.mean()), std_ms=float(ms.std(ddof=1)) if ms.size > 1 else 0.0,
             min_ms=float(ms.min()), max_ms=float(ms.max()), n=int(ms.size),
             throughput_per_s=float(batch * ms.size / (ms.sum() / 1e3)),
-        )  # fmt: skip
+        )
 
     def to_dict(self, prefix: str = "") -> dict[str, float | int]:
         return {prefix + k: v for k, v in dataclasses.asdict(self).items()}
@@ -83,7 +83,7 @@ class Budget:
             ("min_iterations", self.min_iterations, self.min_iterations >= 1, "at least 1"),
             ("--rounds", self.rounds, self.rounds >= 1, "at least 1"),
             ("--iterations", self.iterations or 0, self.iterations is None or self.iterations >= 1, "at least 1"),
-        ) if not ok]  # fmt: skip
+        ) if not ok]
         if problems:
             raise ConfigError("; ".join(problems))
 
@@ -91,7 +91,7 @@ class Budget:
         iterations = None if self.iterations is None else max(1, math.ceil(self.iterations / self.rounds))
         min_iterations = max(1, math.ceil(self.min_iterations / self.rounds))
         return dataclasses.replace(self, duration_s=self.duration_s / self.rounds, iterations=iterations,
-                                   min_iterations=min_iterations, rounds=1)  # fmt: skip
+                                   min_iterations=min_iterations, rounds=1)
 
 class CpuTimer:
     """Wall-clock time of a synchronous call."""

@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
@@ -46,7 +46,7 @@ from deploykit.serve.classifier import INPUT_NAME, ImageLimits, read_image_confi
 
 AUTO_PREFERENCE = ("trt", "rtx", "ort")
 
-ImageLike = Union[np.ndarray, bytes, str, os.PathLike, Any]  # Any: a PIL image (PIL is optional)
+ImageLike = np.ndarray | bytes | str | os.PathLike | Any  # Any: a PIL image (PIL is optional)
 RunnerFactory = Callable[[Path], Runner]
 
 

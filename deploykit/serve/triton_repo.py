@@ -99,7 +99,7 @@ def _tensor(cls, name: str, dtype: str, shape):
 
 def _batching(opts: RepositoryOptions):
     return _pb().ModelDynamicBatching(preferred_batch_size=list(opts.preferred_batch_sizes),
-                                      max_queue_delay_microseconds=opts.max_queue_delay_us)  # fmt: skip
+                                      max_queue_delay_microseconds=opts.max_queue_delay_us)
 
 
 def _warmup(input_name: str, dtype: str, shape, batch_sizes) -> list:
@@ -119,7 +119,7 @@ def vit_config(name: str, platform: str, shape, num_classes: int, kind: str, opt
                                               count=opts.gpu_instances if kind == "gpu" else 1)],
         dynamic_batching=_batching(opts),
         model_warmup=_warmup(INPUT_NAME, "TYPE_FP32", shape, [1, max(opts.preferred_batch_sizes)]),
-    )  # fmt: skip
+    )
     if platform == "tensorrt_plan":
         # CUDA graphs replay one captured launch sequence per batch size: the kernel-launch
         # overhead of a small ViT's many short kernels is paid once at load instead of per call.
@@ -133,14 +133,14 @@ def preprocess_config(name: str, resolution: tuple[int, int], config, opts: Repo
     """``config.pbtxt`` of the Python preprocessing model (settings passed as parameters)."""
     pb = _pb()
     params = dict(height=resolution[0], width=resolution[1], mean=json.dumps(list(config.mean)), std=json.dumps(list(config.std)),
-                  crop_pct=opts.crop_pct, max_pixels=opts.limits.max_pixels, max_bytes=opts.limits.max_bytes)  # fmt: skip
+                  crop_pct=opts.crop_pct, max_pixels=opts.limits.max_pixels, max_bytes=opts.limits.max_bytes)
     return _text(pb.ModelConfig(
         name=name, backend="python", max_batch_size=opts.max_batch_size,
         input=[_tensor(pb.ModelInput, "image", "TYPE_STRING", [1])],
         output=[_tensor(pb.ModelOutput, INPUT_NAME, "TYPE_FP32", (config.in_chans, *resolution))],
         instance_group=[pb.ModelInstanceGroup(kind=pb.ModelInstanceGroup.KIND_CPU, count=opts.preprocess_instances)],
         parameters={k: pb.ModelParameter(string_value=str(v)) for k, v in params.items()},
-    ))  # fmt: skip
+    ))
 
 
 def ensemble_config(name: str, preprocess: str, model: str, num_classes: int, opts: RepositoryOptions) -> str:
@@ -155,7 +155,7 @@ def ensemble_config(name: str, preprocess: str, model: str, num_classes: int, op
             step(model_name=preprocess, model_version=-1, input_map={"image": "image"}, output_map={INPUT_NAME: "preprocessed"}),
             step(model_name=model, model_version=-1, input_map={INPUT_NAME: "preprocessed"}, output_map={OUTPUT_NAME: OUTPUT_NAME}),
         ]),
-    ))  # fmt: skip
+    ))
 
 
 def _find_engines(graph: Path) -> tuple[Path | None, tuple[int, int] | None, Path | None]:
@@ -229,7 +229,7 @@ def _write_resolution(repo: Path, export_dir: Path, entry, config, opts: Reposit
         _log.warning("%s is a TensorRT-RTX engine; Triton's tensorrt_plan needs a TensorRT engine, so %s/1/model.plan is "
                      "left to build (see the repository's README)", rtx_engine.name, names["trt"])
     return {"tag": tag, "res": res, "onnx": entry.file, "trt": names["trt"], "engine": engine.name if engine else None,
-            "rtx_engine": rtx_engine.name if rtx_engine and not engine else None}  # fmt: skip
+            "rtx_engine": rtx_engine.name if rtx_engine and not engine else None}
 
 
 def package_triton(export_dir: str | os.PathLike, output: str | os.PathLike, options: RepositoryOptions = RepositoryOptions()) -> Path:
@@ -300,7 +300,7 @@ def _readme(manifest: Manifest, notes: list[dict], opts: RepositoryOptions) -> s
             if n["rtx_engine"]:
                 lines.append(f"- `{n['rtx_engine']}` (TensorRT-RTX) was not copied: Triton's `tensorrt_plan` platform loads "
                              "TensorRT engines only. Build a TensorRT engine (`deploykit build <export> --backend trt`, "
-                             "then package again) or:")  # fmt: skip
+                             "then package again) or:")
             lines.append(
                 f"- `{n['trt']}/1/model.plan`: `trtexec --onnx=vit_{n['tag']}_onnx/1/model.onnx --saveEngine={n['trt']}/1/model.plan "
                 f"--minShapes=images:1x3x{h}x{w} --optShapes=images:{max(opts.preferred_batch_sizes)}x3x{h}x{w} "

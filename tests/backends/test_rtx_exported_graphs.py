@@ -10,15 +10,15 @@ import pytest
 
 pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed (pip install 'deploykit[rtx]')")
 
-import torch  # noqa: E402
+import torch
 
-from deploykit.backends.engine_cache import Device, EngineFromPath, engine_paths  # noqa: E402
-from deploykit.build import build  # noqa: E402
-from deploykit.encodings import list_encodings  # noqa: E402
-from deploykit.errors import DeployKitError, StaleEngineError  # noqa: E402
-from deploykit.export import export  # noqa: E402
-from deploykit.export.quantize import CalibrationOptions  # noqa: E402
-from deploykit.nn import create_model  # noqa: E402
+from deploykit.backends.engine_cache import Device, EngineFromPath, engine_paths
+from deploykit.build import build
+from deploykit.encodings import list_encodings
+from deploykit.errors import DeployKitError, StaleEngineError
+from deploykit.export import export
+from deploykit.export.quantize import CalibrationOptions
+from deploykit.nn import create_model
 
 # torch.onnx's dynamo exporter trips a deprecation inside torch.utils._pytree; not ours to fix.
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
@@ -37,7 +37,7 @@ def exported_and_built(tmp_path_factory):
             model = create_model("vit_tiny_patch16", encoding=encoding, depth=1, img_size=64, num_classes=10)
             out = tmp_path_factory.mktemp(f"rtx-{encoding}")
             export(model, [RES], out, precisions=["fp32", "fp16", "int8", "int8-dynamic"],
-                   calibration=CalibrationOptions(samples=8, held_out=16, min_agreement=None))  # fmt: skip
+                   calibration=CalibrationOptions(samples=8, held_out=16, min_agreement=None))
             done[encoding] = out, build(out, "rtx", **FAST)
         return done[encoding]
 

@@ -8,15 +8,15 @@ import pytest
 
 pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed")
 
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
+import torch
+from torch import nn
 
-import deploykit.backends.tensorrt as trt_backend  # noqa: E402
-from deploykit.backends import _polygraphy  # noqa: E402
-from deploykit._lazy import is_available  # noqa: E402
-from deploykit.backends._polygraphy import TRT_MODULES, import_trt  # noqa: E402
-from deploykit.backends.tensorrt import BuildOptions, EngineFromOnnx, save_engine  # noqa: E402
-from deploykit.errors import ExportError, MissingDependencyError  # noqa: E402
+import deploykit.backends.tensorrt as trt_backend
+from deploykit._lazy import is_available
+from deploykit.backends import _polygraphy
+from deploykit.backends._polygraphy import TRT_MODULES, import_trt
+from deploykit.backends.tensorrt import BuildOptions, EngineFromOnnx, save_engine
+from deploykit.errors import ExportError, MissingDependencyError
 
 # torch.onnx's dynamo exporter trips a deprecation inside torch.utils._pytree; not ours to fix.
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")

@@ -17,11 +17,11 @@ from deploykit.encodings.geope import (  # importing registers "geope"
     GeoPE,
     GeoPEConfig,
     apply_geope,
+    apply_geope_blocked,
     build_geope_table,
     geope_frequencies,
     geope_quaternion,
     geope_rotation,
-    apply_geope_blocked,
     partner_indices,
     split_blocked_tables,
     triplet_dims,
@@ -146,14 +146,14 @@ def test_averaging_principal_logs_is_wrong_past_pi():
         return torch.linalg.matrix_exp(skew(2 * u))  # quaternion exp(u) as a matrix rotates by 2|u|
 
     small, large = (1.0, 0.5), (7.0, 2.0)
-    t = lambda v: torch.tensor([v], dtype=F64)  # noqa: E731
+    t = lambda v: torch.tensor([v], dtype=F64)
     assert torch.allclose(principal_log_mean(*small), geope_rotation(t(small[0]), t(small[1]))[0], atol=TOL)
     assert (principal_log_mean(*large) - geope_rotation(t(large[0]), t(large[1]))[0]).abs().max() > 0.5
 
 
 def test_symmetrized_half_angle_product_agrees_to_third_order():
     """Spec T4: the naive products do not commute; GeoPE is their symmetrized mean up to O(s³)."""
-    ry, rz = lambda a: axis_rotation(1, a), lambda a: axis_rotation(2, a)  # noqa: E731
+    ry, rz = lambda a: axis_rotation(1, a), lambda a: axis_rotation(2, a)
     assert (ry(1.1) @ rz(0.7) - rz(0.7) @ ry(1.1)).abs().max() > 0.5
     errors, single = [], []
     for s in (0.1, 0.01, 0.001):
@@ -189,7 +189,7 @@ def test_transposed_grid_table_is_p_rt_p():
 def test_relative_property_holds_only_for_collinear_positions():
     """Spec T6: R_mᵀ R_n = R(p_n - p_m) for p_m, p_n on one ray through the origin, not in general."""
     w = 1.7
-    rot = lambda p: geope_rotation(torch.tensor(p[0] * w, dtype=F64), torch.tensor(p[1] * w, dtype=F64))  # noqa: E731
+    rot = lambda p: geope_rotation(torch.tensor(p[0] * w, dtype=F64), torch.tensor(p[1] * w, dtype=F64))
     m, n = (2.0, 3.0), (6.0, 9.0)
     assert torch.allclose(rot(m).T @ rot(n), rot((n[0] - m[0], n[1] - m[1])), atol=TOL, rtol=0)
     m, n = (0.0, 3.0), (2.0, 5.0)

@@ -3,9 +3,9 @@ import math
 import pytest
 import torch
 
+from deploykit.encodings import get_config
 from deploykit.encodings.base import TrunkDims
 from deploykit.encodings.rope import Rope2d, apply_rotary, axial_angles, rope_magnitudes
-from deploykit.encodings import get_config
 from deploykit.errors import ConfigError
 
 F64 = torch.float64

@@ -103,7 +103,7 @@ def test_non_square_grid_matches_entrywise_oracle(mode):
     torch.testing.assert_close(zx[0, 0], want_x, atol=1e-12, rtol=0)
     torch.testing.assert_close(zy[0, 0], want_y, atol=1e-12, rtol=0)
     bias = sape2_bias_reference(q[None], k[None], ex, ey, (H, W), 0.7, mode)[0, 0]
-    dist = lambda z: torch.stack([torch.stack([(z[i] - z[j]).norm() for j in range(H * W)]) for i in range(H * W)])  # noqa: E731
+    dist = lambda z: torch.stack([torch.stack([(z[i] - z[j]).norm() for j in range(H * W)]) for i in range(H * W)])
     torch.testing.assert_close(bias, dist(want_x) + dist(want_y), atol=1e-12, rtol=0)
 
 

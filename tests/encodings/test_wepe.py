@@ -24,8 +24,8 @@ from deploykit.encodings.wepe import (  # importing registers "wepe"
     lut_features,
     measure_lut_error,
     patch_centres,
-    wepe_features,
     weierstrass_p,
+    wepe_features,
 )
 from deploykit.errors import ConfigError
 from deploykit.nn import create_model
@@ -45,7 +45,7 @@ def mp_wp(z, w1, w3):
     with mpmath.workdps(30):
         z, w1, w3 = mpmath.mpc(z), mpmath.mpf(w1), mpmath.mpf(w3)
         c, q = mpmath.pi / (2 * w1), mpmath.exp(-mpmath.pi * w3 / w1)
-        th = lambda n, x, d=0: mpmath.jtheta(n, x, q, d)  # noqa: E731
+        th = lambda n, x, d=0: mpmath.jtheta(n, x, q, d)
         e1 = c**2 * (th(2, 0) ** 4 + 2 * th(4, 0) ** 4) / 3
         amp, nu = c * th(3, 0) * th(4, 0), c * z
         g = th(2, nu) / th(1, nu)
@@ -57,7 +57,7 @@ def mp_invariants(w1, w3):
     """``g2 = (π/ω1)⁴E4/12``, ``g3 = (π/ω1)⁶E6/216`` by Eisenstein q-series, ``q = e^{−2πω3/ω1}`` (spec §1.3)."""
     with mpmath.workdps(30):
         q = mpmath.exp(-2 * mpmath.pi * mpmath.mpf(w3) / w1)
-        sigma = lambda k, n: sum(d**k for d in range(1, n + 1) if n % d == 0)  # noqa: E731
+        sigma = lambda k, n: sum(d**k for d in range(1, n + 1) if n % d == 0)
         e4 = 1 + 240 * sum(sigma(3, n) * q**n for n in range(1, 80))
         e6 = 1 - 504 * sum(sigma(5, n) * q**n for n in range(1, 80))
         k = mpmath.pi / w1
@@ -198,7 +198,7 @@ def test_model_backward_reaches_projection():
 def test_feature_gradient_matches_finite_differences():
     x = torch.tensor([0.3, 1.1, 2.0], dtype=F64, requires_grad=True)
     y = torch.tensor([0.2, 0.5, 1.3], dtype=F64, requires_grad=True)
-    fn = lambda a, b: _WeierstrassFeatures.apply(a, b, LEMNISCATE, 0.9, 1e4)  # noqa: E731
+    fn = lambda a, b: _WeierstrassFeatures.apply(a, b, LEMNISCATE, 0.9, 1e4)
     assert torch.autograd.gradcheck(fn, (x, y), eps=1e-6, atol=1e-6, rtol=1e-5)
 
 

@@ -13,8 +13,7 @@ from deploykit.encodings import list_encodings
 from deploykit.errors import ConfigError, DeployKitError
 from deploykit.export import export
 from deploykit.export.lint import TABLE_PREFIXES, check_graph
-from deploykit.export.manifest import Manifest
-from deploykit.export.manifest import graph_precision
+from deploykit.export.manifest import Manifest, graph_precision
 from deploykit.export.precision import apply_precision
 from deploykit.nn import create_model
 from deploykit.validate import validate

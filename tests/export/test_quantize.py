@@ -79,7 +79,7 @@ def test_qdq_only_on_matmul_inputs_and_never_near_the_encoding(int8_graph):
         assert numpy_helper.to_array(weights[dq.input[1]]).size == 3 * 192
     activations = [n for n in proto.graph.node if n.op_type == "MatMul" and not set(n.input) & set(weights)
                    and not any(producers.get(i) and producers[i].op_type == "DequantizeLinear" and
-                               producers[i].input[0] in weights for i in n.input)]  # fmt: skip
+                               producers[i].input[0] in weights for i in n.input)]
     assert all(not dequantized[n.name] for n in activations)
 
 
@@ -182,7 +182,7 @@ def test_validate_passes_int8_on_a_trained_model_and_fails_a_planted_bad_scale(t
 
     out = tmp_path / "x"
     export(load_model(model_dir(DEFAULT_ZOO_MODEL)), [(48, 48)], out, precisions=["int8"],
-           calibration=CalibrationOptions(samples=32, held_out=64))  # fmt: skip
+           calibration=CalibrationOptions(samples=32, held_out=64))
     (good,) = validate(out, precision="int8").records
     assert good.passed and good.num_real == 8 and good.mean_cosine >= 0.99 and good.tolerance["real_only"]
     # Plant: block 1's fc1 weights dequantized with a 30x scale (as a broken calibration or a
@@ -212,7 +212,7 @@ def test_every_encoding_has_a_measured_attention_choice():
 
 def test_attention_products_quantized_on_request(tmp_path):
     manifest = export(_model("rope-mixed"), [RES], tmp_path, precisions=["int8"],
-                      calibration=CalibrationOptions(samples=8, held_out=16, min_agreement=None, attention=True))  # fmt: skip
+                      calibration=CalibrationOptions(samples=8, held_out=16, min_agreement=None, attention=True))
     proto = onnx.load(str(tmp_path / "model_64_int8.onnx"))
     weights = {i.name for i in proto.graph.initializer}
     dequantized = _dequantized_inputs(proto)

@@ -110,7 +110,7 @@ def test_reexport_of_the_same_weights_adds_resolutions_and_keeps_engines_of_unch
     assert sorted(p.name for p in existing.iterdir()) == [
         "config.json", "manifest.json", "model.safetensors", "model_32.onnx", "model_32.trt.engine", "model_32.trt.json",
         "model_48.onnx",
-    ]  # fmt: skip
+    ]
 
 
 def test_engines_of_a_graph_that_changed_do_not_survive(existing):

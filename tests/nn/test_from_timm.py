@@ -20,7 +20,7 @@ from deploykit._lazy import is_available
 from deploykit.backends import OnnxrtRunner
 from deploykit.cli import main
 from deploykit.export import export, lint_graph
-from deploykit.nn import ViTConfig, VisionTransformer, load_model
+from deploykit.nn import VisionTransformer, ViTConfig, load_model
 from deploykit.nn.checkpoint import load_weights
 from deploykit.nn.from_timm import state_dict_from_timm
 from deploykit.validate import validate

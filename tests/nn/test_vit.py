@@ -43,7 +43,7 @@ def reference_vit(sd, x, heads, depth, eps=1e-6):
     B, N, D = x.shape
     hd = D // heads
     for i in range(depth):
-        p = lambda n: sd[f"blocks.{i}.{n}"]  # noqa: E731
+        p = lambda n, i=i: sd[f"blocks.{i}.{n}"]
         h = F.layer_norm(x, (D,), p("norm1.weight"), p("norm1.bias"), eps)
         qkv = (h @ p("attn.qkv.weight").T + p("attn.qkv.bias")).reshape(B, N, 3, heads, hd)
         q, k, v = qkv[:, :, 0].transpose(1, 2), qkv[:, :, 1].transpose(1, 2), qkv[:, :, 2].transpose(1, 2)
@@ -114,10 +114,10 @@ def test_unknown_model_and_bad_config():
 def test_timm_trunk_options_keep_timm_names_and_pool_as_timm():
     torch.manual_seed(0)
     model = create_model("vit_tiny_patch16", encoding="rope-axial", depth=2, img_size=32, num_classes=0, reg_tokens=3,
-                         init_values=1e-5, global_pool="avg", fc_norm=True, mlp_layer="swiglu", mlp_hidden_dim=100).eval()  # fmt: skip
+                         init_values=1e-5, global_pool="avg", fc_norm=True, mlp_layer="swiglu", mlp_hidden_dim=100).eval()
     keys = set(model.state_dict())
     assert {"reg_token", "blocks.1.ls1.gamma", "blocks.1.ls2.gamma", "blocks.0.mlp.fc1_g.weight", "blocks.0.mlp.fc1_x.bias",
-            "fc_norm.weight"} <= keys  # fmt: skip
+            "fc_norm.weight"} <= keys
     assert not any(k.startswith(("head.", "norm.")) or k == "blocks.0.mlp.fc1.weight" for k in keys)
     assert model.state_dict()["blocks.0.mlp.fc2.weight"].shape == (192, 100)
     assert model.output_kind == "features"

@@ -6,10 +6,10 @@ import os
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
-import torch  # noqa: E402
+import torch
 
-from deploykit.encodings.sape2 import MODES, sape2_bias_reference  # noqa: E402
-from deploykit.plugins.sape2.kernels import sape2_bias_triton  # noqa: E402
+from deploykit.encodings.sape2 import MODES, sape2_bias_reference
+from deploykit.plugins.sape2.kernels import sape2_bias_triton
 
 
 def bias_errors():

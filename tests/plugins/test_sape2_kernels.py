@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("triton", reason="Triton not installed (pip install 'deploykit[triton]')")
 
-from deploykit.errors import MissingDependencyError  # noqa: E402
+from deploykit.errors import MissingDependencyError
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -24,7 +24,7 @@ from server_process import stop_leftovers
 
 pytest.importorskip("ray.serve", reason="needs the ray extra: pip install 'deploykit[ray]'")
 
-from deploykit.data import sample_images  # noqa: E402
+from deploykit.data import sample_images
 
 REQUESTS = 48
 HERE = Path(__file__).parent

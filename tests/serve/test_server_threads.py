@@ -19,10 +19,10 @@ pytest.importorskip("pytriton", reason="needs the serve extra: pip install 'depl
 httpclient = pytest.importorskip("tritonclient.http", reason="needs the serve extra")
 grpcclient = pytest.importorskip("tritonclient.grpc", reason="needs the serve extra")
 pytest.importorskip("PIL.Image", reason="needs pillow")
-from tritonclient.utils import InferenceServerException  # noqa: E402
+from tritonclient.utils import InferenceServerException
 
-from deploykit.serve import Pipeline  # noqa: E402
-from deploykit.serve.triton_server import ServerOptions, TritonServer  # noqa: E402
+from deploykit.serve import Pipeline
+from deploykit.serve.triton_server import ServerOptions, TritonServer
 
 REQUESTS, CONCURRENCY = 200, 16
 

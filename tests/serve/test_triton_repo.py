@@ -25,7 +25,7 @@ from deploykit.serve.triton_repo import RepositoryOptions, package_triton
 from tests.test_imaging import png_header_only
 
 model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2", reason="needs tritonclient (serve extra)")
-from google.protobuf import text_format  # noqa: E402
+from google.protobuf import text_format
 
 TAGS = ["32", "48"]
 

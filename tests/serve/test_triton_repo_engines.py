@@ -16,7 +16,7 @@ from deploykit.export.manifest import sha256_file
 from deploykit.serve.triton_repo import RepositoryOptions, package_triton
 
 model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2", reason="needs tritonclient (serve extra)")
-from google.protobuf import text_format  # noqa: E402
+from google.protobuf import text_format
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
 
@@ -33,7 +33,7 @@ def _tensorrt_engine(graph, batches=(1, 8, 16), data=b"serialized TensorRT engin
     shapes = {"images": [[b, 3, 32, 32] for b in batches]}
     fingerprint = Fingerprint(onnx_sha256=sha256_file(graph), encoding="{}", precision="fp32", shapes=shapes, build={},
                               module="tensorrt", trt_version="10.13.0", cuda_driver="13.0", driver="580.65", gpu="NVIDIA L4",
-                              compute_capability="8.9", plugin_sha256=None)  # fmt: skip
+                              compute_capability="8.9", plugin_sha256=None)
     write_fingerprint(fp_path, fingerprint, sha256_file(engine))
     return engine
 

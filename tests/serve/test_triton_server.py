@@ -23,10 +23,10 @@ pytest.importorskip("pytriton", reason="needs the serve extra: pip install 'depl
 httpclient = pytest.importorskip("tritonclient.http", reason="needs the serve extra")
 grpcclient = pytest.importorskip("tritonclient.grpc", reason="needs the serve extra")
 PIL = pytest.importorskip("PIL.Image", reason="needs pillow")
-from tritonclient.utils import InferenceServerException  # noqa: E402
+from tritonclient.utils import InferenceServerException
 
-from deploykit.data import sample_images  # noqa: E402
-from deploykit.serve.pipeline import AUTO_PREFERENCE  # noqa: E402
+from deploykit.data import sample_images
+from deploykit.serve.pipeline import AUTO_PREFERENCE
 
 MAX_BATCH = 8
 QUEUE_DELAY_US = 20_000  # long enough that concurrent requests reliably meet in the queue

@@ -61,7 +61,7 @@ def test_label_matches_the_rendered_pixels(index):
     off the two centroids."""
     scene = DATA.scene("val", index)
     image = render([scene], 96)[0].transpose(1, 2, 0)
-    near = lambda colour: np.abs(image - np.array(colour)).max(-1) < 1e-4  # noqa: E731
+    near = lambda colour: np.abs(image - np.array(colour)).max(-1) < 1e-4
     square, circle = near(scene.square_colour), near(scene.circle_colour)
     assert square.sum() > 10 and circle.sum() > 10
     assert circle.sum() > square.sum()  # the circle is the larger shape
@@ -79,7 +79,7 @@ def test_colour_histogram_cannot_tell_the_class(split):
         image, mirrored = render([scene], 48)[0], render([scene.mirrored()], 48)[0]
         assert scene.mirrored().label != scene.label
         np.testing.assert_allclose(mirrored, image[..., ::-1], atol=1e-6)
-        sorted_values = lambda x: np.sort(x.reshape(3, -1), axis=1)  # noqa: E731  the histogram, exactly
+        sorted_values = lambda x: np.sort(x.reshape(3, -1), axis=1)  # the histogram, exactly
         np.testing.assert_allclose(sorted_values(mirrored), sorted_values(image), atol=1e-6)
 
 

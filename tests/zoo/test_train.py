@@ -16,6 +16,7 @@ from deploykit.nn import load_model
 from deploykit.zoo.registry import ZOO, ZooEntry, get_entry, list_zoo
 from deploykit.zoo.train import build_zoo_model, learning_rate, train
 
+
 def test_every_registered_encoding_has_a_zoo_entry():
     covered = {entry.encoding for entry in ZOO.values()}
     missing = set(list_encodings()) - covered
