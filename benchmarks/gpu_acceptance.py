@@ -83,8 +83,18 @@ class Checks:
 
 
 def _report_validation(report) -> dict:
-    records = [{"label": r.label, "provider": r.provider, "max_abs": r.max_abs, "cosine": r.cosine, "top1": r.top1_agreement,
-                "passed": r.passed, "first_divergent_block": r.first_divergent_block} for r in report.records]
+    records = [
+        {
+            "label": r.label,
+            "provider": r.provider,
+            "max_abs": r.max_abs,
+            "cosine": r.cosine,
+            "top1": r.top1_agreement,
+            "passed": r.passed,
+            "first_divergent_block": r.first_divergent_block,
+        }
+        for r in report.records
+    ]
     if not report:
         raise Failed("; ".join(f"{r.label}: {', '.join(r.failures)}" for r in report.records if not r.passed), {"records": records})
     return {"records": records}
@@ -95,8 +105,9 @@ def validate_check(export_dir: Path, backend: str, precision: str, plugins=None)
     from deploykit.validate import validate
 
     def check():
-        return _report_validation(validate(export_dir, backends=[backend], precision=precision, num_random=4, num_real=8,
-                                           plugins=plugins or Plugins()))
+        return _report_validation(
+            validate(export_dir, backends=[backend], precision=precision, num_random=4, num_real=8, plugins=plugins or Plugins())
+        )
 
     return check
 
@@ -150,10 +161,14 @@ def cpu_checks(exported: dict[str, Path], checks: Checks) -> None:
     for encoding, out in exported.items():
         for precision in dict.fromkeys(g.precision for g in Manifest.read(out).graphs):
             cpu_bf16 = "ONNX Runtime's CPU provider has no bf16 Gemm/MatMul" if precision == "bf16" else None
-            checks.run(f"validate ort {encoding} {precision}", validate_check(out, "ort", precision),
-                       skip=no_tolerance(precision) or cpu_bf16)
-            checks.run(f"validate ort-cuda {encoding} {precision}", validate_check(out, "ort-cuda", precision),
-                       skip=no_ort_cuda or no_tolerance(precision))
+            checks.run(
+                f"validate ort {encoding} {precision}", validate_check(out, "ort", precision), skip=no_tolerance(precision) or cpu_bf16
+            )
+            checks.run(
+                f"validate ort-cuda {encoding} {precision}",
+                validate_check(out, "ort-cuda", precision),
+                skip=no_ort_cuda or no_tolerance(precision),
+            )
         first = out / Manifest.read(out).graphs[0].file
 
         def inspect(first=first):
@@ -168,8 +183,17 @@ def cpu_checks(exported: dict[str, Path], checks: Checks) -> None:
 def run_worker(flavour: str, exported: dict[str, Path], args, work: Path) -> list[dict]:
     """The engine checks of one TensorRT flavour, in a child process (one flavour per process)."""
     out = work / f"{flavour}.json"
-    cmd = [sys.executable, __file__, "--worker", flavour, "--out", str(out), "--budget", str(args.budget),
-           *[f"{encoding}={path}" for encoding, path in exported.items()]]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        flavour,
+        "--out",
+        str(out),
+        "--budget",
+        str(args.budget),
+        *[f"{encoding}={path}" for encoding, path in exported.items()],
+    ]
     proc = subprocess.run(cmd, stdin=subprocess.DEVNULL)
     if not out.is_file():
         return [{"name": f"{flavour} engine checks", "status": "failed", "reason": f"worker exited with {proc.returncode}, no report"}]
@@ -189,19 +213,31 @@ def engine_checks(flavour: str, exported: dict[str, Path], budget_s: float, chec
     missing = None if is_available(module) else f"{module} is not installed (pip install 'deploykit[{flavour}]')"
     for encoding, out in exported.items():
         precisions = list(dict.fromkeys(g.precision for g in Manifest.read(out).graphs))
-        built = checks.run(f"build {flavour} {encoding}", lambda out=out: {"engines": [
-            e.engine.name for e in build(out, flavour, dynamic=True, batch=4, max_batch=8, rebuild=True)]}, skip=missing)
+        built = checks.run(
+            f"build {flavour} {encoding}",
+            lambda out=out: {"engines": [e.engine.name for e in build(out, flavour, dynamic=True, batch=4, max_batch=8, rebuild=True)]},
+            skip=missing,
+        )
         cant_run = missing or (None if built else "the build failed") or NO_GPU
         for precision in precisions:
-            checks.run(f"validate {flavour} {encoding} {precision} at every profiled shape", validate_check(out, flavour, precision),
-                       skip=cant_run or no_tolerance(precision) or PLANS[precision].ort_only or None)
+            checks.run(
+                f"validate {flavour} {encoding} {precision} at every profiled shape",
+                validate_check(out, flavour, precision),
+                skip=cant_run or no_tolerance(precision) or PLANS[precision].ort_only or None,
+            )
         for graphs in (True, False):
-            checks.run(f"profile {flavour} {encoding} cuda graphs {'on' if graphs else 'off'}",
-                       profile_check(out, flavour, graphs, budget_s), skip=cant_run)
+            checks.run(
+                f"profile {flavour} {encoding} cuda graphs {'on' if graphs else 'off'}",
+                profile_check(out, flavour, graphs, budget_s),
+                skip=cant_run,
+            )
         checks.run(f"inspect engine {flavour} {encoding}", inspect_engine_check(out, flavour), skip=cant_run)
     if "sape2" in exported and flavour == "trt":  # TensorRT-RTX has no Python plugins
-        checks.run("sape2 with the TensorRT plugin", sape2_plugin_check(exported["sape2"]), skip=missing or NO_GPU
-                   or (None if is_available("triton") else "triton is not installed (pip install 'deploykit[triton]')"))
+        checks.run(
+            "sape2 with the TensorRT plugin",
+            sape2_plugin_check(exported["sape2"]),
+            skip=missing or NO_GPU or (None if is_available("triton") else "triton is not installed (pip install 'deploykit[triton]')"),
+        )
 
 
 def profile_check(out: Path, flavour: str, cuda_graphs: bool, budget_s: float):
@@ -209,10 +245,18 @@ def profile_check(out: Path, flavour: str, cuda_graphs: bool, budget_s: float):
 
     def check():
         subject = prof.Subject.from_export_dir(out)
-        report = prof.profile(subject, resolutions=list(subject.graphs), batches=[1, 8], backends=[flavour],
-                              budget=prof.Budget(duration_s=budget_s), cuda_graphs=cuda_graphs)
-        rows = [{k: r[k] for k in ("encoding", "resolution", "batch", "p50_ms", "provider", "cuda_graph", "cuda_graph_note")}
-                for r in report.records]
+        report = prof.profile(
+            subject,
+            resolutions=list(subject.graphs),
+            batches=[1, 8],
+            backends=[flavour],
+            budget=prof.Budget(duration_s=budget_s),
+            cuda_graphs=cuda_graphs,
+        )
+        rows = [
+            {k: r[k] for k in ("encoding", "resolution", "batch", "p50_ms", "provider", "cuda_graph", "cuda_graph_note")}
+            for r in report.records
+        ]
         if cuda_graphs and not all(r["cuda_graph"] for r in rows):
             raise Failed("CUDA graphs requested but not used", {"records": rows, "notes": report.notes})
         return {"records": rows, "notes": report.notes}
@@ -305,8 +349,21 @@ def serving_check(out: Path, backend: str, requests: int = 200, concurrency: int
         from deploykit.validate import TOLERANCES, compare_logits
 
         http, grpc, metrics = _free_ports(3)
-        cmd = [sys.executable, "-m", "deploykit", "serve", str(out), "--port", str(http), "--grpc-port", str(grpc),
-               "--metrics-port", str(metrics), "--backend", backend]
+        cmd = [
+            sys.executable,
+            "-m",
+            "deploykit",
+            "serve",
+            str(out),
+            "--port",
+            str(http),
+            "--grpc-port",
+            str(grpc),
+            "--metrics-port",
+            str(metrics),
+            "--backend",
+            backend,
+        ]
         log = out / f"serve-{backend}.log"
         with open(log, "wb") as sink:
             proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -331,8 +388,13 @@ def serving_check(out: Path, backend: str, requests: int = 200, concurrency: int
             proc.wait(120)
         vs_ort = compare_logits(expected, concurrent, requests, TOLERANCES["fp32"])
         vs_sequential = float(np.abs(concurrent - sequential).max())
-        details = {"requests": requests, "concurrency": concurrency, "max_abs_vs_ort": vs_ort["max_abs"],
-                   "top1_vs_ort": vs_ort["top1_agreement"], "max_abs_concurrent_vs_sequential": vs_sequential}
+        details = {
+            "requests": requests,
+            "concurrency": concurrency,
+            "max_abs_vs_ort": vs_ort["max_abs"],
+            "top1_vs_ort": vs_ort["top1_agreement"],
+            "max_abs_concurrent_vs_sequential": vs_sequential,
+        }
         if not vs_ort["passed"] or vs_sequential > TOLERANCES["fp32"].max_abs:
             raise Failed("served answers differ", details)
         return details
@@ -391,13 +453,24 @@ def main(argv=None) -> int:
     for flavour, module in FLAVOURS.items():
         engine_missing = None if is_available(module) else f"{module} is not installed"
         for encoding, out in exported.items():
-            checks.run(f"serve {flavour} {encoding} under concurrent load", serving_check(out, flavour),
-                       skip=engine_missing or NO_GPU or serve_missing)
-    checks.run("sape2 Triton kernels against the float64 reference", kernel_check,
-               skip=NO_GPU or (None if is_available("triton") else "triton is not installed"))
+            checks.run(
+                f"serve {flavour} {encoding} under concurrent load",
+                serving_check(out, flavour),
+                skip=engine_missing or NO_GPU or serve_missing,
+            )
+    checks.run(
+        "sape2 Triton kernels against the float64 reference",
+        kernel_check,
+        skip=NO_GPU or (None if is_available("triton") else "triton is not installed"),
+    )
     counts = {status: sum(c["status"] == status for c in checks.items) for status in ("passed", "failed", "skipped")}
-    report = {"device": environment_line(environment), "summary": counts, "checks": checks.items, "environment": environment,
-              "work_dir": str(work)}
+    report = {
+        "device": environment_line(environment),
+        "summary": counts,
+        "checks": checks.items,
+        "environment": environment,
+        "work_dir": str(work),
+    }
     write_json_atomic(args.out, report)
     print(f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped; wrote {args.out}")
     return 1 if counts["failed"] else 0

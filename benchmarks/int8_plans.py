@@ -61,7 +61,7 @@ def speed(args) -> None:
                 variants = _variants(model, (r, r))
                 for batch in args.batches:
                     result["records"] += _time_variants(variants, model_name, encoding, r, batch, args)
-                    print("  ".join(f"{x['variant']} {x['ratio_vs_fp32']:.2f}" for x in result["records"][-len(variants):]), flush=True)
+                    print("  ".join(f"{x['variant']} {x['ratio_vs_fp32']:.2f}" for x in result["records"][-len(variants) :]), flush=True)
             result["load_average_end"] = list(os.getloadavg())
             write_json_atomic(path, result)  # after each encoding: an interrupted run keeps what it measured
         result["complete"] = True
@@ -93,9 +93,19 @@ def _time_variants(variants: dict, model_name, encoding, resolution, batch, args
         for name, session in sessions.items():
             samples[name] += measure(lambda s=session: s.run(None, {"images": x}), budget)
     stats = {n: LatencyStats.from_ns(v, batch) for n, v in samples.items()}
-    return [dict(model=model_name, encoding=encoding, resolution=resolution, batch=batch, variant=n, **st.to_dict(),
-                 ratio_vs_fp32=st.p50_ms / stats["fp32"].p50_ms, min_ratio_vs_fp32=st.min_ms / stats["fp32"].min_ms)
-            for n, st in stats.items()]
+    return [
+        dict(
+            model=model_name,
+            encoding=encoding,
+            resolution=resolution,
+            batch=batch,
+            variant=n,
+            **st.to_dict(),
+            ratio_vs_fp32=st.p50_ms / stats["fp32"].p50_ms,
+            min_ratio_vs_fp32=st.min_ms / stats["fp32"].min_ms,
+        )
+        for n, st in stats.items()
+    ]
 
 
 def attention(args) -> None:
@@ -109,7 +119,7 @@ def attention(args) -> None:
     for name in args.zoo or list_zoo():
         model = load_model(model_dir(name))
         dataset = get_dataset(model.cfg.dataset)
-        for r in eval_resolutions(model)[:: 2]:  # 1x and 2x
+        for r in eval_resolutions(model)[::2]:  # 1x and 2x
             fp32 = onnx_from_model(model, (r, r))
             images, labels = dataset.batch("test", range(dataset.size("test")), r)
             inputs = normalise(images, model.cfg.mean, model.cfg.std)
@@ -117,12 +127,22 @@ def attention(args) -> None:
             calibration = Calibration(*calibration_inputs(model, (r, r), 128))
             for quantized in (False, True):
                 predicted = run_graph(quantize_static_int8(fp32, calibration, attention=quantized), inputs).argmax(-1)
-                records.append(dict(model=name, encoding=encoding_name(model.cfg.encoding), resolution=r, attention_int8=quantized,
-                                    accuracy=float(np.mean(predicted == labels)), fp32_accuracy=float(np.mean(reference == labels)),
-                                    agreement=float(np.mean(predicted == reference))))
+                records.append(
+                    dict(
+                        model=name,
+                        encoding=encoding_name(model.cfg.encoding),
+                        resolution=r,
+                        attention_int8=quantized,
+                        accuracy=float(np.mean(predicted == labels)),
+                        fp32_accuracy=float(np.mean(reference == labels)),
+                        agreement=float(np.mean(predicted == reference)),
+                    )
+                )
                 print(records[-1], flush=True)
-    write_json_atomic(args.output_dir / f"int8-attention{args.tag}.json",
-                      {"command": _command(), "environment": capture_environment(torch.device("cpu")), "records": records})
+    write_json_atomic(
+        args.output_dir / f"int8-attention{args.tag}.json",
+        {"command": _command(), "environment": capture_environment(torch.device("cpu")), "records": records},
+    )
 
 
 def main(argv=None) -> None:

@@ -33,7 +33,10 @@ def result_table(data: dict) -> list[str]:
         "| res | batch | encoding | torch p50 ms | ORT p50 ms | ORT / torch | ORT / torch (min) | ORT × APE | torch × APE | PE step share (torch) | ORT GFLOP/s | roofline GFLOP/s | ORT / roofline |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    keys = sorted({(r["resolution"], r["batch"], r["encoding"]) for r in data["records"]}, key=lambda k: (int(k[0].split("x")[0]), k[1], k[2] != "ape", k[2]))
+    keys = sorted(
+        {(r["resolution"], r["batch"], r["encoding"]) for r in data["records"]},
+        key=lambda k: (int(k[0].split("x")[0]), k[1], k[2] != "ape", k[2]),
+    )
     for res, batch, enc in keys:
         t, o = by.get(("torch", enc, res, batch)), by.get(("ort", enc, res, batch))
         ratio = o["p50_ms"] / t["p50_ms"] if t and o else None
@@ -63,15 +66,27 @@ def goal_rows(data: dict) -> list[str]:
         verdict = "✓ met" if ok else f"✗ missed by {abs(gap) / limit:.1%} of the limit"
         rows.append(f"| {goal} | {worst:.3f} ({where}) | {verdict} |")
 
-    cases = [(by[("ort", e, r, b)]["ratio_vs_ape"], f"{e} @ {r} b{b}") for e in PRECOMPUTED for r in GOAL_RESOLUTIONS for b in batches
-             if ("ort", e, r, b) in by and by[("ort", e, r, b)]["ratio_vs_ape"] is not None]
+    cases = [
+        (by[("ort", e, r, b)]["ratio_vs_ape"], f"{e} @ {r} b{b}")
+        for e in PRECOMPUTED
+        for r in GOAL_RESOLUTIONS
+        for b in batches
+        if ("ort", e, r, b) in by and by[("ort", e, r, b)]["ratio_vs_ape"] is not None
+    ]
     row("precomputed PEs ≤ 1.02 × APE (ORT, 224/384)", *(max(cases) if cases else (None, "")), 1.02)
     for batch, limit in ((1, 0.85), (8, 1.0)):
-        cases = [(by[("ort", e, r, batch)]["p50_ms"] / by[("torch", e, r, batch)]["p50_ms"], f"{e} @ {r}") for e in encodings
-                 for r in GOAL_RESOLUTIONS if ("ort", e, r, batch) in by and ("torch", e, r, batch) in by]
+        cases = [
+            (by[("ort", e, r, batch)]["p50_ms"] / by[("torch", e, r, batch)]["p50_ms"], f"{e} @ {r}")
+            for e in encodings
+            for r in GOAL_RESOLUTIONS
+            if ("ort", e, r, batch) in by and ("torch", e, r, batch) in by
+        ]
         row(f"ORT p50 ≤ {limit} × torch eager at batch {batch} (224/384)", *(max(cases) if cases else (None, "")), limit)
-    cases = [(r["roofline_fraction"], f"{r['encoding']} @ {r['resolution']}") for r in data["records"]
-             if r["backend"] == "ort" and r["batch"] == 8 and r.get("roofline_fraction") is not None]
+    cases = [
+        (r["roofline_fraction"], f"{r['encoding']} @ {r['resolution']}")
+        for r in data["records"]
+        if r["backend"] == "ort" and r["batch"] == 8 and r.get("roofline_fraction") is not None
+    ]
     ape = [c for c in cases if c[1].startswith("ape @")]
     row("ORT ≥ 90% of the GEMM roofline at batch 8: the APE trunk", *(min(ape) if ape else (None, "")), 0.9, higher_is_better=True)
     row("ORT ≥ 90% of the GEMM roofline at batch 8: every encoding", *(min(cases) if cases else (None, "")), 0.9, higher_is_better=True)
@@ -84,8 +99,11 @@ def tune_table(data: dict) -> list[str]:
     header = "| variant | " + " | ".join(f"{b} p50 ms | {b} ÷ torch p50 | {b} ÷ torch min" for b in batches) + " |"
     lines = [header, "|---|" + "---|" * 3 * len(batches)]
     for variant in data["results"][batches[0]]:
-        cells = [f"{data['results'][b][variant]['p50_ms']:.1f} | {data['results'][b][variant]['vs_torch_p50']:.3f} "
-                 f"| {data['results'][b][variant]['vs_torch_min']:.3f}" for b in batches]
+        cells = [
+            f"{data['results'][b][variant]['p50_ms']:.1f} | {data['results'][b][variant]['vs_torch_p50']:.3f} "
+            f"| {data['results'][b][variant]['vs_torch_min']:.3f}"
+            for b in batches
+        ]
         lines.append(f"| {variant} | " + " | ".join(cells) + " |")
     return lines
 
@@ -94,20 +112,31 @@ def render(results_dir: Path) -> str:
     parts = []
     for path in sorted(results_dir.glob("tune-ort-*.json")):
         data = json.loads(path.read_text())
-        parts += [f"### ONNX Runtime settings A/B (`{path.relative_to(results_dir.parent)}`)", "",
-                  f"- **Machine:** {data['environment_line']}; load average {data['environment']['load_average_end'][0]:.2f} at the end.",
-                  f"- **Model:** {data['args']['model']} + {data['args']['encoding']} at {data['args']['resolution']}, "
-                  f"{data['args']['rounds']} interleaved rounds of {data['args']['duration']} s per variant.", "",
-                  *tune_table(data), ""]
+        parts += [
+            f"### ONNX Runtime settings A/B (`{path.relative_to(results_dir.parent)}`)",
+            "",
+            f"- **Machine:** {data['environment_line']}; load average {data['environment']['load_average_end'][0]:.2f} at the end.",
+            f"- **Model:** {data['args']['model']} + {data['args']['encoding']} at {data['args']['resolution']}, "
+            f"{data['args']['rounds']} interleaved rounds of {data['args']['duration']} s per variant.",
+            "",
+            *tune_table(data),
+            "",
+        ]
     for path in sorted(results_dir.glob("int8-speed-*.json")):
         data = json.loads(path.read_text())
         env = data["environment"]
-        parts += [f"### INT8 plans on ONNX Runtime: {path.stem.removeprefix('int8-speed-')} (`{path.relative_to(results_dir.parent)}`)", "",
-                  f"- **Machine:** {env['cpu']}, {env['usable_cores']} cores, instruction sets {' '.join(env.get('cpu_instruction_sets', []))}; "
-                  f"load average {env['load_average_start'][0]:.2f} at the start, {data.get('load_average_end', [float('nan')])[0]:.2f} at the end"
-                  + ("" if data.get("complete") else " (**incomplete run**)") + ".",
-                  f"- **Command:** `{data['command']}`; p50 of each plan over the fp32 graph's p50, same run, interleaved.", "",
-                  *int8_table(data), ""]
+        parts += [
+            f"### INT8 plans on ONNX Runtime: {path.stem.removeprefix('int8-speed-')} (`{path.relative_to(results_dir.parent)}`)",
+            "",
+            f"- **Machine:** {env['cpu']}, {env['usable_cores']} cores, instruction sets {' '.join(env.get('cpu_instruction_sets', []))}; "
+            f"load average {env['load_average_start'][0]:.2f} at the start, {data.get('load_average_end', [float('nan')])[0]:.2f} at the end"
+            + ("" if data.get("complete") else " (**incomplete run**)")
+            + ".",
+            f"- **Command:** `{data['command']}`; p50 of each plan over the fp32 graph's p50, same run, interleaved.",
+            "",
+            *int8_table(data),
+            "",
+        ]
     # Sweep files are <device>-<mode>-<model>.json; the other benchmarks (sape2_cpu, serve_cpu,
     # precision_accuracy) write their own formats and are described in the text above.
     for path in sorted(results_dir.glob("*-*-*.json")):
@@ -139,8 +168,10 @@ def int8_table(data: dict) -> list[str]:
     """One row per resolution × batch × encoding: fp32 p50 and each plan's p50 as a ratio to it
     (fastest calls' ratio in brackets)."""
     by = {(r["resolution"], r["batch"], r["encoding"], r["variant"]): r for r in data["records"]}
-    lines = ["| res | batch | encoding | fp32 p50 ms | " + " | ".join(f"{v} × fp32" for v in INT8_VARIANTS) + " |",
-             "|---|---|---|---|" + "---|" * len(INT8_VARIANTS)]
+    lines = [
+        "| res | batch | encoding | fp32 p50 ms | " + " | ".join(f"{v} × fp32" for v in INT8_VARIANTS) + " |",
+        "|---|---|---|---|" + "---|" * len(INT8_VARIANTS),
+    ]
     for res, batch, enc in sorted({k[:3] for k in by}, key=lambda k: (k[0], k[1], k[2] != "ape", k[2])):
         cells = []
         for variant in INT8_VARIANTS:

@@ -55,11 +55,19 @@ def main() -> None:
                     for name, pipe in pipes.items():
                         run_level(pipe.logits, inputs[: 2 * concurrency], concurrency)  # untimed: pools settle
                         stats[name].append(run_level(pipe.logits, inputs, concurrency))
-                median = {name: {k: float(np.median([s[k] for s in runs])) for k in ("throughput_rps", "p50_ms", "p99_ms")}
-                          for name, runs in stats.items()}
-                print(f"c={concurrency:>2}  " + "  |  ".join(
-                    f"{name} {m['throughput_rps']:.1f} req/s p50 {m['p50_ms']:.1f} ms p99 {m['p99_ms']:.1f} ms" for name, m in median.items())
-                    + f"  |  concurrent/locked {median['concurrent']['throughput_rps'] / median['locked']['throughput_rps']:.2f}", flush=True)
+                median = {
+                    name: {k: float(np.median([s[k] for s in runs])) for k in ("throughput_rps", "p50_ms", "p99_ms")}
+                    for name, runs in stats.items()
+                }
+                print(
+                    f"c={concurrency:>2}  "
+                    + "  |  ".join(
+                        f"{name} {m['throughput_rps']:.1f} req/s p50 {m['p50_ms']:.1f} ms p99 {m['p99_ms']:.1f} ms"
+                        for name, m in median.items()
+                    )
+                    + f"  |  concurrent/locked {median['concurrent']['throughput_rps'] / median['locked']['throughput_rps']:.2f}",
+                    flush=True,
+                )
         finally:
             for pipe in pipes.values():
                 pipe.close()

@@ -82,25 +82,42 @@ def run_graph(proto: onnx.ModelProto, inputs: np.ndarray, optimize: bool) -> np.
 
 def measure(encoding: str) -> list[dict]:
     model = default_model(encoding=encoding)
-    inputs = np.concatenate([random_inputs(NUM_RANDOM, RESOLUTION, seed=0), real_inputs(RESOLUTION, model.cfg.mean, model.cfg.std, NUM_REAL)])
+    inputs = np.concatenate(
+        [random_inputs(NUM_RANDOM, RESOLUTION, seed=0), real_inputs(RESOLUTION, model.cfg.mean, model.cfg.std, NUM_REAL)]
+    )
     with TorchRunner(model, dtype=torch.float32) as runner:
         reference = run_batched(runner, inputs, 8)["logits"]
     fp32 = onnx_from_model(model, RESOLUTION)
     rows = []
     for precision in ("fp16", "bf16"):
         planned = apply_precision(fp32, precision)
-        runs = {"emulated": lambda p=planned, precision=precision: run_graph(emulate_rounding(p, PRECISIONS[precision]), inputs, optimize=False)}
+        runs = {
+            "emulated": lambda p=planned, precision=precision: run_graph(emulate_rounding(p, PRECISIONS[precision]), inputs, optimize=False)
+        }
         if precision == "fp16":
             runs["ort"] = lambda p=planned: run_graph(p, inputs, optimize=True)
         for how, run in runs.items():
             actual = run()
             real = compare_logits(reference, actual, NUM_REAL, TOLERANCES[precision])
             everything = compare_logits(reference, actual, 0, TOLERANCES[precision])
-            rows.append(dict(encoding=encoding, precision=precision, run=how, cosine_min=real["cosine"], max_abs=real["max_abs"],
-                             top1_real=real["top1_agreement"], top1_all=everything["top1_agreement"],
-                             logits_abs_max=float(np.abs(reference).max()), passes_tolerance=real["passed"]))
-            print(f"{encoding:<11} {precision} {how:<9} cos {real['cosine']:.6f}  max|Δ| {real['max_abs']:.2e}  "
-                  f"top1 real {real['top1_agreement']:.0%} all {everything['top1_agreement']:.0%}", flush=True)
+            rows.append(
+                dict(
+                    encoding=encoding,
+                    precision=precision,
+                    run=how,
+                    cosine_min=real["cosine"],
+                    max_abs=real["max_abs"],
+                    top1_real=real["top1_agreement"],
+                    top1_all=everything["top1_agreement"],
+                    logits_abs_max=float(np.abs(reference).max()),
+                    passes_tolerance=real["passed"],
+                )
+            )
+            print(
+                f"{encoding:<11} {precision} {how:<9} cos {real['cosine']:.6f}  max|Δ| {real['max_abs']:.2e}  "
+                f"top1 real {real['top1_agreement']:.0%} all {everything['top1_agreement']:.0%}",
+                flush=True,
+            )
     return rows
 
 
@@ -110,10 +127,25 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(2)
     rows = [row for encoding in list_encodings() for row in measure(encoding)]
-    env = dict(python=sys.version.split()[0], torch=torch.__version__, onnxruntime=ort.__version__, onnx=onnx.__version__,
-               deploykit=deploykit.__version__, platform=platform.platform(), cpu=platform.processor() or platform.machine())
-    result = dict(environment=env, model=DEFAULT_MODEL, resolution=list(RESOLUTION), num_random=NUM_RANDOM, num_real=NUM_REAL,
-                  reference="fp32 PyTorch eager", goals=dict(cosine_min=0.999, top1=0.99), rows=rows)
+    env = dict(
+        python=sys.version.split()[0],
+        torch=torch.__version__,
+        onnxruntime=ort.__version__,
+        onnx=onnx.__version__,
+        deploykit=deploykit.__version__,
+        platform=platform.platform(),
+        cpu=platform.processor() or platform.machine(),
+    )
+    result = dict(
+        environment=env,
+        model=DEFAULT_MODEL,
+        resolution=list(RESOLUTION),
+        num_random=NUM_RANDOM,
+        num_real=NUM_REAL,
+        reference="fp32 PyTorch eager",
+        goals=dict(cosine_min=0.999, top1=0.99),
+        rows=rows,
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")

@@ -41,7 +41,8 @@ def _ort_matmul(a: np.ndarray, b: np.ndarray):
     if len(a) == 1:
         a, b = a[0], b[0]
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["a", "b"], ["y"])], "gemm",
+        [helper.make_node("MatMul", ["a", "b"], ["y"])],
+        "gemm",
         [helper.make_tensor_value_info("a", TensorProto.FLOAT, list(a.shape))],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
         initializer=[numpy_helper.from_array(b, "b")],
@@ -70,7 +71,9 @@ def _gemm_seconds(count: int, m: int, k: int, n: int, budget: Budget) -> dict[st
     return times
 
 
-def gemm_roofline(cfg, resolution: tuple[int, int], batch: int, budget: Budget = Budget(duration_s=0.2, warmup=2, min_iterations=3)) -> dict:
+def gemm_roofline(
+    cfg, resolution: tuple[int, int], batch: int, budget: Budget = Budget(duration_s=0.2, warmup=2, min_iterations=3)
+) -> dict:
     """Measured fp32 GEMM throughput at the model's shapes.
 
     Returns:
@@ -89,8 +92,17 @@ def gemm_roofline(cfg, resolution: tuple[int, int], batch: int, budget: Budget =
             seconds["best"] += best * times
             for name in LIBRARIES:
                 seconds[name] += per_lib[name] * times
-            shapes.append(dict(count=c, m=m, k=k, n=n, occurrences=times, best_gflop_per_s=2 * c * m * k * n / best / 1e9,
-                               best_library=min(per_lib, key=per_lib.get)))
+            shapes.append(
+                dict(
+                    count=c,
+                    m=m,
+                    k=k,
+                    n=n,
+                    occurrences=times,
+                    best_gflop_per_s=2 * c * m * k * n / best / 1e9,
+                    best_library=min(per_lib, key=per_lib.get),
+                )
+            )
     return {
         "gflop_per_s": total_flops / seconds["best"] / 1e9,
         **{f"{name}_gflop_per_s": total_flops / seconds[name] / 1e9 for name in LIBRARIES},

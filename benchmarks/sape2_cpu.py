@@ -47,8 +47,14 @@ RESULTS = Path(__file__).resolve().parent / "results" / "sape2_cpu.json"
 
 
 def environment() -> dict:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
+    cpu = (
+        next(
+            (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
+            platform.processor(),
+        )
+        if Path("/proc/cpuinfo").exists()
+        else platform.processor()
+    )
     return {
         "cpu": cpu,
         "logical_cpus": os.cpu_count(),
@@ -120,11 +126,17 @@ def reference_steps(model, resolution: tuple[int, int], iters: int) -> dict:
             torch.sigmoid(scale * (a @ a.transpose(-1, -2))).flip(-1).cumsum(-1).flip(-1)
 
     with torch.no_grad():
-        return interleaved({
-            "signatures_total (gates, positions, projection, interpolation)": lambda: sape2_axis_signatures(q, k, tx, ty, grid, scale, mode),
-            "gates_and_positions": gates_and_positions,
-            "distances (direct form, both axes)": lambda: (pairwise_distance(zx), pairwise_distance(zy)),
-        }, iters, 20)  # many warm-up calls: the first few hundred small torch ops run ~100x slower here
+        return interleaved(
+            {
+                "signatures_total (gates, positions, projection, interpolation)": lambda: sape2_axis_signatures(
+                    q, k, tx, ty, grid, scale, mode
+                ),
+                "gates_and_positions": gates_and_positions,
+                "distances (direct form, both axes)": lambda: (pairwise_distance(zx), pairwise_distance(zy)),
+            },
+            iters,
+            20,
+        )  # many warm-up calls: the first few hundred small torch ops run ~100x slower here
 
 
 def bench_resolution(name: str, resolution: int, iters: int, warmup: int) -> dict:
@@ -153,8 +165,9 @@ def bench_resolution(name: str, resolution: int, iters: int, warmup: int) -> dic
     }
     profile_runs = max(2, iters // 3)
     ape_ops, sape_ops = (op_type_ms(protos[enc], images, profile_runs) for enc in ("ape", "sape2"))
-    out["ort_extra_ms_per_op_type"] = {op: round(sape_ops.get(op, 0.0) - ape_ops.get(op, 0.0), 3)
-                                       for op in sape_ops if sape_ops.get(op, 0.0) - ape_ops.get(op, 0.0) > 0.01}
+    out["ort_extra_ms_per_op_type"] = {
+        op: round(sape_ops.get(op, 0.0) - ape_ops.get(op, 0.0), 3) for op in sape_ops if sape_ops.get(op, 0.0) - ape_ops.get(op, 0.0) > 0.01
+    }
     out["reference_steps_one_block_ms"] = {k: v["p50_ms"] for k, v in reference_steps(models["sape2"], res, iters).items()}
     return out
 
@@ -181,9 +194,12 @@ def main(argv=None) -> int:
         print(f"{args.model} @ {resolution} ...", file=sys.stderr, flush=True)
         result = bench_resolution(args.model, resolution, args.iters, args.warmup)
         report["results"].append(result)
-        print(f"  ORT SaPE²/APE {result['ratio_ort_sape2_over_ape']:.2f}x (min {result['ratio_min_ort_sape2_over_ape']:.2f}x), "
-              f"torch reference SaPE²/APE {result['ratio_torch_reference_sape2_over_ape']:.2f}x "
-              f"(min {result['ratio_min_torch_reference_sape2_over_ape']:.2f}x)", file=sys.stderr)
+        print(
+            f"  ORT SaPE²/APE {result['ratio_ort_sape2_over_ape']:.2f}x (min {result['ratio_min_ort_sape2_over_ape']:.2f}x), "
+            f"torch reference SaPE²/APE {result['ratio_torch_reference_sape2_over_ape']:.2f}x "
+            f"(min {result['ratio_min_torch_reference_sape2_over_ape']:.2f}x)",
+            file=sys.stderr,
+        )
     first = next((r for r in report["results"] if r["resolution"] == 224), None)
     report["goal_met_at_224"] = None if first is None else first["ratio_ort_sape2_over_ape"] <= 1.5
     report["command"] = "python benchmarks/sape2_cpu.py " + " ".join(argv if argv is not None else sys.argv[1:])

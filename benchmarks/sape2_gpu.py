@@ -75,14 +75,33 @@ def bench(resolution: int, batch: int, iters: int) -> dict:
         exact = sape2_bias_reference(*(t[:1].double() for t in (q, k)), tx.double(), ty.double(), grid, scale, "k", PREFIX)
         bias_err = (tri_bias()[:1].double() - exact).abs().max().item() / exact.abs().max().item()
         attn_err = (fused() - ref_attn()).abs().max().item()
-        timings = {name: cuda_time(fn, iters) for name, fn in
-                   [("reference_bias", ref_bias), ("triton_bias", tri_bias), ("reference_attention", ref_attn), ("fused_attention", fused)]}
-        memory = {name: peak_extra_mib(fn) for name, fn in
-                  [("reference_bias", ref_bias), ("triton_bias", tri_bias), ("reference_attention", ref_attn), ("fused_attention", fused)]}
+        timings = {
+            name: cuda_time(fn, iters)
+            for name, fn in [
+                ("reference_bias", ref_bias),
+                ("triton_bias", tri_bias),
+                ("reference_attention", ref_attn),
+                ("fused_attention", fused),
+            ]
+        }
+        memory = {
+            name: peak_extra_mib(fn)
+            for name, fn in [
+                ("reference_bias", ref_bias),
+                ("triton_bias", tri_bias),
+                ("reference_attention", ref_attn),
+                ("fused_attention", fused),
+            ]
+        }
     return {
-        "resolution": resolution, "grid": grid, "tokens": tokens, "batch": batch,
-        "triton_bias_rel_err_vs_float64": bias_err, "fused_vs_reference_attention_max_abs": attn_err,
-        "latency_ms_p50": timings, "peak_extra_mib": memory,
+        "resolution": resolution,
+        "grid": grid,
+        "tokens": tokens,
+        "batch": batch,
+        "triton_bias_rel_err_vs_float64": bias_err,
+        "fused_vs_reference_attention_max_abs": attn_err,
+        "latency_ms_p50": timings,
+        "peak_extra_mib": memory,
         "speedup_triton_bias_over_reference": timings["reference_bias"] / timings["triton_bias"],
         "speedup_fused_over_reference_attention": timings["reference_attention"] / timings["fused_attention"],
         "bias_mib_if_materialised": batch * HEADS * tokens**2 * 4 / 2**20,
@@ -105,8 +124,14 @@ def main(argv=None) -> int:
     report = {
         "benchmark": "sape2_gpu",
         "shape": f"ViT-B heads {HEADS}x{HEAD_DIM}, patch {PATCH}, {PREFIX} prefix token, mode k",
-        "environment": {"gpu": props.name, "sm": f"{props.major}.{props.minor}", "torch": torch.__version__,
-                        "cuda": torch.version.cuda, "triton": triton.__version__, "deploykit": deploykit.__version__},
+        "environment": {
+            "gpu": props.name,
+            "sm": f"{props.major}.{props.minor}",
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "triton": triton.__version__,
+            "deploykit": deploykit.__version__,
+        },
         "results": [bench(r, args.batch, args.iters) for r in args.resolutions],
     }
     write_json_atomic(args.out, report)

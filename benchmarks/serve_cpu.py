@@ -45,11 +45,17 @@ def main() -> None:
         report = bench_serving(Path(work) / "export", BenchOptions(requests=args.requests, resolution=res), progress=print)
     ratios = {level["concurrency"]: level["served_vs_in_process_throughput"] for level in report.levels}
     goal_met = all(ratios[c] >= GOAL["served_vs_in_process_throughput_at_least"] for c in GOAL["at_concurrency"] if c in ratios)
-    result = {"environment_line": environment_line(report.environment), **report.to_json(),
-              "goal": {**GOAL, "met": goal_met}, "model": f"vit_tiny_patch16 depth {args.depth}, ape"}
+    result = {
+        "environment_line": environment_line(report.environment),
+        **report.to_json(),
+        "goal": {**GOAL, "met": goal_met},
+        "model": f"vit_tiny_patch16 depth {args.depth}, ape",
+    }
     for level in report.levels:
-        print(f"c={level['concurrency']:>2}  served/in-process throughput {level['served_vs_in_process_throughput']:.2f}  "
-              f"p99 in-process {level['in_process']['p99_ms']:.2f} ms, served {level['served']['p99_ms']:.2f} ms")
+        print(
+            f"c={level['concurrency']:>2}  served/in-process throughput {level['served_vs_in_process_throughput']:.2f}  "
+            f"p99 in-process {level['in_process']['p99_ms']:.2f} ms, served {level['served']['p99_ms']:.2f} ms"
+        )
     print(f"goal (served >= 0.9x in-process at 8 and 32): {'met' if goal_met else 'not met'}")
     print(f"wrote {write_json_atomic(args.output, result)}")
 

@@ -30,10 +30,26 @@ from make_readme import write_readme
 from roofline import gemm_roofline
 
 RESULTS = Path(__file__).parent / "results"
-FULL = dict(models=["vit_small_patch16", "vit_base_patch16"], resolutions=["224", "384", "512"], batches=[1, 8],
-            duration=2.0, rounds=2, warmup=3, min_iterations=5, end_to_end=True)
-QUICK = dict(models=["vit_small_patch16"], resolutions=["224", "384"], batches=[1, 8],
-             duration=0.5, rounds=1, warmup=1, min_iterations=3, end_to_end=False)
+FULL = dict(
+    models=["vit_small_patch16", "vit_base_patch16"],
+    resolutions=["224", "384", "512"],
+    batches=[1, 8],
+    duration=2.0,
+    rounds=2,
+    warmup=3,
+    min_iterations=5,
+    end_to_end=True,
+)
+QUICK = dict(
+    models=["vit_small_patch16"],
+    resolutions=["224", "384"],
+    batches=[1, 8],
+    duration=0.5,
+    rounds=1,
+    warmup=1,
+    min_iterations=3,
+    end_to_end=False,
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -49,8 +65,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, help="untimed calls before each measurement")
     parser.add_argument("--min-iterations", type=int, help="timed calls per measurement even when the duration is spent")
     parser.add_argument("--kernel-only", action="store_true", help="skip the end-to-end timings (halves a long sweep)")
-    parser.add_argument("--resume", action="store_true",
-                        help="keep the resolutions already in the output file and add the others (e.g. 512 at batch 1 only)")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the resolutions already in the output file and add the others (e.g. 512 at batch 1 only)",
+    )
     parser.add_argument("--device", default="cpu", help="PyTorch device: cpu or cuda")
     parser.add_argument("--note", default="", help="free text stored with the results (e.g. 'shared machine, loaded')")
     parser.add_argument("--output-dir", type=Path, default=RESULTS)
@@ -91,9 +110,17 @@ def sweep_model(name: str, args, path: Path) -> dict:
         data["command"] += " && python benchmarks/sweep.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
         started -= data.get("wall_s", 0)
     for done, resolution in enumerate(resolutions, 1):
-        report = profile(models, resolutions=[resolution], batches=args.batches, backends=args.backends or default_backends(),
-                         budget=budget, end_to_end=args.end_to_end, device=args.device, label=name,
-                         progress=lambda m: print(f"  {time.strftime('%H:%M:%S')} {name}: {m}", file=sys.stderr, flush=True))
+        report = profile(
+            models,
+            resolutions=[resolution],
+            batches=args.batches,
+            backends=args.backends or default_backends(),
+            budget=budget,
+            end_to_end=args.end_to_end,
+            device=args.device,
+            label=name,
+            progress=lambda m: print(f"  {time.strftime('%H:%M:%S')} {name}: {m}", file=sys.stderr, flush=True),
+        )
         roofline = {}
         for batch in args.batches:
             key = f"{resolution_tag(resolution)}/b{batch}"
@@ -106,8 +133,13 @@ def sweep_model(name: str, args, path: Path) -> dict:
         part = report.to_json()
         if not data:
             data = part
-            data.update(model=name, mode="quick" if args.quick else "full", note=args.note, roofline={},
-                        command="python benchmarks/sweep.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+            data.update(
+                model=name,
+                mode="quick" if args.quick else "full",
+                note=args.note,
+                roofline={},
+                command="python benchmarks/sweep.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+            )
         else:
             data["records"] += part["records"]
             data["settings"]["resolutions"] += part["settings"]["resolutions"]

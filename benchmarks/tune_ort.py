@@ -56,8 +56,9 @@ def _fuse(model_bytes: bytes, cfg) -> bytes:
     import onnx
     from onnxruntime.transformers import optimizer
 
-    fused = optimizer.optimize_model(onnx.load_from_string(model_bytes), model_type="vit", num_heads=cfg.num_heads,
-                                     hidden_size=cfg.embed_dim, opt_level=0)
+    fused = optimizer.optimize_model(
+        onnx.load_from_string(model_bytes), model_type="vit", num_heads=cfg.num_heads, hidden_size=cfg.embed_dim, opt_level=0
+    )
     return fused.model.SerializeToString()
 
 
@@ -92,13 +93,19 @@ def main(argv=None) -> None:
                     samples[name] += measure(call, budget)  # warm-up = the untimed calls after each switch
             stats = {name: LatencyStats.from_ns(s, batch) for name, s in samples.items()}
             torch_p50, torch_min = stats["torch_eager"].p50_ms, stats["torch_eager"].min_ms
-            results[f"b{batch}"] = {name: {**st.to_dict(), "vs_torch_p50": st.p50_ms / torch_p50, "vs_torch_min": st.min_ms / torch_min}
-                                    for name, st in stats.items()}
+            results[f"b{batch}"] = {
+                name: {**st.to_dict(), "vs_torch_p50": st.p50_ms / torch_p50, "vs_torch_min": st.min_ms / torch_min}
+                for name, st in stats.items()
+            }
             for name, row in results[f"b{batch}"].items():
-                print(f"b{batch} {name:18s} p50 {row['p50_ms']:8.2f} ms  min {row['min_ms']:8.2f}  vs torch p50 {row['vs_torch_p50']:.3f} min {row['vs_torch_min']:.3f}")
+                print(
+                    f"b{batch} {name:18s} p50 {row['p50_ms']:8.2f} ms  min {row['min_ms']:8.2f}  vs torch p50 {row['vs_torch_p50']:.3f} min {row['vs_torch_min']:.3f}"
+                )
     env["load_average_end"] = list(__import__("os").getloadavg())
     out = RESULTS / f"tune-ort-{args.model}-{args.encoding}-{args.resolution}.json"
-    write_json_atomic(out, dict(environment_line=environment_line(env), environment=env, variants=VARIANTS, args=vars(args), results=results))
+    write_json_atomic(
+        out, dict(environment_line=environment_line(env), environment=env, variants=VARIANTS, args=vars(args), results=results)
+    )
     print(f"wrote {out}", file=sys.stderr)
 
 

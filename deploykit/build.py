@@ -68,8 +68,15 @@ def build_options(
     low, high = (1, max_batch) if dynamic else (batch, batch)
     # TensorRT-RTX tunes at run time: a timing cache does nothing there.
     cache = str(export_dir / TIMING_CACHE_FILE) if module == "tensorrt" else None
-    return BuildOptions(module=module, workspace_mib=workspace_mib, optimization_level=optimization_level,
-                        min_batch=low, opt_batch=batch, max_batch=high, timing_cache=cache)
+    return BuildOptions(
+        module=module,
+        workspace_mib=workspace_mib,
+        optimization_level=optimization_level,
+        min_batch=low,
+        opt_batch=batch,
+        max_batch=high,
+        timing_cache=cache,
+    )
 
 
 def build(
@@ -116,8 +123,15 @@ def build(
         ExportError: a graph does not parse or build, or a plugin fails to load.
     """
     module, export_dir = ENGINE_MODULES[check_backend(backend, ENGINE_MODULES)], Path(export_dir)
-    options = build_options(module, export_dir, dynamic=dynamic, batch=batch, max_batch=max_batch,
-                            workspace_mib=workspace_mib, optimization_level=optimization_level)
+    options = build_options(
+        module,
+        export_dir,
+        dynamic=dynamic,
+        batch=batch,
+        max_batch=max_batch,
+        workspace_mib=workspace_mib,
+        optimization_level=optimization_level,
+    )
     entries = _select(Manifest.read(export_dir), precisions, resolutions)
     if module == "tensorrt_rtx" and plugins.python:
         names = ", ".join(s.describe() for s in plugins.python)
@@ -192,4 +206,3 @@ def describe(result: BuiltEngine) -> str:
     """One line for the terminal."""
     what = "cached" if result.cached else f"built in {result.seconds:.1f} s"
     return f"{result.engine}  ({what})"
-

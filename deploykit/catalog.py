@@ -8,6 +8,13 @@ encoding or a model size without naming it here fails the tests.
 
 ENCODINGS = ("ape", "geope", "gridpe", "mope", "rope-axial", "rope-mixed", "sape2", "sape2+ape", "wepe")
 MODELS = (
-    "char_gpt_dot", "char_gpt_ega", "seq_tiny_ega", "vit_base_patch16", "vit_base_patch4_32", "vit_small_patch16",
-    "vit_small_patch16_4heads", "vit_small_patch4_32", "vit_tiny_patch16",
+    "char_gpt_dot",
+    "char_gpt_ega",
+    "seq_tiny_ega",
+    "vit_base_patch16",
+    "vit_base_patch4_32",
+    "vit_small_patch16",
+    "vit_small_patch16_4heads",
+    "vit_small_patch4_32",
+    "vit_tiny_patch16",
 )

@@ -58,8 +58,10 @@ class _ResolutionRange(click.ParamType):
             self.fail(str(err), param, ctx)
 
 
-PLUGINS_HELP = ("Repeatable: a directory of Python TensorRT plugins, a plugin library (.so), or an installed plugin's name "
-                "(e.g. sape2). None by default; an engine runs with the plugins it was built with.")
+PLUGINS_HELP = (
+    "Repeatable: a directory of Python TensorRT plugins, a plugin library (.so), or an installed plugin's name "
+    "(e.g. sape2). None by default; an engine runs with the plugins it was built with."
+)
 
 
 def parse_counts(values, what: str) -> list[int]:
@@ -87,9 +89,15 @@ def _image_limit_options(command):
     """``--max-image-pixels`` / ``--max-image-bytes``: what one image may cost before it is decoded."""
     from deploykit.imaging import MAX_BYTES, MAX_PIXELS
 
-    command = click.option("--max-image-bytes", default=MAX_BYTES, show_default=True, help="Largest encoded image accepted, in bytes.")(command)
-    return click.option("--max-image-pixels", default=MAX_PIXELS, show_default=True,
-                        help="Largest image (height x width) decoded; larger ones are refused (HTTP 400) from their header.")(command)
+    command = click.option("--max-image-bytes", default=MAX_BYTES, show_default=True, help="Largest encoded image accepted, in bytes.")(
+        command
+    )
+    return click.option(
+        "--max-image-pixels",
+        default=MAX_PIXELS,
+        show_default=True,
+        help="Largest image (height x width) decoded; larger ones are refused (HTTP 400) from their header.",
+    )(command)
 
 
 def _console():
@@ -113,7 +121,10 @@ def _steps(console, title: str):
 
 
 _SET_OPTION = click.option(
-    "--set", "options", multiple=True, metavar="KEY=VALUE",
+    "--set",
+    "options",
+    multiple=True,
+    metavar="KEY=VALUE",
     help="Repeatable encoding option, typed and checked against the encoding's config (e.g. antialias=false).",
 )
 
@@ -134,31 +145,83 @@ def cli(ctx, quiet, verbose):
 @cli.command()
 @click.option("--encoding", "-e", default=None, help="Encoding for a new/default model (ape, rope-axial, rope-mixed, ...).")
 @click.option("--model", "model_name", default=None, help="Model size when building from --encoding (default vit_tiny_patch16).")
-@click.option("--checkpoint", "-c", type=click.Path(path_type=Path), default=None,
-              help="Model directory (config.json + model.safetensors) or weights file (.safetensors, .pt).")
+@click.option(
+    "--checkpoint",
+    "-c",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Model directory (config.json + model.safetensors) or weights file (.safetensors, .pt).",
+)
 @click.option("--resolution", "-r", "resolutions", type=RESOLUTION, multiple=True, help="Repeatable; default the model's img_size.")
 @click.option("--output", "-o", type=click.Path(path_type=Path), required=True, help="Export directory.")
 @click.option("--opset", type=int, default=None, help="ONNX opset, 17 to 25 (default 18; SaPE² needs 18).")
-@click.option("--precision", "precisions", type=click.Choice(PLAN_NAMES), multiple=True,
-              help="Repeatable precision plan written beside fp32: fp16/bf16 (casts), int8 (Q/DQ, calibrated; ORT and TensorRT), "
-                   "int8-dynamic and fp32-mha (ONNX Runtime only). Tables, rotations, gates, LayerNorm, Softmax, logits stay float.")
-@click.option("--calibration-samples", type=click.IntRange(min=1), default=128, show_default=True,
-              help="int8: real inputs to calibrate on (a zoo model's train split, else crops of the bundled images).")
-@click.option("--calibration-method", type=click.Choice(["minmax", "percentile", "entropy"]), default="minmax", show_default=True,
-              help="int8: how activation ranges are chosen from the calibration inputs.")
-@click.option("--min-agreement", type=click.FloatRange(0, 1), default=0.99, show_default=True,
-              help="int8: top-1 agreement with fp32 to reach on held-out inputs, moving the most sensitive matmuls back to float "
-                   "(0: quantize every eligible matmul).")
-@click.option("--held-out", type=click.IntRange(min=1), default=1000, show_default=True,
-              help="int8: held-out inputs (a zoo model's val split, else other crops) the plan is checked on.")
-@click.option("--int8-attention", is_flag=True,
-              help="int8: quantize the attention products too (faster at high resolution; measured to cost top-1 agreement "
-                   "away from the training resolution, so off by default).")
-@click.option("--resolution-range", "resolution_range", type=_ResolutionRange(), default=None,
-              help="Also one graph for any resolution in MIN:OPT:MAX (e.g. 224:384:512; RoPE, GridPE, GeoPE).")
+@click.option(
+    "--precision",
+    "precisions",
+    type=click.Choice(PLAN_NAMES),
+    multiple=True,
+    help="Repeatable precision plan written beside fp32: fp16/bf16 (casts), int8 (Q/DQ, calibrated; ORT and TensorRT), "
+    "int8-dynamic and fp32-mha (ONNX Runtime only). Tables, rotations, gates, LayerNorm, Softmax, logits stay float.",
+)
+@click.option(
+    "--calibration-samples",
+    type=click.IntRange(min=1),
+    default=128,
+    show_default=True,
+    help="int8: real inputs to calibrate on (a zoo model's train split, else crops of the bundled images).",
+)
+@click.option(
+    "--calibration-method",
+    type=click.Choice(["minmax", "percentile", "entropy"]),
+    default="minmax",
+    show_default=True,
+    help="int8: how activation ranges are chosen from the calibration inputs.",
+)
+@click.option(
+    "--min-agreement",
+    type=click.FloatRange(0, 1),
+    default=0.99,
+    show_default=True,
+    help="int8: top-1 agreement with fp32 to reach on held-out inputs, moving the most sensitive matmuls back to float "
+    "(0: quantize every eligible matmul).",
+)
+@click.option(
+    "--held-out",
+    type=click.IntRange(min=1),
+    default=1000,
+    show_default=True,
+    help="int8: held-out inputs (a zoo model's val split, else other crops) the plan is checked on.",
+)
+@click.option(
+    "--int8-attention",
+    is_flag=True,
+    help="int8: quantize the attention products too (faster at high resolution; measured to cost top-1 agreement "
+    "away from the training resolution, so off by default).",
+)
+@click.option(
+    "--resolution-range",
+    "resolution_range",
+    type=_ResolutionRange(),
+    default=None,
+    help="Also one graph for any resolution in MIN:OPT:MAX (e.g. 224:384:512; RoPE, GridPE, GeoPE).",
+)
 @_SET_OPTION
-def export(encoding, model_name, checkpoint, resolutions, output, opset, precisions, calibration_samples, calibration_method,
-           min_agreement, held_out, int8_attention, resolution_range, options):
+def export(
+    encoding,
+    model_name,
+    checkpoint,
+    resolutions,
+    output,
+    opset,
+    precisions,
+    calibration_samples,
+    calibration_method,
+    min_agreement,
+    held_out,
+    int8_attention,
+    resolution_range,
+    options,
+):
     """Export a model to one ONNX graph per resolution, tables baked in, graph linted."""
     from deploykit.export import DEFAULT_OPSET
     from deploykit.export import export as export_model
@@ -169,12 +232,25 @@ def export(encoding, model_name, checkpoint, resolutions, output, opset, precisi
     console = _console()
     model, source = resolve_model(checkpoint=checkpoint, encoding=encoding, model_name=model_name, options=options)
     resolutions = resolutions or ([] if resolution_range else [model.default_shape])
-    calibration = CalibrationOptions(samples=calibration_samples, method=calibration_method, min_agreement=min_agreement or None,
-                                     held_out=held_out, attention=True if int8_attention else None)
+    calibration = CalibrationOptions(
+        samples=calibration_samples,
+        method=calibration_method,
+        min_agreement=min_agreement or None,
+        held_out=held_out,
+        attention=True if int8_attention else None,
+    )
     with _steps(console, "export") as step:
-        manifest = export_model(model, resolutions, output, opset=DEFAULT_OPSET if opset is None else opset,
-                                precisions=precisions or ("fp32",), source=source, progress=step, resolution_range=resolution_range,
-                                calibration=calibration)
+        manifest = export_model(
+            model,
+            resolutions,
+            output,
+            opset=DEFAULT_OPSET if opset is None else opset,
+            precisions=precisions or ("fp32",),
+            source=source,
+            progress=step,
+            resolution_range=resolution_range,
+            calibration=calibration,
+        )
     for graph in manifest.graphs:
         where = resolution_tag(graph.resolution)
         if graph.resolution_range:
@@ -187,8 +263,10 @@ def export(encoding, model_name, checkpoint, resolutions, output, opset, precisi
 def _quantization_line(details: dict) -> str:
     """``int8: 15 matmuls int8, 4 float (logits 1, attention 8, ...); calibrated on ...; agreement ...``."""
     floats = details.get("float_nodes", {})
-    line = (f"{details['quantized_nodes']} matmuls int8, {sum(map(len, floats.values()))} float "
-            f"({', '.join(f'{reason} {len(nodes)}' for reason, nodes in floats.items()) or 'none'})")
+    line = (
+        f"{details['quantized_nodes']} matmuls int8, {sum(map(len, floats.values()))} float "
+        f"({', '.join(f'{reason} {len(nodes)}' for reason, nodes in floats.items()) or 'none'})"
+    )
     if "calibration_data" in details:
         line += f"; calibrated ({details['calibration']}) on {details['calibration_data']}"
     if details.get("agreement"):
@@ -199,10 +277,22 @@ def _quantization_line(details: dict) -> str:
 @cli.command()
 @click.argument("export_dir", type=click.Path(path_type=Path))
 @click.option("--resolution", "-r", "resolutions", type=RESOLUTION, multiple=True, help="Repeatable; default every exported one.")
-@click.option("--backend", "-b", "backends", multiple=True, default=("ort",), show_default=True, help="Repeatable: ort, ort-cuda, trt, rtx (trt/rtx run the engines deploykit build wrote).")
-@click.option("--precision", default="fp32", show_default=True,
-              help=f"Which exported plan to check, and its tolerance ({', '.join(PLAN_NAMES)}; int8: cosine and top-1/top-5 "
-                   "agreement on the real inputs).")
+@click.option(
+    "--backend",
+    "-b",
+    "backends",
+    multiple=True,
+    default=("ort",),
+    show_default=True,
+    help="Repeatable: ort, ort-cuda, trt, rtx (trt/rtx run the engines deploykit build wrote).",
+)
+@click.option(
+    "--precision",
+    default="fp32",
+    show_default=True,
+    help=f"Which exported plan to check, and its tolerance ({', '.join(PLAN_NAMES)}; int8: cosine and top-1/top-5 "
+    "agreement on the real inputs).",
+)
 @click.option("--num-random", default=4, show_default=True, help="Seeded noise inputs per resolution.")
 @click.option("--num-real", default=8, show_default=True, help="Bundled real images per resolution.")
 @click.option("--seed", default=0, show_default=True)
@@ -218,9 +308,17 @@ def validate(export_dir, resolutions, backends, precision, num_random, num_real,
     if report:
         check_file_destination(report)  # before the work, not after it
     with _steps(console, "validate") as step:
-        result = run_validation(export_dir, resolutions=resolutions or None, backends=backends, precision=precision,
-                                num_random=num_random, num_real=num_real, seed=seed, progress=step,
-                                plugins=Plugins.resolve(plugin_specs))
+        result = run_validation(
+            export_dir,
+            resolutions=resolutions or None,
+            backends=backends,
+            precision=precision,
+            num_random=num_random,
+            num_real=num_real,
+            seed=seed,
+            progress=step,
+            plugins=Plugins.resolve(plugin_specs),
+        )
     _print_report(console, result)
     if report:
         write_json_atomic(report, result.to_json())
@@ -235,8 +333,10 @@ def _print_report(console, report) -> None:
         mark = "[green]✓[/]" if r.passed else "[red]✗[/]"
         where = resolution_tag(tuple(r.resolution)) + (f" b{r.batch}" if r.profiled else "") + (" (range)" if r.range_graph else "")
         top_k = f"  top1 {r.top1_agreement:.0%}  top5 {r.top5_agreement:.0%}" if r.top1_agreement is not None else "  (features)"
-        line = (f"{mark} {r.backend:<5} {where:>8}  max|Δ| {r.max_abs:.2e}  mean|Δ| {r.mean_abs:.2e}"
-                f"  cos {r.cosine:.8f}{top_k}  NaN/Inf {r.nan_count}/{r.inf_count}")
+        line = (
+            f"{mark} {r.backend:<5} {where:>8}  max|Δ| {r.max_abs:.2e}  mean|Δ| {r.mean_abs:.2e}"
+            f"  cos {r.cosine:.8f}{top_k}  NaN/Inf {r.nan_count}/{r.inf_count}"
+        )
         if r.first_divergent_block:
             line += f"  first divergence: {r.first_divergent_block}"
         line += f"  on {r.provider}"
@@ -248,22 +348,48 @@ def _print_report(console, report) -> None:
 
 @cli.command()
 @click.argument("export_dir", type=click.Path(path_type=Path))
-@click.option("--backend", "-b", type=click.Choice(["trt", "rtx"]), default="trt", show_default=True,
-              help="trt: TensorRT (NVIDIA GPUs); rtx: TensorRT-RTX (RTX GPUs; builds without a GPU).")
-@click.option("--dynamic", is_flag=True,
-              help="One batch profile 1..--max-batch tuned for --batch, instead of a static batch (resolution stays static).")
+@click.option(
+    "--backend",
+    "-b",
+    type=click.Choice(["trt", "rtx"]),
+    default="trt",
+    show_default=True,
+    help="trt: TensorRT (NVIDIA GPUs); rtx: TensorRT-RTX (RTX GPUs; builds without a GPU).",
+)
+@click.option(
+    "--dynamic",
+    is_flag=True,
+    help="One batch profile 1..--max-batch tuned for --batch, instead of a static batch (resolution stays static).",
+)
 @click.option("--batch", default=1, show_default=True, help="Static batch, or the batch a --dynamic profile is tuned for.")
 @click.option("--max-batch", default=8, show_default=True, help="Largest batch of a --dynamic profile.")
-@click.option("--precision", "precisions", type=click.Choice(PLAN_NAMES), multiple=True,
-              help="Repeatable; default every exported plan TensorRT can build (int8-dynamic and fp32-mha are ONNX Runtime only).")
+@click.option(
+    "--precision",
+    "precisions",
+    type=click.Choice(PLAN_NAMES),
+    multiple=True,
+    help="Repeatable; default every exported plan TensorRT can build (int8-dynamic and fp32-mha are ONNX Runtime only).",
+)
 @click.option("--resolution", "-r", "resolutions", type=RESOLUTION, multiple=True, help="Repeatable; default every exported one.")
 @click.option("--workspace", "workspace_mib", type=click.IntRange(min=1), default=None, help="Workspace limit in MiB.")
 @click.option("--opt-level", "optimization_level", type=click.IntRange(0, 5), default=None, help="Builder optimization level (default 3).")
 @click.option("--plugins", "plugin_specs", multiple=True, help=PLUGINS_HELP)
 @click.option("--rebuild", is_flag=True, help="Replace engines whose fingerprint no longer matches (otherwise refused).")
 @click.option("--verbose", "-v", is_flag=True, help="Show every TensorRT message (otherwise warnings are summarised once).")
-def build(export_dir, backend, dynamic, batch, max_batch, precisions, resolutions, workspace_mib, optimization_level, plugin_specs,
-          rebuild, verbose):
+def build(
+    export_dir,
+    backend,
+    dynamic,
+    batch,
+    max_batch,
+    precisions,
+    resolutions,
+    workspace_mib,
+    optimization_level,
+    plugin_specs,
+    rebuild,
+    verbose,
+):
     """Build one TensorRT engine per exported graph, beside it, with a fingerprint."""
     from rich.live import Live
 
@@ -277,9 +403,20 @@ def build(export_dir, backend, dynamic, batch, max_batch, precisions, resolution
     configure_logging(2 if verbose else _verbosity())  # build -v: every TensorRT message
     progress = BuildProgress()
     with Live(progress, console=console, transient=True, refresh_per_second=4):
-        results = build_engines(export_dir, backend, dynamic=dynamic, batch=batch, max_batch=max_batch, precisions=precisions,
-                                resolutions=resolutions, workspace_mib=workspace_mib, optimization_level=optimization_level,
-                                plugins=Plugins.resolve(plugin_specs), rebuild=rebuild, progress=progress)
+        results = build_engines(
+            export_dir,
+            backend,
+            dynamic=dynamic,
+            batch=batch,
+            max_batch=max_batch,
+            precisions=precisions,
+            resolutions=resolutions,
+            workspace_mib=workspace_mib,
+            optimization_level=optimization_level,
+            plugins=Plugins.resolve(plugin_specs),
+            rebuild=rebuild,
+            progress=progress,
+        )
     for result in results:
         console.print(f"[green]✓[/] {describe(result)}", soft_wrap=True)
 
@@ -289,14 +426,30 @@ def build(export_dir, backend, dynamic, batch, max_batch, precisions, resolution
 @click.option("--encoding", "-e", default=None, help="Encoding of the default/new model, as for export.")
 @click.option("--model", "model_name", default=None, help="Model size when building from --encoding.")
 @click.option("--checkpoint", "-c", type=click.Path(path_type=Path), default=None, help="Model directory or weights file, as for export.")
-@click.option("--resolution", "-r", "resolutions", multiple=True, help="Repeatable: 384 or 384x256 (a length for sequence models); default the model's own.")
+@click.option(
+    "--resolution",
+    "-r",
+    "resolutions",
+    multiple=True,
+    help="Repeatable: 384 or 384x256 (a length for sequence models); default the model's own.",
+)
 @click.option("--resolutions", "resolution_lists", multiple=True, help="Comma list, e.g. 224,384,512.")
 @click.option("--batch", "batches", multiple=True, default=("1",), show_default=True, help="Comma list, e.g. 1,8,32.")
-@click.option("--backend", "backends", multiple=True, default=("torch", "ort"), show_default=True,
-              help="Repeatable or comma list: torch and every ONNX runner (ort, ...); several are compared in one run.")
-@click.option("--precision", "precisions", type=click.Choice(PLAN_NAMES), multiple=True,
-              help="Repeatable: time these plans side by side (EXPORT_DIR's, else built as export would; default fp32); "
-                   "records get ratio_vs_fp32.")
+@click.option(
+    "--backend",
+    "backends",
+    multiple=True,
+    default=("torch", "ort"),
+    show_default=True,
+    help="Repeatable or comma list: torch and every ONNX runner (ort, ...); several are compared in one run.",
+)
+@click.option(
+    "--precision",
+    "precisions",
+    type=click.Choice(PLAN_NAMES),
+    multiple=True,
+    help="Repeatable: time these plans side by side (EXPORT_DIR's, else built as export would; default fp32); records get ratio_vs_fp32.",
+)
 @click.option("--duration", type=float, default=1.0, show_default=True, help="Seconds of timed calls per measurement.")
 @click.option("--iterations", type=int, default=None, help="Exactly this many timed calls per measurement (overrides --duration).")
 @click.option("--warmup", type=int, default=3, show_default=True, help="Untimed calls before each measurement.")
@@ -309,9 +462,29 @@ def build(export_dir, backend, dynamic, batch, max_batch, precisions, resolution
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None, help="Latency-vs-resolution PNG (needs matplotlib).")
 @click.option("--plugins", "plugin_specs", multiple=True, help=PLUGINS_HELP)
 @click.option("--no-cuda-graphs", is_flag=True, help="Engine backends: do not replay CUDA graphs (used where the engine allows).")
-def profile(export_dir, encoding, model_name, checkpoint, resolutions, resolution_lists, batches, backends, precisions, duration,
-            iterations, warmup, rounds, device, no_ape_baseline, no_end_to_end, json_path, csv_path, plot_path, plugin_specs,
-            no_cuda_graphs):
+def profile(
+    export_dir,
+    encoding,
+    model_name,
+    checkpoint,
+    resolutions,
+    resolution_lists,
+    batches,
+    backends,
+    precisions,
+    duration,
+    iterations,
+    warmup,
+    rounds,
+    device,
+    no_ape_baseline,
+    no_end_to_end,
+    json_path,
+    csv_path,
+    plot_path,
+    plugin_specs,
+    no_cuda_graphs,
+):
     """Latency per backend × encoding × resolution × batch, and the encoding's cost against APE."""
     from rich.console import Console
 
@@ -335,11 +508,21 @@ def profile(export_dir, encoding, model_name, checkpoint, resolutions, resolutio
         subject = prof.Subject(model)
     res = parse_resolutions([*resolutions, *resolution_lists]) or subject.resolutions or [subject.model.default_shape]
     with _steps(console, "profile") as step:
-        report = prof.profile(subject, resolutions=res, batches=batch_sizes, backends=backend_names, budget=budget,
-                              precisions=precisions or ("fp32",),
-                              compare_ape=not no_ape_baseline, end_to_end=not no_end_to_end, device=device, label=label,
-                              progress=step, plugins=Plugins.resolve(plugin_specs),
-                              cuda_graphs=not no_cuda_graphs)
+        report = prof.profile(
+            subject,
+            resolutions=res,
+            batches=batch_sizes,
+            backends=backend_names,
+            budget=budget,
+            precisions=precisions or ("fp32",),
+            compare_ape=not no_ape_baseline,
+            end_to_end=not no_end_to_end,
+            device=device,
+            label=label,
+            progress=step,
+            plugins=Plugins.resolve(plugin_specs),
+            cuda_graphs=not no_cuda_graphs,
+        )
     table, out = render_table(report, title=f"deploykit profile: {label}"), Console(highlight=False)
     if not out.is_terminal:  # piped: the table's own width (caption included), never squeezed or wrapped to 80 columns
         table.min_width, out.width = len(report.environment_line), 1 << 16  # measured without a width limit
@@ -347,8 +530,11 @@ def profile(export_dir, encoding, model_name, checkpoint, resolutions, resolutio
     out.print(table)
     for note in report.notes:
         console.print(f"note: {note}", soft_wrap=True, markup=False)
-    writers = ((json_path, report.write_json), (csv_path, lambda path: write_csv(path, report.records)),
-               (plot_path, lambda path: plot_latency(path, report.records, title=label)))
+    writers = (
+        (json_path, report.write_json),
+        (csv_path, lambda path: write_csv(path, report.records)),
+        (plot_path, lambda path: plot_latency(path, report.records, title=label)),
+    )
     for path, write in writers:
         if path:
             console.print(f"wrote {write(path)}")
@@ -368,8 +554,22 @@ def profile(export_dir, encoding, model_name, checkpoint, resolutions, resolutio
 @click.option("--ray", "use_ray", is_flag=True, help="Serve on Ray Serve instead (HTTP on --host/--port; POST image bytes).")
 @click.option("--replicas", default=2, show_default=True, help="Ray Serve replicas (with --ray).")
 @click.option("--ray-address", default=None, help="Existing Ray cluster to join (with --ray); default: start a local one.")
-def serve(export_dir, host, port, grpc_port, metrics_port, max_batch_size, max_queue_delay_us, backend, top_k, max_image_pixels,
-          max_image_bytes, use_ray, replicas, ray_address):
+def serve(
+    export_dir,
+    host,
+    port,
+    grpc_port,
+    metrics_port,
+    max_batch_size,
+    max_queue_delay_us,
+    backend,
+    top_k,
+    max_image_pixels,
+    max_image_bytes,
+    use_ray,
+    replicas,
+    ray_address,
+):
     """Serve an export directory with Triton Inference Server (KServe v2 over HTTP and gRPC), or Ray Serve."""
     import signal
 
@@ -389,8 +589,16 @@ def serve(export_dir, host, port, grpc_port, metrics_port, max_batch_size, max_q
     if use_ray:
         from deploykit.serve.ray_serve import RayOptions, serve_ray
 
-        ray_options = RayOptions(num_replicas=replicas, max_batch_size=max_batch_size, batch_wait_timeout_s=max_queue_delay_us / 1e6,
-                                 backend=backend, top_k=top_k, host=host, port=port, limits=limits)
+        ray_options = RayOptions(
+            num_replicas=replicas,
+            max_batch_size=max_batch_size,
+            batch_wait_timeout_s=max_queue_delay_us / 1e6,
+            backend=backend,
+            top_k=top_k,
+            host=host,
+            port=port,
+            limits=limits,
+        )
 
         def ray_ready(backends):
             _say_backends(backends)
@@ -401,13 +609,25 @@ def serve(export_dir, host, port, grpc_port, metrics_port, max_batch_size, max_q
     from deploykit.serve.triton_server import ServerOptions
     from deploykit.serve.triton_server import serve as run_server
 
-    options = ServerOptions(host=host, http_port=port, grpc_port=grpc_port, metrics_port=metrics_port, max_batch_size=max_batch_size,
-                            max_queue_delay_us=max_queue_delay_us, backend=backend, top_k=top_k, limits=limits)
+    options = ServerOptions(
+        host=host,
+        http_port=port,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
+        max_batch_size=max_batch_size,
+        max_queue_delay_us=max_queue_delay_us,
+        backend=backend,
+        top_k=top_k,
+        limits=limits,
+    )
 
     def triton_ready(ready):
         _say_backends(ready.backends)
-        console.print(f"[green]✓[/] serving {', '.join(ready.models)}: http://{ready.http}  grpc {ready.grpc}  "
-                      f"metrics http://{ready.metrics}/metrics", soft_wrap=True)
+        console.print(
+            f"[green]✓[/] serving {', '.join(ready.models)}: http://{ready.http}  grpc {ready.grpc}  "
+            f"metrics http://{ready.metrics}/metrics",
+            soft_wrap=True,
+        )
 
     run_server(export_dir, options, on_ready=triton_ready)
 
@@ -419,12 +639,24 @@ def import_group():
 
 @import_group.command("timm")
 @click.argument("name")
-@click.option("--weights", "-w", type=click.Path(path_type=Path), default=None,
-              help="Local .safetensors or .pth state dict of that timm model (default: timm's pretrained weights from the hub).")
-@click.option("--model-kwargs", "model_kwargs", multiple=True, metavar="KEY=VALUE",
-              help="Repeatable timm.create_model argument (e.g. num_classes=0, global_pool=token).")
+@click.option(
+    "--weights",
+    "-w",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Local .safetensors or .pth state dict of that timm model (default: timm's pretrained weights from the hub).",
+)
+@click.option(
+    "--model-kwargs",
+    "model_kwargs",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Repeatable timm.create_model argument (e.g. num_classes=0, global_pool=token).",
+)
 @_SET_OPTION
-@click.option("--output", "-o", type=click.Path(path_type=Path), required=True, help="Model directory to write (config.json + model.safetensors).")
+@click.option(
+    "--output", "-o", type=click.Path(path_type=Path), required=True, help="Model directory to write (config.json + model.safetensors)."
+)
 def import_timm(name, weights, model_kwargs, options, output):
     """Import timm model NAME (ViT, DeiT-III, RoPE-ViT, DINOv3) for export, validate, build, profile and serve."""
     from deploykit.nn.checkpoint import save_model
@@ -438,30 +670,46 @@ def import_timm(name, weights, model_kwargs, options, output):
 
 @cli.command("serve-bench")
 @click.argument("export_dir", type=click.Path(path_type=Path))
-@click.option("--concurrency", "concurrency", multiple=True, default=("1,8,32",), show_default=True, help="Levels, comma-separated or repeated.")
+@click.option(
+    "--concurrency", "concurrency", multiple=True, default=("1,8,32",), show_default=True, help="Levels, comma-separated or repeated."
+)
 @click.option("--requests", default=256, show_default=True, help="Requests per level and side.")
 @click.option("--resolution", "-r", type=RESOLUTION, default=None, help="Exported resolution to load (default: the first).")
 @click.option("--backend", "-b", default="ort", show_default=True, help="Backend of both sides.")
 @click.option("--max-batch-size", default=32, show_default=True, help="The server's dynamic batching limit.")
 @click.option("--max-queue-delay-us", default=2000, show_default=True, help="The server's dynamic batching wait.")
-@click.option("--client", type=click.Choice(["auto", "perf_analyzer", "builtin"]), default="auto", show_default=True,
-              help="Load generator of the served side: Triton's perf_analyzer when installed, else our own.")
+@click.option(
+    "--client",
+    type=click.Choice(["auto", "perf_analyzer", "builtin"]),
+    default="auto",
+    show_default=True,
+    help="Load generator of the served side: Triton's perf_analyzer when installed, else our own.",
+)
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the report as JSON.")
 def serve_bench(export_dir, concurrency, requests, resolution, backend, max_batch_size, max_queue_delay_us, client, json_path):
     """Served (Triton, dynamic batching) vs in-process throughput and p50/p99 latency per concurrency."""
     from deploykit.serve.bench import BenchOptions, bench_serving
 
     console = _console()
-    options = BenchOptions(concurrency=tuple(parse_counts(concurrency, "concurrency")), requests=requests, resolution=resolution,
-                           backend=backend, max_batch_size=max_batch_size, max_queue_delay_us=max_queue_delay_us, client=client)
+    options = BenchOptions(
+        concurrency=tuple(parse_counts(concurrency, "concurrency")),
+        requests=requests,
+        resolution=resolution,
+        backend=backend,
+        max_batch_size=max_batch_size,
+        max_queue_delay_us=max_queue_delay_us,
+        client=client,
+    )
     with _steps(console, "serve-bench") as step:
         report = bench_serving(export_dir, options, progress=step)
     for level in report.levels:
         local, served = level["in_process"], level["served"]
-        click.echo(f"concurrency {level['concurrency']:>3}: in-process {local['throughput_rps']:.1f} req/s, p50 {local['p50_ms']:.2f} ms, "
-                   f"p99 {local['p99_ms']:.2f} ms | served {served['throughput_rps']:.1f} req/s, p50 {served['p50_ms']:.2f} ms, "
-                   f"p99 {served['p99_ms']:.2f} ms, mean merged batch {served['mean_merged_batch']:.1f} | "
-                   f"served/in-process {level['served_vs_in_process_throughput']:.2f}")
+        click.echo(
+            f"concurrency {level['concurrency']:>3}: in-process {local['throughput_rps']:.1f} req/s, p50 {local['p50_ms']:.2f} ms, "
+            f"p99 {local['p99_ms']:.2f} ms | served {served['throughput_rps']:.1f} req/s, p50 {served['p50_ms']:.2f} ms, "
+            f"p99 {served['p99_ms']:.2f} ms, mean merged batch {served['mean_merged_batch']:.1f} | "
+            f"served/in-process {level['served_vs_in_process_throughput']:.2f}"
+        )
     if json_path:
         console.print(f"wrote {report.write_json(json_path)}", markup=False, soft_wrap=True)
 
@@ -475,21 +723,37 @@ def package():
 @click.argument("export_dir", type=click.Path(path_type=Path))
 @click.option("--output", "-o", type=click.Path(path_type=Path), required=True, help="Model repository to create.")
 @click.option("--max-batch-size", default=32, show_default=True)
-@click.option("--preferred-batch-size", "preferred", type=int, multiple=True, default=(8, 16), show_default=True,
-              help="Repeatable; also the CUDA-graph batch sizes.")
+@click.option(
+    "--preferred-batch-size",
+    "preferred",
+    type=int,
+    multiple=True,
+    default=(8, 16),
+    show_default=True,
+    help="Repeatable; also the CUDA-graph batch sizes.",
+)
 @click.option("--max-queue-delay-us", default=2000, show_default=True)
 @click.option("--gpu-instances", default=1, show_default=True, help="Instances per GPU of each inference model.")
-@click.option("--onnx-kind", type=click.Choice(["gpu", "cpu"]), default="gpu", show_default=True, help="Instance kind of the ONNX Runtime variant.")
+@click.option(
+    "--onnx-kind", type=click.Choice(["gpu", "cpu"]), default="gpu", show_default=True, help="Instance kind of the ONNX Runtime variant."
+)
 @_image_limit_options
-def package_triton(export_dir, output, max_batch_size, preferred, max_queue_delay_us, gpu_instances, onnx_kind, max_image_pixels, max_image_bytes):
+def package_triton(
+    export_dir, output, max_batch_size, preferred, max_queue_delay_us, gpu_instances, onnx_kind, max_image_pixels, max_image_bytes
+):
     """Write a Triton model repository: TensorRT + ONNX Runtime models per resolution, preprocessing ensembles."""
     from deploykit.serve.classifier import ImageLimits
     from deploykit.serve.triton_repo import RepositoryOptions
     from deploykit.serve.triton_repo import package_triton as write_repository
 
-    options = RepositoryOptions(max_batch_size=max_batch_size, preferred_batch_sizes=tuple(preferred),
-                                max_queue_delay_us=max_queue_delay_us, gpu_instances=gpu_instances, onnx_kind=onnx_kind,
-                                limits=ImageLimits(max_pixels=max_image_pixels, max_bytes=max_image_bytes))
+    options = RepositoryOptions(
+        max_batch_size=max_batch_size,
+        preferred_batch_sizes=tuple(preferred),
+        max_queue_delay_us=max_queue_delay_us,
+        gpu_instances=gpu_instances,
+        onnx_kind=onnx_kind,
+        limits=ImageLimits(max_pixels=max_image_pixels, max_bytes=max_image_bytes),
+    )
     repo = write_repository(export_dir, output, options)
     _console().print(f"[green]✓[/] {repo}  ({len([p for p in repo.iterdir() if p.is_dir()])} models; see {repo / 'README.md'})")
 

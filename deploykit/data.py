@@ -67,9 +67,7 @@ def sample_text() -> str:
 
     source = open(importlib.util.find_spec("this").origin, encoding="utf-8").read()
     encoded = next(
-        node.value.value
-        for node in ast.parse(source).body
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "s"
+        node.value.value for node in ast.parse(source).body if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "s"
     )
     return codecs.decode(encoded, "rot13")
 
@@ -115,7 +113,9 @@ def validation_inputs(model, shape: tuple[int, ...], num_random: int, num_real: 
         vocab = model.cfg.vocab_size
         return np.concatenate([random_token_inputs(num_random, length, vocab, seed), real_token_inputs(length, vocab, num_real)])
     cfg = model.cfg
-    real = dataset_inputs(cfg.dataset, shape, cfg.mean, cfg.std, num_real) if cfg.dataset else real_inputs(shape, cfg.mean, cfg.std, num_real)
+    real = (
+        dataset_inputs(cfg.dataset, shape, cfg.mean, cfg.std, num_real) if cfg.dataset else real_inputs(shape, cfg.mean, cfg.std, num_real)
+    )
     return np.concatenate([random_inputs(num_random, shape, seed), real])
 
 

@@ -93,9 +93,7 @@ def nearest_resolution(size: tuple[int, int], resolutions: Sequence[tuple[int, i
     return min(resolutions, key=key)
 
 
-def preprocess(
-    image: np.ndarray, resolution: tuple[int, int], mean: Sequence[float], std: Sequence[float], crop_pct: float
-) -> np.ndarray:
+def preprocess(image: np.ndarray, resolution: tuple[int, int], mean: Sequence[float], std: Sequence[float], crop_pct: float) -> np.ndarray:
     """One ``[H, W, 3]`` (or ``[H, W]``, or ``[H, W, 4]``) uint8 image → ``[3, h, w]`` float32.
 
     Resize the short side to ``max(h, w) / crop_pct`` (antialiased bicubic, float64), clamp to

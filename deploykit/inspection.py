@@ -35,8 +35,9 @@ def inspect_path(path: str | os.PathLike) -> dict:
     if path.is_file() and path.suffix in ENGINE_SUFFIXES:
         return inspect_engine(path)
     what = "does not exist" if not path.exists() else "is a directory" if path.is_dir() else f"has suffix {path.suffix!r}"
-    raise DeployKitError(f"{path} {what}; inspect takes an ONNX graph ({', '.join(GRAPH_SUFFIXES)}) "
-                         f"or a TensorRT engine ({', '.join(ENGINE_SUFFIXES)})")
+    raise DeployKitError(
+        f"{path} {what}; inspect takes an ONNX graph ({', '.join(GRAPH_SUFFIXES)}) or a TensorRT engine ({', '.join(ENGINE_SUFFIXES)})"
+    )
 
 
 def inspect_graph(path: Path) -> dict:
@@ -58,8 +59,9 @@ def inspect_graph(path: Path) -> dict:
         "opset": {o.domain or "ai.onnx": o.version for o in proto.opset_import},
         "inputs": [_value_info(v) for v in proto.graph.input],
         "outputs": [_value_info(v) for v in proto.graph.output],
-        "tables": [{"name": t.name, "shape": list(t.dims), "dtype": onnx.helper.tensor_dtype_to_np_dtype(t.data_type).name}
-                   for t in tables],
+        "tables": [
+            {"name": t.name, "shape": list(t.dims), "dtype": onnx.helper.tensor_dtype_to_np_dtype(t.data_type).name} for t in tables
+        ],
         "initializer_dtypes": dict(Counter(onnx.helper.tensor_dtype_to_np_dtype(i.data_type).name for i in proto.graph.initializer)),
         "casts": sum(n.op_type == "Cast" for n in proto.graph.node),
         "custom_ops": dict(custom),
@@ -111,8 +113,12 @@ def inspect_engine(path: Path) -> dict:
     else:
         from deploykit.export.manifest import sha256_file
 
-        info.update(fingerprint=fingerprint.to_dict(), plugins=plugins, matches_fingerprint=sha256_file(path) == engine_sha,
-                    profile_shapes=fingerprint.shapes)
+        info.update(
+            fingerprint=fingerprint.to_dict(),
+            plugins=plugins,
+            matches_fingerprint=sha256_file(path) == engine_sha,
+            profile_shapes=fingerprint.shapes,
+        )
         module = fingerprint.module
     if module is None:
         info["layers"] = {"note": "unknown TensorRT flavour (no fingerprint, and the name is not model_<res>.trt/.rtx.engine)"}

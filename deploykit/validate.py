@@ -127,8 +127,14 @@ def marked_graph(onnx_path: Path) -> tuple[bytes, list[str]]:
 
 
 def first_divergent_block(
-    onnx_path: Path, model: Model, inputs: np.ndarray, tolerance: Tolerance, batch_size: int = 4, backend: str = "ort",
-    plugins: Plugins = Plugins(), num_real: int = 0,
+    onnx_path: Path,
+    model: Model,
+    inputs: np.ndarray,
+    tolerance: Tolerance,
+    batch_size: int = 4,
+    backend: str = "ort",
+    plugins: Plugins = Plugins(),
+    num_real: int = 0,
 ) -> str | None:
     """Name the first ``blocks.<i>`` whose output diverges in ``backend``, or ``"head"`` if every
     block agrees there.
@@ -226,11 +232,26 @@ def validate(
                 profiled, provider = bool(runner.profiled_shapes), runner.provider
             for resolution, batch, actual in outputs:
                 inputs, reference = reference_at(resolution)
-                metrics = compare_logits(*_per_prediction(reference, actual), num_real * _predictions_per_input(reference), tolerance,
-                                         top_k=model.output_kind == "logits")
-                record = Record(backend, list(resolution), batch, precision, len(inputs), num_real, tolerance=asdict(tolerance),
-                                profiled=profiled, graph=entry.file, range_graph=entry.resolution_range is not None,
-                                provider=provider, **metrics)
+                metrics = compare_logits(
+                    *_per_prediction(reference, actual),
+                    num_real * _predictions_per_input(reference),
+                    tolerance,
+                    top_k=model.output_kind == "logits",
+                )
+                record = Record(
+                    backend,
+                    list(resolution),
+                    batch,
+                    precision,
+                    len(inputs),
+                    num_real,
+                    tolerance=asdict(tolerance),
+                    profiled=profiled,
+                    graph=entry.file,
+                    range_graph=entry.resolution_range is not None,
+                    provider=provider,
+                    **metrics,
+                )
                 if not record.passed:
                     if progress:
                         progress(f"{backend} @ {path.name}: locating the first divergent block")

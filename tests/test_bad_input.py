@@ -55,12 +55,15 @@ def test_the_largest_resolution_under_the_bound_is_not_refused():
         check_export_shape(model, (164 * 16, 164 * 16))
 
 
-@pytest.mark.parametrize("changes, words", [
-    (dict(embed_dim=1_920_000, num_heads=3), ("does not fit", "1920000")),
-    (dict(img_size=16 * 62_500), ("does not fit", "pos_embed")),
-    (dict(num_classes=10**9), ("does not fit", "head")),
-    (dict(depth=10**7), ("10,000,000 blocks", "does not describe these weights")),
-])
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        (dict(embed_dim=1_920_000, num_heads=3), ("does not fit", "1920000")),
+        (dict(img_size=16 * 62_500), ("does not fit", "pos_embed")),
+        (dict(num_classes=10**9), ("does not fit", "head")),
+        (dict(depth=10**7), ("10,000,000 blocks", "does not describe these weights")),
+    ],
+)
 def test_a_config_with_huge_sizes_is_one_line(capsys, ckpt_copy, tmp_path, changes, words):
     _edit_json(ckpt_copy / "config.json", **changes)
     out = tmp_path / "out"
@@ -115,11 +118,14 @@ def test_validate_a_file(capsys, good_export):
     assert_one_line_error(code, err, "is a file", "not a deploykit export directory")
 
 
-@pytest.mark.parametrize("counts, words", [
-    (("--num-random", "0", "--num-real", "0"), ("nothing to compare",)),
-    (("--num-random", "-3"), ("cannot be negative", "-3")),
-    (("--num-real", "-1"), ("cannot be negative", "-1")),
-])
+@pytest.mark.parametrize(
+    "counts, words",
+    [
+        (("--num-random", "0", "--num-real", "0"), ("nothing to compare",)),
+        (("--num-random", "-3"), ("cannot be negative", "-3")),
+        (("--num-real", "-1"), ("cannot be negative", "-1")),
+    ],
+)
 def test_validate_input_counts(capsys, good_export, counts, words):
     code, _, err = run_cli(capsys, "validate", good_export, *counts)
     assert_one_line_error(code, err, *words)
@@ -133,12 +139,15 @@ def test_validate_report_into_a_directory_is_refused_before_the_work(capsys, goo
     assert list(report.iterdir()) == []
 
 
-@pytest.mark.parametrize("field, value, words", [
-    ("resolution", [48, 48], ("resolution (48, 48) in the manifest", f"({RES}, {RES}) in the graph")),
-    ("resolution", [48, RES], ("resolution",)),
-    ("opset", 16, ("opset 16 in the manifest", "18 in the graph")),
-    ("precision", "fp16", ("precision fp16 in the manifest",)),
-])
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        ("resolution", [48, 48], ("resolution (48, 48) in the manifest", f"({RES}, {RES}) in the graph")),
+        ("resolution", [48, RES], ("resolution",)),
+        ("opset", 16, ("opset 16 in the manifest", "18 in the graph")),
+        ("precision", "fp16", ("precision fp16 in the manifest",)),
+    ],
+)
 def test_a_manifest_entry_edited_away_from_its_graph(capsys, good_export, tmp_path, field, value, words):
     export_dir = tmp_path / "export"
     shutil.copytree(good_export, export_dir)

@@ -64,7 +64,7 @@ def assert_one_line_error(code: int, err: str, *needles: str) -> str:
     lines = err.splitlines()
     assert len(lines) == 1, f"expected one stderr line, got {len(lines)}: {err!r}"
     line = lines[0]
-    assert line.startswith("error: ") and line[len("error: "):].strip(), line
+    assert line.startswith("error: ") and line[len("error: ") :].strip(), line
     assert "Traceback" not in err
     for needle in needles:
         assert needle in line, f"{needle!r} not in {line!r}"
@@ -75,10 +75,7 @@ def snapshot(path: Path) -> dict[str, bytes | None]:
     """Every entry under ``path`` (hidden/temporary files included) → bytes (None for dirs)."""
     if path.is_file():
         return {".": path.read_bytes()}
-    return {
-        str(p.relative_to(path)): (p.read_bytes() if p.is_file() else None)
-        for p in sorted(path.rglob("*"))
-    }
+    return {str(p.relative_to(path)): (p.read_bytes() if p.is_file() else None) for p in sorted(path.rglob("*"))}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -97,9 +94,7 @@ def export_copy(good_export, tmp_path) -> Path:
 
 
 def test_python_dash_m_deploykit_list():
-    proc = subprocess.run(
-        [sys.executable, "-m", "deploykit", "list"], capture_output=True, text=True, timeout=300
-    )
+    proc = subprocess.run([sys.executable, "-m", "deploykit", "list"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "ape" in proc.stdout
     assert "vit_tiny_patch16" in proc.stdout
@@ -552,8 +547,28 @@ def test_plan_names_are_the_registry():
 
 def test_int8_export_says_what_it_calibrated_on_then_validates_and_profiles(capsys, tmp_path, ckpt_dir):
     out = tmp_path / "q"
-    code, _, err = run_cli(capsys, "export", "-c", ckpt_dir, "-r", RES, "--precision", "fp32", "--precision", "int8",
-                           "--calibration-samples", "8", "--calibration-method", "percentile", "--min-agreement", "0", "--held-out", "64", "-o", out)
+    code, _, err = run_cli(
+        capsys,
+        "export",
+        "-c",
+        ckpt_dir,
+        "-r",
+        RES,
+        "--precision",
+        "fp32",
+        "--precision",
+        "int8",
+        "--calibration-samples",
+        "8",
+        "--calibration-method",
+        "percentile",
+        "--min-agreement",
+        "0",
+        "--held-out",
+        "64",
+        "-o",
+        out,
+    )
     assert code == 0, err
     # No dataset in the config: the bundled images, and the line says so.
     assert "calibrated (percentile) on 8 random crops" in err and "the model names no dataset" in err
@@ -561,8 +576,25 @@ def test_int8_export_says_what_it_calibrated_on_then_validates_and_profiles(caps
     assert code == 0 and "1/1 checks passed" in err, err
     (record,) = json.loads((tmp_path / "r.json").read_text())
     assert record["precision"] == "int8" and record["tolerance"]["real_only"] and record["max_abs"] > 0
-    code, _, err = run_cli(capsys, "profile", out, "--precision", "fp32", "--precision", "int8", "--backend", "ort",
-                           "--iterations", "2", "--warmup", "0", "--no-ape-baseline", "--no-end-to-end", "--json", tmp_path / "p.json")
+    code, _, err = run_cli(
+        capsys,
+        "profile",
+        out,
+        "--precision",
+        "fp32",
+        "--precision",
+        "int8",
+        "--backend",
+        "ort",
+        "--iterations",
+        "2",
+        "--warmup",
+        "0",
+        "--no-ape-baseline",
+        "--no-end-to-end",
+        "--json",
+        tmp_path / "p.json",
+    )
     assert code == 0, err
     records = json.loads((tmp_path / "p.json").read_text())["records"]
     assert [r["precision"] for r in records] == ["fp32", "int8"]
@@ -580,8 +612,9 @@ def test_profile_a_plan_that_was_not_exported(capsys, good_export):
 
 def test_export_set_changes_the_encoding_and_is_recorded(capsys, tmp_path, ckpt_dir):
     out = tmp_path / "plain"
-    code, _, err = run_cli(capsys, "export", "-c", ckpt_dir, "--set", "antialias=false", "--set", "interpolation=bilinear",
-                           "-r", 48, "-o", out)
+    code, _, err = run_cli(
+        capsys, "export", "-c", ckpt_dir, "--set", "antialias=false", "--set", "interpolation=bilinear", "-r", 48, "-o", out
+    )
     assert code == 0, err
     encoding = json.loads((out / "config.json").read_text())["encoding"]
     assert (encoding["antialias"], encoding["interpolation"]) == (False, "bilinear")
@@ -591,12 +624,16 @@ def test_export_set_changes_the_encoding_and_is_recorded(capsys, tmp_path, ckpt_
 
 def test_export_set_unknown_key_lists_the_valid_ones(capsys, tmp_path, ckpt_dir):
     code, _, err = run_cli(capsys, "export", "-c", ckpt_dir, "--set", "antialiasing=false", "-r", RES, "-o", tmp_path / "o")
-    assert_one_line_error(code, err, "encoding 'ape' has no option 'antialiasing'", "valid options: antialias, interpolation, no_embed_class")
+    assert_one_line_error(
+        code, err, "encoding 'ape' has no option 'antialiasing'", "valid options: antialias, interpolation, no_embed_class"
+    )
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("value, needle", [("antialias=maybe", "not a valid bool"), ("antialias", "is not key=value"),
-                                           ("interpolation=area", "interpolation must be one of")])
+@pytest.mark.parametrize(
+    "value, needle",
+    [("antialias=maybe", "not a valid bool"), ("antialias", "is not key=value"), ("interpolation=area", "interpolation must be one of")],
+)
 def test_export_set_bad_value_is_one_line(capsys, tmp_path, ckpt_dir, value, needle):
     code, _, err = run_cli(capsys, "export", "-c", ckpt_dir, "--set", value, "-r", RES, "-o", tmp_path / "o")
     assert_one_line_error(code, err, needle)

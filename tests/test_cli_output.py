@@ -73,8 +73,22 @@ def test_warnings_by_default_info_with_v_nothing_with_q(capsys, ckpt_dir, tmp_pa
 
 
 def test_profile_table_has_units():
-    record = dict(backend="ort", precision="fp32", encoding="ape", resolution="32", batch=1, p50_ms=1.0, p90_ms=1.1, p99_ms=1.2, mean_ms=1.0,
-                  std_ms=0.1, n=5, throughput_per_s=1000.0, pe_share=0.1, achieved_gflop_per_s=2.0)
+    record = dict(
+        backend="ort",
+        precision="fp32",
+        encoding="ape",
+        resolution="32",
+        batch=1,
+        p50_ms=1.0,
+        p90_ms=1.1,
+        p99_ms=1.2,
+        mean_ms=1.0,
+        std_ms=0.1,
+        n=5,
+        throughput_per_s=1000.0,
+        pe_share=0.1,
+        achieved_gflop_per_s=2.0,
+    )
     table = render_table(ProfileReport([record], {}, {}))
     headers = [str(column.header) for column in table.columns]
     for header in ("p50 (ms)", "p90 (ms)", "p99 (ms)", "mean ± std (ms)", "e2e p50 (ms)", "img/s", "GFLOP/s"):

@@ -21,8 +21,23 @@ ENCODINGS = ("ape", "sape2")
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("acceptance") / "report.json"
-    cmd = [sys.executable, str(SCRIPT), "--model", "vit_tiny_patch16", "--depth", "1", "--img-size", "32", "--one-resolution",
-           "--encodings", ",".join(ENCODINGS), "--budget", "0.05", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        str(SCRIPT),
+        "--model",
+        "vit_tiny_patch16",
+        "--depth",
+        "1",
+        "--img-size",
+        "32",
+        "--one-resolution",
+        "--encodings",
+        ",".join(ENCODINGS),
+        "--budget",
+        "0.05",
+        "--out",
+        str(out),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert out.is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.returncode, json.loads(out.read_text())
@@ -48,11 +63,17 @@ def test_cpu_parts_run_and_pass(report):
 def test_gpu_parts_are_skipped_with_the_reason(report):
     _, data = report
     assert "no GPU" in data["device"]
-    gpu_only = [c for c in data["checks"] if c["name"].startswith(("validate rtx", "validate trt", "profile ", "inspect engine",
-                                                                   "serve ", "sape2 "))]
+    gpu_only = [
+        c
+        for c in data["checks"]
+        if c["name"].startswith(("validate rtx", "validate trt", "profile ", "inspect engine", "serve ", "sape2 "))
+    ]
     assert len(gpu_only) >= 2 * len(ENCODINGS) * 4
     assert all(c["status"] == "skipped" and ("GPU" in c["reason"] or "not installed" in c["reason"]) for c in gpu_only)
     names = {c["name"] for c in gpu_only}
     for encoding in ENCODINGS:
-        assert {f"profile rtx {encoding} cuda graphs on", f"profile rtx {encoding} cuda graphs off",
-                f"serve rtx {encoding} under concurrent load"} <= names
+        assert {
+            f"profile rtx {encoding} cuda graphs on",
+            f"profile rtx {encoding} cuda graphs off",
+            f"serve rtx {encoding} under concurrent load",
+        } <= names

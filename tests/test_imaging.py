@@ -33,8 +33,10 @@ def test_grey_and_alpha_images_are_rgb():
     rgba = np.concatenate([rgb, np.full((40, 50, 1), 7, np.uint8)], axis=-1)
     np.testing.assert_array_equal(imaging.preprocess(rgba, (32, 32), MEAN, STD, 0.875), imaging.preprocess(rgb, (32, 32), MEAN, STD, 0.875))
     grey = rgb[..., 0]
-    np.testing.assert_array_equal(imaging.preprocess(grey, (32, 32), MEAN, STD, 0.875),
-                                  imaging.preprocess(np.repeat(grey[..., None], 3, -1), (32, 32), MEAN, STD, 0.875))
+    np.testing.assert_array_equal(
+        imaging.preprocess(grey, (32, 32), MEAN, STD, 0.875),
+        imaging.preprocess(np.repeat(grey[..., None], 3, -1), (32, 32), MEAN, STD, 0.875),
+    )
 
 
 def png_header_only(width: int, height: int) -> bytes:

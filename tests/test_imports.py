@@ -16,10 +16,7 @@ _WALK_ERRORS: list[str] = []
 
 
 def _all_modules() -> list[str]:
-    names = [
-        info.name
-        for info in pkgutil.walk_packages(deploykit.__path__, prefix="deploykit.", onerror=_WALK_ERRORS.append)
-    ]
+    names = [info.name for info in pkgutil.walk_packages(deploykit.__path__, prefix="deploykit.", onerror=_WALK_ERRORS.append)]
     return sorted(set(names))
 
 

@@ -24,8 +24,12 @@ DEPTH = 2
 def export_dir(tmp_path_factory):
     torch.manual_seed(0)
     out = tmp_path_factory.mktemp("inspect") / "exp"
-    export(create_model("vit_tiny_patch16", encoding="sape2", depth=DEPTH, img_size=32, num_classes=10), [(32, 32)], out,
-           precisions=["fp32", "fp16"])
+    export(
+        create_model("vit_tiny_patch16", encoding="sape2", depth=DEPTH, img_size=32, num_classes=10),
+        [(32, 32)],
+        out,
+        precisions=["fp32", "fp16"],
+    )
     return out
 
 
@@ -70,8 +74,12 @@ def test_cli_and_bad_paths(export_dir, tmp_path, capsys):
     assert "precision_plan: fp32" in stdout and json.loads((tmp_path / "i.json").read_text())["kind"] == "graph"
     junk = tmp_path / "junk.onnx"
     junk.write_bytes(b"\x08\x96\x01not a model")
-    for path, message in [(export_dir, "is a directory"), (tmp_path / "nope.onnx", "does not exist"),
-                          (export_dir / "manifest.json", "has suffix '.json'"), (junk, "is not a readable ONNX graph")]:
+    for path, message in [
+        (export_dir, "is a directory"),
+        (tmp_path / "nope.onnx", "does not exist"),
+        (export_dir / "manifest.json", "has suffix '.json'"),
+        (junk, "is not a readable ONNX graph"),
+    ]:
         code, _, stderr = run_cli(capsys, "inspect", path)
         assert code == 1 and stderr.startswith("error: ") and message in stderr and len(stderr.strip().splitlines()) == 1
     with pytest.raises(DeployKitError, match="inspect takes an ONNX graph"):

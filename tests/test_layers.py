@@ -21,9 +21,21 @@ LAYERS = [
     # and the zoo's entries and dataset, which data and nn.resolve read.
     (
         "infrastructure",
-        ("deploykit.errors", "deploykit._io", "deploykit._lazy", "deploykit._nvml", "deploykit._terminal", "deploykit.comparison",
-         "deploykit.imaging", "deploykit.resolutions", "deploykit.catalog", "deploykit.data", "deploykit.zoo", "deploykit.zoo.registry",
-         "deploykit.zoo.dataset"),
+        (
+            "deploykit.errors",
+            "deploykit._io",
+            "deploykit._lazy",
+            "deploykit._nvml",
+            "deploykit._terminal",
+            "deploykit.comparison",
+            "deploykit.imaging",
+            "deploykit.resolutions",
+            "deploykit.catalog",
+            "deploykit.data",
+            "deploykit.zoo",
+            "deploykit.zoo.registry",
+            "deploykit.zoo.dataset",
+        ),
     ),
     # GPU kernels and TensorRT plugins: imported by the encodings' own ops (SaPE²'s CUDA kernel),
     # importing nothing of deploykit but the lazy importer.
@@ -36,8 +48,14 @@ LAYERS = [
     # which reads the runtimes' thread settings), inspection, and the zoo's training and cards.
     (
         "tools",
-        ("deploykit.validate", "deploykit.build", "deploykit.profile", "deploykit.inspection", "deploykit.zoo.train",
-         "deploykit.zoo.cards"),
+        (
+            "deploykit.validate",
+            "deploykit.build",
+            "deploykit.profile",
+            "deploykit.inspection",
+            "deploykit.zoo.train",
+            "deploykit.zoo.cards",
+        ),
     ),
     ("serve", ("deploykit.serve",)),
     ("cli", ("deploykit.cli", "deploykit.__main__")),
@@ -73,8 +91,9 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
 
 
 def _layer(name: str) -> int:
-    matches = [(len(prefix), i) for i, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes
-               if name == prefix or name.startswith(prefix + ".")]
+    matches = [
+        (len(prefix), i) for i, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes if name == prefix or name.startswith(prefix + ".")
+    ]
     assert matches, f"{name} is in no layer: add it to LAYERS with the reason it sits there"
     return max(matches)[1]
 
@@ -109,7 +128,7 @@ def test_no_import_cycle():
         state[node] = "open"
         for dep in sorted(graph[node]):
             if state.get(dep) == "open":
-                cycles.append(" -> ".join([*stack[stack.index(dep):], dep]))
+                cycles.append(" -> ".join([*stack[stack.index(dep) :], dep]))
             elif dep not in state:
                 visit(dep, [*stack, dep])
         state[node] = "done"

@@ -209,8 +209,14 @@ def test_ratios_pair_records_of_the_same_backend_precision_resolution_batch():
     def rec(backend, precision, encoding, res, p50):
         return dict(backend=backend, precision=precision, encoding=encoding, resolution=res, batch=1, p50_ms=p50)
 
-    records = [rec("ort", "fp32", "ape", "32", 2.0), rec("ort", "fp32", "geope", "32", 3.0), rec("ort", "int8", "ape", "32", 1.0),
-               rec("ort", "int8", "geope", "32", 1.5), rec("torch", "fp32", "geope", "32", 8.0), rec("ort", "fp32", "geope", "48", 5.0)]
+    records = [
+        rec("ort", "fp32", "ape", "32", 2.0),
+        rec("ort", "fp32", "geope", "32", 3.0),
+        rec("ort", "int8", "ape", "32", 1.0),
+        rec("ort", "int8", "geope", "32", 1.5),
+        rec("torch", "fp32", "geope", "32", 8.0),
+        rec("ort", "fp32", "geope", "48", 5.0),
+    ]
     add_ratios(records)
     ratios = [(r["ratio_vs_ape"], r["ratio_vs_fp32"]) for r in records]
     # geope over ape at the same backend and precision; int8 over the same lane's fp32; none without a partner.
@@ -279,8 +285,26 @@ def ckpt_dir(tmp_path_factory):
 def test_cli_smoke_writes_every_output(capsys, tmp_path, ckpt_dir):
     out = tmp_path / "out"
     code, stdout, stderr = run_cli(
-        capsys, "profile", "--checkpoint", ckpt_dir, "--resolutions", "32,48", "--batch", "1", "--backend", "torch",
-        "--iterations", 2, "--warmup", 1, "--json", out / "p.json", "--csv", out / "p.csv", "--plot", out / "p.png",
+        capsys,
+        "profile",
+        "--checkpoint",
+        ckpt_dir,
+        "--resolutions",
+        "32,48",
+        "--batch",
+        "1",
+        "--backend",
+        "torch",
+        "--iterations",
+        2,
+        "--warmup",
+        1,
+        "--json",
+        out / "p.json",
+        "--csv",
+        out / "p.csv",
+        "--plot",
+        out / "p.png",
     )
     assert code == 0, stderr
     assert "rope-axial" in stdout and "ape" in stdout and "×APE" in stdout
@@ -292,8 +316,9 @@ def test_cli_smoke_writes_every_output(capsys, tmp_path, ckpt_dir):
 
 def test_cli_profiles_an_export_directory(capsys, tmp_path):
     export(tiny(), [(32, 32)], tmp_path / "exp")
-    code, stdout, stderr = run_cli(capsys, "profile", tmp_path / "exp", "--iterations", 1, "--warmup", 0, "--no-end-to-end",
-                                   "--json", tmp_path / "p.json")
+    code, stdout, stderr = run_cli(
+        capsys, "profile", tmp_path / "exp", "--iterations", 1, "--warmup", 0, "--no-end-to-end", "--json", tmp_path / "p.json"
+    )
     assert code == 0, stderr
     settings = json.loads((tmp_path / "p.json").read_text())["settings"]
     assert settings["resolutions"] == ["32"] and settings["encodings"] == ["ape"]

@@ -35,8 +35,20 @@ def test_cli_profile_on_rtx_notes_what_it_cannot_time(export_dir, tmp_path, caps
     from deploykit.build import build
 
     build(export_dir, "rtx", resolutions=[(32, 32)], optimization_level=0)
-    code, stdout, stderr = run_cli(capsys, "profile", export_dir, "--backend", "ort,rtx", "--iterations", 1, "--warmup", 0,
-                                   "--no-end-to-end", "--json", tmp_path / "p.json")
+    code, stdout, stderr = run_cli(
+        capsys,
+        "profile",
+        export_dir,
+        "--backend",
+        "ort,rtx",
+        "--iterations",
+        1,
+        "--warmup",
+        0,
+        "--no-end-to-end",
+        "--json",
+        tmp_path / "p.json",
+    )
     assert code == 0, stderr
     report = json.loads((tmp_path / "p.json").read_text())
     assert {(r["backend"], r["encoding"]) for r in report["records"]} == {("ort", "rope-axial"), ("ort", "ape")}
@@ -46,7 +58,9 @@ def test_cli_profile_on_rtx_notes_what_it_cannot_time(export_dir, tmp_path, caps
     if not torch.cuda.is_available():
         assert any(n.startswith("rope-axial on rtx @ 32: not profiled: the rtx runner needs a CUDA GPU") for n in notes)
     assert all(f"note: {n}" in stderr for n in notes) and "Traceback" not in stderr
-    code, _, stderr = run_cli(capsys, "-q", "profile", export_dir, "--backend", "rtx", "--resolution", "48", "--iterations", 1)  # -q: no step lines
+    code, _, stderr = run_cli(
+        capsys, "-q", "profile", export_dir, "--backend", "rtx", "--resolution", "48", "--iterations", 1
+    )  # -q: no step lines
     assert code == 1 and stderr.startswith("error: nothing was profiled: ") and len(stderr.strip().splitlines()) == 1
 
 
@@ -69,8 +83,15 @@ class _StandInEngine(OnnxrtRunner):
 def test_engine_backend_gets_the_export_s_graph_and_records_cuda_graph_use(export_dir, monkeypatch, cuda_graphs):
     monkeypatch.setitem(registry.RUNNER_FACTORIES, "rtx", _StandInEngine)
     _StandInEngine.given = []
-    result = profile(Subject.from_export_dir(export_dir), resolutions=[(32, 32)], backends=["ort", "rtx"], budget=TINY_BUDGET,
-                     end_to_end=False, device="cpu", cuda_graphs=cuda_graphs)
+    result = profile(
+        Subject.from_export_dir(export_dir),
+        resolutions=[(32, 32)],
+        backends=["ort", "rtx"],
+        budget=TINY_BUDGET,
+        end_to_end=False,
+        device="cpu",
+        cuda_graphs=cuda_graphs,
+    )
     assert _StandInEngine.given == [export_dir / "model_32.onnx"]  # a path in the export, never in-memory bytes
     by_key = {(r["backend"], r["encoding"]): r for r in result.records}
     assert set(by_key) == {("ort", "rope-axial"), ("ort", "ape"), ("rtx", "rope-axial")}
@@ -80,6 +101,7 @@ def test_engine_backend_gets_the_export_s_graph_and_records_cuda_graph_use(expor
 
 
 def test_torch_records_say_what_ran(export_dir):
-    result = profile(Subject.from_export_dir(export_dir), resolutions=[(32, 32)], backends=["torch"], budget=TINY_BUDGET,
-                     end_to_end=False, device="cpu")
+    result = profile(
+        Subject.from_export_dir(export_dir), resolutions=[(32, 32)], backends=["torch"], budget=TINY_BUDGET, end_to_end=False, device="cpu"
+    )
     assert {r["provider"] for r in result.records} == {f"torch {torch.__version__} cpu"} and result.notes == []

@@ -14,4 +14,6 @@ PATHS = ["deploykit", "tests", "benchmarks"]
 @pytest.mark.parametrize("command", [["check"], ["format", "--check"]], ids=["lint", "format"])
 def test_ruff_is_clean(command):
     result = subprocess.run([sys.executable, "-m", "ruff", *command, *PATHS], cwd=ROOT, capture_output=True, text=True)
-    assert result.returncode == 0, f"ruff {' '.join(command)} found problems (fix: ruff {' '.join(command).replace(' --check', '')}):\n{result.stdout}{result.stderr}"
+    assert result.returncode == 0, (
+        f"ruff {' '.join(command)} found problems (fix: ruff {' '.join(command).replace(' --check', '')}):\n{result.stdout}{result.stderr}"
+    )

@@ -45,8 +45,11 @@ def _plant_error_in_block(src, dst, block):
     path = dst / "model_224.onnx"
     proto = onnx.load(str(path))
     # MatMul weights are stored transposed under exporter-chosen names; find fc2's by its node scope.
-    node = next(n for n in proto.graph.node if n.op_type in ("MatMul", "Gemm")
-                and any(f"blocks.{block}.mlp.fc2" in p.value for p in n.metadata_props))
+    node = next(
+        n
+        for n in proto.graph.node
+        if n.op_type in ("MatMul", "Gemm") and any(f"blocks.{block}.mlp.fc2" in p.value for p in n.metadata_props)
+    )
     init = next(i for i in proto.graph.initializer if i.name in node.input)
     init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * 1.5, init.name))
     onnx.save(proto, str(path))
@@ -139,6 +142,10 @@ def test_engine_is_validated_at_every_profiled_batch(tmp_path, monkeypatch):
     report = validate(tmp_path, backends=("ort", "engine"), num_random=2, num_real=3)
     assert bool(report)
     assert [(r.backend, r.batch, r.profiled) for r in report.records] == [
-        ("ort", 4, False), ("engine", 1, True), ("engine", 3, True), ("engine", 8, True)]
+        ("ort", 4, False),
+        ("engine", 1, True),
+        ("engine", 3, True),
+        ("engine", 8, True),
+    ]
     assert sorted(set(_ProfiledEngine.seen)) == [1, 3, 8] and all(r.num_inputs == 5 for r in report.records)
     assert [r.label for r in report.records][1:] == ["engine@224/b1", "engine@224/b3", "engine@224/b8"]

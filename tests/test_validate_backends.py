@@ -29,16 +29,23 @@ RES = (64, 64)
 def export_dir(tmp_path_factory):
     torch.manual_seed(0)
     out = tmp_path_factory.mktemp("bisect") / "exp"
-    export(create_model("vit_tiny_patch16", encoding="rope-axial", depth=3, img_size=64, num_classes=10), [RES], out,
-           precisions=["fp32", "fp16"])
+    export(
+        create_model("vit_tiny_patch16", encoding="rope-axial", depth=3, img_size=64, num_classes=10),
+        [RES],
+        out,
+        precisions=["fp32", "fp16"],
+    )
     return out
 
 
 def _miscompile(model: bytes, block: int, factor: float = 3.0) -> bytes:
     """``model`` with the weight of ``blocks.<block>.mlp.fc2`` scaled: a planted divergence."""
     proto = onnx.load_from_string(model)
-    node = next(n for n in proto.graph.node if n.op_type in ("MatMul", "Gemm")
-                and any(f"blocks.{block}.mlp.fc2" in p.value for p in n.metadata_props))
+    node = next(
+        n
+        for n in proto.graph.node
+        if n.op_type in ("MatMul", "Gemm") and any(f"blocks.{block}.mlp.fc2" in p.value for p in n.metadata_props)
+    )
     init = next(i for i in proto.graph.initializer if i.name in node.input)
     init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * factor, init.name))
     return proto.SerializeToString()

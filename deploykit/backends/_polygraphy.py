@@ -193,4 +193,3 @@ def summarise(warnings, hint: str = " (-v shows each)") -> str | None:
     more = f"; and {len(kinds) - _MAX_KINDS} more kinds" if len(kinds) > _MAX_KINDS else ""
     plural = "s" if len(warnings) > 1 else ""
     return one_line(f"{len(warnings)} warning{plural}: {shown}{more}{hint}", limit=1000)
-

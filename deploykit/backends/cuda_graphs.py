@@ -113,5 +113,13 @@ class CudaGraphExecutor:
 
 
 # TensorRT DataType name (lowercase) -> torch dtype attribute.
-_TORCH_DTYPES = {"float": "float32", "half": "float16", "bf16": "bfloat16", "int32": "int32", "int64": "int64",
-                 "int8": "int8", "bool": "bool", "uint8": "uint8"}
+_TORCH_DTYPES = {
+    "float": "float32",
+    "half": "float16",
+    "bf16": "bfloat16",
+    "int32": "int32",
+    "int64": "int64",
+    "int8": "int8",
+    "bool": "bool",
+    "uint8": "uint8",
+}

@@ -55,8 +55,11 @@ class PluginSource:
     def sha256(self) -> str:
         """Hash of the library's bytes, or of every file (relative path and bytes) under the directory."""
         digest = hashlib.sha256(f"{self.kind}:{self.path.name}\n".encode())
-        files = [self.path] if self.kind == "library" else sorted(
-            p for p in self.path.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+        files = (
+            [self.path]
+            if self.kind == "library"
+            else sorted(p for p in self.path.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+        )
         for path in files:
             digest.update(f"{path.relative_to(self.path.parent).as_posix()}\n".encode())
             digest.update(hashlib.sha256(path.read_bytes()).digest())
@@ -139,8 +142,10 @@ def _resolve_one(spec: str) -> PluginSource:
     if path.is_file() and path.suffix in LIBRARY_SUFFIXES:
         return PluginSource("library", path.resolve())
     if path.is_file():
-        raise ExportError(f"plugin {spec} is a file but not a shared library ({', '.join(LIBRARY_SUFFIXES)}); "
-                          "give a directory of Python plugins, a library, or an installed plugin's name")
+        raise ExportError(
+            f"plugin {spec} is a file but not a shared library ({', '.join(LIBRARY_SUFFIXES)}); "
+            "give a directory of Python plugins, a library, or an installed plugin's name"
+        )
     installed = {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
     if spec in installed:
         return PluginSource("package", _package_dir(spec, installed[spec]), installed[spec])
@@ -236,17 +241,21 @@ def check_plugins(engine: Path, built_sha256: str | None, built_from: list[str],
     if given.sha256() == built_sha256:
         return
     if built_sha256 is None:
-        raise StaleEngineError(f"{engine} was built without plugins, but plugins were given ({_names(given.describe())}); "
-                               "run it without --plugins")
+        raise StaleEngineError(
+            f"{engine} was built without plugins, but plugins were given ({_names(given.describe())}); run it without --plugins"
+        )
     where = _names(built_from) or "unrecorded sources"
     if not given:
-        raise StaleEngineError(f"{engine} needs the plugins it was built with ({where}); pass them with --plugins "
-                               "(plugins are never loaded from paths recorded in a fingerprint)")
-    raise StaleEngineError(f"{engine} was built with other plugins than the ones given (built with {where}, "
-                           f"given {_names(given.describe())}; sources differ); pass the same plugins, or {hint}")
+        raise StaleEngineError(
+            f"{engine} needs the plugins it was built with ({where}); pass them with --plugins "
+            "(plugins are never loaded from paths recorded in a fingerprint)"
+        )
+    raise StaleEngineError(
+        f"{engine} was built with other plugins than the ones given (built with {where}, "
+        f"given {_names(given.describe())}; sources differ); pass the same plugins, or {hint}"
+    )
 
 
 def _names(items: list[str]) -> str:
     shown = ", ".join(items[:_MAX_NAMES])
     return shown + (f" and {len(items) - _MAX_NAMES} more" if len(items) > _MAX_NAMES else "")
-

@@ -246,8 +246,12 @@ class EngineFromOnnx:
         monitor = _make_monitor(trt, self.progress) if self.progress is not None and hasattr(trt, "IProgressMonitor") else None
         pools = {trt.MemoryPoolType.WORKSPACE: opts.workspace_mib << 20} if opts.workspace_mib is not None else None
         with messages.failing_as("TensorRT builder configuration failed"):
-            config = pg.CreateConfig(profiles=_profiles(pg, network, opts), memory_pool_limits=pools,
-                                     builder_optimization_level=opts.optimization_level, progress_monitor=monitor)(builder, network)
+            config = pg.CreateConfig(
+                profiles=_profiles(pg, network, opts),
+                memory_pool_limits=pools,
+                builder_optimization_level=opts.optimization_level,
+                progress_monitor=monitor,
+            )(builder, network)
         cache_path = cache = None
         if opts.timing_cache is not None:
             if opts.module == "tensorrt" and hasattr(config, "create_timing_cache"):
@@ -261,6 +265,7 @@ class EngineFromOnnx:
         if cache_path is not None:  # the config's cache now also holds this build's timings
             _save_timing_cache(config, cache_path)
         return bytes(serialized)
+
 
 def save_engine(engine: bytes, dest: str | os.PathLike) -> Path:
     """Write a serialized engine atomically; on failure ``dest`` is left as it was.

@@ -64,8 +64,9 @@ class TrtRunner(Runner):
         lo, opt, hi = (tuple(s) for s in engine.get_tensor_profile_shape(inputs[0], 0))
         executor = CudaGraphExecutor(engine, self.module, self.device) if self.cuda_graph else backend(self.module).TrtRunner(engine)
         executor.activate()
-        self._state = dict(engine=engine, executor=executor, inputs=inputs, batch_range=(lo[0], hi[0]),
-                           profiled_shapes=tuple(dict.fromkeys((lo, opt, hi))))
+        self._state = dict(
+            engine=engine, executor=executor, inputs=inputs, batch_range=(lo[0], hi[0]), profiled_shapes=tuple(dict.fromkeys((lo, opt, hi)))
+        )
 
     def _deserialize(self, data: bytes) -> Any:
         """The engine, by Polygraphy's ``EngineFromBytes`` (its plugins are loaded already)."""
@@ -162,8 +163,9 @@ def debug_engine_runner(onnx_path: str | os.PathLike, marked: bytes, module: str
         stored, _, _ = read_fingerprint(engine_paths(onnx_path, module)[1])
         (shapes,) = stored.shapes.values()  # [min, opt, max] of the one input
         samples = tuple(tuple(s[1:]) for s in shapes)
-        options = BuildOptions(module=module, **stored.build, plugin_libraries=plugins.libraries,
-                               sample_shapes=samples if len(set(samples)) > 1 else None)
+        options = BuildOptions(
+            module=module, **stored.build, plugin_libraries=plugins.libraries, sample_shapes=samples if len(set(samples)) > 1 else None
+        )
         return EngineFromOnnx(marked, options)()
 
     return TrtRunner(build, module=module)

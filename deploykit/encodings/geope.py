@@ -192,9 +192,7 @@ def geope_positions(grid: tuple[int, int], coords: str = "corner0", pos_scale: f
     return ys * pos_scale, xs * pos_scale
 
 
-def build_geope_table(
-    grid: tuple[int, int], head_dim: int, config: GeoPEConfig, num_prefix: int = 0
-) -> tuple[Tensor, Tensor, Tensor]:
+def build_geope_table(grid: tuple[int, int], head_dim: int, config: GeoPEConfig, num_prefix: int = 0) -> tuple[Tensor, Tensor, Tensor]:
     """Three-term tables ``C0, C1, C2`` for a patch grid, float64, each ``[P + N, d]``.
 
     Row ``P + r·gw + c`` is patch ``(r, c)``; prefix rows and passthrough dims are identity.
@@ -255,10 +253,7 @@ def apply_geope_blocked(x: Tensor, thirds: dict[str, Tensor]) -> Tensor:
     """
     groups = x.shape[-1] // 3
     parts = x.split([groups, groups, groups, x.shape[-1] - 3 * groups], dim=-1)
-    out = [
-        thirds[f"c0_{a}"] * parts[a] + thirds[f"c1_{a}"] * parts[(a + 1) % 3] + thirds[f"c2_{a}"] * parts[(a + 2) % 3]
-        for a in range(3)
-    ]
+    out = [thirds[f"c0_{a}"] * parts[a] + thirds[f"c1_{a}"] * parts[(a + 1) % 3] + thirds[f"c2_{a}"] * parts[(a + 2) % 3] for a in range(3)]
     return torch.cat(out + [parts[3]] if parts[3].shape[-1] else out, dim=-1)
 
 
@@ -278,8 +273,7 @@ class GeoPE(PositionalEncoding):
         geope_frequencies(dims.head_dim, config.base, config.freq_schedule)  # validates the head dim early
         if tail and config.indivisible_head_dim == "error":
             raise ValueError(
-                f"head dim {dims.head_dim} is not divisible by 3; use indivisible_head_dim='pass' to "
-                f"leave the last {tail} dims unrotated"
+                f"head dim {dims.head_dim} is not divisible by 3; use indivisible_head_dim='pass' to leave the last {tail} dims unrotated"
             )
         idx1, idx2 = partner_indices(dims.head_dim, config.grouping)
         self.register_buffer("idx1", idx1, persistent=False)

@@ -135,7 +135,11 @@ def mope_effective_params(
 def _effective(config: MoPEConfig, log_omega: Tensor, log_sigma: Tensor) -> tuple[Tensor, Tensor]:
     """``mope_effective_params`` with the config's constants, in float64 (differentiable)."""
     return mope_effective_params(
-        log_omega.to(F64), log_sigma.to(F64), config.admissibility, config.omega_cap, config.sigma_floor,
+        log_omega.to(F64),
+        log_sigma.to(F64),
+        config.admissibility,
+        config.omega_cap,
+        config.sigma_floor,
         config.clamp_grad == "straight_through",
     )
 
@@ -285,9 +289,7 @@ def ega_log_gate(gate_logits: Tensor) -> Tensor:
     return -F.softplus(-gate_logits)
 
 
-def ega_weights_train(
-    scores: Tensor, gate: Tensor, renorm_eps: float = 1e-8, dropout: nn.Module | None = None
-) -> Tensor:
+def ega_weights_train(scores: Tensor, gate: Tensor, renorm_eps: float = 1e-8, dropout: nn.Module | None = None) -> Tensor:
     """Training form: ``Ã_ij = A_ij g_j / max(Σ_j' A_ij' g_j', eps)``, ``A = softmax(s)`` (then dropout).
 
     Args:

@@ -90,7 +90,11 @@ class RopeConfig(EncodingConfig):
 
     def __post_init__(self):
         self.check_choices(
-            mode=_MODES, pairs=PAIRINGS, coords=COORDINATES, normalize_coords=NORMALIZATIONS, axis_order=AXIS_ORDERS,
+            mode=_MODES,
+            pairs=PAIRINGS,
+            coords=COORDINATES,
+            normalize_coords=NORMALIZATIONS,
+            axis_order=AXIS_ORDERS,
             interpolation=INTERPOLATIONS,
         )
         if not self.angle_scale > 0:

@@ -310,7 +310,11 @@ class SaPE2(PositionalEncoding):
         model = {}
         if self.config.ape:
             model["pos_embed"] = resample_pos_embed(
-                self.pos_embed.double(), self.dims.grid, grid, self.dims.num_prefix_tokens, self.config.interpolation,
+                self.pos_embed.double(),
+                self.dims.grid,
+                grid,
+                self.dims.num_prefix_tokens,
+                self.config.interpolation,
                 self.config.antialias,
             )
         return PETables(model=model, layers=layers)

@@ -265,9 +265,7 @@ def measure_lut_error(config: WePEConfig, lut_size: int, grids=((14, 14), (24, 2
     return errors
 
 
-def build_wepe_table(
-    features: Tensor, proj: nn.Linear, norm: nn.LayerNorm, pos_scale: Tensor, cls_pos: Tensor, scale_cls: bool
-) -> Tensor:
+def build_wepe_table(features: Tensor, proj: nn.Linear, norm: nn.LayerNorm, pos_scale: Tensor, cls_pos: Tensor, scale_cls: bool) -> Tensor:
     """``[cls; β_pos·LN(W f̃ + b)]`` ``[1, P + N, D]`` float64 (§2.2, Eq. 8) from squashed ``f̃`` ``[N, F]``."""
     patches = F.linear(features, proj.weight.to(F64), proj.bias.to(F64))
     patches = F.layer_norm(patches, patches.shape[-1:], norm.weight.to(F64), norm.bias.to(F64), norm.eps)

@@ -80,8 +80,15 @@ class ExportPlan:
     calibration: CalibrationOptions = CalibrationOptions()
 
     @classmethod
-    def checked(cls, model: Model, resolutions, precisions, opset: int, resolution_range=None,
-                calibration: CalibrationOptions = CalibrationOptions()) -> ExportPlan:
+    def checked(
+        cls,
+        model: Model,
+        resolutions,
+        precisions,
+        opset: int,
+        resolution_range=None,
+        calibration: CalibrationOptions = CalibrationOptions(),
+    ) -> ExportPlan:
         """The plan, every part checked before any work (``ResolutionError``, ``ExportError`` or
         ``ConfigError`` in one line): shapes the model takes at a size a graph can hold, a
         valid range, known precision plans, a supported opset."""
@@ -158,8 +165,11 @@ def check_finite_weights(model: Model) -> None:
     Raises:
         ExportError: a floating-point tensor of the state dict is not finite.
     """
-    bad = [(name, int(t.isnan().sum()), int(t.isinf().sum()))
-           for name, t in model.state_dict().items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    bad = [
+        (name, int(t.isnan().sum()), int(t.isinf().sum()))
+        for name, t in model.state_dict().items()
+        if t.is_floating_point() and not bool(torch.isfinite(t).all())
+    ]
     if bad:
         named = ", ".join(f"{name} has {nan} NaN / {inf} Inf" for name, nan, inf in bad[:3])
         more = f" (+{len(bad) - 3} more tensors)" if len(bad) > 3 else ""

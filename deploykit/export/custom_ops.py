@@ -169,7 +169,9 @@ def attach_functions(proto: onnx.ModelProto) -> None:
     opset = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
     if used and opset != FUNCTION_OPSET:
         names = ", ".join(f"{domain}::{name}" for domain, name in sorted(used))
-        raise ExportError(f"{names} is defined as an ONNX function in opset {FUNCTION_OPSET}; export this model with --opset {FUNCTION_OPSET}, not {opset}")
+        raise ExportError(
+            f"{names} is defined as an ONNX function in opset {FUNCTION_OPSET}; export this model with --opset {FUNCTION_OPSET}, not {opset}"
+        )
     for key in sorted(used - have):
         proto.functions.append(FUNCTIONS[key].to_function_proto())
     if used and not any(o.domain == DOMAIN for o in proto.opset_import):

@@ -24,9 +24,7 @@ _SCATTER_OPS = frozenset({"ScatterND", "ScatterElements", "Scatter"})
 _COMPLEX_TYPES = frozenset({TensorProto.COMPLEX64, TensorProto.COMPLEX128})
 _HALF_TYPES = frozenset({TensorProto.FLOAT16, TensorProto.BFLOAT16})
 # Random ops give a new value per run, so constant inputs do not make them foldable.
-_NONDETERMINISTIC_OPS = frozenset(
-    {"RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
-)
+_NONDETERMINISTIC_OPS = frozenset({"RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"})
 # Initializer-name prefixes of positional tables (baked under ``pe_tables.``; timm's APE name).
 TABLE_PREFIXES = ("pe_tables.", "pos_embed")
 # Checker/shape-inference messages carry multi-line context; keep findings readable.
@@ -99,9 +97,7 @@ def _complex_types(graphs: list[onnx.GraphProto]) -> list[LintIssue]:
     return issues
 
 
-def _iter_nodes(
-    body: onnx.GraphProto | onnx.FunctionProto, scope: str = ""
-) -> Iterator[tuple[onnx.NodeProto, str]]:
+def _iter_nodes(body: onnx.GraphProto | onnx.FunctionProto, scope: str = "") -> Iterator[tuple[onnx.NodeProto, str]]:
     """Yield ``(node, scope)`` for every node of a graph or function, recursing into subgraphs."""
     for node in body.node:
         yield node, scope
@@ -172,9 +168,7 @@ def _unfolded_constants(graph: onnx.GraphProto) -> list[LintIssue]:
     return issues
 
 
-def lint_graph(
-    model: onnx.ModelProto, *, table_prefixes: tuple[str, ...] = TABLE_PREFIXES
-) -> list[LintIssue]:
+def lint_graph(model: onnx.ModelProto, *, table_prefixes: tuple[str, ...] = TABLE_PREFIXES) -> list[LintIssue]:
     """Lint an exported ONNX model for patterns that break or slow down deployment.
 
     Args:

@@ -92,8 +92,11 @@ class Manifest:
     def graph(self, resolution: tuple[int, ...], precision: str = "fp32") -> GraphEntry:
         # Compared by tag: a sequence length parsed from "--resolution 256" is (256, 256).
         for entry in self.graphs:
-            if entry.resolution_range is None and entry.precision == precision and \
-                    resolution_tag(entry.resolution) == resolution_tag(tuple(resolution)):
+            if (
+                entry.resolution_range is None
+                and entry.precision == precision
+                and resolution_tag(entry.resolution) == resolution_tag(tuple(resolution))
+            ):
                 return entry
         have = ", ".join(_graph_label(g) for g in self.graphs) or "none"
         raise DeployKitError(
@@ -130,7 +133,9 @@ class Manifest:
             data["graphs"] = [_graph_entry(g) for g in data["graphs"]]
             manifest = cls(**data)
         except FileNotFoundError:
-            raise DeployKitError(f"{directory} is not a deploykit export directory (no {MANIFEST_FILE}); run deploykit export first") from None
+            raise DeployKitError(
+                f"{directory} is not a deploykit export directory (no {MANIFEST_FILE}); run deploykit export first"
+            ) from None
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
             raise DeployKitError(f"corrupt manifest {path}: {err}") from err
         for entry in manifest.graphs:
@@ -140,8 +145,9 @@ class Manifest:
 
 def _graph_entry(data: dict) -> GraphEntry:
     span = data.get("resolution_range")
-    return GraphEntry(**{**data, "resolution": tuple(data["resolution"]),
-                         "resolution_range": tuple(tuple(r) for r in span) if span else None})
+    return GraphEntry(
+        **{**data, "resolution": tuple(data["resolution"]), "resolution_range": tuple(tuple(r) for r in span) if span else None}
+    )
 
 
 def range_tag(resolution_range) -> str:
@@ -215,8 +221,11 @@ def checked_graph(export_dir: str | os.PathLike, entry: GraphEntry) -> Path:
     except (DecodeError, OSError, ValueError) as err:
         raise DeployKitError(f"{path} is not a readable ONNX graph ({err}); re-run deploykit export") from err
     actual, recorded = GraphEntry.describing(proto, entry.file, entry.sha256), _graph_entry(asdict(entry))
-    fields = [f"{name} {getattr(recorded, name)} in the manifest, {getattr(actual, name)} in the graph"
-              for name in ("resolution", "resolution_range", "precision", "opset") if getattr(recorded, name) != getattr(actual, name)]
+    fields = [
+        f"{name} {getattr(recorded, name)} in the manifest, {getattr(actual, name)} in the graph"
+        for name in ("resolution", "resolution_range", "precision", "opset")
+        if getattr(recorded, name) != getattr(actual, name)
+    ]
     if fields:
         raise DeployKitError(f"{MANIFEST_FILE} disagrees with {path}: {'; '.join(fields)}; re-run deploykit export")
     return path

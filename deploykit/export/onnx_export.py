@@ -230,7 +230,13 @@ def onnx_from_model(
     # CPU flash-attention output layout, and its decomposition then fails on the head merge's view.
     # onnxscript's version converter logs a traceback for a conversion it then falls back from;
     # the result is checked (opset, lint) and reported in one line.
-    with contextlib.redirect_stdout(io.StringIO()), quiet_logger("torch.onnx"), quiet_logger("onnxscript"), warnings.catch_warnings(), torch.no_grad():
+    with (
+        contextlib.redirect_stdout(io.StringIO()),
+        quiet_logger("torch.onnx"),
+        quiet_logger("onnxscript"),
+        warnings.catch_warnings(),
+        torch.no_grad(),
+    ):
         warnings.simplefilter("ignore")
         try:
             program = torch.onnx.export(

@@ -74,20 +74,38 @@ PLANS: dict[str, PrecisionPlan] = {
     plan.name: plan
     for plan in (
         PrecisionPlan("fp32", "as exported", Tolerance(max_abs=1e-4, min_cosine=0.99999)),
-        PrecisionPlan("fp16", "matmuls fp16; tables, LayerNorm, Softmax, logits fp32", Tolerance(max_abs=5e-2, min_cosine=0.999),
-                      low=TensorProto.FLOAT16),
-        PrecisionPlan("bf16", "matmuls bf16; tables, LayerNorm, Softmax, logits fp32", Tolerance(max_abs=2e-1, min_cosine=0.995),
-                      low=TensorProto.BFLOAT16),
-        PrecisionPlan("int8", "Q/DQ int8 matmuls, calibrated; tables, rotations, gates, logits float (ORT and TensorRT)",
-                      INT8_TOLERANCE, calibrated=True),
-        PrecisionPlan("int8-dynamic", "ONNX Runtime's dynamic int8 matmuls (MatMulInteger); no calibration",
-                      INT8_TOLERANCE,
-                      ort_only="int8-dynamic uses ONNX Runtime's DynamicQuantizeLinear/MatMulInteger, which TensorRT does not "
-                      "build; export --precision int8 for engines"),
-        PrecisionPlan("fp32-mha", "fp32 with attention fused into ONNX Runtime's MultiHeadAttention (long sequences)",
-                      Tolerance(max_abs=1e-4, min_cosine=0.99999),
-                      ort_only="fp32-mha uses ONNX Runtime's com.microsoft.MultiHeadAttention, which TensorRT does not parse; "
-                      "TensorRT fuses attention itself from the fp32 graph"),
+        PrecisionPlan(
+            "fp16",
+            "matmuls fp16; tables, LayerNorm, Softmax, logits fp32",
+            Tolerance(max_abs=5e-2, min_cosine=0.999),
+            low=TensorProto.FLOAT16,
+        ),
+        PrecisionPlan(
+            "bf16",
+            "matmuls bf16; tables, LayerNorm, Softmax, logits fp32",
+            Tolerance(max_abs=2e-1, min_cosine=0.995),
+            low=TensorProto.BFLOAT16,
+        ),
+        PrecisionPlan(
+            "int8",
+            "Q/DQ int8 matmuls, calibrated; tables, rotations, gates, logits float (ORT and TensorRT)",
+            INT8_TOLERANCE,
+            calibrated=True,
+        ),
+        PrecisionPlan(
+            "int8-dynamic",
+            "ONNX Runtime's dynamic int8 matmuls (MatMulInteger); no calibration",
+            INT8_TOLERANCE,
+            ort_only="int8-dynamic uses ONNX Runtime's DynamicQuantizeLinear/MatMulInteger, which TensorRT does not "
+            "build; export --precision int8 for engines",
+        ),
+        PrecisionPlan(
+            "fp32-mha",
+            "fp32 with attention fused into ONNX Runtime's MultiHeadAttention (long sequences)",
+            Tolerance(max_abs=1e-4, min_cosine=0.99999),
+            ort_only="fp32-mha uses ONNX Runtime's com.microsoft.MultiHeadAttention, which TensorRT does not parse; "
+            "TensorRT fuses attention itself from the fp32 graph",
+        ),
     )
 }
 # Plan name -> the ONNX type its matmuls run in (None: not a cast plan).

@@ -64,8 +64,15 @@ CALIBRATION_METHODS = {"minmax": "MinMax", "percentile": "Percentile", "entropy"
 # 0.996, mope 0.992 -> 0.973, sape2 0.987 -> 0.937, sape2+ape 0.993 -> 0.986), so all keep them
 # float. What quantizing them would gain is the int8+attn column of the speed benchmark.
 ATTENTION_INT8: dict[str, bool] = {
-    "ape": False, "rope-axial": False, "rope-mixed": False, "gridpe": False, "geope": False,
-    "wepe": False, "mope": False, "sape2": False, "sape2+ape": False,
+    "ape": False,
+    "rope-axial": False,
+    "rope-mixed": False,
+    "gridpe": False,
+    "geope": False,
+    "wepe": False,
+    "mope": False,
+    "sape2": False,
+    "sape2+ape": False,
 }
 # Ops between the head's product and the logits output that only move values around.
 _SHAPE_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Transpose"})
@@ -251,8 +258,13 @@ def quantize_static_int8(
             nodes are named), or the quantizer failed.
     """
     selection = select_nodes(proto, attention)
-    details = {"plan": "int8", "calibration": calibration.method, "samples": len(calibration.inputs),
-               "calibration_data": calibration.source, "attention_int8": attention}
+    details = {
+        "plan": "int8",
+        "calibration": calibration.method,
+        "samples": len(calibration.inputs),
+        "calibration_data": calibration.source,
+        "attention_int8": attention,
+    }
     # The quantizer logs "consider pre-processing" advice on the root logger.
     with tempfile.TemporaryDirectory(prefix="deploykit-int8-") as tmp, quiet_logger(""):
         quantizer = _StaticQuantizer(proto, calibration, Path(tmp))
@@ -288,12 +300,19 @@ class _StaticQuantizer:
         try:
             with contextlib.redirect_stdout(io.StringIO()):  # the histogram calibrators print progress
                 quantize_static(
-                    str(self.source), str(target), reader, quant_format=QuantFormat.QDQ,
-                    op_types_to_quantize=list(QUANTIZED_OP_TYPES), nodes_to_quantize=nodes,
+                    str(self.source),
+                    str(target),
+                    reader,
+                    quant_format=QuantFormat.QDQ,
+                    op_types_to_quantize=list(QUANTIZED_OP_TYPES),
+                    nodes_to_quantize=nodes,
                     nodes_to_exclude=[n for n in self.candidates if n not in set(nodes)],
-                    per_channel=True, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                    per_channel=True,
+                    activation_type=QuantType.QInt8,
+                    weight_type=QuantType.QInt8,
                     calibrate_method=getattr(CalibrationMethod, CALIBRATION_METHODS[self.calibration.method]),
-                    extra_options=extra, calibration_cache_path=str(self.cache),
+                    extra_options=extra,
+                    calibration_cache_path=str(self.cache),
                 )
         # The quantizer asserts on a NaN range (quant_utils.compute_scale_zp) rather than raising.
         except (ValueError, RuntimeError, AssertionError, onnx.checker.ValidationError) as err:
@@ -312,8 +331,9 @@ class _StaticQuantizer:
         bad = {name for name, data in load_tensors_data(self.cache).items() if not np.all(np.isfinite(np.asarray(data.range_value, float)))}
         nodes = [n.name for n in self.proto.graph.node if n.name in self.candidates and bad.intersection(n.input)]
         if bad:
-            raise ExportError(f"INT8 calibration gave NaN/Inf ranges at {_listed(nodes or sorted(bad))}; "
-                              "check the calibration data for NaN/Inf")
+            raise ExportError(
+                f"INT8 calibration gave NaN/Inf ranges at {_listed(nodes or sorted(bad))}; check the calibration data for NaN/Inf"
+            )
 
 
 def _fall_back(quantizer, selection: NodeSelection, out, target: AgreementTarget, progress) -> tuple[onnx.ModelProto, dict]:
@@ -349,7 +369,12 @@ def _fall_back(quantizer, selection: NodeSelection, out, target: AgreementTarget
 
 
 def check_plan(
-    fp32: onnx.ModelProto, planned: onnx.ModelProto, inputs: np.ndarray, tolerance: Tolerance, label: str, top_k: bool = True,
+    fp32: onnx.ModelProto,
+    planned: onnx.ModelProto,
+    inputs: np.ndarray,
+    tolerance: Tolerance,
+    label: str,
+    top_k: bool = True,
     reference: np.ndarray | None = None,
 ) -> dict:
     """Judge a quantized graph against its fp32 graph on held-out real inputs (``top_k``: the
@@ -368,8 +393,14 @@ def check_plan(
     metrics = compare_logits(reference, actual, len(reference), tolerance, top_k=top_k)
     if not metrics["passed"]:
         block = _first_divergent_block(fp32, planned, inputs[:16], tolerance)
-        nodes = [n.name for n in planned.graph.node if block and n.op_type in QUANTIZED_OP_TYPES and _quantized_input(planned, n)
-                 and any(s == block or s.startswith(block + ".") for s in _scopes(n))]
+        nodes = [
+            n.name
+            for n in planned.graph.node
+            if block
+            and n.op_type in QUANTIZED_OP_TYPES
+            and _quantized_input(planned, n)
+            and any(s == block or s.startswith(block + ".") for s in _scopes(n))
+        ]
         where = f"; first divergent block {block} (quantized there: {', '.join(nodes) or 'none'})" if block else ""
         raise ExportError(f"{label} fails its tolerance on {len(inputs)} held-out inputs ({'; '.join(metrics['failures'])}){where}")
     return metrics
@@ -440,9 +471,16 @@ def quantize_dynamic_int8(proto: onnx.ModelProto) -> onnx.ModelProto:
         source, target = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
         onnx.save_model(unfolded, str(source))
         try:
-            quantize_dynamic(str(source), str(target), op_types_to_quantize=["MatMul"], per_channel=True,
-                             weight_type=QuantType.QInt8, nodes_to_quantize=selection.quantize or None,
-                             nodes_to_exclude=list(selection.keep_float), extra_options={"MatMulConstBOnly": True})
+            quantize_dynamic(
+                str(source),
+                str(target),
+                op_types_to_quantize=["MatMul"],
+                per_channel=True,
+                weight_type=QuantType.QInt8,
+                nodes_to_quantize=selection.quantize or None,
+                nodes_to_exclude=list(selection.keep_float),
+                extra_options={"MatMulConstBOnly": True},
+            )
         except (ValueError, RuntimeError, onnx.checker.ValidationError) as err:
             raise ExportError(f"dynamic INT8 quantization failed: {str(err).splitlines()[0]}") from err
         out = onnx.load_model(str(target))
@@ -481,8 +519,9 @@ def check_scales(proto: onnx.ModelProto) -> None:
             if not np.all(np.isfinite(scale) & (scale > 0)):
                 bad.append(node.name or node.output[0])
     if bad:
-        raise ExportError(f"INT8 calibration gave NaN/Inf or zero scales at {_listed(bad)}; "
-                          "check the calibration data for NaN/Inf or constant inputs")
+        raise ExportError(
+            f"INT8 calibration gave NaN/Inf or zero scales at {_listed(bad)}; check the calibration data for NaN/Inf or constant inputs"
+        )
 
 
 def _listed(names: list[str], shown: int = 5) -> str:

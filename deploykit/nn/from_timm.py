@@ -48,9 +48,7 @@ from deploykit.nn.resolve import with_encoding_options
 from deploykit.nn.vit import VisionTransformer, ViTConfig
 
 
-def import_timm(
-    name: str, weights: str | os.PathLike | None = None, options: Sequence[str] = (), **model_kwargs: Any
-) -> VisionTransformer:
+def import_timm(name: str, weights: str | os.PathLike | None = None, options: Sequence[str] = (), **model_kwargs: Any) -> VisionTransformer:
     """A deploykit model equal to timm's ``name``.
 
     Args:
@@ -179,7 +177,9 @@ def _check_trunk(model: nn.Module, refuse: _Refusals) -> None:
     embed = model.patch_embed
     (ph, pw), (ih, iw) = embed.patch_size, embed.img_size
     refuse.check(ph == pw and ih == iw, f"non-square patches or input size ({ph}x{pw}, {ih}x{iw})")
-    refuse.check(type(embed) is layers.PatchEmbed and isinstance(embed.norm, nn.Identity), "a patch embedding other than a plain convolution")
+    refuse.check(
+        type(embed) is layers.PatchEmbed and isinstance(embed.norm, nn.Identity), "a patch embedding other than a plain convolution"
+    )
     refuse.check(embed.proj.bias is not None, "a patch embedding without bias")
     refuse.check(not getattr(embed, "dynamic_img_pad", False), "dynamic_img_pad")
     refuse.check(isinstance(model.norm_pre, nn.Identity), "a norm before the blocks (pre_norm)")
@@ -282,18 +282,32 @@ def _eva_encoding(model: nn.Module, refuse: _Refusals) -> EncodingConfig | None:
     if isinstance(rope, layers.RotaryEmbeddingMixed):
         return get_config("rope-mixed", theta=float(rope.temperature), axis_order=_axis_order(rope.grid_indexing), **extra)
     if isinstance(rope, layers.RotaryEmbeddingCat):
-        refuse.check(rope.grid_type == "index" and rope.ref_feat_shape is None and rope.grid_offset == 0,
-                     f"RoPE grid {rope.grid_type!r} (offset {rope.grid_offset}, ref_feat_shape {rope.ref_feat_shape})")
+        refuse.check(
+            rope.grid_type == "index" and rope.ref_feat_shape is None and rope.grid_offset == 0,
+            f"RoPE grid {rope.grid_type!r} (offset {rope.grid_offset}, ref_feat_shape {rope.ref_feat_shape})",
+        )
         refuse.check(not rope.in_pixels, "pixel-frequency RoPE bands (in_pixels)")
-        return get_config("rope-axial", theta=float(rope.temperature), axis_order=_axis_order(rope.grid_indexing),
-                          pairs="halves" if rope.rotate_half else "interleaved", **extra)
+        return get_config(
+            "rope-axial",
+            theta=float(rope.temperature),
+            axis_order=_axis_order(rope.grid_indexing),
+            pairs="halves" if rope.rotate_half else "interleaved",
+            **extra,
+        )
     if isinstance(rope, layers.RotaryEmbeddingDinoV3):
         refuse.check(rope.min_period is None and rope.max_period is None, "DINOv3 RoPE with min/max periods")
         refuse.check(rope.grid_offset == 0, f"RoPE grid offset {rope.grid_offset}")
         # angle = 2π c / period, period_j = θ^(4j/d): deploykit's θ^(-4j/d) frequencies in turns.
-        return get_config("rope-axial", theta=float(rope.temperature), coords="centered", normalize_coords=rope.normalize_coords,
-                          axis_order=_axis_order(rope.grid_indexing), angle_scale=2 * math.pi,
-                          pairs="halves" if rope.rotate_half else "interleaved", **extra)
+        return get_config(
+            "rope-axial",
+            theta=float(rope.temperature),
+            coords="centered",
+            normalize_coords=rope.normalize_coords,
+            axis_order=_axis_order(rope.grid_indexing),
+            angle_scale=2 * math.pi,
+            pairs="halves" if rope.rotate_half else "interleaved",
+            **extra,
+        )
     refuse.check(False, f"RoPE {type(rope).__name__}")
     return None
 

@@ -106,8 +106,12 @@ class SequenceConfig:
 # The paper's char model (EGA-MORLET, digest §4.2) and its dot-product ablation (PE-MORLET);
 # a tiny size for tests and quick profiling.
 SEQUENCE_CONFIGS: dict[str, dict[str, Any]] = {
-    "char_gpt_ega": {k: MOPE_PAPER_MODEL[k] for k in ("vocab_size", "context", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias", "dropout")},
-    "char_gpt_dot": {k: MOPE_PAPER_MODEL[k] for k in ("vocab_size", "context", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias", "dropout")}
+    "char_gpt_ega": {
+        k: MOPE_PAPER_MODEL[k] for k in ("vocab_size", "context", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias", "dropout")
+    },
+    "char_gpt_dot": {
+        k: MOPE_PAPER_MODEL[k] for k in ("vocab_size", "context", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias", "dropout")
+    }
     | {"attention": "dot"},
     "seq_tiny_ega": dict(embed_dim=64, depth=2, num_heads=4),
 }
@@ -122,9 +126,7 @@ class CausalSelfAttention(nn.Module):
         self.head_dim = cfg.embed_dim // cfg.num_heads
         self.causal = cfg.causal
         self.qkv = nn.Linear(cfg.embed_dim, 3 * cfg.embed_dim, bias=cfg.qkv_bias)
-        self.gate = (
-            EnergyGate(cfg.embed_dim, cfg.num_heads, cfg.ega_alpha_init, cfg.ega_tau_init) if cfg.attention == "ega" else None
-        )
+        self.gate = EnergyGate(cfg.embed_dim, cfg.num_heads, cfg.ega_alpha_init, cfg.ega_tau_init) if cfg.attention == "ega" else None
         self.proj = nn.Linear(cfg.embed_dim, cfg.embed_dim)
         self.attn_drop = nn.Dropout(cfg.dropout)
         self.proj_drop = nn.Dropout(cfg.dropout)

@@ -327,8 +327,7 @@ class VisionTransformer(nn.Module):
         p = self.cfg.patch_size
         if height % p or width % p or height <= 0 or width <= 0:
             raise ResolutionError(
-                f"resolution {height}x{width} is not a positive multiple of the patch size {p}; "
-                f"try {max(p, round(height / p) * p)}"
+                f"resolution {height}x{width} is not a positive multiple of the patch size {p}; try {max(p, round(height / p) * p)}"
             )
         return height // p, width // p
 

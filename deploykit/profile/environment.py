@@ -38,8 +38,27 @@ def _cpuinfo() -> dict[str, str]:
 
 # Instruction sets that decide which GEMM kernels run: int8 dot products (VNNI, AMX) make INT8 plans
 # 2-4x faster than fp32; without them ONNX Runtime's int8 kernels gain much less.
-_ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16",
-              "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16", "asimd", "asimddp", "sve", "i8mm", "bf16")
+_ISA_FLAGS = (
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512_vnni",
+    "avx_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "amx_int8",
+    "amx_bf16",
+    "asimd",
+    "asimddp",
+    "sve",
+    "i8mm",
+    "bf16",
+)
 
 
 def cpu_instruction_sets(cpu: dict[str, str] | None = None) -> list[str]:
@@ -63,8 +82,12 @@ def _gpu(device: torch.device) -> dict | None:
     if device.type != "cuda":
         return None
     props = torch.cuda.get_device_properties(device)
-    info = {"name": props.name, "memory_gib": round(props.total_memory / 2**30, 1), "cuda": torch.version.cuda,
-            "capability": f"{props.major}.{props.minor}"}
+    info = {
+        "name": props.name,
+        "memory_gib": round(props.total_memory / 2**30, 1),
+        "cuda": torch.version.cuda,
+        "capability": f"{props.major}.{props.minor}",
+    }
     info.update(driver=driver_version() or "unknown (no NVML)", **(clocks(device.index or 0) or {}))
     return info
 
@@ -104,6 +127,8 @@ def environment_line(env: dict) -> str:
     threads = env.get("threads", {})
     load = env.get("load_average_start") or [float("nan")]
     isa = " ".join(env.get("cpu_instruction_sets") or []) or "instruction sets not recorded"
-    return (f"{env.get('cpu')} × {env.get('usable_cores')} cores ({isa}), {gpu_part}; {libs}; torch threads "
-            f"{threads.get('torch_intra_op')}, ORT intra-op {threads.get('ort_intra_op') or 'default'}; "
-            f"flush-denormal on; load avg {load[0]:.2f} at start")
+    return (
+        f"{env.get('cpu')} × {env.get('usable_cores')} cores ({isa}), {gpu_part}; {libs}; torch threads "
+        f"{threads.get('torch_intra_op')}, ORT intra-op {threads.get('ort_intra_op') or 'default'}; "
+        f"flush-denormal on; load avg {load[0]:.2f} at start"
+    )

@@ -28,13 +28,21 @@ def gemm_shapes(cfg, resolution: tuple[int, int], batch: int) -> list[tuple[int,
     head = (1, batch, d, cfg.num_classes)
     return [patch, *block * cfg.depth, head]
 
+
 def _sequence_gemm_shapes(cfg: SequenceConfig, length: int, batch: int) -> list[tuple[int, int, int, int]]:
     d, heads, hidden, rows = cfg.embed_dim, cfg.num_heads, int(cfg.embed_dim * cfg.mlp_ratio), batch * length
-    block = [(1, rows, d, 3 * d), (batch * heads, length, d // heads, length), (batch * heads, length, length, d // heads),
-             (1, rows, d, d), (1, rows, d, hidden), (1, rows, hidden, d)]
+    block = [
+        (1, rows, d, 3 * d),
+        (batch * heads, length, d // heads, length),
+        (batch * heads, length, length, d // heads),
+        (1, rows, d, d),
+        (1, rows, d, hidden),
+        (1, rows, hidden, d),
+    ]
     if cfg.attention == "ega":
         block.append((1, rows, d, heads))  # energy r = x w_E + b_E, one scalar per head
     return [*block * cfg.depth, (1, rows, d, cfg.vocab_size)]
+
 
 def model_flops(cfg, resolution: tuple[int, int], batch: int) -> int:
     """FLOPs of one forward counted from the GEMMs (elementwise work, softmax, LayerNorm and the

@@ -47,8 +47,15 @@ def plot_latency(path: str | os.PathLike, records: Sequence[dict], title: str = 
         for backend, precision, encoding in dict.fromkeys(map(lane, rows)):
             line = sorted((_pixels(r["resolution"]), r["p50_ms"], r["p90_ms"]) for r in rows if lane(r) == (backend, precision, encoding))
             xs, p50, p90 = zip(*line)
-            ax.errorbar(xs, p50, yerr=[[0] * len(p50), [b - a for a, b in zip(p50, p90)]], marker="o", capsize=3,
-                        linestyle="-" if backend == "torch" else "--", label=f"{backend} {precision} · {encoding}")
+            ax.errorbar(
+                xs,
+                p50,
+                yerr=[[0] * len(p50), [b - a for a, b in zip(p50, p90)]],
+                marker="o",
+                capsize=3,
+                linestyle="-" if backend == "torch" else "--",
+                label=f"{backend} {precision} · {encoding}",
+            )
         ax.set(xlabel="resolution (px, square side)", ylabel="latency p50 (ms), whisker to p90", title=f"{title} batch {batch}".strip())
         ax.set_yscale("log")
         ax.grid(True, which="both", alpha=0.3)
@@ -69,16 +76,40 @@ def render_table(report: ProfileReport, title: str = "latency"):
     table = Table(title=title, caption=report.environment_line, caption_justify="left")
     for name in ("backend", "precision", "encoding", "res (px)", "batch"):
         table.add_column(name)
-    for name in ("p50 (ms)", "p90 (ms)", "p99 (ms)", "mean ± std (ms)", "n (calls)", "img/s", "e2e p50 (ms)", "e2e img/s", "×APE", "×fp32",
-                 "PE share", "GFLOP/s"):
+    for name in (
+        "p50 (ms)",
+        "p90 (ms)",
+        "p99 (ms)",
+        "mean ± std (ms)",
+        "n (calls)",
+        "img/s",
+        "e2e p50 (ms)",
+        "e2e img/s",
+        "×APE",
+        "×fp32",
+        "PE share",
+        "GFLOP/s",
+    ):
         table.add_column(name, justify="right")
     ratio = lambda value: "–" if value is None else f"{value:.3f}"
     for r in report.records:
         table.add_row(
-            r["backend"], r["precision"], r["encoding"], r["resolution"], str(r["batch"]),
-            _ms(r["p50_ms"]), _ms(r["p90_ms"]), _ms(r["p99_ms"]), f"{_ms(r['mean_ms'])} ± {_ms(r['std_ms'])}", str(r["n"]),
-            f"{r['throughput_per_s']:.1f}", _ms(r.get("e2e_p50_ms")),
+            r["backend"],
+            r["precision"],
+            r["encoding"],
+            r["resolution"],
+            str(r["batch"]),
+            _ms(r["p50_ms"]),
+            _ms(r["p90_ms"]),
+            _ms(r["p99_ms"]),
+            f"{_ms(r['mean_ms'])} ± {_ms(r['std_ms'])}",
+            str(r["n"]),
+            f"{r['throughput_per_s']:.1f}",
+            _ms(r.get("e2e_p50_ms")),
             "–" if r.get("e2e_throughput_per_s") is None else f"{r['e2e_throughput_per_s']:.1f}",
-            ratio(r.get("ratio_vs_ape")), ratio(r.get("ratio_vs_fp32")), "–" if r.get("pe_share") is None else f"{r['pe_share']:.1%}", f"{r['achieved_gflop_per_s']:.1f}",
+            ratio(r.get("ratio_vs_ape")),
+            ratio(r.get("ratio_vs_fp32")),
+            "–" if r.get("pe_share") is None else f"{r['pe_share']:.1%}",
+            f"{r['achieved_gflop_per_s']:.1f}",
         )
     return table

@@ -14,8 +14,21 @@ from deploykit.profile.timing import LatencyStats
 
 # The record schema (CSV column order); extra fields follow these.
 RECORD_FIELDS = (
-    "backend", "precision", "encoding", "resolution", "batch",
-    "p50_ms", "p90_ms", "p95_ms", "p99_ms", "mean_ms", "std_ms", "min_ms", "max_ms", "n", "throughput_per_s",
+    "backend",
+    "precision",
+    "encoding",
+    "resolution",
+    "batch",
+    "p50_ms",
+    "p90_ms",
+    "p95_ms",
+    "p99_ms",
+    "mean_ms",
+    "std_ms",
+    "min_ms",
+    "max_ms",
+    "n",
+    "throughput_per_s",
 )
 TORCH_BACKEND = "torch"
 BASELINE_ENCODING = "ape"
@@ -72,8 +85,13 @@ class ProfileReport:
         return environment_line(self.environment)
 
     def to_json(self) -> dict:
-        return {"environment_line": self.environment_line, "environment": self.environment, "settings": self.settings,
-                "records": self.records, "notes": self.notes}
+        return {
+            "environment_line": self.environment_line,
+            "environment": self.environment,
+            "settings": self.settings,
+            "records": self.records,
+            "notes": self.notes,
+        }
 
     def write_json(self, path: str | os.PathLike) -> Path:
         return write_json_atomic(path, self.to_json())

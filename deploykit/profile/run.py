@@ -111,17 +111,27 @@ def profile(
         subjects.append(Subject(ape_twin(subjects[0].model, max((r[0] for r in resolutions), default=0)), baseline=True))
     _check_inputs(subjects, resolutions, batches, backends, precisions)
     torch_device = _resolve_device(device)
-    settings = dict(model=label, resolutions=[resolution_tag(r) for r in resolutions], batches=list(batches),
-                    backends=list(backends), precisions=list(precisions), encodings=[s.encoding for s in subjects], device=str(torch_device),
-                    budget=dataclasses.asdict(budget), end_to_end=end_to_end, flush_denormal=True)
+    settings = dict(
+        model=label,
+        resolutions=[resolution_tag(r) for r in resolutions],
+        batches=list(batches),
+        backends=list(backends),
+        precisions=list(precisions),
+        encodings=[s.encoding for s in subjects],
+        device=str(torch_device),
+        budget=dataclasses.asdict(budget),
+        end_to_end=end_to_end,
+        flush_denormal=True,
+    )
     records: list[dict] = []
     notes: list[str] = []
     engine = dict(plugins=plugins, cuda_graph=cuda_graphs)
     with flush_denormal():
         environment = capture_environment(torch_device)
         for resolution in resolutions:
-            records += _profile_resolution(subjects, resolution, batches, backends, precisions, budget, end_to_end, torch_device,
-                                           progress, engine, notes)
+            records += _profile_resolution(
+                subjects, resolution, batches, backends, precisions, budget, end_to_end, torch_device, progress, engine, notes
+            )
     if not records:
         raise DeployKitError(f"nothing was profiled: {'; '.join(notes)}")
     environment["load_average_end"] = list(os.getloadavg())
@@ -142,8 +152,9 @@ def _open_targets(backend, lanes, resolution, device, engine, progress, notes) -
     return targets
 
 
-def _profile_resolution(subjects, resolution, batches, backends, precisions, budget, end_to_end, device, progress, engine,
-                        notes) -> list[dict]:
+def _profile_resolution(
+    subjects, resolution, batches, backends, precisions, budget, end_to_end, device, progress, engine, notes
+) -> list[dict]:
     tag = resolution_tag(resolution)
     cfg = subjects[0].model.cfg
     # The positional step alone, in PyTorch eager: its share is reported on the torch records only.
@@ -171,14 +182,17 @@ def _profile_resolution(subjects, resolution, batches, backends, precisions, bud
                         samples.setdefault((lane, "kernel"), []).extend(measure(target.kernel(images), budget.per_round(), target.timer))
                         if end_to_end:
                             samples.setdefault((lane, "e2e"), []).extend(
-                                measure(end_to_end_call(target, frames, resolution, subject.model.cfg), budget.per_round()))
+                                measure(end_to_end_call(target, frames, resolution, subject.model.cfg), budget.per_round())
+                            )
                 for (subject, precision), target in targets:
                     lane = (subject.encoding, precision)
                     kernel = LatencyStats.from_ns(samples[lane, "kernel"], batch)
                     e2e = LatencyStats.from_ns(samples[lane, "e2e"], batch) if end_to_end else None
                     step = pe_steps[subject.encoding, batch] if backend == TORCH_BACKEND else None
                     flops = model_flops(cfg, resolution, batch)
-                    records.append(make_record(backend, precision, subject.encoding, tag, batch, kernel, e2e, step, flops) | target.details())
+                    records.append(
+                        make_record(backend, precision, subject.encoding, tag, batch, kernel, e2e, step, flops) | target.details()
+                    )
         finally:
             for _, target in targets:
                 target.close()

@@ -177,8 +177,11 @@ def open_target(backend: str, subject: Subject, resolution: tuple[int, int], pre
     plan = "" if precision == FP32 else f" {precision}"
     where = f"{subject.encoding}{plan} on {backend} @ {resolution_tag(resolution)}"
     if (resolution, precision) not in subject.graphs:
-        why = "the APE baseline is exported in memory, so no engine was built for it" if subject.baseline else \
-            "no exported graph at this resolution, so no engine"
+        why = (
+            "the APE baseline is exported in memory, so no engine was built for it"
+            if subject.baseline
+            else "no exported graph at this resolution, so no engine"
+        )
         raise Unavailable(f"{where}: not profiled: {why}")
     try:
         return RunnerTarget(create_runner(backend, subject.graphs[resolution, precision], **engine))

@@ -48,14 +48,21 @@ class LatencyStats:
             raise ValueError("no samples")
         p50, p90, p95, p99 = np.percentile(ms, [50, 90, 95, 99])
         return cls(
-            p50_ms=float(p50), p90_ms=float(p90), p95_ms=float(p95), p99_ms=float(p99),
-            mean_ms=float(ms.mean()), std_ms=float(ms.std(ddof=1)) if ms.size > 1 else 0.0,
-            min_ms=float(ms.min()), max_ms=float(ms.max()), n=int(ms.size),
+            p50_ms=float(p50),
+            p90_ms=float(p90),
+            p95_ms=float(p95),
+            p99_ms=float(p99),
+            mean_ms=float(ms.mean()),
+            std_ms=float(ms.std(ddof=1)) if ms.size > 1 else 0.0,
+            min_ms=float(ms.min()),
+            max_ms=float(ms.max()),
+            n=int(ms.size),
             throughput_per_s=float(batch * ms.size / (ms.sum() / 1e3)),
         )
 
     def to_dict(self, prefix: str = "") -> dict[str, float | int]:
         return {prefix + k: v for k, v in dataclasses.asdict(self).items()}
+
 
 @dataclass(frozen=True)
 class Budget:
@@ -77,21 +84,27 @@ class Budget:
     rounds: int = 1
 
     def __post_init__(self):
-        problems = [f"{name} must be {rule}, got {value:g}" for name, value, ok, rule in (
-            ("--duration", self.duration_s, self.duration_s > 0 and math.isfinite(self.duration_s), "a positive number of seconds"),
-            ("--warmup", self.warmup, self.warmup >= 0, "0 or more calls"),
-            ("min_iterations", self.min_iterations, self.min_iterations >= 1, "at least 1"),
-            ("--rounds", self.rounds, self.rounds >= 1, "at least 1"),
-            ("--iterations", self.iterations or 0, self.iterations is None or self.iterations >= 1, "at least 1"),
-        ) if not ok]
+        problems = [
+            f"{name} must be {rule}, got {value:g}"
+            for name, value, ok, rule in (
+                ("--duration", self.duration_s, self.duration_s > 0 and math.isfinite(self.duration_s), "a positive number of seconds"),
+                ("--warmup", self.warmup, self.warmup >= 0, "0 or more calls"),
+                ("min_iterations", self.min_iterations, self.min_iterations >= 1, "at least 1"),
+                ("--rounds", self.rounds, self.rounds >= 1, "at least 1"),
+                ("--iterations", self.iterations or 0, self.iterations is None or self.iterations >= 1, "at least 1"),
+            )
+            if not ok
+        ]
         if problems:
             raise ConfigError("; ".join(problems))
 
     def per_round(self) -> Budget:
         iterations = None if self.iterations is None else max(1, math.ceil(self.iterations / self.rounds))
         min_iterations = max(1, math.ceil(self.min_iterations / self.rounds))
-        return dataclasses.replace(self, duration_s=self.duration_s / self.rounds, iterations=iterations,
-                                   min_iterations=min_iterations, rounds=1)
+        return dataclasses.replace(
+            self, duration_s=self.duration_s / self.rounds, iterations=iterations, min_iterations=min_iterations, rounds=1
+        )
+
 
 class CpuTimer:
     """Wall-clock time of a synchronous call."""
@@ -102,6 +115,7 @@ class CpuTimer:
         start = time.perf_counter_ns()
         fn()
         return time.perf_counter_ns() - start
+
 
 class CudaEventTimer:
     """GPU time between two CUDA events recorded around the call, on the current stream."""
@@ -143,6 +157,7 @@ def measure(fn: Callable[[], object], budget: Budget, timer=None) -> list[int]:
                 return samples
         elif len(samples) >= budget.min_iterations and time.perf_counter_ns() >= deadline:
             return samples
+
 
 @contextlib.contextmanager
 def flush_denormal() -> Iterator[bool]:

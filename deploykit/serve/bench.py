@@ -100,8 +100,14 @@ class BenchReport:
 def latency_stats(latencies_ns: Sequence[int], wall_s: float) -> dict:
     """Throughput and latency percentiles of one level."""
     ms = np.asarray(latencies_ns, dtype=np.float64) / 1e6
-    return {"requests": len(ms), "throughput_rps": len(ms) / wall_s, "p50_ms": float(np.percentile(ms, 50)),
-            "p99_ms": float(np.percentile(ms, 99)), "mean_ms": float(ms.mean()), "max_ms": float(ms.max())}
+    return {
+        "requests": len(ms),
+        "throughput_rps": len(ms) / wall_s,
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "mean_ms": float(ms.mean()),
+        "max_ms": float(ms.max()),
+    }
 
 
 def run_level(call: Callable[[np.ndarray], object], inputs: np.ndarray, concurrency: int) -> dict:
@@ -143,16 +149,36 @@ class GrpcClient:
 def perf_analyzer_level(executable: str, url: str, model: str, concurrency: int, requests: int, workdir: Path) -> dict:
     """One level measured by Triton's ``perf_analyzer`` (concurrency mode, count window)."""
     report = workdir / f"perf_{concurrency}.csv"
-    command = [executable, "-m", model, "-u", url, "-i", "grpc", "--concurrency-range", f"{concurrency}:{concurrency}",
-               "--measurement-mode", "count_windows", "--measurement-request-count", str(requests), "-f", str(report)]
+    command = [
+        executable,
+        "-m",
+        model,
+        "-u",
+        url,
+        "-i",
+        "grpc",
+        "--concurrency-range",
+        f"{concurrency}:{concurrency}",
+        "--measurement-mode",
+        "count_windows",
+        "--measurement-request-count",
+        str(requests),
+        "-f",
+        str(report),
+    ]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
         raise DeployKitError(f"perf_analyzer failed at concurrency {concurrency}: {tail[0]}")
     with open(report, newline="") as f:
         row = next(csv.DictReader(f))
-    return {"requests": requests, "throughput_rps": float(row["Inferences/Second"]), "p50_ms": float(row["p50 latency"]) / 1e3,
-            "p99_ms": float(row["p99 latency"]) / 1e3, "client": "perf_analyzer"}
+    return {
+        "requests": requests,
+        "throughput_rps": float(row["Inferences/Second"]),
+        "p50_ms": float(row["p50 latency"]) / 1e3,
+        "p99_ms": float(row["p99 latency"]) / 1e3,
+        "client": "perf_analyzer",
+    }
 
 
 def free_loopback_ports(count: int) -> list[int]:
@@ -172,9 +198,27 @@ class ServerProcess:
 
     def __init__(self, export_dir: Path, options: BenchOptions, log: Path):
         self.http, self.grpc, metrics = free_loopback_ports(3)
-        command = [sys.executable, "-m", "deploykit", "serve", str(export_dir), "--host", "127.0.0.1", "--port", str(self.http),
-                   "--grpc-port", str(self.grpc), "--metrics-port", str(metrics), "--backend", options.backend,
-                   "--max-batch-size", str(options.max_batch_size), "--max-queue-delay-us", str(options.max_queue_delay_us)]
+        command = [
+            sys.executable,
+            "-m",
+            "deploykit",
+            "serve",
+            str(export_dir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.http),
+            "--grpc-port",
+            str(self.grpc),
+            "--metrics-port",
+            str(metrics),
+            "--backend",
+            options.backend,
+            "--max-batch-size",
+            str(options.max_batch_size),
+            "--max-queue-delay-us",
+            str(options.max_queue_delay_us),
+        ]
         self.log = log
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -228,7 +272,9 @@ def _perf_analyzer(choice: str) -> str | None:
     return found if choice != "builtin" else None
 
 
-def bench_serving(export_dir: str | os.PathLike, options: BenchOptions = BenchOptions(), progress: Callable[[str], None] | None = None) -> BenchReport:
+def bench_serving(
+    export_dir: str | os.PathLike, options: BenchOptions = BenchOptions(), progress: Callable[[str], None] | None = None
+) -> BenchReport:
     """Measure served and in-process throughput and p50/p99 at each concurrency level.
 
     Raises:
@@ -241,11 +287,15 @@ def bench_serving(export_dir: str | os.PathLike, options: BenchOptions = BenchOp
 
     export_dir = Path(export_dir)
     perf = _perf_analyzer(options.client)
-    with Pipeline(export_dir, backend=options.backend, batch_size=options.max_batch_size) as pipeline, \
-            tempfile.TemporaryDirectory(prefix="serve_bench_") as tmp:
+    with (
+        Pipeline(export_dir, backend=options.backend, batch_size=options.max_batch_size) as pipeline,
+        tempfile.TemporaryDirectory(prefix="serve_bench_") as tmp,
+    ):
         res = options.resolution or pipeline.resolutions[0]
         if res not in pipeline.resolutions:
-            raise ConfigError(f"{export_dir} has no graph at {resolution_tag(res)}; exported: {', '.join(map(resolution_tag, pipeline.resolutions))}")
+            raise ConfigError(
+                f"{export_dir} has no graph at {resolution_tag(res)}; exported: {', '.join(map(resolution_tag, pipeline.resolutions))}"
+            )
         inputs = np.random.default_rng(0).standard_normal((options.requests, 1, pipeline.config.in_chans, *res), dtype=np.float32)
         environment = capture_environment(torch.device("cpu"))
         server = ServerProcess(export_dir, options, Path(tmp) / "server.log")
@@ -258,13 +308,24 @@ def bench_serving(export_dir: str | os.PathLike, options: BenchOptions = BenchOp
                 run_level(pipeline.logits, inputs[: 2 * concurrency], concurrency)  # untimed warm-up
                 local = run_level(pipeline.logits, inputs, concurrency)
                 served = _served_level(server, logits_model_name(res), inputs, concurrency, perf, Path(tmp))
-                levels.append({"concurrency": concurrency, "in_process": local, "served": served,
-                               "served_vs_in_process_throughput": served["throughput_rps"] / local["throughput_rps"]})
+                levels.append(
+                    {
+                        "concurrency": concurrency,
+                        "in_process": local,
+                        "served": served,
+                        "served_vs_in_process_throughput": served["throughput_rps"] / local["throughput_rps"],
+                    }
+                )
         finally:
             server.stop()
     environment.update(load_average_end=list(os.getloadavg()), date=datetime.now(timezone.utc).isoformat(timespec="seconds"))
-    settings = {"export_dir": str(export_dir), "resolution": list(res), "backend": options.backend, "requests_per_level": options.requests,
-                "served": f"deploykit serve (Triton), gRPC, one image per request, dynamic batching max {options.max_batch_size}, "
-                          f"{options.max_queue_delay_us} us delay; client {'perf_analyzer' if perf else 'builtin'}",
-                "in_process": "Pipeline.logits from N threads, one image per call"}
+    settings = {
+        "export_dir": str(export_dir),
+        "resolution": list(res),
+        "backend": options.backend,
+        "requests_per_level": options.requests,
+        "served": f"deploykit serve (Triton), gRPC, one image per request, dynamic batching max {options.max_batch_size}, "
+        f"{options.max_queue_delay_us} us delay; client {'perf_analyzer' if perf else 'builtin'}",
+        "in_process": "Pipeline.logits from N threads, one image per call",
+    }
     return BenchReport(levels=levels, settings=settings, environment=environment)

@@ -74,8 +74,9 @@ def read_image_config(export_dir: Path) -> ClassifierConfig:
     if data.get("architecture") == SEQUENCE_ARCHITECTURE:
         raise ConfigError(f"{export_dir} holds a sequence model; serving takes image classifiers (ViT exports)")
     try:
-        config = ClassifierConfig(int(data["in_chans"]), int(data["num_classes"]), tuple(map(float, data["mean"])),
-                                  tuple(map(float, data["std"])))
+        config = ClassifierConfig(
+            int(data["in_chans"]), int(data["num_classes"]), tuple(map(float, data["mean"])), tuple(map(float, data["std"]))
+        )
     except (KeyError, TypeError, ValueError) as err:
         raise ConfigError(f"invalid model config {path}: in_chans, num_classes, mean and std are needed ({err!r})") from err
     sizes_ok = config.in_chans >= 1 and config.num_classes >= 1 and len(config.mean) == len(config.std) == config.in_chans

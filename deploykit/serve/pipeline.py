@@ -132,9 +132,7 @@ def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return classes.astype(np.int64), np.take_along_axis(probs, classes, axis=-1).astype(np.float32)
 
 
-def activate_runner(
-    onnx_path: Path, backend: str, factories: Mapping[str, RunnerFactory]
-) -> tuple[str, Runner, dict[str, str]]:
+def activate_runner(onnx_path: Path, backend: str, factories: Mapping[str, RunnerFactory]) -> tuple[str, Runner, dict[str, str]]:
     """Create and activate the runner for one graph.
 
     Args:
@@ -257,16 +255,16 @@ class Pipeline:
             InputError: wrong dtype, rank, channel count, or a resolution that was not exported.
         """
         if images.dtype != np.float32 or images.ndim != 4 or images.shape[1] != self.config.in_chans:
-            raise InputError(
-                f"expected float32 [B, {self.config.in_chans}, H, W], got {images.dtype} {list(images.shape)}"
-            )
+            raise InputError(f"expected float32 [B, {self.config.in_chans}, H, W], got {images.dtype} {list(images.shape)}")
         res = tuple(images.shape[-2:])
         runner = self.runners.get(res)
         if runner is None:
             have = ", ".join(resolution_tag(r) for r in self.resolutions)
             raise InputError(f"no graph at {resolution_tag(res)} (exported: {have})")
         with self._locks[res]:
-            parts = [runner.infer({INPUT_NAME: images[i : i + self.batch_size]})[OUTPUT_NAME] for i in range(0, len(images), self.batch_size)]
+            parts = [
+                runner.infer({INPUT_NAME: images[i : i + self.batch_size]})[OUTPUT_NAME] for i in range(0, len(images), self.batch_size)
+            ]
         return np.concatenate(parts) if parts else np.zeros((0, self.num_classes), np.float32)
 
     def __call__(self, images: ImageLike | Sequence[ImageLike]) -> Prediction | list[Prediction]:

@@ -69,8 +69,9 @@ class PipelineReplica:
         serve = lazy_import("ray.serve")
         from deploykit.serve.pipeline import Pipeline
 
-        self.pipeline = Pipeline(export_dir, backend=options.backend, top_k=options.top_k, batch_size=options.max_batch_size,
-                                 limits=options.limits)
+        self.pipeline = Pipeline(
+            export_dir, backend=options.backend, top_k=options.top_k, batch_size=options.max_batch_size, limits=options.limits
+        )
         self.node_id = ray.get_runtime_context().get_node_id()
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self._batched = serve.batch(max_batch_size=options.max_batch_size, batch_wait_timeout_s=options.batch_wait_timeout_s)(self._run)
@@ -79,8 +80,14 @@ class PipelineReplica:
         # @serve.batch takes coroutines only; the synchronous pipeline runs in a worker thread
         predictions = await asyncio.to_thread(self.pipeline, images)
         return [
-            {"classes": list(p.classes), "scores": list(p.scores), "resolution": list(p.resolution),
-             "node_id": self.node_id, "replica": self.replica_id, "batch_size": len(images)}
+            {
+                "classes": list(p.classes),
+                "scores": list(p.scores),
+                "resolution": list(p.resolution),
+                "node_id": self.node_id,
+                "replica": self.replica_id,
+                "batch_size": len(images),
+            }
             for p in predictions
         ]
 

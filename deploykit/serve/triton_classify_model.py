@@ -65,7 +65,8 @@ class TritonPythonModel:
             for start in range(0, len(routed), self.max_batch_size):
                 chunk = routed[start : start + self.max_batch_size]
                 response = self.pb.InferenceRequest(
-                    model_name=self.models[res], inputs=[self.pb.Tensor("images", np.stack([x for *_, x in chunk]))],
+                    model_name=self.models[res],
+                    inputs=[self.pb.Tensor("images", np.stack([x for *_, x in chunk]))],
                     requested_output_names=["classes", "scores"],
                 ).exec()
                 if response.has_error():

@@ -98,8 +98,9 @@ def _tensor(cls, name: str, dtype: str, shape):
 
 
 def _batching(opts: RepositoryOptions):
-    return _pb().ModelDynamicBatching(preferred_batch_size=list(opts.preferred_batch_sizes),
-                                      max_queue_delay_microseconds=opts.max_queue_delay_us)
+    return _pb().ModelDynamicBatching(
+        preferred_batch_size=list(opts.preferred_batch_sizes), max_queue_delay_microseconds=opts.max_queue_delay_us
+    )
 
 
 def _warmup(input_name: str, dtype: str, shape, batch_sizes) -> list:
@@ -112,11 +113,16 @@ def vit_config(name: str, platform: str, shape, num_classes: int, kind: str, opt
     """``config.pbtxt`` of one inference model (``tensorrt_plan`` or ``onnxruntime_onnx``)."""
     pb = _pb()
     config = pb.ModelConfig(
-        name=name, platform=platform, max_batch_size=opts.max_batch_size,
+        name=name,
+        platform=platform,
+        max_batch_size=opts.max_batch_size,
         input=[_tensor(pb.ModelInput, INPUT_NAME, "TYPE_FP32", shape)],
         output=[_tensor(pb.ModelOutput, OUTPUT_NAME, "TYPE_FP32", [num_classes])],
-        instance_group=[pb.ModelInstanceGroup(kind=pb.ModelInstanceGroup.Kind.Value(f"KIND_{kind.upper()}"),
-                                              count=opts.gpu_instances if kind == "gpu" else 1)],
+        instance_group=[
+            pb.ModelInstanceGroup(
+                kind=pb.ModelInstanceGroup.Kind.Value(f"KIND_{kind.upper()}"), count=opts.gpu_instances if kind == "gpu" else 1
+            )
+        ],
         dynamic_batching=_batching(opts),
         model_warmup=_warmup(INPUT_NAME, "TYPE_FP32", shape, [1, max(opts.preferred_batch_sizes)]),
     )
@@ -132,30 +138,47 @@ def vit_config(name: str, platform: str, shape, num_classes: int, kind: str, opt
 def preprocess_config(name: str, resolution: tuple[int, int], config, opts: RepositoryOptions) -> str:
     """``config.pbtxt`` of the Python preprocessing model (settings passed as parameters)."""
     pb = _pb()
-    params = dict(height=resolution[0], width=resolution[1], mean=json.dumps(list(config.mean)), std=json.dumps(list(config.std)),
-                  crop_pct=opts.crop_pct, max_pixels=opts.limits.max_pixels, max_bytes=opts.limits.max_bytes)
-    return _text(pb.ModelConfig(
-        name=name, backend="python", max_batch_size=opts.max_batch_size,
-        input=[_tensor(pb.ModelInput, "image", "TYPE_STRING", [1])],
-        output=[_tensor(pb.ModelOutput, INPUT_NAME, "TYPE_FP32", (config.in_chans, *resolution))],
-        instance_group=[pb.ModelInstanceGroup(kind=pb.ModelInstanceGroup.KIND_CPU, count=opts.preprocess_instances)],
-        parameters={k: pb.ModelParameter(string_value=str(v)) for k, v in params.items()},
-    ))
+    params = dict(
+        height=resolution[0],
+        width=resolution[1],
+        mean=json.dumps(list(config.mean)),
+        std=json.dumps(list(config.std)),
+        crop_pct=opts.crop_pct,
+        max_pixels=opts.limits.max_pixels,
+        max_bytes=opts.limits.max_bytes,
+    )
+    return _text(
+        pb.ModelConfig(
+            name=name,
+            backend="python",
+            max_batch_size=opts.max_batch_size,
+            input=[_tensor(pb.ModelInput, "image", "TYPE_STRING", [1])],
+            output=[_tensor(pb.ModelOutput, INPUT_NAME, "TYPE_FP32", (config.in_chans, *resolution))],
+            instance_group=[pb.ModelInstanceGroup(kind=pb.ModelInstanceGroup.KIND_CPU, count=opts.preprocess_instances)],
+            parameters={k: pb.ModelParameter(string_value=str(v)) for k, v in params.items()},
+        )
+    )
 
 
 def ensemble_config(name: str, preprocess: str, model: str, num_classes: int, opts: RepositoryOptions) -> str:
     """``config.pbtxt`` of an ensemble: image bytes → ``preprocess`` → ``model`` → logits."""
     pb = _pb()
     step = pb.ModelEnsembling.Step
-    return _text(pb.ModelConfig(
-        name=name, platform="ensemble", max_batch_size=opts.max_batch_size,
-        input=[_tensor(pb.ModelInput, "image", "TYPE_STRING", [1])],
-        output=[_tensor(pb.ModelOutput, OUTPUT_NAME, "TYPE_FP32", [num_classes])],
-        ensemble_scheduling=pb.ModelEnsembling(step=[
-            step(model_name=preprocess, model_version=-1, input_map={"image": "image"}, output_map={INPUT_NAME: "preprocessed"}),
-            step(model_name=model, model_version=-1, input_map={INPUT_NAME: "preprocessed"}, output_map={OUTPUT_NAME: OUTPUT_NAME}),
-        ]),
-    ))
+    return _text(
+        pb.ModelConfig(
+            name=name,
+            platform="ensemble",
+            max_batch_size=opts.max_batch_size,
+            input=[_tensor(pb.ModelInput, "image", "TYPE_STRING", [1])],
+            output=[_tensor(pb.ModelOutput, OUTPUT_NAME, "TYPE_FP32", [num_classes])],
+            ensemble_scheduling=pb.ModelEnsembling(
+                step=[
+                    step(model_name=preprocess, model_version=-1, input_map={"image": "image"}, output_map={INPUT_NAME: "preprocessed"}),
+                    step(model_name=model, model_version=-1, input_map={INPUT_NAME: "preprocessed"}, output_map={OUTPUT_NAME: OUTPUT_NAME}),
+                ]
+            ),
+        )
+    )
 
 
 def _find_engines(graph: Path) -> tuple[Path | None, tuple[int, int] | None, Path | None]:
@@ -186,8 +209,9 @@ def _fit_to_engine(opts: RepositoryOptions, batches: tuple[int, int], engine: Pa
     ``max_batch_size`` above the engine's profile, and sends any batch from 1."""
     low, high = batches
     if low > 1:
-        raise ConfigError(f"{engine} takes batches {low}-{high} only, but Triton sends any batch from 1; "
-                          "build it with --dynamic (a batch profile from 1)")
+        raise ConfigError(
+            f"{engine} takes batches {low}-{high} only, but Triton sends any batch from 1; build it with --dynamic (a batch profile from 1)"
+        )
     preferred = tuple(b for b in opts.preferred_batch_sizes if b <= high) or (high,)
     return dataclasses.replace(opts, max_batch_size=min(opts.max_batch_size, high), preferred_batch_sizes=preferred)
 
@@ -226,10 +250,20 @@ def _write_resolution(repo: Path, export_dir: Path, entry, config, opts: Reposit
     if engine:
         shutil.copyfile(engine, repo / names["trt"] / "1" / "model.plan")
     elif rtx_engine:
-        _log.warning("%s is a TensorRT-RTX engine; Triton's tensorrt_plan needs a TensorRT engine, so %s/1/model.plan is "
-                     "left to build (see the repository's README)", rtx_engine.name, names["trt"])
-    return {"tag": tag, "res": res, "onnx": entry.file, "trt": names["trt"], "engine": engine.name if engine else None,
-            "rtx_engine": rtx_engine.name if rtx_engine and not engine else None}
+        _log.warning(
+            "%s is a TensorRT-RTX engine; Triton's tensorrt_plan needs a TensorRT engine, so %s/1/model.plan is "
+            "left to build (see the repository's README)",
+            rtx_engine.name,
+            names["trt"],
+        )
+    return {
+        "tag": tag,
+        "res": res,
+        "onnx": entry.file,
+        "trt": names["trt"],
+        "engine": engine.name if engine else None,
+        "rtx_engine": rtx_engine.name if rtx_engine and not engine else None,
+    }
 
 
 def package_triton(export_dir: str | os.PathLike, output: str | os.PathLike, options: RepositoryOptions = RepositoryOptions()) -> Path:
@@ -298,9 +332,11 @@ def _readme(manifest: Manifest, notes: list[dict], opts: RepositoryOptions) -> s
             lines.append(f"- `{n['trt']}/1/model.plan`: copied from `{n['engine']}` of the export directory.")
         else:
             if n["rtx_engine"]:
-                lines.append(f"- `{n['rtx_engine']}` (TensorRT-RTX) was not copied: Triton's `tensorrt_plan` platform loads "
-                             "TensorRT engines only. Build a TensorRT engine (`deploykit build <export> --backend trt`, "
-                             "then package again) or:")
+                lines.append(
+                    f"- `{n['rtx_engine']}` (TensorRT-RTX) was not copied: Triton's `tensorrt_plan` platform loads "
+                    "TensorRT engines only. Build a TensorRT engine (`deploykit build <export> --backend trt`, "
+                    "then package again) or:"
+                )
             lines.append(
                 f"- `{n['trt']}/1/model.plan`: `trtexec --onnx=vit_{n['tag']}_onnx/1/model.onnx --saveEngine={n['trt']}/1/model.plan "
                 f"--minShapes=images:1x3x{h}x{w} --optShapes=images:{max(opts.preferred_batch_sizes)}x3x{h}x{w} "
@@ -317,6 +353,7 @@ def _readme(manifest: Manifest, notes: list[dict], opts: RepositoryOptions) -> s
         "deploykit's own runners, which register the plugin before the engine deserializes. ONNX Runtime always runs",
         "the function body, so the `_onnx` variants need no plugin. A plugin library of your own is loaded with",
         "`--backend-config=tensorrt,plugins=/path/to/lib.so` (several: separate them with `;`).",
-        f"This export's encoding: `{manifest.encoding}`" + (" (has the op)." if manifest.encoding.startswith("sape2") else " (no custom op)."),
+        f"This export's encoding: `{manifest.encoding}`"
+        + (" (has the op)." if manifest.encoding.startswith("sape2") else " (no custom op)."),
     ]
     return "\n".join(lines) + "\n"

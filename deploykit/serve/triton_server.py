@@ -175,8 +175,11 @@ def bind_logits_models(triton, pipeline: Pipeline, options: ServerOptions) -> li
             model_name=name,
             infer_func=_logits_fn(pipeline),
             inputs=[mc.Tensor(name=INPUT_NAME, dtype=np.float32, shape=(pipeline.config.in_chans, *res))],
-            outputs=[mc.Tensor(name="logits", dtype=np.float32, shape=(pipeline.num_classes,)),
-                     mc.Tensor(name="classes", dtype=np.int64, shape=(k,)), mc.Tensor(name="scores", dtype=np.float32, shape=(k,))],
+            outputs=[
+                mc.Tensor(name="logits", dtype=np.float32, shape=(pipeline.num_classes,)),
+                mc.Tensor(name="classes", dtype=np.int64, shape=(k,)),
+                mc.Tensor(name="scores", dtype=np.float32, shape=(k,)),
+            ],
             config=mc.ModelConfig(
                 max_batch_size=options.max_batch_size,
                 batcher=mc.DynamicBatcher(max_queue_delay_microseconds=options.max_queue_delay_us),
@@ -191,9 +194,14 @@ def classify_config(pipeline: Pipeline, options: ServerOptions) -> str:
     """``config.pbtxt`` of the ``classify`` Python-backend model; its settings travel as one JSON parameter."""
     k = min(options.top_k, pipeline.num_classes)
     settings = dict(
-        resolutions=[list(r) for r in pipeline.resolutions], models=[logits_model_name(r) for r in pipeline.resolutions],
-        mean=list(pipeline.config.mean), std=list(pipeline.config.std), crop_pct=pipeline.crop_pct,
-        max_pixels=options.limits.max_pixels, max_bytes=options.limits.max_bytes, max_batch_size=options.max_batch_size,
+        resolutions=[list(r) for r in pipeline.resolutions],
+        models=[logits_model_name(r) for r in pipeline.resolutions],
+        mean=list(pipeline.config.mean),
+        std=list(pipeline.config.std),
+        crop_pct=pipeline.crop_pct,
+        max_pixels=options.limits.max_pixels,
+        max_bytes=options.limits.max_bytes,
+        max_batch_size=options.max_batch_size,
     )
     return (
         f'name: "{CLASSIFY_MODEL}"\nbackend: "python"\nmax_batch_size: {options.max_batch_size}\n'
@@ -276,8 +284,9 @@ class TritonServer:
         workspace = lazy_import("pytriton.utils.workspace").Workspace()
         check_listen_addresses(self.options)
         policy = pytriton.TritonLifecyclePolicy(launch_triton_on_startup=False, local_model_store=True)
-        self._triton = pytriton.Triton(config=triton_config(self.options), security_config=security_config(),
-                                       workspace=workspace, triton_lifecycle_policy=policy)
+        self._triton = pytriton.Triton(
+            config=triton_config(self.options), security_config=security_config(), workspace=workspace, triton_lifecycle_policy=policy
+        )
         try:
             names = bind_logits_models(self._triton, self.pipeline, self.options)
             names.append(write_classify_model(workspace.model_store_path, self.pipeline, self.options))
@@ -286,8 +295,9 @@ class TritonServer:
             self._triton.stop()
             raise
         o = self.options
-        self.ready = ServerReady(names, self.pipeline.describe_backends(), f"{o.host}:{o.http_port}", f"{o.host}:{o.grpc_port}",
-                                 f"{o.host}:{o.metrics_port}")
+        self.ready = ServerReady(
+            names, self.pipeline.describe_backends(), f"{o.host}:{o.http_port}", f"{o.host}:{o.grpc_port}", f"{o.host}:{o.metrics_port}"
+        )
         return self
 
     def _start(self) -> None:
@@ -309,7 +319,9 @@ class TritonServer:
         self._triton.stop()
 
 
-def serve(export_dir: str | os.PathLike, options: ServerOptions = ServerOptions(), on_ready: Callable[[ServerReady], None] | None = None) -> None:
+def serve(
+    export_dir: str | os.PathLike, options: ServerOptions = ServerOptions(), on_ready: Callable[[ServerReady], None] | None = None
+) -> None:
     """Serve an export directory with Triton until interrupted (SIGINT / ``KeyboardInterrupt``).
 
     Args:

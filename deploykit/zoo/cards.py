@@ -163,9 +163,15 @@ def card_markdown(card: dict[str, Any]) -> str:
         f"| fp32 (PyTorch) | {accs} |",
         *int8_rows,
         "",
-        *(["The int8 plan is `deploykit export --precision int8` (calibrated on the train split; matmuls moved back "
-           "to float where top-1 agreement on the val split fell below 99%), run in ONNX Runtime on CPU.", ""]
-          if int8_rows else []),
+        *(
+            [
+                "The int8 plan is `deploykit export --precision int8` (calibrated on the train split; matmuls moved back "
+                "to float where top-1 agreement on the val split fell below 99%), run in ONNX Runtime on CPU.",
+                "",
+            ]
+            if int8_rows
+            else []
+        ),
         f"- parameters: {card['num_params']:,} ({card['weights_bytes'] / 1e6:.1f} MB safetensors)",
         f"- training: `{train['command']}` (seeded; {train['settings'].get('steps', '?')} steps of {train['settings'].get('batch_size', '?')} on CPU)",
         f"- training settings: {', '.join(f'{k}={v}' for k, v in train['settings'].items())}",

@@ -17,8 +17,15 @@ from deploykit.errors import ConfigError
 # without a pass-through remainder), depth 4: about 0.47 M parameters, 1.9 MB in fp32.
 BASE_MODEL = "vit_tiny_patch16"
 ZOO_TRUNK: dict[str, Any] = dict(
-    img_size=48, patch_size=8, embed_dim=96, num_heads=2, depth=4, num_classes=4,
-    mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), dataset="shape-relations",
+    img_size=48,
+    patch_size=8,
+    embed_dim=96,
+    num_heads=2,
+    depth=4,
+    num_classes=4,
+    mean=(0.5, 0.5, 0.5),
+    std=(0.5, 0.5, 0.5),
+    dataset="shape-relations",
 )
 # Resolutions of the cards' extrapolation table, as multiples of the training resolution.
 EVAL_SCALES = (1.0, 1.5, 2.0)

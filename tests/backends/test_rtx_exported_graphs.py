@@ -36,8 +36,13 @@ def exported_and_built(tmp_path_factory):
             torch.manual_seed(0)
             model = create_model("vit_tiny_patch16", encoding=encoding, depth=1, img_size=64, num_classes=10)
             out = tmp_path_factory.mktemp(f"rtx-{encoding}")
-            export(model, [RES], out, precisions=["fp32", "fp16", "int8", "int8-dynamic"],
-                   calibration=CalibrationOptions(samples=8, held_out=16, min_agreement=None))
+            export(
+                model,
+                [RES],
+                out,
+                precisions=["fp32", "fp16", "int8", "int8-dynamic"],
+                calibration=CalibrationOptions(samples=8, held_out=16, min_agreement=None),
+            )
             done[encoding] = out, build(out, "rtx", **FAST)
         return done[encoding]
 

@@ -96,8 +96,12 @@ def rtx_dir(tmp_path_factory):
 
     torch.manual_seed(0)
     out = tmp_path_factory.mktemp("runner")
-    export(create_model("vit_tiny_patch16", encoding="rope-axial", depth=1, img_size=32, num_classes=10), [(32, 32)], out,
-           precisions=["fp32", "fp16"])
+    export(
+        create_model("vit_tiny_patch16", encoding="rope-axial", depth=1, img_size=32, num_classes=10),
+        [(32, 32)],
+        out,
+        precisions=["fp32", "fp16"],
+    )
     build(out, "rtx", dynamic=True, max_batch=4, optimization_level=0)
     return out
 
@@ -137,8 +141,10 @@ def test_tensorrt_engine_matches_onnxruntime(tmp_path, cuda_graph):
     import sys
 
     if "polygraphy.backend.trt" in sys.modules and sys.modules["polygraphy.config"].USE_TENSORRT_RTX:
-        pytest.skip("Polygraphy runs one TensorRT flavour per process and is on TensorRT-RTX here; run this test "
-                    "alone (benchmarks/gpu_acceptance.py runs each flavour in its own process)")
+        pytest.skip(
+            "Polygraphy runs one TensorRT flavour per process and is on TensorRT-RTX here; run this test "
+            "alone (benchmarks/gpu_acceptance.py runs each flavour in its own process)"
+        )
     from deploykit.backends.onnxrt import OnnxrtRunner
     from deploykit.backends.trt_runner import engine_runner
     from deploykit.build import build

@@ -336,8 +336,13 @@ def test_fused_attention_equals_explicit_relative_rotation_logits():
 
 
 def test_config_validation_lists_choices():
-    for field, bad in [("freq_schedule", "paper"), ("grouping", "strided"), ("coords", "middle"),
-                       ("prefix_rotation", "origin"), ("indivisible_head_dim", "drop")]:
+    for field, bad in [
+        ("freq_schedule", "paper"),
+        ("grouping", "strided"),
+        ("coords", "middle"),
+        ("prefix_rotation", "origin"),
+        ("indivisible_head_dim", "drop"),
+    ]:
         with pytest.raises(ValueError, match=rf"{field} must be one of \("):
             GeoPEConfig(**{field: bad})
     with pytest.raises(ValueError, match="base"):

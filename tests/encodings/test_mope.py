@@ -70,7 +70,7 @@ def test_rope_form(finite):
     omega, sigma = mope_effective_params(log_omega, sigma_in, **CODE)
     pos = _positions(40)
     table = build_mope_table(pos, omega, sigma)
-    envelope = torch.exp(-pos[:, None] ** 2 / (2 * sigma**2))  # [T, n]
+    envelope = torch.exp(-(pos[:, None] ** 2) / (2 * sigma**2))  # [T, n]
     g = torch.stack([envelope, torch.zeros_like(envelope)], dim=-1).flatten(-2)  # [G, 0, G, 0, …]
     phase = pos[:, None] * omega
     torch.testing.assert_close(table, apply_rotary(g, phase.cos(), phase.sin()), atol=1e-12, rtol=0)
@@ -83,7 +83,7 @@ def test_dot_product_identity_and_translation_invariance_at_infinity():
     omega, sigma = mope_effective_params(log_omega, log_sigma, **CODE)
     pos = _positions(30)
     table = build_mope_table(pos, omega, sigma)
-    envelope = torch.exp(-pos[:, None] ** 2 / (2 * sigma**2))
+    envelope = torch.exp(-(pos[:, None] ** 2) / (2 * sigma**2))
     lag = pos[None, :, None] - pos[:, None, None]  # [m, n, 1]: n - m
     kernel = (envelope[:, None] * envelope[None, :] * torch.cos(omega * lag)).sum(-1)  # Σ G(m)G(n)cos(ω(n-m))
     torch.testing.assert_close(table @ table.T, kernel, atol=1e-12, rtol=0)

@@ -217,8 +217,13 @@ def test_eq16_scaling_and_config_defaults():
     tables = {key: value.float() for key, value in enc.tables((4, 4)).layers[0].items()}
     raw = sape2_bias(q, k, tables["table_x"], tables["table_y"], 4, 4, 1, 0.125, MODES.index("k"))
     torch.testing.assert_close(enc.logits_bias(q, k, tables, (4, 4)), raw / 8)  # Eq. 16: (q·k + b) / √d
-    other = create_model("vit_tiny_patch16", encoding=get_config("sape2", bias_divided_by_sqrt_d=False, npos_max=3, mode="q"),
-                         depth=1, img_size=64, num_classes=10).pos_enc
+    other = create_model(
+        "vit_tiny_patch16",
+        encoding=get_config("sape2", bias_divided_by_sqrt_d=False, npos_max=3, mode="q"),
+        depth=1,
+        img_size=64,
+        num_classes=10,
+    ).pos_enc
     tables = {key: value.float() for key, value in other.tables((4, 4)).layers[0].items()}
     assert tables["table_x"].shape == (64, 3)
     torch.testing.assert_close(other.logits_bias(q, k, tables, (4, 4)), sape2_bias(q, k, *tables.values(), 4, 4, 1, 0.125, 0))

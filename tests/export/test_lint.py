@@ -16,9 +16,7 @@ IR_VERSION = 10  # accepted by onnx's checker and by onnxruntime 1.31
 def _model(nodes, inputs, outputs, initializers=(), functions=(), extra_opsets=()):
     graph = helper.make_graph(list(nodes), "g", list(inputs), list(outputs), list(initializers))
     opsets = [helper.make_opsetid("", OPSET), *extra_opsets]
-    return helper.make_model(
-        graph, opset_imports=opsets, ir_version=IR_VERSION, functions=list(functions)
-    )
+    return helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION, functions=list(functions))
 
 
 def _f32(name, shape):
@@ -36,12 +34,10 @@ def _rules(issues):
 def _clean_model():
     """x @ W + pe_tables.cos, all fp32."""
     return _model(
-        [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
-         helper.make_node("Add", ["h", "pe_tables.cos"], ["y"], name="add_pe")],
+        [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"), helper.make_node("Add", ["h", "pe_tables.cos"], ["y"], name="add_pe")],
         [_f32("x", [2, 4])],
         [_f32("y", [2, 4])],
-        [_init("W", np.ones((4, 4), np.float32)),
-         _init("pe_tables.cos", np.zeros((2, 4), np.float32))],
+        [_init("W", np.ones((4, 4), np.float32)), _init("pe_tables.cos", np.zeros((2, 4), np.float32))],
     )
 
 
@@ -75,12 +71,17 @@ def test_scatter_flagged_and_check_graph_raises_one_line():
 
 def test_check_graph_joins_all_issues_on_one_line():
     model = _model(
-        [helper.make_node("ScatterND", ["x", "idx", "upd"], ["s"], name="sc"),
-         helper.make_node("Add", ["s", "pe_tables.sin"], ["y"], name="add")],
+        [
+            helper.make_node("ScatterND", ["x", "idx", "upd"], ["s"], name="sc"),
+            helper.make_node("Add", ["s", "pe_tables.sin"], ["y"], name="add"),
+        ],
         [_f32("x", [4, 3])],
         [_f32("y", [4, 3])],
-        [_init("idx", np.array([[0]], np.int64)), _init("upd", np.ones((1, 3), np.float32)),
-         _init("pe_tables.sin", np.zeros((4, 3), np.float16))],
+        [
+            _init("idx", np.array([[0]], np.int64)),
+            _init("upd", np.ones((1, 3), np.float32)),
+            _init("pe_tables.sin", np.zeros((4, 3), np.float16)),
+        ],
     )
     issues = lint_graph(model)
     with pytest.raises(ExportError) as exc:
@@ -92,15 +93,9 @@ def test_check_graph_joins_all_issues_on_one_line():
 
 
 def test_if_flagged_as_control_flow():
-    then_g = helper.make_graph(
-        [helper.make_node("Identity", ["x"], ["t_out"])], "then", [], [_f32("t_out", [2])]
-    )
-    else_g = helper.make_graph(
-        [helper.make_node("Neg", ["x"], ["e_out"])], "else", [], [_f32("e_out", [2])]
-    )
-    node = helper.make_node(
-        "If", ["cond"], ["y"], name="branch", then_branch=then_g, else_branch=else_g
-    )
+    then_g = helper.make_graph([helper.make_node("Identity", ["x"], ["t_out"])], "then", [], [_f32("t_out", [2])])
+    else_g = helper.make_graph([helper.make_node("Neg", ["x"], ["e_out"])], "else", [], [_f32("e_out", [2])])
+    node = helper.make_node("If", ["cond"], ["y"], name="branch", then_branch=then_g, else_branch=else_g)
     model = _model(
         [node],
         [helper.make_tensor_value_info("cond", TensorProto.BOOL, []), _f32("x", [2])],
@@ -113,12 +108,10 @@ def test_if_flagged_as_control_flow():
 
 def test_fp16_positional_table_flagged_other_fp16_initializer_not():
     model = _model(
-        [helper.make_node("Add", ["x", "pe_tables.sin"], ["h"], name="add_pe"),
-         helper.make_node("Mul", ["h", "scale"], ["y"], name="mul")],
+        [helper.make_node("Add", ["x", "pe_tables.sin"], ["h"], name="add_pe"), helper.make_node("Mul", ["h", "scale"], ["y"], name="mul")],
         [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [2, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [2, 4])],
-        [_init("pe_tables.sin", np.zeros((2, 4), np.float16)),
-         _init("scale", np.ones((2, 4), np.float16))],
+        [_init("pe_tables.sin", np.zeros((2, 4), np.float16)), _init("scale", np.ones((2, 4), np.float16))],
     )
     issues = lint_graph(model)
     assert [i.node for i in issues if i.rule == "fp16-table"] == ["pe_tables.sin"]
@@ -149,8 +142,7 @@ def test_complex_input_flagged():
 
 def test_add_of_initializers_is_unfolded_constant():
     model = _model(
-        [helper.make_node("Add", ["a", "b"], ["c"], name="const_add"),
-         helper.make_node("Mul", ["x", "c"], ["y"], name="mul")],
+        [helper.make_node("Add", ["a", "b"], ["c"], name="const_add"), helper.make_node("Mul", ["x", "c"], ["y"], name="mul")],
         [_f32("x", [2])],
         [_f32("y", [2])],
         [_init("a", np.ones(2, np.float32)), _init("b", np.ones(2, np.float32))],
@@ -162,10 +154,12 @@ def test_add_of_initializers_is_unfolded_constant():
 def test_unfolded_constant_propagates_through_constant_nodes():
     two = _init("two", np.full(2, 2.0, np.float32))
     model = _model(
-        [helper.make_node("Constant", [], ["k"], name="k_const", value=two),
-         helper.make_node("Neg", ["k"], ["nk"], name="neg"),
-         helper.make_node("Add", ["nk", "k"], ["s"], name="sum"),
-         helper.make_node("Mul", ["x", "s"], ["y"], name="mul")],
+        [
+            helper.make_node("Constant", [], ["k"], name="k_const", value=two),
+            helper.make_node("Neg", ["k"], ["nk"], name="neg"),
+            helper.make_node("Add", ["nk", "k"], ["s"], name="sum"),
+            helper.make_node("Mul", ["x", "s"], ["y"], name="mul"),
+        ],
         [_f32("x", [2])],
         [_f32("y", [2])],
     )
@@ -176,8 +170,7 @@ def test_unfolded_constant_propagates_through_constant_nodes():
 def test_constant_node_alone_not_flagged():
     value = _init("v", np.ones(2, np.float32))
     model = _model(
-        [helper.make_node("Constant", [], ["k"], name="k_const", value=value),
-         helper.make_node("Add", ["x", "k"], ["y"], name="add")],
+        [helper.make_node("Constant", [], ["k"], name="k_const", value=value), helper.make_node("Add", ["x", "k"], ["y"], name="add")],
         [_f32("x", [2])],
         [_f32("y", [2])],
     )
@@ -194,8 +187,7 @@ def test_scatter_inside_local_function_flagged():
         opset_imports=[helper.make_opsetid("", OPSET)],
     )
     model = _model(
-        [helper.make_node("WritePrefix", ["x", "idx", "upd"], ["y"], name="call",
-                          domain="deploykit")],
+        [helper.make_node("WritePrefix", ["x", "idx", "upd"], ["y"], name="call", domain="deploykit")],
         [_f32("x", [4, 3])],
         [_f32("y", [4, 3])],
         [_init("idx", np.array([[0]], np.int64)), _init("upd", np.ones((1, 3), np.float32))],

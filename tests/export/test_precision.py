@@ -124,8 +124,9 @@ def test_custom_domain_node_stays_fp32():
         helper.make_node("MatMul", ["b", "w"], ["m"]),
         helper.make_node("Softmax", ["m"], ["out"]),
     ]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", FP32, [2, 4])],
-                              [helper.make_tensor_value_info("out", FP32, [2, 4])], [w])
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", FP32, [2, 4])], [helper.make_tensor_value_info("out", FP32, [2, 4])], [w]
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("deploykit", 1)], functions=[fn])
     planned = apply_precision(model, "fp16")
     check_graph(planned)

@@ -27,8 +27,10 @@ def small(encoding):
 
 
 # timm's conventions (deploykit import timm): DINOv3's centred coordinates in turns, RoPE-ViT + APE.
-TIMM_FORMS = [get_config("rope-axial", coords="centered", axis_order="yx", angle_scale=6.283185307179586),
-              get_config("rope-mixed", axis_order="yx", ape=True, no_embed_class=True)]
+TIMM_FORMS = [
+    get_config("rope-axial", coords="centered", axis_order="yx", angle_scale=6.283185307179586),
+    get_config("rope-mixed", axis_order="yx", ape=True, no_embed_class=True),
+]
 
 
 @pytest.mark.parametrize("encoding", QK_ENCODINGS + TIMM_FORMS)

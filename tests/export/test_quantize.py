@@ -62,8 +62,11 @@ def test_qdq_only_on_matmul_inputs_and_never_near_the_encoding(int8_graph):
         assert not any(i.startswith(TABLE_PREFIXES) for i in node.input), node.name
     assert not dequantized[head.name], "the logits are computed from int8 inputs"
     for node in proto.graph.node:  # rotations and table adds read tables; LayerNorm, Softmax, custom ops
-        if any(i.startswith(TABLE_PREFIXES) for i in node.input) or node.op_type in ("LayerNormalization", "Softmax") or \
-                node.domain not in ("", "ai.onnx"):
+        if (
+            any(i.startswith(TABLE_PREFIXES) for i in node.input)
+            or node.op_type in ("LayerNormalization", "Softmax")
+            or node.domain not in ("", "ai.onnx")
+        ):
             assert not dequantized[node.name], (node.op_type, node.name)
     # Q/DQ pairs sit on activations and weights only: no table is ever quantized, all stay fp32.
     tables = {i.name: i for i in proto.graph.initializer if i.name.startswith(TABLE_PREFIXES)}
@@ -77,9 +80,13 @@ def test_qdq_only_on_matmul_inputs_and_never_near_the_encoding(int8_graph):
         dq = producers[node.input[1]]
         assert dq.op_type == "DequantizeLinear" and weights[dq.input[0]].data_type == TensorProto.INT8
         assert numpy_helper.to_array(weights[dq.input[1]]).size == 3 * 192
-    activations = [n for n in proto.graph.node if n.op_type == "MatMul" and not set(n.input) & set(weights)
-                   and not any(producers.get(i) and producers[i].op_type == "DequantizeLinear" and
-                               producers[i].input[0] in weights for i in n.input)]
+    activations = [
+        n
+        for n in proto.graph.node
+        if n.op_type == "MatMul"
+        and not set(n.input) & set(weights)
+        and not any(producers.get(i) and producers[i].op_type == "DequantizeLinear" and producers[i].input[0] in weights for i in n.input)
+    ]
     assert all(not dequantized[n.name] for n in activations)
 
 
@@ -181,8 +188,13 @@ def test_validate_passes_int8_on_a_trained_model_and_fails_a_planted_bad_scale(t
     from deploykit.validate import validate
 
     out = tmp_path / "x"
-    export(load_model(model_dir(DEFAULT_ZOO_MODEL)), [(48, 48)], out, precisions=["int8"],
-           calibration=CalibrationOptions(samples=32, held_out=64))
+    export(
+        load_model(model_dir(DEFAULT_ZOO_MODEL)),
+        [(48, 48)],
+        out,
+        precisions=["int8"],
+        calibration=CalibrationOptions(samples=32, held_out=64),
+    )
     (good,) = validate(out, precision="int8").records
     assert good.passed and good.num_real == 8 and good.mean_cosine >= 0.99 and good.tolerance["real_only"]
     # Plant: block 1's fc1 weights dequantized with a 30x scale (as a broken calibration or a
@@ -211,8 +223,13 @@ def test_every_encoding_has_a_measured_attention_choice():
 
 
 def test_attention_products_quantized_on_request(tmp_path):
-    manifest = export(_model("rope-mixed"), [RES], tmp_path, precisions=["int8"],
-                      calibration=CalibrationOptions(samples=8, held_out=16, min_agreement=None, attention=True))
+    manifest = export(
+        _model("rope-mixed"),
+        [RES],
+        tmp_path,
+        precisions=["int8"],
+        calibration=CalibrationOptions(samples=8, held_out=16, min_agreement=None, attention=True),
+    )
     proto = onnx.load(str(tmp_path / "model_64_int8.onnx"))
     weights = {i.name for i in proto.graph.initializer}
     dequantized = _dequantized_inputs(proto)

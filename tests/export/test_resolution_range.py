@@ -92,8 +92,13 @@ def test_engine_over_the_range_is_validated_at_each_profile_shape(exported, monk
     report = validate(out, backends=("engine",), num_random=2, num_real=3)
     assert bool(report)
     assert [(r.graph, tuple(r.resolution), r.batch) for r in report.records] == [
-        ("model_96.onnx", OPT, 1), ("model_96.onnx", OPT, 2), ("model_96.onnx", OPT, 4),
-        ("model_64-128.onnx", LOW, 1), ("model_64-128.onnx", OPT, 2), ("model_64-128.onnx", HIGH, 4)]
+        ("model_96.onnx", OPT, 1),
+        ("model_96.onnx", OPT, 2),
+        ("model_96.onnx", OPT, 4),
+        ("model_64-128.onnx", LOW, 1),
+        ("model_64-128.onnx", OPT, 2),
+        ("model_64-128.onnx", HIGH, 4),
+    ]
     assert {(1, 3, 64, 64), (4, 3, 128, 128)} <= set(_RangeEngine.seen)
     assert report.records[-1].label == "engine@128/b4 in model_64-128.onnx"
 

@@ -48,8 +48,7 @@ def test_rewrite_keeps_values_and_block_scopes(model):
     from deploykit.export.onnx_export import _rewrite_and_fold
 
     proto = onnx_from_model(model, (64, 64))
-    program = torch.onnx.export(model, (torch.zeros(2, 3, 64, 64),), dynamo=True, opset_version=DEFAULT_OPSET,
-                                optimize=True, verbose=False)
+    program = torch.onnx.export(model, (torch.zeros(2, 3, 64, 64),), dynamo=True, opset_version=DEFAULT_OPSET, optimize=True, verbose=False)
     plain = program.model_proto
     assert rewrite_for_runtimes(ir.from_proto(plain)) == 2 + 2 * 4  # GELUs + 3-D linear layers (the head's is 2-D)
     x = np.random.default_rng(0).standard_normal((2, 3, 64, 64)).astype(np.float32)

@@ -32,8 +32,13 @@ class _BiasOnly(torch.nn.Module):
 def _bias_graph(grid, prefix, scale, mode, example):
     with torch.no_grad():
         program = torch.onnx.export(
-            _BiasOnly(grid, prefix, scale, mode).eval(), example, dynamo=True, opset_version=18,
-            input_names=["q", "k", "table_x", "table_y"], output_names=["bias"], custom_translation_table=CUSTOM_TRANSLATIONS,
+            _BiasOnly(grid, prefix, scale, mode).eval(),
+            example,
+            dynamo=True,
+            opset_version=18,
+            input_names=["q", "k", "table_x", "table_y"],
+            output_names=["bias"],
+            custom_translation_table=CUSTOM_TRANSLATIONS,
         )
     proto = program.model_proto
     attach_functions(proto)

@@ -52,9 +52,11 @@ def existing(previous, tmp_path):
 def _interrupt_at(where: str, monkeypatch):
     """A progress callback, after patching the step ``where`` to raise KeyboardInterrupt."""
     if where == "progress":  # before tracing the second resolution
+
         def progress(message):
             if "48" in message:
                 raise KeyboardInterrupt
+
         return progress
     target = {"second graph": "save_onnx", "manifest": "write_json_atomic"}[where]
     real, calls = getattr(bundle, target), []
@@ -108,7 +110,12 @@ def test_reexport_of_the_same_weights_adds_resolutions_and_keeps_engines_of_unch
     assert (existing / "model_32.onnx").read_bytes() == graph_before
     # the engine of the unchanged graph stays; the report and the timing cache do not
     assert sorted(p.name for p in existing.iterdir()) == [
-        "config.json", "manifest.json", "model.safetensors", "model_32.onnx", "model_32.trt.engine", "model_32.trt.json",
+        "config.json",
+        "manifest.json",
+        "model.safetensors",
+        "model_32.onnx",
+        "model_32.trt.engine",
+        "model_32.trt.json",
         "model_48.onnx",
     ]
 

@@ -24,14 +24,22 @@ def timm_vit_small_patch16_224_shapes(depth=12, dim=384, classes=1000):
     }
     for i in range(depth):
         b = f"blocks.{i}."
-        shapes.update({
-            b + "norm1.weight": (dim,), b + "norm1.bias": (dim,),
-            b + "attn.qkv.weight": (3 * dim, dim), b + "attn.qkv.bias": (3 * dim,),
-            b + "attn.proj.weight": (dim, dim), b + "attn.proj.bias": (dim,),
-            b + "norm2.weight": (dim,), b + "norm2.bias": (dim,),
-            b + "mlp.fc1.weight": (4 * dim, dim), b + "mlp.fc1.bias": (4 * dim,),
-            b + "mlp.fc2.weight": (dim, 4 * dim), b + "mlp.fc2.bias": (dim,),
-        })
+        shapes.update(
+            {
+                b + "norm1.weight": (dim,),
+                b + "norm1.bias": (dim,),
+                b + "attn.qkv.weight": (3 * dim, dim),
+                b + "attn.qkv.bias": (3 * dim,),
+                b + "attn.proj.weight": (dim, dim),
+                b + "attn.proj.bias": (dim,),
+                b + "norm2.weight": (dim,),
+                b + "norm2.bias": (dim,),
+                b + "mlp.fc1.weight": (4 * dim, dim),
+                b + "mlp.fc1.bias": (4 * dim,),
+                b + "mlp.fc2.weight": (dim, 4 * dim),
+                b + "mlp.fc2.bias": (dim,),
+            }
+        )
     return shapes
 
 
@@ -113,11 +121,28 @@ def test_unknown_model_and_bad_config():
 
 def test_timm_trunk_options_keep_timm_names_and_pool_as_timm():
     torch.manual_seed(0)
-    model = create_model("vit_tiny_patch16", encoding="rope-axial", depth=2, img_size=32, num_classes=0, reg_tokens=3,
-                         init_values=1e-5, global_pool="avg", fc_norm=True, mlp_layer="swiglu", mlp_hidden_dim=100).eval()
+    model = create_model(
+        "vit_tiny_patch16",
+        encoding="rope-axial",
+        depth=2,
+        img_size=32,
+        num_classes=0,
+        reg_tokens=3,
+        init_values=1e-5,
+        global_pool="avg",
+        fc_norm=True,
+        mlp_layer="swiglu",
+        mlp_hidden_dim=100,
+    ).eval()
     keys = set(model.state_dict())
-    assert {"reg_token", "blocks.1.ls1.gamma", "blocks.1.ls2.gamma", "blocks.0.mlp.fc1_g.weight", "blocks.0.mlp.fc1_x.bias",
-            "fc_norm.weight"} <= keys
+    assert {
+        "reg_token",
+        "blocks.1.ls1.gamma",
+        "blocks.1.ls2.gamma",
+        "blocks.0.mlp.fc1_g.weight",
+        "blocks.0.mlp.fc1_x.bias",
+        "fc_norm.weight",
+    } <= keys
     assert not any(k.startswith(("head.", "norm.")) or k == "blocks.0.mlp.fc1.weight" for k in keys)
     assert model.state_dict()["blocks.0.mlp.fc2.weight"].shape == (192, 100)
     assert model.output_kind == "features"
@@ -143,8 +168,16 @@ def test_headless_per_token_features_and_refused_pools():
 
 def test_config_without_the_new_fields_means_the_old_trunk():
     # A config.json written before LayerScale/registers/pooled heads existed.
-    old = {"img_size": 32, "patch_size": 16, "num_classes": 5, "embed_dim": 64, "depth": 1, "num_heads": 2, "class_token": False,
-           "encoding": {"name": "ape"}}
+    old = {
+        "img_size": 32,
+        "patch_size": 16,
+        "num_classes": 5,
+        "embed_dim": 64,
+        "depth": 1,
+        "num_heads": 2,
+        "class_token": False,
+        "encoding": {"name": "ape"},
+    }
     from deploykit.nn import ViTConfig
 
     cfg = ViTConfig.from_dict(old)

@@ -23,12 +23,19 @@ def bias_errors():
         tx, ty = (torch.randn(d, m, generator=g) for _ in range(2))
         out = sape2_bias_triton(q, k, tx, ty, grid, 0.4, mode, prefix)
         ref = sape2_bias_reference(*(t.double() for t in (q, k, tx, ty)), grid, 0.4, MODES[mode], prefix)
-        results.append(dict(
-            grid=grid, prefix=prefix, dtype=str(dtype), mode=mode, out_dtype=str(out.dtype),
-            max_err=(out.double() - ref).abs().max().item(), max_ref=ref.abs().max().item(),
-            diag_zero=bool((out.diagonal(dim1=-2, dim2=-1) == 0).all()),
-            prefix_zero=bool((out[..., :prefix, :] == 0).all() and (out[..., :, :prefix] == 0).all()),
-        ))
+        results.append(
+            dict(
+                grid=grid,
+                prefix=prefix,
+                dtype=str(dtype),
+                mode=mode,
+                out_dtype=str(out.dtype),
+                max_err=(out.double() - ref).abs().max().item(),
+                max_ref=ref.abs().max().item(),
+                diag_zero=bool((out.diagonal(dim1=-2, dim2=-1) == 0).all()),
+                prefix_zero=bool((out[..., :prefix, :] == 0).all() and (out[..., :, :prefix] == 0).all()),
+            )
+        )
     return results
 
 
@@ -46,8 +53,14 @@ def fused_errors():
         bias = sape2_bias_reference(q64, k64, tx.double(), ty.double(), grid, 0.3, "k", prefix)
         logits = q64 @ k64.transpose(-1, -2) * d**-0.5 + bias * (d**-0.5 if divided else 1.0)
         ref = logits.softmax(-1) @ v64
-        results.append(dict(grid=grid, max_err=(out.double() - ref).abs().max().item(),
-                            bias_max=bias.abs().max().item(), spread=(ref - v64.mean(-2, keepdim=True)).abs().max().item()))
+        results.append(
+            dict(
+                grid=grid,
+                max_err=(out.double() - ref).abs().max().item(),
+                bias_max=bias.abs().max().item(),
+                spread=(ref - v64.mean(-2, keepdim=True)).abs().max().item(),
+            )
+        )
     return results
 
 

@@ -21,8 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def interpreted():
     """The kernels run by Triton's interpreter in a fresh process (the flag is read at import)."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("_interpret_sape2.py"))],
-                          capture_output=True, text=True, env=env, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("_interpret_sape2.py"))], capture_output=True, text=True, env=env, timeout=900
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

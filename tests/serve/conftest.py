@@ -34,4 +34,3 @@ def zoo_export_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("serve_zoo") / "export"
     export(model, RESOLUTIONS, out)
     return out
-

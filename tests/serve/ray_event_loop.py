@@ -60,8 +60,9 @@ def main(export_dir: str) -> dict:
     ray.init(num_cpus=2, include_dashboard=False)
     try:
         options = RayOptions(num_replicas=1, max_batch_size=1, batch_wait_timeout_s=0.0, backend="ort", top_k=3)
-        app = serve.deployment(ProbeReplica, name="probe", num_replicas=1, ray_actor_options={"num_cpus": 0},
-                               max_ongoing_requests=8).bind(export_dir, options)
+        app = serve.deployment(ProbeReplica, name="probe", num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=8).bind(
+            export_dir, options
+        )
         handle = serve.run(app, name="probe", route_prefix=None)
         image = np.zeros((32, 32, 3), np.uint8)
         start = time.monotonic()

@@ -34,8 +34,14 @@ def main(export_dir: str, requests: int) -> dict:
         cluster.add_node(**node)
         cluster.wait_for_nodes()
         ray.init(address=cluster.address)
-        options = RayOptions(num_replicas=2, max_batch_size=4, batch_wait_timeout_s=0.05, backend="ort", top_k=3,
-                             ray_actor_options={"num_cpus": 0, "resources": {"replica_slot": 1}})
+        options = RayOptions(
+            num_replicas=2,
+            max_batch_size=4,
+            batch_wait_timeout_s=0.05,
+            backend="ort",
+            top_k=3,
+            ray_actor_options={"num_cpus": 0, "resources": {"replica_slot": 1}},
+        )
         (port,) = free_ports(1)
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         handle = serve.run(build_app(export_dir, options), name="deploykit", route_prefix="/")

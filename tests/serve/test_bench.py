@@ -21,8 +21,24 @@ pytest.importorskip("tritonclient.grpc", reason="needs the serve extra")
 def test_serve_bench_measures_both_sides_at_each_level(export_dir, tmp_path, capsys):
     out = tmp_path / "bench.json"
     try:
-        main(["serve-bench", str(export_dir), "--concurrency", "1,3", "--requests", "6", "-r", "48", "--client", "builtin",
-              "--max-batch-size", "4", "--json", str(out)])
+        main(
+            [
+                "serve-bench",
+                str(export_dir),
+                "--concurrency",
+                "1,3",
+                "--requests",
+                "6",
+                "-r",
+                "48",
+                "--client",
+                "builtin",
+                "--max-batch-size",
+                "4",
+                "--json",
+                str(out),
+            ]
+        )
     except SystemExit as exit_:
         assert exit_.code in (0, None)
     report = json.loads(out.read_text())

@@ -147,8 +147,10 @@ def test_import_deploykit_stays_light():
 
 def test_serve_modules_import_no_optional_extra():
     heavy = ("pytriton", "tritonclient", "ray", "PIL")
-    code = ("import sys, deploykit.cli, deploykit.serve, deploykit.serve.triton_server, deploykit.serve.triton_repo, "
-            f"deploykit.serve.ray_serve; print(sorted(m for m in {heavy!r} if m in sys.modules))")
+    code = (
+        "import sys, deploykit.cli, deploykit.serve, deploykit.serve.triton_server, deploykit.serve.triton_repo, "
+        f"deploykit.serve.ray_serve; print(sorted(m for m in {heavy!r} if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]", f"imported eagerly: {out}"
 

@@ -36,8 +36,7 @@ def test_two_node_cluster_spreads_requests_over_both_nodes(export_dir):
     isolated = _can_isolate_network()
     if isolated:
         command = ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *command]
-    proc = subprocess.Popen(command,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, stdin=subprocess.DEVNULL)
     try:
         out, err = proc.communicate(timeout=240)
     except subprocess.TimeoutExpired:

@@ -22,8 +22,12 @@ def run_cli(capsys, *args) -> tuple[int, str]:
 
 def test_serve_refuses_a_directory_that_is_not_an_export(tmp_path):
     # a subprocess: `deploykit serve` installs a SIGTERM handler in its process
-    proc = subprocess.run([sys.executable, "-m", "deploykit", "serve", str(tmp_path), "--port", "1", "--grpc-port", "2",
-                           "--metrics-port", "3"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "deploykit", "serve", str(tmp_path), "--port", "1", "--grpc-port", "2", "--metrics-port", "3"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and proc.stderr.startswith("error: ")
     assert "not a deploykit export directory" in proc.stderr
@@ -48,8 +52,13 @@ def test_package_triton_bad_options(capsys, export_dir, tmp_path, option):
 
 def _serve(export_dir, *options) -> subprocess.CompletedProcess:
     """``deploykit serve`` in its own process; the timeout only guards against the hang this tests."""
-    return subprocess.run([sys.executable, "-m", "deploykit", "serve", str(export_dir), *map(str, options)],
-                          capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "deploykit", "serve", str(export_dir), *map(str, options)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_serve_exits_with_one_line_when_its_port_is_taken(export_dir):
@@ -67,12 +76,15 @@ def test_serve_exits_with_one_line_when_its_port_is_taken(export_dir):
     assert "Traceback" not in proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("host, reason", [("256.0.0.1", "cannot listen on host '256.0.0.1'"),
-                                          ("192.0.2.1", "cannot listen on 192.0.2.1:")])  # TEST-NET-1: never local
+@pytest.mark.parametrize(
+    "host, reason", [("256.0.0.1", "cannot listen on host '256.0.0.1'"), ("192.0.2.1", "cannot listen on 192.0.2.1:")]
+)  # TEST-NET-1: never local
 def test_serve_exits_with_one_line_on_a_host_it_cannot_listen_on(export_dir, host, reason):
     from server_process import free_ports
 
-    proc = _serve(export_dir, "--host", host, *[x for pair in zip(("--port", "--grpc-port", "--metrics-port"), free_ports(3)) for x in pair])
+    proc = _serve(
+        export_dir, "--host", host, *[x for pair in zip(("--port", "--grpc-port", "--metrics-port"), free_ports(3)) for x in pair]
+    )
     assert proc.returncode == 1, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {reason}"), proc.stderr[-2000:]

@@ -52,23 +52,28 @@ def test_concurrent_requests_never_overlap_on_one_runner(zoo_export_dir):
         return runners[-1]
 
     http_port, grpc_port, metrics_port = free_ports(3)
-    options = ServerOptions(http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, max_batch_size=8,
-                            max_queue_delay_us=2000, top_k=3)
+    options = ServerOptions(
+        http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port, max_batch_size=8, max_queue_delay_us=2000, top_k=3
+    )
     images = [img for size in (48, 30, 64) for img in zoo_test_images(4, size)]
     requests = [_request(i, images) for i in range(REQUESTS)]
     before = set(descendants(os.getpid()))
     with Pipeline(zoo_export_dir, backend="one-context", top_k=3, batch_size=8, factories={"one-context": factory}) as pipeline:
         with TritonServer(pipeline, options):
             started = [p for p in process_tree(os.getpid())[1:] if p[0] not in before]
-            clients = {"http": httpclient.InferenceServerClient(f"127.0.0.1:{http_port}"),
-                       "grpc": grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")}
+            clients = {
+                "http": httpclient.InferenceServerClient(f"127.0.0.1:{http_port}"),
+                "grpc": grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}"),
+            }
             sequential = [_send(clients, r) for r in requests]
             local = threading.local()
 
             def concurrent_send(request):
                 if not hasattr(local, "clients"):  # tritonclient's HTTP client is not thread-safe: one per thread
-                    local.clients = {"http": httpclient.InferenceServerClient(f"127.0.0.1:{http_port}"),
-                                     "grpc": grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")}
+                    local.clients = {
+                        "http": httpclient.InferenceServerClient(f"127.0.0.1:{http_port}"),
+                        "grpc": grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}"),
+                    }
                 return _send(local.clients, request)
 
             with ThreadPoolExecutor(CONCURRENCY) as pool:

@@ -46,8 +46,11 @@ def parse(path: Path):
 
 
 def test_layout_and_every_config_parses(repo):
-    expected = {f"{kind}_{tag}{suffix}" for tag in TAGS for kind, suffix in
-                [("vit", "_trt"), ("vit", "_onnx"), ("preprocess", ""), ("classify", "_trt"), ("classify", "_onnx")]}
+    expected = {
+        f"{kind}_{tag}{suffix}"
+        for tag in TAGS
+        for kind, suffix in [("vit", "_trt"), ("vit", "_onnx"), ("preprocess", ""), ("classify", "_trt"), ("classify", "_onnx")]
+    }
     models = {p.name for p in repo.iterdir() if p.is_dir()}
     assert models == expected
     for name in models:
@@ -145,13 +148,25 @@ def bundled_server(repo, tmp_path_factory):
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     shutil.copy(dist / "python_backend_stubs" / version / "triton_python_backend_stub", work / "backends/python/")
     libs = Path(pytriton.__file__).parent.parent / "nvidia_pytriton.libs"
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-               LD_LIBRARY_PATH=f"{sysconfig.get_config_var('LIBDIR')}{os.pathsep}{libs}")
+    env = dict(
+        os.environ,
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        LD_LIBRARY_PATH=f"{sysconfig.get_config_var('LIBDIR')}{os.pathsep}{libs}",
+    )
     http_port, grpc_port = free_ports(2)
-    cmd = [str(dist / "bin/tritonserver"), f"--model-repository={repo}", f"--backend-directory={work / 'backends'}",
-           "--model-control-mode=explicit", *[f"--load-model=preprocess_{t}" for t in TAGS],
-           "--http-address=127.0.0.1", f"--http-port={http_port}", "--grpc-address=127.0.0.1", f"--grpc-port={grpc_port}",
-           "--allow-metrics=false", "--exit-timeout-secs=5"]
+    cmd = [
+        str(dist / "bin/tritonserver"),
+        f"--model-repository={repo}",
+        f"--backend-directory={work / 'backends'}",
+        "--model-control-mode=explicit",
+        *[f"--load-model=preprocess_{t}" for t in TAGS],
+        "--http-address=127.0.0.1",
+        f"--http-port={http_port}",
+        "--grpc-address=127.0.0.1",
+        f"--grpc-port={grpc_port}",
+        "--allow-metrics=false",
+        "--exit-timeout-secs=5",
+    ]
     log = work / "server.log"
     httpclient = pytest.importorskip("tritonclient.http")
     with open(log, "wb") as out:

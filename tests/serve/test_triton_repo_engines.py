@@ -31,9 +31,20 @@ def _tensorrt_engine(graph, batches=(1, 8, 16), data=b"serialized TensorRT engin
     engine, fp_path = engine_paths(graph, "tensorrt")
     engine.write_bytes(data)
     shapes = {"images": [[b, 3, 32, 32] for b in batches]}
-    fingerprint = Fingerprint(onnx_sha256=sha256_file(graph), encoding="{}", precision="fp32", shapes=shapes, build={},
-                              module="tensorrt", trt_version="10.13.0", cuda_driver="13.0", driver="580.65", gpu="NVIDIA L4",
-                              compute_capability="8.9", plugin_sha256=None)
+    fingerprint = Fingerprint(
+        onnx_sha256=sha256_file(graph),
+        encoding="{}",
+        precision="fp32",
+        shapes=shapes,
+        build={},
+        module="tensorrt",
+        trt_version="10.13.0",
+        cuda_driver="13.0",
+        driver="580.65",
+        gpu="NVIDIA L4",
+        compute_capability="8.9",
+        plugin_sha256=None,
+    )
     write_fingerprint(fp_path, fingerprint, sha256_file(engine))
     return engine
 

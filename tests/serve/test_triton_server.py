@@ -44,18 +44,45 @@ def served_dir(zoo_export_dir):
 def server(served_dir, tmp_path_factory):
     http_port, grpc_port, metrics_port = free_ports(3)
     log = tmp_path_factory.mktemp("triton") / "server.log"
-    cmd = [sys.executable, "-m", "deploykit", "serve", str(served_dir), "--host", "127.0.0.1", "--port", str(http_port),
-           "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port), "--max-batch-size", str(MAX_BATCH),
-           "--max-queue-delay-us", str(QUEUE_DELAY_US), "--top-k", str(TOP_K), "--max-image-pixels", str(MAX_PIXELS),
-           "--max-image-bytes", str(MAX_BYTES)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "deploykit",
+        "serve",
+        str(served_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(http_port),
+        "--grpc-port",
+        str(grpc_port),
+        "--metrics-port",
+        str(metrics_port),
+        "--max-batch-size",
+        str(MAX_BATCH),
+        "--max-queue-delay-us",
+        str(QUEUE_DELAY_US),
+        "--top-k",
+        str(TOP_K),
+        "--max-image-pixels",
+        str(MAX_PIXELS),
+        "--max-image-bytes",
+        str(MAX_BYTES),
+    ]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     tree = [(proc.pid, "")]
     try:
         first_ready = watch_until_ready(httpclient.InferenceServerClient(f"127.0.0.1:{http_port}"), proc, log)
         tree = process_tree(proc.pid)
-        yield dict(proc=proc, http=f"127.0.0.1:{http_port}", grpc=f"127.0.0.1:{grpc_port}", ports={http_port, grpc_port, metrics_port},
-                   first_ready=first_ready, log=log)
+        yield dict(
+            proc=proc,
+            http=f"127.0.0.1:{http_port}",
+            grpc=f"127.0.0.1:{grpc_port}",
+            ports={http_port, grpc_port, metrics_port},
+            first_ready=first_ready,
+            log=log,
+        )
     finally:
         stop(proc, tree)
 
@@ -129,8 +156,14 @@ def test_health_readiness_and_batching_config(clients, protocol):
     assert all(client.is_model_ready(m) for m in MODELS)
     assert not client.is_model_ready("no_such_model")
     config = client.get_model_config("logits_32")
-    config = config if protocol == "http" else {"max_batch_size": config.config.max_batch_size,
-                                                "dynamic_batching": {"max_queue_delay_microseconds": config.config.dynamic_batching.max_queue_delay_microseconds}}
+    config = (
+        config
+        if protocol == "http"
+        else {
+            "max_batch_size": config.config.max_batch_size,
+            "dynamic_batching": {"max_queue_delay_microseconds": config.config.dynamic_batching.max_queue_delay_microseconds},
+        }
+    )
     assert config["max_batch_size"] == MAX_BATCH
     assert int(config["dynamic_batching"]["max_queue_delay_microseconds"]) == QUEUE_DELAY_US
 
@@ -174,7 +207,10 @@ def test_concurrent_load_is_merged_by_the_dynamic_batcher(server, clients, serve
 
     def one(i):
         if not hasattr(local, "clients"):  # tritonclient's HTTP client is not thread-safe: one per thread
-            local.clients = {"http": httpclient.InferenceServerClient(server["http"]), "grpc": grpcclient.InferenceServerClient(server["grpc"])}
+            local.clients = {
+                "http": httpclient.InferenceServerClient(server["http"]),
+                "grpc": grpcclient.InferenceServerClient(server["grpc"]),
+            }
         return infer(local.clients["http" if i % 2 else "grpc"], "logits_32", inputs[i]).as_numpy("logits")
 
     before = _stats(clients["http"], "logits_32")
@@ -318,7 +354,10 @@ def test_served_answers_equal_sequential_answers_under_load(server, clients, ser
 
     def concurrent_send(request):
         if not hasattr(local, "clients"):  # tritonclient's HTTP client is not thread-safe: one per thread
-            local.clients = {"http": httpclient.InferenceServerClient(server["http"]), "grpc": grpcclient.InferenceServerClient(server["grpc"])}
+            local.clients = {
+                "http": httpclient.InferenceServerClient(server["http"]),
+                "grpc": grpcclient.InferenceServerClient(server["grpc"]),
+            }
         return _send(local.clients, request)
 
     with ThreadPoolExecutor(16) as pool:

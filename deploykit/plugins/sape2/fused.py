@@ -20,10 +20,24 @@ from deploykit.plugins.sape2.kernels import BLOCK, _squared_axis_distance, kerne
 
 @triton.jit
 def sape2_attention_kernel(
-    q_ptr, k_ptr, v_ptr, table_x_ptr, table_y_ptr, out_ptr,
-    H: tl.constexpr, W: tl.constexpr, P: tl.constexpr, D: tl.constexpr, M: tl.constexpr,
-    SCALE: tl.constexpr, MODE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    ATTN_SCALE: tl.constexpr, BIAS_SCALE: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    table_x_ptr,
+    table_y_ptr,
+    out_ptr,
+    H: tl.constexpr,
+    W: tl.constexpr,
+    P: tl.constexpr,
+    D: tl.constexpr,
+    M: tl.constexpr,
+    SCALE: tl.constexpr,
+    MODE: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    ATTN_SCALE: tl.constexpr,
+    BIAS_SCALE: tl.constexpr,
 ):
     """Grid ``(cdiv(T, BLOCK), B·h)``; q, k, v, out ``[B·h, T, D]``; tables ``[D, M]``."""
     T: tl.constexpr = P + H * W
@@ -68,8 +82,11 @@ def sape2_attention_kernel(
         acc = acc * correction[:, None] + tl.dot(probs, v_j, input_precision="ieee")
         running_max = new_max
     out = acc / normaliser[:, None]
-    tl.store(out_ptr + bh * T * D + rows[:, None] * D + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=(rows[:, None] < T) & mask_d[None, :])
+    tl.store(
+        out_ptr + bh * T * D + rows[:, None] * D + offs_d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=(rows[:, None] < T) & mask_d[None, :],
+    )
 
 
 def sape2_attention_triton(q, k, v, table_x, table_y, grid, scale, mode, num_prefix_tokens, bias_divided_by_sqrt_d=True):
@@ -82,7 +99,14 @@ def sape2_attention_triton(q, k, v, table_x, table_y, grid, scale, mode, num_pre
     consts = kernel_constants(grid, num_prefix_tokens, D, table_x.shape[1], scale, mode)
     attn_scale = D**-0.5
     sape2_attention_kernel[(triton.cdiv(T, BLOCK), B * h)](
-        q.contiguous(), k.contiguous(), v.contiguous(), table_x.contiguous(), table_y.contiguous(), out,
-        **consts, ATTN_SCALE=attn_scale, BIAS_SCALE=attn_scale if bias_divided_by_sqrt_d else 1.0,
+        q.contiguous(),
+        k.contiguous(),
+        v.contiguous(),
+        table_x.contiguous(),
+        table_y.contiguous(),
+        out,
+        **consts,
+        ATTN_SCALE=attn_scale,
+        BIAS_SCALE=attn_scale if bias_divided_by_sqrt_d else 1.0,
     )
     return out

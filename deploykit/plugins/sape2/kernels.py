@@ -28,9 +28,22 @@ BLOCK = 32  # token tile; rows and columns share it so a token's signature is co
 
 @triton.jit
 def _squared_axis_distance(
-    a_ptr, b_ptr, c_ptr, table_ptr, tok_i, tok_j,
-    ALONG_ROW: tl.constexpr, H: tl.constexpr, W: tl.constexpr, P: tl.constexpr, D: tl.constexpr,
-    M: tl.constexpr, SCALE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    table_ptr,
+    tok_i,
+    tok_j,
+    ALONG_ROW: tl.constexpr,
+    H: tl.constexpr,
+    W: tl.constexpr,
+    P: tl.constexpr,
+    D: tl.constexpr,
+    M: tl.constexpr,
+    SCALE: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
 ):
     """``Σ_m (Z_i[m] − Z_j[m])²`` ``[BLOCK, BLOCK]`` for patch tokens ``tok_i``, ``tok_j`` (one axis)."""
     offs_d = tl.arange(0, BLOCK_D)
@@ -69,9 +82,21 @@ def _squared_axis_distance(
 
 @triton.jit
 def sape2_bias_kernel(
-    q_ptr, k_ptr, table_x_ptr, table_y_ptr, out_ptr,
-    H: tl.constexpr, W: tl.constexpr, P: tl.constexpr, D: tl.constexpr, M: tl.constexpr,
-    SCALE: tl.constexpr, MODE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    table_x_ptr,
+    table_y_ptr,
+    out_ptr,
+    H: tl.constexpr,
+    W: tl.constexpr,
+    P: tl.constexpr,
+    D: tl.constexpr,
+    M: tl.constexpr,
+    SCALE: tl.constexpr,
+    MODE: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
 ):
     """Grid ``(cdiv(T, BLOCK), cdiv(T, BLOCK), B·h)``; q, k ``[B·h, T, D]``, tables ``[D, M]``, out ``[B·h, T, T]``.
 
@@ -108,8 +133,16 @@ def sape2_bias_kernel(
 def kernel_constants(grid: tuple[int, int], num_prefix_tokens: int, head_dim: int, npos_max: int, scale: float, mode: int) -> dict:
     """The compile-time arguments of ``sape2_bias_kernel`` for one op instance."""
     return dict(
-        H=grid[0], W=grid[1], P=num_prefix_tokens, D=head_dim, M=npos_max, SCALE=float(scale), MODE=int(mode),
-        BLOCK=BLOCK, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_M=max(16, triton.next_power_of_2(npos_max)),
+        H=grid[0],
+        W=grid[1],
+        P=num_prefix_tokens,
+        D=head_dim,
+        M=npos_max,
+        SCALE=float(scale),
+        MODE=int(mode),
+        BLOCK=BLOCK,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_M=max(16, triton.next_power_of_2(npos_max)),
     )
 
 
@@ -125,9 +158,7 @@ def sape2_bias_triton(q, k, table_x, table_y, grid, scale, mode, num_prefix_toke
     B, h, T, D = q.shape
     out = torch.empty(B, h, T, T, dtype=q.dtype, device=q.device)
     consts = kernel_constants(grid, num_prefix_tokens, D, table_x.shape[1], scale, mode)
-    sape2_bias_kernel[launch_grid(T, B * h)](
-        q.contiguous(), k.contiguous(), table_x.contiguous(), table_y.contiguous(), out, **consts
-    )
+    sape2_bias_kernel[launch_grid(T, B * h)](q.contiguous(), k.contiguous(), table_x.contiguous(), table_y.contiguous(), out, **consts)
     return out
 
 
