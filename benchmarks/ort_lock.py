@@ -2,7 +2,8 @@
 per call, with the runner behind the pipeline's per-runner lock (``OnnxrtRunner`` as it declares
 itself) and with the same runner declared ``thread_safe`` (an ``InferenceSession`` is; calls then
 run concurrently on ORT's shared thread pool). Interleaved rounds; prints the median throughput
-and p50/p99 of each, and their ratio, per concurrency.
+and p50/p99 of each, and their ratio, per concurrency, and writes them to
+``benchmarks/results/ort_lock.json`` with the machine's environment.
 
     .venv/bin/python benchmarks/ort_lock.py [--requests 96] [--rounds 3] [--depth 12] [--resolution 224]
 
@@ -18,11 +19,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from deploykit._io import write_json_atomic
 from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.export import export
 from deploykit.nn import create_model
+from deploykit.profile.environment import capture_environment
 from deploykit.serve import Pipeline
 from deploykit.serve.bench import run_level
+
+RESULTS = Path(__file__).parent / "results"
 
 
 class ConcurrentOnnxrtRunner(OnnxrtRunner):
@@ -38,7 +43,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--depth", type=int, default=12, help="ViT-Tiny/16 depth")
     parser.add_argument("--resolution", type=int, default=224)
+    parser.add_argument("--output", type=Path, default=RESULTS / "ort_lock.json")
     args = parser.parse_args()
+    result = {"command": "python benchmarks/ort_lock.py", "environment": capture_environment(torch.device("cpu")), "levels": []}
 
     torch.manual_seed(0)
     res = (args.resolution, args.resolution)
@@ -59,18 +66,21 @@ def main() -> None:
                     name: {k: float(np.median([s[k] for s in runs])) for k in ("throughput_rps", "p50_ms", "p99_ms")}
                     for name, runs in stats.items()
                 }
+                ratio = median["concurrent"]["throughput_rps"] / median["locked"]["throughput_rps"]
+                result["levels"].append({"concurrency": concurrency, **median, "concurrent_vs_locked_throughput": ratio})
                 print(
                     f"c={concurrency:>2}  "
                     + "  |  ".join(
                         f"{name} {m['throughput_rps']:.1f} req/s p50 {m['p50_ms']:.1f} ms p99 {m['p99_ms']:.1f} ms"
                         for name, m in median.items()
                     )
-                    + f"  |  concurrent/locked {median['concurrent']['throughput_rps'] / median['locked']['throughput_rps']:.2f}",
+                    + f"  |  concurrent/locked {ratio:.2f}",
                     flush=True,
                 )
         finally:
             for pipe in pipes.values():
                 pipe.close()
+    print(f"wrote {write_json_atomic(args.output, result)}")
 
 
 if __name__ == "__main__":

@@ -180,7 +180,7 @@ def cli(ctx, quiet, verbose):
 @click.option(
     "--min-agreement",
     type=click.FloatRange(0, 1),
-    default=0.99,
+    default=0.995,  # CalibrationOptions.min_agreement
     show_default=True,
     help="int8: top-1 agreement with fp32 to reach on held-out inputs, moving the most sensitive matmuls back to float "
     "(0: quantize every eligible matmul).",

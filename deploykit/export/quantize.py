@@ -90,7 +90,10 @@ class CalibrationOptions:
         method: a key of ``CALIBRATION_METHODS`` (``--calibration-method``).
         held_out: held-out inputs the plan is checked on (agreement target and tolerance).
         min_agreement: top-1 agreement with the fp32 graph to aim for on the held-out inputs,
-            falling back to float where missed (``AgreementTarget``); None: no fallback.
+            falling back to float where missed (``AgreementTarget``); None: no fallback. 99.5%
+            so that 99% holds on inputs the plan never saw: at 1000 held-out inputs the
+            agreement's standard error near 99% is 0.3 points, and a 99% target measured on
+            the zoo's val split left test-split agreement at 98.6-98.8% on three models.
         attention: quantize the attention-score and attention-value products too; None: the
             measured choice for the encoding (``ATTENTION_INT8``: float for every encoding).
     """
@@ -98,7 +101,7 @@ class CalibrationOptions:
     samples: int = 128
     method: str = "minmax"
     held_out: int = 1000
-    min_agreement: float | None = 0.99
+    min_agreement: float | None = 0.995
     attention: bool | None = None
 
     def __post_init__(self):
@@ -223,7 +226,7 @@ class AgreementTarget:
 
     inputs: np.ndarray
     reference: np.ndarray
-    min_agreement: float = 0.99
+    min_agreement: float = 0.995
     max_float_share: float = 0.25
 
 
