@@ -226,7 +226,7 @@ class AgreementTarget:
 
     inputs: np.ndarray
     reference: np.ndarray
-    min_agreement: float = 0.995
+    min_agreement: float = CalibrationOptions.min_agreement
     max_float_share: float = 0.25
 
 

@@ -112,9 +112,26 @@ def watch_until_ready(client, proc, log, timeout_s: float = 180) -> dict:
     raise TimeoutError(f"server not ready after {timeout_s} s:\n{log.read_text()[-4000:]}")
 
 
+def _client_pair(server) -> dict:
+    return {"http": httpclient.InferenceServerClient(server["http"]), "grpc": grpcclient.InferenceServerClient(server["grpc"])}
+
+
+def _thread_clients(server):
+    """A callable giving each calling thread its own client pair: tritonclient's HTTP client is
+    not thread-safe."""
+    local = threading.local()
+
+    def get() -> dict:
+        if not hasattr(local, "clients"):
+            local.clients = _client_pair(server)
+        return local.clients
+
+    return get
+
+
 @pytest.fixture(scope="module")
 def clients(server):
-    return {"http": httpclient.InferenceServerClient(server["http"]), "grpc": grpcclient.InferenceServerClient(server["grpc"])}
+    return _client_pair(server)
 
 
 def infer(client, model: str, array: np.ndarray, name: str = "images", datatype: str | None = None):
@@ -203,15 +220,10 @@ def test_concurrent_load_is_merged_by_the_dynamic_batcher(server, clients, serve
     requests = 64
     inputs = np.random.default_rng(7).standard_normal((requests, 1, 3, 32, 32), dtype=np.float32)
     expected = ort_logits(served_dir, inputs[:, 0])
-    local = threading.local()
+    thread_clients = _thread_clients(server)
 
     def one(i):
-        if not hasattr(local, "clients"):  # tritonclient's HTTP client is not thread-safe: one per thread
-            local.clients = {
-                "http": httpclient.InferenceServerClient(server["http"]),
-                "grpc": grpcclient.InferenceServerClient(server["grpc"]),
-            }
-        return infer(local.clients["http" if i % 2 else "grpc"], "logits_32", inputs[i]).as_numpy("logits")
+        return infer(thread_clients()["http" if i % 2 else "grpc"], "logits_32", inputs[i]).as_numpy("logits")
 
     before = _stats(clients["http"], "logits_32")
     with ThreadPoolExecutor(16) as pool:
@@ -350,15 +362,10 @@ def test_served_answers_equal_sequential_answers_under_load(server, clients, ser
 
     requests = _load_requests(200)
     sequential = [_send(clients, r) for r in requests]
-    local = threading.local()
+    thread_clients = _thread_clients(server)
 
     def concurrent_send(request):
-        if not hasattr(local, "clients"):  # tritonclient's HTTP client is not thread-safe: one per thread
-            local.clients = {
-                "http": httpclient.InferenceServerClient(server["http"]),
-                "grpc": grpcclient.InferenceServerClient(server["grpc"]),
-            }
-        return _send(local.clients, request)
+        return _send(thread_clients(), request)
 
     with ThreadPoolExecutor(16) as pool:
         concurrent = list(pool.map(concurrent_send, requests))
