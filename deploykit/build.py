@@ -148,8 +148,9 @@ def build(
         if not cached:
             if progress is not None:
                 progress.label = path.name
-            save_engine(EngineFromOnnx(path, entry_options, progress)(), engine)
-            write_fingerprint(fp_path, fingerprint, sha256_file(engine), plugins)
+            loader = EngineFromOnnx(path, entry_options, progress)
+            save_engine(loader(), engine)
+            write_fingerprint(fp_path, fingerprint, sha256_file(engine), plugins, len(loader.plugin_nodes))
         results.append(BuiltEngine(path.name, engine, fp_path, cached, time.perf_counter() - start))
     return results
 
@@ -184,11 +185,11 @@ def _plan(export_dir: Path, entry: GraphEntry, options: BuildOptions, plugins: P
     tag = BACKEND_TAGS[options.module]
     hint = f"pass --rebuild to replace it (deploykit build {export_dir} --backend {tag} --rebuild)"
     try:
-        stored, engine_sha, _ = read_fingerprint(fp_path)
+        record = read_fingerprint(fp_path)
     except StaleEngineError as err:
         raise StaleEngineError(f"{err}; or {hint}") from err
-    check_fingerprint(engine, stored, fingerprint, hint)
-    if sha256_file(engine) != engine_sha:
+    check_fingerprint(engine, record.fingerprint, fingerprint, hint)
+    if sha256_file(engine) != record.engine_sha256:
         raise StaleEngineError(f"{engine} changed since it was built; {hint}")
     return path, options, fingerprint, True
 

@@ -96,9 +96,9 @@ def test_debug_engine_is_built_from_the_marked_graph_with_the_engine_s_settings(
     """TensorRT-RTX on CPU: the marked graph's block outputs survive TensorRT's parser under their
     ONNX names, and the debug engine is built with the settings recorded for the failing engine."""
     pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed")
-    from deploykit.backends import tensorrt
+    from deploykit.backends import tensorrt, trt_runner
     from deploykit.backends._polygraphy import backend
-    from deploykit.backends.trt_runner import TrtRunner
+    from deploykit.backends.devices import Device
     from deploykit.build import build
 
     out = shutil.copytree(export_dir, tmp_path / "exp")
@@ -113,12 +113,12 @@ def test_debug_engine_is_built_from_the_marked_graph_with_the_engine_s_settings(
     real_call = tensorrt.EngineFromOnnx.__call__
     monkeypatch.setattr(tensorrt.EngineFromOnnx, "__call__", lambda self: options.append(self.options) or real_call(self))
 
-    def deserialize(self, data):  # stands in for TensorRT's deserialization, which needs a GPU
+    def check_rtx_engine(runtime, data, what):  # the first step on the engine's bytes, which then needs a GPU
         engines.append(data)
         raise _StandInStop
 
-    monkeypatch.setattr(TrtRunner, "_deserialize", deserialize)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(trt_runner, "check_rtx_engine", check_rtx_engine)
+    monkeypatch.setattr(trt_runner, "probe_device", lambda index=0: Device("12.8", "570.1", "NVIDIA RTX 4090", "8.9"))
     with pytest.raises(_StandInStop):
         registry.create_bisect_runner("rtx", onnx_path, marked).activate()
     (debug_options,) = options
@@ -128,11 +128,14 @@ def test_debug_engine_is_built_from_the_marked_graph_with_the_engine_s_settings(
     assert debug_engine and debug_engine != built.engine.read_bytes()
 
 
-def test_a_debug_engine_is_refused_when_the_engine_is_stale(export_dir, tmp_path):
+def test_a_debug_engine_is_refused_when_the_engine_is_stale(export_dir, tmp_path, monkeypatch):
     pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed")
+    from deploykit.backends import trt_runner
+    from deploykit.backends.devices import Device
     from deploykit.build import build
     from deploykit.errors import StaleEngineError
 
+    monkeypatch.setattr(trt_runner, "probe_device", lambda index=0: Device("12.8", "570.1", "NVIDIA RTX 4090", "8.9"))
     out = shutil.copytree(export_dir, tmp_path / "exp")
     build(out, "rtx", optimization_level=0, precisions=["fp32"])
     fp_path = out / "model_64.rtx.json"

@@ -1,17 +1,31 @@
 """CUDA graphs for a TensorRT engine: the part of running engines deploykit keeps as its own.
 
-Polygraphy's ``TrtRunner`` does not capture CUDA graphs, and cannot be made to: its output
-allocator lets TensorRT choose output addresses during each execution, and a captured graph
-replays fixed addresses. ``CudaGraphExecutor`` keeps fixed device buffers (torch CUDA tensors)
-per input shape, runs each shape once plainly (TensorRT allocates lazily on the first run), then
-captures the execution into a CUDA graph when the execution context says the engine allows it
-(``is_stream_capturable``) and replays it; otherwise it runs without one and ``note`` says why.
-It has the activate/infer/deactivate shape of Polygraphy's runner, so ``TrtRunner`` uses either.
+Two flavours, two mechanisms:
+
+* TensorRT-RTX compiles kernels lazily per input shape, so capturing its ``execute_async_v3``
+  from outside may record a compilation; it captures graphs itself when the execution context is
+  created with an ``IRuntimeConfig`` whose ``cuda_graph_strategy`` is ``WHOLE_GRAPH_CAPTURE``
+  (``rtx_graph_context``). Polygraphy's runner then runs that context as any other.
+* TensorRT has no such strategy and no ``is_stream_capturable`` (only TensorRT-RTX's context has
+  it): the application captures ``execute_async_v3`` into a CUDA graph itself, as TensorRT's
+  developer guide describes and ``trtexec --useCudaGraph`` does. Polygraphy's ``TrtRunner``
+  cannot: its output allocator lets TensorRT choose output addresses on every execution, and a
+  graph replays fixed ones. ``CudaGraphExecutor`` keeps fixed device buffers per input shape,
+  runs each new shape once plainly (TensorRT allocates lazily and must see the shape before a
+  capture), then captures and replays. Whether the engine can be captured is learnt by trying:
+  a capture whose ``execute_async_v3`` returns False, or that CUDA invalidates (engines with
+  loops, conditionals or data-dependent shapes), is discarded, never replayed, and the executor
+  runs without graphs from then on; ``note`` says why.
+
+Device memory, streams and graph capture come from ``torch.cuda`` through ``TorchCudaDevice``;
+the executor takes any object with its four methods, so its TensorRT calls are checked on a
+machine without a GPU against TensorRT's real classes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -19,31 +33,77 @@ import numpy as np
 from deploykit.backends._polygraphy import import_trt
 from deploykit.errors import DeployKitError, one_line
 
+CAPTURE_REFUSED = "execute_async_v3 failed while being captured into a CUDA graph"
+
 
 def io_names(engine) -> list[str]:
     """The engine's input and output tensor names, in TensorRT's order."""
     return [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
 
 
+def rtx_graph_context(engine: Any, trt: Any) -> Any:
+    """An execution context of a TensorRT-RTX engine that captures and replays a CUDA graph per
+    input shape itself (``IRuntimeConfig.cuda_graph_strategy = WHOLE_GRAPH_CAPTURE``)."""
+    config = engine.create_runtime_config()
+    config.cuda_graph_strategy = trt.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE
+    context = engine.create_execution_context(config)
+    if not context:
+        raise DeployKitError("TensorRT-RTX could not create an execution context with CUDA graphs (TensorRT's errors are in the debug log)")
+    return context
+
+
+class TorchCudaDevice:
+    """Streams, buffers and graph capture on one CUDA device, through ``torch.cuda``."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def stream(self) -> Any:
+        import torch
+
+        return torch.cuda.Stream(device=self.index)
+
+    def empty(self, shape: tuple[int, ...], dtype: str) -> Any:
+        import torch
+
+        return torch.empty(shape, dtype=getattr(torch, dtype), device=self.index)
+
+    @contextlib.contextmanager
+    def capture(self, stream: Any) -> Iterator[Any]:
+        """Capture what is enqueued on ``stream`` in the block; yields the graph (replayable
+        after the block). CUDA's refusal raises ``RuntimeError``."""
+        import torch
+
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            yield graph
+
+    def run_on(self, stream: Any) -> contextlib.AbstractContextManager:
+        import torch
+
+        return torch.cuda.stream(stream)
+
+
 class CudaGraphExecutor:
     """Fixed device buffers per input shape, each shape's execution captured into a CUDA graph
-    after one plain run and replayed (see the module docstring).
+    after one plain run and replayed (TensorRT; see the module docstring).
 
     Args:
-        engine: a deserialized engine.
-        module: its TensorRT flavour.
-        device: CUDA device index.
+        engine: a deserialized TensorRT engine.
+        module: its TensorRT flavour (``"tensorrt"``).
+        device: CUDA device index, or an object with ``TorchCudaDevice``'s methods.
     """
 
-    def __init__(self, engine: Any, module: str, device: int) -> None:
-        self.engine, self.trt, self.device = engine, import_trt(module), device
+    def __init__(self, engine: Any, module: str, device: int | Any = 0) -> None:
+        self.engine, self.trt = engine, import_trt(module)
+        self.device = TorchCudaDevice(device) if isinstance(device, int) else device
         self.is_active, self.capturable, self.note = False, None, ""
 
     def activate(self) -> None:
-        import torch
-
         self.context = self.engine.create_execution_context()
-        self.stream = torch.cuda.Stream(device=self.device)
+        if not self.context:
+            raise DeployKitError("TensorRT could not create an execution context (TensorRT's errors are in the debug log)")
+        self.stream = self.device.stream()
         names = io_names(self.engine)
         self.inputs = [n for n in names if self.engine.get_tensor_mode(n) == self.trt.TensorIOMode.INPUT]
         self.outputs = [n for n in names if n not in self.inputs]
@@ -60,7 +120,7 @@ class CudaGraphExecutor:
 
         shape = tuple(feed[self.inputs[0]].shape)
         inputs, outputs = self._buffers(shape)
-        with torch.cuda.stream(self.stream):
+        with self.device.run_on(self.stream):
             for name in self.inputs:
                 inputs[name].copy_(torch.from_numpy(np.ascontiguousarray(feed[name])), non_blocking=True)
             self._execute(shape, inputs, outputs)
@@ -70,23 +130,23 @@ class CudaGraphExecutor:
 
     def _buffers(self, shape: tuple[int, ...]):
         """Device tensors for one input shape, allocated once (a CUDA graph replays fixed addresses)."""
-        import torch
-
         if shape not in self.buffers:
             context = self.context
             for name in self.inputs:  # the first input's shape is the feed's (height/width may be dynamic)
-                context.set_input_shape(name, shape if name == self.inputs[0] else (shape[0], *self.engine.get_tensor_shape(name)[1:]))
+                if not context.set_input_shape(
+                    name, shape if name == self.inputs[0] else (shape[0], *self.engine.get_tensor_shape(name)[1:])
+                ):
+                    raise DeployKitError(f"the engine does not take input shape {list(shape)} (outside its optimization profile)")
 
             def make(name):
-                dtype = _TORCH_DTYPES[self.engine.get_tensor_dtype(name).name.lower()]
-                return torch.empty(tuple(context.get_tensor_shape(name)), dtype=getattr(torch, dtype), device=self.device)
+                return self.device.empty(
+                    tuple(context.get_tensor_shape(name)), _TORCH_DTYPES[self.engine.get_tensor_dtype(name).name.lower()]
+                )
 
             self.buffers[shape] = ({n: make(n) for n in self.inputs}, {n: make(n) for n in self.outputs})
         return self.buffers[shape]
 
     def _execute(self, shape, inputs, outputs) -> None:
-        import torch
-
         context, stream = self.context, self.stream
         for name, tensor in inputs.items():  # the context may last have run another shape
             context.set_input_shape(name, tuple(tensor.shape))
@@ -98,18 +158,22 @@ class CudaGraphExecutor:
             return
         if not context.execute_async_v3(stream.cuda_stream):
             raise DeployKitError(f"execute_async_v3 failed at input shape {list(shape)} (TensorRT's errors are in the debug log)")
-        if self.capturable is None:
-            self.capturable = bool(context.is_stream_capturable(stream.cuda_stream))
-            self.note = "" if self.capturable else "the engine's execution cannot be captured (is_stream_capturable is False)"
-        if self.capturable:
-            graph = torch.cuda.CUDAGraph()
-            try:
-                with torch.cuda.graph(graph, stream=stream):
-                    context.execute_async_v3(stream.cuda_stream)
-            except RuntimeError as err:  # CUDA refused the capture: run without graphs, and say why
-                self.capturable, self.note = False, one_line(f"CUDA graph capture failed: {err}")
-                return
-            self.graphs[shape] = graph
+        if self.capturable is not False:
+            self._capture(shape)
+
+    def _capture(self, shape) -> None:
+        """Capture this shape's execution (its outputs are already computed by the plain run);
+        keep the graph only when TensorRT enqueued the whole execution into it."""
+        try:
+            with self.device.capture(self.stream) as graph:
+                enqueued = self.context.execute_async_v3(self.stream.cuda_stream)
+        except RuntimeError as err:  # CUDA invalidated the capture
+            self.capturable, self.note = False, one_line(f"CUDA graph capture failed: {err}")
+            return
+        if not enqueued:  # the graph holds part of an execution, or none: replaying it would give stale outputs
+            self.capturable, self.note = False, CAPTURE_REFUSED
+            return
+        self.capturable, self.graphs[shape] = True, graph
 
 
 # TensorRT DataType name (lowercase) -> torch dtype attribute.

@@ -5,14 +5,15 @@
 valid for the exact graph, shapes, build settings, TensorRT/CUDA/driver versions, GPU and plugin
 sources it was built with, so ``EngineFromPath`` recomputes the fingerprint for the current
 machine and refuses any difference in one line naming the fields, instead of running an engine
-that may be wrong or crash. Nothing here rebuilds or overwrites an engine, and nothing is
-imported or loaded from what a fingerprint file says: plugins come from the caller and are
-checked against the recorded hash (``deploykit.backends.plugins``).
+that may be wrong or crash. Nothing here rebuilds or overwrites an engine, and no path a
+fingerprint file names is ever imported or loaded: plugins come from the caller, or are the
+installed plugin packages the fingerprint names by entry point (code already installed here,
+as ``--plugins sape2`` would load it), and either way are checked against the recorded hash
+(``deploykit.backends.plugins``).
 """
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import json
 import os
@@ -21,11 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deploykit._io import write_json_atomic
-from deploykit._nvml import driver_version
 from deploykit.backends._polygraphy import import_trt
+from deploykit.backends.devices import Device, probe_device
 from deploykit.backends.plugins import Plugins, check_plugins
 from deploykit.backends.tensorrt import BuildOptions
-from deploykit.errors import StaleEngineError
+from deploykit.errors import DeployKitError, StaleEngineError
 
 # TensorRT flavour -> the tag in engine file names and in ``--backend``.
 BACKEND_TAGS = {"tensorrt": "trt", "tensorrt_rtx": "rtx"}
@@ -45,10 +46,13 @@ class Fingerprint:
         build: the build settings (``BuildOptions`` fields that change the engine).
         module: ``tensorrt`` or ``tensorrt_rtx``.
         trt_version: version of that module.
-        cuda_driver: CUDA version the driver supports (``cuDriverGetVersion``), None without a driver.
-        driver: NVIDIA driver version (NVML), None without a driver.
-        gpu: GPU name, None without a GPU; None for TensorRT-RTX, whose engines are built ahead of
-            time for every supported compute capability and compiled for the GPU on first load.
+        cuda_driver: CUDA version the driver supports (``cuDriverGetVersion``), None without a
+            driver. None for TensorRT-RTX, whose engines are built ahead of time for every
+            supported compute capability (on a CPU too) and compiled for the GPU on first load:
+            whether one runs on this system is TensorRT-RTX's own answer from the engine's
+            header (``devices.check_rtx_engine``), not a comparison with the build machine.
+        driver: NVIDIA driver version (NVML), None as for ``cuda_driver``.
+        gpu: GPU name, None without a GPU, or for TensorRT-RTX.
         compute_capability: ``"8.9"``-style, None as for ``gpu``.
         plugin_sha256: hash of the plugins loaded for the build (Python sources and shared
             libraries, ``Plugins.sha256``), None without plugins.
@@ -107,6 +111,20 @@ def engine_paths(onnx_path: str | os.PathLike, module: str) -> tuple[Path, Path]
     return stem.with_name(f"{stem.name}.{tag}.engine"), stem.with_name(f"{stem.name}.{tag}.json")
 
 
+def require_engine(onnx_path: str | os.PathLike, module: str) -> tuple[Path, Path]:
+    """``engine_paths``, when the engine exists.
+
+    Raises:
+        DeployKitError: no engine was built for this graph and flavour (naming the command).
+    """
+    onnx_path = Path(onnx_path)
+    engine, fp_path = engine_paths(onnx_path, module)
+    if not engine.is_file():
+        tag = BACKEND_TAGS[module]
+        raise DeployKitError(f"no {tag} engine for {onnx_path.name}; run: deploykit build {onnx_path.parent} --backend {tag}")
+    return engine, fp_path
+
+
 def profile_shapes(input_name: str, sample_shapes: Sequence[Sequence[int]], options: BuildOptions) -> dict[str, list[list[int]]]:
     """The input's profile ``[min, opt, max]``: per-sample shapes (``[C, H, W]`` images, ``[T]``
     tokens; three of them, equal unless the graph covers a resolution range) with the options'
@@ -121,36 +139,6 @@ def build_settings(options: BuildOptions) -> dict:
     its plugin hash, which does not depend on where they are)."""
     skip = ("timing_cache", "module", "sample_shapes", "plugin_libraries")
     return {k: v for k, v in dataclasses.asdict(options).items() if k not in skip}
-
-
-@dataclass(frozen=True)
-class Device:
-    """What the CUDA driver reports; every field None on a machine without one."""
-
-    cuda_driver: str | None = None
-    driver: str | None = None
-    gpu: str | None = None
-    compute_capability: str | None = None
-
-
-def probe_device(ordinal: int = 0) -> Device:
-    """Ask the CUDA driver (``libcuda``: what CUDA sees, so ``CUDA_VISIBLE_DEVICES`` holds) and NVML
-    (``deploykit._nvml``: the driver version), so no CUDA toolkit or torch build is needed."""
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return Device()
-    version, dev, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
-    name = ctypes.create_string_buffer(256)
-    if cuda.cuInit(0) != 0 or cuda.cuDriverGetVersion(ctypes.byref(version)) != 0:
-        return Device()
-    cuda_driver = f"{version.value // 1000}.{version.value % 1000 // 10}"
-    if cuda.cuDeviceGet(ctypes.byref(dev), ordinal) != 0 or cuda.cuDeviceGetName(name, len(name), dev) != 0:
-        return Device(cuda_driver=cuda_driver, driver=driver_version())
-    # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR
-    cuda.cuDeviceGetAttribute(ctypes.byref(major), 75, dev)
-    cuda.cuDeviceGetAttribute(ctypes.byref(minor), 76, dev)
-    return Device(cuda_driver, driver_version(), name.value.decode(), f"{major.value}.{minor.value}")
 
 
 def current_fingerprint(
@@ -174,7 +162,8 @@ def current_fingerprint(
     from deploykit.export.manifest import sha256_file
 
     device = probe_device() if device is None else device
-    portable = options.module == "tensorrt_rtx"
+    if options.module == "tensorrt_rtx":  # portable: nothing of the build machine's device
+        device = Device()
     return Fingerprint(
         onnx_sha256=sha256_file(onnx_path),
         encoding=graph_meta.get("deploykit.encoding_config", ""),
@@ -186,21 +175,50 @@ def current_fingerprint(
         trt_version=import_trt(options.module).__version__,
         cuda_driver=device.cuda_driver,
         driver=device.driver,
-        gpu=None if portable else device.gpu,
-        compute_capability=None if portable else device.compute_capability,
+        gpu=device.gpu,
+        compute_capability=device.compute_capability,
         plugin_sha256=plugins.sha256(),
     )
 
 
-def write_fingerprint(path: str | os.PathLike, fingerprint: Fingerprint, engine_sha256: str, plugins: Plugins = Plugins()) -> None:
-    """Store the fingerprint with the engine's own hash and where its plugins came from (named
-    in messages only: nothing is ever loaded from these paths)."""
-    record = {"fingerprint": fingerprint.to_dict(), "engine_sha256": engine_sha256, "plugins": plugins.describe()}
+@dataclass(frozen=True)
+class EngineRecord:
+    """What ``deploykit build`` wrote beside an engine.
+
+    Attributes:
+        fingerprint: what the engine depends on.
+        engine_sha256: the engine file's hash.
+        plugins: where its plugins came from, as described (named in messages only).
+        installed_plugins: entry-point names of the installed plugin packages it was built with,
+            which a runner given no plugins loads again (installed code, checked by hash).
+        plugin_layers: how many of the graph's nodes became plugin layers (0: the engine needs
+            no plugin to run, whatever was loaded when it was built).
+    """
+
+    fingerprint: Fingerprint
+    engine_sha256: str
+    plugins: list[str]
+    installed_plugins: list[str]
+    plugin_layers: int
+
+
+def write_fingerprint(
+    path: str | os.PathLike, fingerprint: Fingerprint, engine_sha256: str, plugins: Plugins = Plugins(), plugin_layers: int = 0
+) -> None:
+    """Store the fingerprint with the engine's own hash, where its plugins came from (named in
+    messages only: nothing is ever loaded from these paths) and how many plugin layers it has."""
+    record = {
+        "fingerprint": fingerprint.to_dict(),
+        "engine_sha256": engine_sha256,
+        "plugins": plugins.describe(),
+        "installed_plugins": list(plugins.installed),
+        "plugin_layers": plugin_layers,
+    }
     write_json_atomic(path, record)
 
 
-def read_fingerprint(path: str | os.PathLike) -> tuple[Fingerprint, str, list[str]]:
-    """``(fingerprint, engine_sha256, plugins it was built with, as described)`` from a fingerprint file.
+def read_fingerprint(path: str | os.PathLike) -> EngineRecord:
+    """The record ``write_fingerprint`` stored.
 
     Raises:
         StaleEngineError: the file is missing or unreadable (an engine without one is never used).
@@ -208,7 +226,13 @@ def read_fingerprint(path: str | os.PathLike) -> tuple[Fingerprint, str, list[st
     path = Path(path)
     try:
         record = json.loads(path.read_text())
-        return Fingerprint.from_dict(record["fingerprint"]), record["engine_sha256"], [str(p) for p in record["plugins"]]
+        return EngineRecord(
+            Fingerprint.from_dict(record["fingerprint"]),
+            record["engine_sha256"],
+            [str(p) for p in record["plugins"]],
+            [str(p) for p in record["installed_plugins"]],
+            int(record["plugin_layers"]),
+        )
     except FileNotFoundError:
         raise StaleEngineError(f"engine fingerprint {path} is missing; rebuild with deploykit build --rebuild") from None
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
@@ -237,10 +261,13 @@ class EngineFromPath:
         module: ``"tensorrt"`` or ``"tensorrt_rtx"``.
         device: what ``probe_device()`` reports; probed when None.
         plugins: the plugins to load before the engine is deserialized; they must be the ones the
-            engine was built with (checked by hash before anything is imported or loaded).
+            engine was built with (checked by hash before anything is imported or loaded). None:
+            the installed plugin packages its fingerprint names (``sape2``), resolved by their
+            entry points and checked the same way; a library or a directory is never loaded
+            unless given.
     """
 
-    def __init__(self, onnx_path: str | os.PathLike, module: str, device: Device | None = None, plugins: Plugins = Plugins()) -> None:
+    def __init__(self, onnx_path: str | os.PathLike, module: str, device: Device | None = None, plugins: Plugins | None = None) -> None:
         self.onnx_path = Path(onnx_path)
         self.module = module
         self.device = device
@@ -254,23 +281,32 @@ class EngineFromPath:
             StaleEngineError: fingerprint missing or different from now, the engine file changed,
                 or the plugins given are not the ones it was built with.
         """
-        from deploykit.errors import DeployKitError
         from deploykit.export.manifest import sha256_file
 
-        engine, fp_path = engine_paths(self.onnx_path, self.module)
-        tag = BACKEND_TAGS[self.module]
-        hint = f"rebuild with: deploykit build {self.onnx_path.parent} --backend {tag} --rebuild"
-        if not engine.is_file():
-            raise DeployKitError(f"no {tag} engine for {self.onnx_path.name}; run: deploykit build {self.onnx_path.parent} --backend {tag}")
-        stored, engine_sha, built_with = read_fingerprint(fp_path)
-        check_plugins(engine, stored.plugin_sha256, built_with, self.plugins, hint)
+        engine, fp_path = require_engine(self.onnx_path, self.module)
+        hint = f"rebuild with: deploykit build {self.onnx_path.parent} --backend {BACKEND_TAGS[self.module]} --rebuild"
+        record = read_fingerprint(fp_path)
+        stored = record.fingerprint
+        plugins = self.plugins if self.plugins is not None else self._installed(record)
+        check_plugins(engine, stored.plugin_sha256, record.plugins, plugins, hint)
         try:
             options = BuildOptions(module=self.module, **stored.build)
         except (TypeError, ValueError) as err:  # a fingerprint from another deploykit version, or edited
             raise StaleEngineError(f"{fp_path} records build settings this deploykit does not know ({err}); {hint}") from err
-        current = current_fingerprint(self.onnx_path, graph_metadata(self.onnx_path), stored.shapes, options, self.plugins, self.device)
+        current = current_fingerprint(self.onnx_path, graph_metadata(self.onnx_path), stored.shapes, options, plugins, self.device)
         check_fingerprint(engine, stored, current, hint)
-        if sha256_file(engine) != engine_sha:
+        if sha256_file(engine) != record.engine_sha256:
             raise StaleEngineError(f"{engine} changed since it was built (sha256 differs from {fp_path.name}); {hint}")
-        self.plugins.load(self.module)  # before the runner deserializes: the engine's layers need their creators
+        plugins.load(self.module)  # before the runner deserializes: the engine's layers need their creators
         return engine.read_bytes()
+
+    @staticmethod
+    def _installed(record: EngineRecord) -> Plugins:
+        """The installed packages the record names, when those are all it was built with (else
+        none, and ``check_plugins`` says which ones to pass)."""
+        if not record.installed_plugins or len(record.installed_plugins) != len(record.plugins):
+            return Plugins()
+        try:
+            return Plugins.resolve(record.installed_plugins)
+        except DeployKitError:  # not installed here: check_plugins names what to pass
+            return Plugins()

@@ -1,30 +1,40 @@
 """TensorRT / TensorRT-RTX engine runner on a CUDA GPU, on Polygraphy's ``TrtRunner``.
 
 Polygraphy deserializes the engine (``EngineFromBytes``) and runs it (``TrtRunner``: device
-buffers, stream, shapes, output allocation). Ours around it: the fingerprint and plugin checks
-before anything is loaded (``EngineFromPath``), feeds of any batch size (a batch above the
-engine's profile is split, one below a static engine's is zero-padded and the padding dropped),
-one call at a time per runner (an execution context is not thread-safe), and CUDA graphs, which
-Polygraphy's runner does not do (``deploykit.backends.cuda_graphs``): with ``cuda_graph=True``
-the runner uses that executor instead, and ``cuda_graphs``/``cuda_graph_note`` say whether the
-engine allowed capture.
+buffers, stream, shapes, output allocation). Ours around it:
+
+* the device check before anything is loaded: no CUDA GPU, or one the flavour does not support
+  (TensorRT-RTX runs on a few compute capabilities only, ``deploykit.backends.devices``), is one
+  line naming the backend to use instead; then the fingerprint and plugin checks
+  (``EngineFromPath``), and for TensorRT-RTX its own verdict on the engine's header;
+* feeds of any batch size (a batch above the engine's profile is split, one below a static
+  engine's is zero-padded and the padding dropped), one call at a time per runner (an execution
+  context is not thread-safe);
+* CUDA graphs, which Polygraphy's runner does not do (``deploykit.backends.cuda_graphs``):
+  TensorRT-RTX captures them itself when its context is created for it; for TensorRT our
+  executor captures and replays (it needs a CUDA build of torch for its buffers; without one the
+  runner runs plainly and ``cuda_graph_note`` says why);
+* TensorRT's own messages: every call runs inside ``TrtMessages``, so an error TensorRT logs
+  becomes the one-line ``DeployKitError`` of a failed call and its warnings reach the log.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
 from deploykit.backends._polygraphy import FLAVOUR_NAMES, TrtMessages, backend, import_trt
 from deploykit.backends.base import Runner
-from deploykit.backends.cuda_graphs import CudaGraphExecutor, io_names
+from deploykit.backends.cuda_graphs import CudaGraphExecutor, io_names, rtx_graph_context
+from deploykit.backends.devices import Device, check_device, check_rtx_engine, probe_device
 from deploykit.backends.plugins import Plugins
-from deploykit.errors import DeployKitError
+from deploykit.errors import DeployKitError, one_line
 
 EngineSource = bytes | Callable[[], bytes]
 
@@ -38,42 +48,68 @@ class TrtRunner(Runner):
         engine: the serialized engine, or a callable returning it (``EngineFromPath`` checks the
             fingerprint and loads the engine's plugins first).
         module: ``"tensorrt"`` or ``"tensorrt_rtx"``.
-        cuda_graph: capture each input shape's execution into a CUDA graph and replay it, when
-            the engine allows it.
+        cuda_graph: replay each input shape's execution as a CUDA graph, when the engine allows it.
         device: CUDA device index.
+        device_info: what ``probe_device(device)`` reports; probed when None (tests pass one in).
     """
 
-    def __init__(self, engine: EngineSource, module: str = "tensorrt", cuda_graph: bool = False, device: int = 0):
+    def __init__(
+        self, engine: EngineSource, module: str = "tensorrt", cuda_graph: bool = False, device: int = 0, device_info: Device | None = None
+    ):
         super().__init__()
-        self.engine, self.module, self.cuda_graph, self.device = engine, module, cuda_graph, device
+        self.engine, self.module, self.cuda_graph, self.device, self.device_info = engine, module, cuda_graph, device, device_info
         self.name = {"tensorrt": "trt", "tensorrt_rtx": "rtx"}[module]
         self._state: dict[str, Any] = {}
         self._lock = threading.Lock()
 
     def _activate(self) -> None:
-        import torch
-
-        data = self.engine() if callable(self.engine) else self.engine  # a stale engine is refused first, GPU or not
-        if not torch.cuda.is_available():
-            raise DeployKitError(
-                f"the {self.name} runner needs a CUDA GPU and a CUDA build of torch (torch.cuda.is_available() is False); "
-                "on this machine use --backend ort"
-            )
-        engine = self._deserialize(data)
-        inputs = [n for n in io_names(engine) if engine.get_tensor_mode(n) == import_trt(self.module).TensorIOMode.INPUT]
+        check_device(self.module, self.device_info or probe_device(self.device))  # before anything is read or loaded
+        data = self.engine() if callable(self.engine) else self.engine
+        trt, pg = import_trt(self.module), backend(self.module)
+        runtime = trt.Runtime(pg.get_trt_logger())
+        if self.module == "tensorrt_rtx":
+            check_rtx_engine(runtime, data, f"the {self.name} engine")
+        with self._tensorrt("cannot deserialize the engine"):
+            engine = pg.EngineFromBytes(data, runtime=runtime)()
+        inputs = [n for n in io_names(engine) if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         lo, opt, hi = (tuple(s) for s in engine.get_tensor_profile_shape(inputs[0], 0))
-        executor = CudaGraphExecutor(engine, self.module, self.device) if self.cuda_graph else backend(self.module).TrtRunner(engine)
-        executor.activate()
+        executor, note = self._executor(engine, trt, pg)
+        with self._tensorrt("cannot create an execution context"):
+            executor.activate()
         self._state = dict(
-            engine=engine, executor=executor, inputs=inputs, batch_range=(lo[0], hi[0]), profiled_shapes=tuple(dict.fromkeys((lo, opt, hi)))
+            engine=engine,
+            executor=executor,
+            inputs=inputs,
+            batch_range=(lo[0], hi[0]),
+            profiled_shapes=tuple(dict.fromkeys((lo, opt, hi))),
+            note=note,
         )
 
-    def _deserialize(self, data: bytes) -> Any:
-        """The engine, by Polygraphy's ``EngineFromBytes`` (its plugins are loaded already)."""
-        pg = backend(self.module)
+    def _executor(self, engine: Any, trt: Any, pg: Any) -> tuple[Any, str]:
+        """What runs the engine, and why CUDA graphs are not used ("" when they are)."""
+        if not self.cuda_graph:
+            return pg.TrtRunner(engine), "not requested"
+        if self.module == "tensorrt_rtx":
+            with self._tensorrt("cannot create an execution context with CUDA graphs"):
+                return pg.TrtRunner(rtx_graph_context(engine, trt)), ""
+        import torch
+
+        if not torch.cuda.is_available():
+            return pg.TrtRunner(engine), "CUDA graphs need a CUDA build of torch for their buffers (torch.cuda.is_available() is False)"
+        return CudaGraphExecutor(engine, self.module, self.device), ""
+
+    @contextlib.contextmanager
+    def _tensorrt(self, what: str) -> Iterator[None]:
+        """A call into TensorRT: its errors become one ``DeployKitError`` line (``<runner>: what:
+        <TensorRT's errors>``), its warnings go to the log."""
         with TrtMessages(f"{FLAVOUR_NAMES[self.module]} runtime", _log) as messages:
-            with messages.failing_as(f"{self.name}: cannot deserialize the engine", DeployKitError):
-                return pg.EngineFromBytes(data)()
+            with messages.failing_as(f"{self.name}: {what}", DeployKitError):
+                try:
+                    yield
+                except DeployKitError as err:
+                    if not messages.errors:
+                        raise
+                    raise DeployKitError(one_line(f"{err}: {'; '.join(messages.errors)}")) from err
 
     def input_names(self) -> list[str]:
         return self._state.get("inputs") or super().input_names()
@@ -90,16 +126,18 @@ class TrtRunner(Runner):
     @property
     def cuda_graphs(self) -> bool:
         """Whether executions replay CUDA graphs (requested, and the engine allows it)."""
+        if not self.cuda_graph or self._state.get("note"):
+            return False
         executor = self._state.get("executor")
-        return isinstance(executor, CudaGraphExecutor) and executor.capturable is not False
+        return not isinstance(executor, CudaGraphExecutor) or executor.capturable is not False
 
     @property
     def cuda_graph_note(self) -> str:
         """Why CUDA graphs are not used ("" when they are)."""
-        if not self.cuda_graph:
-            return "not requested"
         executor = self._state.get("executor")
-        return executor.note if isinstance(executor, CudaGraphExecutor) else ""
+        if isinstance(executor, CudaGraphExecutor) and executor.note:
+            return executor.note
+        return self._state.get("note", "" if self.cuda_graph else "not requested")
 
     @property
     def batch_range(self) -> tuple[int, int]:
@@ -125,7 +163,8 @@ class TrtRunner(Runner):
         return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 
     def _run(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return dict(self._state["executor"].infer(feed))
+        with self._tensorrt("inference failed"):
+            return dict(self._state["executor"].infer(feed))
 
     def _deactivate(self) -> None:
         executor = self._state.get("executor")
@@ -139,15 +178,25 @@ def _host_dtype(array: np.ndarray) -> np.dtype:
     return np.dtype(np.float32) if array.dtype == np.float16 else array.dtype
 
 
-def engine_runner(onnx_path: str | os.PathLike, module: str, cuda_graph: bool = False, plugins: Plugins = Plugins()) -> TrtRunner:
-    """A runner for the engine ``deploykit build`` wrote beside ``onnx_path`` (fingerprint and
-    plugins checked, plugins loaded before the engine is deserialized)."""
-    from deploykit.backends.engine_cache import EngineFromPath
+def engine_runner(
+    onnx_path: str | os.PathLike, module: str, cuda_graph: bool = False, plugins: Plugins | None = None, device: Device | None = None
+) -> TrtRunner:
+    """A runner for the engine ``deploykit build`` wrote beside ``onnx_path`` (device, fingerprint
+    and plugins checked, plugins loaded before the engine is deserialized). ``plugins`` None: the
+    installed plugin packages the engine's fingerprint names (``EngineFromPath``).
 
-    return TrtRunner(EngineFromPath(onnx_path, module, plugins=plugins), module=module, cuda_graph=cuda_graph)
+    Raises:
+        DeployKitError: no engine was built for ``onnx_path`` (at once; the rest when activated).
+    """
+    from deploykit.backends.engine_cache import EngineFromPath, require_engine
+
+    require_engine(onnx_path, module)  # said first: whatever the machine, the engine is to be built
+    return TrtRunner(EngineFromPath(onnx_path, module, device, plugins), module=module, cuda_graph=cuda_graph, device_info=device)
 
 
-def debug_engine_runner(onnx_path: str | os.PathLike, marked: bytes, module: str, plugins: Plugins = Plugins()) -> TrtRunner:
+def debug_engine_runner(
+    onnx_path: str | os.PathLike, marked: bytes, module: str, plugins: Plugins | None = None, device: Device | None = None
+) -> TrtRunner:
     """A runner for a debug engine: built from ``marked`` (the graph at ``onnx_path`` with more
     outputs marked, as ``polygraphy run --trt-outputs mark`` does) with the build settings and
     profile recorded for the engine beside ``onnx_path``, so it has the same precision and shapes.
@@ -159,13 +208,15 @@ def debug_engine_runner(onnx_path: str | os.PathLike, marked: bytes, module: str
     from deploykit.backends.tensorrt import BuildOptions, EngineFromOnnx
 
     def build() -> bytes:
-        EngineFromPath(onnx_path, module, plugins=plugins)()  # refuses a stale engine; loads the plugins
-        stored, _, _ = read_fingerprint(engine_paths(onnx_path, module)[1])
+        source = EngineFromPath(onnx_path, module, device, plugins)
+        source()  # refuses a stale engine; loads the plugins
+        stored = read_fingerprint(engine_paths(onnx_path, module)[1]).fingerprint
         (shapes,) = stored.shapes.values()  # [min, opt, max] of the one input
         samples = tuple(tuple(s[1:]) for s in shapes)
+        libraries = plugins.libraries if plugins is not None else ()
         options = BuildOptions(
-            module=module, **stored.build, plugin_libraries=plugins.libraries, sample_shapes=samples if len(set(samples)) > 1 else None
+            module=module, **stored.build, plugin_libraries=libraries, sample_shapes=samples if len(set(samples)) > 1 else None
         )
         return EngineFromOnnx(marked, options)()
 
-    return TrtRunner(build, module=module)
+    return TrtRunner(build, module=module, device_info=device)

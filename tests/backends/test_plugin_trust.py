@@ -88,7 +88,8 @@ def test_a_fingerprint_naming_a_plugin_directory_is_refused_and_nothing_imported
     with pytest.raises(SystemExit) as exit_info:
         main(["-q", "validate", str(out), "--backend", "rtx", "--num-random", "1", "--num-real", "0"])  # -q: no step lines
     stderr = capsys.readouterr().err.strip()
-    assert exit_info.value.code == 1 and stderr.startswith("error: ") and "--plugins" in stderr and "\n" not in stderr
+    # Without a GPU the runner refuses on the device, before reading the fingerprint's plugins.
+    assert exit_info.value.code == 1 and stderr.startswith("error: the rtx runner needs a CUDA GPU") and "\n" not in stderr
     assert not marker.exists() and not [m for m in sys.modules if root.name in m]
 
 
@@ -135,21 +136,22 @@ def test_the_runner_refuses_plugins_other_than_the_build_s(built, tmp_path):
 def test_plugin_library_recorded_by_build_is_loaded_before_the_engine_deserializes(built, tmp_path, monkeypatch):
     """build records the library (by hash) → the runner, given the same library (here a copy at
     another path, so its loading shows), loads it before deserializing."""
-    from deploykit.backends.trt_runner import TrtRunner, engine_runner
+    from deploykit.backends import trt_runner
+    from deploykit.backends.devices import Device
     from deploykit.build import build
 
     out = shutil.copytree(built, tmp_path / "exp")
     build(out, "rtx", optimization_level=0, plugins=Plugins.resolve([_stand_in_library(tmp_path / "built_with")]), rebuild=True)
     copy = _stand_in_library(tmp_path / "run_with")
-    runner = engine_runner(out / "model_32.onnx", "tensorrt_rtx", plugins=Plugins.resolve([copy]))
+    gpu = Device("12.8", "570.1", "NVIDIA RTX 4090", "8.9")  # past the device check, as on a GPU machine
+    runner = trt_runner.engine_runner(out / "model_32.onnx", "tensorrt_rtx", plugins=Plugins.resolve([copy]), device=gpu)
     seen = {}
 
-    def deserialize(self, data):  # stands in for TensorRT's deserialization, which needs a GPU
+    def check_rtx_engine(runtime, data, what):  # the first step on the engine's bytes, after the plugins load
         seen.update(mapped=_mapped(copy), engine=data)
         raise RuntimeError("stand-in stops here")
 
-    monkeypatch.setattr(TrtRunner, "_deserialize", deserialize)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(trt_runner, "check_rtx_engine", check_rtx_engine)
     assert not _mapped(copy)
     with pytest.raises(RuntimeError, match="stand-in"):
         runner.activate()

@@ -3,6 +3,7 @@ CPU, so CI checks that every registered encoding's graph builds, in the fp32, fp
 plans, that ONNX Runtime-only plans are refused, and that the engine cache reuses, refuses and
 rebuilds as documented."""
 
+import dataclasses
 import json
 import shutil
 
@@ -12,7 +13,8 @@ pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed (pip inst
 
 import torch
 
-from deploykit.backends.engine_cache import Device, EngineFromPath, engine_paths
+from deploykit.backends.devices import Device
+from deploykit.backends.engine_cache import EngineFromPath, engine_paths
 from deploykit.build import build
 from deploykit.encodings import list_encodings
 from deploykit.errors import DeployKitError, StaleEngineError
@@ -115,11 +117,30 @@ def test_doctored_fingerprint_is_refused(ape_copy):
     assert engine.is_file()
 
 
-def test_environment_mismatch_is_refused(ape_copy):
+def test_rtx_engines_are_portable_and_tensorrt_engines_are_not(ape_copy):
+    """TensorRT-RTX builds for every supported GPU, on a CPU too: its fingerprint records nothing
+    of the build machine's device, so an engine built here loads on a GPU machine (whether it runs
+    there is TensorRT-RTX's own verdict from the header). A TensorRT engine is for its GPU, driver
+    and CUDA: any difference is refused, naming the fields."""
+    from deploykit.backends.engine_cache import current_fingerprint, graph_metadata
+    from deploykit.backends.tensorrt import BuildOptions
+
     src = ape_copy
-    # Built on a machine without a driver; loading where one exists names the driver fields.
-    with pytest.raises(StaleEngineError, match=r"cuda_driver \(built null, now 13.0\); driver \(built null, now 580.65\)"):
-        EngineFromPath(src / "model_96x64.onnx", "tensorrt_rtx", device=Device("13.0", "580.65", "NVIDIA RTX 4090", "8.9"))()
+    gpu = Device("13.0", "580.65", "NVIDIA RTX 4090", "8.9")
+    engine = EngineFromPath(src / "model_96x64.onnx", "tensorrt_rtx", device=gpu)()
+    assert engine == (src / "model_96x64.rtx.engine").read_bytes()
+    onnx_path = src / "model_96x64.onnx"
+    shapes = {"images": [[1, 3, 96, 64]] * 3}
+    built = current_fingerprint(onnx_path, graph_metadata(onnx_path), shapes, BuildOptions(module="tensorrt_rtx"), device=Device())
+    now = current_fingerprint(onnx_path, graph_metadata(onnx_path), shapes, BuildOptions(module="tensorrt_rtx"), device=gpu)
+    assert built == now and built.gpu is None and built.cuda_driver is None
+    tensorrt = dict(trt_version="11.4.0", module="tensorrt")
+    on_l4 = dataclasses.replace(built, **tensorrt, cuda_driver="12.8", driver="570.1", gpu="NVIDIA L4", compute_capability="8.9")
+    on_h100 = dataclasses.replace(on_l4, gpu="NVIDIA H100", compute_capability="9.0", driver="580.65")
+    assert (
+        on_l4.explain(on_h100)
+        == "driver (built 570.1, now 580.65); gpu (built NVIDIA L4, now NVIDIA H100); compute_capability (built 8.9, now 9.0)"
+    )
 
 
 def test_changed_engine_or_missing_fingerprint_is_refused(ape_copy):

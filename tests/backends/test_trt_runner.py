@@ -113,18 +113,30 @@ def test_validate_rtx_without_gpu_is_one_line_error(rtx_dir):
     assert "\n" not in str(err.value)
 
 
-def test_validate_checks_the_fingerprint_before_the_gpu(rtx_dir, tmp_path):
+def test_engine_runners_say_what_is_missing_in_order(rtx_dir, tmp_path, monkeypatch):
+    """An engine not built is said first (on any machine it has to be built); then the device,
+    before anything is read or loaded; then a stale fingerprint."""
     import shutil
+
+    from deploykit.backends import trt_runner
+    from deploykit.backends.devices import Device
 
     out = shutil.copytree(rtx_dir, tmp_path / "x")
     fp_path = out / "model_32.rtx.json"
     record = json.loads(fp_path.read_text())
     record["fingerprint"]["encoding"] = json.dumps({"name": "ape"})
     fp_path.write_text(json.dumps(record))
+    with pytest.raises(DeployKitError, match="no trt engine for model_32.onnx; run: deploykit build"):
+        validate(out, backends=["trt"], num_random=1, num_real=1)
+    monkeypatch.setattr(trt_runner, "probe_device", lambda index=0: Device())  # no GPU
+    with pytest.raises(DeployKitError, match=r"^the rtx runner needs a CUDA GPU"):
+        validate(out, backends=["rtx"], num_random=1, num_real=1)
+    monkeypatch.setattr(trt_runner, "probe_device", lambda index=0: Device("12.8", "570.1", "NVIDIA A100", "8.0"))
+    with pytest.raises(DeployKitError, match=r"^NVIDIA A100 \(compute capability 8.0\) is not supported by rtx .*use --backend trt$"):
+        validate(out, backends=["rtx"], num_random=1, num_real=1)
+    monkeypatch.setattr(trt_runner, "probe_device", lambda index=0: Device("12.8", "570.1", "NVIDIA RTX 4090", "8.9"))
     with pytest.raises(DeployKitError, match=r"model_32.rtx.engine does not match: encoding \(built"):
         validate(out, backends=["rtx"], num_random=1, num_real=1)
-    with pytest.raises(DeployKitError, match="no trt engine for model_32.onnx|tensorrt is not available"):
-        validate(out, backends=["trt"], num_random=1, num_real=1)
 
 
 @needs_gpu

@@ -129,8 +129,7 @@ def test_rtx_builds_the_range_with_its_profile(exported):
     _, out, _ = exported
     (result,) = build(out, "rtx", resolutions=None, precisions=["fp32"], optimization_level=0, dynamic=True, batch=2, max_batch=4)[1:]
     assert result.graph == "model_64-128.onnx" and result.engine.is_file()
-    fingerprint, _, _ = read_fingerprint(result.fingerprint)
-    assert fingerprint.shapes == {"images": [[1, 3, 64, 64], [2, 3, 96, 96], [4, 3, 128, 128]]}
+    assert read_fingerprint(result.fingerprint).fingerprint.shapes == {"images": [[1, 3, 64, 64], [2, 3, 96, 96], [4, 3, 128, 128]]}
 
 
 def test_cli_exports_a_range(tmp_path, capsys):

@@ -1,0 +1,127 @@
+"""Which GPUs each engine backend runs on, and the check that refuses any other before anything
+is loaded.
+
+The CUDA driver is asked directly (``libcuda`` through ``ctypes``: what CUDA sees, so
+``CUDA_VISIBLE_DEVICES`` holds) and NVML for the driver's version, so neither a CUDA toolkit nor
+a CUDA build of torch is needed to know what the machine has.
+
+Support, from NVIDIA's support matrices (checked against what the runtime says where it can):
+
+=================  ======================================================  ===================
+backend            compute capabilities                                    e.g.
+=================  ======================================================  ===================
+``trt``            7.5 and newer (TensorRT 10 and 11)                      T4, A100, L4, H100,
+                                                                           B200, RTX 20-50xx
+``rtx``            7.5, 8.6, 8.9, 12.0, 12.1 only (TensorRT-RTX 1.x)       RTX 20/30/40/50xx,
+                                                                           RTX PRO, GB10
+``ort-cuda``       what the installed onnxruntime-gpu's CUDA build runs    any CUDA GPU
+=================  ======================================================  ===================
+
+TensorRT-RTX is built for consumer and workstation GPUs: a data-centre GPU (A100 8.0, H100/H200
+9.0, B200 10.0) is refused with a pointer to ``trt``. TensorRT-RTX also answers, from an
+engine's header alone, whether that engine is valid on this system
+(``IRuntime.get_engine_validity``); ``check_rtx_engine`` asks it before deserializing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+from deploykit._nvml import driver_version
+from deploykit.errors import DeployKitError
+
+# Engine flavour -> the compute capabilities it runs on: a set, or ("min", lowest).
+SUPPORTED_COMPUTE = {
+    "tensorrt": ("min", (7, 5)),
+    # TensorRT-RTX support matrix 1.0-1.5: 7.5, 8.6, 8.9, 12.0; 12.1 (GB10) from 1.5.
+    "tensorrt_rtx": ("set", {(7, 5), (8, 6), (8, 9), (12, 0), (12, 1)}),
+}
+INSTEAD = {"tensorrt": "ort-cuda", "tensorrt_rtx": "trt"}  # the backend named when a GPU is refused
+TAGS = {"tensorrt": "trt", "tensorrt_rtx": "rtx"}
+
+# IRuntime.get_engine_validity's diagnostics bits (TensorRT-RTX's EngineInvalidityDiagnostics, in
+# its declaration order; a malformed file answers 32, checked in tests).
+_INVALIDITY = {
+    1: "TensorRT-RTX version mismatch",
+    2: "unsupported compute capability",
+    4: "CUDA driver too old",
+    8: "CUDA runtime too old",
+    16: "insufficient GPU memory",
+    32: "malformed engine data",
+    64: "CUDA error",
+}
+
+
+@dataclass(frozen=True)
+class Device:
+    """What the CUDA driver reports; every field None on a machine without one."""
+
+    cuda_driver: str | None = None
+    driver: str | None = None
+    gpu: str | None = None
+    compute_capability: str | None = None
+
+
+def probe_device(ordinal: int = 0) -> Device:
+    """Ask the CUDA driver for device ``ordinal`` (``Device()`` without a driver or a GPU)."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return Device()
+    version, dev, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    name = ctypes.create_string_buffer(256)
+    if cuda.cuInit(0) != 0 or cuda.cuDriverGetVersion(ctypes.byref(version)) != 0:
+        return Device()
+    cuda_driver = f"{version.value // 1000}.{version.value % 1000 // 10}"
+    if cuda.cuDeviceGet(ctypes.byref(dev), ordinal) != 0 or cuda.cuDeviceGetName(name, len(name), dev) != 0:
+        return Device(cuda_driver=cuda_driver, driver=driver_version())
+    # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR / _MINOR
+    cuda.cuDeviceGetAttribute(ctypes.byref(major), 75, dev)
+    cuda.cuDeviceGetAttribute(ctypes.byref(minor), 76, dev)
+    return Device(cuda_driver, driver_version(), name.value.decode(), f"{major.value}.{minor.value}")
+
+
+def supports(module: str, compute_capability: str) -> bool:
+    """Whether engine flavour ``module`` runs on a GPU of ``compute_capability`` (``"8.9"``)."""
+    cc = tuple(int(p) for p in compute_capability.split("."))
+    kind, value = SUPPORTED_COMPUTE[module]
+    return cc >= value if kind == "min" else cc in value
+
+
+def check_device(module: str, device: Device) -> None:
+    """Refuse, in one line naming what to use instead, a machine whose GPU ``module`` does not run on.
+
+    Raises:
+        DeployKitError: no CUDA GPU, or one of a compute capability ``module`` does not support.
+    """
+    tag, instead = TAGS[module], INSTEAD[module]
+    if device.compute_capability is None:
+        raise DeployKitError(f"the {tag} runner needs a CUDA GPU (the CUDA driver reports none here); on this machine use --backend ort")
+    if not supports(module, device.compute_capability):
+        raise DeployKitError(
+            f"{device.gpu} (compute capability {device.compute_capability}) is not supported by {tag} ({supported_text(module)}); "
+            f"use --backend {instead}"
+        )
+
+
+def supported_text(module: str) -> str:
+    kind, value = SUPPORTED_COMPUTE[module]
+    if kind == "min":
+        return f"compute capability {'.'.join(map(str, value))} and newer"
+    return "compute capabilities " + ", ".join(".".join(map(str, cc)) for cc in sorted(value))
+
+
+def check_rtx_engine(runtime, data: bytes, what: str) -> None:
+    """Ask TensorRT-RTX whether the engine ``data`` is valid on this system, from its header.
+
+    Raises:
+        DeployKitError: TensorRT-RTX says it is not, naming its reasons and the fix (rebuild).
+    """
+    validity, diagnostics = runtime.get_engine_validity(data)
+    if validity.name != "INVALID":
+        return
+    reasons = [text for bit, text in _INVALIDITY.items() if diagnostics & bit] or [f"diagnostics {diagnostics:#x}"]
+    raise DeployKitError(
+        f"{what} is not valid on this system according to TensorRT-RTX ({', '.join(reasons)}); rebuild it here with deploykit build --backend rtx --rebuild"
+    )

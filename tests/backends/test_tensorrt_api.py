@@ -1,0 +1,302 @@
+"""The engine path held to TensorRT's real API on a machine without a GPU.
+
+Every TensorRT object here is an autospec of the real class (``tests.trt_api.strict_autospec``:
+attributes and call signatures are the class's own): TensorRT 11's runtime from ``tensorrt_lean``
+(the same runtime classes as full TensorRT), TensorRT-RTX's from ``tensorrt_rtx``. What needs a
+GPU is replaced by ``HostDevice`` below (torch.cuda's buffers, streams and graph capture,
+emulated on the CPU), never TensorRT.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from unittest import mock
+
+import numpy as np
+import pytest
+import torch
+
+from deploykit.backends import cuda_graphs
+from deploykit.backends.cuda_graphs import CAPTURE_REFUSED, CudaGraphExecutor, rtx_graph_context
+from deploykit.errors import DeployKitError
+from tests.trt_api import strict_autospec
+
+lean = pytest.importorskip("tensorrt_lean", reason="tensorrt-lean-cu13 is in the test extra (TensorRT 11's runtime classes)")
+rtx = pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx is in the test extra")
+
+
+class _Stream:
+    cuda_stream = 7
+
+    def synchronize(self):
+        pass
+
+
+class _Graph:
+    """What a CUDA graph holds: the work enqueued while it was captured, replayed as recorded."""
+
+    def __init__(self):
+        self.work = []
+
+    def replay(self):
+        for step in self.work:
+            step()
+
+
+class HostDevice:
+    """``TorchCudaDevice``'s four methods on the CPU. Work enqueued while capturing is recorded
+    into the graph instead of running, as CUDA stream capture does."""
+
+    def __init__(self):
+        self.tensors, self.capturing, self.captures = {}, None, 0
+
+    def stream(self):
+        return _Stream()
+
+    def empty(self, shape, dtype):
+        tensor = torch.zeros(shape, dtype=getattr(torch, dtype))
+        self.tensors[tensor.data_ptr()] = tensor
+        return tensor
+
+    @contextlib.contextmanager
+    def capture(self, stream):
+        self.capturing, self.captures = _Graph(), self.captures + 1
+        try:
+            yield self.capturing
+        finally:
+            self.capturing = None
+
+    def run_on(self, stream):
+        return contextlib.nullcontext()
+
+
+def _lean_engine(device, fail_capture=False):
+    """A TensorRT engine (``images`` [B, 3] -> ``logits`` = 2·images) and the context it creates,
+    both autospecs of tensorrt_lean's classes; ``execute_async_v3`` does its work on the tensors
+    bound by address, or records it while ``device`` captures."""
+    names = ["images", "logits"]
+    engine = strict_autospec(lean.ICudaEngine, num_io_tensors=2)
+    context = strict_autospec(lean.IExecutionContext)
+    engine.create_execution_context.return_value = context
+    engine.get_tensor_name.side_effect = names.__getitem__
+    engine.get_tensor_mode.side_effect = lambda n: lean.TensorIOMode.INPUT if n == "images" else lean.TensorIOMode.OUTPUT
+    engine.get_tensor_dtype.return_value = lean.DataType.FLOAT
+    engine.get_tensor_shape.side_effect = lambda n: (-1, 3)
+    shapes, addresses = {}, {}
+    context.set_input_shape.side_effect = lambda name, shape: shapes.__setitem__(name, tuple(shape)) or True
+    context.get_tensor_shape.side_effect = lambda name: shapes["images"]
+    context.set_tensor_address.side_effect = lambda name, ptr: addresses.__setitem__(name, ptr) or True
+
+    def execute(stream):
+        source, target = device.tensors[addresses["images"]], device.tensors[addresses["logits"]]
+
+        def work():
+            target.copy_(source * 2)
+
+        if device.capturing is not None:
+            if fail_capture:
+                return False  # TensorRT could not enqueue: the graph holds nothing of it
+            device.capturing.work.append(work)
+            return True
+        work()
+        return True
+
+    context.execute_async_v3.side_effect = execute
+    return engine, context
+
+
+@pytest.fixture
+def tensorrt(monkeypatch):
+    """``import_trt("tensorrt")`` answers TensorRT 11's lean runtime (full TensorRT does not install here)."""
+    monkeypatch.setattr(cuda_graphs, "import_trt", lambda module: lean)
+
+
+def test_cuda_graphs_on_tensorrt_call_only_what_tensorrt_has(tensorrt):
+    """Defect 1: ``is_stream_capturable`` exists on TensorRT-RTX only; TensorRT's context has no
+    such attribute, so every profile with CUDA graphs (the default) ended in AttributeError."""
+    assert not hasattr(lean.IExecutionContext, "is_stream_capturable") and hasattr(rtx.IExecutionContext, "is_stream_capturable")
+    device = HostDevice()
+    engine, context = _lean_engine(device)
+    executor = CudaGraphExecutor(engine, "tensorrt", device)
+    executor.activate()
+    rng = np.random.default_rng(0)
+    for shape in [(2, 3), (4, 3), (2, 3), (4, 3), (2, 3)]:  # alternating: each replay must use its own shape's buffers
+        images = rng.standard_normal(shape).astype(np.float32)
+        np.testing.assert_array_equal(executor.infer({"images": images})["logits"], images * 2)
+    assert executor.capturable is True and executor.note == "" and set(executor.graphs) == {(2, 3), (4, 3)}
+    assert device.captures == 2  # one capture per shape, replayed after
+    assert context.execute_async_v3.call_count == 4  # per shape: one plain run, one enqueue into the graph
+
+
+def test_a_capture_whose_enqueue_failed_is_never_replayed(tensorrt):
+    """Defect 4: ``execute_async_v3``'s result inside the capture was ignored, so a failed enqueue
+    left an empty graph, replayed with the previous call's outputs at that shape."""
+    device = HostDevice()
+    engine, _ = _lean_engine(device, fail_capture=True)
+    executor = CudaGraphExecutor(engine, "tensorrt", device)
+    executor.activate()
+    first, second = np.ones((2, 3), np.float32), np.full((2, 3), 5, np.float32)
+    np.testing.assert_array_equal(executor.infer({"images": first})["logits"], first * 2)
+    np.testing.assert_array_equal(executor.infer({"images": second})["logits"], second * 2)  # not the stale 2s
+    assert executor.graphs == {} and executor.capturable is False and executor.note == CAPTURE_REFUSED
+    assert device.captures == 1  # not tried again
+
+
+def test_a_capture_cuda_refuses_runs_without_graphs(tensorrt):
+    device = HostDevice()
+
+    @contextlib.contextmanager
+    def refused(stream):
+        yield _Graph()
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    device.capture = refused
+    engine, _ = _lean_engine(device)
+    executor = CudaGraphExecutor(engine, "tensorrt", device)
+    executor.activate()
+    images = np.ones((2, 3), np.float32)
+    np.testing.assert_array_equal(executor.infer({"images": images})["logits"], images * 2)
+    assert executor.capturable is False and executor.note.startswith("CUDA graph capture failed: operation not permitted")
+
+
+def test_a_failed_plain_execution_is_an_error_not_stale_outputs(tensorrt):
+    device = HostDevice()
+    engine, context = _lean_engine(device)
+    context.execute_async_v3.side_effect = lambda stream: False
+    executor = CudaGraphExecutor(engine, "tensorrt", device)
+    executor.activate()
+    with pytest.raises(DeployKitError, match=r"execute_async_v3 failed at input shape \[2, 3\]"):
+        executor.infer({"images": np.ones((2, 3), np.float32)})
+
+
+def test_tensorrt_rtx_captures_graphs_through_its_runtime_config():
+    """Defect 4, RTX: TensorRT-RTX compiles kernels per shape lazily; it captures graphs itself
+    when its context is created with WHOLE_GRAPH_CAPTURE, not ours."""
+    engine = strict_autospec(rtx.ICudaEngine)
+    config = strict_autospec(rtx.IRuntimeConfig)
+    context = strict_autospec(rtx.IExecutionContext)
+    engine.create_runtime_config.return_value = config
+    engine.create_execution_context.return_value = context
+    assert rtx_graph_context(engine, rtx) is context
+    assert config.cuda_graph_strategy == rtx.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE
+    engine.create_execution_context.assert_called_once_with(config)
+    context.execute_async_v3.assert_not_called()  # nothing captured by us
+    engine.create_execution_context.return_value = None
+    with pytest.raises(DeployKitError, match="could not create an execution context with CUDA graphs"):
+        rtx_graph_context(engine, rtx)
+
+
+@pytest.fixture
+def rtx_runner(monkeypatch):
+    """A TensorRT-RTX ``TrtRunner`` on an RTX 4090 whose engine deserializes to an autospec of
+    TensorRT-RTX's engine; Polygraphy's ``TrtRunner`` (it needs CUDA to allocate) is the real
+    class, autospecced."""
+    from deploykit.backends import trt_runner
+    from deploykit.backends._polygraphy import backend
+    from deploykit.backends.devices import Device
+
+    pg = backend("tensorrt_rtx")  # binds Polygraphy to TensorRT-RTX before anything imports polygraphy.backend.trt
+    PolygraphyRunner = pg.TrtRunner
+    engine = strict_autospec(rtx.ICudaEngine, num_io_tensors=2)
+    engine.get_tensor_name.side_effect = ["images", "logits"].__getitem__
+    engine.get_tensor_mode.side_effect = lambda n: rtx.TensorIOMode.INPUT if n == "images" else rtx.TensorIOMode.OUTPUT
+    engine.get_tensor_profile_shape.return_value = [(1, 3, 32, 32), (4, 3, 32, 32), (8, 3, 32, 32)]
+    engine.create_runtime_config.return_value = strict_autospec(rtx.IRuntimeConfig)
+    engine.create_execution_context.return_value = strict_autospec(rtx.IExecutionContext)
+    made = []
+
+    def polygraphy_runner(engine_or_context, *args, **kwargs):
+        runner = mock.create_autospec(PolygraphyRunner, instance=True)
+        runner.is_active = False
+        made.append((engine_or_context, runner))
+        return runner
+
+    monkeypatch.setattr(pg, "EngineFromBytes", lambda data, runtime=None: lambda: engine)
+    monkeypatch.setattr(pg, "TrtRunner", polygraphy_runner)
+    monkeypatch.setattr(trt_runner, "check_rtx_engine", lambda runtime, data, what: None)
+    gpu = Device("12.8", "570.1", "NVIDIA RTX 4090", "8.9")
+    return lambda cuda_graph: trt_runner.TrtRunner(b"engine", "tensorrt_rtx", cuda_graph=cuda_graph, device_info=gpu), engine, made
+
+
+def test_rtx_runner_with_cuda_graphs_hands_polygraphy_the_graph_capturing_context(rtx_runner):
+    make, engine, made = rtx_runner
+    with make(cuda_graph=True) as runner:
+        ((given, polygraphy),) = made
+        assert given is engine.create_execution_context.return_value  # the WHOLE_GRAPH_CAPTURE context
+        assert engine.create_runtime_config.return_value.cuda_graph_strategy == rtx.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE
+        assert runner.cuda_graphs and runner.cuda_graph_note == "" and runner.batch_range == (1, 8)
+        polygraphy.activate.assert_called_once_with()
+    with make(cuda_graph=False) as runner:
+        assert made[-1][0] is engine and not runner.cuda_graphs and runner.cuda_graph_note == "not requested"
+
+
+def test_tensorrt_errors_reach_the_user_as_one_line(rtx_runner, caplog):
+    """Defect 8: TensorRT's run-time messages went nowhere (Polygraphy's logger does not
+    propagate) and a PolygraphyException from inference surfaced as a traceback."""
+    from polygraphy.logger import G_LOGGER
+
+    from deploykit.backends._polygraphy import backend
+
+    make, _, made = rtx_runner
+    trt_logger = backend("tensorrt_rtx").get_trt_logger()  # the logger TensorRT's runtime writes to
+
+    def failing_infer(feed):
+        trt_logger.log(rtx.ILogger.Severity.WARNING, "[executionContext.cpp::setTensorAddress] tensor is misaligned")
+        trt_logger.log(rtx.ILogger.Severity.ERROR, "[executionContext.cpp::enqueueV3] Error Code 1: Cuda Runtime (out of memory)")
+        G_LOGGER.critical("`execute_async_v3()` failed. Please see the logging output above for details.")  # raises, as Polygraphy does
+
+    with make(cuda_graph=False) as runner:
+        made[-1][1].infer.side_effect = failing_infer
+        with caplog.at_level(logging.WARNING, logger="deploykit"):
+            with pytest.raises(DeployKitError) as err:
+                runner.infer({"images": np.zeros((2, 3, 32, 32), np.float32)})
+    assert str(err.value).startswith("rtx: inference failed: ") and "Cuda Runtime (out of memory)" in str(err.value)
+    assert "\n" not in str(err.value)
+    assert any("tensor is misaligned" in r.getMessage() for r in caplog.records)  # warnings reach the log
+
+
+def test_devices_each_engine_backend_supports():
+    """Defect 6: TensorRT-RTX runs on 7.5, 8.6, 8.9, 12.0 (and 12.1): not on A100/H100/H200/B200."""
+    from deploykit.backends.devices import Device, check_device, supports
+
+    assert [cc for cc in ("7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "12.0") if supports("tensorrt_rtx", cc)] == [
+        "7.5",
+        "8.6",
+        "8.9",
+        "12.0",
+    ]
+    assert [cc for cc in ("7.0", "7.5", "8.0", "9.0", "10.0", "12.0") if supports("tensorrt", cc)] == ["7.5", "8.0", "9.0", "10.0", "12.0"]
+    check_device("tensorrt_rtx", Device("12.8", "570.1", "NVIDIA GeForce RTX 4090", "8.9"))
+    with pytest.raises(
+        DeployKitError, match=r"^NVIDIA H100 80GB HBM3 \(compute capability 9.0\) is not supported by rtx .*use --backend trt$"
+    ):
+        check_device("tensorrt_rtx", Device("12.8", "570.1", "NVIDIA H100 80GB HBM3", "9.0"))
+    with pytest.raises(
+        DeployKitError, match=r"^Tesla V100.* is not supported by trt \(compute capability 7.5 and newer\); use --backend ort-cuda$"
+    ):
+        check_device("tensorrt", Device("12.2", "535.1", "Tesla V100-SXM2-16GB", "7.0"))
+    with pytest.raises(DeployKitError, match=r"^the trt runner needs a CUDA GPU .*use --backend ort$"):
+        check_device("tensorrt", Device())
+
+
+def test_the_device_is_refused_before_the_engine_is_read(monkeypatch):
+    from deploykit.backends.devices import Device
+    from deploykit.backends.trt_runner import TrtRunner
+
+    def never():
+        raise AssertionError("the engine was read (and its plugins loaded) on a device that cannot run it")
+
+    runner = TrtRunner(never, "tensorrt_rtx", device_info=Device("12.8", "570.1", "NVIDIA A100-SXM4-80GB", "8.0"))
+    with pytest.raises(DeployKitError, match="is not supported by rtx"):
+        runner.activate()
+
+
+def test_tensorrt_rtx_judges_an_engine_from_its_header():
+    from deploykit.backends.devices import check_rtx_engine
+
+    runtime = rtx.Runtime(rtx.Logger(rtx.Logger.Severity.ERROR))
+    with pytest.raises(
+        DeployKitError, match=r"^the rtx engine is not valid on this system according to TensorRT-RTX \(malformed engine data\); rebuild"
+    ):
+        check_rtx_engine(runtime, b"not an engine" * 64, "the rtx engine")
