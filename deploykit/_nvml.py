@@ -35,6 +35,15 @@ def driver_version() -> str | None:
         return _text(pynvml.nvmlSystemGetDriverVersion()) if ok else None
 
 
+def cuda_driver_version() -> str | None:
+    """The newest CUDA version the driver supports (``"12.4"``), None without a driver."""
+    with _session() as ok:
+        if not ok:
+            return None
+        version = pynvml.nvmlSystemGetCudaDriverVersion_v2()
+    return f"{version // 1000}.{version % 1000 // 10}"
+
+
 def clocks(index: int = 0) -> dict[str, str] | None:
     """The GPU's current SM clock, its maximum and the memory clock (``"1410 MHz"``), None
     without a driver or that GPU (``index`` in NVML's order, as ``nvidia-smi -i`` counts)."""

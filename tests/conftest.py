@@ -42,3 +42,18 @@ def good_export(tmp_path_factory, ckpt_dir):
     except SystemExit as exit_:
         assert exit_.code in (0, None), f"export of the small model failed with {exit_.code}"
     return out
+
+
+@pytest.fixture(scope="session")
+def sape2_export(tmp_path_factory):
+    """A two-block SaPE² ViT at 32x32 exported once: ``model_32.onnx`` holds two
+    ``deploykit::SaPE2Bias`` nodes and their model-local function (shared; copy before modifying)."""
+    import torch
+
+    from deploykit.export import export
+    from deploykit.nn import create_model
+
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("sape2") / "exp"
+    export(create_model("vit_tiny_patch16", encoding="sape2", depth=2, img_size=32, num_classes=10), [(32, 32)], out)
+    return out

@@ -35,6 +35,10 @@ from deploykit.errors import ExportError, StaleEngineError, one_line
 ENTRY_POINT_GROUP = "deploykit.plugins"
 LIBRARY_SUFFIXES = (".so", ".dll", ".dylib")
 _MAX_NAMES = 3  # sources named in a one-line refusal
+# Compilers whose version changes what a Python plugin builds into an engine (the PTX Triton
+# writes: its parameter list and PTX version changed between releases), folded into the hash of
+# every Python plugin without importing anything.
+TOOLCHAINS = ("triton",)
 
 
 @dataclass(frozen=True)
@@ -46,14 +50,17 @@ class PluginSource:
             ``"library"`` (shared library).
         path: the directory, the package's directory, or the library file.
         module: the importable module of an installed package; None otherwise.
+        name: the entry-point name of an installed package (``sape2``); None otherwise.
     """
 
     kind: str
     path: Path
     module: str | None = None
+    name: str | None = None
 
     def sha256(self) -> str:
-        """Hash of the library's bytes, or of every file (relative path and bytes) under the directory."""
+        """Hash of the library's bytes, or of every file (relative path and bytes) under the
+        directory and the versions of the ``TOOLCHAINS`` that compile Python plugins' kernels."""
         digest = hashlib.sha256(f"{self.kind}:{self.path.name}\n".encode())
         files = (
             [self.path]
@@ -63,6 +70,8 @@ class PluginSource:
         for path in files:
             digest.update(f"{path.relative_to(self.path.parent).as_posix()}\n".encode())
             digest.update(hashlib.sha256(path.read_bytes()).digest())
+        if self.kind != "library":
+            digest.update(toolchain_versions().encode())
         return digest.hexdigest()
 
     def describe(self) -> str:
@@ -94,6 +103,12 @@ class Plugins:
     @property
     def python(self) -> tuple[PluginSource, ...]:
         return tuple(s for s in self.sources if s.kind != "library")
+
+    @property
+    def installed(self) -> tuple[str, ...]:
+        """Entry-point names of the installed plugin packages (what a fingerprint may name for
+        loading again: installed code, checked by hash)."""
+        return tuple(s.name for s in self.sources if s.kind == "package")
 
     def without_python(self) -> Plugins:
         """Only the shared libraries (TensorRT-RTX has no Python plugins)."""
@@ -148,9 +163,23 @@ def _resolve_one(spec: str) -> PluginSource:
         )
     installed = {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
     if spec in installed:
-        return PluginSource("package", _package_dir(spec, installed[spec]), installed[spec])
+        return PluginSource("package", _package_dir(spec, installed[spec]), installed[spec], spec)
     names = ", ".join(sorted(installed)) or "none"
     raise ExportError(f"plugin {spec} is not a directory, a shared library or an installed plugin (installed: {names})")
+
+
+def toolchain_versions() -> str:
+    """``"triton==3.6.0"``-style versions of ``TOOLCHAINS`` (``absent`` when not installed), read
+    from installed metadata without importing them."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def one(dist: str) -> str:
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            return "absent"
+
+    return ";".join(f"{dist}=={one(dist)}" for dist in TOOLCHAINS)
 
 
 def _package_dir(name: str, module: str) -> Path:
@@ -172,13 +201,16 @@ def _refuse_installed_directory(path: Path) -> None:
 
 
 def _import_package(source: PluginSource) -> list[str]:
+    """Import an installed plugin package and call its ``register()`` (which must be idempotent:
+    it runs on every load). Registration does not hang on the import: the package may be
+    imported already for other reasons (SaPE²'s encoding imports its kernels on CUDA) without
+    its TensorRT plugin being registered."""
     name = source.module
-    if name not in sys.modules:
-        try:
-            module = importlib.import_module(name)
-        except Exception as err:  # a plugin may raise anything; report it as one line
-            raise ExportError(one_line(f"plugin {name} failed to import: {type(err).__name__}: {err}")) from err
-        _call_register(module, Path(module.__file__))
+    try:
+        module = importlib.import_module(name)
+    except Exception as err:  # a plugin may raise anything; report it as one line
+        raise ExportError(one_line(f"plugin {name} failed to import: {type(err).__name__}: {err}")) from err
+    _call_register(module, name)
     return [name]
 
 
@@ -209,7 +241,7 @@ def load_plugin_modules(plugin_dirs: Iterable[str | os.PathLike]) -> list[str]:
             names.append(name)
             if name not in sys.modules:
                 _import_plugin(name, init, path)
-                _call_register(sys.modules[name], init)
+                _call_register(sys.modules[name], str(init))
     return names
 
 
@@ -225,14 +257,16 @@ def _import_plugin(name: str, init: Path, path: Path) -> None:
         raise ExportError(one_line(f"plugin {init} failed to import: {type(err).__name__}: {err}")) from err
 
 
-def _call_register(module, init: Path) -> None:
+def _call_register(module, what: str) -> None:
+    """Call the plugin's ``register()``; ``what`` names it in the one-line error (its module, or
+    the file under a directory the user named)."""
     register = getattr(module, "register", None)
     if not callable(register):
         return
     try:
         register()
     except Exception as err:
-        raise ExportError(one_line(f"plugin {init} failed to register: {type(err).__name__}: {err}")) from err
+        raise ExportError(one_line(f"plugin {what} failed to register: {type(err).__name__}: {err}")) from err
 
 
 def check_plugins(engine: Path, built_sha256: str | None, built_from: list[str], given: Plugins, hint: str) -> None:

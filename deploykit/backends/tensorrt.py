@@ -120,6 +120,39 @@ def _make_monitor(trt: ModuleType, progress: BuildProgress) -> Any:
     return _Monitor()
 
 
+PLUGIN_LAYER_TYPES = ("PLUGIN", "PLUGIN_V2", "PLUGIN_V3")
+
+
+def registered_plugins(trt: ModuleType) -> set[tuple[str, str]]:
+    """``(namespace, name)`` of every plugin creator registered with TensorRT in this process."""
+    return {(c.plugin_namespace, c.name) for c in trt.get_plugin_registry().all_creators}
+
+
+def with_plugin_nodes(source: OnnxSource, registered: set[tuple[str, str]]) -> tuple[OnnxSource, list[str]]:
+    """``source`` as TensorRT's parser must see it for the registered plugins to be used
+    (``deploykit.export.plugin_nodes``), and the nodes that must become plugin layers; ``source``
+    itself when no custom op of the graph has a registered creator."""
+    import onnx
+
+    from deploykit.export.plugin_nodes import custom_ops, mark_plugin_nodes
+
+    if not registered:
+        return source, []
+    try:
+        model = onnx.load_from_string(bytes(source)) if isinstance(source, (bytes, bytearray, memoryview)) else onnx.load(str(source))
+    except Exception:  # not ONNX: let TensorRT's parser say so, in its words
+        return source, []
+    if not custom_ops(model) & registered:
+        return source, []
+    nodes = mark_plugin_nodes(model, registered)
+    return model.SerializeToString(), nodes
+
+
+def _plugin_layers(trt: ModuleType, network: Any) -> int:
+    kinds = {getattr(trt.LayerType, name) for name in PLUGIN_LAYER_TYPES if hasattr(trt.LayerType, name)}
+    return sum(network.get_layer(i).type in kinds for i in range(network.num_layers))
+
+
 def _parse(pg: ModuleType, trt: ModuleType, source: OnnxSource, messages: TrtMessages) -> tuple:
     """``(builder, network, parser)`` through Polygraphy's ONNX loaders (the parser must outlive
     the build: it owns the weights). Strongly typed where the flag exists (TensorRT 10 needs it;
@@ -205,6 +238,11 @@ class EngineFromOnnx:
         options: Build settings; defaults to ``BuildOptions()``.
         progress: Receives the builder's phases as they advance (shown by ``deploykit build``).
 
+    After a call, ``plugin_nodes`` names the graph's nodes built as plugin layers: the custom
+    nodes whose op has a plugin creator registered (the plugins given load first), handed to the
+    parser marked for it (``with_plugin_nodes``). A marked node the parser does not turn into a
+    plugin layer fails the build.
+
     Example:
         >>> engine = EngineFromOnnx("vit.onnx", BuildOptions(module="tensorrt_rtx"))()
     """
@@ -218,6 +256,7 @@ class EngineFromOnnx:
         self.onnx_path_or_bytes = onnx_path_or_bytes
         self.options = options if options is not None else BuildOptions()
         self.progress = progress
+        self.plugin_nodes: list[str] = []
 
     def __call__(self) -> bytes:
         """Build the engine.
@@ -242,7 +281,14 @@ class EngineFromOnnx:
         if missing:
             raise ExportError(f"plugin library {missing[0]} does not exist")
         pg.LoadPlugins(plugins=list(opts.plugin_libraries))()  # before parsing: the parser maps nodes to their creators
+        source, self.plugin_nodes = with_plugin_nodes(source, registered_plugins(trt))
         builder, network, parser = _parse(pg, trt, source, messages)
+        layers = _plugin_layers(trt, network)
+        if layers < len(self.plugin_nodes):
+            raise ExportError(
+                f"TensorRT's parser made {layers} plugin layer(s) for the {len(self.plugin_nodes)} node(s) marked for a registered plugin "
+                f"({', '.join(self.plugin_nodes[:3])}{', ...' if len(self.plugin_nodes) > 3 else ''}); the engine would not run the plugin"
+            )
         monitor = _make_monitor(trt, self.progress) if self.progress is not None and hasattr(trt, "IProgressMonitor") else None
         pools = {trt.MemoryPoolType.WORKSPACE: opts.workspace_mib << 20} if opts.workspace_mib is not None else None
         with messages.failing_as("TensorRT builder configuration failed"):

@@ -100,21 +100,15 @@ def test_cli_build_and_refusal(tmp_path, capsys):
     assert err.startswith("error: ") and "build.opt_batch (built 1, now 2)" in err and "\n" not in err
 
 
-def test_tensorrt_warnings_are_summarised_once(tmp_path):
+def test_tensorrt_warnings_are_summarised_once(sape2_export, tmp_path):
     """A SaPE² graph inlines its function body once per block; TensorRT-RTX's parser warns about
     every repeated node name. One summary line, not one line per node; -v shows each. (Fresh
     processes: the parser gives each such warning once per process.)"""
     pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed")
+    import shutil
     import subprocess
 
-    import torch
-
-    from deploykit.export import export
-    from deploykit.nn import create_model
-
-    torch.manual_seed(0)
-    out = tmp_path / "exp"
-    export(create_model("vit_tiny_patch16", encoding="sape2", depth=2, img_size=32, num_classes=10), [(32, 32)], out)
+    out = shutil.copytree(sape2_export, tmp_path / "exp")
 
     def build(*flags):
         cmd = [sys.executable, "-m", "deploykit", "build", str(out), "--backend", "rtx", "--opt-level", "0", "--rebuild", *flags]

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -56,16 +57,84 @@ def test_cuda_op_runs_the_kernel_for_fp32_and_the_reference_for_float64(interpre
     assert route["float64"]["max_err"] <= 1e-12
 
 
-@pytest.mark.parametrize("io_dtype", ["float32", "float16"])
-def test_bias_kernel_compiles_to_sm90_ptx_without_a_gpu(io_dtype):
-    from deploykit.plugins.sape2.kernels import compile_kernel, kernel_constants
+def _assembles(ptx: str, target_arch: str, arch: int) -> subprocess.CompletedProcess:
+    """Triton's own ptxas (it runs without a GPU) on the PTX as the plugin hands it to TensorRT."""
+    from triton.backends.nvidia.compiler import get_ptxas
 
-    compiled = compile_kernel(io_dtype, "float32", kernel_constants((14, 14), 1, 64, 15, 0.125, 1))
-    ptx = compiled.asm["ptx"]
-    assert ".target sm_90" in ptx and f".entry {compiled.metadata.name}(" in ptx
-    version = next(line for line in ptx.splitlines() if line.startswith(".version"))
-    assert tuple(int(v) for v in version.split()[1].split(".")) <= (8, 7)  # Triton 3.6's PTX ISA, CUDA 12.8 drivers
-    assert compiled.metadata.num_warps >= 1
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ptx)
+    return subprocess.run(
+        [get_ptxas(arch).path, f"--gpu-name={target_arch}", f.name, "-o", f.name + ".cubin"], capture_output=True, text=True
+    )
+
+
+@pytest.mark.parametrize(
+    "io_dtype, capability, target_arch", [("float32", 80, "sm_80"), ("float16", 90, "sm_90a"), ("float32", 120, "sm_120a")]
+)
+def test_kernel_compiles_for_the_gpu_with_exactly_the_parameters_the_plugin_passes(io_dtype, capability, target_arch):
+    """Triton 3.3+ appends hidden scratch pointers to every kernel's parameters; a TensorRT AOT
+    launch passes inputs, extra scalars and outputs only (5 here). The PTX handed to TensorRT
+    declares exactly those, targets the GPU asked for, and still assembles."""
+    from triton.backends.compiler import GPUTarget
+
+    from deploykit.plugins.sape2.kernels import compile_kernel, kernel_constants, launchable_ptx, ptx_parameters
+    from deploykit.plugins.sape2.trt_plugin import LAUNCH_ARGS
+
+    compiled = compile_kernel(io_dtype, "float32", kernel_constants((14, 14), 1, 64, 15, 0.125, 1), GPUTarget("cuda", capability, 32))
+    name = compiled.metadata.name
+    assert len(ptx_parameters(compiled.asm["ptx"], name)) > LAUNCH_ARGS  # what Triton 3.6 writes: the hazard is real
+    ptx = launchable_ptx(compiled, LAUNCH_ARGS)
+    assert ptx_parameters(ptx, name) == [f"{name}_param_{i}" for i in range(LAUNCH_ARGS)]
+    assert f".target {target_arch}\n" in ptx
+    proc = _assembles(ptx, target_arch, capability)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_ptx_version_is_capped_at_what_the_driver_loads(monkeypatch):
+    """Triton 3.6's ptxas writes PTX 8.7, which a CUDA 12.4 driver refuses; the plugin writes 8.4 there."""
+    from triton.backends.compiler import GPUTarget
+
+    from deploykit import _nvml
+    from deploykit.plugins.sape2.kernels import compile_kernel, driver_ptx_version, kernel_constants, launchable_ptx
+
+    target = GPUTarget("cuda", 90, 32)
+    monkeypatch.setattr(_nvml, "cuda_driver_version", lambda: "12.4")
+    assert driver_ptx_version(target) == 84
+    monkeypatch.setattr(_nvml, "cuda_driver_version", lambda: "13.0")
+    assert driver_ptx_version(target) == 87  # the driver takes more than this ptxas writes
+    monkeypatch.setattr(_nvml, "cuda_driver_version", lambda: None)
+    assert driver_ptx_version(target) is None  # no driver (building for another machine): Triton's own choice
+    compiled = compile_kernel("float32", "float32", kernel_constants((4, 4), 1, 16, 5, 1.0, 0), target, ptx_version=84)
+    ptx = launchable_ptx(compiled, 5)
+    assert ".version 8.4\n" in ptx and _assembles(ptx, "sm_90a", 90).returncode == 0
+
+
+def test_a_kernel_that_reads_a_parameter_the_launch_does_not_pass_is_refused():
+    from types import SimpleNamespace
+
+    from triton.backends.compiler import GPUTarget
+
+    from deploykit.plugins.sape2.kernels import compile_kernel, kernel_constants, launchable_ptx
+
+    compiled = compile_kernel("float32", "float32", kernel_constants((4, 4), 1, 16, 5, 1.0, 0), GPUTarget("cuda", 80, 32))
+    name = compiled.metadata.name
+    reads_scratch = compiled.asm["ptx"].replace("{", f"{{\n\tld.param.u64 %rd999, [{name}_param_5];", 1)
+    edited = SimpleNamespace(asm={"ptx": reads_scratch}, metadata=compiled.metadata)
+    with pytest.raises(ValueError, match=rf"{name} needs parameters beyond the 5 the plugin passes \({name}_param_5\)"):
+        launchable_ptx(edited, 5)
+    with pytest.raises(ValueError, match="takes 7 parameters, but the plugin passes 8"):
+        launchable_ptx(compiled, 8)
+
+
+def test_the_plugin_hash_follows_the_triton_that_compiles_its_kernel(monkeypatch):
+    import importlib.metadata
+
+    from deploykit.backends.plugins import Plugins
+
+    before = Plugins.resolve(["sape2"]).sha256()
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda dist: "3.9.0" if dist == "triton" else real(dist))
+    assert Plugins.resolve(["sape2"]).sha256() != before
 
 
 def test_tensorrt_plugin_module_imports_without_tensorrt():
@@ -115,7 +184,12 @@ class _Desc:
 
 def _stand_in_tensorrt():
     """``tensorrt`` and ``tensorrt.plugin`` reduced to the documented calls the plugin makes;
-    the decorators record the functions so the test can call them as TensorRT would."""
+    the decorators record the functions so the test can call them as TensorRT would.
+
+    A stand-in because no real class exists here to autospec: ``tensorrt.plugin`` ships with full
+    TensorRT only. tensorrt_lean carries a copy of it, but that copy imports ``tensorrt`` and
+    needs builder types the lean runtime lacks (``TensorFormat``, ``ITensor``); TensorRT-RTX has
+    no quickly deployable plugins (no ``IPluginV3QuickAOTBuild``)."""
     import types
 
     defined = {}
@@ -133,8 +207,13 @@ def _stand_in_tensorrt():
 
 
 def test_plugin_aot_impl_compiles_the_node_kernel_through_the_documented_api(monkeypatch):
-    from deploykit.plugins.sape2 import trt_plugin
+    from triton.backends.compiler import GPUTarget
 
+    from deploykit.plugins.sape2 import kernels, trt_plugin
+
+    # The GPU the engine is built on (an RTX 4090) and its driver (CUDA 12.4: PTX 8.4 at most).
+    monkeypatch.setattr(kernels, "device_target", lambda: GPUTarget("cuda", 89, 32))
+    monkeypatch.setattr(kernels, "driver_ptx_version", lambda target: 84)
     trt, trtp, defined = _stand_in_tensorrt()
     monkeypatch.setitem(sys.modules, "tensorrt", trt)
     monkeypatch.setitem(sys.modules, "tensorrt.plugin", trtp)
@@ -150,7 +229,8 @@ def test_plugin_aot_impl_compiles_the_node_kernel_through_the_documented_api(mon
     assert out.shape_expr[3] is tokens and out.shape_expr[2] is tokens  # [B, h, T, T]
 
     name, ptx, launch, extra = defined[("aot_impl", plugin)](q, q, table, table, 14, 14, 1, 0.125, 1, [out], 0)
-    assert f".entry {name}(" in ptx and ".target sm_90" in ptx
+    assert ".target sm_89\n" in ptx and ".version 8.4\n" in ptx
+    assert kernels.ptx_parameters(ptx, name) == [f"{name}_param_{i}" for i in range(5)]  # q, k, table_x, table_y, bias
     assert launch.grid_x == launch.grid_y == 7  # ceil(197 / 32) token tiles
     assert launch.grid_z.name == "B*6" and launch.block_x % 32 == 0 and extra == []
     # fp16 I/O compiles a different kernel from fp32 I/O (the tables stay fp32)

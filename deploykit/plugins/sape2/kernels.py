@@ -19,6 +19,8 @@ Importing this module needs Triton (``pip install 'deploykit[triton]'``).
 
 from __future__ import annotations
 
+import re
+
 import triton
 import triton.language as tl
 
@@ -165,23 +167,93 @@ def sape2_bias_triton(q, k, table_x, table_y, grid, scale, mode, num_prefix_toke
 _TRITON_TYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 
-def compile_kernel(io_dtype: str, table_dtype: str, constants: dict, target=None):
-    """Compile ``sape2_bias_kernel`` ahead of time (no GPU needed with an explicit target).
+def compile_kernel(io_dtype: str, table_dtype: str, constants: dict, target, ptx_version: int | None = None):
+    """Compile ``sape2_bias_kernel`` ahead of time for one GPU (no GPU needed to compile).
 
     Args:
         io_dtype, table_dtype: ``"float32"``, ``"float16"`` or ``"bfloat16"``: q/k/out, tables.
         constants: from ``kernel_constants``.
-        target: a ``triton.backends.compiler.GPUTarget``; default sm_90 (H100/H200), warp 32.
+        target: a ``triton.backends.compiler.GPUTarget``, the GPU the engine is built for
+            (``device_target()``): Triton writes ``sm_90a``-style PTX for 9.0 and newer, which
+            loads on that architecture only.
+        ptx_version: the PTX ISA version to write (``87`` is 8.7), at most what the driver that
+            will load it accepts (``driver_ptx_version()``); None: what Triton's ptxas writes.
 
     Returns:
         Triton's compiled kernel: ``.asm["ptx"]``, ``.metadata.name``, ``.metadata.num_warps``,
-        ``.metadata.shared``.
+        ``.metadata.shared``; pass it through ``launchable_ptx`` before handing it to TensorRT.
     """
-    from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     io, tab = f"*{_TRITON_TYPES[io_dtype]}", f"*{_TRITON_TYPES[table_dtype]}"
     signature = {"q_ptr": io, "k_ptr": io, "table_x_ptr": tab, "table_y_ptr": tab, "out_ptr": io}
     signature.update({name: "constexpr" for name in constants})
     source = ASTSource(fn=sape2_bias_kernel, signature=signature, constexprs=dict(constants))
-    return triton.compile(source, target=target or GPUTarget("cuda", 90, 32))
+    options = {} if ptx_version is None else {"ptx_version": ptx_version}
+    return triton.compile(source, target=target, options=options)
+
+
+def device_target():
+    """The ``GPUTarget`` of the current CUDA device (what ``triton.compile`` targets by default)."""
+    from triton.runtime import driver
+
+    return driver.active.get_current_target()
+
+
+def driver_ptx_version(target) -> int | None:
+    """The newest PTX ISA version both Triton's ptxas and the installed driver handle for
+    ``target``, or None without a driver (then Triton's own choice). A driver refuses to load PTX
+    newer than its CUDA version (``CUDA_ERROR_UNSUPPORTED_PTX_VERSION``): Triton 3.6's ptxas
+    writes PTX 8.7, which a CUDA 12.4 driver (PTX 8.4) cannot load."""
+    from triton.backends.nvidia.compiler import get_ptxas, ptx_get_version
+
+    from deploykit._nvml import cuda_driver_version
+
+    driver = cuda_driver_version()
+    if driver is None:
+        return None
+    return min(ptx_get_version(get_ptxas(target.arch).version), ptx_get_version(driver))
+
+
+_ENTRY = re.compile(r"(\.visible\s+)?\.entry\s+(?P<name>[\w$]+)\s*\((?P<params>[^)]*)\)", re.S)
+_PARAM = re.compile(r"\.param\s+[^,]*?(?P<name>[\w$]+)\s*$")
+
+
+def ptx_parameters(ptx: str, name: str) -> list[str]:
+    """The ``.param`` names of kernel ``name`` in ``ptx``, in order."""
+    entry = next((m for m in _ENTRY.finditer(ptx) if m.group("name") == name), None)
+    if entry is None:
+        raise ValueError(f"no .entry {name} in the PTX")
+    params = [p.strip() for p in entry.group("params").split(",") if p.strip()]
+    return [_PARAM.search(p).group("name") for p in params]
+
+
+def launchable_ptx(compiled, num_args: int) -> str:
+    """The compiled kernel's PTX with exactly the ``num_args`` parameters the plugin passes.
+
+    TensorRT's AOT plugins launch a kernel with its inputs, the extra scalar arguments and its
+    outputs, nothing else. Triton 3.3+ appends hidden pointer parameters to every kernel (global
+    and profile scratch); a launch that passes fewer arguments than the entry declares reads past
+    its argument array. Trailing parameters are dropped only where that cannot change the
+    kernel: Triton reserved no scratch for them and the body never reads them.
+
+    Raises:
+        ValueError: the entry takes fewer parameters, or needs the ones beyond ``num_args``.
+    """
+    ptx, name, meta = compiled.asm["ptx"], compiled.metadata.name, compiled.metadata
+    params = ptx_parameters(ptx, name)
+    if len(params) < num_args:
+        raise ValueError(f"{name} takes {len(params)} parameters, but the plugin passes {num_args}")
+    extra = params[num_args:]
+    scratch = getattr(meta, "global_scratch_size", 0) or getattr(meta, "profile_scratch_size", 0)
+    used = [p for p in extra if re.search(rf"\[{re.escape(p)}\b", ptx)]
+    if scratch or used:
+        raise ValueError(
+            f"{name} needs parameters beyond the {num_args} the plugin passes ({', '.join(used) or 'scratch memory'}); "
+            "this Triton version's kernels cannot run as a TensorRT AOT plugin"
+        )
+    if not extra:
+        return ptx
+    entry = next(m for m in _ENTRY.finditer(ptx) if m.group("name") == name)
+    kept = [p for p in entry.group("params").split(",") if p.strip()][:num_args]
+    return ptx[: entry.start("params")] + ",".join(kept).rstrip() + "\n" + ptx[entry.end("params") :]

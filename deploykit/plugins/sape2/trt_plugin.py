@@ -3,12 +3,16 @@ kernel is ``kernels.sape2_bias_kernel`` compiled ahead of time to PTX, so a buil
 without Python or Triton.
 
 ``register()`` adds the plugin to TensorRT's registry (call it before parsing the ONNX model);
-importing this module imports neither TensorRT nor Triton. The exported node needs no surgery
-from TensorRT 10.10 on: the ONNX parser prefers a registered plugin to a model-local function
-(10.7) and reads the plugin namespace from the node's domain, ``deploykit`` (10.10; earlier
-parsers want a ``plugin_namespace`` attribute and would inline the function instead). The node's attributes (grid, prefix
-tokens, gate scale, mode) are compile-time constants of the kernel, so the engine holds one PTX
-per SaPE² node configuration; the batch dimension stays dynamic (grid z = B·h).
+importing this module imports neither TensorRT nor Triton. TensorRT's ONNX parser uses it only
+for nodes that carry ``plugin_namespace`` and have no model-local function to inline instead:
+``deploykit build`` hands the parser the graph marked so (``deploykit.export.plugin_nodes``).
+
+The kernel is compiled when the engine is built, for the GPU it is built on (its compute
+capability, as Triton's driver reports it) and in a PTX version the installed driver loads; its
+parameter list is cut to, and checked against, exactly what the plugin launch passes
+(``kernels.launchable_ptx``). The node's attributes (grid, prefix tokens, gate scale, mode) are
+compile-time constants of the kernel, so the engine holds one PTX per SaPE² node configuration;
+the batch dimension stays dynamic (grid z = B·h).
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import importlib
 from deploykit._lazy import lazy_import
 
 PLUGIN_ID = "deploykit::SaPE2Bias"
+# What the launch passes: q, k, table_x, table_y (inputs), no extra scalars, the bias (output).
+LAUNCH_ARGS = 5
 _registered = False
 
 
@@ -77,7 +83,9 @@ def _define(trt, trtp) -> None:
         io = "float16" if q.dtype == trt.float16 else "float32"
         head_dim, npos_max = _build_constant(q.shape_expr[3], "head dim"), _build_constant(table_x.shape_expr[1], "table size")
         consts = kernels.kernel_constants((grid_h, grid_w), num_prefix_tokens, head_dim, npos_max, scale, mode)
-        compiled = kernels.compile_kernel(io, "float32", consts)
+        target = kernels.device_target()  # the GPU this engine is being built on
+        compiled = kernels.compile_kernel(io, "float32", consts, target, kernels.driver_ptx_version(target))
+        ptx = kernels.launchable_ptx(compiled, LAUNCH_ARGS)
         tokens = num_prefix_tokens + grid_h * grid_w
         tiles_x, tiles_y, _ = kernels.launch_grid(tokens, 1)
         launch = trtp.KernelLaunchParams()
@@ -85,4 +93,4 @@ def _define(trt, trtp) -> None:
         launch.grid_z = q.shape_expr[0] * q.shape_expr[1]  # B·h, B dynamic
         launch.block_x = compiled.metadata.num_warps * 32
         launch.shared_mem = compiled.metadata.shared
-        return compiled.metadata.name, compiled.asm["ptx"], launch, trtp.SymIntExprs(0)
+        return compiled.metadata.name, ptx, launch, trtp.SymIntExprs(0)
