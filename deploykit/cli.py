@@ -58,9 +58,11 @@ class _ResolutionRange(click.ParamType):
             self.fail(str(err), param, ctx)
 
 
+CPU_FALLBACK_HELP = "ort-cuda: accept nodes ONNX Runtime runs on the CPU instead of refusing (records name them)."
 PLUGINS_HELP = (
     "Repeatable: a directory of Python TensorRT plugins, a plugin library (.so), or an installed plugin's name "
-    "(e.g. sape2). None by default; an engine runs with the plugins it was built with."
+    "(e.g. sape2). An engine runs with the plugins it was built with: installed ones (sape2) load by "
+    "themselves; a library or directory must be given again."
 )
 
 
@@ -298,7 +300,8 @@ def _quantization_line(details: dict) -> str:
 @click.option("--seed", default=0, show_default=True)
 @click.option("--report", type=click.Path(path_type=Path), default=None, help="Write the JSON report here.")
 @click.option("--plugins", "plugin_specs", multiple=True, help=PLUGINS_HELP)
-def validate(export_dir, resolutions, backends, precision, num_random, num_real, seed, report, plugin_specs):
+@click.option("--allow-cpu-fallback", is_flag=True, help=CPU_FALLBACK_HELP)
+def validate(export_dir, resolutions, backends, precision, num_random, num_real, seed, report, plugin_specs, allow_cpu_fallback):
     """Compare exported graphs with the PyTorch float64 reference; exit 1 on failure."""
     from deploykit._io import check_file_destination, write_json_atomic
     from deploykit.backends.plugins import Plugins
@@ -317,7 +320,8 @@ def validate(export_dir, resolutions, backends, precision, num_random, num_real,
             num_real=num_real,
             seed=seed,
             progress=step,
-            plugins=Plugins.resolve(plugin_specs),
+            plugins=Plugins.resolve(plugin_specs) if plugin_specs else None,
+            allow_cpu_fallback=allow_cpu_fallback,
         )
     _print_report(console, result)
     if report:
@@ -462,6 +466,7 @@ def build(
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None, help="Latency-vs-resolution PNG (needs matplotlib).")
 @click.option("--plugins", "plugin_specs", multiple=True, help=PLUGINS_HELP)
 @click.option("--no-cuda-graphs", is_flag=True, help="Engine backends: do not replay CUDA graphs (used where the engine allows).")
+@click.option("--allow-cpu-fallback", is_flag=True, help=CPU_FALLBACK_HELP)
 def profile(
     export_dir,
     encoding,
@@ -484,6 +489,7 @@ def profile(
     plot_path,
     plugin_specs,
     no_cuda_graphs,
+    allow_cpu_fallback,
 ):
     """Latency per backend × encoding × resolution × batch, and the encoding's cost against APE."""
     from rich.console import Console
@@ -520,8 +526,9 @@ def profile(
             device=device,
             label=label,
             progress=step,
-            plugins=Plugins.resolve(plugin_specs),
+            plugins=Plugins.resolve(plugin_specs) if plugin_specs else None,
             cuda_graphs=not no_cuda_graphs,
+            allow_cpu_fallback=allow_cpu_fallback,
         )
     table, out = render_table(report, title=f"deploykit profile: {label}"), Console(highlight=False)
     if not out.is_terminal:  # piped: the table's own width (caption included), never squeezed or wrapped to 80 columns
@@ -738,10 +745,21 @@ def package():
     "--onnx-kind", type=click.Choice(["gpu", "cpu"]), default="gpu", show_default=True, help="Instance kind of the ONNX Runtime variant."
 )
 @_image_limit_options
+@click.option("--plugins", "plugin_specs", multiple=True, help="Repeatable: plugin libraries (.so) the TensorRT engines were built with.")
 def package_triton(
-    export_dir, output, max_batch_size, preferred, max_queue_delay_us, gpu_instances, onnx_kind, max_image_pixels, max_image_bytes
+    export_dir,
+    output,
+    max_batch_size,
+    preferred,
+    max_queue_delay_us,
+    gpu_instances,
+    onnx_kind,
+    max_image_pixels,
+    max_image_bytes,
+    plugin_specs,
 ):
     """Write a Triton model repository: TensorRT + ONNX Runtime models per resolution, preprocessing ensembles."""
+    from deploykit.backends.plugins import Plugins
     from deploykit.serve.classifier import ImageLimits
     from deploykit.serve.triton_repo import RepositoryOptions
     from deploykit.serve.triton_repo import package_triton as write_repository
@@ -754,7 +772,7 @@ def package_triton(
         onnx_kind=onnx_kind,
         limits=ImageLimits(max_pixels=max_image_pixels, max_bytes=max_image_bytes),
     )
-    repo = write_repository(export_dir, output, options)
+    repo = write_repository(export_dir, output, options, Plugins.resolve(plugin_specs))
     _console().print(f"[green]✓[/] {repo}  ({len([p for p in repo.iterdir() if p.is_dir()])} models; see {repo / 'README.md'})")
 
 

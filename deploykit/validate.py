@@ -68,6 +68,7 @@ class Record:
     graph: str = ""  # the graph file checked
     range_graph: bool = False  # the graph covers a resolution range (checked at its min/opt/max)
     provider: str = ""  # what ran it: ONNX Runtime's execution provider, the TensorRT flavour and version
+    node_placement: dict | None = None  # ort-cuda: nodes per execution provider, and compute nodes on the CPU
 
     @property
     def label(self) -> str:
@@ -133,7 +134,7 @@ def first_divergent_block(
     tolerance: Tolerance,
     batch_size: int = 4,
     backend: str = "ort",
-    plugins: Plugins = Plugins(),
+    plugins: Plugins | None = None,
     num_real: int = 0,
 ) -> str | None:
     """Name the first ``blocks.<i>`` whose output diverges in ``backend``, or ``"head"`` if every
@@ -177,7 +178,8 @@ def validate(
     seed: int = 0,
     batch_size: int = 4,
     progress: Callable[[str], None] | None = None,
-    plugins: Plugins = Plugins(),
+    plugins: Plugins | None = None,
+    allow_cpu_fallback: bool = False,
 ) -> ValidationReport:
     """Validate what ``deploykit export`` wrote to ``export_dir``.
 
@@ -189,7 +191,10 @@ def validate(
         num_random, num_real: seeded-noise and bundled real inputs (images or text) per resolution.
         seed: seed of the noise inputs.
         batch_size: inputs per inference call.
-        plugins: for engine backends, the plugins the engines were built with.
+        plugins: for engine backends, the plugins the engines were built with; None: the
+            installed plugin packages each engine's fingerprint names.
+        allow_cpu_fallback: ``ort-cuda`` accepts nodes ONNX Runtime runs on the CPU (records
+            name them in ``node_placement``); refused by default.
 
     Returns:
         The report (``bool(report)`` tells pass/fail).
@@ -225,11 +230,11 @@ def validate(
             if progress:
                 progress(f"{backend} @ {path.name}")
             outputs = []
-            with registry.create_runner(backend, path, plugins=plugins) as runner:
+            with registry.create_runner(backend, path, plugins=plugins, allow_cpu_fallback=allow_cpu_fallback) as runner:
                 for resolution, batch in _checks(entry, runner, batch_size):
                     inputs, _ = reference_at(resolution)
                     outputs.append((resolution, batch, run_exact_batches(runner, inputs, batch)["logits"]))
-                profiled, provider = bool(runner.profiled_shapes), runner.provider
+                profiled, provider, placement = bool(runner.profiled_shapes), runner.provider, runner.details.get("node_placement")
             for resolution, batch, actual in outputs:
                 inputs, reference = reference_at(resolution)
                 metrics = compare_logits(
@@ -250,6 +255,7 @@ def validate(
                     graph=entry.file,
                     range_graph=entry.resolution_range is not None,
                     provider=provider,
+                    node_placement=placement,
                     **metrics,
                 )
                 if not record.passed:

@@ -1,14 +1,34 @@
-"""ONNX Runtime runner (CPU; CUDA when onnxruntime-gpu is installed and sees a GPU)."""
+"""ONNX Runtime runners: ``ort`` (CPU; CUDA first when onnxruntime-gpu is installed and sees a
+GPU) and ``ort-cuda`` (the CUDA provider only, and nothing on the CPU without saying so).
+
+Where nodes run. ONNX Runtime places every node its CUDA provider has no kernel for on the CPU,
+silently, and also puts small shape computations there on purpose (``GetCpuPreferredNodes``:
+``Shape``, and the int64 arithmetic on shapes that feeds ``Reshape``). Its own switch,
+``session.disable_cpu_ep_fallback``, refuses both, so every graph with a dynamic batch would be
+refused. ``ort-cuda`` instead profiles one run when it activates (ONNX Runtime's profiler names
+each node's provider and output types), and refuses any node on the CPU that computes anything
+but an int64 shape, naming them, unless ``allow_cpu_fallback``. ``placement`` (and the runner's
+``details``, which reports record) say where every node ran.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
+from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from deploykit.backends.base import Runner
 from deploykit.errors import DeployKitError
+
+CPU = "CPUExecutionProvider"
+CUDA = "CUDAExecutionProvider"
+_MAX_NAMED = 5  # nodes named in a one-line refusal
 
 
 def default_providers() -> list[str]:
@@ -32,6 +52,68 @@ def session_options(intra_op_threads: int = 0):
     return opts
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where ONNX Runtime ran each node of a session.
+
+    Attributes:
+        providers: execution provider -> number of nodes it ran.
+        cpu_compute: nodes on the CPU whose outputs are not all int64 (compute, not shape
+            arithmetic), as ``name (OpType)``, in execution order.
+    """
+
+    providers: dict[str, int]
+    cpu_compute: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict:
+        return {"providers": dict(self.providers), "cpu_compute": list(self.cpu_compute)}
+
+
+def profiled_placement(profile: str | os.PathLike) -> Placement:
+    """Read the node placement from an ONNX Runtime profile (``session.end_profiling()``): one
+    ``kernel_time`` event per node run, with its provider and output types."""
+    events = json.loads(Path(profile).read_text())
+    nodes: dict[str, tuple[str, str, bool]] = {}
+    for event in events:
+        args = event.get("args", {})
+        if event.get("cat") != "Node" or "provider" not in args or not event.get("name", "").endswith("_kernel_time"):
+            continue
+        name = event["name"].removesuffix("_kernel_time")
+        outputs = [dtype for output in args.get("output_type_shape", []) for dtype in output]
+        shape_only = bool(outputs) and all(dtype == "int64" for dtype in outputs)
+        nodes.setdefault(name, (args["provider"], args.get("op_name", "?"), shape_only))
+    providers = Counter(provider for provider, _, _ in nodes.values())
+    cpu = tuple(f"{name} ({op})" for name, (provider, op, shape_only) in nodes.items() if provider == CPU and not shape_only)
+    return Placement(dict(providers), cpu)
+
+
+def check_placement(placement: Placement, backend: str, allow_cpu_fallback: bool) -> str:
+    """``""``, or with ``allow_cpu_fallback`` a note saying which compute nodes ran on the CPU.
+
+    Raises:
+        DeployKitError: compute nodes ran on the CPU and that is not allowed.
+    """
+    if not placement.cpu_compute:
+        return ""
+    count = len(placement.cpu_compute)
+    named = ", ".join(placement.cpu_compute[:_MAX_NAMED]) + (f" and {count - _MAX_NAMED} more" if count > _MAX_NAMED else "")
+    if allow_cpu_fallback:
+        return f"{count} node(s) ran on the CPU: {named}"
+    raise DeployKitError(
+        f"{backend}: ONNX Runtime runs {count} node(s) on the CPU, not the GPU: {named}; "
+        "pass --allow-cpu-fallback to accept that (or use --backend trt)"
+    )
+
+
+def _zero_feed(session) -> dict[str, np.ndarray]:
+    """One input of batch 1 (dynamic dims as 1) for each graph input, zeros."""
+    types = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64, "tensor(int32)": np.int32}
+    return {
+        i.name: np.zeros([d if isinstance(d, int) and d > 0 else 1 for d in i.shape], types.get(i.type, np.float32))
+        for i in session.get_inputs()
+    }
+
+
 class OnnxrtRunner(Runner):
     """Runs an ONNX model (path or serialized bytes) with ONNX Runtime.
 
@@ -53,13 +135,13 @@ class OnnxrtRunner(Runner):
         self.intra_op_threads = intra_op_threads
         self._session = None
 
-    def _activate(self) -> None:
+    def _activate(self, options=None) -> None:
         import onnxruntime as ort
 
         source = self.model if isinstance(self.model, bytes) else str(self.model)
         try:
             self._session = ort.InferenceSession(
-                source, sess_options=session_options(self.intra_op_threads), providers=self.providers or default_providers()
+                source, sess_options=options or session_options(self.intra_op_threads), providers=self.providers or default_providers()
             )
         except Exception as err:  # ORT raises its own Fail/InvalidGraph/NoSuchFile types
             raise DeployKitError(f"onnxruntime cannot load {self._label()}: {str(err).splitlines()[0]}") from err
@@ -89,19 +171,43 @@ class OnnxrtRunner(Runner):
 
 
 class OnnxrtCudaRunner(OnnxrtRunner):
-    """ONNX Runtime on the GPU only (``onnxruntime-gpu``): refuses to fall back to the CPU silently."""
+    """ONNX Runtime on the GPU (``onnxruntime-gpu``): refuses a session without the CUDA provider,
+    and one that runs compute nodes on the CPU unless ``allow_cpu_fallback`` (module docstring).
+
+    Args:
+        model: path to a ``.onnx`` file, or its bytes.
+        intra_op_threads: 0 lets ONNX Runtime choose.
+        allow_cpu_fallback: accept compute nodes on the CPU (``details`` still names them).
+    """
 
     name = "ort-cuda"
 
-    def __init__(self, model: str | os.PathLike | bytes, intra_op_threads: int = 0):
-        super().__init__(model, providers=["CUDAExecutionProvider"], intra_op_threads=intra_op_threads)
+    def __init__(self, model: str | os.PathLike | bytes, intra_op_threads: int = 0, allow_cpu_fallback: bool = False):
+        super().__init__(model, providers=[CUDA], intra_op_threads=intra_op_threads)
+        self.allow_cpu_fallback = allow_cpu_fallback
+        self.placement: Placement | None = None
+        self.placement_note = ""
 
     def _activate(self) -> None:
         import onnxruntime as ort
 
-        if "CUDAExecutionProvider" not in ort.get_available_providers():
+        if CUDA not in ort.get_available_providers():
             raise DeployKitError("ort-cuda needs onnxruntime-gpu (this onnxruntime has no CUDA provider); pip install 'deploykit[gpu]'")
-        super()._activate()
-        if self._session.get_providers()[0] != "CUDAExecutionProvider":  # ORT drops CUDA when no GPU is usable
-            self._session = None
-            raise DeployKitError("ort-cuda: onnxruntime could not use the CUDA provider (no GPU, or a CUDA/cuDNN mismatch)")
+        with tempfile.TemporaryDirectory(prefix="deploykit-ort-profile-") as tmp:
+            options = session_options(self.intra_op_threads)
+            options.enable_profiling, options.profile_file_prefix = True, str(Path(tmp) / "placement")
+            super()._activate(options)
+            try:
+                if not self._session.get_providers() or self._session.get_providers()[0] != CUDA:  # ORT drops CUDA when no GPU is usable
+                    raise DeployKitError("ort-cuda: onnxruntime could not use the CUDA provider (no GPU, or a CUDA/cuDNN mismatch)")
+                self._session.run(None, _zero_feed(self._session))  # profiled: where each node runs
+                self.placement = profiled_placement(self._session.end_profiling())  # profiling stops here
+                self.placement_note = check_placement(self.placement, self.name, self.allow_cpu_fallback)
+            except BaseException:
+                self._session = None
+                raise
+
+    @property
+    def details(self) -> dict:
+        placement = self.placement.to_dict() if self.placement else None
+        return {**super().details, "node_placement": placement, "placement_note": self.placement_note}

@@ -50,14 +50,23 @@ def check_backend(name: str, choices: Iterable[str] = RUNNER_FACTORIES) -> str:
     return name
 
 
-def create_runner(backend: str, onnx_path: str | os.PathLike, *, plugins: Plugins = Plugins(), cuda_graph: bool = False) -> Runner:
+def create_runner(
+    backend: str,
+    onnx_path: str | os.PathLike,
+    *,
+    plugins: Plugins | None = None,
+    cuda_graph: bool = False,
+    allow_cpu_fallback: bool = False,
+) -> Runner:
     """The runner for ``backend`` on one exported graph (not yet activated).
 
     Args:
         backend: a name from ``RUNNER_FACTORIES``.
         onnx_path: the exported graph (an engine backend runs the engine built beside it).
-        plugins: for engine backends, the plugins the engine was built with.
+        plugins: for engine backends, the plugins the engine was built with; None: the installed
+            plugin packages its fingerprint names.
         cuda_graph: for engine backends, replay CUDA graphs where the engine allows it.
+        allow_cpu_fallback: for ``ort-cuda``, accept nodes ONNX Runtime runs on the CPU.
 
     Raises:
         ConfigError: unknown backend name.
@@ -65,10 +74,12 @@ def create_runner(backend: str, onnx_path: str | os.PathLike, *, plugins: Plugin
     check_backend(backend)
     if backend in ENGINE_MODULES:
         return RUNNER_FACTORIES[backend](onnx_path, plugins=plugins, cuda_graph=cuda_graph)
+    if backend == "ort-cuda":
+        return RUNNER_FACTORIES[backend](onnx_path, allow_cpu_fallback=allow_cpu_fallback)
     return RUNNER_FACTORIES[backend](onnx_path)
 
 
-def create_bisect_runner(backend: str, onnx_path: str | os.PathLike, marked: bytes, *, plugins: Plugins = Plugins()) -> Runner | None:
+def create_bisect_runner(backend: str, onnx_path: str | os.PathLike, marked: bytes, *, plugins: Plugins | None = None) -> Runner | None:
     """``backend`` running ``marked`` (the graph at ``onnx_path`` with more outputs), or None when
     the backend has no such factory."""
     factory = BISECT_FACTORIES.get(backend)

@@ -69,8 +69,9 @@ def profile(
     device: str = "auto",
     label: str = "",
     progress: Callable[[str], None] | None = None,
-    plugins: Plugins = Plugins(),
+    plugins: Plugins | None = None,
     cuda_graphs: bool = True,
+    allow_cpu_fallback: bool = False,
 ) -> ProfileReport:
     """Profile models (one per encoding, same trunk) at each resolution, batch and backend.
 
@@ -87,9 +88,12 @@ def profile(
         end_to_end: also time preprocessing + copies + model + top-5 per batch.
         device: ``auto``, ``cpu`` or ``cuda`` for PyTorch (ONNX runners pick their own providers).
         label: the model's name for the report (e.g. ``vit_small_patch16``).
-        plugins: for engine backends, the plugins the engines were built with.
+        plugins: for engine backends, the plugins the engines were built with; None: the
+            installed plugin packages each engine's fingerprint names.
         cuda_graphs: engine backends replay CUDA graphs where the engine allows it (each record
             says whether they did: ``cuda_graph``, ``cuda_graph_note``).
+        allow_cpu_fallback: ``ort-cuda`` accepts nodes ONNX Runtime runs on the CPU (records name
+            them in ``node_placement``); refused by default.
 
     Returns:
         The report; ``records`` follow ``RECORD_FIELDS`` (kernel-only latency) and then extra
@@ -125,12 +129,12 @@ def profile(
     )
     records: list[dict] = []
     notes: list[str] = []
-    engine = dict(plugins=plugins, cuda_graph=cuda_graphs)
+    runner_options = dict(plugins=plugins, cuda_graph=cuda_graphs, allow_cpu_fallback=allow_cpu_fallback)
     with flush_denormal():
         environment = capture_environment(torch_device)
         for resolution in resolutions:
             records += _profile_resolution(
-                subjects, resolution, batches, backends, precisions, budget, end_to_end, torch_device, progress, engine, notes
+                subjects, resolution, batches, backends, precisions, budget, end_to_end, torch_device, progress, runner_options, notes
             )
     if not records:
         raise DeployKitError(f"nothing was profiled: {'; '.join(notes)}")
@@ -139,21 +143,21 @@ def profile(
     return ProfileReport(records, settings, environment, notes)
 
 
-def _open_targets(backend, lanes, resolution, device, engine, progress, notes) -> list:
+def _open_targets(backend, lanes, resolution, device, runner_options, progress, notes) -> list:
     """``((subject, precision), target)`` for every lane that can run on ``backend``; a note for each that cannot."""
     targets = []
     for subject, precision in lanes:
         if progress:
             progress(f"{backend} {subject.encoding} {precision} @ {resolution_tag(resolution)}: preparing")
         try:
-            targets.append(((subject, precision), open_target(backend, subject, resolution, precision, device, engine)))
+            targets.append(((subject, precision), open_target(backend, subject, resolution, precision, device, runner_options)))
         except Unavailable as err:
             notes.append(str(err))
     return targets
 
 
 def _profile_resolution(
-    subjects, resolution, batches, backends, precisions, budget, end_to_end, device, progress, engine, notes
+    subjects, resolution, batches, backends, precisions, budget, end_to_end, device, progress, runner_options, notes
 ) -> list[dict]:
     tag = resolution_tag(resolution)
     cfg = subjects[0].model.cfg
@@ -170,7 +174,7 @@ def _profile_resolution(
         lanes = [(s, p) for p in ([FP32] if backend == TORCH_BACKEND else precisions) for s in subjects if s.has(resolution, p)]
         targets = []
         try:
-            targets = _open_targets(backend, lanes, resolution, device, engine, progress, notes)
+            targets = _open_targets(backend, lanes, resolution, device, runner_options, progress, notes)
             for batch in batches:
                 images, frames = inputs(subjects[0].model, resolution, batch, rng)
                 samples = {}

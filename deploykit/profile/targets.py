@@ -165,14 +165,14 @@ class Unavailable(Exception):
     """A subject cannot run on an engine backend here; the report notes why."""
 
 
-def open_target(backend: str, subject: Subject, resolution: tuple[int, int], precision: str, device: torch.device, engine: dict):
+def open_target(backend: str, subject: Subject, resolution: tuple[int, int], precision: str, device: torch.device, runner_options: dict):
     if backend == TORCH_BACKEND:
         return TorchTarget(subject.model, resolution, device)
     from deploykit.backends.engine_cache import ENGINE_MODULES
     from deploykit.backends.registry import create_runner
 
     if backend not in ENGINE_MODULES:
-        return RunnerTarget(create_runner(backend, subject.onnx(resolution, precision)))
+        return RunnerTarget(create_runner(backend, subject.onnx(resolution, precision), **runner_options))
     # An engine exists only beside a graph of an export directory (deploykit build wrote it).
     plan = "" if precision == FP32 else f" {precision}"
     where = f"{subject.encoding}{plan} on {backend} @ {resolution_tag(resolution)}"
@@ -184,7 +184,7 @@ def open_target(backend: str, subject: Subject, resolution: tuple[int, int], pre
         )
         raise Unavailable(f"{where}: not profiled: {why}")
     try:
-        return RunnerTarget(create_runner(backend, subject.graphs[resolution, precision], **engine))
+        return RunnerTarget(create_runner(backend, subject.graphs[resolution, precision], **runner_options))
     except DeployKitError as err:  # no engine built, a stale one, no GPU: said, not a traceback
         raise Unavailable(f"{where}: not profiled: {err}") from err
 
