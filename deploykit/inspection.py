@@ -103,8 +103,9 @@ def inspect_engine(path: Path) -> dict:
     from deploykit.errors import StaleEngineError
 
     info: dict = {"kind": "engine", "path": str(path), "bytes": path.stat().st_size}
+    installed: list[str] = []  # plugin packages to load before the engine deserializes
     try:
-        fingerprint, engine_sha, plugins = read_fingerprint(path.with_suffix(".json"))
+        record = read_fingerprint(path.with_suffix(".json"))
     except StaleEngineError as err:
         info["fingerprint"] = None
         info["note"] = str(err)
@@ -114,26 +115,30 @@ def inspect_engine(path: Path) -> dict:
         from deploykit.export.manifest import sha256_file
 
         info.update(
-            fingerprint=fingerprint.to_dict(),
-            plugins=plugins,
-            matches_fingerprint=sha256_file(path) == engine_sha,
-            profile_shapes=fingerprint.shapes,
+            fingerprint=record.fingerprint.to_dict(),
+            plugins=record.plugins,
+            plugin_layers=record.plugin_layers,
+            matches_fingerprint=sha256_file(path) == record.engine_sha256,
+            profile_shapes=record.fingerprint.shapes,
         )
-        module = fingerprint.module
+        module, installed = record.fingerprint.module, record.installed_plugins
     if module is None:
         info["layers"] = {"note": "unknown TensorRT flavour (no fingerprint, and the name is not model_<res>.trt/.rtx.engine)"}
     else:
-        info["layers"] = _engine_layers(path, module)
+        info["layers"] = _engine_layers(path, module, installed)
     return info
 
 
-def _engine_layers(path: Path, module: str) -> dict:
+def _engine_layers(path: Path, module: str, installed_plugins=()) -> dict:
     """Layers and their output precisions from TensorRT's engine inspector (needs a GPU to
-    deserialize the engine); a note saying why otherwise."""
+    deserialize the engine, and the installed plugins it was built with, loaded first); a note
+    saying why otherwise. ``plugin_layers`` counts the layers TensorRT ran as plugins."""
     from deploykit.backends._polygraphy import TrtMessages, backend, import_trt
+    from deploykit.backends.plugins import Plugins
 
     try:
         pg, trt = backend(module), import_trt(module)
+        Plugins.resolve(installed_plugins or ()).load(module)
         with TrtMessages(f"{module} engine inspector", log=logging.getLogger(__name__)) as messages:
             with messages.failing_as("cannot deserialize the engine here", DeployKitError):
                 engine = pg.EngineFromBytes(path.read_bytes())()
@@ -147,7 +152,7 @@ def _engine_layers(path: Path, module: str) -> dict:
             layer = {"Name": layer}
         outputs = [o.get("Format/Datatype", "?") for o in layer.get("Outputs", [])]
         layers.append({"name": layer.get("Name", "?"), "type": layer.get("LayerType", "?"), "outputs": outputs})
-    return {"count": engine.num_layers, "layers": layers}
+    return {"count": engine.num_layers, "plugin_layers": sum("Plugin" in str(layer["type"]) for layer in layers), "layers": layers}
 
 
 def render(info: dict, indent: int = 0) -> list[str]:

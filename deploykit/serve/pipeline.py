@@ -12,8 +12,11 @@ Preprocessing then resizes and crops it to that resolution, exactly as for a mat
 Backend selection: ``backend="auto"`` tries the runner factories in ``AUTO_PREFERENCE`` order
 (TensorRT, TensorRT-RTX, ONNX Runtime), skipping any not registered, and keeps the first whose
 runner activates; each skipped backend's reason is kept in ``Pipeline.skipped`` and
-``Pipeline.describe_backends()`` says it in a few lines. Any other value names one backend from
-the mapping, with no fallback.
+``Pipeline.describe_backends()`` says it in a few lines. An engine that was built but could not
+run (no GPU, a stale fingerprint, a plugin that does not load) is also logged as a warning, so
+falling back to ONNX Runtime is never silent. Engine runners load the installed plugin packages
+an engine's fingerprint names (``--plugins sape2`` at build); ``plugins`` adds others (a plugin
+library). Any other value names one backend from the mapping, with no fallback.
 
 Threads: a pipeline may be called from several threads (a server's model instances, Ray's
 thread pool). A runner that does not declare itself ``thread_safe`` (an engine's execution
@@ -25,10 +28,12 @@ Limits: an image over ``ImageLimits`` (pixels, encoded bytes) is refused before 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +50,8 @@ from deploykit.resolutions import resolution_tag
 from deploykit.serve.classifier import INPUT_NAME, ImageLimits, read_image_config
 
 AUTO_PREFERENCE = ("trt", "rtx", "ort")
+
+_log = logging.getLogger(__name__)
 
 ImageLike = np.ndarray | bytes | str | os.PathLike | Any  # Any: a PIL image (PIL is optional)
 RunnerFactory = Callable[[Path], Runner]
@@ -160,10 +167,18 @@ def activate_runner(onnx_path: Path, backend: str, factories: Mapping[str, Runne
             runner.activate()
         except DeployKitError as err:  # missing package, no GPU, stale engine, unparsable graph...
             skipped[name] = str(err)
+            if backend == "auto" and _engine_built(onnx_path, name):
+                _log.warning("%s: the %s engine built for it was not used: %s", onnx_path.name, name, err)
             continue
         return name, runner, skipped
     reasons = "; ".join(f"{name}: {why}" for name, why in skipped.items())
     raise DeployKitError(f"no backend could run {onnx_path.name}: {reasons}")
+
+
+def _engine_built(onnx_path: Path, backend: str) -> bool:
+    from deploykit.backends.engine_cache import ENGINE_MODULES, engine_paths
+
+    return backend in ENGINE_MODULES and engine_paths(onnx_path, ENGINE_MODULES[backend])[0].is_file()
 
 
 class Pipeline:
@@ -178,6 +193,8 @@ class Pipeline:
         limits: the largest image (pixels, encoded bytes) accepted; larger ones are refused
             before decoding.
         factories: backend name → runner factory; default ``deploykit.backends.registry.RUNNER_FACTORIES``.
+        plugins: for the engine backends of the default factories, the plugins the engines were
+            built with (``Plugins``); None: the installed plugin packages each engine names.
 
     Raises:
         DeployKitError: not an export directory, a graph changed since export, or no backend runs.
@@ -193,10 +210,14 @@ class Pipeline:
         crop_pct: float = CROP_PCT,
         limits: ImageLimits = ImageLimits(),
         factories: Mapping[str, RunnerFactory] | None = None,
+        plugins=None,
     ):
+        from deploykit.backends.engine_cache import ENGINE_MODULES
         from deploykit.backends.registry import RUNNER_FACTORIES
         from deploykit.export.manifest import checked_graph
 
+        if factories is None:
+            factories = {name: partial(f, plugins=plugins) if name in ENGINE_MODULES else f for name, f in RUNNER_FACTORIES.items()}
         if top_k < 1 or batch_size < 1:
             raise ConfigError(f"top_k and batch_size must be >= 1, got {top_k} and {batch_size}")
         self.export_dir = Path(export_dir)
@@ -210,7 +231,7 @@ class Pipeline:
         try:
             for entry in manifest.graphs_at("fp32"):  # the served plan; fp16/bf16 graphs are built into engines separately
                 res = tuple(entry.resolution)
-                name, runner, skipped = activate_runner(checked_graph(self.export_dir, entry), backend, factories or RUNNER_FACTORIES)
+                name, runner, skipped = activate_runner(checked_graph(self.export_dir, entry), backend, factories)
                 self.runners[res], self.backends[res], self.skipped[res] = runner, name, skipped
                 self._locks[res] = contextlib.nullcontext() if runner.thread_safe else threading.Lock()
         except BaseException:

@@ -21,6 +21,14 @@ directory beside ``--output`` and renamed into place, so a failure leaves nothin
 TensorRT-RTX engines (``model_<res>.rtx.engine``) are not copied: Triton's ``tensorrt_plan``
 platform loads TensorRT engines only. When one is all that was built, the README and a warning
 say so and how to build the TensorRT engine instead.
+
+Plugins: an engine whose layers include plugins needs them where Triton deserializes it. Triton's
+TensorRT backend loads plugin shared libraries (``--backend-config=tensorrt,plugins=...``), not
+Python ones: an engine built with a Python plugin (``--plugins sape2``) is refused in one line
+naming the fix (build it without, so TensorRT inlines the op's ONNX body); plugin libraries,
+given again with ``plugins`` and checked against the engine's fingerprint, are copied into
+``plugins/`` with the server flag to load them in the README. The README also names the TensorRT
+version and GPU each engine was built with: Triton's container must carry that TensorRT.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ from deploykit.resolutions import resolution_tag
 from deploykit.serve.classifier import INPUT_NAME, ImageLimits, read_image_config
 
 PREPROCESS_MODEL_SOURCE = Path(__file__).with_name("triton_preprocess_model.py")
+PLUGIN_DIR = "plugins"  # plugin libraries the TensorRT engines need, loaded by tritonserver
 IMAGING_MODULE = "deploykit_imaging"  # the name the Python models import deploykit/imaging.py by
 
 _log = logging.getLogger(__name__)
@@ -181,11 +190,32 @@ def ensemble_config(name: str, preprocess: str, model: str, num_classes: int, op
     )
 
 
-def _find_engines(graph: Path) -> tuple[Path | None, tuple[int, int] | None, Path | None]:
-    """``(TensorRT engine, its (min, max) batch, TensorRT-RTX engine)`` that ``deploykit build``
-    wrote beside ``graph``, None where not built. A TensorRT engine must match its fingerprint's
-    hashes (the graph it was built from, and its own bytes), or packaging is refused."""
+@dataclass(frozen=True)
+class FoundEngines:
+    """What ``deploykit build`` wrote beside one graph, as packaging uses it.
+
+    Attributes:
+        engine: the TensorRT engine, None when not built.
+        batches: its profile's ``(min, max)`` batch.
+        built_with: ``TensorRT <version> on <GPU> (compute capability <cc>)``.
+        libraries: plugin libraries the engine's plugin layers need (given, hash-checked).
+        rtx_engine: a TensorRT-RTX engine beside the graph, None when not built.
+    """
+
+    engine: Path | None = None
+    batches: tuple[int, int] | None = None
+    built_with: str = ""
+    libraries: tuple[Path, ...] = ()
+    rtx_engine: Path | None = None
+
+
+def _find_engines(graph: Path, plugins) -> FoundEngines:
+    """The engines ``deploykit build`` wrote beside ``graph``. A TensorRT engine must match its
+    fingerprint's hashes (the graph it was built from, and its own bytes), and an engine with
+    plugin layers the plugins it was built with, as libraries Triton can load; or packaging is
+    refused."""
     from deploykit.backends.engine_cache import engine_paths, read_fingerprint
+    from deploykit.backends.plugins import check_plugins
     from deploykit.errors import StaleEngineError
     from deploykit.export.manifest import sha256_file
 
@@ -193,15 +223,27 @@ def _find_engines(graph: Path) -> tuple[Path | None, tuple[int, int] | None, Pat
     rtx_engine = engine_paths(graph, "tensorrt_rtx")[0]
     rtx_engine = rtx_engine if rtx_engine.is_file() else None
     if not trt_engine.is_file():
-        return None, None, rtx_engine
-    stored, engine_sha, _ = read_fingerprint(fp_path)
+        return FoundEngines(rtx_engine=rtx_engine)
+    record = read_fingerprint(fp_path)
+    stored = record.fingerprint
     hint = f"rebuild with: deploykit build {graph.parent} --backend trt --rebuild"
     if stored.onnx_sha256 != sha256_file(graph):
         raise StaleEngineError(f"{trt_engine}: the graph changed since the engine was built; {hint}")
-    if engine_sha != sha256_file(trt_engine):
+    if record.engine_sha256 != sha256_file(trt_engine):
         raise StaleEngineError(f"{trt_engine} changed since it was built; {hint}")
+    libraries: tuple[Path, ...] = ()
+    if record.plugin_layers:
+        if record.installed_plugins or any(s.kind != "library" for s in plugins.sources):
+            raise DeployKitError(
+                f"{trt_engine.name} runs {record.plugin_layers} layer(s) as TensorRT Python plugins ({', '.join(record.plugins)}), "
+                "which Triton's TensorRT backend cannot load (it loads plugin libraries); for Triton, rebuild it without --plugins "
+                f"(deploykit build {graph.parent} --backend trt --rebuild: TensorRT inlines the op's ONNX body), or serve it with deploykit serve"
+            )
+        check_plugins(trt_engine, stored.plugin_sha256, record.plugins, plugins, f"pass them to package triton with --plugins; {hint}")
+        libraries = tuple(s.path for s in plugins.sources)
     (shapes,) = stored.shapes.values()  # the input's [min, opt, max]
-    return trt_engine, (shapes[0][0], shapes[2][0]), rtx_engine
+    built_with = f"TensorRT {stored.trt_version} on {stored.gpu} (compute capability {stored.compute_capability})"
+    return FoundEngines(trt_engine, (shapes[0][0], shapes[2][0]), built_with, libraries, rtx_engine)
 
 
 def _fit_to_engine(opts: RepositoryOptions, batches: tuple[int, int], engine: Path) -> RepositoryOptions:
@@ -223,9 +265,13 @@ def copy_python_model(source: Path, version_dir: Path) -> None:
     shutil.copyfile(imaging.__file__, version_dir / f"{IMAGING_MODULE}.py")
 
 
-def _write_resolution(repo: Path, export_dir: Path, entry, config, opts: RepositoryOptions) -> dict:
+def _write_resolution(repo: Path, export_dir: Path, entry, config, opts: RepositoryOptions, plugins) -> dict:
     """Write the five models of one resolution; return what the README should say about it."""
-    engine, batches, rtx_engine = _find_engines(export_dir / entry.file)
+    found = _find_engines(export_dir / entry.file, plugins)
+    engine, batches, rtx_engine = found.engine, found.batches, found.rtx_engine
+    for library in found.libraries:  # one copy per library, shared by every engine that needs it
+        (repo / PLUGIN_DIR).mkdir(exist_ok=True)
+        shutil.copyfile(library, repo / PLUGIN_DIR / library.name)
     trt_opts = _fit_to_engine(opts, batches, engine) if engine else opts
     res, tag = tuple(entry.resolution), resolution_tag(tuple(entry.resolution))
     shape = (config.in_chans, *res)
@@ -262,24 +308,32 @@ def _write_resolution(repo: Path, export_dir: Path, entry, config, opts: Reposit
         "onnx": entry.file,
         "trt": names["trt"],
         "engine": engine.name if engine else None,
+        "built_with": found.built_with,
+        "libraries": [library.name for library in found.libraries],
         "rtx_engine": rtx_engine.name if rtx_engine and not engine else None,
     }
 
 
-def package_triton(export_dir: str | os.PathLike, output: str | os.PathLike, options: RepositoryOptions = RepositoryOptions()) -> Path:
+def package_triton(
+    export_dir: str | os.PathLike, output: str | os.PathLike, options: RepositoryOptions = RepositoryOptions(), plugins=None
+) -> Path:
     """Write a Triton model repository for every resolution of an export directory.
 
     Args:
         export_dir: written by ``deploykit export``.
         output: the repository directory to create; must not exist or be empty.
         options: batching, instances, warm-up settings.
+        plugins: the plugin libraries the TensorRT engines were built with (``Plugins``), copied
+            into the repository; none by default.
 
     Returns:
         The repository path.
 
     Raises:
-        DeployKitError: not an export directory, or ``output`` exists and is not empty.
+        DeployKitError: not an export directory, ``output`` exists and is not empty, or an
+            engine needs plugins Triton cannot load (Python ones) or that were not given.
     """
+    from deploykit.backends.plugins import Plugins
     from deploykit.export.manifest import checked_graph
 
     export_dir, output = Path(export_dir), Path(output)
@@ -294,7 +348,7 @@ def package_triton(export_dir: str | os.PathLike, output: str | os.PathLike, opt
     except OSError as err:
         raise DeployKitError(f"cannot write {output}: {err.strerror or err}") from err
     try:
-        notes = [_write_resolution(tmp, export_dir, entry, config, options) for entry, _ in entries]
+        notes = [_write_resolution(tmp, export_dir, entry, config, options, plugins or Plugins()) for entry, _ in entries]
         (tmp / "README.md").write_text(_readme(manifest, notes, options))
         if output.exists():
             output.rmdir()  # empty (checked above)
@@ -307,12 +361,14 @@ def package_triton(export_dir: str | os.PathLike, output: str | os.PathLike, opt
 
 
 def _readme(manifest: Manifest, notes: list[dict], opts: RepositoryOptions) -> str:
+    libraries = sorted({name for n in notes for name in n["libraries"]})
+    load = f" --backend-config=tensorrt,plugins={';'.join(f'$PWD/{PLUGIN_DIR}/{name}' for name in libraries)}" if libraries else ""
     lines = [
         "# Triton model repository (written by `deploykit package triton`)",
         "",
         f"Encoding `{manifest.encoding}`, weights sha256 `{manifest.weights_sha256[:16]}…`. Serve with",
         "",
-        "    tritonserver --model-repository=$PWD",
+        f"    tritonserver --model-repository=$PWD{load}",
         "",
         "Send encoded image bytes (input `image`, TYPE_STRING) to `classify_<res>_trt` or `classify_<res>_onnx`;",
         "preprocessed float32 `[B, 3, H, W]` tensors (input `images`) to `vit_<res>_trt` / `vit_<res>_onnx`.",
@@ -323,13 +379,17 @@ def _readme(manifest: Manifest, notes: list[dict], opts: RepositoryOptions) -> s
         "",
         "## TensorRT engines",
         "",
-        "An engine is specific to its GPU and TensorRT version, so build it on the serving host:",
+        "An engine is specific to its GPU and TensorRT version, so build it on the serving host, and run it in a Triton",
+        "container whose TensorRT is the version it was built with (NGC's Triton release notes list each container's):",
         "",
     ]
     for n in notes:
         h, w = n["res"]
         if n["engine"]:
-            lines.append(f"- `{n['trt']}/1/model.plan`: copied from `{n['engine']}` of the export directory.")
+            needs = f"; needs `{', '.join(n['libraries'])}` (in `{PLUGIN_DIR}/`, loaded by the command above)" if n["libraries"] else ""
+            lines.append(
+                f"- `{n['trt']}/1/model.plan`: copied from `{n['engine']}` of the export directory, built with {n['built_with']}{needs}."
+            )
         else:
             if n["rtx_engine"]:
                 lines.append(
@@ -340,19 +400,19 @@ def _readme(manifest: Manifest, notes: list[dict], opts: RepositoryOptions) -> s
             lines.append(
                 f"- `{n['trt']}/1/model.plan`: `trtexec --onnx=vit_{n['tag']}_onnx/1/model.onnx --saveEngine={n['trt']}/1/model.plan "
                 f"--minShapes=images:1x3x{h}x{w} --optShapes=images:{max(opts.preferred_batch_sizes)}x3x{h}x{w} "
-                f"--maxShapes=images:{opts.max_batch_size}x3x{h}x{w}` (strongly typed; precision is decided in the ONNX graph)"
+                f"--maxShapes=images:{opts.max_batch_size}x3x{h}x{w} --stronglyTyped` (precision is decided in the ONNX graph)"
             )
     lines += [
         "",
         "## SaPE² plugin",
         "",
         "Graphs with SaPE² carry the custom op `deploykit::SaPE2Bias`, a model-local ONNX function. deploykit's plugin for it",
-        "is a TensorRT Python plugin (`deploykit build --plugins sape2`); deploykit builds no plugin library (`.so`) that",
-        "tritonserver could preload. For Triton, build the `_trt` engine without `--plugins`: TensorRT then inlines the",
-        "op's plain-ONNX body and the engine needs nothing at load. An engine built with `--plugins sape2` is for",
-        "deploykit's own runners, which register the plugin before the engine deserializes. ONNX Runtime always runs",
-        "the function body, so the `_onnx` variants need no plugin. A plugin library of your own is loaded with",
-        "`--backend-config=tensorrt,plugins=/path/to/lib.so` (several: separate them with `;`).",
+        "is a TensorRT Python plugin (`deploykit build --plugins sape2`), which Triton's TensorRT backend cannot load, so",
+        "`package triton` refuses an engine built with it: for Triton, build the `_trt` engine without `--plugins`",
+        "(TensorRT then inlines the op's plain-ONNX body and the engine needs nothing at load). ONNX Runtime always runs",
+        "the function body, so the `_onnx` variants need no plugin. An engine built with a plugin library of your own",
+        "(`deploykit build --plugins lib.so`) is packaged with `--plugins lib.so`: the library is copied into `plugins/`",
+        "and loaded by the command at the top.",
         f"This export's encoding: `{manifest.encoding}`"
         + (" (has the op)." if manifest.encoding.startswith("sape2") else " (no custom op)."),
     ]

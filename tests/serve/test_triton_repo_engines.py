@@ -10,8 +10,9 @@ import shutil
 import pytest
 
 from deploykit.backends.engine_cache import Fingerprint, engine_paths, write_fingerprint
+from deploykit.backends.plugins import Plugins
 from deploykit.cli import main
-from deploykit.errors import ConfigError, StaleEngineError
+from deploykit.errors import ConfigError, DeployKitError, StaleEngineError
 from deploykit.export.manifest import sha256_file
 from deploykit.serve.triton_repo import RepositoryOptions, package_triton
 
@@ -25,7 +26,7 @@ def parse(path):
     return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
 
 
-def _tensorrt_engine(graph, batches=(1, 8, 16), data=b"serialized TensorRT engine"):
+def _tensorrt_engine(graph, batches=(1, 8, 16), data=b"serialized TensorRT engine", plugins=Plugins(), plugin_layers=0):
     """An engine file and fingerprint where ``deploykit build --backend trt`` puts them (TensorRT
     itself cannot be installed here, so the bytes are a stand-in)."""
     engine, fp_path = engine_paths(graph, "tensorrt")
@@ -43,9 +44,9 @@ def _tensorrt_engine(graph, batches=(1, 8, 16), data=b"serialized TensorRT engin
         driver="580.65",
         gpu="NVIDIA L4",
         compute_capability="8.9",
-        plugin_sha256=None,
+        plugin_sha256=plugins.sha256(),
     )
-    write_fingerprint(fp_path, fingerprint, sha256_file(engine))
+    write_fingerprint(fp_path, fingerprint, sha256_file(engine), plugins, plugin_layers)
     return engine
 
 
@@ -75,7 +76,41 @@ def test_the_engine_build_wrote_is_packaged_and_the_batching_fits_it(export_dir,
     assert trt.max_batch_size == ensemble.max_batch_size == 16 and list(trt.dynamic_batching.preferred_batch_size) == [8]
     assert [s.batch_size for s in trt.optimization.cuda.graph_spec] == [1, 8]
     assert onnx_cfg.max_batch_size == 32  # ONNX Runtime takes any batch
-    assert "copied from `model_48.trt.engine`" in (repo / "README.md").read_text()
+    readme = (repo / "README.md").read_text()
+    # The TensorRT it was built with, which Triton's container must carry.
+    assert (
+        "copied from `model_48.trt.engine` of the export directory, built with TensorRT 10.13.0 on NVIDIA L4 (compute capability 8.9)."
+        in readme
+    )
+    assert "--maxShapes=images:32x3x32x32 --stronglyTyped`" in readme  # how to build the 32 px one: strongly typed, as deploykit does
+
+
+def test_an_engine_with_python_plugin_layers_is_refused_and_one_with_a_library_carries_it(export_dir, tmp_path):
+    """Triton's TensorRT backend loads plugin libraries only: an engine built with the Python SaPE²
+    plugin cannot deserialize there (defect 5); one built with a library gets the library, given
+    again and checked against the fingerprint, and the flag that loads it."""
+    exp = shutil.copytree(export_dir, tmp_path / "exp")
+    _tensorrt_engine(exp / "model_32.onnx", plugins=Plugins.resolve(["sape2"]), plugin_layers=2)
+    with pytest.raises(
+        DeployKitError, match=r"model_32.trt.engine runs 2 layer\(s\) as TensorRT Python plugins .*rebuild it without --plugins"
+    ) as err:
+        package_triton(exp, tmp_path / "a")
+    assert "\n" not in str(err.value) and not (tmp_path / "a").exists()
+
+    library = tmp_path / "libs" / "libsape2_plugin.so"
+    library.parent.mkdir()
+    library.write_bytes(b"\x7fELF stand-in plugin library")
+    _tensorrt_engine(exp / "model_32.onnx", plugins=Plugins.resolve([library]), plugin_layers=2)
+    with pytest.raises(StaleEngineError, match="needs the plugins it was built with .*libsape2_plugin.so"):
+        package_triton(exp, tmp_path / "b")  # not given: never copied from a path the fingerprint names
+    repo = package_triton(exp, tmp_path / "c", plugins=Plugins.resolve([library]))
+    assert (repo / "plugins" / "libsape2_plugin.so").read_bytes() == library.read_bytes()
+    readme = (repo / "README.md").read_text()
+    assert "tritonserver --model-repository=$PWD --backend-config=tensorrt,plugins=$PWD/plugins/libsape2_plugin.so" in readme
+    assert "needs `libsape2_plugin.so`" in readme
+    # Plugins loaded at build but used by no layer: the engine needs nothing at load.
+    _tensorrt_engine(exp / "model_32.onnx", plugins=Plugins.resolve(["sape2"]), plugin_layers=0)
+    assert not (package_triton(exp, tmp_path / "d") / "plugins").exists()
 
 
 def test_a_stale_or_fixed_batch_engine_is_refused(export_dir, tmp_path):
