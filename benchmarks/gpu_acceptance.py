@@ -3,12 +3,17 @@ end to end, in one run, written to one JSON report that starts with the device l
 
 For every registered encoding (the zoo's trained model by default): export at two resolutions in
 every precision plan ``deploykit.export.precision.PRECISIONS`` has; validate each plan in ONNX
-Runtime (CPU, and CUDA where onnxruntime-gpu is installed); build TensorRT and TensorRT-RTX
-engines with a batch profile and validate them at every profiled shape; profile them with CUDA
-graphs on and off; list their layers with TensorRT's engine inspector; serve each flavour with
-``deploykit serve`` under concurrent load and compare its answers with ONNX Runtime; build the
-SaPE² graph with the SaPE² TensorRT plugin and validate it; check the SaPE² Triton bias kernel
-and fused attention against the float64 reference.
+Runtime (CPU, and CUDA where onnxruntime-gpu is installed, recording where each node ran);
+build TensorRT and TensorRT-RTX engines with a batch profile and validate them at every profiled
+shape; build the static-batch engines plain ``deploykit build`` makes and validate those; build
+and validate a resolution-range engine where the encoding's tables nest; compare CUDA-graph
+replays with plain runs, shapes alternating; profile with CUDA graphs on and off; list engine
+layers with TensorRT's engine inspector; serve each flavour with ``deploykit serve`` under
+concurrent load and compare its answers with ONNX Runtime; where a ``tritonserver`` binary is on
+``PATH``, load the ``package triton`` repository and answer a request; build the SaPE² graph with
+the SaPE² TensorRT plugin, check the engine holds one plugin layer per SaPE² node, and validate
+it; with ``--plugin-library``, the same for an engine built with a plugin library; check the
+SaPE² Triton bias kernel and fused attention against the float64 reference.
 
 Each check is passed, failed (with the reason) or skipped (with the reason: no GPU, a package not
 installed, no tolerance for a plan); the exit code is 1 when any check failed. The CPU parts
@@ -18,12 +23,14 @@ per process, so each flavour's engine checks run in a child process of this scri
 
     python benchmarks/gpu_acceptance.py                      # on the GPU machine; ~minutes per encoding
     python benchmarks/gpu_acceptance.py --encodings ape,sape2 --out /tmp/acceptance.json
+    python benchmarks/gpu_acceptance.py --encodings sape2 --plugin-library libsape2.so   # a C++ plugin of yours
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import signal
 import socket
 import subprocess
@@ -178,6 +185,21 @@ def cpu_checks(exported: dict[str, Path], checks: Checks) -> None:
             return info
 
         checks.run(f"inspect graph {encoding}", inspect)
+        checks.run(f"ort-cuda node placement {encoding}", placement_check(first), skip=no_ort_cuda)
+
+
+def placement_check(graph: Path):
+    """Where ONNX Runtime's CUDA provider session runs each node: compute on the CPU fails."""
+    from deploykit.backends.onnxrt import OnnxrtCudaRunner
+
+    def check():
+        with OnnxrtCudaRunner(graph, allow_cpu_fallback=True) as runner:
+            details = runner.details
+        if details["node_placement"]["cpu_compute"]:
+            raise Failed(details["placement_note"], details)
+        return details
+
+    return check
 
 
 def run_worker(flavour: str, exported: dict[str, Path], args, work: Path) -> list[dict]:
@@ -192,6 +214,7 @@ def run_worker(flavour: str, exported: dict[str, Path], args, work: Path) -> lis
         str(out),
         "--budget",
         str(args.budget),
+        *(["--plugin-library", args.plugin_library] if args.plugin_library else []),
         *[f"{encoding}={path}" for encoding, path in exported.items()],
     ]
     proc = subprocess.run(cmd, stdin=subprocess.DEVNULL)
@@ -204,7 +227,7 @@ def run_worker(flavour: str, exported: dict[str, Path], args, work: Path) -> lis
 # one flavour's engine checks (in the worker)
 
 
-def engine_checks(flavour: str, exported: dict[str, Path], budget_s: float, checks: Checks) -> None:
+def engine_checks(flavour: str, exported: dict[str, Path], budget_s: float, checks: Checks, plugin_library: str | None = None) -> None:
     from deploykit.build import build
     from deploykit.export.manifest import Manifest
     from deploykit.export.precision import PLANS
@@ -212,6 +235,8 @@ def engine_checks(flavour: str, exported: dict[str, Path], budget_s: float, chec
     module = FLAVOURS[flavour]
     missing = None if is_available(module) else f"{module} is not installed (pip install 'deploykit[{flavour}]')"
     for encoding, out in exported.items():
+        checks.run(f"static-batch engine {flavour} {encoding}", static_engine_check(out, flavour), skip=missing or NO_GPU)
+        checks.run(f"resolution-range engine {flavour} {encoding}", range_engine_check(out, flavour), skip=missing or NO_GPU)
         precisions = list(dict.fromkeys(g.precision for g in Manifest.read(out).graphs))
         built = checks.run(
             f"build {flavour} {encoding}",
@@ -225,6 +250,7 @@ def engine_checks(flavour: str, exported: dict[str, Path], budget_s: float, chec
                 validate_check(out, flavour, precision),
                 skip=cant_run or no_tolerance(precision) or PLANS[precision].ort_only or None,
             )
+        checks.run(f"cuda graphs match plain runs {flavour} {encoding}, shapes alternating", cuda_graph_check(out, flavour), skip=cant_run)
         for graphs in (True, False):
             checks.run(
                 f"profile {flavour} {encoding} cuda graphs {'on' if graphs else 'off'}",
@@ -235,9 +261,87 @@ def engine_checks(flavour: str, exported: dict[str, Path], budget_s: float, chec
     if "sape2" in exported and flavour == "trt":  # TensorRT-RTX has no Python plugins
         checks.run(
             "sape2 with the TensorRT plugin",
-            sape2_plugin_check(exported["sape2"]),
+            plugin_engine_check(exported["sape2"], flavour, ["sape2"]),
             skip=missing or NO_GPU or (None if is_available("triton") else "triton is not installed (pip install 'deploykit[triton]')"),
         )
+    for encoding, out in exported.items():
+        checks.run(
+            f"{encoding} with the plugin library {plugin_library} on {flavour}",
+            plugin_engine_check(out, flavour, [plugin_library]),
+            skip=missing or NO_GPU or (None if plugin_library else "no --plugin-library given"),
+        )
+
+
+def _copy(out: Path, prefix: str) -> Path:
+    copy = Path(tempfile.mkdtemp(prefix=prefix)) / "exp"
+    shutil.copytree(out, copy)
+    return copy
+
+
+def static_engine_check(out: Path, flavour: str):
+    """What plain ``deploykit build`` makes (static batch 1), validated."""
+    from deploykit.build import build
+
+    def check():
+        copy = _copy(out, f"static_{flavour}_")
+        build(copy, flavour, precisions=["fp32"], rebuild=True)
+        return _report_validation(validate_check(copy, flavour, "fp32")())
+
+    return check
+
+
+def range_engine_check(out: Path, flavour: str):
+    """A graph over a resolution range (``export --resolution-range``) built and validated at its
+    min/opt/max; skipped for encodings whose tables do not nest."""
+    from deploykit.build import build
+    from deploykit.errors import ExportError
+    from deploykit.export import export
+    from deploykit.export.bundle import load_reference
+
+    def check():
+        model = load_reference(out)
+        if not getattr(model.pos_enc, "tables_nest", False):
+            return {"skipped": f"{model.cfg.encoding} tables do not nest over resolutions"}
+        patch, (h, w) = model.cfg.patch_size, model.default_shape
+        low, high = (h, w), (2 * h, 2 * w)
+        opt = tuple((a + b) // 2 // patch * patch for a, b in zip(low, high))
+        copy = Path(tempfile.mkdtemp(prefix=f"range_{flavour}_")) / "exp"
+        try:
+            export(model, [low], copy, resolution_range=(low, opt, high))
+        except ExportError as err:
+            raise Failed(f"range export refused: {err}") from err
+        build(copy, flavour, dynamic=True, batch=2, max_batch=4, rebuild=True)
+        return _report_validation(validate_check(copy, flavour, "fp32")())
+
+    return check
+
+
+def cuda_graph_check(out: Path, flavour: str):
+    """The same engine with CUDA graphs and without, batches alternating (each batch is a shape
+    with its own captured graph): replays must give the plain runs' outputs."""
+    from deploykit.backends.registry import create_runner
+    from deploykit.export.manifest import Manifest
+
+    def check():
+        graph = out / Manifest.read(out).graphs_at("fp32")[0].file
+        rng = np.random.default_rng(0)
+        batches = [1, 8, 4, 1, 8, 4, 1]
+        worst = 0.0
+        with create_runner(flavour, graph, cuda_graph=True) as graphs, create_runner(flavour, graph, cuda_graph=False) as plain:
+            (name,) = plain.input_names()
+            shape = tuple(next(iter(plain.profiled_shapes))[1:])
+            for batch in batches:
+                feed = {name: rng.standard_normal((batch, *shape), dtype=np.float32)}
+                got, want = graphs.infer(feed), plain.infer(feed)
+                worst = max(worst, max(float(np.abs(got[k] - want[k]).max()) for k in want))
+            details = {"batches": batches, "max_abs_diff": worst, "cuda_graphs": graphs.cuda_graphs, "note": graphs.cuda_graph_note}
+        if not details["cuda_graphs"]:
+            raise Failed(f"CUDA graphs not used: {details['note']}", details)
+        if worst > 1e-5:
+            raise Failed("CUDA-graph replays differ from plain runs", details)
+        return details
+
+    return check
 
 
 def profile_check(out: Path, flavour: str, cuda_graphs: bool, budget_s: float):
@@ -280,20 +384,31 @@ def inspect_engine_check(out: Path, flavour: str):
     return check
 
 
-def sape2_plugin_check(out: Path):
-    """The SaPE² graph built with the installed SaPE² plugin (no inlined function body), validated."""
-    import shutil
+def plugin_engine_check(out: Path, flavour: str, specs: list[str]):
+    """The graph built with plugins: every custom node a registered plugin covers became a plugin
+    layer (the fingerprint's count and the engine inspector's agree), and the engine validates."""
+    import onnx
 
+    from deploykit.backends.engine_cache import engine_paths, read_fingerprint
     from deploykit.backends.plugins import Plugins
     from deploykit.build import build
+    from deploykit.export.manifest import Manifest
+    from deploykit.export.plugin_nodes import STANDARD_DOMAINS
+    from deploykit.inspection import inspect_engine
     from deploykit.validate import validate
 
     def check():
-        copy = Path(tempfile.mkdtemp(prefix="sape2_plugin_")) / "exp"
-        shutil.copytree(out, copy)
-        plugins = Plugins.resolve(["sape2"])
-        build(copy, "trt", precisions=["fp32"], rebuild=True, plugins=plugins)
-        return _report_validation(validate(copy, backends=["trt"], precision="fp32", plugins=plugins))
+        copy = _copy(out, "plugins_")
+        plugins = Plugins.resolve(specs)
+        build(copy, flavour, precisions=["fp32"], rebuild=True, plugins=plugins)
+        graph = copy / Manifest.read(copy).graphs_at("fp32")[0].file
+        custom = sum(n.domain not in STANDARD_DOMAINS for n in onnx.load(str(graph), load_external_data=False).graph.node)
+        recorded = read_fingerprint(engine_paths(graph, FLAVOURS[flavour])[1]).plugin_layers
+        layers = inspect_engine(engine_paths(graph, FLAVOURS[flavour])[0])["layers"]
+        details = {"custom_nodes": custom, "plugin_layers_recorded": recorded, "plugin_layers_in_engine": layers.get("plugin_layers")}
+        if not custom or recorded != custom or layers.get("plugin_layers") != custom:
+            raise Failed("the engine does not run every custom node as its plugin", details)
+        return {**details, **_report_validation(validate(copy, backends=[flavour], precision="fp32", plugins=plugins))}
 
     return check
 
@@ -402,6 +517,47 @@ def serving_check(out: Path, backend: str, requests: int = 200, concurrency: int
     return check
 
 
+def tritonserver_check(out: Path):
+    """The repository ``deploykit package triton`` writes, loaded by a real ``tritonserver``
+    (the TensorRT engines the trt worker built, with a batch profile), answering one request per
+    model kind like ONNX Runtime in-process."""
+
+    def check():
+        import tritonclient.http as httpclient
+
+        import deploykit
+        from deploykit.serve.triton_repo import package_triton
+        from deploykit.validate import TOLERANCES, compare_logits
+
+        repo = package_triton(out, Path(tempfile.mkdtemp(prefix="triton_repo_")) / "repo")
+        http, grpc, metrics = _free_ports(3)
+        log = repo.parent / "tritonserver.log"
+        cmd = ["tritonserver", f"--model-repository={repo}", f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}"]
+        with open(log, "wb") as sink:
+            proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            client = httpclient.InferenceServerClient(f"127.0.0.1:{http}")
+            _wait_ready(client, proc, log)
+            with deploykit.load(out, backend="ort") as pipeline:
+                resolution = pipeline.resolutions[0]
+                images = np.random.default_rng(0).standard_normal((1, 3, *resolution), dtype=np.float32)
+                expected = pipeline.logits(images)
+            tag = "x".join(map(str, resolution)) if resolution[0] != resolution[1] else str(resolution[0])
+            answers = {}
+            for model in (f"vit_{tag}_trt", f"vit_{tag}_onnx"):
+                tensor = httpclient.InferInput("images", [1, 3, *resolution], "FP32")
+                tensor.set_data_from_numpy(images)
+                answers[model] = compare_logits(expected, client.infer(model, [tensor]).as_numpy("logits"), 1, TOLERANCES["fp32"])
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(120)
+        if not all(a["passed"] for a in answers.values()):
+            raise Failed("tritonserver's answers differ from ONNX Runtime's", answers)
+        return {m: {"max_abs": a["max_abs"]} for m, a in answers.items()}
+
+    return check
+
+
 def _wait_ready(client, proc, log: Path, timeout_s: float = 600) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -422,7 +578,7 @@ def _wait_ready(client, proc, log: Path, timeout_s: float = 600) -> None:
 def worker_main(args) -> int:
     checks = Checks()
     exported = dict(item.split("=", 1) for item in args.items)
-    engine_checks(args.worker, {k: Path(v) for k, v in exported.items()}, args.budget, checks)
+    engine_checks(args.worker, {k: Path(v) for k, v in exported.items()}, args.budget, checks, args.plugin_library)
     write_json_atomic(args.out, checks.items)
     return 0
 
@@ -436,6 +592,7 @@ def main(argv=None) -> int:
     parser.add_argument("--one-resolution", action="store_true", help="export the model's own resolution only")
     parser.add_argument("--budget", type=float, default=1.0, help="seconds per profile measurement")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--plugin-library", default=None, help="a TensorRT plugin library (.so) to build the graphs with, for its checks")
     parser.add_argument("--worker", choices=sorted(FLAVOURS), default=None, help=argparse.SUPPRESS)
     parser.add_argument("items", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -458,6 +615,9 @@ def main(argv=None) -> int:
                 serving_check(out, flavour),
                 skip=engine_missing or NO_GPU or serve_missing,
             )
+    no_tritonserver = None if shutil.which("tritonserver") else "no tritonserver binary on PATH"
+    for encoding, out in exported.items():
+        checks.run(f"tritonserver loads the packaged {encoding} repository", tritonserver_check(out), skip=no_tritonserver or NO_GPU)
     checks.run(
         "sape2 Triton kernels against the float64 reference",
         kernel_check,

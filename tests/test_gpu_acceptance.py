@@ -66,7 +66,20 @@ def test_gpu_parts_are_skipped_with_the_reason(report):
     gpu_only = [
         c
         for c in data["checks"]
-        if c["name"].startswith(("validate rtx", "validate trt", "profile ", "inspect engine", "serve ", "sape2 "))
+        if c["name"].startswith(
+            (
+                "validate rtx",
+                "validate trt",
+                "profile ",
+                "inspect engine",
+                "serve ",
+                "sape2 ",
+                "static-batch",
+                "resolution-range",
+                "cuda graphs",
+            )
+        )
+        or "plugin library" in c["name"]
     ]
     assert len(gpu_only) >= 2 * len(ENCODINGS) * 4
     assert all(c["status"] == "skipped" and ("GPU" in c["reason"] or "not installed" in c["reason"]) for c in gpu_only)
@@ -76,4 +89,13 @@ def test_gpu_parts_are_skipped_with_the_reason(report):
             f"profile rtx {encoding} cuda graphs on",
             f"profile rtx {encoding} cuda graphs off",
             f"serve rtx {encoding} under concurrent load",
+            f"static-batch engine trt {encoding}",
+            f"resolution-range engine rtx {encoding}",
+            f"cuda graphs match plain runs rtx {encoding}, shapes alternating",
+            f"{encoding} with the plugin library None on trt",
         } <= names
+    others = {c["name"]: c for c in data["checks"]}
+    for encoding in ENCODINGS:  # skipped for what this machine lacks, said
+        assert others[f"tritonserver loads the packaged {encoding} repository"]["status"] == "skipped"
+        placement = others[f"ort-cuda node placement {encoding}"]
+        assert placement["status"] == "skipped" and placement["reason"] == "onnxruntime has no CUDA provider"
