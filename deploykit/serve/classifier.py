@@ -28,14 +28,29 @@ class ImageLimits:
     Attributes:
         max_pixels: most pixels (height x width), checked from the image header.
         max_bytes: most encoded bytes per image.
+        max_side: most pixels on either side.
+        max_aspect: largest ratio of the long side to the short one.
     """
 
     max_pixels: int = imaging.MAX_PIXELS
     max_bytes: int = imaging.MAX_BYTES
+    max_side: int = imaging.MAX_SIDE
+    max_aspect: float = imaging.MAX_ASPECT
 
     def __post_init__(self) -> None:
-        if self.max_pixels < 1 or self.max_bytes < 1:
-            raise ConfigError(f"image limits must be >= 1, got max_pixels={self.max_pixels}, max_bytes={self.max_bytes}")
+        if min(self.max_pixels, self.max_bytes, self.max_side) < 1 or not self.max_aspect >= 1:
+            raise ConfigError(
+                f"image limits must be >= 1, got max_pixels={self.max_pixels}, max_bytes={self.max_bytes}, "
+                f"max_side={self.max_side}, max_aspect={self.max_aspect}"
+            )
+
+    def check(self, height: int, width: int) -> None:
+        """``imaging.check_size`` with these limits."""
+        imaging.check_size(height, width, self.max_pixels, self.max_side, self.max_aspect)
+
+    def decode(self, data: bytes):
+        """``imaging.decode`` with these limits: ``[H, W, 3]`` uint8."""
+        return imaging.decode(data, self.max_pixels, self.max_bytes, self.max_side, self.max_aspect)
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,7 @@ def decode_image(item: ImageLike, limits: ImageLimits = ImageLimits()) -> np.nda
     """One image as ``[H, W, 3]`` uint8.
 
     Accepts a uint8 array (``[H, W]``, ``[H, W, 1|3|4]``), a PIL image, encoded image bytes
-    (PNG, JPEG, ...) or a file path. Encoded images are size-checked from their header first.
+    (PNG, JPEG, WebP, BMP) or a file path. Encoded images are size-checked from their header first.
 
     Raises:
         InputError: anything else, bytes / a file that is not a readable image, or an image
@@ -78,14 +78,14 @@ def decode_image(item: ImageLike, limits: ImageLimits = ImageLimits()) -> np.nda
     try:
         if isinstance(item, np.ndarray):
             array = _rgb_array(item)
-            imaging.check_size(*array.shape[:2], limits.max_pixels)
+            limits.check(*array.shape[:2])
             return array
         if isinstance(item, (bytes, bytearray, memoryview, str, os.PathLike)):
             lazy_import("PIL.Image")  # a missing Pillow is named with its extra
             data = bytes(item) if isinstance(item, (bytes, bytearray, memoryview)) else _read_file(item, limits.max_bytes)
-            return imaging.decode(data, limits.max_pixels, limits.max_bytes)
+            return limits.decode(data)
         if hasattr(item, "convert") and hasattr(item, "size"):  # a PIL image, without importing PIL for the check
-            imaging.check_size(item.size[1], item.size[0], limits.max_pixels)
+            limits.check(item.size[1], item.size[0])
             return np.array(item.convert("RGB"))
     except imaging.ImageRejected as err:
         raise InputError(f"{item}: {err}" if isinstance(item, (str, os.PathLike)) else str(err)) from err

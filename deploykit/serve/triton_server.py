@@ -201,6 +201,8 @@ def classify_config(pipeline: Pipeline, options: ServerOptions) -> str:
         crop_pct=pipeline.crop_pct,
         max_pixels=options.limits.max_pixels,
         max_bytes=options.limits.max_bytes,
+        max_side=options.limits.max_side,
+        max_aspect=options.limits.max_aspect,
         max_batch_size=options.max_batch_size,
     )
     return (
