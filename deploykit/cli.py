@@ -549,6 +549,13 @@ def profile(
 @click.option("--max-batch-size", default=32, show_default=True, help="Largest batch per request and per merged execution.")
 @click.option("--max-queue-delay-us", default=2000, show_default=True, help="Dynamic batcher wait to fill a batch.")
 @click.option("--backend", "-b", default="auto", show_default=True, help="auto (TensorRT if usable, else ONNX Runtime) or a backend name.")
+@click.option(
+    "--precision",
+    type=click.Choice(PLAN_NAMES),
+    default="fp32",
+    show_default=True,
+    help="Precision plan to serve: its graphs (or engines) at every resolution the export holds for it.",
+)
 @click.option("--top-k", default=5, show_default=True, help="Classes returned per image.")
 @_image_limit_options
 @click.option("--ray", "use_ray", is_flag=True, help="Serve on Ray Serve instead (HTTP on --host/--port; POST image bytes).")
@@ -563,6 +570,7 @@ def serve(
     max_batch_size,
     max_queue_delay_us,
     backend,
+    precision,
     top_k,
     max_image_pixels,
     max_image_bytes,
@@ -594,6 +602,7 @@ def serve(
             max_batch_size=max_batch_size,
             batch_wait_timeout_s=max_queue_delay_us / 1e6,
             backend=backend,
+            precision=precision,
             top_k=top_k,
             host=host,
             port=port,
@@ -617,6 +626,7 @@ def serve(
         max_batch_size=max_batch_size,
         max_queue_delay_us=max_queue_delay_us,
         backend=backend,
+        precision=precision,
         top_k=top_k,
         limits=limits,
     )

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from deploykit import imaging
 from deploykit.errors import ConfigError
+from deploykit.export.manifest import Manifest, checked_config
 
 INPUT_NAME = "images"  # the ViT graphs' input: serving is for image classifiers
-CONFIG_FILE = "config.json"  # as deploykit.nn.checkpoint writes it
 SEQUENCE_ARCHITECTURE = "sequence_transformer"  # deploykit.nn.sequence.ARCHITECTURE
 
 
@@ -70,19 +70,19 @@ class ClassifierConfig:
     std: tuple[float, ...]
 
 
-def read_image_config(export_dir: Path) -> ClassifierConfig:
-    """The export's classifier fields; a sequence model's export is refused in one line.
+def read_image_config(export_dir: Path, manifest: Manifest) -> ClassifierConfig:
+    """The export's classifier fields, from a ``config.json`` checked against ``manifest``; a
+    sequence model's export is refused in one line.
 
     Raises:
-        ConfigError: no or an unreadable ``config.json``, a sequence model, or fields that are
+        DeployKitError: ``config.json`` is missing, changed since export or not in the manifest.
+        ConfigError: an unreadable ``config.json``, a sequence model, or fields that are
             missing or out of range.
     """
-    path = Path(export_dir) / CONFIG_FILE
+    path = checked_config(export_dir, manifest)
     try:
         data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"model config not found: {path}") from None
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, RecursionError) as err:
         raise ConfigError(f"invalid model config {path}: {err}") from err
     if not isinstance(data, dict):
         raise ConfigError(f"invalid model config {path}: a JSON object expected")

@@ -70,6 +70,7 @@ class ServerOptions:
         max_batch_size: largest batch one request may carry and one execution may merge.
         max_queue_delay_us: how long the dynamic batcher waits to fill a batch (microseconds).
         backend: pipeline backend (``"auto"``, ``"ort"``, ...).
+        precision: the precision plan served (its graphs at every exported resolution).
         top_k: classes returned per image.
         exit_timeout_s: how long Triton waits for in-flight requests on shutdown.
         limits: the largest image ``classify`` decodes (pixels, encoded bytes).
@@ -83,6 +84,7 @@ class ServerOptions:
     max_batch_size: int = 32
     max_queue_delay_us: int = 2000
     backend: str = "auto"
+    precision: str = "fp32"
     top_k: int = 5
     exit_timeout_s: int = 5
     limits: ImageLimits = field(default_factory=ImageLimits)
@@ -338,7 +340,14 @@ def serve(
     """
     check_listen_addresses(options)  # before anything loads: a taken port fails in a second
     lazy_import("pytriton.triton")  # a missing extra is said before the export is opened
-    pipeline = Pipeline(export_dir, backend=options.backend, top_k=options.top_k, batch_size=options.max_batch_size, limits=options.limits)
+    pipeline = Pipeline(
+        export_dir,
+        precision=options.precision,
+        backend=options.backend,
+        top_k=options.top_k,
+        batch_size=options.max_batch_size,
+        limits=options.limits,
+    )
     with pipeline, TritonServer(pipeline, options) as server:
         if on_ready:
             on_ready(server.ready)

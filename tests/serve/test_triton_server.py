@@ -309,7 +309,7 @@ def _png_header_only(width: int, height: int) -> bytes:
 
 
 CLIENT_ERRORS = {
-    "not_an_image": (b"\x89PNG but not really", "cannot decode image bytes: not an image format Pillow reads"),
+    "not_an_image": (b"\x89PNG but not really", "cannot decode image bytes: not a PNG, JPEG, WEBP, BMP image"),
     "too_many_pixels": (_png_header_only(2001, 2000), f"image is 2001x2000 = 4002000 pixels; this server takes at most {MAX_PIXELS}"),
     "too_many_bytes": (b"\0" * (MAX_BYTES + 1), f"image is {MAX_BYTES + 1} bytes; this server takes at most {MAX_BYTES}"),
 }
