@@ -558,6 +558,20 @@ def profile(
 )
 @click.option("--top-k", default=5, show_default=True, help="Classes returned per image.")
 @_image_limit_options
+@click.option(
+    "--max-request-bytes",
+    type=click.IntRange(min=1),
+    default=64 * 2**20,  # deploykit.serve.triton_server.MAX_REQUEST_BYTES
+    show_default=True,
+    help="Largest HTTP request body or gRPC message accepted (Triton behind it never sees a larger one).",
+)
+@click.option(
+    "--drain-timeout",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="On SIGTERM / Ctrl-C: seconds to answer the requests in flight before exiting.",
+)
 @click.option("--ray", "use_ray", is_flag=True, help="Serve on Ray Serve instead (HTTP on --host/--port; POST image bytes).")
 @click.option("--replicas", default=2, show_default=True, help="Ray Serve replicas (with --ray).")
 @click.option("--ray-address", default=None, help="Existing Ray cluster to join (with --ray); default: start a local one.")
@@ -574,6 +588,8 @@ def serve(
     top_k,
     max_image_pixels,
     max_image_bytes,
+    max_request_bytes,
+    drain_timeout,
     use_ray,
     replicas,
     ray_address,
@@ -593,9 +609,11 @@ def serve(
     def _interrupt(signum, frame):  # SIGTERM shuts down like Ctrl-C: the server stops, then the process exits
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, _interrupt)
     if use_ray:
         from deploykit.serve.ray_serve import RayOptions, serve_ray
+        from deploykit.serve.triton_server import warn_if_exposed
+
+        warn_if_exposed(host)
 
         ray_options = RayOptions(
             num_replicas=replicas,
@@ -615,6 +633,8 @@ def serve(
 
         serve_ray(export_dir, ray_options, address=ray_address, on_ready=ray_ready)
         return
+    import threading
+
     from deploykit.serve.triton_server import ServerOptions
     from deploykit.serve.triton_server import serve as run_server
 
@@ -629,7 +649,13 @@ def serve(
         precision=precision,
         top_k=top_k,
         limits=limits,
+        max_request_bytes=max_request_bytes,
+        drain_timeout_s=drain_timeout,
+        verbosity=_verbosity(),
     )
+    stop = threading.Event()  # SIGTERM or Ctrl-C: stop taking requests, answer those in flight, exit 0
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
 
     def triton_ready(ready):
         _say_backends(ready.backends)
@@ -639,7 +665,8 @@ def serve(
             soft_wrap=True,
         )
 
-    run_server(export_dir, options, on_ready=triton_ready)
+    run_server(export_dir, options, on_ready=triton_ready, stop=stop)
+    console.print("stopped", soft_wrap=True)
 
 
 @cli.group("import")
