@@ -29,6 +29,12 @@ Startup: the host and ports are checked before anything starts (a taken port or 
 host is one error line); every model is written into Triton's repository before tritonserver
 starts, and tritonserver opens its ports only once it has loaded them all, so
 ``/v2/health/ready`` never answers 200 while a model is still loading.
+
+Clients never reach tritonserver itself: it listens on loopback ports of its own, and the
+bounded front (``front.py``) listens on ``host`` and the three public ports once Triton is
+ready, passing on only requests that ``requests.py`` checked (size, JSON depth, shapes, finite
+values). Shutdown drains the front, then stops Triton; a tritonserver that dies on its own ends
+``serve`` with a ``DeployKitError``.
 """
 
 from __future__ import annotations
