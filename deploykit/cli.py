@@ -556,8 +556,29 @@ def profile(
 @click.option("--max-batch-size", default=32, show_default=True, help="Largest batch per request and per merged execution.")
 @click.option("--max-queue-delay-us", default=2000, show_default=True, help="Dynamic batcher wait to fill a batch.")
 @click.option("--backend", "-b", default="auto", show_default=True, help="auto (TensorRT if usable, else ONNX Runtime) or a backend name.")
+@click.option(
+    "--precision",
+    type=click.Choice(PLAN_NAMES),
+    default="fp32",
+    show_default=True,
+    help="Precision plan to serve: its graphs (or engines) at every resolution the export holds for it.",
+)
 @click.option("--top-k", default=5, show_default=True, help="Classes returned per image.")
 @_image_limit_options
+@click.option(
+    "--max-request-bytes",
+    type=click.IntRange(min=1),
+    default=64 * 2**20,  # deploykit.serve.triton_server.MAX_REQUEST_BYTES
+    show_default=True,
+    help="Largest HTTP request body or gRPC message accepted (Triton behind it never sees a larger one).",
+)
+@click.option(
+    "--drain-timeout",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="On SIGTERM / Ctrl-C: seconds to answer the requests in flight before exiting.",
+)
 @click.option("--ray", "use_ray", is_flag=True, help="Serve on Ray Serve instead (HTTP on --host/--port; POST image bytes).")
 @click.option("--replicas", default=2, show_default=True, help="Ray Serve replicas (with --ray).")
 @click.option("--ray-address", default=None, help="Existing Ray cluster to join (with --ray); default: start a local one.")
@@ -570,9 +591,12 @@ def serve(
     max_batch_size,
     max_queue_delay_us,
     backend,
+    precision,
     top_k,
     max_image_pixels,
     max_image_bytes,
+    max_request_bytes,
+    drain_timeout,
     use_ray,
     replicas,
     ray_address,
@@ -592,15 +616,18 @@ def serve(
     def _interrupt(signum, frame):  # SIGTERM shuts down like Ctrl-C: the server stops, then the process exits
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, _interrupt)
     if use_ray:
         from deploykit.serve.ray_serve import RayOptions, serve_ray
+        from deploykit.serve.triton_server import warn_if_exposed
+
+        warn_if_exposed(host)
 
         ray_options = RayOptions(
             num_replicas=replicas,
             max_batch_size=max_batch_size,
             batch_wait_timeout_s=max_queue_delay_us / 1e6,
             backend=backend,
+            precision=precision,
             top_k=top_k,
             host=host,
             port=port,
@@ -613,6 +640,8 @@ def serve(
 
         serve_ray(export_dir, ray_options, address=ray_address, on_ready=ray_ready)
         return
+    import threading
+
     from deploykit.serve.triton_server import ServerOptions
     from deploykit.serve.triton_server import serve as run_server
 
@@ -624,9 +653,16 @@ def serve(
         max_batch_size=max_batch_size,
         max_queue_delay_us=max_queue_delay_us,
         backend=backend,
+        precision=precision,
         top_k=top_k,
         limits=limits,
+        max_request_bytes=max_request_bytes,
+        drain_timeout_s=drain_timeout,
+        verbosity=_verbosity(),
     )
+    stop = threading.Event()  # SIGTERM or Ctrl-C: stop taking requests, answer those in flight, exit 0
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
 
     def triton_ready(ready):
         _say_backends(ready.backends)
@@ -636,7 +672,8 @@ def serve(
             soft_wrap=True,
         )
 
-    run_server(export_dir, options, on_ready=triton_ready)
+    run_server(export_dir, options, on_ready=triton_ready, stop=stop)
+    console.print("stopped", soft_wrap=True)
 
 
 @cli.group("import")

@@ -25,9 +25,18 @@ from collections.abc import Sequence
 import numpy as np
 
 # Defaults for what one request may cost before any pixel is decoded: 40 megapixels (a 48 MP
-# phone photo is refused, a 7680x4320 frame is not) and 32 MiB of encoded bytes.
+# phone photo is refused, a 7680x4320 frame is not), 32 MiB of encoded bytes, 16384 pixels on
+# either side (WebP's own limit is 16383) and an aspect ratio of at most 16:1. The pixel budget
+# alone is not enough: preprocessing scales the short side to the model's resolution, so a
+# 1 x 40,000,000 image asks for a 40,000,000 x 55 resize (gigabytes); with the ratio bounded the
+# long side after scaling is at most 16x the resolution / crop_pct.
 MAX_PIXELS = 40_000_000
 MAX_BYTES = 32 * 2**20
+MAX_SIDE = 16_384
+MAX_ASPECT = 16.0
+# The formats Pillow may open: ``Image.open(formats=...)`` tries no other plugin, so an EPS upload
+# never reaches Ghostscript and a TIFF/ICNS/... never reaches its decoder.
+FORMATS = ("PNG", "JPEG", "WEBP", "BMP")
 _KEYS_A = -0.5  # bicubic convolution parameter used by torch's and Pillow's antialiased resize
 
 
@@ -35,37 +44,51 @@ class ImageRejected(ValueError):
     """Bytes that are not an image, or an image over a size limit: the client's error."""
 
 
-def check_size(height: int, width: int, max_pixels: int) -> None:
-    """Refuse an image of ``height x width`` above ``max_pixels``.
+def check_size(height: int, width: int, max_pixels: int = MAX_PIXELS, max_side: int = MAX_SIDE, max_aspect: float = MAX_ASPECT) -> None:
+    """Refuse an image of ``height x width`` above ``max_pixels``, with a side over ``max_side``
+    or a long side more than ``max_aspect`` times the short one.
 
     Raises:
-        ImageRejected: over the limit, or an empty image.
+        ImageRejected: over a limit, or an empty image.
     """
     if height < 1 or width < 1:
         raise ImageRejected(f"image has no pixels ({height}x{width})")
     if height * width > max_pixels:
         raise ImageRejected(f"image is {width}x{height} = {height * width} pixels; this server takes at most {max_pixels}")
+    if max(height, width) > max_side:
+        raise ImageRejected(f"image is {width}x{height}; this server takes at most {max_side} pixels on a side")
+    if max(height, width) > max_aspect * min(height, width):
+        raise ImageRejected(f"image is {width}x{height}; this server takes an aspect ratio of at most {max_aspect:g}:1")
 
 
-def decode(data: bytes, max_pixels: int = MAX_PIXELS, max_bytes: int = MAX_BYTES) -> np.ndarray:
-    """Encoded image bytes (PNG, JPEG, ...) → ``[H, W, 3]`` uint8, size checked before decoding.
+def decode(
+    data: bytes,
+    max_pixels: int = MAX_PIXELS,
+    max_bytes: int = MAX_BYTES,
+    max_side: int = MAX_SIDE,
+    max_aspect: float = MAX_ASPECT,
+    formats: Sequence[str] = FORMATS,
+) -> np.ndarray:
+    """Encoded image bytes (PNG, JPEG, WebP, BMP) → ``[H, W, 3]`` uint8, size checked before decoding.
 
     Pillow reads the header (format, width, height) on ``open`` and decodes pixels only on
-    ``convert``; the pixel limit is checked in between, so an oversized image costs a header read.
+    ``convert``; the limits are checked in between, so an oversized image costs a header read.
+    Only ``formats`` are tried (Pillow's format names).
 
     Raises:
-        ImageRejected: more than ``max_bytes``, not a readable image, or more than ``max_pixels``.
+        ImageRejected: more than ``max_bytes``, not one of ``formats``, unreadable, or over a
+            size limit (``check_size``).
     """
     from PIL import Image
 
     if len(data) > max_bytes:
         raise ImageRejected(f"image is {len(data)} bytes; this server takes at most {max_bytes}")
     try:
-        with Image.open(io.BytesIO(data)) as img:
-            check_size(img.height, img.width, max_pixels)
+        with Image.open(io.BytesIO(data), formats=list(formats)) as img:
+            check_size(img.height, img.width, max_pixels, max_side, max_aspect)
             return np.array(img.convert("RGB"))  # a writable copy
     except Image.UnidentifiedImageError as err:
-        raise ImageRejected("cannot decode image bytes: not an image format Pillow reads") from err
+        raise ImageRejected(f"cannot decode image bytes: not a {', '.join(formats)} image") from err
     except Image.DecompressionBombError as err:  # Pillow's own header check, at twice its MAX_IMAGE_PIXELS
         raise ImageRejected(f"image is too large: {_first_line(err)}; this server takes at most {max_pixels} pixels") from err
     except (OSError, ValueError) as err:

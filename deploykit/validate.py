@@ -31,6 +31,7 @@ from deploykit.errors import ConfigError, ValidationError
 from deploykit.export.bundle import load_reference
 from deploykit.export.manifest import Manifest
 from deploykit.export.manifest import check_unchanged as _check_unchanged
+from deploykit.export.manifest import checked_config as _checked_config
 from deploykit.export.manifest import checked_graph as _checked_graph
 from deploykit.export.precision import PLANS, check_precision
 from deploykit.nn.checkpoint import WEIGHTS_FILE
@@ -212,6 +213,7 @@ def validate(
     # --precision picks the graphs (model_224_fp16.onnx, ...) as well as the tolerance.
     entries = [manifest.graph(tuple(r), precision) for r in resolutions] if resolutions else manifest.graphs_at(precision, ranges=True)
     _check_unchanged(export_dir / WEIGHTS_FILE, manifest.weights_sha256)
+    _checked_config(export_dir, manifest)  # mean/std and the model's shape: validate must judge what is served
     model = load_reference(export_dir)
     references: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
 
@@ -225,7 +227,7 @@ def validate(
 
     records = []
     for entry in entries:
-        path = _checked_graph(export_dir, entry)
+        path = _checked_graph(export_dir, entry, manifest.encoding)
         for backend in backends:
             if progress:
                 progress(f"{backend} @ {path.name}")

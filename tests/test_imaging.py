@@ -75,3 +75,54 @@ def test_undecodable_bytes_are_one_line(data):
     with pytest.raises(imaging.ImageRejected, match="^cannot decode image bytes: ") as info:
         imaging.decode(data)
     assert "\n" not in str(info.value)
+
+
+def _encoded(image, fmt: str, **save) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, format=fmt, **save)
+    return buf.getvalue()
+
+
+EPS = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 8 8\n%%EndComments\nnewpath 0 0 moveto 8 8 lineto stroke\n%%EOF\n"
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG", "WEBP", "BMP"])
+def test_the_allowed_formats_decode(fmt):
+    pixels = np.random.default_rng(0).integers(0, 256, (20, 30, 3), dtype=np.uint8)
+    decoded = imaging.decode(_encoded(PIL.fromarray(pixels), fmt, **({"lossless": True} if fmt == "WEBP" else {})))
+    assert decoded.shape == (20, 30, 3)
+    if fmt != "JPEG":  # lossless: the same pixels
+        np.testing.assert_array_equal(decoded, pixels)
+
+
+@pytest.mark.parametrize("fmt", ["EPS", "GIF", "TIFF", "ICO", "PPM"])
+def test_other_formats_are_refused_before_their_decoder_runs(fmt):
+    """Formats Pillow reads but the server does not take: EPS would go to Ghostscript where it is installed."""
+    data = EPS if fmt == "EPS" else _encoded(PIL.new("RGB", (8, 8)), fmt)
+    assert PIL.open(io.BytesIO(data)).format == fmt  # Pillow itself would open it
+    with pytest.raises(imaging.ImageRejected, match=r"^cannot decode image bytes: not a PNG, JPEG, WEBP, BMP image$"):
+        imaging.decode(data)
+
+
+@pytest.mark.parametrize(
+    "size, message",
+    [
+        ((1, 10_000), "image is 10000x1; this server takes an aspect ratio of at most 16:1"),
+        ((3_000, 100), "image is 100x3000; this server takes an aspect ratio of at most 16:1"),
+        ((17, 1), "image is 1x17; this server takes an aspect ratio of at most 16:1"),
+    ],
+)
+def test_extreme_aspect_ratios_are_refused_from_the_header(size, message):
+    """A few hundred bytes of real PNG, far under the pixel budget: refused before any resize is planned."""
+    data = _encoded(PIL.new("L", size[::-1]), "PNG")
+    assert len(data) < 2_000
+    with pytest.raises(imaging.ImageRejected, match=f"^{message}$"):
+        imaging.decode(data)
+    assert imaging.decode(_encoded(PIL.new("L", (16, 1)), "PNG")).shape == (1, 16, 3)  # 16:1 is accepted
+
+
+def test_a_side_over_the_limit_is_refused_from_the_header():
+    with pytest.raises(imaging.ImageRejected, match="^image is 17000x2000; this server takes at most 16384 pixels on a side$"):
+        imaging.decode(png_header_only(17_000, 2_000), max_pixels=10**9)
+    with pytest.raises(imaging.ImageRejected, match="at most 1000 pixels on a side"):
+        imaging.decode(png_header_only(1_001, 100), max_side=1_000)

@@ -306,7 +306,13 @@ def _carry(path: Path, output_dir: Path, stage: Path) -> None:
 def _write_manifest(stage: Path, model: Model, weights_sha256: str, source: str, graphs: list[GraphEntry]) -> Manifest:
     """Step, last: the manifest naming everything the steps before wrote or kept."""
     graphs = sorted(graphs, key=lambda g: (g.resolution_range is not None, g.resolution, list(PLANS).index(g.precision)))
-    manifest = Manifest(encoding=config_to_dict(model.cfg.encoding)["name"], weights_sha256=weights_sha256, source=source, graphs=graphs)
+    manifest = Manifest(
+        encoding=config_to_dict(model.cfg.encoding)["name"],
+        weights_sha256=weights_sha256,
+        source=source,
+        graphs=graphs,
+        config_sha256=sha256_file(stage / CONFIG_FILE),
+    )
     write_json_atomic(stage / MANIFEST_FILE, manifest.to_dict())
     return manifest
 

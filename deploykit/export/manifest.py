@@ -22,6 +22,8 @@ from deploykit.errors import DeployKitError
 from deploykit.resolutions import resolution_tag
 
 MANIFEST_FILE = "manifest.json"
+CONFIG_FILE = "config.json"  # the reference model's config, as deploykit.nn.checkpoint writes it
+ENCODING_METADATA_KEY = "deploykit.encoding"
 OUTPUT_NAME = "logits"  # every exported graph's output
 PRECISION_METADATA_KEY = "deploykit.precision"
 QUANTIZATION_METADATA_KEY = "deploykit.quantization"
@@ -88,6 +90,9 @@ class Manifest:
     source: str
     deploykit_version: str = deploykit.__version__
     graphs: list[GraphEntry] = field(default_factory=list)
+    # config.json's sha256: its mean/std, classes and channels change what is served. None in
+    # manifests written before it was recorded; those are refused by checked_config.
+    config_sha256: str | None = None
 
     def graph(self, resolution: tuple[int, ...], precision: str = "fp32") -> GraphEntry:
         # Compared by tag: a sequence length parsed from "--resolution 256" is (256, 256).
@@ -211,10 +216,25 @@ def check_unchanged(path: Path, sha256: str) -> None:
     checked_file(path.parent, path.name, sha256)
 
 
-def checked_graph(export_dir: str | os.PathLike, entry: GraphEntry) -> Path:
+def checked_config(export_dir: str | os.PathLike, manifest: Manifest) -> Path:
+    """The path of the export's ``config.json``, refused when it differs from the sha256
+    ``manifest.json`` recorded, or when the manifest is older than that record.
+
+    Raises:
+        DeployKitError: the config is missing, changed since export, or not covered by the manifest.
+    """
+    if manifest.config_sha256 is None:
+        raise DeployKitError(
+            f"{Path(export_dir) / MANIFEST_FILE} does not record {CONFIG_FILE}'s sha256 (written by an older deploykit); "
+            "re-run deploykit export"
+        )
+    return checked_file(export_dir, CONFIG_FILE, manifest.config_sha256)
+
+
+def checked_graph(export_dir: str | os.PathLike, entry: GraphEntry, encoding: str | None = None) -> Path:
     """The graph's path, refusing a file outside the export, changed since export, or whose
     entry in ``manifest.json`` says something the graph does not (resolution, range,
-    precision, opset)."""
+    precision, opset, and the manifest's ``encoding`` when given)."""
     path = checked_file(export_dir, entry.file, entry.sha256)
     try:
         proto = onnx.load(str(path), load_external_data=False)
@@ -226,6 +246,9 @@ def checked_graph(export_dir: str | os.PathLike, entry: GraphEntry) -> Path:
         for name in ("resolution", "resolution_range", "precision", "opset")
         if getattr(recorded, name) != getattr(actual, name)
     ]
+    graph_encoding = next((p.value for p in proto.metadata_props if p.key == ENCODING_METADATA_KEY), None)
+    if encoding is not None and graph_encoding != encoding:
+        fields.append(f"encoding {encoding} in the manifest, {graph_encoding} in the graph")
     if fields:
         raise DeployKitError(f"{MANIFEST_FILE} disagrees with {path}: {'; '.join(fields)}; re-run deploykit export")
     return path

@@ -22,7 +22,6 @@ import csv
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,7 @@ from deploykit._io import write_json_atomic
 from deploykit._lazy import lazy_import
 from deploykit.errors import ConfigError, DeployKitError
 from deploykit.resolutions import resolution_tag
+from deploykit.serve.front import free_loopback_ports
 from deploykit.serve.pipeline import Pipeline
 from deploykit.serve.triton_server import logits_model_name
 
@@ -179,18 +179,6 @@ def perf_analyzer_level(executable: str, url: str, model: str, concurrency: int,
         "p99_ms": float(row["p99 latency"]) / 1e3,
         "client": "perf_analyzer",
     }
-
-
-def free_loopback_ports(count: int) -> list[int]:
-    """``count`` distinct ports free on 127.0.0.1 right now."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 class ServerProcess:

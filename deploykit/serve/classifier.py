@@ -15,9 +15,9 @@ from pathlib import Path
 
 from deploykit import imaging
 from deploykit.errors import ConfigError
+from deploykit.export.manifest import Manifest, checked_config
 
 INPUT_NAME = "images"  # the ViT graphs' input: serving is for image classifiers
-CONFIG_FILE = "config.json"  # as deploykit.nn.checkpoint writes it
 SEQUENCE_ARCHITECTURE = "sequence_transformer"  # deploykit.nn.sequence.ARCHITECTURE
 
 
@@ -28,14 +28,29 @@ class ImageLimits:
     Attributes:
         max_pixels: most pixels (height x width), checked from the image header.
         max_bytes: most encoded bytes per image.
+        max_side: most pixels on either side.
+        max_aspect: largest ratio of the long side to the short one.
     """
 
     max_pixels: int = imaging.MAX_PIXELS
     max_bytes: int = imaging.MAX_BYTES
+    max_side: int = imaging.MAX_SIDE
+    max_aspect: float = imaging.MAX_ASPECT
 
     def __post_init__(self) -> None:
-        if self.max_pixels < 1 or self.max_bytes < 1:
-            raise ConfigError(f"image limits must be >= 1, got max_pixels={self.max_pixels}, max_bytes={self.max_bytes}")
+        if min(self.max_pixels, self.max_bytes, self.max_side) < 1 or not self.max_aspect >= 1:
+            raise ConfigError(
+                f"image limits must be >= 1, got max_pixels={self.max_pixels}, max_bytes={self.max_bytes}, "
+                f"max_side={self.max_side}, max_aspect={self.max_aspect}"
+            )
+
+    def check(self, height: int, width: int) -> None:
+        """``imaging.check_size`` with these limits."""
+        imaging.check_size(height, width, self.max_pixels, self.max_side, self.max_aspect)
+
+    def decode(self, data: bytes):
+        """``imaging.decode`` with these limits: ``[H, W, 3]`` uint8."""
+        return imaging.decode(data, self.max_pixels, self.max_bytes, self.max_side, self.max_aspect)
 
 
 @dataclass(frozen=True)
@@ -55,19 +70,19 @@ class ClassifierConfig:
     std: tuple[float, ...]
 
 
-def read_image_config(export_dir: Path) -> ClassifierConfig:
-    """The export's classifier fields; a sequence model's export is refused in one line.
+def read_image_config(export_dir: Path, manifest: Manifest) -> ClassifierConfig:
+    """The export's classifier fields, from a ``config.json`` checked against ``manifest``; a
+    sequence model's export is refused in one line.
 
     Raises:
-        ConfigError: no or an unreadable ``config.json``, a sequence model, or fields that are
+        DeployKitError: ``config.json`` is missing, changed since export or not in the manifest.
+        ConfigError: an unreadable ``config.json``, a sequence model, or fields that are
             missing or out of range.
     """
-    path = Path(export_dir) / CONFIG_FILE
+    path = checked_config(export_dir, manifest)
     try:
         data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"model config not found: {path}") from None
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, RecursionError) as err:
         raise ConfigError(f"invalid model config {path}: {err}") from err
     if not isinstance(data, dict):
         raise ConfigError(f"invalid model config {path}: a JSON object expected")

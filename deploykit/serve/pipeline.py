@@ -76,7 +76,7 @@ def decode_image(item: ImageLike, limits: ImageLimits = ImageLimits()) -> np.nda
     """One image as ``[H, W, 3]`` uint8.
 
     Accepts a uint8 array (``[H, W]``, ``[H, W, 1|3|4]``), a PIL image, encoded image bytes
-    (PNG, JPEG, ...) or a file path. Encoded images are size-checked from their header first.
+    (PNG, JPEG, WebP, BMP) or a file path. Encoded images are size-checked from their header first.
 
     Raises:
         InputError: anything else, bytes / a file that is not a readable image, or an image
@@ -85,14 +85,14 @@ def decode_image(item: ImageLike, limits: ImageLimits = ImageLimits()) -> np.nda
     try:
         if isinstance(item, np.ndarray):
             array = _rgb_array(item)
-            imaging.check_size(*array.shape[:2], limits.max_pixels)
+            limits.check(*array.shape[:2])
             return array
         if isinstance(item, (bytes, bytearray, memoryview, str, os.PathLike)):
             lazy_import("PIL.Image")  # a missing Pillow is named with its extra
             data = bytes(item) if isinstance(item, (bytes, bytearray, memoryview)) else _read_file(item, limits.max_bytes)
-            return imaging.decode(data, limits.max_pixels, limits.max_bytes)
+            return limits.decode(data)
         if hasattr(item, "convert") and hasattr(item, "size"):  # a PIL image, without importing PIL for the check
-            imaging.check_size(item.size[1], item.size[0], limits.max_pixels)
+            limits.check(item.size[1], item.size[0])
             return np.array(item.convert("RGB"))
     except imaging.ImageRejected as err:
         raise InputError(f"{item}: {err}" if isinstance(item, (str, os.PathLike)) else str(err)) from err
@@ -186,6 +186,8 @@ class Pipeline:
 
     Args:
         export_dir: written by ``deploykit export``.
+        precision: the plan served (``"fp32"``, ``"fp16"``, ``"int8"``, ...): its graphs at every
+            fixed resolution the export holds for it.
         backend: ``"auto"`` or a backend name (see the module docstring).
         top_k: classes returned per image.
         batch_size: most images per runner call.
@@ -204,6 +206,7 @@ class Pipeline:
         self,
         export_dir: str | os.PathLike,
         *,
+        precision: str = "fp32",
         backend: str = "auto",
         top_k: int = 5,
         batch_size: int = 8,
@@ -215,6 +218,7 @@ class Pipeline:
         from deploykit.backends.engine_cache import ENGINE_MODULES
         from deploykit.backends.registry import RUNNER_FACTORIES
         from deploykit.export.manifest import checked_graph
+        from deploykit.export.precision import check_precision
 
         if factories is None:
             factories = {name: partial(f, plugins=plugins) if name in ENGINE_MODULES else f for name, f in RUNNER_FACTORIES.items()}
@@ -222,16 +226,19 @@ class Pipeline:
             raise ConfigError(f"top_k and batch_size must be >= 1, got {top_k} and {batch_size}")
         self.export_dir = Path(export_dir)
         self.top_k, self.batch_size, self.crop_pct, self.limits = top_k, batch_size, crop_pct, limits
+        self.precision = check_precision(precision).name
         manifest = Manifest.read(self.export_dir)
-        self.config = read_image_config(self.export_dir)
+        self.config = read_image_config(self.export_dir, manifest)
+        entries = manifest.graphs_at(self.precision)
         self.runners: dict[tuple[int, int], Runner] = {}
         self.backends: dict[tuple[int, int], str] = {}
         self.skipped: dict[tuple[int, int], dict[str, str]] = {}
         self._locks: dict[tuple[int, int], contextlib.AbstractContextManager] = {}
         try:
-            for entry in manifest.graphs_at("fp32"):  # the served plan; fp16/bf16 graphs are built into engines separately
+            for entry in entries:
                 res = tuple(entry.resolution)
-                name, runner, skipped = activate_runner(checked_graph(self.export_dir, entry), backend, factories)
+                path = checked_graph(self.export_dir, entry, manifest.encoding)
+                name, runner, skipped = activate_runner(path, backend, factories)
                 self.runners[res], self.backends[res], self.skipped[res] = runner, name, skipped
                 self._locks[res] = contextlib.nullcontext() if runner.thread_safe else threading.Lock()
         except BaseException:
@@ -273,10 +280,13 @@ class Pipeline:
         """Run preprocessed ``[B, 3, h, w]`` float32 images at an exported resolution.
 
         Raises:
-            InputError: wrong dtype, rank, channel count, or a resolution that was not exported.
+            InputError: wrong dtype, rank, channel count, a resolution that was not exported, or
+                NaN/Inf values (the logits would be NaN, and their ranking meaningless).
         """
         if images.dtype != np.float32 or images.ndim != 4 or images.shape[1] != self.config.in_chans:
             raise InputError(f"expected float32 [B, {self.config.in_chans}, H, W], got {images.dtype} {list(images.shape)}")
+        if not np.isfinite(images).all():
+            raise InputError(f"images hold {int(np.size(images) - np.isfinite(images).sum())} NaN/Inf values; send finite numbers")
         res = tuple(images.shape[-2:])
         runner = self.runners.get(res)
         if runner is None:

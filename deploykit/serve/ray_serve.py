@@ -37,7 +37,7 @@ class RayOptions:
         num_replicas: pipeline copies (Ray places them over the cluster's nodes).
         max_batch_size: most requests one replica merges into one pipeline call.
         batch_wait_timeout_s: how long a replica waits to fill a batch.
-        backend, top_k: as in ``Pipeline``.
+        backend, top_k, precision: as in ``Pipeline``.
         ray_actor_options: per-replica resources (``{"num_cpus": 1}``, custom resources, ...).
         host, port: where Ray Serve's HTTP proxy listens.
         limits: the largest image a replica decodes (pixels, encoded bytes).
@@ -48,6 +48,7 @@ class RayOptions:
     batch_wait_timeout_s: float = 0.01
     backend: str = "auto"
     top_k: int = 5
+    precision: str = "fp32"
     ray_actor_options: dict = field(default_factory=lambda: {"num_cpus": 1})
     host: str = "127.0.0.1"
     port: int = 8000
@@ -70,7 +71,12 @@ class PipelineReplica:
         from deploykit.serve.pipeline import Pipeline
 
         self.pipeline = Pipeline(
-            export_dir, backend=options.backend, top_k=options.top_k, batch_size=options.max_batch_size, limits=options.limits
+            export_dir,
+            precision=options.precision,
+            backend=options.backend,
+            top_k=options.top_k,
+            batch_size=options.max_batch_size,
+            limits=options.limits,
         )
         self.node_id = ray.get_runtime_context().get_node_id()
         self.replica_id = serve.get_replica_context().replica_id.unique_id

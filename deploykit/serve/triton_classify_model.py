@@ -31,7 +31,7 @@ class TritonPythonModel:
         self.resolutions = [tuple(r) for r in settings["resolutions"]]
         self.models = dict(zip(self.resolutions, settings["models"]))
         self.mean, self.std, self.crop_pct = settings["mean"], settings["std"], settings["crop_pct"]
-        self.max_pixels, self.max_bytes = settings["max_pixels"], settings["max_bytes"]
+        self.limits = [settings[k] for k in ("max_pixels", "max_bytes", "max_side", "max_aspect")]
         self.max_batch_size = settings["max_batch_size"]
 
     def execute(self, requests):
@@ -53,7 +53,7 @@ class TritonPythonModel:
         return items
 
     def _prepare(self, data: bytes) -> tuple[tuple[int, int], np.ndarray]:
-        image = self.imaging.decode(bytes(data), self.max_pixels, self.max_bytes)
+        image = self.imaging.decode(bytes(data), *self.limits)
         res = self.imaging.nearest_resolution(image.shape[:2], self.resolutions)
         return res, self.imaging.preprocess(image, res, self.mean, self.std, self.crop_pct)
 

@@ -338,8 +338,8 @@ def package_triton(
 
     export_dir, output = Path(export_dir), Path(output)
     manifest = Manifest.read(export_dir)
-    config = read_image_config(export_dir)
-    entries = [(entry, checked_graph(export_dir, entry)) for entry in manifest.graphs_at("fp32")]
+    config = read_image_config(export_dir, manifest)
+    entries = [(entry, checked_graph(export_dir, entry, manifest.encoding)) for entry in manifest.graphs_at("fp32")]
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise DeployKitError(f"{output} already exists and is not an empty directory; choose another --output")
     try:

@@ -29,27 +29,43 @@ Startup: the host and ports are checked before anything starts (a taken port or 
 host is one error line); every model is written into Triton's repository before tritonserver
 starts, and tritonserver opens its ports only once it has loaded them all, so
 ``/v2/health/ready`` never answers 200 while a model is still loading.
+
+Clients never reach tritonserver itself: it listens on loopback ports of its own, and the
+bounded front (``front.py``) listens on ``host`` and the three public ports once Triton is
+ready, passing on only requests that ``requests.py`` checked (size, JSON depth, shapes, finite
+values). Shutdown drains the front, then stops Triton; a tritonserver that dies on its own ends
+``serve`` with a ``DeployKitError``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
+import logging
 import os
 import socket
 import sysconfig
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from deploykit import _nvml
 from deploykit._lazy import lazy_import
 from deploykit.errors import ConfigError, DeployKitError, InputError
 from deploykit.resolutions import resolution_tag
 from deploykit.serve.classifier import INPUT_NAME, ImageLimits
+from deploykit.serve.front import Front, FrontOptions, free_loopback_ports
 from deploykit.serve.pipeline import Pipeline, top_k
+from deploykit.serve.triton_log import TritonLog
 from deploykit.serve.triton_repo import copy_python_model
+
+_log = logging.getLogger(__name__)
+LOOPBACK = "127.0.0.1"
+MAX_REQUEST_BYTES = 64 * 2**20
 
 CLASSIFY_MODEL = "classify"
 CLASSIFY_MODEL_SOURCE = Path(__file__).with_name("triton_classify_model.py")
@@ -70,10 +86,14 @@ class ServerOptions:
         max_batch_size: largest batch one request may carry and one execution may merge.
         max_queue_delay_us: how long the dynamic batcher waits to fill a batch (microseconds).
         backend: pipeline backend (``"auto"``, ``"ort"``, ...).
+        precision: the precision plan served (its graphs at every exported resolution).
         top_k: classes returned per image.
         exit_timeout_s: how long Triton waits for in-flight requests on shutdown.
         limits: the largest image ``classify`` decodes (pixels, encoded bytes).
         classify_instances: ``classify`` model instances (processes decoding in parallel).
+        max_request_bytes: largest HTTP request body / gRPC message the front accepts.
+        drain_timeout_s: at shutdown, how long requests in flight are waited for.
+        verbosity: Triton's own log: -1 errors, 0 warnings and errors, 1 everything, 2 verbose.
     """
 
     host: str = "127.0.0.1"
@@ -83,17 +103,23 @@ class ServerOptions:
     max_batch_size: int = 32
     max_queue_delay_us: int = 2000
     backend: str = "auto"
+    precision: str = "fp32"
     top_k: int = 5
     exit_timeout_s: int = 5
     limits: ImageLimits = field(default_factory=ImageLimits)
     classify_instances: int = 2
+    max_request_bytes: int = MAX_REQUEST_BYTES
+    drain_timeout_s: float = 30.0
+    verbosity: int = 0
 
     def __post_init__(self) -> None:
-        if self.max_batch_size < 1 or self.max_queue_delay_us < 0 or self.top_k < 1 or self.classify_instances < 1:
+        if min(self.max_batch_size, self.top_k, self.classify_instances, self.max_request_bytes) < 1 or self.max_queue_delay_us < 0:
             raise ConfigError(
-                f"need max_batch_size >= 1, max_queue_delay_us >= 0, top_k >= 1, classify_instances >= 1; got "
-                f"{self.max_batch_size}, {self.max_queue_delay_us}, {self.top_k}, {self.classify_instances}"
+                f"need max_batch_size >= 1, max_queue_delay_us >= 0, top_k >= 1, classify_instances >= 1, max_request_bytes >= 1; got "
+                f"{self.max_batch_size}, {self.max_queue_delay_us}, {self.top_k}, {self.classify_instances}, {self.max_request_bytes}"
             )
+        if not self.drain_timeout_s >= 0:
+            raise ConfigError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
         ports = (self.http_port, self.grpc_port, self.metrics_port)
         if len(set(ports)) != 3 or not all(0 < p < 65536 for p in ports):
             raise ConfigError(f"http, grpc and metrics ports must be three different ports in 1-65535, got {ports}")
@@ -201,6 +227,8 @@ def classify_config(pipeline: Pipeline, options: ServerOptions) -> str:
         crop_pct=pipeline.crop_pct,
         max_pixels=options.limits.max_pixels,
         max_bytes=options.limits.max_bytes,
+        max_side=options.limits.max_side,
+        max_aspect=options.limits.max_aspect,
         max_batch_size=options.max_batch_size,
     )
     return (
@@ -225,17 +253,21 @@ def write_classify_model(repository: Path, pipeline: Pipeline, options: ServerOp
     return CLASSIFY_MODEL
 
 
-def triton_config(options: ServerOptions):
-    """PyTriton's ``TritonConfig``: every endpoint on ``options.host``."""
+def triton_config(options: ServerOptions, ports: tuple[int, int, int], log_file: Path | None = None):
+    """PyTriton's ``TritonConfig``: every endpoint on a loopback port of its own (``ports``: HTTP,
+    gRPC, metrics), for the front to forward to; Triton's log into ``log_file``."""
     triton = lazy_import("pytriton.triton")
     return triton.TritonConfig(
-        http_address=options.host,
-        http_port=options.http_port,
-        grpc_address=options.host,
-        grpc_port=options.grpc_port,
-        metrics_address=options.host,
-        metrics_port=options.metrics_port,
+        http_address=LOOPBACK,
+        http_port=ports[0],
+        grpc_address=LOOPBACK,
+        grpc_port=ports[1],
+        metrics_address=LOOPBACK,
+        metrics_port=ports[2],
         exit_timeout_secs=options.exit_timeout_s,
+        log_file=log_file,
+        log_verbose=1 if options.verbosity >= 2 else None,
+        allow_gpu_metrics=_nvml.driver_version() is not None,  # without a driver Triton's NVML/DCGM start only fails, loudly
     )
 
 
@@ -265,10 +297,13 @@ class ServerReady:
 
 
 class TritonServer:
-    """Triton serving one pipeline; entering starts it and returns once every model is ready.
+    """Triton serving one pipeline behind the bounded front; entering starts both and returns once
+    every model is ready and the public ports listen.
 
     The models go into a PyTriton workspace's model store before tritonserver starts (PyTriton's
-    "local model store" lifecycle), so tritonserver loads them all before it opens its ports.
+    "local model store" lifecycle), so tritonserver loads them all before it opens its ports;
+    Triton listens on loopback ports of its own, and the front (``front.py``) opens the public
+    ones after that.
 
     Args:
         pipeline: an open pipeline (its runners serve the ``logits_<res>`` models).
@@ -277,24 +312,35 @@ class TritonServer:
 
     def __init__(self, pipeline: Pipeline, options: ServerOptions = ServerOptions()):
         self.pipeline, self.options = pipeline, options
-        self._triton = None
+        self._triton = self._front = self._log = None
 
     def __enter__(self) -> TritonServer:
         pytriton = lazy_import("pytriton.triton")
         workspace = lazy_import("pytriton.utils.workspace").Workspace()
         check_listen_addresses(self.options)
+        internal = tuple(free_loopback_ports(3))
+        log_file = Path(workspace.path) / "tritonserver.log"
+        self._log = TritonLog(log_file, self.options.verbosity, gpu=_nvml.driver_version() is not None)
         policy = pytriton.TritonLifecyclePolicy(launch_triton_on_startup=False, local_model_store=True)
         self._triton = pytriton.Triton(
-            config=triton_config(self.options), security_config=security_config(), workspace=workspace, triton_lifecycle_policy=policy
+            config=triton_config(self.options, internal, log_file),
+            security_config=security_config(),
+            workspace=workspace,
+            triton_lifecycle_policy=policy,
         )
         try:
             names = bind_logits_models(self._triton, self.pipeline, self.options)
             names.append(write_classify_model(workspace.model_store_path, self.pipeline, self.options))
+            self._log.start()
             self._start()
+            o = self.options
+            self._front = Front(
+                FrontOptions(o.host, o.http_port, o.grpc_port, o.metrics_port, *internal, o.max_request_bytes, o.drain_timeout_s)
+            )
+            self._front.start()
         except BaseException:
-            self._triton.stop()
+            self.__exit__()
             raise
-        o = self.options
         self.ready = ServerReady(
             names, self.pipeline.describe_backends(), f"{o.host}:{o.http_port}", f"{o.host}:{o.grpc_port}", f"{o.host}:{o.metrics_port}"
         )
@@ -311,33 +357,79 @@ class TritonServer:
         if not self._triton.is_alive():
             raise DeployKitError("tritonserver exited while starting; its log above says why")
 
-    def serve_forever(self) -> None:
-        """Block until SIGINT (``KeyboardInterrupt``) or until tritonserver dies."""
-        self._triton.serve()
+    def serve_forever(self, stop: threading.Event) -> None:
+        """Serve until ``stop`` is set, then drain: stop taking requests and answer those in
+        flight (at most ``drain_timeout_s``).
+
+        Raises:
+            DeployKitError: tritonserver (or the front) stopped on its own.
+        """
+        while not stop.wait(0.5):
+            if not self._triton.is_alive():
+                raise DeployKitError("the inference server (tritonserver) exited unexpectedly; its log above says why")
+            if not self._front.alive:
+                raise DeployKitError("the server's front stopped unexpectedly")
+        left = self._front.drain()
+        if left:
+            _log.warning("%d requests still in flight after %g s were cut", left, self.options.drain_timeout_s)
 
     def __exit__(self, *exc) -> None:
-        self._triton.stop()
+        if self._front is not None:
+            self._front.close()
+        if self._triton is not None:
+            self._triton.stop()
+        if self._log is not None:
+            self._log.stop()
+
+
+def warn_if_exposed(host: str) -> None:
+    """Log one warning when ``host`` is not a loopback address: nothing authenticates clients."""
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)}
+        exposed = not all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
+    except (OSError, ValueError):
+        exposed = True
+    if exposed:
+        _log.warning(
+            "serving on %s, beyond this machine, without authentication or TLS: anyone who reaches these ports can use the models; "
+            "put an authenticating proxy in front (README: Serving)",
+            host,
+        )
 
 
 def serve(
-    export_dir: str | os.PathLike, options: ServerOptions = ServerOptions(), on_ready: Callable[[ServerReady], None] | None = None
+    export_dir: str | os.PathLike,
+    options: ServerOptions = ServerOptions(),
+    on_ready: Callable[[ServerReady], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> None:
-    """Serve an export directory with Triton until interrupted (SIGINT / ``KeyboardInterrupt``).
+    """Serve an export directory with Triton until ``stop`` is set, then drain and return.
 
     Args:
         export_dir: written by ``deploykit export``.
         options: ports, batching, backend, limits.
         on_ready: called once every model is loaded, with what is served.
+        stop: set it (from a signal handler, another thread) to shut down gracefully; default:
+            an event nothing sets, so only ``KeyboardInterrupt`` ends serving.
 
     Raises:
         MissingDependencyError: PyTriton is not installed (``pip install 'deploykit[serve]'``).
         ConfigError: the host or a port cannot be listened on.
-        DeployKitError: the export directory cannot be served.
+        DeployKitError: the export directory cannot be served, or the inference server died.
     """
     check_listen_addresses(options)  # before anything loads: a taken port fails in a second
     lazy_import("pytriton.triton")  # a missing extra is said before the export is opened
-    pipeline = Pipeline(export_dir, backend=options.backend, top_k=options.top_k, batch_size=options.max_batch_size, limits=options.limits)
+    lazy_import("aiohttp.web")
+    warn_if_exposed(options.host)
+    pipeline = Pipeline(
+        export_dir,
+        precision=options.precision,
+        backend=options.backend,
+        top_k=options.top_k,
+        batch_size=options.max_batch_size,
+        limits=options.limits,
+    )
     with pipeline, TritonServer(pipeline, options) as server:
         if on_ready:
             on_ready(server.ready)
-        server.serve_forever()  # returns on SIGINT, or when tritonserver dies; leaving the block stops it
+        server.serve_forever(stop or threading.Event())

@@ -24,6 +24,23 @@ def export_dir(tmp_path_factory) -> Path:
     return out
 
 
+# Every plan ONNX Runtime runs on CPU (bf16's Gemm has no CPU kernel there); int8 calibrated on a
+# few inputs, with no agreement target: what is checked is that each plan is what gets served.
+SERVED_PLANS = ("fp32", "fp16", "int8", "int8-dynamic", "fp32-mha")
+
+
+@pytest.fixture(scope="session")
+def plans_export_dir(tmp_path_factory) -> Path:
+    """The model of ``export_dir`` exported at 32 and 48 px under every plan of ``SERVED_PLANS``."""
+    from deploykit.export.quantize import CalibrationOptions
+
+    torch.manual_seed(0)
+    model = create_model("vit_tiny_patch16", encoding="ape", depth=1, img_size=32, num_classes=NUM_CLASSES).eval()
+    out = tmp_path_factory.mktemp("serve_plans") / "export"
+    export(model, RESOLUTIONS, out, precisions=SERVED_PLANS, calibration=CalibrationOptions(samples=8, held_out=16, min_agreement=None))
+    return out
+
+
 @pytest.fixture(scope="session")
 def zoo_export_dir(tmp_path_factory) -> Path:
     """The zoo's trained APE model (``models/shapes-ape``, trained at 48 px) exported at 32 and 48

@@ -14,10 +14,10 @@ import torch
 import torch.nn.functional as F
 
 
-def ort_logits(export_dir: Path, images: np.ndarray) -> np.ndarray:
-    """``[B, 3, h, w]`` float32 through the exported graph at ``(h, w)``, by ONNX Runtime."""
+def ort_logits(export_dir: Path, images: np.ndarray, precision: str = "fp32") -> np.ndarray:
+    """``[B, 3, h, w]`` float32 through the exported graph of ``precision`` at ``(h, w)``, by ONNX Runtime."""
     manifest = json.loads((export_dir / "manifest.json").read_text())
-    (graph,) = [g for g in manifest["graphs"] if tuple(g["resolution"]) == images.shape[-2:]]
+    (graph,) = [g for g in manifest["graphs"] if tuple(g["resolution"]) == images.shape[-2:] and g["precision"] == precision]
     session = ort.InferenceSession(str(export_dir / graph["file"]), providers=["CPUExecutionProvider"])
     return session.run(["logits"], {"images": images})[0]
 

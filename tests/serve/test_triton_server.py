@@ -6,7 +6,10 @@ stopped by its pid."""
 
 from __future__ import annotations
 
+import io
 import ipaddress
+import json
+import math
 import os
 import subprocess
 import sys
@@ -33,6 +36,7 @@ QUEUE_DELAY_US = 20_000  # long enough that concurrent requests reliably meet in
 TOP_K = 3
 MODELS = ["logits_32", "logits_48", "classify"]
 MAX_PIXELS, MAX_BYTES = 4_000_000, 1_000_000  # set on the command line: the limits are options
+MAX_REQUEST_BYTES = 4 * 2**20
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +72,8 @@ def server(served_dir, tmp_path_factory):
         str(MAX_PIXELS),
         "--max-image-bytes",
         str(MAX_BYTES),
+        "--max-request-bytes",
+        str(MAX_REQUEST_BYTES),
     ]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -309,7 +315,7 @@ def _png_header_only(width: int, height: int) -> bytes:
 
 
 CLIENT_ERRORS = {
-    "not_an_image": (b"\x89PNG but not really", "cannot decode image bytes: not an image format Pillow reads"),
+    "not_an_image": (b"\x89PNG but not really", "cannot decode image bytes: not a PNG, JPEG, WEBP, BMP image"),
     "too_many_pixels": (_png_header_only(2001, 2000), f"image is 2001x2000 = 4002000 pixels; this server takes at most {MAX_PIXELS}"),
     "too_many_bytes": (b"\0" * (MAX_BYTES + 1), f"image is {MAX_BYTES + 1} bytes; this server takes at most {MAX_BYTES}"),
 }
@@ -387,3 +393,211 @@ def test_served_answers_equal_sequential_answers_under_load(server, clients, ser
                 prediction = pipeline(x[0, 0])
                 assert list(prediction.classes) == alone[1][0].tolist() and list(prediction.resolution) == alone[3][0].tolist()
                 np.testing.assert_allclose(prediction.scores, alone[2][0], rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------
+# hostile requests: refused in one line, the server keeps serving
+
+
+def _post(server, path: str, body: bytes, headers: dict | None = None) -> tuple[int, str]:
+    """A raw HTTP POST on a connection of its own: ``(status, body)``, or ``(0, reason)`` when
+    the connection was cut."""
+    import http.client
+
+    connection = http.client.HTTPConnection(*server["http"].split(":"), timeout=120)
+    try:
+        connection.request("POST", path, body=body, headers={"Content-Type": "application/json", **(headers or {})})
+        answer = connection.getresponse()
+        return answer.status, answer.read().decode("utf-8", "replace")
+    except (ConnectionError, http.client.HTTPException) as err:
+        return 0, repr(err)
+    finally:
+        connection.close()
+
+
+def _infer_json(model: str, shape, data, datatype="FP32", name="images") -> bytes:
+    return json.dumps({"inputs": [{"name": name, "shape": shape, "datatype": datatype, "data": data}]}, allow_nan=True).encode()
+
+
+def _binary_infer(array: np.ndarray, name="images") -> tuple[bytes, dict]:
+    header = json.dumps(
+        {"inputs": [{"name": name, "shape": list(array.shape), "datatype": "FP32", "parameters": {"binary_data_size": array.nbytes}}]}
+    ).encode()
+    return header + array.tobytes(), {"Inference-Header-Content-Length": str(len(header))}
+
+
+def _nan_image(res=32) -> np.ndarray:
+    x = np.random.default_rng(5).standard_normal((1, 3, res, res), dtype=np.float32)
+    x[0, 1, 2, 3] = np.nan
+    return x
+
+
+def _png_of(size, mode="RGB") -> bytes:
+    buf = io.BytesIO()
+    PIL.new(mode, size).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+EPS = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 8 8\nnewpath 0 0 moveto 8 8 lineto stroke\n%%EOF\n"
+INFER_32 = "/v2/models/logits_32/infer"
+HOSTILE_HTTP = {  # name: (path, body, headers, status, message start)
+    "nested_brackets_400kb": (INFER_32, b"[" * 400_000, None, 400, "request JSON is nested too deeply"),
+    "nested_objects": (INFER_32, b'{"a":' * 50_000, None, 400, "request JSON is nested too deeply"),
+    "malformed_json": (INFER_32, b'{"inputs": [', None, 400, "malformed request JSON: "),
+    "data_not_matching_shape": (INFER_32, _infer_json("logits_32", [1, 3, 32, 32], [0.5] * 100), None, 400, "input images: data has 100"),
+    "nan_json": (INFER_32, _infer_json("logits_32", [1, 3, 32, 32], [0.5] * 3071 + [math.nan]), None, 400, "non-finite number NaN"),
+    "fp32_overflow_json": (INFER_32, _infer_json("logits_32", [1, 3, 32, 32], [1e39] + [0.5] * 3071), None, 400, "input images: 1 NaN/Inf"),
+    "nan_binary": (INFER_32, *_binary_infer(_nan_image()), 400, "input images: 1 NaN/Inf values in FP32 data"),
+    "over_max_request_bytes": (INFER_32, b" " * (MAX_REQUEST_BYTES + 1), None, 413, f"request body over {MAX_REQUEST_BYTES} bytes"),
+    "compressed_body": (INFER_32, b"\x1f\x8b" + b"\0" * 20, {"Content-Encoding": "gzip"}, 415, "compressed request bodies are not served"),
+    "model_control": ("/v2/repository/models/logits_32/unload", b"{}", None, 404, "not served: POST /v2/repository"),
+    "shared_memory": ("/v2/systemsharedmemory/region/r/register", b"{}", None, 404, "not served: POST"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_HTTP))
+def test_hostile_http_requests_are_refused_in_one_line(server, clients, served_dir, case):
+    path, body, headers, status, message = HOSTILE_HTTP[case]
+    got_status, text = _post(server, path, body, headers)
+    assert got_status == status, (got_status, text[:300])
+    error = json.loads(text)["error"]
+    assert error.startswith(message) and "\n" not in error and "Traceback" not in error, error
+    assert server["proc"].poll() is None and clients["http"].is_server_ready()
+    x = np.random.default_rng(2).standard_normal((1, 3, 32, 32), dtype=np.float32)
+    np.testing.assert_array_equal(infer(clients["http"], "logits_32", x).as_numpy("logits"), ort_logits(served_dir, x))
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_non_finite_inputs_are_the_clients_error(clients, protocol):
+    with pytest.raises(InferenceServerException) as info:
+        infer(clients[protocol], "logits_32", _nan_image())
+    assert str(info.value.status()) == {"http": "400", "grpc": "StatusCode.INVALID_ARGUMENT"}[protocol]
+    assert info.value.message() == "input images: 1 NaN/Inf values in FP32 data; send finite numbers"
+
+
+HOSTILE_IMAGES = {
+    "eps": (EPS, "cannot decode image bytes: not a PNG, JPEG, WEBP, BMP image"),
+    "gif": (b"GIF89a\x01\x00\x01\x00\x00\x00\x00;", "cannot decode image bytes: not a PNG, JPEG, WEBP, BMP image"),
+    "extreme_aspect": (_png_of((10_000, 1), "L"), "image is 10000x1; this server takes an aspect ratio of at most 16:1"),
+    "side_over_limit": (_png_header_only(16_385, 200), "image is 16385x200; this server takes at most 16384 pixels on a side"),
+}
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("case", list(HOSTILE_IMAGES))
+def test_images_outside_the_allow_list_and_limits_are_refused(clients, protocol, case):
+    data, message = HOSTILE_IMAGES[case]
+    with pytest.raises(InferenceServerException) as info:
+        infer(clients[protocol], "classify", np.array([[data]], dtype=object), name="image")
+    assert str(info.value.status()) == {"http": "400", "grpc": "StatusCode.INVALID_ARGUMENT"}[protocol]
+    assert info.value.message() == message
+
+
+def test_fuzzed_http_bodies_never_get_a_server_error(server, clients):
+    """Hypothesis over raw bodies sent to the live server: every answer is 2xx or 4xx with a
+    one-line JSON error, never a 5xx, a traceback or a cut connection; the server stays up."""
+    hypothesis = pytest.importorskip("hypothesis", reason="hypothesis comes with the test extra")
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    leaves = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=4)
+    values = st.recursive(
+        leaves,
+        lambda c: (
+            st.lists(c, max_size=3)
+            | st.dictionaries(st.sampled_from(["inputs", "name", "shape", "datatype", "data", "parameters"]), c, max_size=4)
+        ),
+        max_leaves=20,
+    )
+    bodies = (
+        st.binary(max_size=512)
+        | values.map(lambda v: json.dumps(v, allow_nan=True).encode())
+        | st.builds(lambda shape, data: _infer_json("logits_32", shape, data), st.lists(st.integers(-1, 40), max_size=5), values)
+    )
+
+    @settings(max_examples=40, derandomize=True, deadline=None, database=None, suppress_health_check=list(hypothesis.HealthCheck))
+    @given(bodies, st.sampled_from([INFER_32, "/v2/models/classify/infer", "/v2/models/nope/infer"]))
+    def one(body, path):
+        status, text = _post(server, path, body)
+        assert 200 <= status < 500, (status, body[:200], text[:300])
+        if status >= 400:
+            error = json.loads(text)["error"]
+            assert "\n" not in error and "Traceback" not in error, error
+
+    one()
+    assert server["proc"].poll() is None and clients["http"].is_server_ready()
+
+
+def _mixed_load(count: int) -> list[tuple]:
+    """Valid requests (logits and classify, HTTP and gRPC) with every hostile kind above between them."""
+    rng = np.random.default_rng(23)
+    images = [img for size in (48, 40, 64) for img in zoo_test_images(4, size, offset=size)]
+    hostile = [("raw", case) for case in HOSTILE_HTTP] + [("nan", p) for p in ("http", "grpc")]
+    hostile += [("image", case) for case in [*HOSTILE_IMAGES, *CLIENT_ERRORS]]
+    load = []
+    for i in range(count):
+        protocol = ("http", "grpc")[i % 2]
+        if i % 3 == 2:
+            load.append(hostile[(i // 3) % len(hostile)])
+        elif i % 4 == 0:
+            load.append(("logits", protocol, rng.standard_normal((1, 3, 32, 32), dtype=np.float32)))
+        else:
+            load.append(("classify", protocol, images[i % len(images)]))
+    return load
+
+
+def _send_mixed(server, clients, request) -> tuple:
+    kind, what = request[0], request[1]
+    try:
+        if kind == "raw":
+            path, body, headers, status, message = HOSTILE_HTTP[what]
+            got, text = _post(server, path, body, headers)
+            return ("answered", got, json.loads(text)["error"]) if got else ("cut", text)
+        if kind == "nan":
+            infer(clients[what], "logits_32", _nan_image())
+        elif kind == "image":
+            data = {**HOSTILE_IMAGES, **CLIENT_ERRORS}[what][0]
+            infer(clients["http"], "classify", np.array([[data]], dtype=object), name="image")
+        elif kind == "logits":
+            return ("ok", infer(clients[what], "logits_32", request[2]).as_numpy("logits"))
+        else:
+            result = infer(clients[what], "classify", np.array([[png(request[2])]], dtype=object), name="image")
+            return ("ok", result.as_numpy("classes"), result.as_numpy("scores"), result.as_numpy("resolution"))
+    except InferenceServerException as err:
+        return ("answered", str(err.status()), err.message())
+    return ("accepted", kind, what)
+
+
+def test_mixed_hostile_load_keeps_every_valid_answer(server, served_dir):
+    """Done-when of the hardening: 300 requests at concurrency 16 on 127.0.0.1, one in three
+    hostile (every kind above); the server stays up, every hostile request gets its 4xx line,
+    and every valid one the answer of in-process inference."""
+    import deploykit
+
+    load = _mixed_load(300)
+    thread_clients = _thread_clients(server)
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda r: _send_mixed(server, thread_clients(), r), load))
+    counts = {"valid": 0, "valid_equal": 0, "hostile": 0, "hostile_refused_4xx": 0}
+    with deploykit.load(served_dir, backend="ort", top_k=TOP_K) as pipeline:
+        for request, answer in zip(load, answers):
+            if request[0] in ("logits", "classify"):
+                counts["valid"] += 1
+                assert answer[0] == "ok", (request[:2], answer)
+                if request[0] == "logits":
+                    np.testing.assert_allclose(answer[1], pipeline.logits(request[2]), rtol=1e-5, atol=1e-6)
+                else:
+                    prediction = pipeline(request[2])
+                    assert answer[1][0].tolist() == list(prediction.classes) and answer[3][0].tolist() == list(prediction.resolution)
+                    np.testing.assert_allclose(answer[2][0], prediction.scores, rtol=1e-5, atol=1e-6)
+                counts["valid_equal"] += 1
+                continue
+            counts["hostile"] += 1
+            assert answer[0] == "answered", (request[:2], answer)
+            status, message = str(answer[1]), answer[2]
+            assert status in ("400", "404", "413", "415", "StatusCode.INVALID_ARGUMENT"), (request[:2], answer)
+            assert "\n" not in message and "Traceback" not in message, message
+            counts["hostile_refused_4xx"] += 1
+    print(f"mixed load: {counts}")
+    assert counts["valid"] == counts["valid_equal"] == 200 and counts["hostile"] == counts["hostile_refused_4xx"] == 100, counts
+    assert server["proc"].poll() is None and httpclient.InferenceServerClient(server["http"]).is_server_ready()
