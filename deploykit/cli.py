@@ -284,7 +284,8 @@ def _quantization_line(details: dict) -> str:
     multiple=True,
     default=("ort",),
     show_default=True,
-    help="Repeatable: ort, ort-cuda, trt, rtx (trt/rtx run the engines deploykit build wrote).",
+    help="Repeatable: ort, ort-cuda, openvino (f32 hint), openvino-bf16 (CPUs with bf16), trt, rtx (trt/rtx run the engines "
+    "deploykit build wrote).",
 )
 @click.option(
     "--precision",
@@ -329,12 +330,13 @@ def validate(export_dir, resolutions, backends, precision, num_random, num_real,
 def _print_report(console, report) -> None:
     from deploykit.resolutions import resolution_tag
 
+    width = max((len(r.backend) for r in report.records), default=5)
     for r in report.records:
         mark = "[green]✓[/]" if r.passed else "[red]✗[/]"
         where = resolution_tag(tuple(r.resolution)) + (f" b{r.batch}" if r.profiled else "") + (" (range)" if r.range_graph else "")
         top_k = f"  top1 {r.top1_agreement:.0%}  top5 {r.top5_agreement:.0%}" if r.top1_agreement is not None else "  (features)"
         line = (
-            f"{mark} {r.backend:<5} {where:>8}  max|Δ| {r.max_abs:.2e}  mean|Δ| {r.mean_abs:.2e}"
+            f"{mark} {r.backend:<{width}} {where:>8}  max|Δ| {r.max_abs:.2e}  mean|Δ| {r.mean_abs:.2e}"
             f"  cos {r.cosine:.8f}{top_k}  NaN/Inf {r.nan_count}/{r.inf_count}"
         )
         if r.first_divergent_block:
