@@ -494,6 +494,7 @@ def profile(
     from deploykit.backends.plugins import Plugins
     from deploykit.errors import ConfigError
     from deploykit.nn.resolve import resolve_model
+    from deploykit.profile.choice import write_choice
     from deploykit.profile.output import plot_latency, render_table, write_csv
     from deploykit.resolutions import parse_resolutions
 
@@ -532,6 +533,10 @@ def profile(
     out.print(table)
     for note in report.notes:
         console.print(f"note: {note}", soft_wrap=True, markup=False)
+    for line in report.advice:
+        console.print(line, soft_wrap=True, markup=False)
+    if export_dir and (written := write_choice(export_dir, report.records, subject.encoding, subject.graph_hashes())):
+        console.print(f"wrote {written} (deploykit serve takes each resolution's fastest validated plan from it)", soft_wrap=True)
     writers = (
         (json_path, report.write_json),
         (csv_path, lambda path: write_csv(path, report.records)),

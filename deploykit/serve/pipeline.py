@@ -13,7 +13,10 @@ Backend selection: ``backend="auto"`` tries the runner factories in ``AUTO_PREFE
 (TensorRT, TensorRT-RTX, ONNX Runtime), skipping any not registered, and keeps the first whose
 runner activates; each skipped backend's reason is kept in ``Pipeline.skipped`` and
 ``Pipeline.describe_backends()`` says it in a few lines. Any other value names one backend from
-the mapping, with no fallback.
+the mapping, with no fallback. On a CPU (no GPU backend usable), ``auto`` first takes the plan
+``deploykit profile EXPORT_DIR`` measured fastest among the validated ones for that resolution
+at the batch nearest ``batch_size`` (``deploykit.profile.choice``: e.g. OpenVINO on the int8
+graph), when its graph is unchanged since; ``describe_backends`` says which it took and why.
 
 Threads: a pipeline may be called from several threads (a server's model instances, Ray's
 thread pool). A runner that does not declare itself ``thread_safe`` (an engine's execution
@@ -206,18 +209,54 @@ class Pipeline:
         self.runners: dict[tuple[int, int], Runner] = {}
         self.backends: dict[tuple[int, int], str] = {}
         self.skipped: dict[tuple[int, int], dict[str, str]] = {}
+        self.plans: dict[tuple[int, int], str] = {}  # the precision plan each resolution runs (fp32 unless profiled faster)
+        self._why: dict[tuple[int, int], str] = {}
         self._locks: dict[tuple[int, int], contextlib.AbstractContextManager] = {}
         try:
             for entry in manifest.graphs_at("fp32"):  # the served plan; fp16/bf16 graphs are built into engines separately
                 res = tuple(entry.resolution)
-                name, runner, skipped = activate_runner(checked_graph(self.export_dir, entry), backend, factories or RUNNER_FACTORIES)
-                self.runners[res], self.backends[res], self.skipped[res] = runner, name, skipped
+                chosen = self._profiled_choice(manifest, res, backend, factories or RUNNER_FACTORIES)
+                if chosen is not None:
+                    name, runner, plan, self._why[res] = chosen
+                    self.runners[res], self.backends[res], self.skipped[res], self.plans[res] = runner, name, {}, plan
+                else:
+                    graph = checked_graph(self.export_dir, entry)
+                    name, runner, skipped = activate_runner(graph, backend, factories or RUNNER_FACTORIES)
+                    self.runners[res], self.backends[res], self.skipped[res], self.plans[res] = runner, name, skipped, "fp32"
                 self._locks[res] = contextlib.nullcontext() if runner.thread_safe else threading.Lock()
         except BaseException:
             self.close()
             raise
         if not self.runners:
             raise DeployKitError(f"{self.export_dir} holds no exported graph; run deploykit export")
+
+    def _profiled_choice(self, manifest: Manifest, res, backend: str, factories) -> tuple[str, Runner, str, str] | None:
+        """``(backend, active runner, plan, why)`` from ``deploykit profile``'s choice for ``res``, when
+        ``backend`` is auto, no GPU backend is usable, the choice's graph is unchanged and its runner
+        activates; else None (and the reason is kept for ``describe_backends``)."""
+        from deploykit.backends.registry import available_backends
+        from deploykit.export.manifest import checked_graph, sha256_file
+        from deploykit.profile.choice import read_choice
+
+        tag = resolution_tag(res)
+        choice = read_choice(self.export_dir, tag, self.batch_size) if backend == "auto" else None
+        if choice is None or choice.backend not in factories:
+            return None
+        gpu = [b for b in available_backends() if b in ("trt", "rtx", "ort-cuda")]
+        if gpu:
+            self._why[res] = f"GPU backend {gpu[0]} usable: profiled CPU choice ({choice.backend} {choice.precision}) not taken"
+            return None
+        try:
+            graph = checked_graph(self.export_dir, manifest.graph(res, choice.precision))
+            if sha256_file(graph) != choice.graph_sha256:
+                raise DeployKitError(f"{graph.name} changed since deploykit profile chose it; profile again")
+            runner = factories[choice.backend](graph)
+            runner.activate()
+        except DeployKitError as err:
+            self._why[res] = f"profiled choice {choice.backend} {choice.precision} not taken: {err}"
+            return None
+        why = f"fastest validated plan at batch {choice.batch} in deploykit profile ({choice.p50_ms:.2f} ms p50)"
+        return choice.backend, runner, choice.precision, why
 
     @property
     def resolutions(self) -> list[tuple[int, int]]:
@@ -233,9 +272,11 @@ class Pipeline:
         chosen: dict[str, list[str]] = {}
         skipped: dict[tuple[str, str], list[str]] = {}
         for res in self.resolutions:
-            chosen.setdefault(self.backends[res], []).append(resolution_tag(res))
-            for name, why in self.skipped[res].items():
-                skipped.setdefault((name, why), []).append(resolution_tag(res))
+            plan = "" if self.plans.get(res, "fp32") == "fp32" else f" {self.plans[res]}"
+            why = f" ({self._why[res]})" if res in self._why else ""
+            chosen.setdefault(f"{self.backends[res]}{plan}", []).append(resolution_tag(res) + why)
+            for name, reason in self.skipped[res].items():
+                skipped.setdefault((name, reason), []).append(resolution_tag(res))
         return [f"backend {name} at {', '.join(tags)}" for name, tags in chosen.items()] + [
             f"skipped {name} at {', '.join(tags)}: {why}" for (name, why), tags in skipped.items()
         ]
