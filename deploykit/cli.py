@@ -748,7 +748,7 @@ def package():
 def package_triton(
     export_dir, output, max_batch_size, preferred, max_queue_delay_us, gpu_instances, onnx_kind, max_image_pixels, max_image_bytes
 ):
-    """Write a Triton model repository: TensorRT + ONNX Runtime models per resolution, preprocessing ensembles."""
+    """Write a Triton model repository: TensorRT, ONNX Runtime and OpenVINO models per resolution, preprocessing ensembles."""
     from deploykit.serve.classifier import ImageLimits
     from deploykit.serve.triton_repo import RepositoryOptions
     from deploykit.serve.triton_repo import package_triton as write_repository
