@@ -137,6 +137,23 @@ def render(results_dir: Path) -> str:
             *int8_table(data),
             "",
         ]
+    for path in sorted(results_dir.glob("cpu-backends*.json")):
+        data = json.loads(path.read_text())
+        env = data["environment"]
+        parts += [
+            f"### CPU backends: ONNX Runtime and OpenVINO (`{path.relative_to(results_dir.parent)}`)",
+            "",
+            f"- **Machine:** {env['cpu']}, {env['usable_cores']} cores, instruction sets {' '.join(env.get('cpu_instruction_sets', []))}; "
+            f"OpenVINO capabilities {' '.join(env.get('openvino_capabilities', []))}; load average {env['load_average_start'][0]:.2f} at the "
+            f"start, {data.get('load_average_end', [float('nan')])[0]:.2f} at the end"
+            + ("" if data.get("complete") else " (**incomplete run**)")
+            + ".",
+            f"- **Command:** `{data['command']}`; each lane's p50 over ORT fp32's p50 on the same inputs, interleaved (fastest "
+            "calls' ratio in brackets); cosine: worst row against ORT fp32's output.",
+            "",
+            *cpu_backends_table(data),
+            "",
+        ]
     # Sweep files are <device>-<mode>-<model>.json; the other benchmarks (sape2_cpu, serve_cpu,
     # precision_accuracy) write their own formats and are described in the text above.
     for path in sorted(results_dir.glob("*-*-*.json")):
@@ -178,6 +195,29 @@ def int8_table(data: dict) -> list[str]:
             r = by.get((res, batch, enc, variant))
             cells.append("–" if r is None else f"{r['ratio_vs_fp32']:.2f} ({r['min_ratio_vs_fp32']:.2f})")
         lines.append(f"| {res} | {batch} | {enc} | {by[(res, batch, enc, 'fp32')]['p50_ms']:.1f} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def cpu_backends_table(data: dict) -> list[str]:
+    """One row per model × resolution × batch: ORT fp32 p50, then every lane as a ratio to it."""
+    lanes = list(dict.fromkeys(r["lane"] for r in data["records"]))
+    by = {(r["model"], r["resolution"], r["batch"], r["lane"]): r for r in data["records"]}
+    lines = [
+        "| model | res | batch | ORT fp32 p50 ms | "
+        + " | ".join(f"{lane} × ORT fp32" for lane in lanes)
+        + " | OpenVINO default: hint, cosine |",
+        "|---|---|---|---|" + "---|" * (len(lanes) + 1),
+    ]
+    for model, res, batch in dict.fromkeys(k[:3] for k in by):
+        cells = [_fmt(by.get((model, res, batch, lane), {}).get("ratio_vs_ort_fp32"), ".2f") for lane in lanes]
+        mins = [_fmt(by.get((model, res, batch, lane), {}).get("min_ratio_vs_ort_fp32"), ".2f") for lane in lanes]
+        default = by.get((model, res, batch, "openvino default"), {})
+        hint = default.get("provider", "").rpartition("INFERENCE_PRECISION_HINT ")[2] or "–"
+        lines.append(
+            f"| {model} | {res} | {batch} | {by[(model, res, batch, 'ort fp32')]['p50_ms']:.1f} | "
+            + " | ".join(f"{c} ({m})" for c, m in zip(cells, mins))
+            + f" | {hint}, {_fmt(default.get('cosine_vs_ort_fp32'), '.5f')} |"
+        )
     return lines
 
 

@@ -25,6 +25,7 @@ _EXTRAS = {
     "triton": "triton",
     "timm": "timm",
     "timm.layers": "timm",
+    "openvino": "openvino",
 }
 
 

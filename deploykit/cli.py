@@ -286,7 +286,8 @@ def _quantization_line(details: dict) -> str:
     multiple=True,
     default=("ort",),
     show_default=True,
-    help="Repeatable: ort, ort-cuda, trt, rtx (trt/rtx run the engines deploykit build wrote).",
+    help="Repeatable: ort, ort-cuda, openvino (f32 hint), openvino-bf16 (CPUs with bf16), trt, rtx (trt/rtx run the engines "
+    "deploykit build wrote).",
 )
 @click.option(
     "--precision",
@@ -333,12 +334,13 @@ def validate(export_dir, resolutions, backends, precision, num_random, num_real,
 def _print_report(console, report) -> None:
     from deploykit.resolutions import resolution_tag
 
+    width = max((len(r.backend) for r in report.records), default=5)
     for r in report.records:
         mark = "[green]✓[/]" if r.passed else "[red]✗[/]"
         where = resolution_tag(tuple(r.resolution)) + (f" b{r.batch}" if r.profiled else "") + (" (range)" if r.range_graph else "")
         top_k = f"  top1 {r.top1_agreement:.0%}  top5 {r.top5_agreement:.0%}" if r.top1_agreement is not None else "  (features)"
         line = (
-            f"{mark} {r.backend:<5} {where:>8}  max|Δ| {r.max_abs:.2e}  mean|Δ| {r.mean_abs:.2e}"
+            f"{mark} {r.backend:<{width}} {where:>8}  max|Δ| {r.max_abs:.2e}  mean|Δ| {r.mean_abs:.2e}"
             f"  cos {r.cosine:.8f}{top_k}  NaN/Inf {r.nan_count}/{r.inf_count}"
         )
         if r.first_divergent_block:
@@ -498,6 +500,7 @@ def profile(
     from deploykit.backends.plugins import Plugins
     from deploykit.errors import ConfigError
     from deploykit.nn.resolve import resolve_model
+    from deploykit.profile.choice import write_choice
     from deploykit.profile.output import plot_latency, render_table, write_csv
     from deploykit.resolutions import parse_resolutions
 
@@ -537,6 +540,10 @@ def profile(
     out.print(table)
     for note in report.notes:
         console.print(f"note: {note}", soft_wrap=True, markup=False)
+    for line in report.advice:
+        console.print(line, soft_wrap=True, markup=False)
+    if export_dir and (written := write_choice(export_dir, report.records, subject.encoding, subject.graph_hashes())):
+        console.print(f"wrote {written} (deploykit serve takes each resolution's fastest validated plan from it)", soft_wrap=True)
     writers = (
         (json_path, report.write_json),
         (csv_path, lambda path: write_csv(path, report.records)),
@@ -559,9 +566,9 @@ def profile(
 @click.option(
     "--precision",
     type=click.Choice(PLAN_NAMES),
-    default="fp32",
-    show_default=True,
-    help="Precision plan to serve: its graphs (or engines) at every resolution the export holds for it.",
+    default=None,
+    help="Precision plan to serve: its graphs (or engines) at every resolution the export holds for it "
+    "[default: fp32, or on a CPU the fastest validated plan deploykit profile chose for the directory].",
 )
 @click.option("--top-k", default=5, show_default=True, help="Classes returned per image.")
 @_image_limit_options
@@ -795,7 +802,7 @@ def package_triton(
     max_image_bytes,
     plugin_specs,
 ):
-    """Write a Triton model repository: TensorRT + ONNX Runtime models per resolution, preprocessing ensembles."""
+    """Write a Triton model repository: TensorRT, ONNX Runtime and OpenVINO models per resolution, preprocessing ensembles."""
     from deploykit.backends.plugins import Plugins
     from deploykit.serve.classifier import ImageLimits
     from deploykit.serve.triton_repo import RepositoryOptions

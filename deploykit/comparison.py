@@ -34,6 +34,19 @@ class Tolerance:
     real_only: bool = False
 
 
+def looser(a: Tolerance, b: Tolerance) -> Tolerance:
+    """The tolerance that accepts what either accepts, bound by bound (a graph's own plan run by a
+    runtime that lowers its precision further is held to the looser of the two)."""
+    return Tolerance(
+        max_abs=None if a.max_abs is None or b.max_abs is None else max(a.max_abs, b.max_abs),
+        min_cosine=min(a.min_cosine, b.min_cosine),
+        min_mean_cosine=min(a.min_mean_cosine, b.min_mean_cosine),
+        min_top1=min(a.min_top1, b.min_top1),
+        min_top5=min(a.min_top5, b.min_top5),
+        real_only=a.real_only or b.real_only,
+    )
+
+
 def compare_logits(reference: np.ndarray, actual: np.ndarray, num_real: int, tolerance: Tolerance, top_k: bool = True) -> dict:
     """Metrics of ``actual`` against ``reference`` (both ``[B, classes]``, or ``[B, D]`` features), in float64.
 

@@ -1,8 +1,9 @@
 """``deploykit inspect PATH``: what an exported graph or a built engine is.
 
 A graph (``.onnx``): its encoding, positional tables, precision plan, opset, custom ops and
-model-local functions, inputs and outputs, and what TensorRT-RTX's parser reports about it (when
-``tensorrt_rtx`` is installed; it runs on CPU). An engine (``.engine``/``.plan``): its
+model-local functions, inputs and outputs, what TensorRT-RTX's parser reports about it (when
+``tensorrt_rtx`` is installed; it runs on CPU) and what OpenVINO reads (when ``openvino`` is
+installed: its ops, and how many a bf16 hint would keep in f32). An engine (``.engine``/``.plan``): its
 fingerprint (what it was built from and for), profile shapes, and its layers with their
 precisions from TensorRT's engine inspector, which needs the engine deserialized, so a CUDA GPU;
 elsewhere the report says why the layers are missing.
@@ -67,6 +68,7 @@ def inspect_graph(path: Path) -> dict:
         "custom_ops": dict(custom),
         "functions": [f"{f.domain}::{f.name}" for f in proto.functions],
         "tensorrt_rtx": _rtx_parse(path),
+        "openvino": _openvino_read(path),
     }
 
 
@@ -95,6 +97,23 @@ def _rtx_parse(path: Path) -> dict:
         warnings = summarise(messages.warnings, hint="")
         layers = Counter(str(network.get_layer(i).type).split(".")[-1] for i in range(network.num_layers))
     return {"parsed": True, "layers": network.num_layers, "layer_types": dict(layers.most_common()), "warnings": warnings}
+
+
+def _openvino_read(path: Path) -> dict:
+    """What OpenVINO's ONNX reader makes of the graph: its op types, and the ops a bf16 hint keeps in f32."""
+    from deploykit._lazy import is_available, lazy_import
+
+    if not is_available("openvino"):
+        return {"read": None, "note": "openvino is not installed (pip install 'deploykit[openvino]')"}
+    from deploykit.backends.openvino import keep_fp32, openvino_source
+
+    try:
+        source, fp32 = openvino_source(path, "bf16")
+        model = lazy_import("openvino").Core().read_model(source)
+    except (DeployKitError, RuntimeError) as err:  # OpenVINO raises RuntimeError for a graph it cannot convert
+        return {"read": False, "error": one_line(err)}
+    ops = Counter(op.get_type_name() for op in model.get_ops())
+    return {"read": True, "ops": sum(ops.values()), "op_types": dict(ops.most_common()), "kept_f32_under_bf16_hint": keep_fp32(model, fp32)}
 
 
 def inspect_engine(path: Path) -> dict:

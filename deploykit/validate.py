@@ -25,7 +25,7 @@ import onnx
 
 from deploykit.backends import Runner, TorchRunner, registry
 from deploykit.backends.plugins import Plugins
-from deploykit.comparison import Tolerance, compare_logits, row_cosines
+from deploykit.comparison import Tolerance, compare_logits, looser, row_cosines
 from deploykit.data import validation_inputs
 from deploykit.errors import ConfigError, ValidationError
 from deploykit.export.bundle import load_reference
@@ -70,6 +70,7 @@ class Record:
     range_graph: bool = False  # the graph covers a resolution range (checked at its min/opt/max)
     provider: str = ""  # what ran it: ONNX Runtime's execution provider, the TensorRT flavour and version
     node_placement: dict | None = None  # ort-cuda: nodes per execution provider, and compute nodes on the CPU
+    precision_hint: str = ""  # the precision a runtime computes float ops in, where it takes a hint (OpenVINO: f32, bf16)
 
     @property
     def label(self) -> str:
@@ -237,12 +238,14 @@ def validate(
                     inputs, _ = reference_at(resolution)
                     outputs.append((resolution, batch, run_exact_batches(runner, inputs, batch)["logits"]))
                 profiled, provider, placement = bool(runner.profiled_shapes), runner.provider, runner.details.get("node_placement")
+                hint = runner.details.get("precision_hint", "")
+                judged = tolerance if runner.computes_in is None else looser(tolerance, PLANS[runner.computes_in].tolerance)
             for resolution, batch, actual in outputs:
                 inputs, reference = reference_at(resolution)
                 metrics = compare_logits(
                     *_per_prediction(reference, actual),
                     num_real * _predictions_per_input(reference),
-                    tolerance,
+                    judged,
                     top_k=model.output_kind == "logits",
                 )
                 record = Record(
@@ -252,18 +255,19 @@ def validate(
                     precision,
                     len(inputs),
                     num_real,
-                    tolerance=asdict(tolerance),
+                    tolerance=asdict(judged),
                     profiled=profiled,
                     graph=entry.file,
                     range_graph=entry.resolution_range is not None,
                     provider=provider,
                     node_placement=placement,
+                    precision_hint=hint,
                     **metrics,
                 )
                 if not record.passed:
                     if progress:
                         progress(f"{backend} @ {path.name}: locating the first divergent block")
-                    record.first_divergent_block = first_divergent_block(path, model, inputs, tolerance, batch, backend, plugins, num_real)
+                    record.first_divergent_block = first_divergent_block(path, model, inputs, judged, batch, backend, plugins, num_real)
                 records.append(record)
     return ValidationReport(records)
 

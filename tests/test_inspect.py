@@ -60,6 +60,15 @@ def test_graph(export_dir, tmp_path):
     assert inspect_path(export_dir / "model_32.onnx")["precision_plan"] == "fp32"
 
 
+def test_graph_as_openvino_reads_it(export_dir):
+    pytest.importorskip("openvino", reason="the openvino extra is not installed")
+    info = inspect_path(export_dir / "model_32.onnx")["openvino"]
+    # SaPE²'s custom node is read through its inlined body; a bf16 hint keeps (at least) each
+    # block's bias body, both LayerNorms and the Softmax in f32.
+    assert info["read"] is True and info["ops"] == sum(info["op_types"].values())
+    assert info["op_types"]["MVN"] == 2 * DEPTH + 1 and info["kept_f32_under_bf16_hint"] > info["op_types"]["MVN"]
+
+
 def test_engine(export_dir, tmp_path):
     pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed")
     from deploykit.build import build

@@ -234,7 +234,7 @@ def test_environment_is_captured(report):
 
 def test_json_csv_and_plot_files(report, tmp_path):
     data = json.loads(report.write_json(tmp_path / "p.json").read_text())
-    assert set(data) == {"environment_line", "environment", "settings", "records", "notes"}
+    assert set(data) == {"environment_line", "environment", "settings", "records", "notes", "advice"}
     assert data["records"] == json.loads(json.dumps(report.records))
     with open(write_csv(tmp_path / "p.csv", report.records), newline="") as f:
         rows = list(csv.reader(f))

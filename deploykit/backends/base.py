@@ -22,6 +22,10 @@ class Runner:
     # owns per-call state (an execution context, device buffers, a stream) may not: callers
     # that share it across threads (``deploykit.serve.Pipeline``) serialise its calls with a lock.
     thread_safe = False
+    # The precision plan a runner computes a graph's float ops in when it lowers them itself
+    # (OpenVINO's bf16 hint): ``validate`` then judges by the looser of that plan's tolerance and
+    # the graph's own. None: the graph's types are run as written.
+    computes_in: str | None = None
 
     def __init__(self):
         self.is_active = False

@@ -19,6 +19,7 @@ from functools import partial
 from deploykit.backends.base import Runner
 from deploykit.backends.engine_cache import ENGINE_MODULES
 from deploykit.backends.onnxrt import OnnxrtCudaRunner, OnnxrtRunner
+from deploykit.backends.openvino import OpenvinoBf16Runner, OpenvinoRunner, best_hint
 from deploykit.backends.plugins import Plugins
 from deploykit.backends.trt_runner import debug_engine_runner, engine_runner
 from deploykit.errors import ConfigError
@@ -26,13 +27,18 @@ from deploykit.errors import ConfigError
 RUNNER_FACTORIES: dict[str, Callable[..., Runner]] = {
     "ort": OnnxrtRunner,
     "ort-cuda": OnnxrtCudaRunner,
+    "openvino": OpenvinoRunner,
+    "openvino-bf16": OpenvinoBf16Runner,
     **{tag: partial(engine_runner, module=module) for tag, module in ENGINE_MODULES.items()},
 }
 
 # Backend name -> factory(onnx path, marked graph bytes, **engine options) -> Runner on the marked graph.
 BISECT_FACTORIES: dict[str, Callable[..., Runner]] = {
     "ort": lambda onnx_path, marked: OnnxrtRunner(marked),
-    "ort-cuda": lambda onnx_path, marked: OnnxrtCudaRunner(marked),
+    # The graph's own runner passed (or was allowed) the CPU-fallback check; bisecting only locates.
+    "ort-cuda": lambda onnx_path, marked: OnnxrtCudaRunner(marked, allow_cpu_fallback=True),
+    "openvino": lambda onnx_path, marked: OpenvinoRunner(marked),
+    "openvino-bf16": lambda onnx_path, marked: OpenvinoBf16Runner(marked),
     **{tag: partial(debug_engine_runner, module=module) for tag, module in ENGINE_MODULES.items()},
 }
 
@@ -90,8 +96,9 @@ def create_bisect_runner(backend: str, onnx_path: str | os.PathLike, marked: byt
 
 def available_backends() -> list[str]:
     """The registered backends whose prerequisites are present here: ``ort`` always; ``ort-cuda``
-    when onnxruntime has its CUDA provider; ``trt``/``rtx`` when their package imports and
-    PyTorch sees a CUDA GPU (the engine runners use torch for device buffers)."""
+    when onnxruntime has its CUDA provider; ``openvino`` when it imports, ``openvino-bf16`` when
+    the CPU also computes in bf16; ``trt``/``rtx`` when their package imports and PyTorch sees a
+    CUDA GPU (the engine runners use torch for device buffers)."""
     import onnxruntime as ort
 
     from deploykit._lazy import is_available
@@ -103,6 +110,8 @@ def available_backends() -> list[str]:
             import torch
 
             return torch.cuda.is_available() and is_available(ENGINE_MODULES[name])
+        if name in ("openvino", "openvino-bf16"):
+            return is_available("openvino") and (name == "openvino" or best_hint() == "bf16")
         return True
 
     return [name for name in RUNNER_FACTORIES if usable(name)]

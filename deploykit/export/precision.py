@@ -168,6 +168,20 @@ def apply_precision(
     return out
 
 
+def fp32_tensors(proto: onnx.ModelProto, low: int = TensorProto.BFLOAT16) -> set[str]:
+    """Output tensors of the nodes a cast plan to ``low`` would keep in fp32 (tables and their
+    readers, LayerNorm, Softmax, custom ops, the logits, and what follows them): for a runtime
+    that lowers precision itself (OpenVINO's bf16 hint) to keep the same nodes in fp32.
+
+    Args:
+        proto: an exported graph, of any plan (its float nodes are classified as the cast plan would).
+        low: ``TensorProto.BFLOAT16`` or ``FLOAT16``.
+    """
+    plan = _Plan(proto, low)
+    low_nodes = plan._classify()
+    return {name for i, node in enumerate(plan.graph.node) if i not in low_nodes for name in node.output if name in plan.float_tensors}
+
+
 class _Plan:
     """One pass over a topologically sorted graph: classify each node, then insert the casts."""
 

@@ -16,7 +16,7 @@ from deploykit._nvml import clocks, driver_version
 from deploykit.backends.onnxrt import session_options
 
 # Distributions whose versions change timings; absent ones are left out.
-_PACKAGES = ("deploykit", "torch", "onnxruntime", "onnxruntime-gpu", "onnx", "numpy", "tensorrt", "tensorrt-rtx")
+_PACKAGES = ("deploykit", "torch", "onnxruntime", "onnxruntime-gpu", "openvino", "onnx", "numpy", "tensorrt", "tensorrt-rtx")
 # Thread-count variables that OpenMP, MKL and OpenBLAS read at start-up.
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "ORT_NUM_THREADS")
 
@@ -123,7 +123,9 @@ def environment_line(env: dict) -> str:
     gpu = env.get("gpu")
     gpu_part = f"{gpu['name']} (driver {gpu.get('driver', '?')}, CUDA {gpu.get('cuda')})" if gpu else "no GPU"
     versions = env.get("versions", {})
-    libs = ", ".join(f"{k} {versions[k]}" for k in ("torch", "onnxruntime", "onnxruntime-gpu", "tensorrt", "numpy") if k in versions)
+    libs = ", ".join(
+        f"{k} {versions[k]}" for k in ("torch", "onnxruntime", "onnxruntime-gpu", "openvino", "tensorrt", "numpy") if k in versions
+    )
     threads = env.get("threads", {})
     load = env.get("load_average_start") or [float("nan")]
     isa = " ".join(env.get("cpu_instruction_sets") or []) or "instruction sets not recorded"

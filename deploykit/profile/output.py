@@ -69,6 +69,13 @@ def _ms(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f}" if value < 100 else f"{value:.0f}"
 
 
+def _verdict(record: dict) -> str:
+    """``✓`` validated, ``✓ fastest`` the cell's fastest validated plan, ``✗`` failed, ``–`` not checked."""
+    if record.get("validated") is None:
+        return "–"
+    return ("✓ fastest" if record.get("fastest_validated") else "✓") if record["validated"] else "✗"
+
+
 def render_table(report: ProfileReport, title: str = "latency"):
     """A rich ``Table``: kernel-only and end-to-end latency side by side, ratio to APE, PE share."""
     from rich.table import Table
@@ -89,6 +96,7 @@ def render_table(report: ProfileReport, title: str = "latency"):
         "×fp32",
         "PE share",
         "GFLOP/s",
+        "valid",
     ):
         table.add_column(name, justify="right")
     ratio = lambda value: "–" if value is None else f"{value:.3f}"
@@ -111,5 +119,6 @@ def render_table(report: ProfileReport, title: str = "latency"):
             ratio(r.get("ratio_vs_fp32")),
             "–" if r.get("pe_share") is None else f"{r['pe_share']:.1%}",
             f"{r['achieved_gflop_per_s']:.1f}",
+            _verdict(r),
         )
     return table

@@ -79,6 +79,7 @@ class ProfileReport:
     settings: dict
     environment: dict
     notes: list[str] = field(default_factory=list)
+    advice: list[str] = field(default_factory=list)  # each cell's fastest validated plan; plans slower than fp32
 
     @property
     def environment_line(self) -> str:
@@ -91,6 +92,7 @@ class ProfileReport:
             "settings": self.settings,
             "records": self.records,
             "notes": self.notes,
+            "advice": self.advice,
         }
 
     def write_json(self, path: str | os.PathLike) -> Path:

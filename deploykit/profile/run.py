@@ -16,6 +16,7 @@ from deploykit.errors import ConfigError, DeployKitError, ResolutionError
 from deploykit.export.onnx_export import check_export_shape
 from deploykit.export.precision import check_precision
 from deploykit.nn.vit import VisionTransformer
+from deploykit.profile.choice import References, check_target, choice_lines, mark_fastest, slower_lines
 from deploykit.profile.environment import capture_environment
 from deploykit.profile.flops import model_flops
 from deploykit.profile.report import BASELINE_ENCODING, FP32, TORCH_BACKEND, ProfileReport, add_ratios, make_record
@@ -72,6 +73,7 @@ def profile(
     plugins: Plugins | None = None,
     cuda_graphs: bool = True,
     allow_cpu_fallback: bool = False,
+    validate_plans: bool = True,
 ) -> ProfileReport:
     """Profile models (one per encoding, same trunk) at each resolution, batch and backend.
 
@@ -94,13 +96,17 @@ def profile(
             says whether they did: ``cuda_graph``, ``cuda_graph_note``).
         allow_cpu_fallback: ``ort-cuda`` accepts nodes ONNX Runtime runs on the CPU (records name
             them in ``node_placement``); refused by default.
+        validate_plans: check every ONNX-runner target against the PyTorch reference before
+            timing it (``validated``), and mark each cell's fastest validated plan
+            (``fastest_validated``; ``deploykit.profile.choice``).
 
     Returns:
         The report; ``records`` follow ``RECORD_FIELDS`` (kernel-only latency) and then extra
         fields: ``e2e_*`` (end-to-end), ``pe_step_p50_ms`` and ``pe_share`` (positional step
         alone and its share of the kernel p50), ``ape_p50_ms`` and ``ratio_vs_ape``, ``gflops``
         and ``achieved_gflop_per_s``, ``fp32_p50_ms`` and ``ratio_vs_fp32``, ``provider`` (what
-        ran it). On an engine backend only the engines ``deploykit build`` wrote are timed; what
+        ran it), ``validated`` and ``fastest_validated``; ``advice`` says each cell's fastest
+        validated plan and every reduced-precision plan slower than fp32. On an engine backend only the engines ``deploykit build`` wrote are timed; what
         is missing is in ``notes``.
 
     Raises:
@@ -126,21 +132,35 @@ def profile(
         budget=dataclasses.asdict(budget),
         end_to_end=end_to_end,
         flush_denormal=True,
+        validate_plans=validate_plans,
     )
     records: list[dict] = []
     notes: list[str] = []
     runner_options = dict(plugins=plugins, cuda_graph=cuda_graphs, allow_cpu_fallback=allow_cpu_fallback)
+    checks = References() if validate_plans else None
     with flush_denormal():
         environment = capture_environment(torch_device)
         for resolution in resolutions:
             records += _profile_resolution(
-                subjects, resolution, batches, backends, precisions, budget, end_to_end, torch_device, progress, runner_options, notes
+                subjects,
+                resolution,
+                batches,
+                backends,
+                precisions,
+                budget,
+                end_to_end,
+                torch_device,
+                progress,
+                runner_options,
+                notes,
+                checks,
             )
     if not records:
         raise DeployKitError(f"nothing was profiled: {'; '.join(notes)}")
     environment["load_average_end"] = list(os.getloadavg())
     add_ratios(records)
-    return ProfileReport(records, settings, environment, notes)
+    mark_fastest(records)
+    return ProfileReport(records, settings, environment, notes, advice=choice_lines(records) + slower_lines(records))
 
 
 def _open_targets(backend, lanes, resolution, device, runner_options, progress, notes) -> list:
@@ -157,7 +177,7 @@ def _open_targets(backend, lanes, resolution, device, runner_options, progress, 
 
 
 def _profile_resolution(
-    subjects, resolution, batches, backends, precisions, budget, end_to_end, device, progress, runner_options, notes
+    subjects, resolution, batches, backends, precisions, budget, end_to_end, device, progress, runner_options, notes, checks=None
 ) -> list[dict]:
     tag = resolution_tag(resolution)
     cfg = subjects[0].model.cfg
@@ -175,6 +195,11 @@ def _profile_resolution(
         targets = []
         try:
             targets = _open_targets(backend, lanes, resolution, device, runner_options, progress, notes)
+            verdicts = {}
+            for (subject, precision), target in targets if checks is not None and backend != TORCH_BACKEND else []:
+                if progress:
+                    progress(f"{backend} {subject.encoding} {precision} @ {tag}: validating")
+                verdicts[subject.encoding, precision] = check_target(target, subject.model, resolution, precision, checks)
             for batch in batches:
                 images, frames = inputs(subjects[0].model, resolution, batch, rng)
                 samples = {}
@@ -195,7 +220,9 @@ def _profile_resolution(
                     step = pe_steps[subject.encoding, batch] if backend == TORCH_BACKEND else None
                     flops = model_flops(cfg, resolution, batch)
                     records.append(
-                        make_record(backend, precision, subject.encoding, tag, batch, kernel, e2e, step, flops) | target.details()
+                        make_record(backend, precision, subject.encoding, tag, batch, kernel, e2e, step, flops)
+                        | target.details()
+                        | verdicts.get(lane, {})
                     )
         finally:
             for _, target in targets:

@@ -78,6 +78,12 @@ class Subject:
             self._built[key] = planned.SerializeToString()
         return self._built[key]
 
+    def graph_hashes(self) -> dict[tuple[str, str], str]:
+        """``(resolution tag, precision)`` → sha256 of each exported graph (none for an in-memory subject)."""
+        from deploykit.export.manifest import sha256_file
+
+        return {(resolution_tag(r), p): sha256_file(path) for (r, p), path in self.graphs.items()}
+
     @classmethod
     def from_export_dir(cls, directory: str | os.PathLike, precisions: Sequence[str] = (FP32,)) -> Subject:
         """The reference model and the (unchanged) graphs of each precision plan of an export directory."""
@@ -172,7 +178,11 @@ def open_target(backend: str, subject: Subject, resolution: tuple[int, int], pre
     from deploykit.backends.registry import create_runner
 
     if backend not in ENGINE_MODULES:
-        return RunnerTarget(create_runner(backend, subject.onnx(resolution, precision), **runner_options))
+        graph = subject.onnx(resolution, precision)
+        try:
+            return RunnerTarget(create_runner(backend, graph, **runner_options))
+        except DeployKitError as err:  # a missing extra, a CPU without the hinted precision: said, not a traceback
+            raise Unavailable(f"{subject.encoding} {precision} on {backend} @ {resolution_tag(resolution)}: not profiled: {err}") from err
     # An engine exists only beside a graph of an export directory (deploykit build wrote it).
     plan = "" if precision == FP32 else f" {precision}"
     where = f"{subject.encoding}{plan} on {backend} @ {resolution_tag(resolution)}"

@@ -16,7 +16,11 @@ runner activates; each skipped backend's reason is kept in ``Pipeline.skipped`` 
 run (no GPU, a stale fingerprint, a plugin that does not load) is also logged as a warning, so
 falling back to ONNX Runtime is never silent. Engine runners load the installed plugin packages
 an engine's fingerprint names (``--plugins sape2`` at build); ``plugins`` adds others (a plugin
-library). Any other value names one backend from the mapping, with no fallback.
+library). Any other value names one backend from the mapping, with no fallback. On a CPU (no GPU
+backend usable) and with no ``precision`` asked for, ``auto`` first takes the plan ``deploykit
+profile EXPORT_DIR`` measured fastest among the validated ones for that resolution at the batch
+nearest ``batch_size`` (``deploykit.profile.choice``: e.g. OpenVINO on the int8 graph), when its
+graph is unchanged since; ``describe_backends`` says which it took and why.
 
 Threads: a pipeline may be called from several threads (a server's model instances, Ray's
 thread pool). A runner that does not declare itself ``thread_safe`` (an engine's execution
@@ -187,7 +191,8 @@ class Pipeline:
     Args:
         export_dir: written by ``deploykit export``.
         precision: the plan served (``"fp32"``, ``"fp16"``, ``"int8"``, ...): its graphs at every
-            fixed resolution the export holds for it.
+            fixed resolution the export holds for it. None: fp32, or on a CPU the plan ``deploykit
+            profile`` chose (module docstring).
         backend: ``"auto"`` or a backend name (see the module docstring).
         top_k: classes returned per image.
         batch_size: most images per runner call.
@@ -206,7 +211,7 @@ class Pipeline:
         self,
         export_dir: str | os.PathLike,
         *,
-        precision: str = "fp32",
+        precision: str | None = None,
         backend: str = "auto",
         top_k: int = 5,
         batch_size: int = 8,
@@ -226,26 +231,61 @@ class Pipeline:
             raise ConfigError(f"top_k and batch_size must be >= 1, got {top_k} and {batch_size}")
         self.export_dir = Path(export_dir)
         self.top_k, self.batch_size, self.crop_pct, self.limits = top_k, batch_size, crop_pct, limits
-        self.precision = check_precision(precision).name
+        self.precision = check_precision(precision or "fp32").name
         manifest = Manifest.read(self.export_dir)
         self.config = read_image_config(self.export_dir, manifest)
         entries = manifest.graphs_at(self.precision)
         self.runners: dict[tuple[int, int], Runner] = {}
         self.backends: dict[tuple[int, int], str] = {}
         self.skipped: dict[tuple[int, int], dict[str, str]] = {}
+        self.plans: dict[tuple[int, int], str] = {}  # the precision plan each resolution runs (fp32 unless profiled faster)
+        self._why: dict[tuple[int, int], str] = {}
         self._locks: dict[tuple[int, int], contextlib.AbstractContextManager] = {}
         try:
             for entry in entries:
                 res = tuple(entry.resolution)
-                path = checked_graph(self.export_dir, entry, manifest.encoding)
-                name, runner, skipped = activate_runner(path, backend, factories)
-                self.runners[res], self.backends[res], self.skipped[res] = runner, name, skipped
+                chosen = self._profiled_choice(manifest, res, backend, factories) if precision is None else None
+                if chosen is not None:
+                    name, runner, plan, self._why[res] = chosen
+                    self.runners[res], self.backends[res], self.skipped[res], self.plans[res] = runner, name, {}, plan
+                else:
+                    path = checked_graph(self.export_dir, entry, manifest.encoding)
+                    name, runner, skipped = activate_runner(path, backend, factories)
+                    self.runners[res], self.backends[res], self.skipped[res], self.plans[res] = runner, name, skipped, self.precision
                 self._locks[res] = contextlib.nullcontext() if runner.thread_safe else threading.Lock()
         except BaseException:
             self.close()
             raise
         if not self.runners:
             raise DeployKitError(f"{self.export_dir} holds no exported graph; run deploykit export")
+
+    def _profiled_choice(self, manifest: Manifest, res, backend: str, factories) -> tuple[str, Runner, str, str] | None:
+        """``(backend, active runner, plan, why)`` from ``deploykit profile``'s choice for ``res``, when
+        ``backend`` is auto, no GPU backend is usable, the choice's graph is unchanged and its runner
+        activates; else None (and the reason is kept for ``describe_backends``)."""
+        from deploykit.backends.registry import available_backends
+        from deploykit.export.manifest import checked_graph, sha256_file
+        from deploykit.profile.choice import read_choice
+
+        tag = resolution_tag(res)
+        choice = read_choice(self.export_dir, tag, self.batch_size) if backend == "auto" else None
+        if choice is None or choice.backend not in factories:
+            return None
+        gpu = [b for b in available_backends() if b in ("trt", "rtx", "ort-cuda")]
+        if gpu:
+            self._why[res] = f"GPU backend {gpu[0]} usable: profiled CPU choice ({choice.backend} {choice.precision}) not taken"
+            return None
+        try:
+            graph = checked_graph(self.export_dir, manifest.graph(res, choice.precision), manifest.encoding)
+            if sha256_file(graph) != choice.graph_sha256:
+                raise DeployKitError(f"{graph.name} changed since deploykit profile chose it; profile again")
+            runner = factories[choice.backend](graph)
+            runner.activate()
+        except DeployKitError as err:
+            self._why[res] = f"profiled choice {choice.backend} {choice.precision} not taken: {err}"
+            return None
+        why = f"fastest validated plan at batch {choice.batch} in deploykit profile ({choice.p50_ms:.2f} ms p50)"
+        return choice.backend, runner, choice.precision, why
 
     @property
     def resolutions(self) -> list[tuple[int, int]]:
@@ -261,9 +301,11 @@ class Pipeline:
         chosen: dict[str, list[str]] = {}
         skipped: dict[tuple[str, str], list[str]] = {}
         for res in self.resolutions:
-            chosen.setdefault(self.backends[res], []).append(resolution_tag(res))
-            for name, why in self.skipped[res].items():
-                skipped.setdefault((name, why), []).append(resolution_tag(res))
+            plan = "" if self.plans.get(res, "fp32") == "fp32" else f" {self.plans[res]}"
+            why = f" ({self._why[res]})" if res in self._why else ""
+            chosen.setdefault(f"{self.backends[res]}{plan}", []).append(resolution_tag(res) + why)
+            for name, reason in self.skipped[res].items():
+                skipped.setdefault((name, reason), []).append(resolution_tag(res))
         return [f"backend {name} at {', '.join(tags)}" for name, tags in chosen.items()] + [
             f"skipped {name} at {', '.join(tags)}: {why}" for (name, why), tags in skipped.items()
         ]

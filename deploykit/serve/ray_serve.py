@@ -48,7 +48,7 @@ class RayOptions:
     batch_wait_timeout_s: float = 0.01
     backend: str = "auto"
     top_k: int = 5
-    precision: str = "fp32"
+    precision: str | None = None
     ray_actor_options: dict = field(default_factory=lambda: {"num_cpus": 1})
     host: str = "127.0.0.1"
     port: int = 8000

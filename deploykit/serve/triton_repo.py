@@ -6,10 +6,14 @@ For every exported resolution ``<res>`` (``224``, ``384x256``, ...)::
                          ``deploykit build --backend trt`` wrote (model_<res>.trt.engine, checked
                          against its fingerprint), else to build on the serving host (README)
     vit_<res>_onnx/      platform onnxruntime_onnx; 1/model.onnx (the exported graph)
+    vit_<res>_openvino/  backend openvino (CPU instances); 1/model.onnx: the exported graph, model-local
+                         functions inlined (OpenVINO's reader has no rule for SaPE²'s custom node);
+                         INFERENCE_PRECISION_HINT f32 and PERFORMANCE_HINT LATENCY as parameters
     preprocess_<res>/    Python backend: encoded image bytes -> [3, H, W] float32 (deploykit.imaging,
                          copied beside model.py: the pipeline's own preprocessing)
     classify_<res>_trt/  ensemble: preprocess_<res> -> vit_<res>_trt   (bytes in, logits out)
     classify_<res>_onnx/ ensemble: preprocess_<res> -> vit_<res>_onnx
+    classify_<res>_openvino/ ensemble: preprocess_<res> -> vit_<res>_openvino
     README.md            how to build the engines, and SaPE2's custom op under Triton
 
 Every ``config.pbtxt`` is built as Triton's own ``ModelConfig`` protobuf messages (from
@@ -144,6 +148,29 @@ def vit_config(name: str, platform: str, shape, num_classes: int, kind: str, opt
     return _text(config)
 
 
+# What deploykit's own OpenVINO runner sets (deploykit.backends.openvino): an explicit f32 hint, so
+# the served model computes what validate checked, whatever the serving CPU would default to.
+OPENVINO_PARAMETERS = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"}
+
+
+def openvino_config(name: str, shape, num_classes: int, opts: RepositoryOptions) -> str:
+    """``config.pbtxt`` of one model for Triton's OpenVINO backend (CPU instances, the ONNX file read directly)."""
+    pb = _pb()
+    config = pb.ModelConfig(
+        name=name,
+        backend="openvino",
+        default_model_filename="model.onnx",
+        max_batch_size=opts.max_batch_size,
+        input=[_tensor(pb.ModelInput, INPUT_NAME, "TYPE_FP32", shape)],
+        output=[_tensor(pb.ModelOutput, OUTPUT_NAME, "TYPE_FP32", [num_classes])],
+        instance_group=[pb.ModelInstanceGroup(kind=pb.ModelInstanceGroup.KIND_CPU, count=1)],
+        dynamic_batching=_batching(opts),
+        model_warmup=_warmup(INPUT_NAME, "TYPE_FP32", shape, [1, max(opts.preferred_batch_sizes)]),
+        parameters={k: pb.ModelParameter(string_value=v) for k, v in OPENVINO_PARAMETERS.items()},
+    )
+    return _text(config)
+
+
 def preprocess_config(name: str, resolution: tuple[int, int], config, opts: RepositoryOptions) -> str:
     """``config.pbtxt`` of the Python preprocessing model (settings passed as parameters)."""
     pb = _pb()
@@ -246,6 +273,17 @@ def _find_engines(graph: Path, plugins) -> FoundEngines:
     return FoundEngines(trt_engine, (shapes[0][0], shapes[2][0]), built_with, libraries, rtx_engine)
 
 
+def _write_openvino_graph(graph: Path, dest: Path) -> None:
+    """The graph OpenVINO reads: the file itself, or with its model-local functions inlined."""
+    from deploykit.backends.openvino import openvino_source
+
+    source, _ = openvino_source(graph, "f32")
+    if isinstance(source, bytes):
+        dest.write_bytes(source)
+    else:
+        shutil.copyfile(graph, dest)
+
+
 def _fit_to_engine(opts: RepositoryOptions, batches: tuple[int, int], engine: Path) -> RepositoryOptions:
     """The TensorRT model's settings within the engine's batch range: Triton refuses a
     ``max_batch_size`` above the engine's profile, and sends any batch from 1."""
@@ -275,13 +313,14 @@ def _write_resolution(repo: Path, export_dir: Path, entry, config, opts: Reposit
     trt_opts = _fit_to_engine(opts, batches, engine) if engine else opts
     res, tag = tuple(entry.resolution), resolution_tag(tuple(entry.resolution))
     shape = (config.in_chans, *res)
-    names = {"trt": f"vit_{tag}_trt", "onnx": f"vit_{tag}_onnx", "pre": f"preprocess_{tag}"}
+    names = {"trt": f"vit_{tag}_trt", "onnx": f"vit_{tag}_onnx", "openvino": f"vit_{tag}_openvino", "pre": f"preprocess_{tag}"}
     files = {
         f"{names['trt']}/config.pbtxt": vit_config(names["trt"], "tensorrt_plan", shape, config.num_classes, "gpu", trt_opts),
         f"{names['onnx']}/config.pbtxt": vit_config(names["onnx"], "onnxruntime_onnx", shape, config.num_classes, opts.onnx_kind, opts),
+        f"{names['openvino']}/config.pbtxt": openvino_config(names["openvino"], shape, config.num_classes, opts),
         f"{names['pre']}/config.pbtxt": preprocess_config(names["pre"], res, config, opts),
     }
-    for variant, variant_opts in (("trt", trt_opts), ("onnx", opts)):
+    for variant, variant_opts in (("trt", trt_opts), ("onnx", opts), ("openvino", opts)):
         name = f"classify_{tag}_{variant}"
         files[f"{name}/config.pbtxt"] = ensemble_config(name, names["pre"], names[variant], config.num_classes, variant_opts)
         (repo / name / "1").mkdir(parents=True)  # ensembles need an (empty) version directory
@@ -290,6 +329,8 @@ def _write_resolution(repo: Path, export_dir: Path, entry, config, opts: Reposit
         (repo / rel).write_text(text)
     (repo / names["onnx"] / "1").mkdir()
     shutil.copyfile(export_dir / entry.file, repo / names["onnx"] / "1" / "model.onnx")
+    (repo / names["openvino"] / "1").mkdir()
+    _write_openvino_graph(export_dir / entry.file, repo / names["openvino"] / "1" / "model.onnx")
     (repo / names["pre"] / "1").mkdir()
     copy_python_model(PREPROCESS_MODEL_SOURCE, repo / names["pre"] / "1")
     (repo / names["trt"] / "1").mkdir()
@@ -370,8 +411,10 @@ def _readme(manifest: Manifest, notes: list[dict], opts: RepositoryOptions) -> s
         "",
         f"    tritonserver --model-repository=$PWD{load}",
         "",
-        "Send encoded image bytes (input `image`, TYPE_STRING) to `classify_<res>_trt` or `classify_<res>_onnx`;",
-        "preprocessed float32 `[B, 3, H, W]` tensors (input `images`) to `vit_<res>_trt` / `vit_<res>_onnx`.",
+        "Send encoded image bytes (input `image`, TYPE_STRING) to `classify_<res>_trt`, `classify_<res>_onnx` or",
+        "`classify_<res>_openvino`; preprocessed float32 `[B, 3, H, W]` tensors (input `images`) to `vit_<res>_trt` /",
+        "`vit_<res>_onnx` / `vit_<res>_openvino`. The `_openvino` models run on CPU with Triton's OpenVINO backend,",
+        f"{', '.join(f'{k} {v}' for k, v in OPENVINO_PARAMETERS.items())} (what `deploykit validate --backend openvino` checked).",
         "",
         "The `preprocess_<res>` models run `deploykit_imaging.py` beside their `model.py`: the preprocessing deploykit",
         "validates with (Triton's Python backend needs numpy and Pillow). Bytes that are not an image, or an image over",

@@ -86,7 +86,8 @@ class ServerOptions:
         max_batch_size: largest batch one request may carry and one execution may merge.
         max_queue_delay_us: how long the dynamic batcher waits to fill a batch (microseconds).
         backend: pipeline backend (``"auto"``, ``"ort"``, ...).
-        precision: the precision plan served (its graphs at every exported resolution).
+        precision: the precision plan served (its graphs at every exported resolution); None: fp32,
+            or on a CPU the plan ``deploykit profile`` chose (``Pipeline``).
         top_k: classes returned per image.
         exit_timeout_s: how long Triton waits for in-flight requests on shutdown.
         limits: the largest image ``classify`` decodes (pixels, encoded bytes).
@@ -103,7 +104,7 @@ class ServerOptions:
     max_batch_size: int = 32
     max_queue_delay_us: int = 2000
     backend: str = "auto"
-    precision: str = "fp32"
+    precision: str | None = None
     top_k: int = 5
     exit_timeout_s: int = 5
     limits: ImageLimits = field(default_factory=ImageLimits)

@@ -49,7 +49,15 @@ def test_layout_and_every_config_parses(repo):
     expected = {
         f"{kind}_{tag}{suffix}"
         for tag in TAGS
-        for kind, suffix in [("vit", "_trt"), ("vit", "_onnx"), ("preprocess", ""), ("classify", "_trt"), ("classify", "_onnx")]
+        for kind, suffix in [
+            ("vit", "_trt"),
+            ("vit", "_onnx"),
+            ("vit", "_openvino"),
+            ("preprocess", ""),
+            ("classify", "_trt"),
+            ("classify", "_onnx"),
+            ("classify", "_openvino"),
+        ]
     }
     models = {p.name for p in repo.iterdir() if p.is_dir()}
     assert models == expected
@@ -89,11 +97,22 @@ def test_inference_models(repo, export_dir, tag):
 
 
 @pytest.mark.parametrize("tag", TAGS)
+def test_openvino_models_run_the_graph_on_cpu_with_an_explicit_f32_hint(repo, export_dir, tag):
+    config = parse(repo / f"vit_{tag}_openvino/config.pbtxt")
+    assert config.backend == "openvino" and config.default_model_filename == "model.onnx"
+    assert config.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
+    assert {k: v.string_value for k, v in config.parameters.items()} == {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"}
+    assert [(i.name, list(i.dims)) for i in config.input] == [("images", [3, int(tag), int(tag)])]
+    # No model-local function in this export: the file OpenVINO reads is the exported graph itself.
+    assert (repo / f"vit_{tag}_openvino/1/model.onnx").read_bytes() == (export_dir / f"model_{tag}.onnx").read_bytes()
+
+
+@pytest.mark.parametrize("tag", TAGS)
 def test_ensembles_connect_preprocessing_to_each_variant(repo, tag):
     pre = parse(repo / f"preprocess_{tag}/config.pbtxt")
     assert pre.backend == "python" and pre.input[0].data_type == model_config_pb2.TYPE_STRING
     assert {k: v.string_value for k, v in pre.parameters.items()}["height"] == tag
-    for variant in ("trt", "onnx"):
+    for variant in ("trt", "onnx", "openvino"):
         ens = parse(repo / f"classify_{tag}_{variant}/config.pbtxt")
         assert ens.platform == "ensemble"
         steps = ens.ensemble_scheduling.step

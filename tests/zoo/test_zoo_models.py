@@ -139,17 +139,19 @@ def test_validation_inputs_of_a_zoo_model_are_its_test_split():
     np.testing.assert_allclose(inputs[1:], (images - 0.5) / 0.5, atol=1e-6)
 
 
-def test_validate_every_zoo_model_fp32_at_1x_and_2x(zoo_model, tmp_path, capsys):
+def test_validate_every_zoo_model_fp32_at_1x_and_2x_on_ort_and_openvino(zoo_model, tmp_path, capsys):
     name, directory, card = zoo_model
     base = card["train_resolution"]
     out = tmp_path / "export"
     main(["export", "-c", str(directory), "-r", str(base), "-r", str(2 * base), "-o", str(out)])
     report = tmp_path / "report.json"
-    main(["validate", str(out), "--num-random", "2", "--num-real", "8", "--report", str(report)])
+    main(["validate", str(out), "-b", "ort", "-b", "openvino", "--num-random", "2", "--num-real", "8", "--report", str(report)])
     err = capsys.readouterr().err
-    assert "2/2 checks passed" in err and "top1" in err
+    assert "4/4 checks passed" in err and "top1" in err
     records = json.loads(report.read_text())
-    assert [r["resolution"] for r in records] == [[base, base], [2 * base, 2 * base]]
+    assert [(r["backend"], r["resolution"]) for r in records] == [
+        (backend, [res, res]) for res in (base, 2 * base) for backend in ("ort", "openvino")
+    ]
     assert all(r["passed"] and r["num_real"] == 8 and r["precision"] == "fp32" for r in records)
     assert all(r["top1_agreement"] == 1.0 for r in records)
 

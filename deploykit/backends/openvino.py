@@ -1,0 +1,197 @@
+"""OpenVINO runner (CPU): runs the exported ONNX graphs as they are, under an explicit precision hint.
+
+OpenVINO's CPU plugin picks the type its float ops compute in from ``INFERENCE_PRECISION_HINT``;
+left unset, it computes in bf16 on CPUs with AVX512-BF16 or AMX and in f32 elsewhere, so the same
+call would mean two different things on two machines. deploykit always sets the hint and every
+report records it (``details["precision_hint"]``):
+
+* ``f32``: what the graph says (an fp16/bf16 plan's casts and an int8 plan's Q/DQ pairs stay as
+  written); judged by the graph's own plan tolerance.
+* ``bf16``: only on a CPU that has it (``OPTIMIZATION_CAPABILITIES`` lists ``BF16``). The
+  products run in bf16, but the nodes the project's own bf16 plan keeps in fp32 (positional
+  tables and every node reading one, i.e. the rotations, LayerNorm, Softmax, custom-op bodies,
+  the logits) are marked with OpenVINO's ``disable_fp16_compression`` runtime information, which
+  the CPU plugin's precision enforcement honours for bf16 as for f16 (openvinotoolkit/openvino,
+  ``InferPrecisionBF16DisableTest``). Judged by the bf16 plan's tolerance.
+* ``None`` (benchmarks only): OpenVINO's own default, recorded as the precision it resolved to.
+
+``PERFORMANCE_HINT`` is ``LATENCY`` (one stream over all cores): deploykit calls ``infer`` one
+batch at a time.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import numpy as np
+
+from deploykit._lazy import lazy_import
+from deploykit.backends.base import Runner
+from deploykit.errors import DeployKitError, one_line
+
+# OpenVINO's runtime-info key that keeps a node out of a reduced inference precision
+# (``ov::DisableFP16Compression``, RTTI "disable_fp16_compression", version "0").
+KEEP_FP32 = "disable_fp16_compression_0"
+HINTS = ("f32", "bf16")
+
+
+def cpu_capabilities() -> list[str]:
+    """What OpenVINO's CPU plugin reports it can compute in here (``FP32``, ``BF16``, ``INT8``, ...)."""
+    ov = lazy_import("openvino")
+    return list(ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+
+
+def best_hint() -> str:
+    """``bf16`` where the CPU computes in it natively, else ``f32``."""
+    return "bf16" if "BF16" in cpu_capabilities() else "f32"
+
+
+class OpenvinoRunner(Runner):
+    """Runs an ONNX model (path or serialized bytes) with OpenVINO on the CPU.
+
+    Args:
+        model: path to a ``.onnx`` file, or its bytes.
+        precision_hint: ``"f32"``, ``"bf16"`` (refused on a CPU without BF16), or None for
+            OpenVINO's own default (recorded as what it resolved to).
+        threads: ``INFERENCE_NUM_THREADS``; 0 lets OpenVINO choose (one per physical core).
+    """
+
+    name = "openvino"
+    # One infer request per runner: OpenVINO's requests are not for concurrent calls.
+    thread_safe = False
+
+    def __init__(self, model: str | os.PathLike | bytes, precision_hint: str | None = "f32", threads: int = 0):
+        super().__init__()
+        if precision_hint is not None and precision_hint not in HINTS:
+            raise DeployKitError(f"unknown OpenVINO precision hint {precision_hint!r}; choose one of: {', '.join(HINTS)}")
+        self.model, self.precision_hint, self.threads = model, precision_hint, threads
+        self._compiled = self._request = None
+        self._inputs: list[str] = []
+        self._outputs: list[str] = []
+        self.kept_fp32 = 0  # nodes marked to stay in f32 under a bf16 hint
+
+    def _activate(self) -> None:
+        ov = lazy_import("openvino")
+        if self.precision_hint == "bf16" and "BF16" not in cpu_capabilities():
+            raise DeployKitError(
+                "openvino-bf16: this CPU has no native bf16 (OpenVINO reports "
+                f"{', '.join(cpu_capabilities())}); use --backend openvino (f32)"
+            )
+        core = ov.Core()
+        try:
+            source, fp32 = openvino_source(self.model, self.precision_hint)
+            model = core.read_model(source)
+            if self.precision_hint == "bf16":
+                self.kept_fp32 = keep_fp32(model, fp32)
+            self._compiled = core.compile_model(model, "CPU", self._config())
+        except RuntimeError as err:  # OpenVINO raises RuntimeError (its ov::Exception) for unreadable or unsupported graphs
+            raise DeployKitError(one_line(f"openvino cannot load {self._label()}: {err}")) from err
+        self._request = self._compiled.create_infer_request()
+        self._inputs = [port.get_any_name() for port in self._compiled.inputs]
+        self._outputs = [port.get_any_name() for port in self._compiled.outputs]
+
+    def _config(self) -> dict:
+        config = {"PERFORMANCE_HINT": "LATENCY"}
+        if self.precision_hint is not None:
+            config["INFERENCE_PRECISION_HINT"] = self.precision_hint
+        if self.threads:
+            config["INFERENCE_NUM_THREADS"] = self.threads
+        return config
+
+    def _label(self) -> str:
+        return "model bytes" if isinstance(self.model, bytes) else str(self.model)
+
+    def input_names(self) -> list[str]:
+        return self._inputs if self._compiled else super().input_names()
+
+    @property
+    def resolved_hint(self) -> str:
+        """The precision OpenVINO computes float ops in (what the hint resolved to); meaningful once active."""
+        return self._compiled.get_property("INFERENCE_PRECISION_HINT").to_string() if self._compiled else "not active"
+
+    @property
+    def provider(self) -> str:
+        if not self._compiled:
+            return "not active"
+        ov = lazy_import("openvino")
+        return f"OpenVINO {ov.get_version().split('-')[0]} CPU, INFERENCE_PRECISION_HINT {self.resolved_hint}"
+
+    @property
+    def details(self) -> dict:
+        return {"provider": self.provider, "precision_hint": self.resolved_hint, "kept_fp32": self.kept_fp32}
+
+    def runtime_precisions(self) -> dict[str, str]:
+        """Compiled node name → the precision the CPU plugin runs it in (its execution graph)."""
+        return {
+            op.get_friendly_name(): op.get_rt_info()["runtimePrecision"].astype(str) for op in self._compiled.get_runtime_model().get_ops()
+        }
+
+    def _infer(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self._request.infer({name: np.ascontiguousarray(feed[name]) for name in self._inputs})
+        return {name: self._request.get_tensor(name).data.copy() for name in self._outputs}
+
+    def _deactivate(self) -> None:
+        self._compiled = self._request = None
+
+
+class OpenvinoBf16Runner(OpenvinoRunner):
+    """OpenVINO with ``INFERENCE_PRECISION_HINT`` bf16 and the plan's fp32 nodes kept in f32."""
+
+    name = "openvino-bf16"
+    computes_in = "bf16"
+
+    def __init__(self, model: str | os.PathLike | bytes, threads: int = 0):
+        super().__init__(model, precision_hint="bf16", threads=threads)
+
+
+def openvino_source(model: str | os.PathLike | bytes, precision_hint: str | None = "f32") -> tuple[str | bytes, set[str]]:
+    """What OpenVINO reads for an exported graph (its path, or ONNX bytes) and, under a bf16
+    hint, the tensors to keep in f32 (``deploykit.export.precision.fp32_tensors``).
+
+    OpenVINO's ONNX frontend has no rule for a custom-domain node (``deploykit::SaPE2Bias``)
+    even when its model-local function gives the body, so functions are inlined first (ONNX
+    Runtime and TensorRT inline them themselves); the file is not changed. A body's nodes are
+    the custom op's: kept in f32 as the bf16 plan keeps the op.
+    """
+    import onnx
+    import onnx.inliner
+
+    from deploykit.export.precision import fp32_tensors
+
+    label = "model bytes" if isinstance(model, bytes) else str(model)
+    try:
+        proto = onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(str(model))
+    except Exception as err:  # protobuf's DecodeError, a missing file, ...
+        raise DeployKitError(one_line(f"openvino cannot load {label}: not a readable ONNX graph: {err}")) from err
+    fp32 = fp32_tensors(proto) if precision_hint == "bf16" else set()
+    if not proto.functions:
+        return (model if isinstance(model, bytes) else str(model)), fp32
+    before = {name for node in proto.graph.node for name in node.output}
+    proto = onnx.inliner.inline_local_functions(proto)
+    fp32 |= {name for node in proto.graph.node for name in node.output if name not in before}
+    return proto.SerializeToString(), fp32
+
+
+def keep_fp32(model, tensors: set[str]) -> int:
+    """Mark, in an OpenVINO ``model`` read from ONNX, every op computing one of ``tensors`` (ONNX
+    output names) as kept in f32; returns how many ops were marked.
+
+    One ONNX node may become several ops (LayerNormalization becomes MVN, Multiply, Add): only
+    the last carries the ONNX tensor name, so the walk goes back from it through the ops whose
+    outputs have no ONNX name (the node's own decomposition) and marks those too.
+    """
+    ops = {op.get_name(): op for op in model.get_ops()}
+    named = {key: {n for out in op.outputs() for n in out.get_names()} for key, op in ops.items()}
+    marked: set[str] = set()
+    stack = [key for key, names in named.items() if names & tensors]
+    while stack:
+        key = stack.pop()
+        if key in marked or ops[key].get_type_name() in ("Parameter", "Constant", "Result"):
+            continue
+        marked.add(key)
+        sources = (inp.get_source_output().get_node().get_name() for inp in ops[key].inputs())
+        stack += [source for source in sources if not named[source]]
+    for key in marked:
+        ops[key].get_rt_info()[KEEP_FP32] = ""
+    return len(marked)

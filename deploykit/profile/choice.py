@@ -1,0 +1,158 @@
+"""Speed-honest plans: which (backend, plan) passed validation, which was fastest per cell, and
+where a reduced-precision plan is slower than the fp32 graph it would replace.
+
+Every ONNX-runner target ``profile`` opens is first checked against the PyTorch float64
+reference on ``validate``'s inputs (seeded noise and real images) with its plan's tolerance
+(loosened to the runner's own precision where it lowers the graph itself, OpenVINO's bf16 hint),
+on the runner that is then timed. After timing, the fastest validated record of each
+(encoding, resolution, batch) is marked ``fastest_validated``; ``slower_lines`` says in one line
+per cell where a reduced-precision plan lost to fp32.
+
+``deploykit profile EXPORT_DIR`` writes the choice beside the graphs (``CHOICE_FILE``, each
+entry with its graph's sha256), and ``deploykit serve`` on a CPU takes it by default.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from deploykit._io import write_json_atomic
+from deploykit.comparison import compare_logits, looser
+from deploykit.export.precision import PLANS
+from deploykit.profile.report import FP32, TORCH_BACKEND
+
+CHOICE_FILE = "profile_choice.json"
+# validate's defaults: enough real inputs to judge an int8 plan's top-1 agreement.
+NUM_RANDOM, NUM_REAL = 4, 8
+
+
+class References:
+    """The float64 PyTorch reference per (model, resolution) on validate's inputs, computed once."""
+
+    def __init__(self):
+        self._cache: dict = {}
+
+    def at(self, model, resolution) -> tuple[np.ndarray, np.ndarray]:
+        from deploykit.backends import TorchRunner
+        from deploykit.data import validation_inputs
+        from deploykit.validate import run_batched
+
+        key = (id(model), tuple(resolution))
+        if key not in self._cache:
+            inputs = validation_inputs(model, tuple(resolution), NUM_RANDOM, NUM_REAL)
+            with TorchRunner(model) as runner:
+                self._cache[key] = inputs, run_batched(runner, inputs, 4)["logits"]
+        return self._cache[key]
+
+
+def check_target(target, model, resolution, precision: str, references: References) -> dict:
+    """``validated`` (bool) and ``validation_failures`` of one opened runner target.
+
+    The runner is judged as ``validate`` judges it: its plan's tolerance, loosened to the plan it
+    computes in when it lowers the graph itself.
+    """
+    from deploykit.validate import run_batched
+
+    runner = target.runner
+    tolerance = PLANS[precision].tolerance
+    if runner.computes_in is not None:
+        tolerance = looser(tolerance, PLANS[runner.computes_in].tolerance)
+    inputs, reference = references.at(model, resolution)
+    actual = run_batched(runner, inputs, 4)["logits"]
+    rows = lambda x: x.reshape(-1, x.shape[-1])
+    per_input = int(np.prod(reference.shape[1:-1], dtype=np.int64))
+    metrics = compare_logits(rows(reference), rows(actual), NUM_REAL * per_input, tolerance, top_k=model.output_kind == "logits")
+    return {"validated": metrics["passed"], "validation_failures": metrics["failures"]}
+
+
+def mark_fastest(records: list[dict]) -> list[dict]:
+    """Set ``fastest_validated`` on every record: True on the lowest p50 among the validated
+    records of its (encoding, resolution, batch), False elsewhere (PyTorch eager is the
+    reference, not a deployed plan: never chosen). Returns the chosen records."""
+    best: dict[tuple, dict] = {}
+    for r in records:
+        r["fastest_validated"] = False
+        if r["backend"] != TORCH_BACKEND and r.get("validated"):
+            key = (r["encoding"], r["resolution"], r["batch"])
+            if key not in best or r["p50_ms"] < best[key]["p50_ms"]:
+                best[key] = r
+    for r in best.values():
+        r["fastest_validated"] = True
+    return list(best.values())
+
+
+def choice_lines(records: list[dict]) -> list[str]:
+    """One line per cell: its fastest validated (backend, plan), and its ratio to ORT fp32 there."""
+    ort = {(r["encoding"], r["resolution"], r["batch"]): r["p50_ms"] for r in records if r["backend"] == "ort" and r["precision"] == FP32}
+    lines = []
+    for r in records:
+        if r.get("fastest_validated"):
+            base = ort.get((r["encoding"], r["resolution"], r["batch"]))
+            vs = f" ({r['p50_ms'] / base:.2f}x ORT fp32)" if base else ""
+            lines.append(
+                f"fastest validated for {r['encoding']} @ {r['resolution']} batch {r['batch']}: {r['backend']} {r['precision']}{vs}"
+            )
+    return lines
+
+
+def slower_lines(records: list[dict]) -> list[str]:
+    """One line per (backend, plan, cell) where a reduced-precision plan's p50 is above the same
+    backend's fp32 graph: nobody should be told to use it there."""
+    return [
+        f"{r['precision']} on {r['backend']} is {r['ratio_vs_fp32']:.2f}x its fp32 graph for {r['encoding']} @ {r['resolution']} "
+        f"batch {r['batch']}: slower than fp32 there, do not use it"
+        for r in records
+        if r["precision"] != FP32 and r.get("ratio_vs_fp32") is not None and r["ratio_vs_fp32"] > 1.0
+    ]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The plan ``profile`` measured fastest among the validated ones, for one resolution and batch."""
+
+    backend: str
+    precision: str
+    batch: int
+    p50_ms: float
+    graph_sha256: str
+
+
+def write_choice(export_dir: str | os.PathLike, records: list[dict], encoding: str, graphs: dict) -> Path | None:
+    """Write ``CHOICE_FILE`` into an export directory: per resolution tag, the chosen plan at each
+    profiled batch, with the sha256 of the graph it runs (so a re-export makes it stale).
+
+    Args:
+        records: the profile's records, after ``mark_fastest``.
+        encoding: the export's encoding (the APE twin's records are not choices for it).
+        graphs: ``(resolution tag, precision)`` → sha256 of that exported graph.
+
+    Returns:
+        The file written, or None when no cell had a validated plan.
+    """
+    chosen: dict[str, list[dict]] = {}
+    for r in records:
+        if r.get("fastest_validated") and r["encoding"] == encoding and (r["resolution"], r["precision"]) in graphs:
+            sha = graphs[r["resolution"], r["precision"]]
+            entry = Choice(r["backend"], r["precision"], r["batch"], r["p50_ms"], sha)
+            chosen.setdefault(r["resolution"], []).append(entry.__dict__)
+    if not chosen:
+        return None
+    return write_json_atomic(Path(export_dir) / CHOICE_FILE, {"choices": chosen})
+
+
+def read_choice(export_dir: str | os.PathLike, resolution_tag: str, batch: int) -> Choice | None:
+    """The choice for one resolution at the profiled batch nearest ``batch`` (ties: the smaller),
+    or None when the directory has no choice for it."""
+    path = Path(export_dir) / CHOICE_FILE
+    if not path.is_file():
+        return None
+    entries = json.loads(path.read_text()).get("choices", {}).get(resolution_tag, [])
+    if not entries:
+        return None
+    entry = min(entries, key=lambda e: (abs(e["batch"] - batch), e["batch"]))
+    return Choice(**entry)

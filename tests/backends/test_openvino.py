@@ -1,0 +1,152 @@
+"""The OpenVINO backend: every encoding validates at 1x and 2x in every plan OpenVINO runs (fp32,
+fp16, bf16 and, on a trained zoo model, int8), under the precision hint it records; a bf16 hint
+keeps the bf16 plan's fp32 nodes in f32; a divergence is located in OpenVINO itself."""
+
+from __future__ import annotations
+
+import collections
+import json
+import shutil
+import sys
+
+import pytest
+
+ov = pytest.importorskip("openvino", reason="the openvino extra is not installed (pip install 'deploykit[openvino]')")
+
+import onnx
+import torch
+
+from deploykit.backends import registry
+from deploykit.backends.openvino import KEEP_FP32, OpenvinoRunner, best_hint, keep_fp32, openvino_source
+from deploykit.encodings import list_encodings
+from deploykit.errors import DeployKitError, MissingDependencyError
+from deploykit.export import export
+from deploykit.export.manifest import MANIFEST_FILE, sha256_file
+from deploykit.export.precision import PLANS, fp32_tensors
+from deploykit.nn import create_model
+from deploykit.validate import validate
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
+BASE = 32
+CAST_PLANS = ("fp32", "fp16", "bf16")
+HAS_BF16 = best_hint() == "bf16"
+
+
+@pytest.fixture(scope="module", params=list_encodings())
+def tiny_export(request, tmp_path_factory):
+    """A depth-1 model of each encoding trained at 32 px, exported at 1x and 2x in the cast plans."""
+    torch.manual_seed(0)
+    model = create_model("vit_tiny_patch16", encoding=request.param, depth=1, img_size=BASE, num_classes=10)
+    out = tmp_path_factory.mktemp(request.param.replace("+", "_")) / "exp"
+    export(model, [(BASE, BASE), (2 * BASE, 2 * BASE)], out, precisions=CAST_PLANS)
+    return out
+
+
+@pytest.mark.parametrize("precision", CAST_PLANS)
+def test_every_encoding_validates_at_1x_and_2x(tiny_export, precision):
+    report = validate(tiny_export, backends=["openvino"], precision=precision, num_random=1, num_real=4)
+    assert [r.resolution for r in report.records] == [[BASE, BASE], [2 * BASE, 2 * BASE]]
+    for record in report.records:
+        assert record.passed, (record.label, record.failures)
+        assert record.precision_hint == "f32" and "INFERENCE_PRECISION_HINT f32" in record.provider
+        assert record.tolerance == json.loads(json.dumps(PLANS[precision].tolerance.__dict__))
+
+
+@pytest.mark.skipif(not HAS_BF16, reason="this CPU has no native bf16 (OpenVINO's bf16 hint would run f32)")
+def test_bf16_hint_validates_with_the_bf16_plan_s_tolerance(tiny_export):
+    report = validate(tiny_export, backends=["openvino-bf16"], num_random=1, num_real=4)
+    assert bool(report), [(r.label, r.failures) for r in report.records]
+    assert all(r.precision_hint == "bf16" and r.tolerance["min_cosine"] == PLANS["bf16"].tolerance.min_cosine for r in report.records)
+
+
+@pytest.mark.skipif(not HAS_BF16, reason="this CPU has no native bf16: OpenVINO compiles every node in f32")
+def test_bf16_hint_runs_products_in_bf16_and_keeps_layernorm_softmax_in_f32(tiny_export):
+    with registry.create_runner("openvino-bf16", tiny_export / "model_32.onnx") as runner:
+        ran = runner.runtime_precisions()
+        types = {op.get_friendly_name(): op.get_rt_info()["layerType"].astype(str) for op in runner._compiled.get_runtime_model().get_ops()}
+    by_type = collections.defaultdict(set)
+    for name, precision in ran.items():
+        by_type[types[name]].add(precision)
+    assert by_type["MVN"] == {"f32"} and by_type["Softmax"] == {"f32"}, dict(by_type)
+    assert "bf16" in by_type["FullyConnected"], dict(by_type)
+
+
+@pytest.mark.skipif(HAS_BF16, reason="this CPU has bf16")
+def test_bf16_hint_is_refused_on_a_cpu_without_bf16(tiny_export):
+    with pytest.raises(DeployKitError, match="no native bf16.*--backend openvino"):
+        registry.create_runner("openvino-bf16", tiny_export / "model_32.onnx").activate()
+    assert "openvino-bf16" not in registry.available_backends() and "openvino" in registry.available_backends()
+
+
+def test_bf16_hint_marks_the_bf16_plan_s_fp32_nodes(tiny_export):
+    """Whatever the CPU: the nodes OpenVINO is told to keep in f32 are the ones the project's bf16
+    plan keeps (LayerNorm, Softmax, the table readers, the logits); the block's weight products are not."""
+    proto = onnx.load(str(tiny_export / "model_32.onnx"))
+    source, fp32 = openvino_source(tiny_export / "model_32.onnx", "bf16")
+    assert fp32 >= fp32_tensors(proto)
+    model = ov.Core().read_model(source)
+    marked = keep_fp32(model, fp32)
+    kept = collections.Counter(op.get_type_name() for op in model.get_ops() if KEEP_FP32 in op.get_rt_info())
+    assert marked == sum(kept.values()) and kept["MVN"] == 3 and kept["Softmax"] == 1  # norm1, norm2, final norm
+    products = [op for op in model.get_ops() if op.get_type_name() == "MatMul" and KEEP_FP32 not in op.get_rt_info()]
+    assert len(products) >= 4, kept  # qkv, proj, fc1, fc2 go low; the head stays
+    tables = {i.name for i in proto.graph.initializer if i.name.startswith("pe_tables")}
+    readers = [op for op in model.get_ops() if any(inp.get_source_output().get_names() & tables for inp in op.inputs())]
+    assert all(KEEP_FP32 in op.get_rt_info() for op in readers)
+
+
+def test_divergence_is_located_in_openvino(tiny_export, tmp_path):
+    """A planted error in the block's MLP of the 2x graph is named by bisecting in OpenVINO."""
+    out = shutil.copytree(tiny_export, tmp_path / "exp")
+    path = out / "model_64.onnx"
+    proto = onnx.load(str(path))
+    node = next(
+        n for n in proto.graph.node if n.op_type in ("MatMul", "Gemm") and any("blocks.0.mlp.fc2" in p.value for p in n.metadata_props)
+    )
+    weight = next(i for i in proto.graph.initializer if i.name in node.input)
+    weight.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(weight) * 3.0, weight.name))
+    onnx.save(proto, str(path))
+    manifest = json.loads((out / MANIFEST_FILE).read_text())
+    for graph in manifest["graphs"]:
+        graph["sha256"] = sha256_file(out / graph["file"])
+    (out / MANIFEST_FILE).write_text(json.dumps(manifest))
+    good, bad = validate(out, backends=["openvino"], num_random=1, num_real=2).records
+    assert good.passed and not bad.passed and bad.first_divergent_block == "blocks.0"
+
+
+def test_int8_plan_of_a_trained_zoo_model_validates_at_1x_and_2x(tmp_path):
+    """deploykit's int8 Q/DQ plan run by OpenVINO as it is: the default zoo model at 1x and 2x."""
+    from deploykit.export.quantize import CalibrationOptions
+    from deploykit.nn import load_model
+    from deploykit.zoo.registry import DEFAULT_ZOO_MODEL, model_dir
+
+    model = load_model(model_dir(DEFAULT_ZOO_MODEL))
+    base = model.cfg.img_size
+    calibration = CalibrationOptions(samples=32, held_out=100)
+    export(model, [(base, base), (2 * base, 2 * base)], tmp_path / "exp", precisions=["fp32", "int8"], calibration=calibration)
+    report = validate(tmp_path / "exp", backends=["ort", "openvino"], precision="int8", num_random=2, num_real=8)
+    assert bool(report), [(r.label, r.failures) for r in report.records]
+    assert [r.backend for r in report.records] == ["ort", "openvino"] * 2
+
+
+def test_runner_reports_its_hint_and_input_names(tiny_export):
+    with OpenvinoRunner(tiny_export / "model_32.onnx") as runner:
+        assert runner.input_names() == ["images"] and runner.details["precision_hint"] == "f32"
+        out = runner.infer({"images": torch.zeros(2, 3, BASE, BASE).numpy()})
+        assert out["logits"].shape == (2, 10)
+    with pytest.raises(DeployKitError, match="unknown OpenVINO precision hint 'fp8'"):
+        OpenvinoRunner(tiny_export / "model_32.onnx", precision_hint="fp8")
+
+
+def test_unreadable_graph_is_one_line(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a graph")
+    with pytest.raises(DeployKitError, match="^openvino cannot load") as info:
+        OpenvinoRunner(bad).activate()
+    assert "\n" not in str(info.value)
+
+
+def test_missing_openvino_names_the_extra(monkeypatch, tiny_export):
+    monkeypatch.setitem(sys.modules, "openvino", None)  # import openvino -> ImportError
+    with pytest.raises(MissingDependencyError, match=r"pip install 'deploykit\[openvino\]'"):
+        OpenvinoRunner(tiny_export / "model_32.onnx").activate()

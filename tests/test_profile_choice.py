@@ -1,0 +1,144 @@
+"""Speed-honest plans: profile validates every ONNX-runner lane before timing it, marks each cell's
+fastest validated (backend, plan), says where a reduced-precision plan is slower than fp32, and
+writes the choice that ``deploykit serve`` takes on a CPU (only while its graph is unchanged)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+pytest.importorskip("openvino", reason="the openvino extra is not installed (pip install 'deploykit[openvino]')")
+
+from deploykit.export.manifest import MANIFEST_FILE, sha256_file
+from deploykit.profile import Budget, Subject, profile
+from deploykit.profile.choice import CHOICE_FILE, mark_fastest, read_choice, slower_lines, write_choice
+from deploykit.profile.report import add_ratios
+from tests.test_cli import RES
+
+BUDGET = Budget(iterations=2, warmup=1, min_iterations=1)
+
+
+def _record(backend, precision, p50, validated, batch=1):
+    return dict(backend=backend, precision=precision, encoding="ape", resolution="224", batch=batch, p50_ms=p50, validated=validated)
+
+
+def test_fastest_is_the_quickest_validated_plan_of_each_cell_and_slower_plans_are_named():
+    records = [
+        _record("torch", "fp32", 1.0, None),  # the reference, never a deployed choice however fast
+        _record("ort", "fp32", 10.0, True),
+        _record("ort", "int8", 12.0, True),  # validated but slower than its fp32 graph
+        _record("openvino", "fp32", 8.0, True),
+        _record("openvino", "int8", 5.0, False),  # fastest of all, but failed validation
+        _record("ort", "fp32", 30.0, True, batch=8),
+        _record("ort", "int8", 20.0, True, batch=8),
+    ]
+    add_ratios(records)
+    chosen = mark_fastest(records)
+    assert {(r["batch"], r["backend"], r["precision"]) for r in chosen} == {(1, "openvino", "fp32"), (8, "ort", "int8")}
+    assert sum(r["fastest_validated"] for r in records) == 2
+    (line,) = slower_lines(records)
+    assert line.startswith("int8 on ort is 1.20x its fp32 graph for ape @ 224 batch 1: slower than fp32")
+
+
+def _planted(src, dst, precision: str):
+    """A copy of an export whose ``precision`` graph has one MLP weight scaled (manifest updated)."""
+    out = shutil.copytree(src, dst)
+    path = out / f"model_{RES}_{precision}.onnx"
+    proto = onnx.load(str(path))
+    init = next(i for i in proto.graph.initializer if i.dims and len(i.dims) == 2 and i.dims[0] * 4 == i.dims[1])
+    init.CopyFrom(
+        numpy_helper.from_array((numpy_helper.to_array(init).astype(np.float32) * 3).astype(numpy_helper.to_array(init).dtype), init.name)
+    )
+    onnx.save(proto, str(path))
+    manifest = json.loads((out / MANIFEST_FILE).read_text())
+    for graph in manifest["graphs"]:
+        graph["sha256"] = sha256_file(out / graph["file"])
+    (out / MANIFEST_FILE).write_text(json.dumps(manifest))
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_plans(tmp_path_factory, ckpt_dir):
+    from deploykit.cli import main
+
+    out = tmp_path_factory.mktemp("plans") / "exp"
+    try:
+        main(["export", "-c", str(ckpt_dir), "-r", str(RES), "--precision", "fp32", "--precision", "fp16", "-o", str(out)])
+    except SystemExit as exit_:
+        assert exit_.code in (0, None), f"export failed with {exit_.code}"
+    return out
+
+
+def test_profile_validates_each_lane_and_never_picks_a_failing_plan(two_plans, tmp_path):
+    broken = _planted(two_plans, tmp_path / "exp", "fp16")
+    subject = Subject.from_export_dir(broken, ("fp32", "fp16"))
+    report = profile(
+        subject,
+        resolutions=[(RES, RES)],
+        batches=[1],
+        backends=["ort", "openvino"],
+        precisions=["fp32", "fp16"],
+        budget=BUDGET,
+        compare_ape=False,
+        end_to_end=False,
+    )
+    verdicts = {(r["backend"], r["precision"]): r["validated"] for r in report.records}
+    assert verdicts == {("ort", "fp32"): True, ("ort", "fp16"): False, ("openvino", "fp32"): True, ("openvino", "fp16"): False}
+    (fastest,) = [r for r in report.records if r["fastest_validated"]]
+    assert fastest["precision"] == "fp32" and fastest["p50_ms"] == min(r["p50_ms"] for r in report.records if r["validated"])
+    assert any(line.startswith(f"fastest validated for ape @ {RES} batch 1: {fastest['backend']} fp32") for line in report.advice)
+    assert "INFERENCE_PRECISION_HINT f32" in next(r["provider"] for r in report.records if r["backend"] == "openvino")
+
+
+def test_openvino_bf16_without_bf16_is_a_note_not_a_traceback(two_plans):
+    from deploykit.backends.openvino import best_hint
+
+    if best_hint() == "bf16":
+        pytest.skip("this CPU has bf16")
+    subject = Subject.from_export_dir(two_plans)
+    report = profile(
+        subject, resolutions=[(RES, RES)], backends=["ort", "openvino-bf16"], budget=BUDGET, compare_ape=False, end_to_end=False
+    )
+    assert [r["backend"] for r in report.records] == ["ort"]
+    assert any("openvino-bf16" in note and "no native bf16" in note for note in report.notes)
+
+
+def _choose(export_dir, backend: str, precision: str) -> None:
+    """Write a choice file as ``deploykit profile`` would, naming ``backend`` on ``precision``."""
+    records = [dict(_record(backend, precision, 1.0, True), resolution=str(RES), fastest_validated=True)]
+    graphs = Subject.from_export_dir(export_dir, ("fp32", "fp16")).graph_hashes()
+    assert write_choice(export_dir, records, "ape", graphs) == export_dir / CHOICE_FILE
+
+
+def test_serve_on_cpu_takes_the_profiled_choice_and_says_so(two_plans, tmp_path):
+    import deploykit
+
+    out = shutil.copytree(two_plans, tmp_path / "exp")
+    _choose(out, "openvino", "fp16")
+    assert read_choice(out, str(RES), batch=8).backend == "openvino"  # the nearest profiled batch
+    with deploykit.load(out) as pipe:
+        assert pipe.backends[(RES, RES)] == "openvino" and pipe.plans[(RES, RES)] == "fp16"
+        (line,) = pipe.describe_backends()
+        assert line.startswith(f"backend openvino fp16 at {RES} (fastest validated plan at batch 1 in deploykit profile")
+        with deploykit.load(two_plans) as reference:  # no choice: ONNX Runtime on fp32, as before
+            assert reference.backends[(RES, RES)] == "ort"
+            image = np.random.default_rng(0).integers(0, 256, (RES, RES, 3), dtype=np.uint8)
+            assert pipe(image).classes[0] == reference(image).classes[0]
+
+
+def test_a_choice_whose_graph_changed_is_not_taken(two_plans, tmp_path):
+    import deploykit
+
+    out = shutil.copytree(two_plans, tmp_path / "exp")
+    _choose(out, "openvino", "fp16")
+    _planted(out, tmp_path / "changed", "fp16")  # re-exported: same file name, other bytes
+    with deploykit.load(tmp_path / "changed") as pipe:
+        assert pipe.backends[(RES, RES)] == "ort" and pipe.plans[(RES, RES)] == "fp32"
+        assert "profiled choice openvino fp16 not taken" in pipe.describe_backends()[0]
+    with deploykit.load(out, backend="ort") as pipe:  # an explicit backend ignores the choice
+        assert pipe.backends[(RES, RES)] == "ort" and pipe.plans[(RES, RES)] == "fp32"
