@@ -97,19 +97,21 @@ def create_bisect_runner(backend: str, onnx_path: str | os.PathLike, marked: byt
 def available_backends() -> list[str]:
     """The registered backends whose prerequisites are present here: ``ort`` always; ``ort-cuda``
     when onnxruntime has its CUDA provider; ``openvino`` when it imports, ``openvino-bf16`` when
-    the CPU also computes in bf16; ``trt``/``rtx`` when their package imports and PyTorch sees a
-    CUDA GPU (the engine runners use torch for device buffers)."""
+    the CPU also computes in bf16; ``trt``/``rtx`` when their package imports and the CUDA driver
+    reports a GPU the flavour supports (``deploykit.backends.devices``)."""
     import onnxruntime as ort
 
     from deploykit._lazy import is_available
+    from deploykit.backends.devices import probe_device, supports
+
+    device = probe_device()
 
     def usable(name: str) -> bool:
         if name == "ort-cuda":
             return "CUDAExecutionProvider" in ort.get_available_providers()
         if name in ENGINE_MODULES:
-            import torch
-
-            return torch.cuda.is_available() and is_available(ENGINE_MODULES[name])
+            cc = device.compute_capability
+            return cc is not None and supports(ENGINE_MODULES[name], cc) and is_available(ENGINE_MODULES[name])
         if name in ("openvino", "openvino-bf16"):
             return is_available("openvino") and (name == "openvino" or best_hint() == "bf16")
         return True

@@ -31,10 +31,10 @@ def test_validate_profile_and_build_take_backend_names_from_the_registry(monkeyp
     made = []
     monkeypatch.setitem(registry.RUNNER_FACTORIES, "stand-in", lambda path: made.append(path) or "runner")
     assert registry.create_runner("stand-in", "model.onnx") == "runner" and made == ["model.onnx"]
-    assert backend_names() == ["torch", "ort", "ort-cuda", "trt", "rtx", "stand-in"]
+    assert backend_names() == ["torch", "ort", "ort-cuda", "openvino", "openvino-bf16", "trt", "rtx", "stand-in"]
     with pytest.raises(DeployKitError, match="not a deploykit export directory"):  # the name passed; the directory did not
         validate(tmp_path, backends=["stand-in"])
-    listed = "ort, ort-cuda, trt, rtx, stand-in"
+    listed = "ort, ort-cuda, openvino, openvino-bf16, trt, rtx, stand-in"
     for refuse in (lambda: registry.create_runner("tpu", "model.onnx"), lambda: validate(tmp_path, backends=["tpu"])):
         with pytest.raises(ConfigError, match=f"unknown backend 'tpu'; choose one of: {listed}$"):
             refuse()
@@ -45,14 +45,24 @@ def test_validate_profile_and_build_take_backend_names_from_the_registry(monkeyp
 def test_available_backends_are_the_ones_that_can_run_here(monkeypatch):
     import onnxruntime
 
+    from deploykit.backends import devices
+    from deploykit.backends.devices import Device
+
     names = registry.available_backends()
     assert names[0] == "ort" and set(names) <= set(registry.RUNNER_FACTORIES)
-    # Without a GPU (this CI), neither engine runner nor ORT's CUDA provider is offered.
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    # Without a GPU (this CI), neither engine runner nor ORT's CUDA provider is offered;
+    # openvino-bf16 only on a CPU computing in bf16.
+    monkeypatch.setattr(devices, "probe_device", lambda ordinal=0: Device())
     monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CPUExecutionProvider"])
-    assert registry.available_backends() == ["ort"]
+    monkeypatch.setattr(registry, "best_hint", lambda: "f32")
+    assert registry.available_backends() == ["ort", "openvino"]
     monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
-    assert registry.available_backends() == ["ort", "ort-cuda"]
+    assert registry.available_backends() == ["ort", "ort-cuda", "openvino"]
+    # An H100: TensorRT runs there, TensorRT-RTX does not (its package is installed here).
+    monkeypatch.setattr(devices, "probe_device", lambda ordinal=0: Device("12.8", "570.1", "NVIDIA H100", "9.0"))
+    assert "rtx" not in registry.available_backends()
+    monkeypatch.setattr(devices, "probe_device", lambda ordinal=0: Device("12.8", "570.1", "NVIDIA RTX 4090", "8.9"))
+    assert "rtx" in registry.available_backends()
 
 
 class _Echo(TrtRunner):
