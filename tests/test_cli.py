@@ -71,6 +71,16 @@ def assert_one_line_error(code: int, err: str, *needles: str) -> str:
     return line
 
 
+def assert_usage_error(code: int, err: str, *needles: str) -> str:
+    """Exit 2 and stderr exactly one ``error: ...`` line containing every needle and where the usage is."""
+    assert code == 2, f"exit code {code}, stderr: {err!r}"
+    assert err.count("\n") == 1 and err.startswith("error: ") and "Usage:" not in err and "Traceback" not in err, err
+    line = err.splitlines()[0]
+    for needle in (*needles, "--help'"):
+        assert needle in line, f"{needle!r} not in {line!r}"
+    return line
+
+
 def snapshot(path: Path) -> dict[str, bytes | None]:
     """Every entry under ``path`` (hidden/temporary files included) → bytes (None for dirs)."""
     if path.is_file():
@@ -302,13 +312,11 @@ def test_one_bad_resolution_among_good_ones_writes_nothing(capsys, tmp_path, ckp
     assert not out.exists()
 
 
-@pytest.mark.parametrize("value", ["abc", "32x", "1x2x3", ""])
+@pytest.mark.parametrize("value", ["abc", "32x", "1x2x3", "", "32,abc", "32,"])
 def test_malformed_resolution_is_a_usage_error(capsys, tmp_path, value):
     out = tmp_path / "out"
     code, _, err = run_cli(capsys, "export", "-r", value, "-o", out)
-    assert code == 2, err
-    assert "resolution" in err.lower()
-    assert "Traceback" not in err
+    assert_usage_error(code, err, "--resolution", "invalid resolution")
     assert not out.exists()
 
 
@@ -421,10 +429,14 @@ def test_validate_resolution_not_exported(capsys, good_export):
     assert_one_line_error(code, err, "48", str(RES))
 
 
-@pytest.mark.parametrize("option", [("--backend", "no-such-backend"), ("--precision", "fp7")])
-def test_validate_unknown_backend_or_precision(capsys, good_export, option):
-    code, _, err = run_cli(capsys, "validate", good_export, *option)
-    assert_one_line_error(code, err, option[1])
+def test_validate_unknown_backend(capsys, good_export):
+    code, _, err = run_cli(capsys, "validate", good_export, "--backend", "no-such-backend")
+    assert_one_line_error(code, err, "no-such-backend")
+
+
+def test_validate_unknown_precision_is_a_usage_error(capsys, good_export):
+    code, _, err = run_cli(capsys, "validate", good_export, "--precision", "fp7")
+    assert_usage_error(code, err, "'fp7' is not one of", "int8")
 
 
 # ----------------------------------------------------------------------------------------------
