@@ -26,7 +26,7 @@ import onnx
 from deploykit.backends import Runner, TorchRunner, registry
 from deploykit.backends.plugins import Plugins
 from deploykit.comparison import Tolerance, compare_logits, row_cosines
-from deploykit.data import validation_inputs
+from deploykit.data import VALIDATION_SPLIT, check_real_count, validation_inputs
 from deploykit.errors import ConfigError, ValidationError
 from deploykit.export.bundle import load_reference
 from deploykit.export.manifest import Manifest
@@ -196,7 +196,7 @@ def validate(
 
     Raises:
         DeployKitError: not an export directory, unknown backend/precision, a graph changed
-            since export, or a resolution that was not exported.
+            since export, a resolution that was not exported, or more real inputs than exist.
     """
     export_dir = Path(export_dir)
     tolerance = check_precision(precision).tolerance
@@ -208,6 +208,7 @@ def validate(
     entries = [manifest.graph(tuple(r), precision) for r in resolutions] if resolutions else manifest.graphs_at(precision, ranges=True)
     _check_unchanged(export_dir / WEIGHTS_FILE, manifest.weights_sha256)
     model = load_reference(export_dir)
+    check_real_count(model, num_real, VALIDATION_SPLIT, "--num-real")  # before any run, not at the first resolution
     references: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
 
     def reference_at(resolution):

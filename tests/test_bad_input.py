@@ -6,13 +6,16 @@ Commands run in-process through ``deploykit.cli.main`` with the helpers of ``tes
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
+import sys
 
 import numpy as np
 import pytest
 from safetensors.torch import load_file, save_file
 
+from deploykit.errors import ConfigError
 from deploykit.nn import save_model
 from deploykit.validate import TOLERANCES, compare_logits
 from tests.test_cli import RES, assert_one_line_error, assert_usage_error, run_cli, small_model, snapshot
@@ -129,6 +132,36 @@ def test_validate_negative_counts_and_seeds_are_usage_errors(capsys, good_export
     assert_usage_error(code, err, option, value)
 
 
+def test_validate_more_real_inputs_than_exist_is_refused_before_any_run(capsys, good_export):
+    """The small model names no dataset: its real inputs are the 8 bundled images."""
+    code, _, err = run_cli(capsys, "validate", good_export, "--num-real", "9")
+    assert_one_line_error(code, err, "--num-real 9", "8 bundled sample images", "at most 8")  # one line: no run started
+    code, _, err = run_cli(capsys, "validate", good_export, "--num-real", "8", "--num-random", "0", "-q")
+    assert code == 0, err  # control: all of them is fine
+
+
+def test_real_input_limits_follow_the_models_data():
+    from deploykit.data import check_real_count
+
+    zoo_like = small_model()
+    zoo_like.cfg = dataclasses.replace(zoo_like.cfg, dataset="shape-relations")
+    check_real_count(zoo_like, 2000, "test", "--num-real")  # the test split holds 2000
+    with pytest.raises(ConfigError, match=r"--num-real 2001 .*2000 images in shape-relations's test split"):
+        check_real_count(zoo_like, 2001, "test", "--num-real")
+    with pytest.raises(ConfigError, match=r"--held-out 1001 .*1000 images in shape-relations's val split"):
+        check_real_count(zoo_like, 1001, "val", "--held-out")
+    check_real_count(zoo_like, 10**6, "train", "--calibration-samples")  # a stream
+    check_real_count(small_model(), 10**6, "val", "--held-out")  # seeded crops of the bundled images
+
+
+def test_held_out_beyond_the_val_split_is_refused_not_capped(capsys, ckpt_copy, tmp_path):
+    _edit_json(ckpt_copy / "config.json", dataset="shape-relations")
+    out = tmp_path / "out"
+    code, _, err = run_cli(capsys, "export", "-c", ckpt_copy, "--precision", "int8", "--held-out", "1001", "-o", out)
+    assert_one_line_error(code, err, "--held-out 1001", "val split", "at most 1000")  # one line: before the first graph
+    assert not out.exists()
+
+
 def test_validate_report_into_a_directory_is_refused_before_the_work(capsys, good_export, tmp_path):
     report = tmp_path / "reports"
     report.mkdir()
@@ -190,6 +223,14 @@ def test_profile_budget_is_one_plain_line(capsys, good_export, option, value):
     code, _, err = run_cli(capsys, "profile", good_export, option, value)
     line = assert_usage_error(code, err, option)
     assert "Budget(" not in line and "duration_s" not in line, line
+
+
+def test_profile_plot_without_matplotlib_is_refused_before_timing(capsys, monkeypatch, good_export, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    plot = tmp_path / "p.png"
+    code, _, err = run_cli(capsys, "profile", good_export, "--iterations", "1", "--no-ape-baseline", "--plot", plot)
+    assert_one_line_error(code, err, "matplotlib", "deploykit[plot]")  # one line: no "profile:" step ran
+    assert not plot.exists()
 
 
 # ----------------------------------------------------------------------------------------------

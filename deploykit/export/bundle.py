@@ -42,6 +42,7 @@ import onnx
 import torch
 
 from deploykit._io import staged_directory, write_json_atomic
+from deploykit.data import CALIBRATION_SPLIT, HELD_OUT_SPLIT, check_real_count
 from deploykit.encodings import config_to_dict
 from deploykit.errors import DeployKitError, ExportError
 from deploykit.export.lint import check_graph
@@ -91,7 +92,8 @@ class ExportPlan:
     ) -> ExportPlan:
         """The plan, every part checked before any work (``ResolutionError``, ``ExportError`` or
         ``ConfigError`` in one line): shapes the model takes at a size a graph can hold, a
-        valid range, known precision plans, a supported opset."""
+        valid range, known precision plans, a supported opset, no more calibration and held-out
+        inputs than the model's data holds."""
         opset = check_opset(opset)
         jobs: list[Job] = [(r, None) for r in dict.fromkeys(check_export_shape(model, tuple(r)) for r in resolutions)]
         if resolution_range is not None:
@@ -103,6 +105,9 @@ class ExportPlan:
         precisions = list(dict.fromkeys(precisions))
         for precision in precisions:
             check_precision(precision)
+        if any(p.startswith("int8") for p in precisions):
+            check_real_count(model, calibration.held_out, HELD_OUT_SPLIT, "--held-out")
+            check_real_count(model, calibration.samples, CALIBRATION_SPLIT, "--calibration-samples")
         return cls(jobs, precisions, opset, calibration)
 
 
