@@ -239,7 +239,7 @@ def export(
             resolutions,
             output,
             opset=DEFAULT_OPSET if opset is None else opset,
-            precisions=precisions or ("fp32",),
+            precisions=precisions,  # fp32 is always written; these go beside it
             source=source,
             progress=step,
             resolution_range=resolution_range,

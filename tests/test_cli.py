@@ -558,6 +558,8 @@ def test_plan_names_are_the_registry():
 
 
 def test_int8_export_says_what_it_calibrated_on_then_validates_and_profiles(capsys, tmp_path, ckpt_dir):
+    """``--precision int8`` alone: the fp32 graph is written beside it (issue 23: it was not, and
+    validate and serve refused the directory)."""
     out = tmp_path / "q"
     code, _, err = run_cli(
         capsys,
@@ -566,8 +568,6 @@ def test_int8_export_says_what_it_calibrated_on_then_validates_and_profiles(caps
         ckpt_dir,
         "-r",
         RES,
-        "--precision",
-        "fp32",
         "--precision",
         "int8",
         "--calibration-samples",
@@ -584,6 +584,9 @@ def test_int8_export_says_what_it_calibrated_on_then_validates_and_profiles(caps
     assert code == 0, err
     # No dataset in the config: the bundled images, and the line says so.
     assert "calibrated (percentile) on 8 random crops" in err and "the model names no dataset" in err
+    assert [g["precision"] for g in json.loads((out / "manifest.json").read_text())["graphs"]] == ["fp32", "int8"]
+    code, _, err = run_cli(capsys, "validate", out, "--num-random", "1", "--num-real", "1")  # fp32, the default
+    assert code == 0 and "1/1 checks passed" in err, err
     code, _, err = run_cli(capsys, "validate", out, "--precision", "int8", "--report", tmp_path / "r.json")
     assert code == 0 and "1/1 checks passed" in err, err
     (record,) = json.loads((tmp_path / "r.json").read_text())

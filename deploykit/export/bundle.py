@@ -102,7 +102,9 @@ class ExportPlan:
             jobs.append((opt, (low, high)))
         if not jobs:
             raise ExportError("nothing to export: give at least one resolution or a resolution range")
-        precisions = list(dict.fromkeys(precisions))
+        # fp32 always: every other plan is written beside it, and validate, build and serve
+        # start from the fp32 graph (the README's promise; an int8-only directory was refused).
+        precisions = list(dict.fromkeys(["fp32", *precisions]))
         for precision in precisions:
             check_precision(precision)
         if any(p.startswith("int8") for p in precisions):
@@ -135,8 +137,8 @@ def export(
             model, lengths (``(T,)``, or ``(T, T)`` as ``parse_resolution`` gives them).
         output_dir: created if missing; an existing one must be a previous export (or empty).
         opset: ONNX opset for the graphs (``SUPPORTED_OPSETS``).
-        precisions: precision plans to write per resolution (``fp32``, ``fp16``, ``bf16``; see
-            ``deploykit.export.precision``).
+        precisions: precision plans to write per resolution beside the fp32 graph, which is
+            always written (``fp16``, ``bf16``, ``int8``, ...; see ``deploykit.export.precision``).
         source: where the model came from (recorded in the manifest).
         progress: called as ``progress(message)`` at each step of a long export.
         resolution_range: ``(min, opt, max)``: also write one graph taking any resolution in
