@@ -61,10 +61,18 @@ def test_the_largest_resolution_under_the_bound_is_not_refused():
 @pytest.mark.parametrize(
     "changes, words",
     [
-        (dict(embed_dim=1_920_000, num_heads=3), ("does not fit", "1920000")),
-        (dict(img_size=16 * 62_500), ("does not fit", "pos_embed")),
-        (dict(num_classes=10**9), ("does not fit", "head")),
-        (dict(depth=10**7), ("10,000,000 blocks", "does not describe these weights")),
+        # within the config's ranges but not these weights: refused by shape, on the meta device
+        (dict(embed_dim=19_200, num_heads=3), ("does not fit", "19200")),
+        (dict(img_size=16 * 1000), ("does not fit", "pos_embed")),
+        (dict(num_classes=10**6), ("does not fit", "head")),
+        (dict(depth=1000), ("1,000 blocks", "does not describe these weights")),
+        # past the ranges: refused from the config alone, before any module exists (issue 23: an
+        # embed_dim of 10^9 overflowed PyTorch's storage size with a traceback)
+        (dict(embed_dim=10**9), ("embed_dim must be an integer from 1 to 65,536, got 1000000000",)),
+        (dict(img_size=16 * 62_500), ("img_size must be an integer from 1 to 65,536",)),
+        (dict(num_classes=10**9), ("num_classes must be an integer from 0 to",)),
+        (dict(depth=10**7), ("depth must be an integer from 1 to 1,024",)),
+        (dict(mlp_ratio=64.0, embed_dim=65_535, num_heads=3), ("mlp_ratio 64 makes the MLP 4,194,240 wide",)),
     ],
 )
 def test_a_config_with_huge_sizes_is_one_line(capsys, ckpt_copy, tmp_path, changes, words):
@@ -96,7 +104,49 @@ def test_a_zero_std_is_refused_naming_the_field(capsys, ckpt_copy, tmp_path):
     _edit_json(ckpt_copy / "config.json", std=[0.229, 0.0, 0.225])
     out = tmp_path / "out"
     code, _, err = run_cli(capsys, "export", "-c", ckpt_copy, "-o", out)
-    assert_one_line_error(code, err, "std must be positive")
+    assert_one_line_error(code, err, "std must be a list of finite numbers, each > 0, got [0.229, 0.0, 0.225]")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        # issue 23: a traceback
+        (dict(mlp_ratio=-1.0), ("mlp_ratio must be a finite number > 0", "got -1.0")),
+        (dict(mean=5), ("mean must be a list of finite numbers, got 5",)),
+        (dict(encoding=["ape"]), ("encoding must be an object naming the encoding", "got ['ape']")),
+        # issue 23: exported, then crashing in validate or ONNX Runtime
+        (dict(norm_eps=float("nan")), ("norm_eps must be a finite number", "got nan")),
+        (dict(norm_eps=-1e-6), ("norm_eps must be a finite number from", "got -1e-06")),
+        (dict(mean=[0.485, 0.456]), ("mean and std need one value per input channel (in_chans 3), got 2 and 3",)),
+        (dict(in_chans=1), ("in_chans 1", "got 3 and 3")),
+        (dict(dataset="imagenet"), ("dataset must be null or one of shape-relations", "got 'imagenet'")),
+        (dict(std=[1e-30] * 3), ("mean[0] 0.485 and std[0] 1e-30 take [0, 1] pixels to 5.15e+29",)),
+        (dict(mean=[1e38, 0.456, 0.406]), ("mean[0] 1e+38",)),
+        # issue 23: a bool is not an int (accepted as 1), nor an int a bool
+        (dict(depth=True), ("depth must be an integer from 1 to 1,024, got true",)),
+        (dict(qkv_bias=1), ("qkv_bias must be true or false, got 1",)),
+        (dict(class_token="yes"), ("class_token must be true or false, got 'yes'",)),
+        (dict(encoding={"name": "ape", "antialias": "no"}), ("encoding 'ape' option antialias must be true or false, got 'no'",)),
+        (dict(encoding={"name": ["ape"]}), ("encoding must be an object naming the encoding", "got an object with 1 key")),
+    ],
+)
+def test_a_config_value_is_refused_naming_the_field(capsys, ckpt_copy, tmp_path, changes, words):
+    _edit_json(ckpt_copy / "config.json", **changes)
+    out = tmp_path / "out"
+    code, _, err = run_cli(capsys, "export", "-c", ckpt_copy, "-o", out)
+    assert_one_line_error(code, err, "invalid model config", *words)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("depth", [50, 100_000])  # under and over what Python's JSON reader recurses to
+def test_a_deeply_nested_config_is_one_line(capsys, ckpt_copy, tmp_path, depth):
+    text = (ckpt_copy / "config.json").read_text().rstrip().removesuffix("}")
+    (ckpt_copy / "config.json").write_text(f'{text}, "std": {"[" * depth}{"]" * depth}}}')
+    out = tmp_path / "out"
+    code, _, err = run_cli(capsys, "export", "-c", ckpt_copy, "-o", out)
+    line = assert_one_line_error(code, err, "invalid model config")
+    assert ("std must be a list of finite numbers" in line) if depth < 1000 else ("nested too deeply" in line), line
     assert not out.exists()
 
 

@@ -16,7 +16,8 @@ PACKAGE = Path(deploykit.__file__).parent
 # the layers below. Where the small shared modules sit, and why:
 LAYERS = [
     # Imports nothing above itself: errors, atomic writes, the lazy importer, NVML, CLI rendering
-    # helpers, comparison metrics (numpy), image decoding (numpy + Pillow), resolution strings,
+    # helpers, the check of config values (the encodings' and the models' configs share it),
+    # comparison metrics (numpy), image decoding (numpy + Pillow), resolution strings,
     # the torch-free catalog of names, model inputs (numpy: noise, sample images, the zoo's data)
     # and the zoo's entries and dataset, which data and nn.resolve read.
     (
@@ -27,6 +28,7 @@ LAYERS = [
             "deploykit._lazy",
             "deploykit._nvml",
             "deploykit._terminal",
+            "deploykit._fields",
             "deploykit.comparison",
             "deploykit.imaging",
             "deploykit.resolutions",

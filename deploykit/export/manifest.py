@@ -18,7 +18,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 import deploykit
-from deploykit.errors import DeployKitError
+from deploykit.errors import DeployKitError, one_line
 from deploykit.resolutions import resolution_tag
 
 MANIFEST_FILE = "manifest.json"
@@ -136,8 +136,8 @@ class Manifest:
             raise DeployKitError(
                 f"{directory} is not a deploykit export directory (no {MANIFEST_FILE}); run deploykit export first"
             ) from None
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
-            raise DeployKitError(f"corrupt manifest {path}: {err}") from err
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, RecursionError) as err:
+            raise DeployKitError(f"corrupt manifest {path}: {one_line(err, 200)}") from err
         for entry in manifest.graphs:
             confined_path(directory, entry.file)
         return manifest

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from deploykit._io import atomic_path, write_json_atomic
 from deploykit.encodings import EncodingConfig
-from deploykit.errors import CheckpointError, ConfigError
+from deploykit.errors import CheckpointError, ConfigError, one_line
 from deploykit.nn.factory import Model, ModelConfig, build_model, config_from_dict, create_model
 
 CONFIG_FILE = "config.json"
@@ -109,14 +109,25 @@ def _preview(keys: list[str], limit: int = 4) -> str:
 
 
 def read_config(path: str | os.PathLike) -> ModelConfig:
-    """Read a ``config.json`` written by ``save_model``."""
+    """Read a ``config.json`` written by ``save_model``: every value checked before anything is
+    built from it (``ViTConfig``/``SequenceConfig``, ``deploykit._fields``).
+
+    Raises:
+        CheckpointError: missing, unreadable, not JSON, nested too deeply, or a value refused (named).
+    """
     path = Path(path)
     try:
-        return config_from_dict(json.loads(path.read_text()))
+        data = json.loads(path.read_text())
     except FileNotFoundError as err:
         raise CheckpointError(f"model config not found: {path}") from err
-    except (json.JSONDecodeError, TypeError, ValueError, ConfigError) as err:
-        raise CheckpointError(f"invalid model config {path}: {err}") from err
+    except RecursionError as err:  # the JSON reader recurses once per level of [ or {
+        raise CheckpointError(f"invalid model config {path}: nested too deeply to read (a model config nests 3 levels)") from err
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise CheckpointError(f"invalid model config {path}: {one_line(err, 200)}") from err
+    try:
+        return config_from_dict(data)
+    except (ConfigError, TypeError, ValueError) as err:
+        raise CheckpointError(f"invalid model config {path}: {one_line(err)}") from err
 
 
 def load_model(path: str | os.PathLike, config: ModelConfig | None = None) -> Model:
