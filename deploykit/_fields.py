@@ -64,6 +64,34 @@ def check_values(cls: type, values: Mapping[str, Any], ranges: Mapping[str, Rang
             raise ConfigError(f"{prefix}{name} must be {problem}, got {show(value)}")
 
 
+def json_nesting(text: str) -> tuple[int, str | None]:
+    """How deeply JSON ``text`` nests (``{}`` or ``[]`` inside each other), and the top-level key
+    under which it is deepest, read without parsing: Python's JSON reader recurses once per
+    level, so a file nested deeply enough fails there with a ``RecursionError``."""
+    depth = deepest = 0
+    key = deepest_key = None
+    last_string, in_string, escaped, start = None, False, False, 0
+    for i, char in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string, last_string = False, text[start:i]
+        elif char == '"':
+            in_string, start = True, i + 1
+        elif char in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest, deepest_key = depth, key
+        elif char in "]}":
+            depth -= 1
+        elif char == ":" and depth == 1:
+            key = last_string
+    return deepest, deepest_key
+
+
 def dataclass_values(instance) -> dict[str, Any]:
     """A dataclass instance's field values, by name (not recursing into them, unlike ``asdict``)."""
     return {f.name: getattr(instance, f.name) for f in dataclasses.fields(instance)}

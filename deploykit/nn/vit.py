@@ -176,7 +176,7 @@ class ViTConfig:
         if self.pool not in POOLS:
             raise ConfigError(f"global_pool must be one of {POOLS} (attention pooling 'map' is not supported), got {self.global_pool!r}")
         if self.pool == "token" and not self.class_token:
-            raise ConfigError("global_pool 'token' needs the class token")
+            raise ConfigError("global_pool 'token' needs class_token true (or global_pool avg, max, avgmax or '')")
         if self.mlp_layer not in MLP_LAYERS:
             raise ConfigError(f"mlp_layer must be one of {MLP_LAYERS}, got {self.mlp_layer!r}")
         check_normalisation(self.mean, self.std, self.in_chans)
