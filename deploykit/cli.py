@@ -200,6 +200,11 @@ def cli():
     help="Also one graph for any resolution in MIN:OPT:MAX (e.g. 224:384:512; RoPE, GridPE, GeoPE).",
 )
 @_SET_OPTION
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Delete files in --output that deploykit did not write (each is named); without it the export is refused naming them.",
+)
 def export(
     encoding,
     model_name,
@@ -215,6 +220,7 @@ def export(
     int8_attention,
     resolution_range,
     options,
+    force,
 ):
     """Export a model to one ONNX graph per resolution, tables baked in, graph linted."""
     from deploykit.export import DEFAULT_OPSET
@@ -244,6 +250,7 @@ def export(
             progress=step,
             resolution_range=resolution_range,
             calibration=calibration,
+            force=force,
         )
     for graph in manifest.graphs:
         where = resolution_tag(graph.resolution)

@@ -22,6 +22,13 @@ from deploykit.errors import DeployKitError, one_line
 from deploykit.resolutions import resolution_tag
 
 MANIFEST_FILE = "manifest.json"
+# What ``deploykit build`` writes into an export directory, named here (export sits below build)
+# so that a re-export knows these files as deploykit's own: an engine and its fingerprint beside
+# each graph (``backends.engine_cache.engine_paths``: ``model_224.trt.engine``,
+# ``model_224.trt.json``, ``.rtx.`` for TensorRT-RTX) and the timing cache
+# (``build.TIMING_CACHE_FILE``). tests/export/test_export_lock.py checks that they agree.
+ENGINE_SUFFIXES = (".trt.engine", ".trt.json", ".rtx.engine", ".rtx.json")
+BUILD_FILES = ("timing.cache",)
 OUTPUT_NAME = "logits"  # every exported graph's output
 PRECISION_METADATA_KEY = "deploykit.precision"
 QUANTIZATION_METADATA_KEY = "deploykit.quantization"
