@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from deploykit._terminal import counter
 from deploykit.backends import Runner, TorchRunner, registry
 from deploykit.backends.plugins import Plugins
 from deploykit.comparison import Tolerance, compare_logits, row_cosines
@@ -96,10 +97,15 @@ class ValidationReport:
             raise ValidationError(f"{len(failed)} of {len(self.records)} checks failed: {'; '.join(parts)}")
 
 
-def run_batched(runner: Runner, inputs: np.ndarray, batch_size: int) -> dict[str, np.ndarray]:
-    """Run ``inputs`` through an active runner (one input) in batches; concatenate each output."""
+def run_batched(runner: Runner, inputs: np.ndarray, batch_size: int, done: Callable[[int], None] | None = None) -> dict[str, np.ndarray]:
+    """Run ``inputs`` through an active runner (one input) in batches; concatenate each output
+    (``done(rows)`` after each batch, e.g. a ``deploykit._terminal.counter``)."""
     (name,) = runner.input_names()
-    parts = [runner.infer({name: inputs[i : i + batch_size]}) for i in range(0, len(inputs), batch_size)]
+    parts = []
+    for i in range(0, len(inputs), batch_size):
+        parts.append(runner.infer({name: inputs[i : i + batch_size]}))
+        if done:
+            done(min(i + batch_size, len(inputs)))
     return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 
 
@@ -215,8 +221,9 @@ def validate(
         """Inputs at one resolution and the PyTorch logits for them (computed once)."""
         if resolution not in references:
             inputs = validation_inputs(model, resolution, num_random, num_real, seed)
+            tick = counter(progress, f"PyTorch reference at {resolution_tag(resolution)}", len(inputs), "inputs")
             with TorchRunner(model) as runner:
-                references[resolution] = inputs, run_batched(runner, inputs, batch_size)["logits"]
+                references[resolution] = inputs, run_batched(runner, inputs, batch_size, tick)["logits"]
         return references[resolution]
 
     records = []

@@ -584,6 +584,17 @@ def test_int8_export_says_what_it_calibrated_on_then_validates_and_profiles(caps
     assert code == 0, err
     # No dataset in the config: the bundled images, and the line says so.
     assert "calibrated (percentile) on 8 random crops" in err and "the model names no dataset" in err
+    steps = [line.split("  (")[0] for line in err.splitlines() if line.startswith(f"export: {RES} int8: ")]
+    assert steps == [  # n of N inside the long steps: the held-out reference in batches of 32, calibration in batches of 8
+        f"export: {RES} int8: {step}"
+        for step in (
+            "reading 64 held-out inputs",
+            "fp32 reference on the held-out inputs: 32 of 64 inputs",
+            "fp32 reference on the held-out inputs: 64 of 64 inputs",
+            "reading 8 calibration inputs",
+            "calibrating (percentile): 8 of 8 inputs",
+        )
+    ], err
     assert [g["precision"] for g in json.loads((out / "manifest.json").read_text())["graphs"]] == ["fp32", "int8"]
     code, _, err = run_cli(capsys, "validate", out, "--num-random", "1", "--num-real", "1")  # fp32, the default
     assert code == 0 and "1/1 checks passed" in err, err

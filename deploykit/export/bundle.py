@@ -49,6 +49,7 @@ import onnx
 import torch
 
 from deploykit._io import clear_stale_stages, directory_lock, staged_directory, write_json_atomic
+from deploykit._terminal import counter
 from deploykit.data import CALIBRATION_SPLIT, HELD_OUT_SPLIT, check_real_count
 from deploykit.encodings import config_to_dict
 from deploykit.errors import DeployKitError, ExportError
@@ -287,13 +288,16 @@ def planned_graph(
     if not precision.startswith("int8"):
         return apply_precision(proto, precision)
     say = (lambda msg: progress(f"{resolution_tag(resolution)} {precision}: {msg}")) if progress else None
-    held_out, _ = calibration_inputs(model, resolution, options.held_out, held_out=True)
     if say:
-        say(f"fp32 reference on {len(held_out)} held-out inputs")
-    reference = quantize.run_graph(proto, held_out)  # once: the agreement target and the check share it
+        say(f"reading {options.held_out} held-out inputs")
+    held_out, _ = calibration_inputs(model, resolution, options.held_out, held_out=True)
+    tick = counter(say, "fp32 reference on the held-out inputs", len(held_out), "inputs")
+    reference = quantize.run_graph(proto, held_out, done=tick)  # once: the agreement target and the check share it
     logits = model.output_kind == "logits"  # a headless backbone's features have no answers to agree on
     calibration = target = None
     if plan.calibrated:
+        if say:
+            say(f"reading {options.samples} calibration inputs")
         calibration = quantize.Calibration(*calibration_inputs(model, resolution, options.samples), method=options.method)
         if options.min_agreement is not None and logits:
             target = quantize.AgreementTarget(held_out, reference, options.min_agreement)
