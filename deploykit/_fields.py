@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import types
 import typing
 from collections.abc import Mapping
@@ -22,6 +23,7 @@ from deploykit.errors import ConfigError
 
 # The smallest positive normal float32: an epsilon below it is zero (or denormal) in the graph.
 FLOAT32_TINY = 1.1754943508222875e-38
+_FLOAT_MAX = sys.float_info.max
 
 
 @dataclass(frozen=True)
@@ -126,8 +128,8 @@ def _fits(kind, value, bounds: Range | None) -> bool:
         return type(value) is kind
     if kind is int and type(value) is not int:
         return False
-    if kind is float and (type(value) not in (int, float) or not math.isfinite(value)):
-        return False
+    if kind is float and not (type(value) is float and math.isfinite(value) or type(value) is int and abs(value) <= _FLOAT_MAX):
+        return False  # an integer too large for a float would overflow wherever it is used as one
     return bounds is None or value in bounds
 
 
@@ -143,7 +145,7 @@ def _expected(kind, bounds: Range | None) -> str:
 
 
 def _number(x: float) -> str:
-    return f"{x:,}" if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
+    return f"{int(x):,}" if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
 
 
 def show(value: Any, limit: int = 40) -> str:

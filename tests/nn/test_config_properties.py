@@ -40,7 +40,7 @@ BASES = {"vit": small_model(), "sequence": _tiny_sequence_model()}
 CONFIGS = {name: model.cfg.to_dict() for name, model in BASES.items()}
 STATES = {name: model.state_dict() for name, model in BASES.items()}
 
-EDGE_NUMBERS = [0, 1, 2, 3, 16, 32, 64, 1 << 16, (1 << 16) + 1, 10**9, -(10**9), 2**63, 10**30, -1]
+EDGE_NUMBERS = [0, 1, 2, 3, 16, 32, 64, 1 << 16, (1 << 16) + 1, 10**9, -(10**9), 2**63, 10**30, -1, 10**400, -(10**400)]
 EDGE_FLOATS = [0.0, -0.0, 1e-6, 1e-39, 1e-30, 0.5, 4.0, 64.0, 64.5, 1e38, 1e300, float("nan"), float("inf"), -float("inf")]
 NUMBERS = st.one_of(
     st.integers(-3, 70_000), st.sampled_from(EDGE_NUMBERS), st.floats(allow_nan=True, allow_infinity=True), st.sampled_from(EDGE_FLOATS)
