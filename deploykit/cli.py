@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from deploykit.cli_options import FiniteFloat, Group, counts_option, resolutions_option, show_error, verbosity
+from deploykit.cli_options import FiniteFloat, Group, counts_option, parse_counts, resolutions_option, show_error, verbosity
 from deploykit.errors import DeployKitError
 
 # The precision plans (deploykit.export.precision.PLANS), spelled out so --help needs no onnx
@@ -63,27 +63,6 @@ PLUGINS_HELP = (
     "Repeatable: a directory of Python TensorRT plugins, a plugin library (.so), or an installed plugin's name "
     "(e.g. sape2). None by default; an engine runs with the plugins it was built with."
 )
-
-
-def parse_counts(values, what: str) -> list[int]:
-    """``["1,8", "32"]`` → ``[1, 8, 32]`` (duplicates dropped); each must be a positive integer.
-
-    Raises:
-        ConfigError: a part that is not a positive integer.
-    """
-    from deploykit.errors import ConfigError
-
-    out = []
-    for value in values:
-        for part in str(value).split(","):
-            try:
-                count = int(part)
-            except ValueError:
-                count = 0
-            if count < 1:
-                raise ConfigError(f"invalid {what} {part.strip()!r}; expected positive integers such as 1,8,32")
-            out.append(count)
-    return list(dict.fromkeys(out))
 
 
 def _image_limit_options(command):

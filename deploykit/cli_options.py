@@ -95,6 +95,27 @@ def resolutions_option(*names: str, help: str):
     )
 
 
+def parse_counts(values, what: str) -> list[int]:
+    """``["1,8", "32"]`` → ``[1, 8, 32]`` (duplicates dropped); each must be a positive integer.
+
+    Raises:
+        ConfigError: a part that is not a positive integer.
+    """
+    from deploykit.errors import ConfigError
+
+    out = []
+    for value in values:
+        for part in str(value).split(","):
+            try:
+                count = int(part)
+            except ValueError:
+                count = 0
+            if count < 1:
+                raise ConfigError(f"invalid {what} {part.strip()!r}; expected positive integers such as 1,8,32")
+            out.append(count)
+    return list(dict.fromkeys(out))
+
+
 class Counts(click.ParamType):
     """``8`` or a comma list of positive integers (``1,8,32``) → a tuple, duplicates dropped."""
 
@@ -103,16 +124,10 @@ class Counts(click.ParamType):
     def convert(self, value, param, ctx):
         if isinstance(value, tuple):
             return value
-        counts = []
-        for part in str(value).split(","):
-            try:
-                count = int(part)
-            except ValueError:
-                count = 0
-            if count < 1:
-                self.fail(f"{part.strip()!r} is not a positive integer; expected e.g. 1,8,32", param, ctx)
-            counts.append(count)
-        return tuple(dict.fromkeys(counts))
+        try:
+            return tuple(parse_counts([value], "count"))
+        except DeployKitError as err:
+            self.fail(str(err), param, ctx)
 
 
 def _flatten_counts(ctx, param, values) -> tuple[int, ...]:
