@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import subprocess
 import sys
 from pathlib import Path
@@ -64,7 +65,8 @@ def test_a_killed_export_holds_nothing_and_its_staging_directory_is_removed(caps
     out = tmp_path / "out"
     child = subprocess.Popen([sys.executable, "-c", CHILD, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
-        assert child.stdout.readline().strip() == "paused", "the child export did not reach its second resolution"
+        ready, _, _ = select.select([child.stdout], [], [], 900)  # only a guard against a hung child; no timing
+        assert ready and child.stdout.readline().strip() == "paused", "the child export did not reach its second resolution"
         code, _, err = run_cli(capsys, "export", "-c", ckpt_dir, "-r", RES, "-o", out)
         assert_one_line_error(code, err, f"is being written by deploykit process {child.pid}")
     finally:
