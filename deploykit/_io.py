@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,6 +56,88 @@ def check_file_destination(dest: str | os.PathLike) -> None:
     """
     if Path(dest).is_dir():
         raise DeployKitError(f"cannot write {dest}: it is a directory; give a file name")
+
+
+@contextlib.contextmanager
+def directory_lock(dest: str | os.PathLike) -> Iterator[None]:
+    """Hold ``dest`` for one writer: an exclusive ``flock`` on ``.NAME.lock`` beside it, released
+    and the file removed on exit. A second writer is refused at once, in one line. The kernel
+    drops the lock when its holder dies, however it dies (``kill -9`` included), so a lock is
+    never stale: whoever takes it knows no other writer of ``dest`` is alive.
+
+    Raises:
+        DeployKitError: another process holds the lock, or the directory beside ``dest`` cannot
+            be written.
+    """
+    import fcntl
+
+    dest = Path(dest)
+    path = dest.parent / f".{dest.name}.lock"
+    for _ in range(8):  # a holder that is just releasing removes the file we opened: open it again
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as err:
+            raise DeployKitError(f"cannot write {dest}: {err.strerror or err}") from err
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise DeployKitError(
+                f"{dest} is being written by {holder}; wait until it finishes (a second export into it would lose one of the two), "
+                "or choose another --output"
+            ) from None
+        if _names_file(path, fd):
+            break
+        os.close(fd)
+    else:
+        raise DeployKitError(f"cannot lock {dest}: {path} keeps being replaced")
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"deploykit process {os.getpid()} on {socket.gethostname()}".encode(), 0)
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # before unlocking: nobody can lock this file and believe it current
+        os.close(fd)
+
+
+def _names_file(path: Path, fd: int) -> bool:
+    """``path`` still names the open file ``fd`` (not removed or replaced since it was opened)."""
+    try:
+        here, held = os.stat(path), os.fstat(fd)
+    except FileNotFoundError:
+        return False
+    return (here.st_dev, here.st_ino) == (held.st_dev, held.st_ino)
+
+
+# A staging directory of ``dest`` (``tempfile.mkdtemp``: 8 characters from [a-z0-9_]), and the
+# previous ``dest`` moved aside during the swap; the fixed shape matches no other directory's.
+_STAGE = r"\.{name}\.[a-z0-9_]{{8}}\.staging(\.previous)?"
+
+
+def clear_stale_stages(dest: str | os.PathLike) -> list[str]:
+    """Remove what writers of ``dest`` that died left beside it; call it holding ``directory_lock(dest)``,
+    which proves they are dead. A staging directory is removed. A previous ``dest`` moved aside
+    by a swap is put back when ``dest`` itself is missing (the writer died between the swap's two
+    renames), and removed otherwise.
+
+    Returns:
+        One line per directory removed or restored, to tell the user.
+    """
+    dest = Path(dest)
+    pattern = re.compile(_STAGE.format(name=re.escape(dest.name)))
+    done = []
+    found = sorted(p for p in dest.parent.iterdir() if pattern.fullmatch(p.name)) if dest.parent.is_dir() else []
+    for stale in sorted(found, key=lambda p: not p.name.endswith(".previous")):  # a previous first: it may be all there is
+        if stale.name.endswith(".previous") and not dest.exists():
+            os.replace(stale, dest)
+            done.append(f"restored {dest} from {stale.name}, where an interrupted export had moved it")
+        else:
+            shutil.rmtree(stale, ignore_errors=True)
+            done.append(f"removed {stale.name}, left by an export that did not finish")
+    return done
 
 
 @contextlib.contextmanager

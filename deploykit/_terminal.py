@@ -33,6 +33,32 @@ def configure_logging(verbosity: int) -> None:
     logger.setLevel({-1: logging.ERROR, 0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))
 
 
+def counter(progress: Callable[[str], None] | None, what: str, total: int, unit: str = "", updates: int = 10) -> Callable[[int], None]:
+    """Progress inside one long step: ``tick(done)`` reports ``"{what}: {done} of {total} {unit}"``
+    to ``progress`` (the ``step`` of ``steps``), at most ``updates + 1`` times: the first count,
+    each further ``1/updates`` of the way, and the last. A log then gets a few lines per step, not
+    one per batch; which counts are shown depends on the counts alone, never on time.
+
+    Args:
+        progress: the step callback, or None (then ``tick`` does nothing).
+        what: the work, e.g. ``PyTorch reference at 224``.
+        total: how many ``done`` will reach.
+        unit: what is counted (``inputs``).
+        updates: how many parts of the way are reported.
+    """
+    if progress is None or total < 1:
+        return lambda done: None
+    shown = [-1]
+
+    def tick(done: int) -> None:
+        part = min(done, total) * updates // total
+        if part > shown[0]:
+            shown[0] = part
+            progress(f"{what}: {min(done, total)} of {total}{' ' + unit if unit else ''}")
+
+    return tick
+
+
 @contextlib.contextmanager
 def steps(console, title: str, verbosity: int) -> Iterator[Callable[[str], None]]:
     """Show the steps of long work: yields ``step(message)``. On a terminal a spinner naming

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import click
 
+from deploykit.cli_options import FiniteFloat, Group, counts_option, parse_counts, resolutions_option, show_error, verbosity
 from deploykit.errors import DeployKitError
 
 # The precision plans (deploykit.export.precision.PLANS), spelled out so --help needs no onnx
@@ -66,27 +67,6 @@ PLUGINS_HELP = (
 )
 
 
-def parse_counts(values, what: str) -> list[int]:
-    """``["1,8", "32"]`` → ``[1, 8, 32]`` (duplicates dropped); each must be a positive integer.
-
-    Raises:
-        ConfigError: a part that is not a positive integer.
-    """
-    from deploykit.errors import ConfigError
-
-    out = []
-    for value in values:
-        for part in str(value).split(","):
-            try:
-                count = int(part)
-            except ValueError:
-                count = 0
-            if count < 1:
-                raise ConfigError(f"invalid {what} {part.strip()!r}; expected positive integers such as 1,8,32")
-            out.append(count)
-    return list(dict.fromkeys(out))
-
-
 def _image_limit_options(command):
     """``--max-image-pixels`` / ``--max-image-bytes``: what one image may cost before it is decoded."""
     from deploykit.imaging import MAX_BYTES, MAX_PIXELS
@@ -110,16 +90,11 @@ def _console():
     return Console(stderr=True, highlight=False, soft_wrap=True)
 
 
-def _verbosity() -> int:
-    """-1 with the global ``-q``, 0 by default, 1 with ``-v``, 2 with ``-vv``."""
-    return (click.get_current_context().find_root().obj or {}).get("verbosity", 0)
-
-
 def _steps(console, title: str):
-    """``deploykit._terminal.steps`` at the verbosity of the global ``-q``/``-v`` options."""
+    """``deploykit._terminal.steps`` at the verbosity of the ``-q``/``-v`` options."""
     from deploykit._terminal import steps
 
-    return steps(console, title, _verbosity())
+    return steps(console, title, verbosity())
 
 
 _SET_OPTION = click.option(
@@ -131,17 +106,15 @@ _SET_OPTION = click.option(
 )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="deploykit")
-@click.option("--quiet", "-q", is_flag=True, help="No progress and no warnings: results and errors only.")
-@click.option("--verbose", "-v", count=True, help="Every step as a line with its time, and info logs (-vv: debug logs).")
-@click.pass_context
-def cli(ctx, quiet, verbose):
-    """Vision Transformers with novel positional encodings, from PyTorch to served engines."""
+def cli():
+    """Vision Transformers with novel positional encodings, from PyTorch to served engines.
+
+    Every command takes -q and -v, before or after its name."""
     from deploykit._terminal import configure_logging
 
-    ctx.obj = {"verbosity": -1 if quiet else verbose}
-    configure_logging(ctx.obj["verbosity"])
+    configure_logging(verbosity())  # -q/-v given here were applied as they were parsed; this is the default
 
 
 @cli.command()
@@ -154,7 +127,7 @@ def cli(ctx, quiet, verbose):
     default=None,
     help="Model directory (config.json + model.safetensors) or weights file (.safetensors, .pt).",
 )
-@click.option("--resolution", "-r", "resolutions", type=RESOLUTION, multiple=True, help="Repeatable; default the model's img_size.")
+@resolutions_option(help="Default: the model's img_size.")
 @click.option("--output", "-o", type=click.Path(path_type=Path), required=True, help="Export directory.")
 @click.option("--opset", type=int, default=None, help="ONNX opset, 17 to 25 (default 18; SaPE² needs 18).")
 @click.option(
@@ -208,6 +181,11 @@ def cli(ctx, quiet, verbose):
     help="Also one graph for any resolution in MIN:OPT:MAX (e.g. 224:384:512; RoPE, GridPE, GeoPE).",
 )
 @_SET_OPTION
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Delete files in --output that deploykit did not write (each is named); without it the export is refused naming them.",
+)
 def export(
     encoding,
     model_name,
@@ -223,6 +201,7 @@ def export(
     int8_attention,
     resolution_range,
     options,
+    force,
 ):
     """Export a model to one ONNX graph per resolution, tables baked in, graph linted."""
     from deploykit.export import DEFAULT_OPSET
@@ -247,11 +226,12 @@ def export(
             resolutions,
             output,
             opset=DEFAULT_OPSET if opset is None else opset,
-            precisions=precisions or ("fp32",),
+            precisions=precisions,  # fp32 is always written; these go beside it
             source=source,
             progress=step,
             resolution_range=resolution_range,
             calibration=calibration,
+            force=force,
         )
     for graph in manifest.graphs:
         where = resolution_tag(graph.resolution)
@@ -278,7 +258,7 @@ def _quantization_line(details: dict) -> str:
 
 @cli.command()
 @click.argument("export_dir", type=click.Path(path_type=Path))
-@click.option("--resolution", "-r", "resolutions", type=RESOLUTION, multiple=True, help="Repeatable; default every exported one.")
+@resolutions_option(help="Default: every exported one.")
 @click.option(
     "--backend",
     "-b",
@@ -291,14 +271,20 @@ def _quantization_line(details: dict) -> str:
 )
 @click.option(
     "--precision",
+    type=click.Choice(PLAN_NAMES),
     default="fp32",
     show_default=True,
-    help=f"Which exported plan to check, and its tolerance ({', '.join(PLAN_NAMES)}; int8: cosine and top-1/top-5 "
-    "agreement on the real inputs).",
+    help="Which exported plan to check, and its tolerance (int8: cosine and top-1/top-5 agreement on the real inputs).",
 )
-@click.option("--num-random", default=4, show_default=True, help="Seeded noise inputs per resolution.")
-@click.option("--num-real", default=8, show_default=True, help="Bundled real images per resolution.")
-@click.option("--seed", default=0, show_default=True)
+@click.option("--num-random", type=click.IntRange(min=0), default=4, show_default=True, help="Seeded noise inputs per resolution.")
+@click.option(
+    "--num-real",
+    type=click.IntRange(min=0),
+    default=8,
+    show_default=True,
+    help="Real inputs per resolution: a zoo model's test split, else the bundled images (8), or text windows.",
+)
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the noise inputs.")
 @click.option("--report", type=click.Path(path_type=Path), default=None, help="Write the JSON report here.")
 @click.option("--plugins", "plugin_specs", multiple=True, help=PLUGINS_HELP)
 @click.option("--allow-cpu-fallback", is_flag=True, help=CPU_FALLBACK_HELP)
@@ -376,12 +362,11 @@ def _print_report(console, report) -> None:
     multiple=True,
     help="Repeatable; default every exported plan TensorRT can build (int8-dynamic and fp32-mha are ONNX Runtime only).",
 )
-@click.option("--resolution", "-r", "resolutions", type=RESOLUTION, multiple=True, help="Repeatable; default every exported one.")
+@resolutions_option(help="Default: every exported one.")
 @click.option("--workspace", "workspace_mib", type=click.IntRange(min=1), default=None, help="Workspace limit in MiB.")
 @click.option("--opt-level", "optimization_level", type=click.IntRange(0, 5), default=None, help="Builder optimization level (default 3).")
 @click.option("--plugins", "plugin_specs", multiple=True, help=PLUGINS_HELP)
 @click.option("--rebuild", is_flag=True, help="Replace engines whose fingerprint no longer matches (otherwise refused).")
-@click.option("--verbose", "-v", is_flag=True, help="Show every TensorRT message (otherwise warnings are summarised once).")
 def build(
     export_dir,
     backend,
@@ -394,9 +379,9 @@ def build(
     optimization_level,
     plugin_specs,
     rebuild,
-    verbose,
 ):
-    """Build one TensorRT engine per exported graph, beside it, with a fingerprint."""
+    """Build one TensorRT engine per exported graph, beside it, with a fingerprint (-v: every
+    TensorRT message; otherwise its warnings are summarised once)."""
     from rich.live import Live
 
     from deploykit._terminal import configure_logging
@@ -406,7 +391,7 @@ def build(
     from deploykit.build import describe
 
     console = _console()
-    configure_logging(2 if verbose else _verbosity())  # build -v: every TensorRT message
+    configure_logging(2 if verbosity() > 0 else verbosity())  # build -v: every TensorRT message
     progress = BuildProgress()
     with Live(progress, console=console, transient=True, refresh_per_second=4):
         results = build_engines(
@@ -432,15 +417,8 @@ def build(
 @click.option("--encoding", "-e", default=None, help="Encoding of the default/new model, as for export.")
 @click.option("--model", "model_name", default=None, help="Model size when building from --encoding.")
 @click.option("--checkpoint", "-c", type=click.Path(path_type=Path), default=None, help="Model directory or weights file, as for export.")
-@click.option(
-    "--resolution",
-    "-r",
-    "resolutions",
-    multiple=True,
-    help="Repeatable: 384 or 384x256 (a length for sequence models); default the model's own.",
-)
-@click.option("--resolutions", "resolution_lists", multiple=True, help="Comma list, e.g. 224,384,512.")
-@click.option("--batch", "batches", multiple=True, default=("1",), show_default=True, help="Comma list, e.g. 1,8,32.")
+@resolutions_option("--resolution", "--resolutions", "-r", help="384 or 384x256 (a length for sequence models); default the model's own.")
+@counts_option("--batch", "batches", default="1", help="Batch sizes, e.g. 1,8,32.")
 @click.option(
     "--backend",
     "backends",
@@ -456,10 +434,27 @@ def build(
     multiple=True,
     help="Repeatable: time these plans side by side (EXPORT_DIR's, else built as export would; default fp32); records get ratio_vs_fp32.",
 )
-@click.option("--duration", type=float, default=1.0, show_default=True, help="Seconds of timed calls per measurement.")
-@click.option("--iterations", type=int, default=None, help="Exactly this many timed calls per measurement (overrides --duration).")
-@click.option("--warmup", type=int, default=3, show_default=True, help="Untimed calls before each measurement.")
-@click.option("--rounds", type=int, default=1, show_default=True, help="Interleave encodings in this many rounds (shared machines).")
+@click.option(
+    "--duration",
+    type=FiniteFloat(min=0, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="Seconds of timed calls per measurement.",
+)
+@click.option(
+    "--iterations",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Exactly this many timed calls per measurement (overrides --duration).",
+)
+@click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True, help="Untimed calls before each measurement.")
+@click.option(
+    "--rounds",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Interleave encodings in this many rounds (shared machines).",
+)
 @click.option("--device", default="auto", show_default=True, help="PyTorch device: auto, cpu, cuda.")
 @click.option("--no-ape-baseline", is_flag=True, help="Skip the same trunk with a learned APE.")
 @click.option("--no-end-to-end", is_flag=True, help="Time the model only, not preprocessing and copies.")
@@ -475,7 +470,6 @@ def profile(
     model_name,
     checkpoint,
     resolutions,
-    resolution_lists,
     batches,
     backends,
     precisions,
@@ -497,30 +491,34 @@ def profile(
     from rich.console import Console
 
     from deploykit import profile as prof
+    from deploykit._io import check_file_destination
+    from deploykit._lazy import lazy_import
     from deploykit.backends.plugins import Plugins
     from deploykit.errors import ConfigError
     from deploykit.nn.resolve import resolve_model
     from deploykit.profile.choice import write_choice
     from deploykit.profile.output import plot_latency, render_table, write_csv
-    from deploykit.resolutions import parse_resolutions
 
     console = _console()
     if export_dir and (encoding or model_name or checkpoint):
         raise ConfigError("give an export directory or --encoding/--model/--checkpoint, not both")
+    for path in filter(None, (json_path, csv_path, plot_path)):  # before the timing run, not after it
+        check_file_destination(path)
+    if plot_path:
+        lazy_import("matplotlib")
     budget = prof.Budget(duration_s=duration, iterations=iterations, warmup=warmup, rounds=rounds)
-    batch_sizes = parse_counts(batches, "batch size")
     backend_names = [b.strip() for value in backends for b in value.split(",")]
     if export_dir:
         subject, label = prof.Subject.from_export_dir(export_dir, precisions or ("fp32",)), str(export_dir)
     else:
         model, label = resolve_model(checkpoint=checkpoint, encoding=encoding, model_name=model_name)
         subject = prof.Subject(model)
-    res = parse_resolutions([*resolutions, *resolution_lists]) or subject.resolutions or [subject.model.default_shape]
+    res = list(resolutions) or subject.resolutions or [subject.model.default_shape]
     with _steps(console, "profile") as step:
         report = prof.profile(
             subject,
             resolutions=res,
-            batches=batch_sizes,
+            batches=list(batches),
             backends=backend_names,
             budget=budget,
             precisions=precisions or ("fp32",),
@@ -909,15 +907,18 @@ def zoo_list():
 
 
 def main(argv=None) -> None:
-    """Entry point: run the CLI; a DeployKitError exits 1 with one line on stderr."""
+    """Entry point: run the CLI; a usage error exits 2 and a DeployKitError 1, each with one
+    ``error:`` line on stderr (``deploykit.cli_options``)."""
     try:
         cli.main(args=argv, prog_name="deploykit", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
-    except click.ClickException as err:
+    except click.exceptions.NoArgsIsHelpError as err:  # `deploykit` alone: the help, not an error line
         err.show()
         sys.exit(err.exit_code)
+    except click.ClickException as err:
+        sys.exit(show_error(err))
     except DeployKitError as err:
         click.echo(f"error: {err}", err=True)
         sys.exit(1)

@@ -13,6 +13,7 @@ import numpy as np
 
 from deploykit import imaging
 from deploykit._lazy import lazy_import
+from deploykit.errors import ConfigError
 
 # RGB samples bundled inside scikit-image's wheel (no pooch download).
 SAMPLE_IMAGES = ("astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field", "immunohistochemistry", "retina", "colorwheel")
@@ -107,7 +108,12 @@ def normalise(images: np.ndarray, mean: Sequence[float], std: Sequence[float]) -
 def validation_inputs(model, shape: tuple[int, ...], num_random: int, num_real: int, seed: int = 0) -> np.ndarray:
     """Seeded noise followed by ``num_real`` real inputs for ``model`` at ``shape``: text windows
     for a sequence model, the test split of the dataset a zoo model was trained on, else
-    bundled natural images."""
+    bundled natural images.
+
+    Raises:
+        ConfigError: more real inputs than exist (``check_real_count``).
+    """
+    check_real_count(model, num_real, VALIDATION_SPLIT, "--num-real")
     if model.input_name == "tokens":
         (length,) = shape
         vocab = model.cfg.vocab_size
@@ -121,7 +127,36 @@ def validation_inputs(model, shape: tuple[int, ...], num_random: int, num_real: 
 
 # INT8 plans calibrate on the train split and check themselves on the val split; the test split
 # is left to validation and the zoo cards.
-CALIBRATION_SPLIT, HELD_OUT_SPLIT = "train", "val"
+CALIBRATION_SPLIT, HELD_OUT_SPLIT, VALIDATION_SPLIT = "train", "val", "test"
+
+
+def real_input_limit(model, split: str) -> tuple[int | None, str]:
+    """How many distinct real inputs ``model`` has in ``split`` (None: no limit), and what they are.
+
+    A zoo model: its dataset's split (``train`` is an unbounded stream). Any other image model:
+    the bundled sample images for validation (``test``), seeded crops of them (no limit) for
+    calibration. A sequence model: windows of the bundled text (no limit).
+    """
+    if model.input_name == "tokens":
+        return None, "windows of the bundled text"
+    if model.cfg.dataset:
+        from deploykit.zoo.dataset import get_dataset
+
+        return get_dataset(model.cfg.dataset).size(split), f"images in {model.cfg.dataset}'s {split} split"
+    if split == VALIDATION_SPLIT:
+        return len(SAMPLE_IMAGES), "bundled sample images"
+    return None, "random crops of the bundled sample images"
+
+
+def check_real_count(model, count: int, split: str, option: str) -> None:
+    """Refuse asking for more real inputs than exist, rather than silently taking fewer.
+
+    Raises:
+        ConfigError: ``count`` exceeds ``real_input_limit``; the message names ``option``.
+    """
+    limit, what = real_input_limit(model, split)
+    if limit is not None and count > limit:
+        raise ConfigError(f"{option} {count} asks for more real inputs than there are ({limit} {what}); give at most {limit}")
 
 
 def calibration_inputs(model, shape: tuple[int, ...], count: int, held_out: bool = False) -> tuple[np.ndarray, str]:
@@ -135,6 +170,9 @@ def calibration_inputs(model, shape: tuple[int, ...], count: int, held_out: bool
 
     Returns:
         ``([count, ...] inputs, description)``; the description names the data for the manifest.
+
+    Raises:
+        ConfigError: more inputs than the split holds (``check_real_count``).
     """
     seed = int(held_out)
     if model.input_name == "tokens":
@@ -145,10 +183,8 @@ def calibration_inputs(model, shape: tuple[int, ...], count: int, held_out: bool
         return windows, f"{count} windows of the bundled text (seed {seed})"
     cfg = model.cfg
     if cfg.dataset:
-        from deploykit.zoo.dataset import get_dataset
-
         split = HELD_OUT_SPLIT if held_out else CALIBRATION_SPLIT
-        count = min(count, get_dataset(cfg.dataset).size(split) or count)  # the val split is fixed (1000); train is a stream
+        check_real_count(model, count, split, "--held-out" if held_out else "--calibration-samples")  # the val split is fixed (1000)
         return dataset_inputs(cfg.dataset, shape, cfg.mean, cfg.std, count, split=split), f"{count} images of {cfg.dataset}'s {split} split"
     return _sample_image_crops(shape, cfg.mean, cfg.std, count, seed), (
         f"{count} random crops (seed {seed}) of the {len(SAMPLE_IMAGES)} bundled sample images: the model names no dataset"

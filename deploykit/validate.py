@@ -23,10 +23,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from deploykit._terminal import counter
 from deploykit.backends import Runner, TorchRunner, registry
 from deploykit.backends.plugins import Plugins
 from deploykit.comparison import Tolerance, compare_logits, looser, row_cosines
-from deploykit.data import validation_inputs
+from deploykit.data import VALIDATION_SPLIT, check_real_count, validation_inputs
 from deploykit.errors import ConfigError, ValidationError
 from deploykit.export.bundle import load_reference
 from deploykit.export.manifest import Manifest
@@ -99,10 +100,15 @@ class ValidationReport:
             raise ValidationError(f"{len(failed)} of {len(self.records)} checks failed: {'; '.join(parts)}")
 
 
-def run_batched(runner: Runner, inputs: np.ndarray, batch_size: int) -> dict[str, np.ndarray]:
-    """Run ``inputs`` through an active runner (one input) in batches; concatenate each output."""
+def run_batched(runner: Runner, inputs: np.ndarray, batch_size: int, done: Callable[[int], None] | None = None) -> dict[str, np.ndarray]:
+    """Run ``inputs`` through an active runner (one input) in batches; concatenate each output
+    (``done(rows)`` after each batch, e.g. a ``deploykit._terminal.counter``)."""
     (name,) = runner.input_names()
-    parts = [runner.infer({name: inputs[i : i + batch_size]}) for i in range(0, len(inputs), batch_size)]
+    parts = []
+    for i in range(0, len(inputs), batch_size):
+        parts.append(runner.infer({name: inputs[i : i + batch_size]}))
+        if done:
+            done(min(i + batch_size, len(inputs)))
     return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 
 
@@ -203,7 +209,7 @@ def validate(
 
     Raises:
         DeployKitError: not an export directory, unknown backend/precision, a graph changed
-            since export, or a resolution that was not exported.
+            since export, a resolution that was not exported, or more real inputs than exist.
     """
     export_dir = Path(export_dir)
     tolerance = check_precision(precision).tolerance
@@ -216,14 +222,16 @@ def validate(
     _check_unchanged(export_dir / WEIGHTS_FILE, manifest.weights_sha256)
     _checked_config(export_dir, manifest)  # mean/std and the model's shape: validate must judge what is served
     model = load_reference(export_dir)
+    check_real_count(model, num_real, VALIDATION_SPLIT, "--num-real")  # before any run, not at the first resolution
     references: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
 
     def reference_at(resolution):
         """Inputs at one resolution and the PyTorch logits for them (computed once)."""
         if resolution not in references:
             inputs = validation_inputs(model, resolution, num_random, num_real, seed)
+            tick = counter(progress, f"PyTorch reference at {resolution_tag(resolution)}", len(inputs), "inputs")
             with TorchRunner(model) as runner:
-                references[resolution] = inputs, run_batched(runner, inputs, batch_size)["logits"]
+                references[resolution] = inputs, run_batched(runner, inputs, batch_size, tick)["logits"]
         return references[resolution]
 
     records = []

@@ -6,16 +6,19 @@ Commands run in-process through ``deploykit.cli.main`` with the helpers of ``tes
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
+import sys
 
 import numpy as np
 import pytest
 from safetensors.torch import load_file, save_file
 
+from deploykit.errors import ConfigError
 from deploykit.nn import save_model
 from deploykit.validate import TOLERANCES, compare_logits
-from tests.test_cli import RES, assert_one_line_error, run_cli, small_model, snapshot
+from tests.test_cli import RES, assert_one_line_error, assert_usage_error, run_cli, small_model, snapshot
 
 
 @pytest.fixture
@@ -58,10 +61,18 @@ def test_the_largest_resolution_under_the_bound_is_not_refused():
 @pytest.mark.parametrize(
     "changes, words",
     [
-        (dict(embed_dim=1_920_000, num_heads=3), ("does not fit", "1920000")),
-        (dict(img_size=16 * 62_500), ("does not fit", "pos_embed")),
-        (dict(num_classes=10**9), ("does not fit", "head")),
-        (dict(depth=10**7), ("10,000,000 blocks", "does not describe these weights")),
+        # within the config's ranges but not these weights: refused by shape, on the meta device
+        (dict(embed_dim=19_200, num_heads=3), ("does not fit", "19200")),
+        (dict(img_size=16 * 1000), ("does not fit", "pos_embed")),
+        (dict(num_classes=10**6), ("does not fit", "head")),
+        (dict(depth=1000), ("1,000 blocks", "does not describe these weights")),
+        # past the ranges: refused from the config alone, before any module exists (issue 23: an
+        # embed_dim of 10^9 overflowed PyTorch's storage size with a traceback)
+        (dict(embed_dim=10**9), ("embed_dim must be an integer from 1 to 65,536, got 1000000000",)),
+        (dict(img_size=16 * 62_500), ("img_size must be an integer from 1 to 65,536",)),
+        (dict(num_classes=10**9), ("num_classes must be an integer from 0 to",)),
+        (dict(depth=10**7), ("depth must be an integer from 1 to 1,024",)),
+        (dict(mlp_ratio=64.0, embed_dim=65_535, num_heads=3), ("mlp_ratio 64 makes the MLP 4,194,240 wide",)),
     ],
 )
 def test_a_config_with_huge_sizes_is_one_line(capsys, ckpt_copy, tmp_path, changes, words):
@@ -93,7 +104,48 @@ def test_a_zero_std_is_refused_naming_the_field(capsys, ckpt_copy, tmp_path):
     _edit_json(ckpt_copy / "config.json", std=[0.229, 0.0, 0.225])
     out = tmp_path / "out"
     code, _, err = run_cli(capsys, "export", "-c", ckpt_copy, "-o", out)
-    assert_one_line_error(code, err, "std must be positive")
+    assert_one_line_error(code, err, "std must be a list of finite numbers, each > 0, got [0.229, 0.0, 0.225]")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        # issue 23: a traceback
+        (dict(mlp_ratio=-1.0), ("mlp_ratio must be a finite number > 0", "got -1.0")),
+        (dict(mean=5), ("mean must be a list of finite numbers, got 5",)),
+        (dict(encoding=["ape"]), ("encoding must be an object naming the encoding", "got ['ape']")),
+        # issue 23: exported, then crashing in validate or ONNX Runtime
+        (dict(norm_eps=float("nan")), ("norm_eps must be a finite number", "got nan")),
+        (dict(norm_eps=-1e-6), ("norm_eps must be a finite number from", "got -1e-06")),
+        (dict(mean=[0.485, 0.456]), ("mean and std need one value per input channel (in_chans 3), got 2 and 3",)),
+        (dict(in_chans=1), ("in_chans 1", "got 3 and 3")),
+        (dict(dataset="imagenet"), ("dataset must be null or one of shape-relations", "got 'imagenet'")),
+        (dict(std=[1e-30] * 3), ("mean[0] 0.485 and std[0] 1e-30 take [0, 1] pixels to 5.15e+29",)),
+        (dict(mean=[1e38, 0.456, 0.406]), ("mean[0] 1e+38",)),
+        # issue 23: a bool is not an int (accepted as 1), nor an int a bool
+        (dict(depth=True), ("depth must be an integer from 1 to 1,024, got true",)),
+        (dict(qkv_bias=1), ("qkv_bias must be true or false, got 1",)),
+        (dict(class_token="yes"), ("class_token must be true or false, got 'yes'",)),
+        (dict(encoding={"name": "ape", "antialias": "no"}), ("encoding 'ape' option antialias must be true or false, got 'no'",)),
+        (dict(encoding={"name": ["ape"]}), ("encoding must be an object naming the encoding", "got an object with 1 key")),
+    ],
+)
+def test_a_config_value_is_refused_naming_the_field(capsys, ckpt_copy, tmp_path, changes, words):
+    _edit_json(ckpt_copy / "config.json", **changes)
+    out = tmp_path / "out"
+    code, _, err = run_cli(capsys, "export", "-c", ckpt_copy, "-o", out)
+    assert_one_line_error(code, err, "invalid model config", *words)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("depth", [50, 100_000])  # under and over what Python's JSON reader recurses to
+def test_a_deeply_nested_config_is_one_line(capsys, ckpt_copy, tmp_path, depth):
+    text = (ckpt_copy / "config.json").read_text().rstrip().removesuffix("}")
+    (ckpt_copy / "config.json").write_text(f'{text}, "std": {"[" * depth}{"]" * depth}}}')
+    out = tmp_path / "out"
+    code, _, err = run_cli(capsys, "export", "-c", ckpt_copy, "-o", out)
+    assert_one_line_error(code, err, "invalid model config", f"std nests {depth + 1:,} levels deep; a model config nests 8 at most")
     assert not out.exists()
 
 
@@ -118,17 +170,45 @@ def test_validate_a_file(capsys, good_export):
     assert_one_line_error(code, err, "is a file", "not a deploykit export directory")
 
 
-@pytest.mark.parametrize(
-    "counts, words",
-    [
-        (("--num-random", "0", "--num-real", "0"), ("nothing to compare",)),
-        (("--num-random", "-3"), ("cannot be negative", "-3")),
-        (("--num-real", "-1"), ("cannot be negative", "-1")),
-    ],
-)
-def test_validate_input_counts(capsys, good_export, counts, words):
-    code, _, err = run_cli(capsys, "validate", good_export, *counts)
-    assert_one_line_error(code, err, *words)
+def test_validate_with_nothing_to_compare(capsys, good_export):
+    code, _, err = run_cli(capsys, "validate", good_export, "--num-random", "0", "--num-real", "0")
+    assert_one_line_error(code, err, "nothing to compare")
+
+
+@pytest.mark.parametrize("option, value", [("--num-random", "-3"), ("--num-real", "-1"), ("--seed", "-1"), ("--seed", "x")])
+def test_validate_negative_counts_and_seeds_are_usage_errors(capsys, good_export, option, value):
+    code, _, err = run_cli(capsys, "validate", good_export, option, value)
+    assert_usage_error(code, err, option, value)
+
+
+def test_validate_more_real_inputs_than_exist_is_refused_before_any_run(capsys, good_export):
+    """The small model names no dataset: its real inputs are the 8 bundled images."""
+    code, _, err = run_cli(capsys, "validate", good_export, "--num-real", "9")
+    assert_one_line_error(code, err, "--num-real 9", "8 bundled sample images", "at most 8")  # one line: no run started
+    code, _, err = run_cli(capsys, "validate", good_export, "--num-real", "8", "--num-random", "0", "-q")
+    assert code == 0, err  # control: all of them is fine
+
+
+def test_real_input_limits_follow_the_models_data():
+    from deploykit.data import check_real_count
+
+    zoo_like = small_model()
+    zoo_like.cfg = dataclasses.replace(zoo_like.cfg, dataset="shape-relations")
+    check_real_count(zoo_like, 2000, "test", "--num-real")  # the test split holds 2000
+    with pytest.raises(ConfigError, match=r"--num-real 2001 .*2000 images in shape-relations's test split"):
+        check_real_count(zoo_like, 2001, "test", "--num-real")
+    with pytest.raises(ConfigError, match=r"--held-out 1001 .*1000 images in shape-relations's val split"):
+        check_real_count(zoo_like, 1001, "val", "--held-out")
+    check_real_count(zoo_like, 10**6, "train", "--calibration-samples")  # a stream
+    check_real_count(small_model(), 10**6, "val", "--held-out")  # seeded crops of the bundled images
+
+
+def test_held_out_beyond_the_val_split_is_refused_not_capped(capsys, ckpt_copy, tmp_path):
+    _edit_json(ckpt_copy / "config.json", dataset="shape-relations")
+    out = tmp_path / "out"
+    code, _, err = run_cli(capsys, "export", "-c", ckpt_copy, "--precision", "int8", "--held-out", "1001", "-o", out)
+    assert_one_line_error(code, err, "--held-out 1001", "val split", "at most 1000")  # one line: before the first graph
+    assert not out.exists()
 
 
 def test_validate_report_into_a_directory_is_refused_before_the_work(capsys, good_export, tmp_path):
@@ -184,11 +264,22 @@ def test_a_nan_reference_is_named():
 # profile
 
 
-@pytest.mark.parametrize("option, value", [("--duration", "-1"), ("--duration", "nan"), ("--warmup", "-2"), ("--rounds", "0")])
+@pytest.mark.parametrize(
+    "option, value",
+    [("--duration", "-1"), ("--duration", "nan"), ("--duration", "inf"), ("--warmup", "-2"), ("--rounds", "0"), ("--batch", "8,0")],
+)
 def test_profile_budget_is_one_plain_line(capsys, good_export, option, value):
     code, _, err = run_cli(capsys, "profile", good_export, option, value)
-    line = assert_one_line_error(code, err, option)
+    line = assert_usage_error(code, err, option)
     assert "Budget(" not in line and "duration_s" not in line, line
+
+
+def test_profile_plot_without_matplotlib_is_refused_before_timing(capsys, monkeypatch, good_export, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    plot = tmp_path / "p.png"
+    code, _, err = run_cli(capsys, "profile", good_export, "--iterations", "1", "--no-ape-baseline", "--plot", plot)
+    assert_one_line_error(code, err, "matplotlib", "deploykit[plot]")  # one line: no "profile:" step ran
+    assert not plot.exists()
 
 
 # ----------------------------------------------------------------------------------------------

@@ -71,6 +71,16 @@ def assert_one_line_error(code: int, err: str, *needles: str) -> str:
     return line
 
 
+def assert_usage_error(code: int, err: str, *needles: str) -> str:
+    """Exit 2 and stderr exactly one ``error: ...`` line containing every needle and where the usage is."""
+    assert code == 2, f"exit code {code}, stderr: {err!r}"
+    assert err.count("\n") == 1 and err.startswith("error: ") and "Usage:" not in err and "Traceback" not in err, err
+    line = err.splitlines()[0]
+    for needle in (*needles, "--help'"):
+        assert needle in line, f"{needle!r} not in {line!r}"
+    return line
+
+
 def snapshot(path: Path) -> dict[str, bytes | None]:
     """Every entry under ``path`` (hidden/temporary files included) → bytes (None for dirs)."""
     if path.is_file():
@@ -302,13 +312,11 @@ def test_one_bad_resolution_among_good_ones_writes_nothing(capsys, tmp_path, ckp
     assert not out.exists()
 
 
-@pytest.mark.parametrize("value", ["abc", "32x", "1x2x3", ""])
+@pytest.mark.parametrize("value", ["abc", "32x", "1x2x3", "", "32,abc", "32,"])
 def test_malformed_resolution_is_a_usage_error(capsys, tmp_path, value):
     out = tmp_path / "out"
     code, _, err = run_cli(capsys, "export", "-r", value, "-o", out)
-    assert code == 2, err
-    assert "resolution" in err.lower()
-    assert "Traceback" not in err
+    assert_usage_error(code, err, "--resolution", "invalid resolution")
     assert not out.exists()
 
 
@@ -421,10 +429,14 @@ def test_validate_resolution_not_exported(capsys, good_export):
     assert_one_line_error(code, err, "48", str(RES))
 
 
-@pytest.mark.parametrize("option", [("--backend", "no-such-backend"), ("--precision", "fp7")])
-def test_validate_unknown_backend_or_precision(capsys, good_export, option):
-    code, _, err = run_cli(capsys, "validate", good_export, *option)
-    assert_one_line_error(code, err, option[1])
+def test_validate_unknown_backend(capsys, good_export):
+    code, _, err = run_cli(capsys, "validate", good_export, "--backend", "no-such-backend")
+    assert_one_line_error(code, err, "no-such-backend")
+
+
+def test_validate_unknown_precision_is_a_usage_error(capsys, good_export):
+    code, _, err = run_cli(capsys, "validate", good_export, "--precision", "fp7")
+    assert_usage_error(code, err, "'fp7' is not one of", "int8")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -546,6 +558,8 @@ def test_plan_names_are_the_registry():
 
 
 def test_int8_export_says_what_it_calibrated_on_then_validates_and_profiles(capsys, tmp_path, ckpt_dir):
+    """``--precision int8`` alone: the fp32 graph is written beside it (issue 23: it was not, and
+    validate and serve refused the directory)."""
     out = tmp_path / "q"
     code, _, err = run_cli(
         capsys,
@@ -554,8 +568,6 @@ def test_int8_export_says_what_it_calibrated_on_then_validates_and_profiles(caps
         ckpt_dir,
         "-r",
         RES,
-        "--precision",
-        "fp32",
         "--precision",
         "int8",
         "--calibration-samples",
@@ -572,6 +584,20 @@ def test_int8_export_says_what_it_calibrated_on_then_validates_and_profiles(caps
     assert code == 0, err
     # No dataset in the config: the bundled images, and the line says so.
     assert "calibrated (percentile) on 8 random crops" in err and "the model names no dataset" in err
+    steps = [line.split("  (")[0] for line in err.splitlines() if line.startswith(f"export: {RES} int8: ")]
+    assert steps == [  # n of N inside the long steps: the held-out reference in batches of 32, calibration in batches of 8
+        f"export: {RES} int8: {step}"
+        for step in (
+            "reading 64 held-out inputs",
+            "fp32 reference on the held-out inputs: 32 of 64 inputs",
+            "fp32 reference on the held-out inputs: 64 of 64 inputs",
+            "reading 8 calibration inputs",
+            "calibrating (percentile): 8 of 8 inputs",
+        )
+    ], err
+    assert [g["precision"] for g in json.loads((out / "manifest.json").read_text())["graphs"]] == ["fp32", "int8"]
+    code, _, err = run_cli(capsys, "validate", out, "--num-random", "1", "--num-real", "1")  # fp32, the default
+    assert code == 0 and "1/1 checks passed" in err, err
     code, _, err = run_cli(capsys, "validate", out, "--precision", "int8", "--report", tmp_path / "r.json")
     assert code == 0 and "1/1 checks passed" in err, err
     (record,) = json.loads((tmp_path / "r.json").read_text())

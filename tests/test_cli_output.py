@@ -47,7 +47,31 @@ def test_one_line_per_step_when_not_a_terminal(capsys, ckpt_dir, good_export, tm
     steps = [line for line in err.splitlines() if line.startswith("export: ")]
     assert [s.split("  (")[0] for s in steps] == [f"export: exporting {RES}", "export: exporting 48"], err
     code, _, err = run_cli(capsys, "validate", good_export, "--num-random", "1", "--num-real", "1")
-    assert [line.split("  (")[0] for line in err.splitlines() if line.startswith("validate: ")] == [f"validate: ort @ model_{RES}.onnx"]
+    assert [line.split("  (")[0] for line in err.splitlines() if line.startswith("validate: ")] == [
+        f"validate: ort @ model_{RES}.onnx",
+        f"validate: PyTorch reference at {RES}: 2 of 2 inputs",
+    ]
+
+
+def test_long_steps_count_their_progress(capsys, good_export):
+    """Inside a step, n of N: the float64 PyTorch reference over 4 noise + 8 real inputs, 4 a batch."""
+    code, _, err = run_cli(capsys, "validate", good_export)
+    assert code == 0, err
+    counts = [line.split("  (")[0] for line in err.splitlines() if line.startswith(f"validate: PyTorch reference at {RES}: ")]
+    assert counts == [f"validate: PyTorch reference at {RES}: {n} of 12 inputs" for n in (4, 8, 12)], err
+
+
+def test_counts_are_shown_a_few_times_whatever_the_total():
+    from deploykit._terminal import counter
+
+    for total, batch in [(128, 8), (1000, 32), (12, 4), (1, 1), (7, 3)]:
+        shown = []
+        tick = counter(shown.append, "work", total, "inputs")
+        for done in range(batch, total + batch, batch):
+            tick(min(done, total))
+        numbers = [int(line.split(": ")[1].split(" of ")[0]) for line in shown]
+        assert len(shown) <= 11 and numbers == sorted(numbers) and numbers[0] == min(batch, total) and numbers[-1] == total, shown
+        assert all(line.endswith(f" of {total} inputs") for line in shown)
 
 
 def test_quiet_prints_results_only(capsys, ckpt_dir, tmp_path):

@@ -16,7 +16,8 @@ PACKAGE = Path(deploykit.__file__).parent
 # the layers below. Where the small shared modules sit, and why:
 LAYERS = [
     # Imports nothing above itself: errors, atomic writes, the lazy importer, NVML, CLI rendering
-    # helpers, comparison metrics (numpy), image decoding (numpy + Pillow), resolution strings,
+    # helpers, the check of config values (the encodings' and the models' configs share it),
+    # comparison metrics (numpy), image decoding (numpy + Pillow), resolution strings,
     # the torch-free catalog of names, model inputs (numpy: noise, sample images, the zoo's data)
     # and the zoo's entries and dataset, which data and nn.resolve read.
     (
@@ -27,6 +28,7 @@ LAYERS = [
             "deploykit._lazy",
             "deploykit._nvml",
             "deploykit._terminal",
+            "deploykit._fields",
             "deploykit.comparison",
             "deploykit.imaging",
             "deploykit.resolutions",
@@ -58,7 +60,8 @@ LAYERS = [
         ),
     ),
     ("serve", ("deploykit.serve",)),
-    ("cli", ("deploykit.cli", "deploykit.__main__")),
+    # The command and what its commands share (option types, -q/-v, the error line).
+    ("cli", ("deploykit.cli", "deploykit.cli_options", "deploykit.__main__")),
 ]
 # The package root only holds ``__version__`` and the facade ``deploykit.load`` (imported on
 # first use): anything may import it, and its lazy import of the pipeline is the public API.

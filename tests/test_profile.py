@@ -36,7 +36,7 @@ from deploykit.profile import (
 from deploykit.profile.output import plot_latency, write_csv
 from deploykit.profile.report import add_ratios, make_record
 from deploykit.resolutions import parse_resolutions
-from tests.test_cli import run_cli
+from tests.test_cli import assert_usage_error, run_cli
 
 RES = 32
 TINY_BUDGET = Budget(iterations=2, warmup=1)
@@ -332,17 +332,28 @@ def test_cli_profiles_an_export_directory(capsys, tmp_path):
     "args,message",
     [
         (["--resolution", "40"], "not a positive multiple of the patch size 16"),
-        (["--resolutions", "32,abc"], "invalid resolution 'abc'"),
         (["--resolution", "0"], "not a positive multiple"),
-        (["--batch", "1,zero"], "invalid batch size 'zero'"),
         (["--backend", "tensorflow"], "unknown backend 'tensorflow'"),
-        (["--iterations", "0"], "--iterations must be at least 1"),
     ],
 )
 def test_cli_bad_input_is_one_line_and_exit_1(capsys, tmp_path, ckpt_dir, args, message):
     code, stdout, stderr = run_cli(capsys, "profile", "--checkpoint", ckpt_dir, *args, "--json", tmp_path / "p.json")
     assert code == 1
     assert stderr.startswith("error: ") and message in stderr and len(stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--resolutions", "32,abc"], "invalid resolution 'abc'"),
+        (["--batch", "1,zero"], "invalid count 'zero'; expected positive integers"),
+        (["--iterations", "0"], "--iterations"),
+    ],
+)
+def test_cli_malformed_options_are_one_line_and_exit_2(capsys, tmp_path, ckpt_dir, args, message):
+    code, stdout, stderr = run_cli(capsys, "profile", "--checkpoint", ckpt_dir, *args, "--json", tmp_path / "p.json")
+    assert_usage_error(code, stderr, message)
     assert not (tmp_path / "p.json").exists()
 
 

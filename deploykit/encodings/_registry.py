@@ -8,6 +8,7 @@ import typing
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from deploykit._fields import check_values, show
 from deploykit.encodings.base import EncodingConfig, PositionalEncoding, TrunkDims
 from deploykit.errors import ConfigError
 
@@ -54,7 +55,7 @@ def _entry(name: str) -> _Entry:
     try:
         return _ENCODINGS[name]
     except KeyError:
-        raise ConfigError(f"unknown encoding {name!r}; choose one of: {', '.join(list_encodings())}") from None
+        raise ConfigError(f"unknown encoding {show(name)}; choose one of: {', '.join(list_encodings())}") from None
 
 
 def get_config(name: str, **options: Any) -> EncodingConfig:
@@ -67,7 +68,9 @@ def get_config(name: str, **options: Any) -> EncodingConfig:
     fields = {f.name for f in dataclasses.fields(entry.config_cls)} - set(entry.variant)
     unknown = sorted(set(options) - fields)
     if unknown:
-        raise ConfigError(f"encoding {name!r} has no option(s) {unknown}; valid options: {sorted(fields)}")
+        more = f" (+{len(unknown) - 5} more)" if len(unknown) > 5 else ""
+        raise ConfigError(f"encoding {name!r} has no option(s) {', '.join(map(show, unknown[:5]))}{more}; valid options: {sorted(fields)}")
+    check_values(entry.config_cls, options, prefix=f"encoding {name!r} option ")  # types first: the checks below compare values
     try:
         return entry.config_cls(**{**entry.defaults, **options, **entry.variant})
     except (TypeError, ValueError) as err:
@@ -122,10 +125,13 @@ def config_from_dict(data: Mapping[str, Any]) -> EncodingConfig:
     name = data.pop("name", None)
     if name is None:
         raise ConfigError("encoding config has no 'name'")
+    if type(name) is not str:
+        raise ConfigError(f"encoding name must be a string, one of: {', '.join(list_encodings())}; got {show(name)}")
     variant = _entry(name).variant
     clash = {k: v for k, v in data.items() if k in variant and variant[k] != v}
     if clash:
-        raise ConfigError(f"encoding config {name!r} contradicts its name: {clash}")
+        said = ", ".join(f"{k} {show(v)}" for k, v in clash.items())
+        raise ConfigError(f"encoding config {name!r} contradicts its name: {said} (the name {name!r} means {dict(variant)})")
     return get_config(name, **{k: v for k, v in data.items() if k not in variant})
 
 

@@ -17,9 +17,16 @@ as it was, and a finished one leaves nothing in ``DIR`` that the new export does
 Re-exporting the same weights keeps the graphs of the previous manifest that are not exported
 again (resolutions add up), each checked unchanged; files derived from a graph and named after
 it (``model_224.trt.engine`` and its fingerprint ``model_224.trt.json``) are kept only when that
-graph is byte-identical in the new export. Different weights start a new manifest. Everything
-else in ``DIR`` (reports, ``timing.cache``, stray files) does not survive a re-export, and a
-non-empty ``DIR`` without a ``manifest.json`` is refused rather than replaced.
+graph is byte-identical in the new export. Different weights start a new manifest. Nothing else
+deploykit wrote (``timing.cache``, engines of graphs not kept) survives a re-export; a file
+deploykit did not write (a report, notes, anything not named by ``foreign_files``) is never
+deleted silently: the export is refused naming it, unless ``force``, which deletes it and says
+so. A non-empty ``DIR`` without a ``manifest.json`` is refused rather than replaced, always.
+
+One export writes ``DIR`` at a time: it holds ``directory_lock(DIR)`` from its first look at
+``DIR`` to the swap, and a second export into ``DIR`` meanwhile is refused in one line. Holding
+the lock proves that no other writer is alive, so the staging directories a killed export left
+beside ``DIR`` are removed then (``clear_stale_stages``).
 
 Every path read from ``manifest.json`` goes through ``confined_path``: a name leading outside
 ``DIR`` (``../x``, an absolute path, a symlink pointing elsewhere) is refused before anything is
@@ -30,9 +37,9 @@ a file from outside the export. Each graph's entry is checked against the graph 
 
 from __future__ import annotations
 
-import glob
 import logging
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -41,11 +48,15 @@ from pathlib import Path, PurePath
 import onnx
 import torch
 
-from deploykit._io import staged_directory, write_json_atomic
+from deploykit._io import clear_stale_stages, directory_lock, staged_directory, write_json_atomic
+from deploykit._terminal import counter
+from deploykit.data import CALIBRATION_SPLIT, HELD_OUT_SPLIT, check_real_count
 from deploykit.encodings import config_to_dict
 from deploykit.errors import DeployKitError, ExportError
 from deploykit.export.lint import check_graph
 from deploykit.export.manifest import (
+    BUILD_FILES,
+    ENGINE_SUFFIXES,
     MANIFEST_FILE,
     GraphEntry,
     Manifest,
@@ -91,7 +102,8 @@ class ExportPlan:
     ) -> ExportPlan:
         """The plan, every part checked before any work (``ResolutionError``, ``ExportError`` or
         ``ConfigError`` in one line): shapes the model takes at a size a graph can hold, a
-        valid range, known precision plans, a supported opset."""
+        valid range, known precision plans, a supported opset, no more calibration and held-out
+        inputs than the model's data holds."""
         opset = check_opset(opset)
         jobs: list[Job] = [(r, None) for r in dict.fromkeys(check_export_shape(model, tuple(r)) for r in resolutions)]
         if resolution_range is not None:
@@ -100,9 +112,14 @@ class ExportPlan:
             jobs.append((opt, (low, high)))
         if not jobs:
             raise ExportError("nothing to export: give at least one resolution or a resolution range")
-        precisions = list(dict.fromkeys(precisions))
+        # fp32 always: every other plan is written beside it, and validate, build and serve
+        # start from the fp32 graph (the README's promise; an int8-only directory was refused).
+        precisions = list(dict.fromkeys(["fp32", *precisions]))
         for precision in precisions:
             check_precision(precision)
+        if any(p.startswith("int8") for p in precisions):
+            check_real_count(model, calibration.held_out, HELD_OUT_SPLIT, "--held-out")
+            check_real_count(model, calibration.samples, CALIBRATION_SPLIT, "--calibration-samples")
         return cls(jobs, precisions, opset, calibration)
 
 
@@ -117,6 +134,7 @@ def export(
     progress: Callable[[str], None] | None = None,
     resolution_range: tuple[tuple[int, int], tuple[int, int], tuple[int, int]] | None = None,
     calibration: CalibrationOptions = CalibrationOptions(),
+    force: bool = False,
 ) -> Manifest:
     """Export ``model`` at each resolution into ``output_dir`` (see the module docstring).
 
@@ -130,8 +148,8 @@ def export(
             model, lengths (``(T,)``, or ``(T, T)`` as ``parse_resolution`` gives them).
         output_dir: created if missing; an existing one must be a previous export (or empty).
         opset: ONNX opset for the graphs (``SUPPORTED_OPSETS``).
-        precisions: precision plans to write per resolution (``fp32``, ``fp16``, ``bf16``; see
-            ``deploykit.export.precision``).
+        precisions: precision plans to write per resolution beside the fp32 graph, which is
+            always written (``fp16``, ``bf16``, ``int8``, ...; see ``deploykit.export.precision``).
         source: where the model came from (recorded in the manifest).
         progress: called as ``progress(message)`` at each step of a long export.
         resolution_range: ``(min, opt, max)``: also write one graph taking any resolution in
@@ -139,23 +157,30 @@ def export(
         calibration: how INT8 plans are calibrated and checked (``deploykit.data.calibration_inputs``
             picks the data; a range graph is calibrated at ``opt``). A plan that fails its
             tolerance on held-out inputs is refused, and nothing is written.
+        force: delete the files of a previous ``output_dir`` that deploykit did not write
+            (``foreign_files``; each is named in a warning) instead of refusing the export.
 
     Returns:
         The manifest written to ``output_dir``.
 
     Raises:
-        DeployKitError: a bad resolution, opset, precision or destination; weights that are not
-            finite; a failed export or lint.
+        DeployKitError: a bad resolution, opset, precision or destination; another export
+            writing ``output_dir``; files deploykit did not write there (without ``force``);
+            weights that are not finite; a failed export or lint.
     """
     plan = ExportPlan.checked(model, resolutions, precisions, opset, resolution_range, calibration)
     check_finite_weights(model)
     output_dir = _destination(Path(output_dir))
     say = progress or (lambda message: None)
-    with staged_directory(output_dir) as stage:
-        weights_sha256 = _write_reference(model, stage)
-        graphs = _write_graphs(model, plan, stage, say)
-        graphs += _keep_previous(output_dir, stage, weights_sha256, graphs)
-        manifest = _write_manifest(stage, model, weights_sha256, source, graphs)
+    with directory_lock(output_dir):
+        for line in clear_stale_stages(output_dir):
+            _log.warning("%s", line)
+        _check_foreign_files(_destination(output_dir), force)
+        with staged_directory(output_dir) as stage:
+            weights_sha256 = _write_reference(model, stage)
+            graphs = _write_graphs(model, plan, stage, say)
+            graphs += _keep_previous(output_dir, stage, weights_sha256, graphs)
+            manifest = _write_manifest(stage, model, weights_sha256, source, graphs)
     return manifest
 
 
@@ -177,15 +202,51 @@ def check_finite_weights(model: Model) -> None:
 
 
 def _destination(output_dir: Path) -> Path:
-    """Where the export goes (a symlink's target), refusing a non-empty directory that is not a
-    previous export: an export replaces its whole directory."""
+    """Where the export goes (a symlink's target), refusing a file, and a non-empty directory that
+    is not a previous export: an export replaces its whole directory."""
     output_dir = output_dir.resolve() if output_dir.is_symlink() else output_dir
+    if output_dir.exists() and not output_dir.is_dir():
+        raise DeployKitError(f"cannot write {output_dir}: it exists and is not a directory")
     if output_dir.is_dir() and not (output_dir / MANIFEST_FILE).is_file() and any(output_dir.iterdir()):
         raise DeployKitError(
             f"{output_dir} is not empty and not a deploykit export directory (no {MANIFEST_FILE}); an export replaces "
             "its output directory, so choose another --output or empty it"
         )
     return output_dir
+
+
+def foreign_files(export_dir: Path) -> list[str]:
+    """The entries of a previous export directory that deploykit did not write (directories with
+    a trailing ``/``): anything but the manifest, the reference model, the graphs the manifest
+    names, the files ``deploykit build`` writes beside them (``ENGINE_SUFFIXES``, ``BUILD_FILES``)
+    and the temporary files of an interrupted atomic write. An unreadable manifest names no graph."""
+    ours = {MANIFEST_FILE, CONFIG_FILE, WEIGHTS_FILE, *BUILD_FILES}
+    try:
+        graphs = [g.file for g in Manifest.read(export_dir).graphs]
+    except DeployKitError:
+        graphs = []
+    ours |= {f"{PurePath(g).stem}{suffix}" for g in graphs for suffix in ENGINE_SUFFIXES} | set(graphs)
+    temporary = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")  # _io.atomic_path's, of a write that was killed
+    return sorted(
+        p.name + "/" * (p.is_dir() and not p.is_symlink())
+        for p in export_dir.iterdir()
+        if p.name not in ours and not (temporary.fullmatch(p.name) and p.is_file())
+    )
+
+
+def _check_foreign_files(output_dir: Path, force: bool) -> None:
+    """Refuse to replace a directory holding files deploykit did not write, or with ``force`` say
+    which are deleted (``foreign_files``)."""
+    found = foreign_files(output_dir) if output_dir.is_dir() else []
+    if not found:
+        return
+    named = ", ".join(found[:5]) + (f" (+{len(found) - 5} more)" if len(found) > 5 else "")
+    if not force:
+        raise DeployKitError(
+            f"{output_dir} holds {len(found)} file(s) deploykit did not write: {named}; an export replaces the whole directory, "
+            "so move them out first, or pass --force to delete them"
+        )
+    _log.warning("deleting %d file(s) deploykit did not write from %s (--force): %s", len(found), output_dir, named)
 
 
 def _write_reference(model: Model, stage: Path) -> str:
@@ -227,13 +288,16 @@ def planned_graph(
     if not precision.startswith("int8"):
         return apply_precision(proto, precision)
     say = (lambda msg: progress(f"{resolution_tag(resolution)} {precision}: {msg}")) if progress else None
-    held_out, _ = calibration_inputs(model, resolution, options.held_out, held_out=True)
     if say:
-        say(f"fp32 reference on {len(held_out)} held-out inputs")
-    reference = quantize.run_graph(proto, held_out)  # once: the agreement target and the check share it
+        say(f"reading {options.held_out} held-out inputs")
+    held_out, _ = calibration_inputs(model, resolution, options.held_out, held_out=True)
+    tick = counter(say, "fp32 reference on the held-out inputs", len(held_out), "inputs")
+    reference = quantize.run_graph(proto, held_out, done=tick)  # once: the agreement target and the check share it
     logits = model.output_kind == "logits"  # a headless backbone's features have no answers to agree on
     calibration = target = None
     if plan.calibrated:
+        if say:
+            say(f"reading {options.samples} calibration inputs")
         calibration = quantize.Calibration(*calibration_inputs(model, resolution, options.samples), method=options.method)
         if options.min_agreement is not None and logits:
             target = quantize.AgreementTarget(held_out, reference, options.min_agreement)
@@ -285,11 +349,12 @@ def _previous_manifest(output_dir: Path, weights_sha256: str) -> Manifest | None
 
 
 def derived_files(export_dir: Path, graph_file: str) -> list[Path]:
-    """Regular files named after a graph (``model_224.*`` for ``model_224.onnx``: engines and
-    their fingerprints), the graph itself and symlinks excluded."""
-    graph = export_dir / graph_file
-    pattern = glob.escape(PurePath(graph_file).stem) + ".*"
-    return sorted(p for p in graph.parent.glob(pattern) if p.name != graph.name and p.is_file() and not p.is_symlink())
+    """The regular files ``deploykit build`` wrote beside a graph (``model_224.trt.engine`` and
+    its fingerprint ``model_224.trt.json`` for ``model_224.onnx``; ``ENGINE_SUFFIXES``), symlinks
+    excluded."""
+    stem = export_dir / PurePath(graph_file).stem
+    found = (stem.with_name(stem.name + suffix) for suffix in ENGINE_SUFFIXES)
+    return sorted(p for p in found if p.is_file() and not p.is_symlink())
 
 
 def _carry(path: Path, output_dir: Path, stage: Path) -> None:

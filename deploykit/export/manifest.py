@@ -18,12 +18,19 @@ import onnx
 from google.protobuf.message import DecodeError
 
 import deploykit
-from deploykit.errors import DeployKitError
+from deploykit.errors import DeployKitError, one_line
 from deploykit.resolutions import resolution_tag
 
 MANIFEST_FILE = "manifest.json"
 CONFIG_FILE = "config.json"  # the reference model's config, as deploykit.nn.checkpoint writes it
 ENCODING_METADATA_KEY = "deploykit.encoding"
+# What ``deploykit build`` writes into an export directory, named here (export sits below build)
+# so that a re-export knows these files as deploykit's own: an engine and its fingerprint beside
+# each graph (``backends.engine_cache.engine_paths``: ``model_224.trt.engine``,
+# ``model_224.trt.json``, ``.rtx.`` for TensorRT-RTX) and the timing cache
+# (``build.TIMING_CACHE_FILE``). tests/export/test_export_lock.py checks that they agree.
+ENGINE_SUFFIXES = (".trt.engine", ".trt.json", ".rtx.engine", ".rtx.json")
+BUILD_FILES = ("timing.cache",)
 OUTPUT_NAME = "logits"  # every exported graph's output
 PRECISION_METADATA_KEY = "deploykit.precision"
 QUANTIZATION_METADATA_KEY = "deploykit.quantization"
@@ -141,8 +148,8 @@ class Manifest:
             raise DeployKitError(
                 f"{directory} is not a deploykit export directory (no {MANIFEST_FILE}); run deploykit export first"
             ) from None
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
-            raise DeployKitError(f"corrupt manifest {path}: {err}") from err
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, RecursionError) as err:
+            raise DeployKitError(f"corrupt manifest {path}: {one_line(err, 200)}") from err
         for entry in manifest.graphs:
             confined_path(directory, entry.file)
         return manifest

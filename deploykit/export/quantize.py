@@ -47,6 +47,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from deploykit._terminal import counter
 from deploykit.comparison import Tolerance, compare_logits, row_cosines
 from deploykit.errors import ConfigError, ExportError
 from deploykit.export.lint import TABLE_PREFIXES
@@ -270,9 +271,8 @@ def quantize_static_int8(
     }
     # The quantizer logs "consider pre-processing" advice on the root logger.
     with tempfile.TemporaryDirectory(prefix="deploykit-int8-") as tmp, quiet_logger(""):
-        quantizer = _StaticQuantizer(proto, calibration, Path(tmp))
-        if progress:
-            progress(f"calibrating on {calibration.source} ({calibration.method})")
+        tick = counter(progress, f"calibrating ({calibration.method})", len(calibration.inputs), "inputs")
+        quantizer = _StaticQuantizer(proto, calibration, Path(tmp), tick)
         out = quantizer.quantize(selection.quantize)
         if target is not None:
             out, details["agreement"] = _fall_back(quantizer, selection, out, target, progress)
@@ -283,8 +283,8 @@ class _StaticQuantizer:
     """``quantize_static`` on one fp32 graph with one calibration, any subset of nodes: the first
     call calibrates and caches the ranges, later calls reuse them."""
 
-    def __init__(self, proto: onnx.ModelProto, calibration: Calibration, workdir: Path):
-        self.proto, self.calibration, self.workdir = proto, calibration, workdir
+    def __init__(self, proto: onnx.ModelProto, calibration: Calibration, workdir: Path, done: Callable[[int], None] | None = None):
+        self.proto, self.calibration, self.workdir, self.done = proto, calibration, workdir, done
         self.source, self.cache = workdir / "fp32.onnx", workdir / "ranges.json"
         onnx.save_model(proto, str(self.source))
         self.candidates = [n.name for n in proto.graph.node if n.op_type in QUANTIZED_OP_TYPES]
@@ -299,7 +299,7 @@ class _StaticQuantizer:
             "QuantizeBias": False,  # TensorRT refuses an int32-input DequantizeLinear
             "OpTypesToExcludeOutputQuantization": list(QUANTIZED_OP_TYPES),
         }
-        reader = None if self.cache.is_file() else _Reader(self.proto.graph.input[0].name, self.calibration.inputs)
+        reader = None if self.cache.is_file() else _Reader(self.proto.graph.input[0].name, self.calibration.inputs, self.done)
         try:
             with contextlib.redirect_stdout(io.StringIO()):  # the histogram calibrators print progress
                 quantize_static(
@@ -433,15 +433,21 @@ def _with_outputs(proto: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
     return out
 
 
-def run_graph(proto: onnx.ModelProto, inputs: np.ndarray, batch: int = 32, outputs: list[str] | None = None):
+def run_graph(
+    proto: onnx.ModelProto, inputs: np.ndarray, batch: int = 32, outputs: list[str] | None = None, done: Callable[[int], None] | None = None
+):
     """Logits of a graph on ONNX Runtime's CPU provider, as ``[rows, classes]`` float64 (a
     sequence model's every position is a row); with ``outputs``, those tensors as a list of
-    ``[N, ...]`` float64 arrays instead."""
+    ``[N, ...]`` float64 arrays instead (``done(rows)`` after each batch)."""
     import onnxruntime as ort
 
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
-    runs = [session.run(outputs, {name: inputs[i : i + batch]}) for i in range(0, len(inputs), batch)]
+    runs = []
+    for i in range(0, len(inputs), batch):
+        runs.append(session.run(outputs, {name: inputs[i : i + batch]}))
+        if done:
+            done(min(i + batch, len(inputs)))
     arrays = [np.concatenate(parts).astype(np.float64) for parts in zip(*runs)]
     if outputs is not None:
         return arrays
@@ -543,12 +549,18 @@ def _with_metadata(out: onnx.ModelProto, original: onnx.ModelProto, details: dic
 
 
 class _Reader:
-    """``onnxruntime.quantization.CalibrationDataReader``: the inputs in batches of 8."""
+    """``onnxruntime.quantization.CalibrationDataReader``: the inputs in batches of 8 (``done(rows)``
+    as each is handed out: the calibrator runs the graph on it next)."""
 
-    def __init__(self, input_name: str, inputs: np.ndarray):
+    def __init__(self, input_name: str, inputs: np.ndarray, done: Callable[[int], None] | None = None):
         self._batches: Iterator[dict] = iter(
             {input_name: np.ascontiguousarray(inputs[i : i + _CALIBRATION_BATCH])} for i in range(0, len(inputs), _CALIBRATION_BATCH)
         )
+        self._rows, self._done = 0, done
 
     def get_next(self) -> dict | None:
-        return next(self._batches, None)
+        batch = next(self._batches, None)
+        if batch is not None and self._done:
+            self._rows += len(next(iter(batch.values())))
+            self._done(self._rows)
+        return batch

@@ -14,12 +14,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from deploykit._fields import json_nesting
 from deploykit._io import atomic_path, write_json_atomic
 from deploykit.encodings import EncodingConfig
-from deploykit.errors import CheckpointError, ConfigError
+from deploykit.errors import CheckpointError, ConfigError, one_line
 from deploykit.nn.factory import Model, ModelConfig, build_model, config_from_dict, create_model
 
 CONFIG_FILE = "config.json"
+# config.json holds objects in an object (the encoding) holding lists (mean, std): 3 levels; the
+# margin is for what later versions may add.
+MAX_CONFIG_NESTING = 8
 WEIGHTS_FILE = "model.safetensors"
 _TORCH_SUFFIXES = (".pt", ".pth", ".bin")
 
@@ -109,14 +113,30 @@ def _preview(keys: list[str], limit: int = 4) -> str:
 
 
 def read_config(path: str | os.PathLike) -> ModelConfig:
-    """Read a ``config.json`` written by ``save_model``."""
+    """Read a ``config.json`` written by ``save_model``: every value checked before anything is
+    built from it (``ViTConfig``/``SequenceConfig``, ``deploykit._fields``).
+
+    Raises:
+        CheckpointError: missing, unreadable, not JSON, nested too deeply, or a value refused (named).
+    """
     path = Path(path)
     try:
-        return config_from_dict(json.loads(path.read_text()))
+        text = path.read_text()
+        depth, field = json_nesting(text)
+        if depth > MAX_CONFIG_NESTING:  # before the JSON reader, which recurses once per level
+            where = f"{field} nests" if field is not None else "it nests"
+            raise CheckpointError(
+                f"invalid model config {path}: {where} {depth:,} levels deep; a model config nests {MAX_CONFIG_NESTING} at most"
+            )
+        data = json.loads(text)
     except FileNotFoundError as err:
         raise CheckpointError(f"model config not found: {path}") from err
-    except (json.JSONDecodeError, TypeError, ValueError, ConfigError) as err:
-        raise CheckpointError(f"invalid model config {path}: {err}") from err
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise CheckpointError(f"invalid model config {path}: {one_line(err, 200)}") from err
+    try:
+        return config_from_dict(data)
+    except (ConfigError, TypeError, ValueError) as err:
+        raise CheckpointError(f"invalid model config {path}: {one_line(err)}") from err
 
 
 def load_model(path: str | os.PathLike, config: ModelConfig | None = None) -> Model:

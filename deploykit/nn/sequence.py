@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from deploykit.encodings import EncodingConfig, PETables, config_from_dict, config_to_dict, get_config
+from deploykit._fields import Range
+from deploykit.encodings import EncodingConfig, PETables, config_to_dict, get_config
 from deploykit.encodings.ape import ApeConfig
 from deploykit.encodings.mope import (
     PAPER_MODEL as MOPE_PAPER_MODEL,
@@ -41,10 +42,17 @@ from deploykit.encodings.mope import (
     ega_weights_train,
 )
 from deploykit.errors import ConfigError, ResolutionError
-from deploykit.nn.vit import Mlp, check_fields, check_trunk_sizes
+from deploykit.nn.vit import TRUNK_RANGES, Mlp, check_config, check_fields, encoding_from_dict
 
 ARCHITECTURE = "sequence_transformer"
 _ATTENTIONS = ("dot", "ega")
+# Bounds on the config's numbers (``deploykit._fields``), as the ViT's (``TRUNK_RANGES``).
+SEQUENCE_RANGES = {
+    **TRUNK_RANGES,
+    "vocab_size": Range(1, 1 << 24),
+    "context": Range(1, 1 << 20),
+    "dropout": Range(0, 1),
+}
 
 
 @dataclass(frozen=True)
@@ -83,7 +91,8 @@ class SequenceConfig:
     required: ClassVar[tuple[str, ...]] = ("vocab_size", "context", "embed_dim", "depth", "num_heads", "attention", "causal", "encoding")
 
     def __post_init__(self):
-        check_trunk_sizes(self, ("vocab_size", "context"))
+        """Every check of the values, in one place, before any module is built (``check_config``)."""
+        check_config(self, SEQUENCE_RANGES)
         if self.attention not in _ATTENTIONS:
             raise ConfigError(f"attention must be one of {_ATTENTIONS}, got {self.attention!r}")
         if not isinstance(self.encoding, (MoPEConfig, ApeConfig)):
@@ -99,7 +108,7 @@ class SequenceConfig:
         data = {k: v for k, v in data.items() if k != "architecture"}
         check_fields(cls, data)
         if "encoding" in data:
-            data["encoding"] = config_from_dict(data["encoding"])
+            data["encoding"] = encoding_from_dict(data["encoding"])
         return cls(**data)
 
 

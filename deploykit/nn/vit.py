@@ -16,7 +16,6 @@ make up the state dict (patch embedding, attention, block, trunk) read together.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -24,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from deploykit._fields import FLOAT32_TINY, Range, check_values, dataclass_values, show
 from deploykit.encodings import (
     EncodingConfig,
     Hook,
@@ -37,36 +37,82 @@ from deploykit.encodings import (
     gridpe,
 )
 from deploykit.errors import ConfigError, ResolutionError
+from deploykit.zoo.dataset import DATASETS
+
+# Bounds on a config's numbers, checked before anything is allocated (``deploykit._fields``). The
+# sizes reach far past any published ViT (ViT-22B: width 6144, depth 48, 48 heads) and stop long
+# before sizes whose weights could exist at all: a width of 10^9 overflowed PyTorch's storage size
+# with a traceback instead of being refused.
+MAX_HIDDEN = 1 << 20
+TRUNK_RANGES = {
+    "embed_dim": Range(1, 1 << 16),
+    "depth": Range(1, 1 << 10),
+    "num_heads": Range(1, 1 << 12),
+    "mlp_ratio": Range(0, 64, low_open=True),
+    "norm_eps": Range(FLOAT32_TINY, 1.0),  # LayerNorm's epsilon, a float32 attribute in the graph (NaN or < 0: ORT refuses it)
+}
+VIT_RANGES = {
+    **TRUNK_RANGES,
+    "img_size": Range(1, 1 << 16),
+    "patch_size": Range(1, 1 << 12),
+    "in_chans": Range(1, 1 << 10),
+    "num_classes": Range(0, 1 << 24),
+    "reg_tokens": Range(0, 1 << 10),
+    "mlp_hidden_dim": Range(1, MAX_HIDDEN),
+    "std": Range(0, None, low_open=True),  # inputs are divided by it: a zero gives Inf/NaN inputs
+}
+# How far normalisation may take a [0, 1] pixel: ImageNet's mean/std reach 2.6; past this an
+# input overflows fp16 plans and saturates the model, so the export would only fail later.
+MAX_NORMALISED = 1e4
 
 
-def check_trunk_sizes(cfg, sizes: tuple[str, ...]) -> None:
-    """``ConfigError`` unless ``sizes``, ``embed_dim``, ``depth`` and ``num_heads`` are positive
-    integers and the heads divide ``embed_dim`` (shared by every architecture's config)."""
-    sizes = (*sizes, "embed_dim", "depth", "num_heads")
-    bad = [f"{n}={getattr(cfg, n)!r}" for n in sizes if not (isinstance(getattr(cfg, n), int) and getattr(cfg, n) > 0)]
-    if bad:
-        raise ConfigError(f"model sizes must be positive integers: {', '.join(bad)}")
+def check_config(cfg, ranges) -> None:
+    """Every value of a model config against its annotation and ``ranges`` (``check_values``), then
+    what the sizes must agree on: the heads divide ``embed_dim``, the MLP's width is in range.
+
+    Raises:
+        ConfigError: naming the field.
+    """
+    check_values(type(cfg), dataclass_values(cfg), ranges)
     if cfg.embed_dim % cfg.num_heads:
         raise ConfigError(f"embed_dim {cfg.embed_dim} is not divisible by num_heads {cfg.num_heads}")
+    hidden = getattr(cfg, "mlp_hidden_dim", None) or int(cfg.embed_dim * cfg.mlp_ratio)
+    if not 1 <= hidden <= MAX_HIDDEN:
+        raise ConfigError(
+            f"mlp_ratio {cfg.mlp_ratio:g} makes the MLP {hidden:,} wide for embed_dim {cfg.embed_dim:,}; it must be 1 to {MAX_HIDDEN:,}"
+        )
 
 
 def check_fields(cls, data: dict[str, Any]) -> None:
     """``ConfigError`` naming the unknown fields of a config dict, or the missing ``cls.required`` ones."""
     unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
     if unknown:
-        raise ConfigError(f"model config has unknown field(s) {unknown}")
+        more = f" (+{len(unknown) - 5} more)" if len(unknown) > 5 else ""
+        raise ConfigError(f"model config has unknown field(s) {', '.join(show(name) for name in unknown[:5])}{more}")
     missing = [name for name in cls.required if name not in data]
     if missing:
         raise ConfigError(f"model config is missing required field(s) {missing}; no default fits every checkpoint")
 
 
-def check_normalisation(mean, std) -> None:
-    """``ConfigError`` unless the input normalisation is finite with a positive ``std`` (inputs
-    are divided by it: a zero gives Inf/NaN inputs that validate as equal to themselves)."""
-    if not all(math.isfinite(m) for m in mean):
-        raise ConfigError(f"mean must be finite per channel, got {list(mean)}")
-    if not all(math.isfinite(s) and s > 0 for s in std):
-        raise ConfigError(f"std must be positive and finite per channel (inputs are divided by it), got {list(std)}")
+def check_normalisation(mean, std, channels: int) -> None:
+    """``ConfigError`` unless there is one mean and one std per input channel and they keep a
+    [0, 1] pixel within ``MAX_NORMALISED`` (types, finiteness and ``std > 0``: ``VIT_RANGES``)."""
+    if len(mean) != channels or len(std) != channels:
+        raise ConfigError(f"mean and std need one value per input channel (in_chans {channels}), got {len(mean)} and {len(std)} values")
+    for i, (m, s) in enumerate(zip(mean, std)):
+        reach = max(abs(m), abs(1 - m)) / s
+        if not reach <= MAX_NORMALISED:
+            raise ConfigError(
+                f"mean[{i}] {m:g} and std[{i}] {s:g} take [0, 1] pixels to {reach:.3g}; normalisation may reach "
+                f"{MAX_NORMALISED:g} at most (mean and std are on [0, 1] pixels, e.g. 0.485 and 0.229)"
+            )
+
+
+def encoding_from_dict(value) -> EncodingConfig:
+    """A config's ``encoding`` object (``{"name": "ape", ...options}``) → its encoding config."""
+    if not (isinstance(value, dict) and type(value.get("name")) is str):
+        raise ConfigError(f'encoding must be an object naming the encoding (e.g. {{"name": "ape"}}), got {show(value)}')
+    return config_from_dict(value)
 
 
 @dataclass(frozen=True)
@@ -121,22 +167,21 @@ class ViTConfig:
     required: ClassVar[tuple[str, ...]] = ("img_size", "patch_size", "num_classes", "embed_dim", "depth", "num_heads", "encoding")
 
     def __post_init__(self):
-        check_trunk_sizes(self, ("img_size", "patch_size", "in_chans"))
-        counts = {"num_classes": self.num_classes, "reg_tokens": self.reg_tokens}
-        bad = [f"{n}={v!r}" for n, v in counts.items() if not (isinstance(v, int) and v >= 0)]
-        if self.mlp_hidden_dim is not None and not (isinstance(self.mlp_hidden_dim, int) and self.mlp_hidden_dim > 0):
-            bad.append(f"mlp_hidden_dim={self.mlp_hidden_dim!r}")
-        if bad:
-            raise ConfigError(f"model sizes must be non-negative integers (mlp_hidden_dim positive): {', '.join(bad)}")
+        """Every check of the values, in one place, before any module is built (``check_config``)."""
+        check_config(self, VIT_RANGES)
+        if not isinstance(self.encoding, EncodingConfig):
+            raise ConfigError(f"encoding must be an encoding config, got {show(self.encoding)}")
         if self.img_size % self.patch_size:
             raise ConfigError(f"img_size {self.img_size} is not a multiple of patch_size {self.patch_size}")
         if self.pool not in POOLS:
             raise ConfigError(f"global_pool must be one of {POOLS} (attention pooling 'map' is not supported), got {self.global_pool!r}")
         if self.pool == "token" and not self.class_token:
-            raise ConfigError("global_pool 'token' needs the class token")
+            raise ConfigError("global_pool 'token' needs class_token true (or global_pool avg, max, avgmax or '')")
         if self.mlp_layer not in MLP_LAYERS:
             raise ConfigError(f"mlp_layer must be one of {MLP_LAYERS}, got {self.mlp_layer!r}")
-        check_normalisation(self.mean, self.std)
+        check_normalisation(self.mean, self.std, self.in_chans)
+        if self.dataset is not None and self.dataset not in DATASETS:
+            raise ConfigError(f"dataset must be null or one of {', '.join(DATASETS)} (deploykit.zoo), got {show(self.dataset)}")
 
     @property
     def num_prefix_tokens(self) -> int:
@@ -164,9 +209,9 @@ class ViTConfig:
         data = dict(data)
         check_fields(cls, data)
         if "encoding" in data:
-            data["encoding"] = config_from_dict(data["encoding"])
+            data["encoding"] = encoding_from_dict(data["encoding"])
         for key in ("mean", "std"):
-            if key in data:
+            if isinstance(data.get(key), list):  # anything else is refused by __post_init__, naming it
                 data[key] = tuple(data[key])
         return cls(**data)
 

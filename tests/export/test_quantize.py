@@ -122,7 +122,7 @@ def test_calibration_and_the_plan_check_never_read_the_test_split(tmp_path, monk
     model = load_model(model_dir(DEFAULT_ZOO_MODEL))
     manifest = export(model, [(48, 48)], tmp_path, precisions=["int8"], calibration=CalibrationOptions(samples=16, held_out=32))
     assert set(splits) == {"train", "val"}  # control: the spy sees the dataset being read
-    assert "train split" in manifest.graphs[0].quantization["calibration_data"]
+    assert "train split" in manifest.graph((48, 48), "int8").quantization["calibration_data"]
 
 
 def test_nan_calibration_is_refused_with_nodes_named_and_nothing_written(tmp_path, monkeypatch):
@@ -207,7 +207,7 @@ def test_validate_passes_int8_on_a_trained_model_and_fails_a_planted_bad_scale(t
     scale.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(scale) * 30, scale.name))
     onnx.save(proto, str(path))
     manifest = json.loads((out / MANIFEST_FILE).read_text())
-    manifest["graphs"][0]["sha256"] = sha256_file(path)
+    next(g for g in manifest["graphs"] if g["file"] == path.name)["sha256"] = sha256_file(path)
     (out / MANIFEST_FILE).write_text(json.dumps(manifest))
     (bad,) = validate(out, precision="int8").records
     assert not bad.passed and any("mean cosine" in f or "top-1" in f for f in bad.failures), bad.failures
@@ -235,5 +235,5 @@ def test_attention_products_quantized_on_request(tmp_path):
     dequantized = _dequantized_inputs(proto)
     products = [n for n in proto.graph.node if n.op_type == "MatMul" and not set(n.input) & weights and len(dequantized[n.name]) == 2]
     assert len(products) == 2 * 2  # q·kᵀ and attention·v in both blocks, both inputs int8
-    details = manifest.graphs[0].quantization
+    details = manifest.graph(RES, "int8").quantization
     assert details["attention_int8"] and "attention" not in details["float_nodes"]

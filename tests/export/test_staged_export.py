@@ -34,7 +34,8 @@ def tiny(seed: int = 0):
 @pytest.fixture(scope="module")
 def previous(tmp_path_factory):
     """An export of weights A at 32 px, plus what later steps leave beside it: an engine and its
-    fingerprint for model_32.onnx, a validation report, a timing cache."""
+    fingerprint for model_32.onnx, a validation report (written there by the user: not
+    deploykit's to delete without --force), a timing cache."""
     out = tmp_path_factory.mktemp("previous") / "out"
     export(tiny(0), [(32, 32)], out)
     for name, text in (("model_32.trt.engine", "engine"), ("model_32.trt.json", "{}"), ("report.json", "[]"), ("timing.cache", "c")):
@@ -80,7 +81,7 @@ def test_interrupted_reexport_leaves_the_previous_export_byte_for_byte(existing,
     before = snapshot(existing)
     progress = _interrupt_at(where, monkeypatch)
     with pytest.raises(KeyboardInterrupt):
-        export(tiny(1), [(32, 32), (48, 48)], existing, progress=progress)  # other weights
+        export(tiny(1), [(32, 32), (48, 48)], existing, progress=progress, force=True)  # other weights; --force: its report may go
     assert snapshot(existing) == before
     assert _leftovers(existing.parent) == []  # no staging directory left beside it
 
@@ -96,7 +97,7 @@ def test_interrupted_fresh_export_leaves_nothing(tmp_path, monkeypatch, where):
 
 
 def test_reexport_of_other_weights_leaves_only_the_new_export(existing):
-    export(tiny(1), [(48, 48)], existing)
+    export(tiny(1), [(48, 48)], existing, force=True)  # the report is not deploykit's to delete unasked
     assert sorted(p.name for p in existing.iterdir()) == ["config.json", "manifest.json", "model.safetensors", "model_48.onnx"]
     assert _leftovers(existing.parent) == []  # neither the staging directory nor the previous export
     assert [g.file for g in Manifest.read(existing).graphs] == ["model_48.onnx"]
@@ -104,7 +105,7 @@ def test_reexport_of_other_weights_leaves_only_the_new_export(existing):
 
 def test_reexport_of_the_same_weights_adds_resolutions_and_keeps_engines_of_unchanged_graphs(existing):
     graph_before = (existing / "model_32.onnx").read_bytes()
-    export(tiny(0), [(48, 48)], existing)
+    export(tiny(0), [(48, 48)], existing, force=True)
     manifest = Manifest.read(existing)
     assert [g.file for g in manifest.graphs] == ["model_32.onnx", "model_48.onnx"]
     assert (existing / "model_32.onnx").read_bytes() == graph_before
@@ -121,7 +122,7 @@ def test_reexport_of_the_same_weights_adds_resolutions_and_keeps_engines_of_unch
 
 
 def test_engines_of_a_graph_that_changed_do_not_survive(existing):
-    export(tiny(0), [(32, 32)], existing, opset=17)  # same weights, same file name, other bytes
+    export(tiny(0), [(32, 32)], existing, opset=17, force=True)  # same weights, same file name, other bytes
     assert graph_opset(onnx.load(str(existing / "model_32.onnx"))) == 17
     assert not (existing / "model_32.trt.engine").exists() and not (existing / "model_32.trt.json").exists()
     assert Manifest.read(existing).graphs[0].opset == 17

@@ -160,7 +160,7 @@ def test_headless_per_token_features_and_refused_pools():
         assert model(torch.randn(1, 3, 32, 64)).shape == (1, 1 + 8, 192)
     with pytest.raises(ConfigError, match="attention pooling 'map' is not supported"):
         create_model("vit_tiny_patch16", global_pool="map")
-    with pytest.raises(ConfigError, match="'token' needs the class token"):
+    with pytest.raises(ConfigError, match="'token' needs class_token true"):
         create_model("vit_tiny_patch16", global_pool="token", class_token=False)
     with pytest.raises(ConfigError, match="mlp_layer must be one of"):
         create_model("vit_tiny_patch16", mlp_layer="geglu")
