@@ -663,7 +663,7 @@ def serve(
         limits=limits,
         max_request_bytes=max_request_bytes,
         drain_timeout_s=drain_timeout,
-        verbosity=_verbosity(),
+        verbosity=verbosity(),
     )
     stop = threading.Event()  # SIGTERM or Ctrl-C: stop taking requests, answer those in flight, exit 0
     for signum in (signal.SIGTERM, signal.SIGINT):
