@@ -134,6 +134,9 @@ def export_models(args, checks: Checks, work: Path) -> dict[str, Path]:
     from deploykit.encodings import list_encodings
     from deploykit.export import export
     from deploykit.export.precision import PRECISIONS
+    from deploykit.export.quantize import CalibrationOptions
+
+    calibration = CalibrationOptions(samples=args.calibration_samples, held_out=args.held_out, min_agreement=args.min_agreement)
     from deploykit.nn import create_model
     from deploykit.nn.resolve import resolve_model
 
@@ -150,7 +153,7 @@ def export_models(args, checks: Checks, work: Path) -> dict[str, Path]:
                 model, _ = resolve_model(encoding=encoding)
             base = model.default_shape
             resolutions = [tuple(base), *([] if args.one_resolution else [tuple(2 * s for s in base)])]
-            manifest = export(model, resolutions, out, precisions=list(PRECISIONS))
+            manifest = export(model, resolutions, out, precisions=list(PRECISIONS), calibration=calibration)
             return {"graphs": [g.file for g in manifest.graphs]}
 
         if checks.run(f"export {encoding}", do_export) is not None:
@@ -592,6 +595,14 @@ def main(argv=None) -> int:
     parser.add_argument("--one-resolution", action="store_true", help="export the model's own resolution only")
     parser.add_argument("--budget", type=float, default=1.0, help="seconds per profile measurement")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--calibration-samples", type=int, default=128, help="INT8 calibration inputs per export")
+    parser.add_argument("--held-out", type=int, default=1000, help="held-out inputs the INT8 plan is checked on")
+    parser.add_argument(
+        "--min-agreement",
+        type=lambda v: None if v == "none" else float(v),
+        default=0.995,
+        help="INT8 agreement target ('none': no float fallback; for the CPU smoke run on an untrained model, where agreement means nothing)",
+    )
     parser.add_argument("--plugin-library", default=None, help="a TensorRT plugin library (.so) to build the graphs with, for its checks")
     parser.add_argument("--worker", choices=sorted(FLAVOURS), default=None, help=argparse.SUPPRESS)
     parser.add_argument("items", nargs="*", help=argparse.SUPPRESS)

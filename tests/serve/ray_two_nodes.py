@@ -45,6 +45,7 @@ def main(export_dir: str, requests: int) -> dict:
         (port,) = free_ports(1)
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         handle = serve.run(build_app(export_dir, options), name="deploykit", route_prefix="/")
+        _wait_for_route(port)
         astronaut, chelsea = sample_images(2)
         images = [astronaut, np.ascontiguousarray(chelsea[:32, :32])]
         pending = [handle.classify.remote(images[i % 2]) for i in range(requests)]
@@ -73,6 +74,25 @@ def _png(image: np.ndarray) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(image).save(buf, format="PNG")
     return buf.getvalue()
+
+
+def _wait_for_route(port: int, bound_s: float = 300) -> None:
+    """Poll the Serve proxy's route table until it serves ``/``: serve.run returns when the
+    replicas run, and the proxy learns the route after that (seconds on a busy machine). The bound
+    is a guard against a proxy that never starts, not a timing."""
+    import time
+
+    deadline = time.monotonic() + bound_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/routes", timeout=30) as response:
+                if "/" in json.loads(response.read()):
+                    return
+        except (OSError, ValueError):  # not listening yet, or not answering JSON yet
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"Ray Serve's proxy on port {port} did not route / within {bound_s:.0f} s")
+        time.sleep(0.5)
 
 
 def _post(port: int, body: bytes) -> list:
