@@ -17,6 +17,11 @@ _WALK_ERRORS: list[str] = []
 
 def _all_modules() -> list[str]:
     names = [info.name for info in pkgutil.walk_packages(deploykit.__path__, prefix="deploykit.", onerror=_WALK_ERRORS.append)]
+    # plugins/ installs as deploykit.plugins: its own path, walked from the package as imported
+    plugins = importlib.import_module("deploykit.plugins")
+    names += ["deploykit.plugins"] + [
+        i.name for i in pkgutil.walk_packages(plugins.__path__, prefix="deploykit.plugins.", onerror=_WALK_ERRORS.append)
+    ]
     return sorted(set(names))
 
 
@@ -26,7 +31,13 @@ OPTIONAL = ("tensorrt_rtx", "tensorrt", "polygraphy", "skimage", "triton")
 
 def test_walk_found_the_package():
     assert not _WALK_ERRORS, f"packages that failed to import while walking: {_WALK_ERRORS}"
-    for expected in ("deploykit.cli", "deploykit.nn.checkpoint", "deploykit.export.bundle", "deploykit.backends.tensorrt"):
+    for expected in (
+        "deploykit.cli",
+        "deploykit.nn.checkpoint",
+        "deploykit.export.bundle",
+        "deploykit.backends.tensorrt",
+        "deploykit.plugins.sape2.kernels",
+    ):
         assert expected in MODULES
 
 

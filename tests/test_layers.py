@@ -8,9 +8,7 @@ import is still a dependency), so the test needs none of the optional packages.
 import ast
 from pathlib import Path
 
-import deploykit
-
-PACKAGE = Path(deploykit.__file__).parent
+from tests.package_layout import modules, package_dirs, source_packages
 
 # Lowest first. A module belongs to the longest prefix listed; it may import its own layer and
 # the layers below. Where the small shared modules sit, and why:
@@ -68,13 +66,13 @@ LAYERS = [
 ROOT = "deploykit"
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
 def _modules() -> dict[str, Path]:
-    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if "__pycache__" not in p.parts}
+    return modules()  # as installed: plugins/ is deploykit.plugins
+
+
+def test_every_source_package_is_installed():
+    """A directory of modules the build configuration does not list would be missing from a wheel."""
+    assert source_packages() == set(package_dirs().values())
 
 
 def _imports(name: str, path: Path, known: set[str]) -> set[str]:

@@ -1,4 +1,4 @@
-"""ruff (lint and format, configured in pyproject.toml) is clean on the package, the tests and
+"""ruff (lint and format, configured in pyproject.toml) is clean on the package, its plugins, the tests and
 the benchmarks; the test command runs it, so a style regression fails CI with ruff's own report."""
 
 import subprocess
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PATHS = ["deploykit", "tests", "benchmarks"]
+PATHS = ["deploykit", "plugins", "tests", "benchmarks"]
 
 
 @pytest.mark.parametrize("command", [["check"], ["format", "--check"]], ids=["lint", "format"])

@@ -15,7 +15,7 @@ pytest.importorskip("triton", reason="Triton not installed (pip install 'deployk
 
 from deploykit.errors import MissingDependencyError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]  # the repository
 
 
 @pytest.fixture(scope="module")
