@@ -53,7 +53,10 @@ def test_cli_profile_on_rtx_notes_what_it_cannot_time(export_dir, tmp_path, caps
     report = json.loads((tmp_path / "p.json").read_text())
     assert {(r["backend"], r["encoding"]) for r in report["records"]} == {("ort", "rope-axial"), ("ort", "ape")}
     notes = report["notes"]
-    assert "ape on rtx @ 32: not profiled: the APE baseline is exported in memory, so no engine was built for it" in notes
+    assert (
+        "ape on rtx @ 32: not profiled: the APE baseline is exported by profile into a temporary directory, so no engine was built for it"
+        in notes
+    )
     assert any(n.startswith("rope-axial on rtx @ 48: not profiled: no rtx engine for model_48.onnx; run: deploykit build") for n in notes)
     if not torch.cuda.is_available():
         assert any(n.startswith("rope-axial on rtx @ 32: not profiled: the rtx runner needs a CUDA GPU") for n in notes)
@@ -92,12 +95,14 @@ def test_engine_backend_gets_the_export_s_graph_and_records_cuda_graph_use(expor
         device="cpu",
         cuda_graphs=cuda_graphs,
     )
-    assert _StandInEngine.given == [export_dir / "model_32.onnx"]  # a path in the export, never in-memory bytes
+    assert _StandInEngine.given == [export_dir / "model_32.onnx"]  # the export's own graph; never the APE twin's
     by_key = {(r["backend"], r["encoding"]): r for r in result.records}
     assert set(by_key) == {("ort", "rope-axial"), ("ort", "ape"), ("rtx", "rope-axial")}
     assert by_key["rtx", "rope-axial"]["cuda_graph"] is cuda_graphs and by_key["rtx", "rope-axial"]["ratio_vs_ape"] is None
     assert by_key["ort", "ape"]["provider"] in onnxruntime.get_available_providers()
-    assert result.notes == ["ape on rtx @ 32: not profiled: the APE baseline is exported in memory, so no engine was built for it"]
+    assert result.notes == [
+        "ape on rtx @ 32: not profiled: the APE baseline is exported by profile into a temporary directory, so no engine was built for it"
+    ]
 
 
 def test_torch_records_say_what_ran(export_dir):

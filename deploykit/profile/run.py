@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tempfile
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -43,7 +45,7 @@ def _check_inputs(subjects: list[Subject], resolutions, batches, backends, preci
             check_export_shape(subject.model, resolution)  # ResolutionError with a hint, before any work
     for precision in precisions:
         check_precision(precision)
-        missing = [resolution_tag(r) for r in resolutions if not subjects[0].has(r, precision)]
+        missing = [resolution_tag(r) for r in resolutions if subjects[0].graphs and not subjects[0].has(r, precision)]
         if missing:
             raise ConfigError(f"no {precision} graph at {', '.join(missing)}; run deploykit export --precision {precision}")
     if not batches or min(batches) < 1:
@@ -82,8 +84,10 @@ def profile(
         resolutions: ``(height, width)`` pairs, multiples of the patch size.
         batches: batch sizes.
         backends: ``"torch"`` and/or names from ``deploykit.backends.registry.RUNNER_FACTORIES``.
-        precisions: precision plans the ONNX runners time, interleaved (an export directory's,
-            or built in memory as ``export`` would write them); PyTorch eager runs fp32 only.
+        precisions: precision plans the ONNX runners time, interleaved: an export directory's, or,
+            for a model given as such (and the APE twin), the graphs ``deploykit.export.export``
+            writes into a temporary directory for this run, each plan once; PyTorch eager runs
+            fp32 only.
         budget: time per measurement.
         compare_ape: add the same trunk with a learned APE when no APE model is given, and
             report every encoding's latency as a ratio to it.
@@ -120,6 +124,37 @@ def profile(
     if compare_ape and BASELINE_ENCODING not in [s.encoding for s in subjects]:
         subjects.append(Subject(ape_twin(subjects[0].model, max((r[0] for r in resolutions), default=0)), baseline=True))
     _check_inputs(subjects, resolutions, batches, backends, precisions)
+    with tempfile.TemporaryDirectory(prefix="deploykit-profile-") as work:
+        if any(b != TORCH_BACKEND for b in backends):  # graphs for the models given without an export directory
+            subjects = [_exported(s, resolutions, precisions, Path(work) / f"{i}-{s.encoding}", progress) for i, s in enumerate(subjects)]
+        return _profile(
+            subjects,
+            label,
+            resolutions,
+            batches,
+            backends,
+            precisions,
+            budget,
+            end_to_end,
+            device,
+            progress,
+            dict(plugins=plugins, cuda_graph=cuda_graphs, allow_cpu_fallback=allow_cpu_fallback),
+            validate_plans,
+        )
+
+
+def _exported(subject: Subject, resolutions, precisions, directory: Path, progress) -> Subject:
+    """``subject`` itself when it has its graphs (an export directory's), else exported once."""
+    if subject.graphs:
+        return subject
+    if progress:
+        progress(f"exporting {subject.encoding}{' (APE baseline)' if subject.baseline else ''}")
+    return Subject.exported(subject.model, resolutions, precisions, directory, subject.baseline)
+
+
+def _profile(
+    subjects, label, resolutions, batches, backends, precisions, budget, end_to_end, device, progress, runner_options, validate_plans
+):
     torch_device = _resolve_device(device)
     settings = dict(
         model=label,
@@ -136,7 +171,6 @@ def profile(
     )
     records: list[dict] = []
     notes: list[str] = []
-    runner_options = dict(plugins=plugins, cuda_graph=cuda_graphs, allow_cpu_fallback=allow_cpu_fallback)
     checks = References() if validate_plans else None
     with flush_denormal():
         environment = capture_environment(torch_device)
@@ -191,7 +225,11 @@ def _profile_resolution(
     records = []
     for backend in backends:
         # (subject, precision) lanes of this backend, interleaved round by round; PyTorch runs fp32 only.
-        lanes = [(s, p) for p in ([FP32] if backend == TORCH_BACKEND else precisions) for s in subjects if s.has(resolution, p)]
+        lanes = (
+            [(s, FP32) for s in subjects]
+            if backend == TORCH_BACKEND
+            else [(s, p) for p in precisions for s in subjects if s.has(resolution, p)]
+        )
         targets = []
         try:
             targets = _open_targets(backend, lanes, resolution, device, runner_options, progress, notes)

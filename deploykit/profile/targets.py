@@ -21,7 +21,7 @@ from deploykit.encodings import Hook, encoding_name, get_config
 from deploykit.errors import ConfigError, DeployKitError
 from deploykit.export.bundle import load_reference
 from deploykit.export.manifest import Manifest
-from deploykit.export.onnx_export import BakedModel, onnx_from_model
+from deploykit.export.onnx_export import BakedModel
 from deploykit.nn.factory import Model, build_model
 from deploykit.nn.sequence import SequenceConfig
 from deploykit.nn.vit import VisionTransformer
@@ -36,21 +36,20 @@ FRAME_SHAPE = (480, 640, 3)
 
 @dataclass
 class Subject:
-    """One model to profile, and ONNX graphs already exported for it. A subject made from a model
-    builds the graphs it is asked for in memory (each precision plan as ``export`` writes it); one
-    read from an export directory times only what was exported there.
+    """One model to profile, and the ONNX graphs exported for it: an export directory's, or, for a
+    model given as such, the ones ``profile`` exports through the normal export path into a
+    temporary directory (``exported``), each precision plan once (an int8 plan calibrated and
+    checked as ``deploykit export`` does, not a second way).
 
     Attributes:
         model: the trunk with its encoding.
-        graphs: ``(resolution, precision)`` → ``.onnx`` path (from an export directory).
-        exported_only: refuse graphs that are not in ``graphs`` (an export directory's subject).
+        graphs: ``(resolution, precision)`` → ``.onnx`` path.
+        baseline: the APE twin ``profile`` adds.
     """
 
     model: VisionTransformer
     graphs: dict[tuple[tuple[int, int], str], Path] = field(default_factory=dict)
-    exported_only: bool = False
     baseline: bool = False  # the APE twin profile adds
-    _built: dict[tuple[tuple[int, int], str], bytes] = field(default_factory=dict, repr=False)
 
     @property
     def encoding(self) -> str:
@@ -62,24 +61,16 @@ class Subject:
         return list(dict.fromkeys(resolution for resolution, _ in self.graphs))
 
     def has(self, resolution: tuple[int, int], precision: str) -> bool:
-        return not self.exported_only or (tuple(resolution), precision) in self.graphs
+        return (tuple(resolution), precision) in self.graphs
 
-    def onnx(self, resolution: tuple[int, int], precision: str = FP32) -> Path | bytes:
+    def onnx(self, resolution: tuple[int, int], precision: str = FP32) -> Path:
         key = (tuple(resolution), precision)
-        if key in self.graphs:
-            return self.graphs[key]
-        if self.exported_only:
+        if key not in self.graphs:
             raise ConfigError(f"no {precision} graph at {resolution_tag(resolution)}; run deploykit export --precision {precision}")
-        if key not in self._built:
-            from deploykit.export.bundle import planned_graph
-
-            fp32 = onnx_from_model(self.model, resolution)
-            planned = fp32 if precision == FP32 else planned_graph(fp32, self.model, resolution, precision)
-            self._built[key] = planned.SerializeToString()
-        return self._built[key]
+        return self.graphs[key]
 
     def graph_hashes(self) -> dict[tuple[str, str], str]:
-        """``(resolution tag, precision)`` → sha256 of each exported graph (none for an in-memory subject)."""
+        """``(resolution tag, precision)`` → sha256 of each graph."""
         from deploykit.export.manifest import sha256_file
 
         return {(resolution_tag(r), p): sha256_file(path) for (r, p), path in self.graphs.items()}
@@ -87,11 +78,34 @@ class Subject:
     @classmethod
     def from_export_dir(cls, directory: str | os.PathLike, precisions: Sequence[str] = (FP32,)) -> Subject:
         """The reference model and the (unchanged) graphs of each precision plan of an export directory."""
-        from deploykit.export.manifest import checked_graph  # refuses files changed since export
+        return cls(load_reference(directory), _graphs(directory, precisions))
 
-        manifest = Manifest.read(directory)
-        graphs = {(tuple(g.resolution), g.precision): checked_graph(Path(directory), g) for p in precisions for g in manifest.graphs_at(p)}
-        return cls(load_reference(directory), graphs, exported_only=True)
+    @classmethod
+    def exported(
+        cls,
+        model: VisionTransformer,
+        resolutions: Sequence[tuple[int, ...]],
+        precisions: Sequence[str],
+        directory: Path,
+        baseline: bool = False,
+        progress: Callable[[str], None] | None = None,
+    ) -> Subject:
+        """``model`` exported by ``deploykit.export.export`` into ``directory`` (new), and its graphs."""
+        from deploykit.export.bundle import export
+
+        export(model, resolutions, directory, precisions=list(dict.fromkeys([FP32, *precisions])), progress=progress)
+        return cls(model, _graphs(directory, precisions), baseline)
+
+
+def _graphs(directory: str | os.PathLike, precisions: Sequence[str]) -> dict[tuple[tuple[int, int], str], Path]:
+    from deploykit.export.manifest import checked_graph  # refuses files changed since export
+
+    manifest = Manifest.read(directory)
+    return {
+        (tuple(g.resolution), g.precision): checked_graph(Path(directory), g, manifest.encoding)
+        for p in precisions
+        for g in manifest.graphs_at(p)
+    }
 
 
 def ape_twin(model: Model, max_length: int = 0) -> Model:
@@ -186,13 +200,12 @@ def open_target(backend: str, subject: Subject, resolution: tuple[int, int], pre
     # An engine exists only beside a graph of an export directory (deploykit build wrote it).
     plan = "" if precision == FP32 else f" {precision}"
     where = f"{subject.encoding}{plan} on {backend} @ {resolution_tag(resolution)}"
-    if (resolution, precision) not in subject.graphs:
-        why = (
-            "the APE baseline is exported in memory, so no engine was built for it"
-            if subject.baseline
-            else "no exported graph at this resolution, so no engine"
+    if subject.baseline:
+        raise Unavailable(
+            f"{where}: not profiled: the APE baseline is exported by profile into a temporary directory, so no engine was built for it"
         )
-        raise Unavailable(f"{where}: not profiled: {why}")
+    if (resolution, precision) not in subject.graphs:
+        raise Unavailable(f"{where}: not profiled: no exported graph at this resolution, so no engine")
     try:
         return RunnerTarget(create_runner(backend, subject.graphs[resolution, precision], **runner_options))
     except DeployKitError as err:  # no engine built, a stale one, no GPU: said, not a traceback
