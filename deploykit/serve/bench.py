@@ -98,15 +98,18 @@ class BenchReport:
 
 
 def latency_stats(latencies_ns: Sequence[int], wall_s: float) -> dict:
-    """Throughput and latency percentiles of one level."""
-    ms = np.asarray(latencies_ns, dtype=np.float64) / 1e6
+    """Throughput (requests over the level's wall time: they overlap) and latency percentiles of
+    one level, the percentiles as ``profile`` computes them (``LatencyStats``)."""
+    from deploykit.profile.timing import LatencyStats
+
+    stats = LatencyStats.from_ns(latencies_ns)
     return {
-        "requests": len(ms),
-        "throughput_rps": len(ms) / wall_s,
-        "p50_ms": float(np.percentile(ms, 50)),
-        "p99_ms": float(np.percentile(ms, 99)),
-        "mean_ms": float(ms.mean()),
-        "max_ms": float(ms.max()),
+        "requests": stats.n,
+        "throughput_rps": stats.n / wall_s,
+        "p50_ms": stats.p50_ms,
+        "p99_ms": stats.p99_ms,
+        "mean_ms": stats.mean_ms,
+        "max_ms": stats.max_ms,
     }
 
 
