@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from deploykit import imaging
 from deploykit.encodings import (
     EncodingConfig,
     Hook,
@@ -91,6 +92,9 @@ class ViTConfig:
         mean, std: input normalisation the model expects (per channel, on [0, 1] pixels).
         dataset: the ``deploykit.zoo`` dataset the weights were trained on, if any; validation
             then takes its real inputs from that dataset's test split.
+        crop_pct, crop_mode, interpolation: how an image becomes an input, with ``mean``/``std``
+            (timm's eval transform, ``deploykit.imaging.Preprocessing``; an import from timm
+            takes them from the model's ``pretrained_cfg``).
     """
 
     img_size: int = 224
@@ -114,6 +118,9 @@ class ViTConfig:
     std: tuple[float, float, float] = (0.229, 0.224, 0.225)
     encoding: EncodingConfig = field(default_factory=lambda: get_config("ape"))
     dataset: str | None = None
+    crop_pct: float = imaging.DEFAULT_CROP_PCT
+    crop_mode: str = "center"
+    interpolation: str = "bicubic"
 
     # What config.json must say: the architecture and encoding have no default that fits every
     # checkpoint. Missing other fields take timm's ViT values (mlp_ratio 4, qkv bias, class
@@ -137,6 +144,15 @@ class ViTConfig:
         if self.mlp_layer not in MLP_LAYERS:
             raise ConfigError(f"mlp_layer must be one of {MLP_LAYERS}, got {self.mlp_layer!r}")
         check_normalisation(self.mean, self.std)
+        try:
+            imaging.check_preprocessing(self.crop_pct, self.crop_mode, self.interpolation)
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
+
+    @property
+    def preprocessing(self) -> imaging.Preprocessing:
+        """How an image becomes this model's input (calibration, validation and serving use it)."""
+        return imaging.Preprocessing(self.mean, self.std, self.crop_pct, self.crop_mode, self.interpolation)
 
     @property
     def num_prefix_tokens(self) -> int:
