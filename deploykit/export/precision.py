@@ -127,7 +127,13 @@ def check_precision(precision: str) -> PrecisionPlan:
 
 
 def apply_precision(
-    proto: onnx.ModelProto, precision: str, calibration=None, target=None, progress=None, attention: bool | None = None
+    proto: onnx.ModelProto,
+    precision: str,
+    calibration=None,
+    target=None,
+    progress=None,
+    attention: bool | None = None,
+    keep_float: tuple[str, ...] = (),
 ) -> onnx.ModelProto:
     """Return a copy of an fp32 ``proto`` rewritten to the ``precision`` plan (``PLANS``).
 
@@ -135,10 +141,11 @@ def apply_precision(
         proto: an fp32 graph from ``onnx_from_model``.
         precision: a key of ``PLANS``.
         calibration: ``deploykit.export.quantize.Calibration``, for plans with ``calibrated``.
-        target: optional ``deploykit.export.quantize.AgreementTarget`` for the ``int8`` plan.
+        target: optional ``deploykit.export.sensitivity.QualityTarget`` for the ``int8`` plan.
         progress: optional callable taking a status line (calibration can take minutes).
         attention: ``int8``: quantize the attention products too (None: the measured choice,
             ``deploykit.export.quantize.ATTENTION_INT8``).
+        keep_float: ``int8``: module-path patterns kept float (``--keep-float``).
 
     Returns:
         The planned model, with ``deploykit.precision`` in its metadata.
@@ -153,7 +160,7 @@ def apply_precision(
     if plan.calibrated and calibration is None:
         raise ConfigError(f"the {precision} plan needs calibration inputs")
     if plan.name == "int8":
-        out = quantize.quantize_static_int8(proto, calibration, quantize.attention_int8(proto, attention), target, progress)
+        out = quantize.quantize_static_int8(proto, calibration, quantize.attention_int8(proto, attention), target, progress, keep_float)
     elif plan.name == "int8-dynamic":
         out = quantize.quantize_dynamic_int8(proto)
     elif plan.name == "fp32-mha":
