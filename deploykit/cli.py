@@ -19,7 +19,7 @@ from deploykit.errors import DeployKitError
 
 # The precision plans (deploykit.export.precision.PLANS), spelled out so --help needs no onnx
 # import; tests/test_cli.py checks the two agree.
-PLAN_NAMES = ("fp32", "fp16", "bf16", "int8", "int8-dynamic", "fp32-mha")
+PLAN_NAMES = ("fp32", "fp16", "bf16", "int8", "int8-dynamic", "int8-mha", "fp32-mha")
 
 
 class _Resolution(click.ParamType):
@@ -163,7 +163,7 @@ def cli(ctx, quiet, verbose):
     type=click.Choice(PLAN_NAMES),
     multiple=True,
     help="Repeatable precision plan written beside fp32: fp16/bf16 (casts), int8 (Q/DQ, calibrated; ORT and TensorRT), "
-    "int8-dynamic and fp32-mha (ONNX Runtime only). Tables, rotations, gates, LayerNorm, Softmax, logits stay float.",
+    "int8-dynamic, int8-mha and fp32-mha (ONNX Runtime only). Tables, rotations, gates, LayerNorm, Softmax, logits stay float.",
 )
 @click.option(
     "--calibration-data",
@@ -422,7 +422,7 @@ def _print_report(console, report) -> None:
     "precisions",
     type=click.Choice(PLAN_NAMES),
     multiple=True,
-    help="Repeatable; default every exported plan TensorRT can build (int8-dynamic and fp32-mha are ONNX Runtime only).",
+    help="Repeatable; default every exported plan TensorRT can build (int8-dynamic, int8-mha and fp32-mha are ONNX Runtime only).",
 )
 @click.option("--resolution", "-r", "resolutions", type=RESOLUTION, multiple=True, help="Repeatable; default every exported one.")
 @click.option("--workspace", "workspace_mib", type=click.IntRange(min=1), default=None, help="Workspace limit in MiB.")

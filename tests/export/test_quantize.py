@@ -205,6 +205,29 @@ def test_dynamic_and_fused_attention_plans_validate(tmp_path):
     assert json.loads(json.dumps(report.to_json()))[0]["precision"] == "fp32-mha"
 
 
+def test_int8_mha_is_the_int8_plan_with_its_float_attention_fused(tmp_path):
+    """Same calibration and fallback as ``int8``; the attention core becomes MultiHeadAttention."""
+    from deploykit.export.quantize import run_graph
+    from deploykit.validate import validate
+
+    model = load_model(model_dir(DEFAULT_ZOO_MODEL))
+    options = CalibrationOptions(samples=32, held_out=64)
+    export(model, [(48, 48)], tmp_path, precisions=["int8", "int8-mha"], calibration=options)
+    int8, fused = (onnx.load(str(tmp_path / f"model_48_{p}.onnx")) for p in ("int8", "int8-mha"))
+    ops = [n.op_type for n in fused.graph.node]
+    assert ops.count("MultiHeadAttention") == model.cfg.depth and "Softmax" not in ops
+    assert ops.count("QuantizeLinear") == [n.op_type for n in int8.graph.node].count("QuantizeLinear") > 0
+    assert graph_quantization(fused)["kept_float"] == graph_quantization(int8)["kept_float"]
+    inputs = deploykit.data.dataset_inputs(model.cfg.dataset, (48, 48), model.cfg.mean, model.cfg.std, 16)
+    # Equal but for summation order (which can move a value across an int8 rounding step downstream).
+    a, b = run_graph(fused, inputs), run_graph(int8, inputs)
+    assert (
+        np.mean(a.argmax(-1) == b.argmax(-1)) >= 15 / 16
+        and np.min(np.sum(a * b, -1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)) > 0.999
+    )
+    assert validate(tmp_path, precision="int8-mha", num_random=1, num_real=8)
+
+
 def test_validate_passes_int8_on_a_trained_model_and_fails_a_planted_bad_scale(tmp_path):
     from deploykit.export.manifest import MANIFEST_FILE, sha256_file
     from deploykit.validate import validate
