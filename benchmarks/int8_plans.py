@@ -42,7 +42,7 @@ from deploykit.profile import Budget, LatencyStats, measure
 from deploykit.profile.environment import capture_environment
 
 RESULTS = Path(__file__).parent / "results"
-PLANS = ("fp32", "int8", "int8-dynamic", "fp32-mha")
+PLANS = ("fp32", "int8", "int8-dynamic", "int8-mha", "fp32-mha")
 SPEED_CALIBRATION = CalibrationOptions(samples=16, held_out=16, min_agreement=None)
 
 

@@ -82,9 +82,7 @@ def run_graph(proto: onnx.ModelProto, inputs: np.ndarray, optimize: bool) -> np.
 
 def measure(encoding: str) -> list[dict]:
     model = default_model(encoding=encoding)
-    inputs = np.concatenate(
-        [random_inputs(NUM_RANDOM, RESOLUTION, seed=0), real_inputs(RESOLUTION, model.cfg.mean, model.cfg.std, NUM_REAL)]
-    )
+    inputs = np.concatenate([random_inputs(NUM_RANDOM, RESOLUTION, seed=0), real_inputs(RESOLUTION, model.cfg.preprocessing, NUM_REAL)])
     with TorchRunner(model, dtype=torch.float32) as runner:
         reference = run_batched(runner, inputs, 8)["logits"]
     fp32 = onnx_from_model(model, RESOLUTION)

@@ -20,7 +20,7 @@ from deploykit.errors import DeployKitError
 
 # The precision plans (deploykit.export.precision.PLANS), spelled out so --help needs no onnx
 # import; tests/test_cli.py checks the two agree.
-PLAN_NAMES = ("fp32", "fp16", "bf16", "int8", "int8-dynamic", "fp32-mha")
+PLAN_NAMES = ("fp32", "fp16", "bf16", "int8", "int8-dynamic", "int8-mha", "fp32-mha")
 
 
 class _Resolution(click.ParamType):
@@ -136,14 +136,22 @@ def cli():
     type=click.Choice(PLAN_NAMES),
     multiple=True,
     help="Repeatable precision plan written beside fp32: fp16/bf16 (casts), int8 (Q/DQ, calibrated; ORT and TensorRT), "
-    "int8-dynamic and fp32-mha (ONNX Runtime only). Tables, rotations, gates, LayerNorm, Softmax, logits stay float.",
+    "int8-dynamic, int8-mha and fp32-mha (ONNX Runtime only). Tables, rotations, gates, LayerNorm, Softmax, logits stay float.",
+)
+@click.option(
+    "--calibration-data",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="int8: your inputs: a folder of images (recursive), a text file listing image paths, or a .npy/.npz of "
+    "preprocessed arrays; split into calibration and held-out inputs (default: a zoo model's dataset, else crops of "
+    "the bundled images).",
 )
 @click.option(
     "--calibration-samples",
     type=click.IntRange(min=1),
     default=128,
     show_default=True,
-    help="int8: real inputs to calibrate on (a zoo model's train split, else crops of the bundled images).",
+    help="int8: real inputs to calibrate on (the rest of --calibration-data is held out).",
 )
 @click.option(
     "--calibration-method",
@@ -166,6 +174,26 @@ def cli():
     default=1000,
     show_default=True,
     help="int8: held-out inputs (a zoo model's val split, else other crops) the plan is checked on.",
+)
+@click.option(
+    "--min-cosine",
+    type=click.FloatRange(0, 1, min_open=True),
+    default=0.995,  # CalibrationOptions.min_cosine
+    show_default=True,
+    help="int8, features models (num_classes=0): mean per-token cosine with fp32 to reach on held-out inputs.",
+)
+@click.option(
+    "--max-relative-error",
+    type=click.FloatRange(0, min_open=True),
+    default=None,
+    help="int8, features models: also a mean per-token relative error with fp32 to stay under.",
+)
+@click.option(
+    "--keep-float",
+    "keep_float",
+    multiple=True,
+    metavar="PATTERN",
+    help="int8: repeatable; keep the layers whose module path matches float (wildcards: blocks.*.mlp.fc2, blocks.11.*).",
 )
 @click.option(
     "--int8-attention",
@@ -194,10 +222,14 @@ def export(
     output,
     opset,
     precisions,
+    calibration_data,
     calibration_samples,
     calibration_method,
     min_agreement,
     held_out,
+    min_cosine,
+    max_relative_error,
+    keep_float,
     int8_attention,
     resolution_range,
     options,
@@ -207,6 +239,7 @@ def export(
     from deploykit.export import DEFAULT_OPSET
     from deploykit.export import export as export_model
     from deploykit.export.quantize import CalibrationOptions
+    from deploykit.inputs import UserCalibration, read_inputs
     from deploykit.nn.resolve import resolve_model
     from deploykit.resolutions import resolution_tag
 
@@ -219,6 +252,10 @@ def export(
         min_agreement=min_agreement or None,
         held_out=held_out,
         attention=True if int8_attention else None,
+        keep_float=keep_float,
+        min_cosine=min_cosine,
+        max_relative_error=max_relative_error,
+        data=UserCalibration(read_inputs(calibration_data)) if calibration_data else None,
     )
     with _steps(console, "export") as step:
         manifest = export_model(
@@ -238,22 +275,15 @@ def export(
         if graph.resolution_range:
             where = f"{' to '.join(resolution_tag(r) for r in graph.resolution_range)}, tuned for {where}"
         console.print(f"[green]✓[/] {output / graph.file}  ({where}, {graph.precision}, opset {graph.opset})", soft_wrap=True)
-        if graph.quantization:
-            console.print(f"  {_quantization_line(graph.quantization)}", soft_wrap=True)
+        _print_plan(console, graph.quantization)
 
 
-def _quantization_line(details: dict) -> str:
-    """``int8: 15 matmuls int8, 4 float (logits 1, attention 8, ...); calibrated on ...; agreement ...``."""
-    floats = details.get("float_nodes", {})
-    line = (
-        f"{details['quantized_nodes']} matmuls int8, {sum(map(len, floats.values()))} float "
-        f"({', '.join(f'{reason} {len(nodes)}' for reason, nodes in floats.items()) or 'none'})"
-    )
-    if "calibration_data" in details:
-        line += f"; calibrated ({details['calibration']}) on {details['calibration_data']}"
-    if details.get("agreement"):
-        line += f"; top-1 agreement with fp32 on {details['agreement']['held_out']} held-out inputs {details['agreement']['final']:.1%}"
-    return line
+def _print_plan(console, details: dict | None) -> None:
+    """A quantized graph's plan, indented under its line: what stayed float and why, by module."""
+    from deploykit.export.quantize import describe_plan
+
+    for line in describe_plan(details) if details else []:
+        console.print(f"  {line}", soft_wrap=True)
 
 
 @cli.command()
@@ -276,27 +306,39 @@ def _quantization_line(details: dict) -> str:
     show_default=True,
     help="Which exported plan to check, and its tolerance (int8: cosine and top-1/top-5 agreement on the real inputs).",
 )
+@click.option(
+    "--inputs",
+    "inputs_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Your real inputs: a folder of images (recursive), a text file listing image paths, or a .npy/.npz of "
+    "preprocessed arrays; images are preprocessed as the model's config says, as served.",
+)
 @click.option("--num-random", type=click.IntRange(min=0), default=4, show_default=True, help="Seeded noise inputs per resolution.")
 @click.option(
     "--num-real",
     type=click.IntRange(min=0),
-    default=8,
-    show_default=True,
-    help="Real inputs per resolution: a zoo model's test split, else the bundled images (8), or text windows.",
+    default=None,
+    help="Real inputs per resolution: a zoo model's test split, else the bundled images (8), or text windows; "
+    "with --inputs the first N of them (default all).",
 )
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the noise inputs.")
 @click.option("--report", type=click.Path(path_type=Path), default=None, help="Write the JSON report here.")
 @click.option("--plugins", "plugin_specs", multiple=True, help=PLUGINS_HELP)
 @click.option("--allow-cpu-fallback", is_flag=True, help=CPU_FALLBACK_HELP)
-def validate(export_dir, resolutions, backends, precision, num_random, num_real, seed, report, plugin_specs, allow_cpu_fallback):
+def validate(
+    export_dir, resolutions, backends, precision, inputs_path, num_random, num_real, seed, report, plugin_specs, allow_cpu_fallback
+):
     """Compare exported graphs with the PyTorch float64 reference; exit 1 on failure."""
     from deploykit._io import check_file_destination, write_json_atomic
     from deploykit.backends.plugins import Plugins
+    from deploykit.inputs import read_inputs
     from deploykit.validate import validate as run_validation
 
     console = _console()
     if report:
         check_file_destination(report)  # before the work, not after it
+    data = read_inputs(inputs_path) if inputs_path else None
     with _steps(console, "validate") as step:
         result = run_validation(
             export_dir,
@@ -304,13 +346,17 @@ def validate(export_dir, resolutions, backends, precision, num_random, num_real,
             backends=backends,
             precision=precision,
             num_random=num_random,
-            num_real=num_real,
+            num_real=num_real if num_real is not None else (len(data) if data else 8),
+            inputs=data,
             seed=seed,
             progress=step,
             plugins=Plugins.resolve(plugin_specs) if plugin_specs else None,
             allow_cpu_fallback=allow_cpu_fallback,
         )
     _print_report(console, result)
+    for graph in dict.fromkeys(r.graph for r in result.records if r.quantization):
+        console.print(f"{graph}:", soft_wrap=True)
+        _print_plan(console, next(r.quantization for r in result.records if r.graph == graph))
     if report:
         write_json_atomic(report, result.to_json())
         console.print(f"report: {report}")
@@ -360,7 +406,7 @@ def _print_report(console, report) -> None:
     "precisions",
     type=click.Choice(PLAN_NAMES),
     multiple=True,
-    help="Repeatable; default every exported plan TensorRT can build (int8-dynamic and fp32-mha are ONNX Runtime only).",
+    help="Repeatable; default every exported plan TensorRT can build (int8-dynamic, int8-mha and fp32-mha are ONNX Runtime only).",
 )
 @resolutions_option(help="Default: every exported one.")
 @click.option("--workspace", "workspace_mib", type=click.IntRange(min=1), default=None, help="Workspace limit in MiB.")

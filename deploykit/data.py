@@ -1,8 +1,10 @@
-"""Inputs for validation and profiling: real images that ship inside a package, seeded noise,
-and the preprocessing (resize, centre crop, normalise) the served pipeline uses too.
+"""Inputs for validation, profiling and calibration when the user gives none: real images that
+ship inside a package, seeded noise, a zoo model's own dataset, text for sequence models.
 
 Real images come from scikit-image's bundled samples (installed with the ``images`` extra), so
-nothing is downloaded and top-1 agreement is measured on natural-image statistics.
+nothing is downloaded and top-1 agreement is measured on natural-image statistics. They are
+preprocessed as the model's config says (``ViTConfig.preprocessing``: the one preprocessing of
+``deploykit.imaging``, which serving applies too). A user's own inputs: ``deploykit.inputs``.
 """
 
 from __future__ import annotations
@@ -17,24 +19,6 @@ from deploykit.errors import ConfigError
 
 # RGB samples bundled inside scikit-image's wheel (no pooch download).
 SAMPLE_IMAGES = ("astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field", "immunohistochemistry", "retina", "colorwheel")
-# timm's default: resize the short side to resolution / crop_pct, then centre-crop.
-CROP_PCT = 0.875
-
-
-def preprocess(
-    image: np.ndarray,
-    resolution: tuple[int, int],
-    mean: Sequence[float],
-    std: Sequence[float],
-    crop_pct: float = CROP_PCT,
-) -> np.ndarray:
-    """One ``[H, W, 3]`` (or ``[H, W]``) uint8 image → ``[3, h, w]`` float32, normalised.
-
-    Bicubic antialiased resize of the short side to ``max(h, w) / crop_pct``, centre crop to
-    ``resolution``, scale to ``[0, 1]``, subtract ``mean`` and divide by ``std`` per channel
-    (``deploykit.imaging.preprocess``: the same code runs inside the Triton models).
-    """
-    return imaging.preprocess(image, resolution, mean, std, crop_pct)
 
 
 def sample_images(count: int = len(SAMPLE_IMAGES)) -> list[np.ndarray]:
@@ -43,9 +27,9 @@ def sample_images(count: int = len(SAMPLE_IMAGES)) -> list[np.ndarray]:
     return [getattr(skdata, name)() for name in SAMPLE_IMAGES[:count]]
 
 
-def real_inputs(resolution: tuple[int, int], mean, std, count: int = len(SAMPLE_IMAGES)) -> np.ndarray:
-    """``[count, 3, H, W]`` float32 from the bundled images."""
-    return np.stack([preprocess(img, resolution, mean, std) for img in sample_images(count)])
+def real_inputs(resolution: tuple[int, int], preprocessing: imaging.Preprocessing, count: int = len(SAMPLE_IMAGES)) -> np.ndarray:
+    """``[count, 3, H, W]`` float32 from the bundled images, preprocessed as the model's config says."""
+    return np.stack([preprocessing(img, resolution) for img in sample_images(count)])
 
 
 def random_inputs(count: int, resolution: tuple[int, int], seed: int = 0, channels: int = 3) -> np.ndarray:
@@ -105,22 +89,29 @@ def normalise(images: np.ndarray, mean: Sequence[float], std: Sequence[float]) -
     return ((images - mean) / std).astype(np.float32)
 
 
-def validation_inputs(model, shape: tuple[int, ...], num_random: int, num_real: int, seed: int = 0) -> np.ndarray:
-    """Seeded noise followed by ``num_real`` real inputs for ``model`` at ``shape``: text windows
-    for a sequence model, the test split of the dataset a zoo model was trained on, else
-    bundled natural images.
+def validation_inputs(
+    model, shape: tuple[int, ...], num_random: int, num_real: int, seed: int = 0, real: np.ndarray | None = None
+) -> np.ndarray:
+    """Seeded noise followed by ``num_real`` real inputs for ``model`` at ``shape``: ``real`` when
+    given (the user's own), else text windows for a sequence model, the test split of the dataset
+    a zoo model was trained on, else bundled natural images.
 
     Raises:
-        ConfigError: more real inputs than exist (``check_real_count``).
+        ConfigError: more real inputs than exist (``check_real_count``; the user's own are
+            counted by ``deploykit.inputs``).
     """
-    check_real_count(model, num_real, VALIDATION_SPLIT, "--num-real")
+    if real is None:
+        check_real_count(model, num_real, VALIDATION_SPLIT, "--num-real")
     if model.input_name == "tokens":
         (length,) = shape
         vocab = model.cfg.vocab_size
-        return np.concatenate([random_token_inputs(num_random, length, vocab, seed), real_token_inputs(length, vocab, num_real)])
+        real = real_token_inputs(length, vocab, num_real) if real is None else real
+        return np.concatenate([random_token_inputs(num_random, length, vocab, seed), real])
     cfg = model.cfg
+    if real is not None:
+        return np.concatenate([random_inputs(num_random, shape, seed, cfg.in_chans), real])
     real = (
-        dataset_inputs(cfg.dataset, shape, cfg.mean, cfg.std, num_real) if cfg.dataset else real_inputs(shape, cfg.mean, cfg.std, num_real)
+        dataset_inputs(cfg.dataset, shape, cfg.mean, cfg.std, num_real) if cfg.dataset else real_inputs(shape, cfg.preprocessing, num_real)
     )
     return np.concatenate([random_inputs(num_random, shape, seed), real])
 
@@ -186,14 +177,36 @@ def calibration_inputs(model, shape: tuple[int, ...], count: int, held_out: bool
         split = HELD_OUT_SPLIT if held_out else CALIBRATION_SPLIT
         check_real_count(model, count, split, "--held-out" if held_out else "--calibration-samples")  # the val split is fixed (1000)
         return dataset_inputs(cfg.dataset, shape, cfg.mean, cfg.std, count, split=split), f"{count} images of {cfg.dataset}'s {split} split"
-    return _sample_image_crops(shape, cfg.mean, cfg.std, count, seed), (
+    return _sample_image_crops(shape, cfg.preprocessing, count, seed), (
         f"{count} random crops (seed {seed}) of the {len(SAMPLE_IMAGES)} bundled sample images: the model names no dataset"
     )
 
 
-def _sample_image_crops(resolution: tuple[int, int], mean, std, count: int, seed: int) -> np.ndarray:
+class DefaultCalibration:
+    """``deploykit.export.quantize.CalibrationSource`` when the user gives no data: the inputs of
+    ``calibration_inputs`` (a zoo model's train split, held out its val split; else bundled
+    images or text), each with a fingerprint of the arrays for the manifest."""
+
+    def check(self, model, shapes) -> None:
+        """Nothing to refuse: the inputs are made for the model."""
+
+    def inputs(self, model, shape: tuple[int, ...], samples: int, held_out: int) -> tuple[np.ndarray, np.ndarray, dict]:
+        calibration, source = calibration_inputs(model, shape, samples)
+        check, check_source = calibration_inputs(model, shape, held_out, held_out=True)
+        record = {"calibration": _record(calibration, source), "held_out": _record(check, check_source)}
+        return calibration, check, record
+
+
+def _record(inputs: np.ndarray, source: str) -> dict:
+    import hashlib
+
+    digest = hashlib.sha256(np.ascontiguousarray(inputs).tobytes()).hexdigest()
+    return {"source": source, "kind": "arrays", "count": len(inputs), "sha256": digest, "description": source}
+
+
+def _sample_image_crops(resolution: tuple[int, int], preprocessing: imaging.Preprocessing, count: int, seed: int) -> np.ndarray:
     """Seeded crops covering 35-100% of a bundled image's area, aspect 3:4-4:3, half of them
-    mirrored, each preprocessed like a served image (``preprocess`` of the crop)."""
+    mirrored, each preprocessed like a served image (the model's preprocessing of the crop)."""
     rng = np.random.default_rng(seed)
     images = sample_images()
     out = []
@@ -204,5 +217,5 @@ def _sample_image_crops(resolution: tuple[int, int], mean, std, count: int, seed
         ch, cw = min(h, int(round((area / aspect) ** 0.5))), min(w, int(round((area * aspect) ** 0.5)))
         top, left = rng.integers(0, h - ch + 1), rng.integers(0, w - cw + 1)
         crop = image[top : top + ch, left : left + cw]
-        out.append(preprocess(crop[:, ::-1] if rng.random() < 0.5 else crop, resolution, mean, std))
+        out.append(preprocessing(crop[:, ::-1] if rng.random() < 0.5 else crop, resolution))
     return np.stack(out)

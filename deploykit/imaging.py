@@ -7,13 +7,19 @@ One implementation for validation, profiling, the in-process pipeline and the Tr
 That is why this module depends on numpy and (lazily) Pillow only, and imports nothing from
 deploykit.
 
-Preprocessing follows timm's eval transform: resize the short side to ``max(h, w) / crop_pct``
-with an antialiased bicubic filter (Keys, a = -0.5, widened by the downscale factor), centre
-crop, ``(x / 255 - mean) / std``. The filter, its support and the tap positions are those of
-PyTorch's ``F.interpolate(mode="bicubic", antialias=True, align_corners=False)``
+Preprocessing is timm's eval transform (``timm.data.transforms_imagenet_eval``), with the
+settings a model records once (``Preprocessing``: from timm's ``pretrained_cfg`` at import, from
+``config.json`` otherwise): resize so that the crop is ``crop_pct`` of the resized image
+(``scale = floor(size / crop_pct)``), by the short side (``crop_mode="center"``; torchvision's
+``Resize(int)`` when the target is square), to exactly ``scale`` (``"squash"``) or by the long
+side with the rest padded in the mean colour (``"border"``), then a centre crop (torchvision's
+``CenterCrop``: offsets ``int(round((size - crop) / 2))``, zero padding where the image is
+smaller), ``(x / 255 - mean) / std``. The antialiased ``bicubic`` (Keys, a = -0.5) and
+``bilinear`` (triangle) filters, their support (widened by the downscale factor) and tap
+positions are those of PyTorch's ``F.interpolate(..., antialias=True, align_corners=False)``
 (``aten/src/ATen/native/cpu/UpSampleKernel.cpp``, ``_compute_weights_aa``), computed in float64
-without intermediate rounding, so this matches torch to float32 rounding. Pillow's own resize
-rounds to uint8 between its two passes and differs by up to a few grey levels.
+without intermediate rounding, so this matches torch to float32 rounding. timm resizes PIL
+images, and Pillow rounds to uint8 between its two passes: it differs by up to a few grey levels.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -38,6 +45,10 @@ MAX_ASPECT = 16.0
 # never reaches Ghostscript and a TIFF/ICNS/... never reaches its decoder.
 FORMATS = ("PNG", "JPEG", "WEBP", "BMP")
 _KEYS_A = -0.5  # bicubic convolution parameter used by torch's and Pillow's antialiased resize
+# timm's names (``pretrained_cfg["interpolation"]``, ``["crop_mode"]``) this module implements.
+INTERPOLATIONS = ("bicubic", "bilinear")
+CROP_MODES = ("center", "squash", "border")
+DEFAULT_CROP_PCT = 0.875  # timm's DEFAULT_CROP_PCT
 
 
 class ImageRejected(ValueError):
@@ -116,31 +127,109 @@ def nearest_resolution(size: tuple[int, int], resolutions: Sequence[tuple[int, i
     return min(resolutions, key=key)
 
 
-def preprocess(image: np.ndarray, resolution: tuple[int, int], mean: Sequence[float], std: Sequence[float], crop_pct: float) -> np.ndarray:
+def check_preprocessing(crop_pct: float, crop_mode: str, interpolation: str) -> None:
+    """Refuse settings ``preprocess`` does not implement.
+
+    Raises:
+        ValueError: ``crop_pct`` not in (0, 1], or an unknown crop mode or interpolation (the
+            valid ones are listed).
+    """
+    if not (isinstance(crop_pct, (int, float)) and 0 < crop_pct <= 1):
+        raise ValueError(f"crop_pct must be in (0, 1], got {crop_pct!r}")
+    if crop_mode not in CROP_MODES:
+        raise ValueError(f"crop_mode must be one of {', '.join(CROP_MODES)}, got {crop_mode!r}")
+    if interpolation not in INTERPOLATIONS:
+        raise ValueError(f"interpolation must be one of {', '.join(INTERPOLATIONS)}, got {interpolation!r}")
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """One model's preprocessing, as timm's data config names it (module docstring).
+
+    Attributes:
+        mean, std: per channel, on pixels scaled to [0, 1].
+        crop_pct: the centre crop's share of the resized image (1.0: no crop).
+        crop_mode: ``center``, ``squash`` or ``border`` (``CROP_MODES``).
+        interpolation: ``bicubic`` or ``bilinear`` (``INTERPOLATIONS``).
+    """
+
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    crop_pct: float = DEFAULT_CROP_PCT
+    crop_mode: str = "center"
+    interpolation: str = "bicubic"
+
+    def __post_init__(self):
+        check_preprocessing(self.crop_pct, self.crop_mode, self.interpolation)
+
+    def __call__(self, image: np.ndarray, resolution: tuple[int, int]) -> np.ndarray:
+        """``preprocess`` with these settings: ``[H, W, C]`` uint8 → ``[3, h, w]`` float32."""
+        return preprocess(image, resolution, self.mean, self.std, self.crop_pct, self.crop_mode, self.interpolation)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "mean": list(self.mean), "std": list(self.std)}
+
+
+def preprocess(
+    image: np.ndarray,
+    resolution: tuple[int, int],
+    mean: Sequence[float],
+    std: Sequence[float],
+    crop_pct: float = DEFAULT_CROP_PCT,
+    crop_mode: str = "center",
+    interpolation: str = "bicubic",
+) -> np.ndarray:
     """One ``[H, W, 3]`` (or ``[H, W]``, or ``[H, W, 4]``) uint8 image → ``[3, h, w]`` float32.
 
-    Resize the short side to ``max(h, w) / crop_pct`` (antialiased bicubic, float64), clamp to
-    [0, 1], centre-crop to ``resolution = (h, w)``, subtract ``mean`` and divide by ``std``.
+    timm's eval transform for ``resolution = (h, w)`` (module docstring): resize (antialiased
+    ``interpolation``, float64) as ``crop_mode`` says, clamp to [0, 1], centre-crop (or pad) to
+    ``(h, w)``, subtract ``mean`` and divide by ``std``.
     """
+    check_preprocessing(crop_pct, crop_mode, interpolation)
     image = np.asarray(image)
     if image.ndim == 2:
         image = image[..., None].repeat(3, axis=-1)
     image = image[..., :3]  # drop alpha
-    h, w = resolution
-    scale = max(h, w) / crop_pct / min(image.shape[:2])
-    size = (max(h, round(image.shape[0] * scale)), max(w, round(image.shape[1] * scale)))
-    top, left = (size[0] - h) // 2, (size[1] - w) // 2
+    size = _resized_size(image.shape[:2], resolution, crop_pct, crop_mode)
+    fill = [round(255 * m) / 255 for m in mean] if crop_mode == "border" else [0.0] * 3
     # Only the rows and columns the crop keeps are computed: each is a weighted sum of input pixels.
-    rows = _resize_axis(image, 0, size[0], top, h)  # [h, W, 3] float64
-    x = _resize_axis(rows, 1, size[1], left, w)  # [h, w, 3]
+    (rows, row_pad), (cols, col_pad) = (_kept(size[i], resolution[i]) for i in (0, 1))
+    x = _resize_axis(image, 0, size[0], rows.start, len(rows), interpolation)  # [h', W, 3] float64
+    x = _resize_axis(x, 1, size[1], cols.start, len(cols), interpolation)  # [h', w', 3]
     x = np.clip(x / 255.0, 0.0, 1.0)
+    if row_pad != (0, 0) or col_pad != (0, 0):
+        x = np.stack([np.pad(x[..., c], (row_pad, col_pad), constant_values=fill[c]) for c in range(3)], axis=-1)
     x = (x - np.asarray(mean, np.float64)) / np.asarray(std, np.float64)
     return np.ascontiguousarray(x.transpose(2, 0, 1), dtype=np.float32)
 
 
-def _resize_axis(x: np.ndarray, axis: int, out_size: int, start: int, count: int) -> np.ndarray:
+def _resized_size(shape: tuple[int, int], resolution: tuple[int, int], crop_pct: float, crop_mode: str) -> tuple[int, int]:
+    """The ``(height, width)`` timm resizes an image of ``shape`` to before its centre crop."""
+    height, width = shape
+    scale = (math.floor(resolution[0] / crop_pct), math.floor(resolution[1] / crop_pct))
+    if crop_mode == "squash":
+        return scale
+    if crop_mode == "center" and scale[0] == scale[1]:  # torchvision Resize(int): the short side
+        short, long = min(height, width), max(height, width)
+        long = int(scale[0] * long / short)
+        return (scale[0], long) if height <= width else (long, scale[0])
+    # timm's ResizeKeepRatio: the short side (center) or the long side (border) fits
+    ratios = (height / scale[0], width / scale[1])
+    ratio = max(ratios) if crop_mode == "border" else min(ratios)
+    return round(height / ratio), round(width / ratio)
+
+
+def _kept(size: int, crop: int) -> tuple[range, tuple[int, int]]:
+    """Of ``size`` resized rows, those a centre crop of ``crop`` keeps, and the padding
+    (before, after) it adds where ``size < crop`` (torchvision's ``CenterCrop``)."""
+    before, after = ((crop - size) // 2, (crop - size + 1) // 2) if crop > size else (0, 0)
+    start = int(round((size + before + after - crop) / 2.0))
+    return range(start, start + crop - before - after), (before, after)
+
+
+def _resize_axis(x: np.ndarray, axis: int, out_size: int, start: int, count: int, interpolation: str) -> np.ndarray:
     """Outputs ``start .. start + count`` of resizing ``x`` along ``axis`` to ``out_size``, float64."""
-    index, weight = _aa_taps(x.shape[axis], out_size)
+    index, weight = _aa_taps(x.shape[axis], out_size, interpolation)
     index, weight = index[start : start + count], weight[start : start + count]  # [count, taps]
     out = None
     for t in range(index.shape[1]):  # one gather per tap keeps memory at O(count x other axis)
@@ -150,11 +239,12 @@ def _resize_axis(x: np.ndarray, axis: int, out_size: int, start: int, count: int
     return out
 
 
-def _aa_taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
+def _aa_taps(in_size: int, out_size: int, interpolation: str) -> tuple[np.ndarray, np.ndarray]:
     """Input indices ``[out, taps]`` int64 and normalised weights ``[out, taps]`` float64 of the
-    antialiased bicubic filter (torch's ``_compute_weights_aa``; unused taps get weight 0)."""
+    antialiased filter (torch's ``_compute_weights_aa``; unused taps get weight 0)."""
+    kernel, half_support = (_keys_cubic, 2.0) if interpolation == "bicubic" else (_triangle, 1.0)  # interp_size 4 or 2
     scale = in_size / out_size
-    support = 2.0 * scale if scale >= 1.0 else 2.0  # interp_size 4, widened when downscaling
+    support = half_support * scale if scale >= 1.0 else half_support  # widened when downscaling
     invscale = 1.0 / scale if scale >= 1.0 else 1.0
     center = scale * (np.arange(out_size) + 0.5)
     xmin = np.maximum(np.trunc(center - support + 0.5), 0).astype(np.int64)
@@ -162,7 +252,7 @@ def _aa_taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
     taps = int((xmax - xmin).max())
     j = np.arange(taps)
     index = xmin[:, None] + j
-    weight = _keys_cubic((index - center[:, None] + 0.5) * invscale)
+    weight = kernel((index - center[:, None] + 0.5) * invscale)
     weight[index >= xmax[:, None]] = 0.0
     total = weight.sum(axis=1, keepdims=True)
     weight = np.divide(weight, total, out=np.zeros_like(weight), where=total != 0)
@@ -175,3 +265,8 @@ def _keys_cubic(x: np.ndarray) -> np.ndarray:
     near = ((a + 2) * x - (a + 3)) * x * x + 1
     far = ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
     return np.where(x < 1.0, near, np.where(x < 2.0, far, 0.0))
+
+
+def _triangle(x: np.ndarray) -> np.ndarray:
+    """The bilinear (triangle) kernel, support [-1, 1]."""
+    return np.maximum(1.0 - np.abs(x), 0.0)

@@ -35,6 +35,7 @@ from deploykit.export.manifest import check_unchanged as _check_unchanged
 from deploykit.export.manifest import checked_config as _checked_config
 from deploykit.export.manifest import checked_graph as _checked_graph
 from deploykit.export.precision import PLANS, check_precision
+from deploykit.inputs import InputData
 from deploykit.nn.checkpoint import WEIGHTS_FILE
 from deploykit.nn.factory import Model
 from deploykit.resolutions import resolution_tag
@@ -70,6 +71,8 @@ class Record:
     graph: str = ""  # the graph file checked
     range_graph: bool = False  # the graph covers a resolution range (checked at its min/opt/max)
     provider: str = ""  # what ran it: ONNX Runtime's execution provider, the TensorRT flavour and version
+    inputs: dict | None = None  # --inputs: the real inputs' source, count and sha256 (None: bundled or the zoo's test split)
+    quantization: dict | None = None  # a quantized plan's record (what stayed float and why), from the manifest
     node_placement: dict | None = None  # ort-cuda: nodes per execution provider, and compute nodes on the CPU
     precision_hint: str = ""  # the precision a runtime computes float ops in, where it takes a hint (OpenVINO: f32, bf16)
 
@@ -183,6 +186,7 @@ def validate(
     precision: str = "fp32",
     num_random: int = 4,
     num_real: int = 8,
+    inputs: InputData | None = None,
     seed: int = 0,
     batch_size: int = 4,
     progress: Callable[[str], None] | None = None,
@@ -196,7 +200,10 @@ def validate(
         resolutions: which exported resolutions; default all.
         backends: names from ``deploykit.backends.registry.RUNNER_FACTORIES``.
         precision: which precision plan's graphs to check, with its tolerance from ``TOLERANCES``.
-        num_random, num_real: seeded-noise and bundled real inputs (images or text) per resolution.
+        num_random, num_real: seeded-noise and real inputs per resolution (bundled images or
+            text, the zoo's test split, or the first ``num_real`` of ``inputs``).
+        inputs: the user's real inputs (``deploykit.inputs.read_inputs``), preprocessed as the
+            model's config says, instead of the bundled ones.
         seed: seed of the noise inputs.
         batch_size: inputs per inference call.
         plugins: for engine backends, the plugins the engines were built with; None: the
@@ -216,23 +223,33 @@ def validate(
     for backend in backends:
         registry.check_backend(backend)
     _check_input_counts(num_random, num_real)
+    if inputs is not None and num_real > len(inputs):  # refused, not silently fewer
+        raise ConfigError(
+            f"--num-real {num_real} asks for more real inputs than there are ({len(inputs)} in {inputs.path}); give at most {len(inputs)}"
+        )
     manifest = Manifest.read(export_dir)
     # --precision picks the graphs (model_224_fp16.onnx, ...) as well as the tolerance.
     entries = [manifest.graph(tuple(r), precision) for r in resolutions] if resolutions else manifest.graphs_at(precision, ranges=True)
     _check_unchanged(export_dir / WEIGHTS_FILE, manifest.weights_sha256)
     _checked_config(export_dir, manifest)  # mean/std and the model's shape: validate must judge what is served
     model = load_reference(export_dir)
-    check_real_count(model, num_real, VALIDATION_SPLIT, "--num-real")  # before any run, not at the first resolution
+    if inputs is not None:  # bad data is refused before any work, naming the file
+        inputs.check(model, [shape for entry in entries for shape in entry.shapes])
+    else:
+        check_real_count(model, num_real, VALIDATION_SPLIT, "--num-real")  # before any run, not at the first resolution
     references: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
 
     def reference_at(resolution):
         """Inputs at one resolution and the PyTorch logits for them (computed once)."""
         if resolution not in references:
-            inputs = validation_inputs(model, resolution, num_random, num_real, seed)
-            tick = counter(progress, f"PyTorch reference at {resolution_tag(resolution)}", len(inputs), "inputs")
+            real = None if inputs is None else inputs.inputs(model, resolution, range(num_real))
+            batch = validation_inputs(model, resolution, num_random, num_real, seed, real=real)
+            tick = counter(progress, f"PyTorch reference at {resolution_tag(resolution)}", len(batch), "inputs")
             with TorchRunner(model) as runner:
-                references[resolution] = inputs, run_batched(runner, inputs, batch_size, tick)["logits"]
+                references[resolution] = batch, run_batched(runner, batch, batch_size, tick)["logits"]
         return references[resolution]
+
+    used = None if inputs is None else inputs.record(range(num_real))
 
     records = []
     for entry in entries:
@@ -243,13 +260,13 @@ def validate(
             outputs = []
             with registry.create_runner(backend, path, plugins=plugins, allow_cpu_fallback=allow_cpu_fallback) as runner:
                 for resolution, batch in _checks(entry, runner, batch_size):
-                    inputs, _ = reference_at(resolution)
-                    outputs.append((resolution, batch, run_exact_batches(runner, inputs, batch)["logits"]))
+                    checked, _ = reference_at(resolution)
+                    outputs.append((resolution, batch, run_exact_batches(runner, checked, batch)["logits"]))
                 profiled, provider, placement = bool(runner.profiled_shapes), runner.provider, runner.details.get("node_placement")
                 hint = runner.details.get("precision_hint", "")
                 judged = tolerance if runner.computes_in is None else looser(tolerance, PLANS[runner.computes_in].tolerance)
             for resolution, batch, actual in outputs:
-                inputs, reference = reference_at(resolution)
+                checked, reference = reference_at(resolution)
                 metrics = compare_logits(
                     *_per_prediction(reference, actual),
                     num_real * _predictions_per_input(reference),
@@ -261,7 +278,7 @@ def validate(
                     list(resolution),
                     batch,
                     precision,
-                    len(inputs),
+                    len(checked),
                     num_real,
                     tolerance=asdict(judged),
                     profiled=profiled,
@@ -270,12 +287,14 @@ def validate(
                     provider=provider,
                     node_placement=placement,
                     precision_hint=hint,
+                    inputs=used,
+                    quantization=entry.quantization,
                     **metrics,
                 )
                 if not record.passed:
                     if progress:
                         progress(f"{backend} @ {path.name}: locating the first divergent block")
-                    record.first_divergent_block = first_divergent_block(path, model, inputs, judged, batch, backend, plugins, num_real)
+                    record.first_divergent_block = first_divergent_block(path, model, checked, judged, batch, backend, plugins, num_real)
                 records.append(record)
     return ValidationReport(records)
 

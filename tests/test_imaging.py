@@ -28,6 +28,47 @@ def test_preprocess_equals_torch_antialiased_bicubic(shape, resolution):
     np.testing.assert_allclose(ours, torch_preprocess(image, resolution, MEAN, STD), rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("shape", [(300, 451), (451, 300), (40, 40), (7, 200)])
+@pytest.mark.parametrize("resolution", [(224, 224), (64, 96)])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(crop_pct=1.0, crop_mode="center", interpolation="bilinear"),
+        dict(crop_pct=0.95, crop_mode="squash", interpolation="bicubic"),
+        dict(crop_pct=0.9, crop_mode="border", interpolation="bicubic"),
+        dict(crop_pct=1.0, crop_mode="border", interpolation="bilinear"),
+    ],
+)
+def test_every_crop_mode_and_interpolation_equals_timms_transform_in_torch(shape, resolution, settings):
+    """timm's eval transform in each crop mode (``border`` pads in the mean colour), bilinear too."""
+    image = np.random.default_rng(sum(shape)).integers(0, 256, (*shape, 3), dtype=np.uint8)
+    ours = imaging.Preprocessing(MEAN, STD, **settings)(image, resolution)
+    assert ours.shape == (3, *resolution)
+    np.testing.assert_allclose(ours, torch_preprocess(image, resolution, MEAN, STD, **settings), rtol=0, atol=1e-6)
+
+
+def test_border_mode_pads_in_the_mean_colour():
+    wide = np.full((20, 80, 3), 255, np.uint8)
+    x = imaging.Preprocessing(MEAN, STD, crop_pct=1.0, crop_mode="border")(wide, (32, 32))
+    fill = (np.round(255 * np.asarray(MEAN)) / 255 - np.asarray(MEAN)) / np.asarray(STD)
+    np.testing.assert_allclose(x[:, 0, 16], fill, atol=1e-6)  # top rows: padding
+    np.testing.assert_allclose(x[:, 16, 16], (1 - np.asarray(MEAN)) / np.asarray(STD), atol=1e-6)  # the image
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(crop_pct=0.0), "crop_pct must be in"),
+        (dict(crop_pct=1.5), "crop_pct must be in"),
+        (dict(crop_mode="random"), "crop_mode must be one of center, squash, border"),
+        (dict(interpolation="lanczos"), "interpolation must be one of bicubic, bilinear"),
+    ],
+)
+def test_unknown_settings_are_refused(settings, message):
+    with pytest.raises(ValueError, match=message):
+        imaging.Preprocessing(MEAN, STD, **settings)
+
+
 def test_grey_and_alpha_images_are_rgb():
     rgb = np.random.default_rng(0).integers(0, 256, (40, 50, 3), dtype=np.uint8)
     rgba = np.concatenate([rgb, np.full((40, 50, 1), 7, np.uint8)], axis=-1)

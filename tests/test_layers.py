@@ -16,7 +16,8 @@ LAYERS = [
     # Imports nothing above itself: errors, atomic writes, the lazy importer, NVML, CLI rendering
     # helpers, the check of config values (the encodings' and the models' configs share it),
     # comparison metrics (numpy), image decoding (numpy + Pillow), resolution strings,
-    # the torch-free catalog of names, model inputs (numpy: noise, sample images, the zoo's data)
+    # the torch-free catalog of names, model inputs (numpy: noise, sample images, the zoo's data;
+    # a user's own folders, lists and arrays)
     # and the zoo's entries and dataset, which data and nn.resolve read.
     (
         "infrastructure",
@@ -32,6 +33,7 @@ LAYERS = [
             "deploykit.resolutions",
             "deploykit.catalog",
             "deploykit.data",
+            "deploykit.inputs",
             "deploykit.zoo",
             "deploykit.zoo.registry",
             "deploykit.zoo.dataset",

@@ -118,8 +118,11 @@ class ExportPlan:
         for precision in precisions:
             check_precision(precision)
         if any(p.startswith("int8") for p in precisions):
-            check_real_count(model, calibration.held_out, HELD_OUT_SPLIT, "--held-out")
-            check_real_count(model, calibration.samples, CALIBRATION_SPLIT, "--calibration-samples")
+            if calibration.data is not None:  # the user's inputs, before any work
+                calibration.data.check(model, [resolution for resolution, _ in jobs])
+            else:
+                check_real_count(model, calibration.held_out, HELD_OUT_SPLIT, "--held-out")
+                check_real_count(model, calibration.samples, CALIBRATION_SPLIT, "--calibration-samples")
         return cls(jobs, precisions, opset, calibration)
 
 
@@ -154,8 +157,8 @@ def export(
         progress: called as ``progress(message)`` at each step of a long export.
         resolution_range: ``(min, opt, max)``: also write one graph taking any resolution in
             that range (``onnx_from_model``'s ``resolution_range``), tuned for ``opt``.
-        calibration: how INT8 plans are calibrated and checked (``deploykit.data.calibration_inputs``
-            picks the data; a range graph is calibrated at ``opt``). A plan that fails its
+        calibration: how INT8 plans are calibrated and checked, and on what inputs (its ``data``;
+            by default ``deploykit.data.DefaultCalibration``; a range graph is calibrated at ``opt``). A plan that fails its
             tolerance on held-out inputs is refused, and nothing is written.
         force: delete the files of a previous ``output_dir`` that deploykit did not write
             (``foreign_files``; each is named in a warning) instead of refusing the export.
@@ -275,13 +278,13 @@ def planned_graph(
     proto: onnx.ModelProto, model: Model, resolution, precision: str, options: CalibrationOptions = CalibrationOptions(), progress=None
 ) -> onnx.ModelProto:
     """``proto`` (the fp32 graph of ``model`` at ``resolution``) under one precision plan; a
-    quantized plan is calibrated on the model's own data (``deploykit.data.calibration_inputs``)
-    and checked on held-out inputs against the fp32 graph.
+    quantized plan is calibrated on ``options.data`` (default ``deploykit.data.DefaultCalibration``)
+    and checked on held-out inputs from it against the fp32 graph.
 
     Raises:
         ExportError: the plan fails its tolerance on the held-out inputs, or calibration failed.
     """
-    from deploykit.data import calibration_inputs
+    from deploykit.data import DefaultCalibration
     from deploykit.export import quantize
 
     plan = check_precision(precision)
@@ -289,19 +292,16 @@ def planned_graph(
         return apply_precision(proto, precision)
     say = (lambda msg: progress(f"{resolution_tag(resolution)} {precision}: {msg}")) if progress else None
     if say:
-        say(f"reading {options.held_out} held-out inputs")
-    held_out, _ = calibration_inputs(model, resolution, options.held_out, held_out=True)
-    tick = counter(say, "fp32 reference on the held-out inputs", len(held_out), "inputs")
-    reference = quantize.run_graph(proto, held_out, done=tick)  # once: the agreement target and the check share it
-    logits = model.output_kind == "logits"  # a headless backbone's features have no answers to agree on
+        say(f"reading {options.samples} calibration and {options.held_out} held-out inputs")
+    inputs, held_out, record = (options.data or DefaultCalibration()).inputs(model, resolution, options.samples, options.held_out)
+    tick = counter(say, f"fp32 reference on {len(held_out)} held-out inputs", len(held_out), "inputs")
+    reference = quantize.run_graph(proto, held_out, done=tick)  # once: the fallback's target and the check share it
+    logits = model.output_kind == "logits"  # a headless backbone's features: judged by cosine, not answers
     calibration = target = None
     if plan.calibrated:
-        if say:
-            say(f"reading {options.samples} calibration inputs")
-        calibration = quantize.Calibration(*calibration_inputs(model, resolution, options.samples), method=options.method)
-        if options.min_agreement is not None and logits:
-            target = quantize.AgreementTarget(held_out, reference, options.min_agreement)
-    planned = apply_precision(proto, precision, calibration=calibration, target=target, progress=say, attention=options.attention)
+        calibration = quantize.Calibration(inputs, record["calibration"]["description"], options.method, record)
+        target = options.target(held_out, reference, logits)
+    planned = apply_precision(proto, precision, calibration, target, say, attention=options.attention, keep_float=options.keep_float)
     label = f"{precision} plan at {resolution_tag(resolution)}"
     quantize.check_plan(proto, planned, held_out, plan.tolerance, label, top_k=logits, reference=reference)
     return planned
@@ -377,6 +377,7 @@ def _write_manifest(stage: Path, model: Model, weights_sha256: str, source: str,
         source=source,
         graphs=graphs,
         config_sha256=sha256_file(stage / CONFIG_FILE),
+        preprocessing=model.cfg.preprocessing.to_dict() if model.input_name == "images" else None,
     )
     write_json_atomic(stage / MANIFEST_FILE, manifest.to_dict())
     return manifest

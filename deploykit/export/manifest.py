@@ -100,6 +100,9 @@ class Manifest:
     # config.json's sha256: its mean/std, classes and channels change what is served. None in
     # manifests written before it was recorded; those are refused by checked_config.
     config_sha256: str | None = None
+    # How an image becomes an input (``deploykit.imaging.Preprocessing.to_dict``, from config.json):
+    # what calibration, validation and serving apply. None for sequence models and older manifests.
+    preprocessing: dict | None = None
 
     def graph(self, resolution: tuple[int, ...], precision: str = "fp32") -> GraphEntry:
         # Compared by tag: a sequence length parsed from "--resolution 256" is (256, 256).

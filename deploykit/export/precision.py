@@ -1,7 +1,8 @@
 """Precision plans: what ``--precision NAME`` writes beside the fp32 graph, and how it is judged.
 
 ``PLANS`` lists them. The cast plans (``fp16``, ``bf16``) are written here; the INT8 plans by
-``deploykit.export.quantize``; the fused-attention plan by ``deploykit.export.fused_attention``.
+``deploykit.export.quantize``; the fused-attention plans (``fp32-mha``, and ``int8-mha``: the
+``int8`` plan with its float attention core fused) by ``deploykit.export.fused_attention``.
 
 TensorRT 11 (and TensorRT-RTX) build strongly typed networks only: there are no fp16/bf16
 builder flags, every tensor runs in the type the graph gives it. So a "half-precision engine"
@@ -100,6 +101,14 @@ PLANS: dict[str, PrecisionPlan] = {
             "build; export --precision int8 for engines",
         ),
         PrecisionPlan(
+            "int8-mha",
+            "int8, with the float attention core fused into ONNX Runtime's MultiHeadAttention (long sequences)",
+            INT8_TOLERANCE,
+            calibrated=True,
+            ort_only="int8-mha uses ONNX Runtime's com.microsoft.MultiHeadAttention, which TensorRT does not parse; "
+            "export --precision int8 for engines (TensorRT fuses attention itself)",
+        ),
+        PrecisionPlan(
             "fp32-mha",
             "fp32 with attention fused into ONNX Runtime's MultiHeadAttention (long sequences)",
             Tolerance(max_abs=1e-4, min_cosine=0.99999),
@@ -127,7 +136,13 @@ def check_precision(precision: str) -> PrecisionPlan:
 
 
 def apply_precision(
-    proto: onnx.ModelProto, precision: str, calibration=None, target=None, progress=None, attention: bool | None = None
+    proto: onnx.ModelProto,
+    precision: str,
+    calibration=None,
+    target=None,
+    progress=None,
+    attention: bool | None = None,
+    keep_float: tuple[str, ...] = (),
 ) -> onnx.ModelProto:
     """Return a copy of an fp32 ``proto`` rewritten to the ``precision`` plan (``PLANS``).
 
@@ -135,10 +150,11 @@ def apply_precision(
         proto: an fp32 graph from ``onnx_from_model``.
         precision: a key of ``PLANS``.
         calibration: ``deploykit.export.quantize.Calibration``, for plans with ``calibrated``.
-        target: optional ``deploykit.export.quantize.AgreementTarget`` for the ``int8`` plan.
+        target: optional ``deploykit.export.sensitivity.QualityTarget`` for the ``int8`` plan.
         progress: optional callable taking a status line (calibration can take minutes).
         attention: ``int8``: quantize the attention products too (None: the measured choice,
             ``deploykit.export.quantize.ATTENTION_INT8``).
+        keep_float: ``int8``: module-path patterns kept float (``--keep-float``).
 
     Returns:
         The planned model, with ``deploykit.precision`` in its metadata.
@@ -152,8 +168,10 @@ def apply_precision(
     plan = check_precision(precision)
     if plan.calibrated and calibration is None:
         raise ConfigError(f"the {precision} plan needs calibration inputs")
-    if plan.name == "int8":
-        out = quantize.quantize_static_int8(proto, calibration, quantize.attention_int8(proto, attention), target, progress)
+    if plan.name in ("int8", "int8-mha"):
+        out = quantize.quantize_static_int8(proto, calibration, quantize.attention_int8(proto, attention), target, progress, keep_float)
+        if plan.name == "int8-mha":  # the attention core is float in the int8 plan: fuse it as fp32-mha does
+            out = fused_attention.fuse_attention(out)
     elif plan.name == "int8-dynamic":
         out = quantize.quantize_dynamic_int8(proto)
     elif plan.name == "fp32-mha":

@@ -224,7 +224,6 @@ def _trunk_fields(model: nn.Module) -> dict[str, Any]:
     """``ViTConfig`` fields shared by ``VisionTransformer`` and ``Eva`` (after ``_check_trunk``)."""
     embed, block = model.patch_embed, model.blocks[0]
     hidden = block.mlp.fc2.in_features
-    cfg = model.pretrained_cfg
     return dict(
         img_size=embed.img_size[0],
         patch_size=embed.patch_size[0],
@@ -243,9 +242,24 @@ def _trunk_fields(model: nn.Module) -> dict[str, Any]:
         fc_norm=not isinstance(model.fc_norm, nn.Identity),
         init_values=_layer_scale(block)[0],
         norm_eps=block.norm1.eps,
-        mean=tuple(float(v) for v in cfg.get("mean", (0.485, 0.456, 0.406))),
-        std=tuple(float(v) for v in cfg.get("std", (0.229, 0.224, 0.225))),
+        **preprocessing_fields(model.pretrained_cfg),
     )
+
+
+# timm.data.constants: IMAGENET_DEFAULT_MEAN / _STD, DEFAULT_CROP_PCT, DEFAULT_CROP_MODE.
+_TIMM_DEFAULTS = dict(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), crop_pct=0.875, crop_mode="center", interpolation="bicubic")
+
+
+def preprocessing_fields(pretrained_cfg: dict[str, Any]) -> dict[str, Any]:
+    """The ``ViTConfig`` preprocessing fields (``mean``, ``std``, ``crop_pct``, ``crop_mode``,
+    ``interpolation``) timm's own eval transform takes from a ``pretrained_cfg``: what
+    ``timm.data.resolve_data_config`` resolves (a missing or empty entry takes timm's default),
+    so that calibration, validation and serving preprocess as timm's ``create_transform`` would.
+    The input size is the model's own (``img_size``)."""
+    fields = {key: pretrained_cfg.get(key) or default for key, default in _TIMM_DEFAULTS.items()}
+    fields["mean"], fields["std"] = (tuple(float(v) for v in fields[k]) for k in ("mean", "std"))
+    fields["crop_pct"] = float(fields["crop_pct"])
+    return fields
 
 
 def _layer_scale(block: nn.Module) -> tuple[float | None, float | None]:

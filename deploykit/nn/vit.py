@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from deploykit import imaging
 from deploykit._fields import FLOAT32_TINY, Range, check_values, dataclass_values, show
 from deploykit.encodings import (
     EncodingConfig,
@@ -137,6 +138,9 @@ class ViTConfig:
         mean, std: input normalisation the model expects (per channel, on [0, 1] pixels).
         dataset: the ``deploykit.zoo`` dataset the weights were trained on, if any; validation
             then takes its real inputs from that dataset's test split.
+        crop_pct, crop_mode, interpolation: how an image becomes an input, with ``mean``/``std``
+            (timm's eval transform, ``deploykit.imaging.Preprocessing``; an import from timm
+            takes them from the model's ``pretrained_cfg``).
     """
 
     img_size: int = 224
@@ -160,6 +164,9 @@ class ViTConfig:
     std: tuple[float, float, float] = (0.229, 0.224, 0.225)
     encoding: EncodingConfig = field(default_factory=lambda: get_config("ape"))
     dataset: str | None = None
+    crop_pct: float = imaging.DEFAULT_CROP_PCT
+    crop_mode: str = "center"
+    interpolation: str = "bicubic"
 
     # What config.json must say: the architecture and encoding have no default that fits every
     # checkpoint. Missing other fields take timm's ViT values (mlp_ratio 4, qkv bias, class
@@ -182,6 +189,15 @@ class ViTConfig:
         check_normalisation(self.mean, self.std, self.in_chans)
         if self.dataset is not None and self.dataset not in DATASETS:
             raise ConfigError(f"dataset must be null or one of {', '.join(DATASETS)} (deploykit.zoo), got {show(self.dataset)}")
+        try:
+            imaging.check_preprocessing(self.crop_pct, self.crop_mode, self.interpolation)
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
+
+    @property
+    def preprocessing(self) -> imaging.Preprocessing:
+        """How an image becomes this model's input (calibration, validation and serving use it)."""
+        return imaging.Preprocessing(self.mean, self.std, self.crop_pct, self.crop_mode, self.interpolation)
 
     @property
     def num_prefix_tokens(self) -> int:

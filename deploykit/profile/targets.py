@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from deploykit.data import encode_chars, preprocess, random_inputs, random_token_inputs, sample_text
+from deploykit.data import encode_chars, random_inputs, random_token_inputs, sample_text
 from deploykit.encodings import Hook, encoding_name, get_config
 from deploykit.errors import ConfigError, DeployKitError
 from deploykit.export.bundle import load_reference
@@ -235,7 +235,7 @@ def end_to_end_call(target, frames: list, resolution, cfg) -> Callable[[], objec
         return run_text
 
     def run():
-        batch = np.stack([preprocess(f, resolution, cfg.mean, cfg.std) for f in frames])
+        batch = np.stack([cfg.preprocessing(f, resolution) for f in frames])
         logits = target.infer_host(batch)
         shifted = np.exp(logits - logits.max(-1, keepdims=True))
         probs = shifted / shifted.sum(-1, keepdims=True)

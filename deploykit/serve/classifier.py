@@ -62,12 +62,15 @@ class ClassifierConfig:
         num_classes: logits per image.
         mean: per-channel mean subtracted after scaling to [0, 1].
         std: per-channel divisor (positive).
+        preprocessing: how an image becomes an input (mean and std included): the model's one
+            preprocessing, as calibration and validation applied it.
     """
 
     in_chans: int
     num_classes: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    preprocessing: imaging.Preprocessing
 
 
 def read_image_config(export_dir: Path, manifest: Manifest) -> ClassifierConfig:
@@ -89,9 +92,10 @@ def read_image_config(export_dir: Path, manifest: Manifest) -> ClassifierConfig:
     if data.get("architecture") == SEQUENCE_ARCHITECTURE:
         raise ConfigError(f"{export_dir} holds a sequence model; serving takes image classifiers (ViT exports)")
     try:
-        config = ClassifierConfig(
-            int(data["in_chans"]), int(data["num_classes"]), tuple(map(float, data["mean"])), tuple(map(float, data["std"]))
-        )
+        mean, std = tuple(map(float, data["mean"])), tuple(map(float, data["std"]))
+        # configs written before the preprocessing fields: timm's defaults, as the model then took them
+        settings = {k: data[k] for k in ("crop_pct", "crop_mode", "interpolation") if k in data}
+        config = ClassifierConfig(int(data["in_chans"]), int(data["num_classes"]), mean, std, imaging.Preprocessing(mean, std, **settings))
     except (KeyError, TypeError, ValueError) as err:
         raise ConfigError(f"invalid model config {path}: in_chans, num_classes, mean and std are needed ({err!r})") from err
     sizes_ok = config.in_chans >= 1 and config.num_classes >= 1 and len(config.mean) == len(config.std) == config.in_chans

@@ -46,7 +46,6 @@ import numpy as np
 from deploykit import imaging
 from deploykit._lazy import lazy_import
 from deploykit.backends.base import Runner
-from deploykit.data import CROP_PCT, preprocess
 from deploykit.errors import ConfigError, DeployKitError, InputError
 from deploykit.export.manifest import OUTPUT_NAME, Manifest
 from deploykit.imaging import nearest_resolution
@@ -196,7 +195,6 @@ class Pipeline:
         backend: ``"auto"`` or a backend name (see the module docstring).
         top_k: classes returned per image.
         batch_size: most images per runner call.
-        crop_pct: resize the short side to ``resolution / crop_pct`` before the centre crop.
         limits: the largest image (pixels, encoded bytes) accepted; larger ones are refused
             before decoding.
         factories: backend name → runner factory; default ``deploykit.backends.registry.RUNNER_FACTORIES``.
@@ -215,7 +213,6 @@ class Pipeline:
         backend: str = "auto",
         top_k: int = 5,
         batch_size: int = 8,
-        crop_pct: float = CROP_PCT,
         limits: ImageLimits = ImageLimits(),
         factories: Mapping[str, RunnerFactory] | None = None,
         plugins=None,
@@ -230,7 +227,7 @@ class Pipeline:
         if top_k < 1 or batch_size < 1:
             raise ConfigError(f"top_k and batch_size must be >= 1, got {top_k} and {batch_size}")
         self.export_dir = Path(export_dir)
-        self.top_k, self.batch_size, self.crop_pct, self.limits = top_k, batch_size, crop_pct, limits
+        self.top_k, self.batch_size, self.limits = top_k, batch_size, limits
         self.precision = check_precision(precision or "fp32").name
         manifest = Manifest.read(self.export_dir)
         self.config = read_image_config(self.export_dir, manifest)
@@ -315,8 +312,9 @@ class Pipeline:
         return nearest_resolution(size, self.resolutions)
 
     def preprocess(self, image: np.ndarray, resolution: tuple[int, int]) -> np.ndarray:
-        """``[H, W, 3]`` uint8 → ``[3, h, w]`` float32 with the model's mean / std."""
-        return preprocess(image, resolution, self.config.mean, self.config.std, self.crop_pct)
+        """``[H, W, 3]`` uint8 → ``[3, h, w]`` float32, preprocessed as the model's ``config.json`` says
+        (``deploykit.imaging.Preprocessing``, what calibration and validation applied)."""
+        return self.config.preprocessing(image, resolution)
 
     def logits(self, images: np.ndarray) -> np.ndarray:
         """Run preprocessed ``[B, 3, h, w]`` float32 images at an exported resolution.

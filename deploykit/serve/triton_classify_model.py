@@ -30,7 +30,7 @@ class TritonPythonModel:
         settings = json.loads(json.loads(args["model_config"])["parameters"]["settings"]["string_value"])
         self.resolutions = [tuple(r) for r in settings["resolutions"]]
         self.models = dict(zip(self.resolutions, settings["models"]))
-        self.mean, self.std, self.crop_pct = settings["mean"], settings["std"], settings["crop_pct"]
+        self.preprocessing = self.imaging.Preprocessing(**settings["preprocessing"])
         self.limits = [settings[k] for k in ("max_pixels", "max_bytes", "max_side", "max_aspect")]
         self.max_batch_size = settings["max_batch_size"]
 
@@ -55,7 +55,7 @@ class TritonPythonModel:
     def _prepare(self, data: bytes) -> tuple[tuple[int, int], np.ndarray]:
         image = self.imaging.decode(bytes(data), *self.limits)
         res = self.imaging.nearest_resolution(image.shape[:2], self.resolutions)
-        return res, self.imaging.preprocess(image, res, self.mean, self.std, self.crop_pct)
+        return res, self.preprocessing(image, res)
 
     def _classify(self, images: list, errors: dict) -> dict:
         """``(request, item) -> (classes, scores, resolution)``; a failed call marks its requests in ``errors``."""

@@ -3,9 +3,9 @@
 Copied verbatim into a generated model repository as ``preprocess_<res>/1/model.py``, beside
 ``deploykit_imaging.py`` (a copy of ``deploykit/imaging.py``), so it needs numpy and Pillow
 only, and preprocesses with the code the in-process pipeline and validation use: the served
-tensors equal ``deploykit.data.preprocess`` to float32 rounding. Settings come from the
-``parameters`` of its ``config.pbtxt``: ``height``, ``width``, ``mean``, ``std``, ``crop_pct``,
-``max_pixels``, ``max_bytes``. An image that is not one, or is over a limit (checked from its
+tensors equal ``deploykit.imaging.Preprocessing`` to float32 rounding. Settings come from the
+``parameters`` of its ``config.pbtxt``: ``height``, ``width``, ``preprocessing`` (the model's, as
+``config.json`` records it), ``max_pixels``, ``max_bytes``. An image that is not one, or is over a limit (checked from its
 header, before decoding), gets INVALID_ARGUMENT with one line; the other requests are answered.
 """
 
@@ -25,13 +25,12 @@ class TritonPythonModel:
         self.imaging = deploykit_imaging
         params = {k: v["string_value"] for k, v in json.loads(args["model_config"])["parameters"].items()}
         self.resolution = int(params["height"]), int(params["width"])
-        self.mean, self.std = json.loads(params["mean"]), json.loads(params["std"])
-        self.crop_pct = float(params["crop_pct"])
+        self.preprocessing = self.imaging.Preprocessing(**json.loads(params["preprocessing"]))
         self.max_pixels, self.max_bytes = int(params["max_pixels"]), int(params["max_bytes"])
 
     def _preprocess(self, data: bytes) -> np.ndarray:
         image = self.imaging.decode(data, self.max_pixels, self.max_bytes)
-        return self.imaging.preprocess(image, self.resolution, self.mean, self.std, self.crop_pct)
+        return self.preprocessing(image, self.resolution)
 
     def execute(self, requests):
         import triton_python_backend_utils as pb_utils  # only exists inside Triton's stub

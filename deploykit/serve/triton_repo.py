@@ -71,7 +71,6 @@ class RepositoryOptions:
         gpu_instances: model instances per GPU (TensorRT and the GPU ONNX variant).
         onnx_kind: ``"gpu"`` or ``"cpu"`` instances for the ONNX Runtime variant.
         preprocess_instances: CPU instances of the Python preprocessing model.
-        crop_pct: as in ``deploykit.data.preprocess``.
         limits: the largest image the preprocessing models decode (pixels, encoded bytes).
     """
 
@@ -81,7 +80,6 @@ class RepositoryOptions:
     gpu_instances: int = 1
     onnx_kind: str = "gpu"
     preprocess_instances: int = 2
-    crop_pct: float = 0.875
     limits: ImageLimits = field(default_factory=ImageLimits)
 
     def __post_init__(self) -> None:
@@ -177,9 +175,7 @@ def preprocess_config(name: str, resolution: tuple[int, int], config, opts: Repo
     params = dict(
         height=resolution[0],
         width=resolution[1],
-        mean=json.dumps(list(config.mean)),
-        std=json.dumps(list(config.std)),
-        crop_pct=opts.crop_pct,
+        preprocessing=json.dumps(config.preprocessing.to_dict()),
         max_pixels=opts.limits.max_pixels,
         max_bytes=opts.limits.max_bytes,
     )

@@ -223,9 +223,7 @@ def classify_config(pipeline: Pipeline, options: ServerOptions) -> str:
     settings = dict(
         resolutions=[list(r) for r in pipeline.resolutions],
         models=[logits_model_name(r) for r in pipeline.resolutions],
-        mean=list(pipeline.config.mean),
-        std=list(pipeline.config.std),
-        crop_pct=pipeline.crop_pct,
+        preprocessing=pipeline.config.preprocessing.to_dict(),
         max_pixels=options.limits.max_pixels,
         max_bytes=options.limits.max_bytes,
         max_side=options.limits.max_side,

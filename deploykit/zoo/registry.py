@@ -26,6 +26,9 @@ ZOO_TRUNK: dict[str, Any] = dict(
     mean=(0.5, 0.5, 0.5),
     std=(0.5, 0.5, 0.5),
     dataset="shape-relations",
+    # A scene fills its image (the dataset renders it at the model's resolution), so an image of
+    # one is resized whole, never centre-cropped: the zoo's preprocessing.
+    crop_pct=1.0,
 )
 # Resolutions of the cards' extrapolation table, as multiples of the training resolution.
 EVAL_SCALES = (1.0, 1.5, 2.0)

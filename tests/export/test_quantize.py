@@ -1,7 +1,10 @@
 """INT8 plans: where the Q/DQ pairs went (read back from the written graph), what calibration
 reads, and that a plan which cannot be trusted is refused before anything is written."""
 
+import ast
 import json
+import math
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -16,6 +19,7 @@ from deploykit.export import export
 from deploykit.export.lint import TABLE_PREFIXES
 from deploykit.export.manifest import Manifest, graph_quantization
 from deploykit.export.quantize import CalibrationOptions
+from deploykit.export.sensitivity import QualityTarget
 from deploykit.nn import create_model
 from deploykit.nn.checkpoint import load_model
 from deploykit.zoo.dataset import ShapeRelations
@@ -46,6 +50,12 @@ def _dequantized_inputs(proto):
 
 def _scopes(node):
     return next((p.value for p in node.metadata_props if p.key == "pkg.torch.onnx.name_scopes"), "")
+
+
+def _module(node):
+    """The deepest ``model.*`` scope without ``model.`` (read here from the raw metadata)."""
+    scopes = [s for s in ast.literal_eval(_scopes(node) or "[]") if s.startswith("model.")]
+    return scopes[-1][len("model.") :] if scopes else ""
 
 
 def test_qdq_only_on_matmul_inputs_and_never_near_the_encoding(int8_graph):
@@ -99,6 +109,15 @@ def test_the_plan_is_recorded_in_graph_and_manifest(int8_graph):
     assert "bundled sample images" in details["calibration_data"]
     assert details["float_nodes"]["logits"] and details["float_nodes"]["attention"]
     assert details["quantized_nodes"] == 1 + 4 * 2  # patch embedding + qkv, proj, fc1, fc2 per block
+    # Every node named by its PyTorch module, its ONNX name beside it, and why it is float.
+    modules = {n.name: m for n in proto.graph.node for m in [_module(n)]}
+    kept = details["kept_float"]
+    assert {(e["module"], e["why"]) for e in kept} == {("head", "logits"), ("blocks.0.attn", "attention"), ("blocks.1.attn", "attention")}
+    assert all(e["reason"] == "policy" and modules[e["onnx"]] == e["module"] for e in kept)
+    assert details["float_nodes"]["logits"] == [f"head ({next(e['onnx'] for e in kept if e['why'] == 'logits')})"]
+    assert [e["module"] for e in details["sensitivity"]["most_sensitive"]][0].startswith(("blocks.", "patch_embed"))
+    entry = next(g for g in manifest.graphs if g.precision == "int8")
+    assert entry.quantization["inputs"]["calibration"]["count"] == 8 and len(entry.quantization["inputs"]["held_out"]["sha256"]) == 64
     meta = {p.key: p.value for p in proto.metadata_props}
     assert meta["deploykit.precision"] == "int8" and "deploykit.encoding" in meta
 
@@ -136,7 +155,7 @@ def test_nan_calibration_is_refused_with_nodes_named_and_nothing_written(tmp_pat
 
     monkeypatch.setattr(deploykit.data, "calibration_inputs", poisoned)
     out = tmp_path / "x"
-    with pytest.raises(ExportError, match=r"NaN/Inf ranges at node_\S+") as err:
+    with pytest.raises(ExportError, match=r"NaN/Inf ranges at patch_embed\.proj \(node_\S+\)") as err:
         export(_model("ape"), [RES], out, precisions=["fp32", "int8"], calibration=QUICK)
     assert "\n" not in str(err.value)
     assert not out.exists()
@@ -156,7 +175,10 @@ def test_a_plan_that_fails_its_check_is_refused(tmp_path, monkeypatch):
         return proto
 
     monkeypatch.setattr(quantize._StaticQuantizer, "quantize", shrunk_ranges)
-    with pytest.raises(ExportError, match=r"int8 plan at 64 fails its tolerance .* first divergent block model\.blocks\.0"):
+    with pytest.raises(
+        ExportError,
+        match=r"int8 plan at 64 fails its tolerance .* first divergent block blocks\.0 \(quantized there: blocks\.0\.attn\.qkv \(node_",
+    ):
         export(_model("ape"), [RES], tmp_path / "x", precisions=["int8"], calibration=QUICK)
     assert not (tmp_path / "x").exists()
 
@@ -181,6 +203,29 @@ def test_dynamic_and_fused_attention_plans_validate(tmp_path):
         report = validate(tmp_path, precision=precision, num_random=2, num_real=8)
         assert report, report.to_json()
     assert json.loads(json.dumps(report.to_json()))[0]["precision"] == "fp32-mha"
+
+
+def test_int8_mha_is_the_int8_plan_with_its_float_attention_fused(tmp_path):
+    """Same calibration and fallback as ``int8``; the attention core becomes MultiHeadAttention."""
+    from deploykit.export.quantize import run_graph
+    from deploykit.validate import validate
+
+    model = load_model(model_dir(DEFAULT_ZOO_MODEL))
+    options = CalibrationOptions(samples=32, held_out=64)
+    export(model, [(48, 48)], tmp_path, precisions=["int8", "int8-mha"], calibration=options)
+    int8, fused = (onnx.load(str(tmp_path / f"model_48_{p}.onnx")) for p in ("int8", "int8-mha"))
+    ops = [n.op_type for n in fused.graph.node]
+    assert ops.count("MultiHeadAttention") == model.cfg.depth and "Softmax" not in ops
+    assert ops.count("QuantizeLinear") == [n.op_type for n in int8.graph.node].count("QuantizeLinear") > 0
+    assert graph_quantization(fused)["kept_float"] == graph_quantization(int8)["kept_float"]
+    inputs = deploykit.data.dataset_inputs(model.cfg.dataset, (48, 48), model.cfg.mean, model.cfg.std, 16)
+    # Equal but for summation order (which can move a value across an int8 rounding step downstream).
+    a, b = run_graph(fused, inputs), run_graph(int8, inputs)
+    assert (
+        np.mean(a.argmax(-1) == b.argmax(-1)) >= 15 / 16
+        and np.min(np.sum(a * b, -1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)) > 0.999
+    )
+    assert validate(tmp_path, precision="int8-mha", num_random=1, num_real=8)
 
 
 def test_validate_passes_int8_on_a_trained_model_and_fails_a_planted_bad_scale(tmp_path):
@@ -237,3 +282,125 @@ def test_attention_products_quantized_on_request(tmp_path):
     assert len(products) == 2 * 2  # q·kᵀ and attention·v in both blocks, both inputs int8
     details = manifest.graph(RES, "int8").quantization
     assert details["attention_int8"] and "attention" not in details["float_nodes"]
+
+
+# ------------------------------------------------------------------ the fallback, planted
+
+
+def _planted_model():
+    """A seeded ViT whose block 1 fc2 reads one hidden channel ~100x larger than the rest, a
+    channel fc2 ignores: per-tensor int8 scales set by it round fc2's real input to zero."""
+    torch.manual_seed(0)
+    model = create_model("vit_tiny_patch16", encoding="ape", depth=2, img_size=32, patch_size=8, embed_dim=64, num_heads=2, num_classes=3)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.mul_(5)  # logits far apart: agreement measures quantization, not ties
+        model.blocks[1].mlp.fc1.bias[7] = 300.0
+        model.blocks[1].mlp.fc2.weight[:, 7] = 0.0
+    return model.eval()
+
+
+def test_the_fallback_finds_the_planted_matmul_names_it_and_meets_the_target(tmp_path, caplog):
+    from deploykit.export.quantize import describe_plan
+    from deploykit.inputs import InputData, UserCalibration
+
+    inputs = np.random.default_rng(0).standard_normal((300, 3, 32, 32)).astype(np.float32)
+    data = UserCalibration(InputData(Path("noise.npy"), arrays={"": inputs}))
+    options = CalibrationOptions(samples=64, held_out=236, min_agreement=0.9, data=data)
+    manifest = export(_planted_model(), [(32, 32)], tmp_path, precisions=["int8"], calibration=options)
+    details = manifest.graph((32, 32), "int8").quantization
+    record = details["agreement"]
+    assert record["quantized_all"]["top1_agreement"] < 0.9  # control: the outlier breaks the all-int8 plan
+    assert record["met"] and record["final"]["top1_agreement"] >= 0.9 and record["final"]["complete"]
+    (moved,) = [e for e in details["kept_float"] if e["reason"] == "sensitivity"]
+    assert moved["module"] == "blocks.1.mlp.fc2" and moved["onnx"].startswith("node_")
+    assert details["sensitivity"]["most_sensitive"][0]["module"] == "blocks.1.mlp.fc2"
+    budget = int(9 * QualityTarget.max_float_share)  # of the 9 quantizable nodes (patch embedding, 4 per block)
+    assert record["checks"] <= 2 + math.ceil(math.log2(budget))
+    proto = onnx.load(str(tmp_path / "model_32_int8.onnx"))
+    (fc2,) = [n for n in proto.graph.node if n.name == moved["onnx"]]
+    assert not _dequantized_inputs(proto)[fc2.name]  # float in the written graph
+    assert any(_dequantized_inputs(proto)[n.name] for n in proto.graph.node if _module(n) == "blocks.1.mlp.fc1")
+    text = "\n".join(describe_plan(details))
+    assert f"kept float: blocks.1.mlp.fc2 ({moved['onnx']}): sensitivity" in text
+    assert not any("untrained" in r.message for r in caplog.records)  # its weights were changed: not at their init
+
+
+def test_bisection_checks_a_logarithmic_number_of_times():
+    from deploykit.export.sensitivity import bisect_fallback
+
+    ranked = [f"n{i}" for i in range(100)]
+    for needed in (0, 1, 7, 24, 25):
+        calls = []
+
+        def check(nodes, stop_early, calls=calls, needed=needed):
+            calls.append(len(nodes))
+            return {"top1_agreement": 0.0, "mean_cosine": 0.0}, len(nodes) >= needed
+
+        count, trials = bisect_fallback(ranked, 25, check)
+        assert count == needed and [t.float_count for t in trials] == calls
+        assert len(calls) <= 2 + math.ceil(math.log2(25))
+    count, _ = bisect_fallback(ranked, 25, lambda nodes, stop_early: ({}, False))
+    assert count == 25  # never met: the most float allowed
+
+
+def test_moving_every_node_back_to_float_gives_the_fp32_graph(tmp_path):
+    from deploykit.export import onnx_from_model, quantize
+    from deploykit.export.sensitivity import dequantize_nodes
+
+    fp32 = onnx_from_model(_model("rope-axial"), RES)
+    inputs = np.random.default_rng(0).standard_normal((8, 3, *RES)).astype(np.float32)
+    planned = quantize.quantize_static_int8(fp32, quantize.Calibration(inputs, "noise"))
+    quantized = quantize.select_nodes(fp32, False).quantize
+    restored = dequantize_nodes(planned, fp32, quantized)
+    assert not {n.op_type for n in restored.graph.node} & set(QDQ)
+    np.testing.assert_allclose(quantize.run_graph(restored, inputs), quantize.run_graph(fp32, inputs), rtol=0, atol=1e-5)
+    assert np.abs(quantize.run_graph(planned, inputs) - quantize.run_graph(fp32, inputs)).max() > 1e-4  # control
+
+
+def test_keep_float_pins_layers_by_module_path(tmp_path):
+    options = CalibrationOptions(samples=8, held_out=16, min_agreement=None, keep_float=("blocks.0.mlp.*", "blocks.1.attn.qkv"))
+    manifest = export(_model("ape"), [RES], tmp_path, precisions=["int8"], calibration=options)
+    pinned = {e["module"]: e["why"] for e in manifest.graph(RES, "int8").quantization["kept_float"] if e["reason"] == "pinned"}
+    assert pinned == {
+        "blocks.0.mlp.fc1": "--keep-float blocks.0.mlp.*",
+        "blocks.0.mlp.fc2": "--keep-float blocks.0.mlp.*",
+        "blocks.1.attn.qkv": "--keep-float blocks.1.attn.qkv",
+    }
+    proto = onnx.load(str(tmp_path / "model_64_int8.onnx"))
+    dequantized = _dequantized_inputs(proto)
+    assert not any(dequantized[n.name] for n in proto.graph.node if _module(n) in pinned)
+    assert any(dequantized[n.name] for n in proto.graph.node if _module(n) == "blocks.1.mlp.fc1")
+    with pytest.raises(ConfigError, match=r"--keep-float 'blocks\.9\.\*' matches no quantizable layer; they are: patch_embed\.proj, "):
+        export(
+            _model("ape"), [RES], tmp_path / "x", precisions=["int8"], calibration=CalibrationOptions(samples=8, keep_float=("blocks.9.*",))
+        )
+
+
+def test_a_features_model_is_judged_by_per_token_cosine(tmp_path):
+    torch.manual_seed(0)
+    model = create_model("vit_tiny_patch16", encoding="ape", depth=1, img_size=32, num_classes=0, global_pool="")
+    unreachable = CalibrationOptions(samples=8, held_out=8, min_cosine=1.0)
+    manifest = export(model, [(32, 32)], tmp_path, precisions=["int8"], calibration=unreachable)
+    record = manifest.graph((32, 32), "int8").quantization["agreement"]
+    assert record["target"]["min_cosine"] == 1.0 and record["target"]["min_agreement"] is None
+    final = record["final"]
+    assert "top1_agreement" not in final and 0.99 < final["mean_cosine"] < 1 and 0 < final["mean_relative_error"] < 0.2
+    assert final["rows"] == 8 * (1 + 4) and not record["met"]  # a row per token of every input; 1.0 is out of reach
+    reachable = CalibrationOptions(samples=8, held_out=8, min_cosine=0.9, max_relative_error=0.5)
+    record = (
+        export(model, [(32, 32)], tmp_path / "b", precisions=["int8"], calibration=reachable)
+        .graph((32, 32), "int8")
+        .quantization["agreement"]
+    )
+    assert record["met"] and record["checks"] == 1
+
+
+def test_untrained_weights_are_recognised():
+    from deploykit.export import onnx_from_model
+    from deploykit.export.quantize import looks_untrained
+
+    assert looks_untrained(onnx_from_model(_model("ape"), RES))
+    assert not looks_untrained(onnx_from_model(load_model(model_dir(DEFAULT_ZOO_MODEL)), (48, 48)))
+    assert not looks_untrained(onnx_from_model(_planted_model(), (32, 32)))

@@ -20,9 +20,10 @@ from deploykit._lazy import is_available
 from deploykit.backends import OnnxrtRunner
 from deploykit.cli import main
 from deploykit.export import export, lint_graph
+from deploykit.imaging import Preprocessing
 from deploykit.nn import VisionTransformer, ViTConfig, load_model
 from deploykit.nn.checkpoint import load_weights
-from deploykit.nn.from_timm import state_dict_from_timm
+from deploykit.nn.from_timm import preprocessing_fields, state_dict_from_timm
 from deploykit.validate import validate
 
 # torch.onnx's dynamo exporter trips a deprecation inside torch.utils._pytree; not ours to fix.
@@ -62,6 +63,32 @@ def test_plain_bicubic_resize_would_not_match_timm():
     model = converted("vit_tiny_patch16_224", antialias=False)
     with torch.no_grad():
         assert (model(probe_images((96, 96))) - timm_output("vit_tiny_patch16_224", (96, 96))).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_preprocessing_is_timms_data_config(name):
+    """What ``import timm`` records is what timm's ``resolve_data_config`` makes of the model's
+    ``pretrained_cfg`` (both recorded from timm), and the config holds it."""
+    recorded = REFERENCE[name]
+    fields = preprocessing_fields(recorded["pretrained_cfg"])
+    assert {k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()} == recorded["data_config"]
+    assert {k: recorded["config"][k] for k in fields} == recorded["data_config"]
+    assert converted(name).cfg.preprocessing == Preprocessing(**fields)
+
+
+def test_preprocessing_fields_take_timms_defaults_and_its_crop_modes():
+    # timm's vision_transformer.py: a CLIP fine-tune's cfg (crop_mode='squash'), and an entry left empty.
+    squash = dict(
+        crop_pct=1.0,
+        crop_mode="squash",
+        interpolation="bicubic",
+        mean=(0.48145466, 0.4578275, 0.40821073),
+        std=(0.26862954, 0.26130258, 0.27577711),
+    )
+    assert preprocessing_fields(squash)["crop_mode"] == "squash"
+    assert preprocessing_fields(dict(crop_pct=None, interpolation="")) == dict(
+        mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), crop_pct=0.875, crop_mode="center", interpolation="bicubic"
+    )
 
 
 def test_conventions_are_recorded_in_the_config():
@@ -153,6 +180,7 @@ def kwargs_args(name: str) -> list[str]:
 def test_recorded_outputs_are_timms(name):
     fresh, recorded = timm_reference(name), REFERENCE[name]
     assert fresh["config"] == recorded["config"] and fresh["shapes"] == recorded["shapes"]
+    assert fresh["pretrained_cfg"] == recorded["pretrained_cfg"] and fresh["data_config"] == recorded["data_config"]
     for key, value in fresh["outputs"].items():
         torch.testing.assert_close(torch.tensor(value), torch.tensor(recorded["outputs"][key]), atol=1e-5, rtol=0)
 

@@ -36,6 +36,8 @@ CASES: dict[str, dict] = {
     "vit_small_plus_patch16_dinov3": dict(_TINY, global_pool="token"),  # SwiGLU, class-token features
 }
 RESOLUTIONS = ((64, 64), (48, 80), (96, 96))
+# The pretrained_cfg entries timm's eval transform reads (timm.data.resolve_data_config).
+PREPROCESSING_KEYS = ("mean", "std", "crop_pct", "crop_mode", "interpolation")
 BATCH = 2
 
 
@@ -85,7 +87,18 @@ def timm_reference(name: str) -> dict:
     model.load_state_dict(seeded_state_dict(shapes))
     with torch.no_grad():
         outputs = {tag(r): model(probe_images(r)).tolist() for r in RESOLUTIONS}
-    return dict(timm=timm.__version__, kwargs=kwargs, config=config_from_timm(model, name).to_dict(), shapes=shapes, outputs=outputs)
+    # What timm's own eval transform is built from: the pretrained_cfg entries and timm's resolution of them.
+    pretrained_cfg = {k: model.pretrained_cfg.get(k) for k in PREPROCESSING_KEYS}
+    data_config = {k: v for k, v in timm.data.resolve_data_config(model=model).items() if k in PREPROCESSING_KEYS}
+    return dict(
+        timm=timm.__version__,
+        kwargs=kwargs,
+        config=config_from_timm(model, name).to_dict(),
+        shapes=shapes,
+        outputs=outputs,
+        pretrained_cfg=json.loads(json.dumps(pretrained_cfg)),
+        data_config=json.loads(json.dumps(data_config)),
+    )
 
 
 if __name__ == "__main__":

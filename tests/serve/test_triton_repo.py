@@ -19,8 +19,9 @@ from serve_reference import torch_preprocess
 from server_process import free_ports, process_tree, stop, wait_until
 
 from deploykit.cli import main
-from deploykit.data import preprocess, sample_images
+from deploykit.data import sample_images
 from deploykit.errors import DeployKitError
+from deploykit.imaging import Preprocessing
 from deploykit.serve.triton_repo import RepositoryOptions, package_triton
 from tests.test_imaging import png_header_only
 
@@ -218,11 +219,12 @@ def test_preprocessing_model_serves_in_bundled_tritonserver(bundled_server, expo
     tensor.set_data_from_numpy(np.array([[_png(img)] for img in images], dtype=object))
     served = bundled_server.infer(f"preprocess_{tag}", [tensor]).as_numpy("images")
     res = (int(tag), int(tag))
-    expected = np.stack([torch_preprocess(img, res, config["mean"], config["std"]) for img in images])
+    settings = {k: config[k] for k in ("crop_pct", "crop_mode", "interpolation")}
+    expected = np.stack([torch_preprocess(img, res, config["mean"], config["std"], **settings) for img in images])
     assert served.shape == expected.shape == (2, 3, *res)
     # the served model preprocesses with the code validation uses: equal to float32 rounding
     np.testing.assert_allclose(served, expected, rtol=0, atol=1e-6)
-    np.testing.assert_array_equal(served, np.stack([preprocess(img, res, config["mean"], config["std"]) for img in images]))
+    np.testing.assert_array_equal(served, np.stack([Preprocessing(config["mean"], config["std"], **settings)(img, res) for img in images]))
 
 
 def test_bundled_preprocessing_rejects_non_image_bytes_and_keeps_serving(bundled_server):

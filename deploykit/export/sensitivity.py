@@ -1,0 +1,422 @@
+"""Which quantized nodes an INT8 plan moves back to float, found in minutes.
+
+Two steps, each a small number of passes over the data whatever the model's depth:
+
+1. **Sensitivity, one pass.** Each quantized node's quantization error where it counts, at the
+   graph's output, with that node alone quantized: ``Σ‖y_n − y‖² / Σ‖y‖²`` (ONNX Runtime's SQNR,
+   as a ratio rather than in dB, taken at the output). One graph holds every node in both forms,
+   int8 and fp32, blended per row by a mask, and one run over the inputs repeated once per node
+   measures them all side by side (``node_sensitivity``).
+2. **Fallback, bisection.** Nodes ranked by that error go back to float as a prefix of the ranking:
+   the smallest prefix that meets the target is found by bisection over its length, so the
+   target is checked ``O(log n)`` times rather than once per node. A node goes back to float by
+   a graph edit on the quantized graph (its inputs read the fp32 tensors again, and the Q/DQ
+   pairs nobody reads any more are dropped), so calibration and the quantizer run once.
+
+A target (``QualityTarget``) fits the model: top-1 agreement with the fp32 graph for a
+classifier, mean per-token cosine (and optionally relative error) for a features model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from deploykit.comparison import row_cosines
+
+# Inputs per ORT call of the sensitivity pass (nodes × inputs each): activations stay at a batch's.
+_SENSITIVITY_BATCH = 16
+_PRODUCTS = ("MatMul", "Gemm", "Conv")  # what the int8 plan quantizes (quantize.QUANTIZED_OP_TYPES)
+
+
+@dataclass(frozen=True)
+class QualityTarget:
+    """What the quantized graph must keep of the fp32 graph's outputs on held-out inputs.
+
+    Rows are what ``quantize.run_graph`` returns: one per image for a classifier or a pooled
+    features model, one per token for a model returning every token.
+
+    A classifier's agreement is judged twice, and both must reach ``min_agreement``: counted (the
+    share of rows whose arg-max is fp32's) and estimated from all pairs of rows (``_pairwise``).
+    Counted alone it is a rare event on a few inputs: on the zoo's GeoPE at 2× its training
+    resolution the fallback stopped where the 1000 val scenes counted 99.5%, and the 2000 test
+    scenes then counted 98.95%; the pairwise estimate said 99.1-99.3% on both splits there, and
+    asking it for 99.5% too kept 5 matmuls float, after which the test split counted 99.35%.
+
+    Attributes:
+        inputs: held-out inputs (neither the calibration inputs nor a test split).
+        reference: the fp32 graph's output rows on them.
+        min_agreement: classifiers: share of rows whose arg-max matches fp32's (None: not judged).
+        min_cosine: features: mean cosine of the rows with fp32's (None: not judged).
+        max_relative_error: features: mean ``‖y − y_fp32‖ / ‖y_fp32‖`` of the rows (None: not judged).
+        max_float_share: at most this share of the quantized nodes falls back to float (a
+            third: GeoPE at 2× needed 5 of its 17).
+    """
+
+    inputs: np.ndarray
+    reference: np.ndarray
+    min_agreement: float | None = None
+    min_cosine: float | None = None
+    max_relative_error: float | None = None
+    max_float_share: float = 1 / 3
+
+    def measure(self, run: Callable[[np.ndarray], np.ndarray], batch: int = 32, stop_early: bool = True) -> tuple[dict, bool]:
+        """Run ``run`` (inputs → output rows) over the inputs batch by batch and return the
+        metrics and whether the target is met. With ``stop_early``, stops as soon as the target
+        can no longer be met (every metric is a mean of non-negative per-row shortfalls), so a
+        failing trial costs only part of a pass; its metrics are then those of the rows seen
+        (``complete`` False)."""
+        total = len(self.reference)
+        sums = {"disagree": 0.0, "estimated_disagree": 0.0, "cosine_gap": 0.0, "relative_error": 0.0}
+        margins = np.sort(_margins(self.reference)[0])
+        seen = 0
+        for start in range(0, len(self.inputs), batch):
+            actual = run(self.inputs[start : start + batch])
+            reference = self.reference[seen : seen + len(actual)]
+            seen += len(actual)
+            sums["disagree"] += float(np.sum(reference.argmax(-1) != actual.argmax(-1)))
+            sums["estimated_disagree"] += float(np.sum(_pairwise(margins, reference, actual)))
+            sums["cosine_gap"] += float(np.sum(1 - row_cosines(reference, actual)))
+            sums["relative_error"] += float(np.sum(_row_relative_errors(reference, actual)))
+            if stop_early and not self._still_possible(sums, total):
+                break
+        metrics = self._metrics(sums, seen)
+        metrics["rows"] = seen
+        metrics["complete"] = seen == total
+        return metrics, seen == total and self._met(metrics)
+
+    def _still_possible(self, sums: dict, total: int) -> bool:
+        limits = {
+            "disagree": None if self.min_agreement is None else (1 - self.min_agreement) * total,
+            "estimated_disagree": None if self.min_agreement is None else (1 - self.min_agreement) * total,
+            "cosine_gap": None if self.min_cosine is None else (1 - self.min_cosine) * total,
+            "relative_error": None if self.max_relative_error is None else self.max_relative_error * total,
+        }
+        return all(limit is None or sums[key] <= limit + 1e-9 for key, limit in limits.items())
+
+    def _metrics(self, sums: dict, rows: int) -> dict:
+        """Top-1 agreement for a classifier's target; cosine and relative error always (for
+        features, where there are no answers, they are the criteria)."""
+        rows = max(rows, 1)
+        metrics = {}
+        if self.min_agreement is not None:
+            metrics.update(top1_agreement=1 - sums["disagree"] / rows, top1_agreement_estimate=1 - sums["estimated_disagree"] / rows)
+        metrics.update(mean_cosine=1 - sums["cosine_gap"] / rows, mean_relative_error=sums["relative_error"] / rows)
+        return metrics
+
+    def _met(self, metrics: dict) -> bool:
+        return (
+            (self.min_agreement is None or min(metrics["top1_agreement"], metrics["top1_agreement_estimate"]) >= self.min_agreement)
+            and (self.min_cosine is None or metrics["mean_cosine"] >= self.min_cosine)
+            and (self.max_relative_error is None or metrics["mean_relative_error"] <= self.max_relative_error)
+        )
+
+    def describe(self) -> str:
+        return describe_goal(self.min_agreement, self.min_cosine, self.max_relative_error)
+
+    def to_dict(self) -> dict:
+        return {
+            "held_out": len(self.inputs),
+            "min_agreement": self.min_agreement,
+            "min_cosine": self.min_cosine,
+            "max_relative_error": self.max_relative_error,
+        }
+
+
+def describe_goal(min_agreement: float | None = None, min_cosine: float | None = None, max_relative_error: float | None = None) -> str:
+    """``top-1 agreement >= 99.50%`` / ``mean cosine >= 0.995 and mean relative error <= 0.05``."""
+    parts = []
+    if min_agreement is not None:
+        parts.append(f"top-1 agreement >= {min_agreement:.2%}")
+    if min_cosine is not None:
+        parts.append(f"mean cosine >= {min_cosine:g}")
+    if max_relative_error is not None:
+        parts.append(f"mean relative error <= {max_relative_error:g}")
+    return " and ".join(parts) or "no target"
+
+
+def _margins(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's top-1 margin over the runner-up, relative to the row's norm, and its top-1 index."""
+    top = rows.argmax(-1)
+    others = rows.copy()
+    others[np.arange(len(rows)), top] = -np.inf
+    margin = rows[np.arange(len(rows)), top] - others.max(-1)
+    return margin / np.maximum(np.linalg.norm(rows, axis=-1), 1e-300), top
+
+
+def _pairwise(sorted_margins: np.ndarray, reference: np.ndarray, actual: np.ndarray) -> np.ndarray:
+    """Each row's estimated chance of changing its answer: the share of all held-out rows whose
+    fp32 margin (relative to its norm) is smaller than this row's int8 loss of margin.
+
+    A row's own answer changes when its margin ``m`` plus the int8 change ``δ`` of the same
+    difference goes below 0, a rare event counted once per row. Taking margins and changes as
+    independent, the chance is ``P(m < −δ)``, estimated here from all ``n`` margins for each of
+    the ``n`` changes seen: ``n²`` comparisons instead of ``n``.
+    """
+    margin, top = _margins(reference)
+    others = actual.copy()
+    others[np.arange(len(actual)), top] = -np.inf
+    scale = np.maximum(np.linalg.norm(reference, axis=-1), 1e-300)
+    change = (actual[np.arange(len(actual)), top] - others.max(-1)) / scale - margin
+    return np.searchsorted(sorted_margins, -change, side="left") / len(sorted_margins)
+
+
+def _row_relative_errors(reference: np.ndarray, actual: np.ndarray) -> np.ndarray:
+    return np.linalg.norm(actual - reference, axis=-1) / np.maximum(np.linalg.norm(reference, axis=-1), 1e-30)
+
+
+# ---------------------------------------------------------------------------------- sensitivity
+
+
+def node_sensitivity(fp32: onnx.ModelProto, qdq: onnx.ModelProto, nodes: Sequence[str], inputs: np.ndarray) -> dict[str, float]:
+    """Each quantized node's quantization error at the graph's output, when it alone is quantized:
+    ``Σ‖y_n − y‖² / Σ‖y‖²`` over the output rows of ``inputs`` (module docstring), every node
+    measured in the same pass.
+
+    One graph computes every node both ways: its int8 form (the plan's Q/DQ pairs) and its fp32
+    twin (same inputs before quantization, fp32 weight), blended by a 0/1 mask per row,
+    ``y = y_fp32 + mask · (y_int8 − y_fp32)``. The inputs are repeated once per node, and a node's
+    mask is 1 on its own copy only, so each copy runs the fp32 graph with exactly one node
+    quantized. Measuring at the output, not at the node (ONNX Runtime's ``qdq_loss_debug``
+    compares each tensor before and after its Q/DQ pair), matters: on the zoo's APE model at 2×
+    its training resolution, the nodes with the largest local error were the last blocks' MLPs,
+    and keeping 8 of them float left top-1 agreement at 98.0%; the largest at the output were
+    block 0's and the patch embedding, and keeping 3 float gave 99.3%.
+
+    Args:
+        fp32: the fp32 graph.
+        qdq: the same graph with ``nodes`` quantized (Q/DQ on their inputs), node names kept.
+        nodes: names of the quantized nodes to measure.
+        inputs: ``[k, ...]`` graph inputs; each node is measured on all of them (a few suffice:
+            the error of every output row is summed).
+
+    Returns:
+        Node name → relative squared error at the output (0: quantizing it changes nothing).
+    """
+    import onnxruntime as ort
+
+    name = fp32.graph.input[0].name
+    outputs = {n.name: n.output[0] for n in fp32.graph.node if n.name in set(nodes)}
+    rows, ranks = _probe(fp32, list(outputs.values()), inputs[:1])
+    blended, masks = _blended_graph(qdq, fp32, nodes, ranks)
+    session = ort.InferenceSession(blended.SerializeToString(), providers=["CPUExecutionProvider"])
+    reference = _flat(ort.InferenceSession(fp32.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {name: inputs})[0])
+    per_run = max(1, _SENSITIVITY_BATCH // len(inputs))  # nodes measured per run
+    error = {}
+    for start in range(0, len(masks), per_run):
+        group = masks[start : start + per_run]
+        feed = {name: np.concatenate([inputs] * len(group))}
+        for mask in masks:
+            on = np.zeros(len(group) * len(inputs), np.float32)
+            if mask in group:
+                on[group.index(mask) * len(inputs) : (group.index(mask) + 1) * len(inputs)] = 1
+            feed[mask.input] = np.repeat(on, rows[mask.output]).reshape(-1, *([1] * (mask.rank - 1)))
+        out = _flat(session.run([fp32.graph.output[0].name], feed)[0]).reshape(len(group), *reference.shape)
+        for i, mask in enumerate(group):
+            error[mask.node] = float(np.sum((out[i] - reference) ** 2) / max(np.sum(reference**2), 1e-300))
+    return error
+
+
+@dataclass(frozen=True)
+class _Mask:
+    node: str  # the quantized node
+    input: str  # the graph input holding its 0/1 row mask
+    output: str  # the node's output (as the fp32 graph names it)
+    rank: int
+
+
+def _blended_graph(
+    qdq: onnx.ModelProto, fp32: onnx.ModelProto, nodes: Sequence[str], ranks: dict[str, int]
+) -> tuple[onnx.ModelProto, list[_Mask]]:
+    """``qdq`` where each of ``nodes`` also runs as its fp32 twin and its output is the mask-blend
+    of the two (``node_sensitivity``); the masks are new graph inputs (``ranks``: each output's)."""
+    wanted = set(nodes)
+    twins = {n.name: n for n in fp32.graph.node if n.name in wanted}
+    out = onnx.ModelProto()
+    out.CopyFrom(qdq)
+    present = {i.name for i in out.graph.initializer}
+    fp32_weights = {i.name: i for i in fp32.graph.initializer}
+    rebuilt, masks = [], []
+    for node in out.graph.node:
+        rebuilt.append(node)
+        if node.name not in wanted:
+            continue
+        y = node.output[0]
+        twin = onnx.NodeProto()
+        twin.CopyFrom(twins[node.name])
+        twin.name, twin.output[0] = f"{node.name}.fp32", f"{y}.fp32"
+        for name in twin.input:  # the fp32 weights the quantized graph holds as int8 only
+            if name in fp32_weights and name not in present:
+                out.graph.initializer.append(fp32_weights[name])
+                present.add(name)
+        node.output[0] = f"{y}.int8"
+        mask = _Mask(node.name, f"{node.name}.mask", y, ranks[y])
+        # y = y_fp32 + mask * (y_int8 - y_fp32)
+        rebuilt += [
+            twin,
+            onnx.helper.make_node("Sub", [f"{y}.int8", f"{y}.fp32"], [f"{y}.delta"], name=f"{node.name}.delta"),
+            onnx.helper.make_node("Mul", [f"{y}.delta", mask.input], [f"{y}.masked"], name=f"{node.name}.masked"),
+            onnx.helper.make_node("Add", [f"{y}.fp32", f"{y}.masked"], [y], name=f"{node.name}.blend"),
+        ]
+        out.graph.input.append(
+            onnx.helper.make_tensor_value_info(mask.input, onnx.TensorProto.FLOAT, [f"{node.name}.rows"] + [1] * (mask.rank - 1))
+        )
+        masks.append(mask)
+    del out.graph.node[:]
+    out.graph.node.extend(rebuilt)
+    del out.graph.value_info[:]
+    return out, masks
+
+
+def _probe(fp32: onnx.ModelProto, tensors: list[str], one: np.ndarray) -> tuple[dict[str, int], dict[str, int]]:
+    """Each tensor's leading-dimension rows per input (a flattened ``[B·T, D]`` GEMM: ``T``) and rank."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(with_outputs(fp32, tensors).SerializeToString(), providers=["CPUExecutionProvider"])
+    values = session.run(tensors, {fp32.graph.input[0].name: one})
+    return {n: int(v.shape[0]) // len(one) for n, v in zip(tensors, values)}, {n: v.ndim for n, v in zip(tensors, values)}
+
+
+def _flat(outputs: np.ndarray) -> np.ndarray:
+    """Output rows ``[rows, last dim]`` in float64, as the targets compare them."""
+    return outputs.astype(np.float64).reshape(-1, outputs.shape[-1])
+
+
+def with_outputs(proto: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProto:
+    """A copy of ``proto`` that also outputs ``names`` (float tensors, shapes left to the runtime)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    have = {o.name for o in out.graph.output}
+    out.graph.output.extend(onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in names if n not in have)
+    return out
+
+
+# ------------------------------------------------------------------------------------- fallback
+
+
+def dequantize_nodes(qdq: onnx.ModelProto, fp32: onnx.ModelProto, nodes: Iterable[str]) -> onnx.ModelProto:
+    """``qdq`` with ``nodes`` back in float: each reads, in place of a ``DequantizeLinear``
+    output, the input the same node reads in ``fp32`` (the activation, or the fp32 weight); Q/DQ
+    pairs and int8 weights nobody reads any more are dropped. The graph is otherwise unchanged:
+    the other nodes keep their calibrated scales.
+
+    Edited on the protobuf rather than through onnx-graphsurgeon, which drops the nodes'
+    metadata (the exporter's name scopes, by which every node is named after its module).
+    """
+    wanted = set(nodes)
+    out = onnx.ModelProto()
+    out.CopyFrom(qdq)
+    if not wanted:
+        return out
+    float_inputs = {n.name: list(n.input) for n in fp32.graph.node if n.name in wanted}
+    fp32_weights = {i.name: i for i in fp32.graph.initializer}
+    producer = {o: n for n in out.graph.node for o in n.output}
+    present = {i.name for i in out.graph.initializer}
+    for node in out.graph.node:
+        if node.name not in wanted:
+            continue
+        for k, name in enumerate(node.input):
+            if name in producer and producer[name].op_type == "DequantizeLinear":
+                # The fp32 tensor: the activation (Q's input, produced earlier: order stays valid) or a weight.
+                node.input[k] = original = float_inputs[node.name][k]
+                if original in fp32_weights and original not in present:
+                    out.graph.initializer.append(fp32_weights[original])
+                    present.add(original)
+    _unquantize_orphans(out.graph)
+    _drop_unread(out.graph)
+    return out
+
+
+def _unquantize_orphans(graph: onnx.GraphProto) -> None:
+    """An activation Q/DQ pair no matrix product reads any more (only, say, the ``Shape`` of the
+    image): its readers take the fp32 tensor again."""
+    producer = {o: n for n in graph.node for o in n.output}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    for dq in [n for n in graph.node if n.op_type == "DequantizeLinear"]:
+        q = producer.get(dq.input[0])
+        users = readers.get(dq.output[0], [])
+        if q is None or q.op_type != "QuantizeLinear" or any(u.op_type in _PRODUCTS for u in users):
+            continue
+        for user in users:
+            user.input[:] = [q.input[0] if name == dq.output[0] else name for name in user.input]
+
+
+def _drop_unread(graph: onnx.GraphProto) -> None:
+    """Remove Q/DQ nodes whose outputs nobody reads, then initializers nobody reads."""
+    while True:
+        read = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
+        dead = [n for n in graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear") and not read.intersection(n.output)]
+        if not dead:
+            break
+        for node in dead:
+            graph.node.remove(node)
+    read = {name for node in graph.node for name in node.input}
+    kept = [i for i in graph.initializer if i.name in read]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+
+
+@dataclass
+class Trial:
+    """One checked plan of the fallback: how many of the ranked nodes were float, and its metrics."""
+
+    float_count: int
+    metrics: dict
+    met: bool
+
+
+def bisect_fallback(
+    ranked: Sequence[str],
+    budget: int,
+    check: Callable[[list[str]], tuple[dict, bool]],
+    progress: Callable[[str], None] | None = None,
+) -> tuple[int, list[Trial]]:
+    """The fewest leading nodes of ``ranked`` whose return to float meets the target.
+
+    ``check(float_nodes, stop_early)`` builds and measures that plan (every plan but the first,
+    which is reported in full, may stop as soon as it misses). Checked: no node (done if met), all
+    ``budget`` nodes (if that misses, more float cannot be afforded: returns ``budget``), then
+    bisection between the two, assuming more float never hurts (the usual case; the trials are
+    recorded). At most ``2 + ⌈log2(budget)⌉`` checks.
+
+    Returns:
+        The number of leading nodes kept float, and every trial.
+    """
+    trials: list[Trial] = []
+
+    def trial(count: int) -> bool:
+        metrics, met = check(list(ranked[:count]), stop_early=count > 0)
+        trials.append(Trial(count, metrics, met))
+        if progress:
+            progress(f"{count} of {len(ranked)} matmuls float: {summary(metrics)}{'' if met else ' (target missed)'}")
+        return met
+
+    if trial(0) or budget == 0:
+        return 0, trials
+    if not trial(budget):
+        return budget, trials
+    low, high = 0, budget  # low misses, high meets
+    while high - low > 1:
+        mid = (low + high) // 2
+        if trial(mid):
+            high = mid
+        else:
+            low = mid
+    return high, trials
+
+
+def summary(metrics: dict) -> str:
+    """``top-1 agreement 99.40%, mean cosine 0.99962`` (features: cosine and relative error)."""
+    parts = []
+    if "top1_agreement" in metrics:
+        parts.append(f"top-1 agreement {metrics['top1_agreement']:.2%} (pairwise estimate {metrics['top1_agreement_estimate']:.2%})")
+    parts.append(f"mean cosine {metrics['mean_cosine']:.5f}")
+    if "top1_agreement" not in metrics:
+        parts.append(f"mean relative error {metrics['mean_relative_error']:.4f}")
+    return ", ".join(parts) + ("" if metrics.get("complete", True) else " (stopped early)")
