@@ -266,6 +266,7 @@ def test_pt_without_a_state_dict(capsys, tmp_path, ckpt_dir, content):
 # 4. a valid .pt state dict with config.json beside it
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("wrap", [None, "state_dict"])
 def test_valid_pt_state_dict_exports(capsys, tmp_path, ckpt_dir, wrap):
     from safetensors.torch import load_file
@@ -530,6 +531,7 @@ def test_weights_shape_mismatch(capsys, tmp_path, ckpt_dir):
 # sequence models: a length is a resolution
 
 
+@pytest.mark.slow
 def test_sequence_model_export_and_validate(capsys, tmp_path):
     out = tmp_path / "seq"
     code, _, err = run_cli(capsys, "export", "--model", "seq_tiny_ega", "-r", "32", "-r", "64", "-o", out)
@@ -557,6 +559,7 @@ def test_plan_names_are_the_registry():
     assert PLAN_NAMES == tuple(PLANS)
 
 
+@pytest.mark.slow
 def test_int8_export_says_what_it_calibrated_on_then_validates_and_profiles(capsys, tmp_path, ckpt_dir):
     """``--precision int8`` alone: the fp32 graph is written beside it (issue 23: it was not, and
     validate and serve refused the directory)."""
@@ -667,6 +670,7 @@ def test_export_set_bad_value_is_one_line(capsys, tmp_path, ckpt_dir, value, nee
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow
 def test_export_set_on_a_fresh_model_shapes_it(capsys, tmp_path):
     # Untrained: ape=true gives the seeded RoPE model its learned table too.
     out = tmp_path / "rope-ape"

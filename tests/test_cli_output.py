@@ -24,6 +24,7 @@ def test_export_lines_are_whole_at_40_columns_with_a_long_path(capsys, narrow, c
     assert f"✓ {out / f'model_{RES}.onnx'}  ({RES}, fp32, opset 18)" in err.splitlines()
 
 
+@pytest.mark.slow
 def test_range_line_is_whole_at_40_columns(capsys, narrow, tmp_path):
     """The line tests/export/test_resolution_range.py greps, which broke on long temp paths."""
     out = tmp_path / LONG / "g"
@@ -41,6 +42,7 @@ def test_validate_lines_are_whole_at_40_columns(capsys, narrow, good_export, tmp
     assert any(line.startswith("✓ ort") and "NaN/Inf 0/0" in line for line in lines), lines
 
 
+@pytest.mark.slow
 def test_one_line_per_step_when_not_a_terminal(capsys, ckpt_dir, good_export, tmp_path):
     code, _, err = run_cli(capsys, "export", "-c", ckpt_dir, "-r", RES, "-r", "48", "-o", tmp_path / "out")
     assert code == 0, err
@@ -80,6 +82,7 @@ def test_quiet_prints_results_only(capsys, ckpt_dir, tmp_path):
     assert err.splitlines() == [f"✓ {tmp_path / 'out' / f'model_{RES}.onnx'}  ({RES}, fp32, opset 18)"]
 
 
+@pytest.mark.slow
 def test_warnings_by_default_info_with_v_nothing_with_q(capsys, ckpt_dir, tmp_path):
     """A re-export of the same weights keeps the previous graphs (info) unless one changed (warning)."""
     out = tmp_path / "out"

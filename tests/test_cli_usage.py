@@ -70,6 +70,7 @@ def test_q_after_the_command_is_results_only(capsys, good_export):
     assert "1/1 checks passed" in err.splitlines()
 
 
+@pytest.mark.slow
 def test_v_after_the_command_shows_info_logs(capsys, ckpt_dir, tmp_path):
     """A re-export of the same weights says, at info level, which graphs it keeps."""
     out = tmp_path / "out"
@@ -96,6 +97,7 @@ def test_the_commands_with_a_repeatable_r():
     assert {"export", "validate", "build", "profile"} <= with_r, with_r
 
 
+@pytest.mark.slow
 def test_export_r_takes_a_comma_list(capsys, ckpt_dir, tmp_path):
     out = tmp_path / "out"
     code, _, err = run_cli(capsys, "-q", "export", "-c", ckpt_dir, "-r", f"{RES},48", "-r", "48x64", "-o", out)

@@ -51,6 +51,7 @@ def report(tmp_path_factory):
     return proc.returncode, json.loads(out.read_text())
 
 
+@pytest.mark.slow
 def test_cpu_parts_run_and_pass(report):
     code, data = report
     checks = {c["name"]: c for c in data["checks"]}

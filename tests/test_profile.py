@@ -179,6 +179,7 @@ def report():
     )
 
 
+@pytest.mark.slow
 def test_one_record_per_backend_encoding_resolution_batch(report):
     keys = [(r["backend"], r["encoding"], r["resolution"], r["batch"]) for r in report.records]
     expected = {(b, e, r, n) for b in ("torch", "ort") for e in ("rope-axial", "ape") for r in ("32", "48") for n in (1, 2)}
@@ -369,6 +370,7 @@ def test_sequence_model_flops_match_torch_flop_counter():
     assert model_flops(model.cfg, (24,), 3) == counter.get_total_flops()
 
 
+@pytest.mark.slow
 def test_sequence_model_profiles_lengths_against_its_ape_twin():
     model = create_model("seq_tiny_ega", depth=1).eval()
     result = profile(model, resolutions=[(40, 40), (80,)], batches=[2], backends=["torch", "ort"], budget=TINY_BUDGET, device="cpu")

@@ -29,6 +29,7 @@ def export_dir(request, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_passes_at_every_resolution(export_dir):
     report = validate(export_dir, num_random=2, num_real=4)
     assert bool(report)
@@ -60,6 +61,7 @@ def _plant_error_in_block(src, dst, block):
     (dst / MANIFEST_FILE).write_text(json.dumps(manifest))
 
 
+@pytest.mark.slow
 def test_planted_error_fails_and_names_the_block(export_dir, tmp_path):
     _plant_error_in_block(export_dir, tmp_path / "bad", block=1)
     report = validate(tmp_path / "bad", resolutions=[(224, 224)], num_random=2, num_real=2)
@@ -134,6 +136,7 @@ class _ProfiledEngine(OnnxrtRunner):
         return super()._infer(feed)
 
 
+@pytest.mark.slow
 def test_engine_is_validated_at_every_profiled_batch(tmp_path, monkeypatch):
     torch.manual_seed(0)
     export(create_model("vit_tiny_patch16", encoding="ape", depth=2, num_classes=100), [(224, 224)], tmp_path)

@@ -51,6 +51,7 @@ def _miscompile(model: bytes, block: int, factor: float = 3.0) -> bytes:
     return proto.SerializeToString()
 
 
+@pytest.mark.slow
 def test_records_say_which_execution_provider_ran(export_dir):
     report = validate(export_dir, num_random=1, num_real=1)
     with OnnxrtRunner(export_dir / "model_64.onnx") as runner:

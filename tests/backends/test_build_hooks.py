@@ -81,6 +81,7 @@ def test_progress_records_phases_from_rtx_build(tmp_path):
     assert "building lin.onnx: Building engine 1/3" in console.export_text()
 
 
+@pytest.mark.slow
 def test_cli_build_and_refusal(tmp_path, capsys):
     pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed")
     from deploykit.cli import main

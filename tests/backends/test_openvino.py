@@ -42,6 +42,7 @@ def tiny_export(request, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", CAST_PLANS)
 def test_every_encoding_validates_at_1x_and_2x(tiny_export, precision):
     report = validate(tiny_export, backends=["openvino"], precision=precision, num_random=1, num_real=4)
@@ -95,6 +96,7 @@ def test_bf16_hint_marks_the_bf16_plan_s_fp32_nodes(tiny_export):
     assert all(KEEP_FP32 in op.get_rt_info() for op in readers)
 
 
+@pytest.mark.slow
 def test_divergence_is_located_in_openvino(tiny_export, tmp_path):
     """A planted error in the block's MLP of the 2x graph is named by bisecting in OpenVINO."""
     out = shutil.copytree(tiny_export, tmp_path / "exp")
@@ -114,6 +116,7 @@ def test_divergence_is_located_in_openvino(tiny_export, tmp_path):
     assert good.passed and not bad.passed and bad.first_divergent_block == "blocks.0"
 
 
+@pytest.mark.slow
 def test_int8_plan_of_a_trained_zoo_model_validates_at_1x_and_2x(tmp_path):
     """deploykit's int8 Q/DQ plan run by OpenVINO as it is: the default zoo model at 1x and 2x."""
     from deploykit.export.quantize import CalibrationOptions

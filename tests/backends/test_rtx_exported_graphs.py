@@ -57,6 +57,7 @@ def ape_copy(exported_and_built, tmp_path):
     return shutil.copytree(exported_and_built("ape")[0], tmp_path / "x")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("encoding", list_encodings())
 def test_every_plan_builds(exported_and_built, encoding):
     out, results = exported_and_built(encoding)

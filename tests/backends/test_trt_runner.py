@@ -116,6 +116,7 @@ def rtx_dir(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on machines without a GPU")
 def test_validate_rtx_without_gpu_is_one_line_error(rtx_dir):
     with pytest.raises(DeployKitError, match="rtx runner needs a CUDA GPU") as err:

@@ -321,6 +321,7 @@ def test_non_default_base_builds_through_the_registry():
     assert model.cfg.to_dict()["encoding"] == {**model.cfg.to_dict()["encoding"], "name": "gridpe", "base": 100.0}
 
 
+@pytest.mark.slow
 def test_export_smoke():
     from deploykit.export import lint_graph, onnx_from_model
 

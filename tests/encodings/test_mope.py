@@ -262,6 +262,7 @@ def test_paper_model_builds_a_mope_table_and_gate():
 # ------------------------------------------------------------------------------------------- export
 
 
+@pytest.mark.slow
 def test_export_smoke():
     from deploykit.export import lint_graph, onnx_from_model
 

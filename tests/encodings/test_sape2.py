@@ -176,6 +176,7 @@ def test_heads_and_batch_are_independent_and_tables_shared_across_heads():
     torch.testing.assert_close(sape2_bias_reference(q[1:], k[1:], ex, ey, grid, 0.5, "k"), bias[1:], atol=0, rtol=0)
 
 
+@pytest.mark.slow
 def test_custom_op_computes_half_inputs_in_fp32_and_has_reference_gradients():
     q, k, ex, ey, grid = _random(H=3, W=4, heads=2, d=4, M=5, batch=1)
     q, k = (torch.cat([t[:, :, :1], t], 2) for t in (q, k))  # one prefix token

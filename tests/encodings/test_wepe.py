@@ -240,6 +240,7 @@ def test_paper_model_builds():
     assert math.isclose(float(model.pos_enc.omega3().detach()), WePEConfig().omega3_init, rel_tol=1e-6)
 
 
+@pytest.mark.slow
 def test_export_smoke():
     from deploykit.export import lint_graph, onnx_from_model
 

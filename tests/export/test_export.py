@@ -30,6 +30,7 @@ def exported(request):
     return model, onnx_from_model(model, (96, 64))
 
 
+@pytest.mark.slow
 def test_graph_is_lint_clean_with_fp32_tables_and_no_resize(exported):
     model, proto = exported
     assert lint_graph(proto) == []
@@ -70,6 +71,7 @@ def test_bad_resolution_raises_before_exporting(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_manifest_merges_resolutions_of_the_same_weights(tmp_path):
     model = small("rope-axial")
     export(model, [(64, 64)], tmp_path)
@@ -91,6 +93,7 @@ def test_parse_resolution_rejects_garbage():
         parse_resolution("big")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("encoding", list_encodings())
 def test_saved_tables_equal_host_float64_tables_rounded_to_fp32(encoding, tmp_path):
     """Load the written ONNX file: every pe_tables.* initializer is fp32 and equals the float64

@@ -61,6 +61,7 @@ export(model, [(32, 32), (48, 48)], sys.argv[1], progress=pause)
 """
 
 
+@pytest.mark.slow
 def test_a_killed_export_holds_nothing_and_its_staging_directory_is_removed(capsys, ckpt_dir, tmp_path):
     out = tmp_path / "out"
     child = subprocess.Popen([sys.executable, "-c", CHILD, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)

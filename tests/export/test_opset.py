@@ -23,6 +23,7 @@ def test_unsupported_opset_is_refused_with_the_range(capsys, tmp_path, opset):
     assert not out.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("opset", [17, 25])  # the ends of the documented range
 def test_supported_opset_is_what_the_graph_and_the_manifest_say(capsys, tmp_path, opset):
     out = tmp_path / "out"
@@ -34,6 +35,7 @@ def test_supported_opset_is_what_the_graph_and_the_manifest_say(capsys, tmp_path
     assert json.loads((out / "manifest.json").read_text())["graphs"][0]["opset"] == opset
 
 
+@pytest.mark.slow
 def test_sape2_needs_the_opset_of_its_function(capsys, tmp_path):
     out = tmp_path / "out"
     code, _, err = run_cli(capsys, "-q", "export", "--model", "vit_tiny_patch16", "-e", "sape2", "-r", "32", "--opset", "19", "-o", out)

@@ -69,6 +69,7 @@ def _check_plan(proto, low):
     return tables
 
 
+@pytest.mark.slow
 def test_fp16_graph_keeps_tables_layernorm_softmax_logits_fp32(export_dir):
     manifest = Manifest.read(export_dir)
     assert [(g.file, g.precision) for g in manifest.graphs] == [("model_64.onnx", "fp32"), ("model_64_fp16.onnx", "fp16")]
@@ -86,6 +87,7 @@ def test_fp16_graph_keeps_tables_layernorm_softmax_logits_fp32(export_dir):
     np.testing.assert_array_equal(numpy_helper.to_array(weight), original[weight.name].astype(np.float16))
 
 
+@pytest.mark.slow
 def test_validate_fp16_uses_fp16_graphs_and_tolerance(export_dir):
     report = validate(export_dir, precision="fp16", num_random=2, num_real=4)
     assert bool(report), report.to_json()

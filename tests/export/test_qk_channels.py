@@ -79,6 +79,7 @@ def _constant(proto, name):
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("encoding", QK_ENCODINGS)
 def test_graph_reads_channels_as_contiguous_slices(encoding):
     model = small(encoding)

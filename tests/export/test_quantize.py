@@ -58,6 +58,7 @@ def _module(node):
     return scopes[-1][len("model.") :] if scopes else ""
 
 
+@pytest.mark.slow
 def test_qdq_only_on_matmul_inputs_and_never_near_the_encoding(int8_graph):
     encoding, proto, _ = int8_graph
     dequantized = _dequantized_inputs(proto)
@@ -134,6 +135,7 @@ def test_ega_gate_stays_float(tmp_path):
     assert len(graph_quantization(proto)["float_nodes"]["float-module"]) == 2
 
 
+@pytest.mark.slow
 def test_calibration_and_the_plan_check_never_read_the_test_split(tmp_path, monkeypatch):
     splits = []
     images = ShapeRelations.images
@@ -190,6 +192,7 @@ def test_bad_calibration_options():
         CalibrationOptions(samples=0)
 
 
+@pytest.mark.slow
 def test_dynamic_and_fused_attention_plans_validate(tmp_path):
     from deploykit.validate import validate
 
@@ -228,6 +231,7 @@ def test_int8_mha_is_the_int8_plan_with_its_float_attention_fused(tmp_path):
     assert validate(tmp_path, precision="int8-mha", num_random=1, num_real=8)
 
 
+@pytest.mark.slow
 def test_validate_passes_int8_on_a_trained_model_and_fails_a_planted_bad_scale(tmp_path):
     from deploykit.export.manifest import MANIFEST_FILE, sha256_file
     from deploykit.validate import validate

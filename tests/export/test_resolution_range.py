@@ -33,6 +33,7 @@ def exported(tmp_path_factory):
     return model, out, manifest
 
 
+@pytest.mark.slow
 def test_manifest_and_graph_take_any_resolution_in_range(exported):
     model, out, manifest = exported
     (static,) = [g for g in manifest.graphs if g.resolution_range is None]
@@ -132,6 +133,7 @@ def test_rtx_builds_the_range_with_its_profile(exported):
     assert read_fingerprint(result.fingerprint).fingerprint.shapes == {"images": [[1, 3, 64, 64], [2, 3, 96, 96], [4, 3, 128, 128]]}
 
 
+@pytest.mark.slow
 def test_cli_exports_a_range(tmp_path, capsys):
     from deploykit.cli import main
 

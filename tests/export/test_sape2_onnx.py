@@ -93,6 +93,7 @@ def _model(name, encoding="sape2", **kw):
     return model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name,encoding,resolution,depth",
     [
@@ -133,6 +134,7 @@ def test_inlined_graph_parses_and_builds_in_tensorrt_rtx():
     assert isinstance(engine, bytes) and len(engine) > 1000
 
 
+@pytest.mark.slow
 def test_cli_export_then_validate(tmp_path, capsys):
     from deploykit.cli import main
 

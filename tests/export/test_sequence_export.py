@@ -25,6 +25,7 @@ def exported(tmp_path_factory):
     return model, out, manifest
 
 
+@pytest.mark.slow
 def test_one_graph_per_length_with_token_input(exported):
     model, out, manifest = exported
     assert [tuple(g.resolution) for g in manifest.graphs] == LENGTHS

@@ -76,6 +76,7 @@ def _leftovers(parent):
     return sorted(p.name for p in parent.iterdir() if p.name.startswith("."))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["progress", "second graph", "manifest"])
 def test_interrupted_reexport_leaves_the_previous_export_byte_for_byte(existing, monkeypatch, where):
     before = snapshot(existing)
@@ -86,6 +87,7 @@ def test_interrupted_reexport_leaves_the_previous_export_byte_for_byte(existing,
     assert _leftovers(existing.parent) == []  # no staging directory left beside it
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["second graph", "manifest"])
 def test_interrupted_fresh_export_leaves_nothing(tmp_path, monkeypatch, where):
     out = tmp_path / "fresh"

@@ -117,6 +117,7 @@ def exported(tmp_path_factory):
     return get
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", CASES)
 def test_onnx_runtime_equals_timm(exported, name):
     out = exported(name)
@@ -137,6 +138,7 @@ def test_rotation_tables_are_fp32_initializers_without_control_flow(exported, na
     assert not ops & {"If", "Loop", "Scan", "ScatterND", "ScatterElements"}, ops
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", CASES)
 def test_tensorrt_rtx_builds_every_graph(exported, name):
     pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed (pip install 'deploykit[rtx]')")

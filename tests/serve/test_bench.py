@@ -18,6 +18,7 @@ pytest.importorskip("pytriton", reason="needs the serve extra: pip install 'depl
 pytest.importorskip("tritonclient.grpc", reason="needs the serve extra")
 
 
+@pytest.mark.slow
 def test_serve_bench_measures_both_sides_at_each_level(export_dir, tmp_path, capsys):
     out = tmp_path / "bench.json"
     try:

@@ -30,6 +30,7 @@ REQUESTS = 48
 HERE = Path(__file__).parent
 
 
+@pytest.mark.slow
 def test_two_node_cluster_spreads_requests_over_both_nodes(export_dir):
     env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parent.parent)]))
     command = [sys.executable, str(HERE / "ray_two_nodes.py"), str(export_dir), str(REQUESTS)]
@@ -72,6 +73,7 @@ def test_two_node_cluster_spreads_requests_over_both_nodes(export_dir):
         np.testing.assert_allclose(result["scores"], [p for _, p in top], rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_a_replica_keeps_receiving_requests_while_its_pipeline_computes(export_dir):
     """The pipeline runs in a worker thread: while one batch computes, the replica's event loop
     receives the next request (``ray_event_loop.py`` holds the first call until one arrives)."""

@@ -16,6 +16,7 @@ import deploykit
 from deploykit.errors import DeployKitError, InputError
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", SERVED_PLANS)
 def test_load_serves_every_plan_the_export_holds(plans_export_dir, precision):
     x = np.random.default_rng(3).standard_normal((2, 3, 32, 32), dtype=np.float32)

@@ -75,6 +75,7 @@ def infer_logits(port: int, x: np.ndarray, model: str = "logits_32") -> tuple[st
     return "ok", np.asarray(logits["data"], np.float32).reshape(logits["shape"])
 
 
+@pytest.mark.slow
 def test_sigterm_answers_every_request_in_flight_then_exits_0(plans_export_dir, tmp_path):
     """Served with ``--precision int8`` (answers equal to the int8 graph run directly), loaded by 12
     clients; SIGTERM mid-way. Every request is answered (200, or 503 once draining) or refused
@@ -130,6 +131,7 @@ def tritonserver_pid(pid: int) -> int:
     return found[0]
 
 
+@pytest.mark.slow
 def test_a_dead_inference_server_ends_serve_non_zero_in_one_line(export_dir, tmp_path):
     """Bound to every interface: one warning line says nothing authenticates clients; Triton's own
     log stays quiet (warning level, CPU-host noise hidden); then tritonserver is killed."""

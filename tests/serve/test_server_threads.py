@@ -44,6 +44,7 @@ def _send(clients: dict, request) -> tuple[np.ndarray, ...]:
     return tuple(result.as_numpy(n) for n in (("classes", "scores", "resolution") if model == "classify" else ("logits", "scores")))
 
 
+@pytest.mark.slow
 def test_concurrent_requests_never_overlap_on_one_runner(zoo_export_dir):
     runners = []
 

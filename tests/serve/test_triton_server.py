@@ -160,6 +160,7 @@ def module_set_raw(tensor, array):
 # ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_listens_only_on_loopback(server):
     addresses = listening_addresses(server["proc"].pid)
     assert server["ports"] <= {port for _, port in addresses}, addresses
@@ -361,6 +362,7 @@ def _send(clients, request):
     return ("ok", *[result.as_numpy(n) for n in names])
 
 
+@pytest.mark.slow
 def test_served_answers_equal_sequential_answers_under_load(server, clients, served_dir):
     """200 requests at concurrency 16 on 127.0.0.1: each answer equals the one the same request
     got alone; ``classify`` equals the in-process pipeline (same pixels, same model)."""
@@ -568,6 +570,7 @@ def _send_mixed(server, clients, request) -> tuple:
     return ("accepted", kind, what)
 
 
+@pytest.mark.slow
 def test_mixed_hostile_load_keeps_every_valid_answer(server, served_dir):
     """Done-when of the hardening: 300 requests at concurrency 16 on 127.0.0.1, one in three
     hostile (every kind above); the server stays up, every hostile request gets its 4xx line,

@@ -48,6 +48,7 @@ def test_learning_rate_schedule():
     assert learning_rate(110, s) == pytest.approx(0.0, abs=1e-12)
 
 
+@pytest.mark.slow
 def test_training_is_reproducible_and_changes_the_weights(tmp_path):
     a = train("shapes-rope-axial", root=tmp_path / "a", steps=3)
     b = train("shapes-rope-axial", root=tmp_path / "b", steps=3)

@@ -54,6 +54,7 @@ def _agree(predicted_correct: np.ndarray, card_hex: str) -> None:
     assert int(np.sum(predicted_correct != card_correct)) <= 1, (predicted_correct.mean(), card_correct.mean())
 
 
+@pytest.mark.slow
 def test_card_matches_the_exported_graph_on_a_subset(zoo_model):
     """The card's per-sample answers (and so its accuracy) against the exported graph run in ONNX
     Runtime, independent of the evaluation that wrote the card."""
@@ -68,6 +69,7 @@ def test_card_matches_the_exported_graph_on_a_subset(zoo_model):
     assert hex_to_bits(card["test_correct_hex"][0], card["num_test"]).mean() == card["test_accuracy"][0]
 
 
+@pytest.mark.slow
 def test_int8_columns_match_the_exported_int8_graph_and_meet_the_goals():
     """The default model's int8 card columns against its int8 plan, exported as ``deploykit export
     --precision int8`` writes it and run in ONNX Runtime by a loop of this test; and the goals
@@ -123,6 +125,7 @@ def test_readme_table_is_generated_from_the_cards():
             assert f"{acc:.1%}" in row
 
 
+@pytest.mark.slow
 def test_cli_zoo_eval_limit_prints_and_writes_nothing(capsys):
     directory = trained(DEFAULT_ZOO_MODEL)
     before = (directory / CARD_JSON).read_bytes()
@@ -139,6 +142,7 @@ def test_validation_inputs_of_a_zoo_model_are_its_test_split():
     np.testing.assert_allclose(inputs[1:], (images - 0.5) / 0.5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_validate_every_zoo_model_fp32_at_1x_and_2x_on_ort_and_openvino(zoo_model, tmp_path, capsys):
     name, directory, card = zoo_model
     base = card["train_resolution"]

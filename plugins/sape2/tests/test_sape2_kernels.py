@@ -29,6 +29,7 @@ def interpreted():
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_bias_kernel_matches_reference_under_interpreter(interpreted):
     cases = interpreted["bias"]
     assert len(cases) == 9
