@@ -1,6 +1,6 @@
 """Positional encodings: one module per paper, all behind one registry.
 
-``create_encoding("rope-axial", dims)`` builds an encoding module; ``list_encodings()`` names
+``create_encoding(get_config("rope-axial"), dims)`` builds an encoding module; ``list_encodings()`` names
 what is available. Each module registers itself with ``@register_encoding``.
 """
 

@@ -120,7 +120,7 @@ def _parse_value(key: str, text: str, annotation: Any) -> Any:
 
 
 def config_from_dict(data: Mapping[str, Any]) -> EncodingConfig:
-    """Inverse of ``EncodingConfig.to_dict``."""
+    """Inverse of ``config_to_dict``: the registry name under ``"name"``, the fields beside it."""
     data = dict(data)
     name = data.pop("name", None)
     if name is None:

@@ -1,13 +1,13 @@
 """Latency across resolutions, batches and backends, and what the positional encoding costs.
 
-Method (``design.md`` "Profiling methodology"):
+Method (the README's `deploykit profile` paragraph says it for users):
 
 * every measurement starts with untimed warm-up calls, so each resolution, batch and backend
   switch is warmed (PyTorch's and ONNX Runtime's thread pools fight for the cores when they
   alternate call by call; the untimed calls let the other pool go idle first);
 * CPU work is timed with ``perf_counter_ns``; PyTorch on CUDA with CUDA events;
 * kernel-only (the model on a prepared input) and end-to-end (uint8 camera frames through
-  ``deploykit.data.preprocess``, host copies, the model, softmax + top-5) side by side;
+  ``deploykit.imaging.preprocess``, host copies, the model, softmax + top-5) side by side;
 * the same trunk with a learned APE runs in the same session, so each encoding's cost is a
   ratio measured under the same load; in PyTorch eager the positional step alone (table add,
   q/k rotation, or logits bias, over all blocks) shows where that cost goes (``pe_share``, on
