@@ -63,6 +63,7 @@ def exported(tmp_path_factory, image_png):
     return out, folder, {x.shape[-2:]: x for x in seen}, manifest
 
 
+@pytest.mark.slow
 def test_calibration_validation_and_serving_see_the_same_tensor(exported, image_png, monkeypatch):
     out, folder, calibrated_at, manifest = exported
     calibrated = calibrated_at[RES]

@@ -83,6 +83,7 @@ class _StandInEngine(OnnxrtRunner):
         return {"provider": "stand-in engine", "cuda_graph": self.cuda_graph, "cuda_graph_note": ""}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cuda_graphs", [True, False])
 def test_engine_backend_gets_the_export_s_graph_and_records_cuda_graph_use(export_dir, monkeypatch, cuda_graphs):
     monkeypatch.setitem(registry.RUNNER_FACTORIES, "rtx", _StandInEngine)

@@ -291,6 +291,8 @@ def planned_graph(
     if not precision.startswith("int8"):
         return apply_precision(proto, precision)
     say = (lambda msg: progress(f"{resolution_tag(resolution)} {precision}: {msg}")) if progress else None
+    if options.keep_float:  # a pattern matching no layer is refused before any input is read
+        quantize.select_nodes(proto, quantize.attention_int8(proto, options.attention), options.keep_float)
     if say:
         say(f"reading {options.samples} calibration and {options.held_out} held-out inputs")
     inputs, held_out, record = (options.data or DefaultCalibration()).inputs(model, resolution, options.samples, options.held_out)

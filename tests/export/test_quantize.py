@@ -208,6 +208,7 @@ def test_dynamic_and_fused_attention_plans_validate(tmp_path):
     assert json.loads(json.dumps(report.to_json()))[0]["precision"] == "fp32-mha"
 
 
+@pytest.mark.slow
 def test_int8_mha_is_the_int8_plan_with_its_float_attention_fused(tmp_path):
     """Same calibration and fallback as ``int8``; the attention core becomes MultiHeadAttention."""
     from deploykit.export.quantize import run_graph
@@ -271,6 +272,7 @@ def test_every_encoding_has_a_measured_attention_choice():
     assert set(ATTENTION_INT8) == set(list_encodings())
 
 
+@pytest.mark.slow
 def test_attention_products_quantized_on_request(tmp_path):
     manifest = export(
         _model("rope-mixed"),
@@ -363,6 +365,7 @@ def test_moving_every_node_back_to_float_gives_the_fp32_graph(tmp_path):
     assert np.abs(quantize.run_graph(planned, inputs) - quantize.run_graph(fp32, inputs)).max() > 1e-4  # control
 
 
+@pytest.mark.slow
 def test_keep_float_pins_layers_by_module_path(tmp_path):
     options = CalibrationOptions(samples=8, held_out=16, min_agreement=None, keep_float=("blocks.0.mlp.*", "blocks.1.attn.qkv"))
     manifest = export(_model("ape"), [RES], tmp_path, precisions=["int8"], calibration=options)
@@ -382,6 +385,7 @@ def test_keep_float_pins_layers_by_module_path(tmp_path):
         )
 
 
+@pytest.mark.slow
 def test_a_features_model_is_judged_by_per_token_cosine(tmp_path):
     torch.manual_seed(0)
     model = create_model("vit_tiny_patch16", encoding="ape", depth=1, img_size=32, num_classes=0, global_pool="")
@@ -401,6 +405,7 @@ def test_a_features_model_is_judged_by_per_token_cosine(tmp_path):
     assert record["met"] and record["checks"] == 1
 
 
+@pytest.mark.slow
 def test_untrained_weights_are_recognised():
     from deploykit.export import onnx_from_model
     from deploykit.export.quantize import looks_untrained

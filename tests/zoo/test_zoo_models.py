@@ -160,6 +160,7 @@ def test_validate_every_zoo_model_fp32_at_1x_and_2x_on_ort_and_openvino(zoo_mode
     assert all(r["top1_agreement"] == 1.0 for r in records)
 
 
+@pytest.mark.slow
 def test_default_export_is_the_zoo_ape_model(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # models/ is found from the package, not the working directory
     out = tmp_path / "default"
