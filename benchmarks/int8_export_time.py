@@ -151,7 +151,7 @@ def main(argv=None) -> None:
         export(create_model("vit_tiny_patch16", depth=1, img_size=32, num_classes=10).eval(), [(32, 32)], Path(tmp) / "warm-up")
         fp32_s, _, _ = timed_export(model, resolution, Path(tmp) / "fp32", ["fp32"], calibration, "fp32 export")
         int8_s, steps, manifest = timed_export(model, resolution, Path(tmp) / "int8", ["int8"], calibration, "int8 export")
-    details = manifest.graphs[0].quantization
+    details = manifest.graph(resolution, "int8").quantization  # fp32 is written first, beside it
     phases = steps.phases(int8_s)
     fallback = fallback_summary(details, phases)
     projected = (

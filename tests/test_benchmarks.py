@@ -1,0 +1,39 @@
+"""The benchmarks that carry an issue's goal run end to end in their smoke mode: a benchmark that
+crashes after its timed work (as int8_export_time.py did when fp32 became the first graph of
+every export) loses a quiet machine's hour."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(script: str, *args: str) -> str:
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--quick", *args], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    return result.stdout
+
+
+@pytest.mark.slow
+def test_int8_export_time_reports_both_exports_and_the_int8_steps(tmp_path):
+    _run("int8_export_time.py", "--output", str(tmp_path / "r.json"))
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["int8_export_s"] > 0 and result["fp32_export_s"] > 0 and result["environment"]["cpu"]
+    assert result["calibration_inputs"] == result["held_out_inputs"] == 16
+    steps = " ".join(p["step"] for p in result["int8_phases"])
+    assert "calibrat" in steps and "output error" in steps, result["int8_phases"]
+    assert 0 <= result["fallback"]["checks"] <= result["fallback"]["most_checks"]
+
+
+@pytest.mark.slow
+def test_cpu_backends_times_every_lane_against_ort_fp32(tmp_path):
+    _run("cpu_backends.py", "--output-dir", str(tmp_path))
+    result = json.loads((tmp_path / "cpu-backends-quick.json").read_text())
+    lanes = {r["lane"]: r for r in result["records"]}
+    assert {"ort fp32", "ort int8", "openvino f32", "openvino default", "openvino int8"} <= set(lanes), sorted(lanes)
+    assert lanes["ort fp32"]["ratio_vs_ort_fp32"] == 1.0 and all(r["p50_ms"] > 0 for r in lanes.values())
+    assert lanes["openvino f32"]["cosine_vs_ort_fp32"] > 0.9999 and result["environment"]["openvino_capabilities"]
