@@ -69,6 +69,7 @@ def test_cpu_parts_run_and_pass(report):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the skips on a machine without a GPU")
+@pytest.mark.slow  # shares the one-minute acceptance run with the test above
 def test_gpu_parts_are_skipped_with_the_reason(report):
     _, data = report
     assert "no GPU" in data["device"]
