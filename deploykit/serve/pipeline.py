@@ -205,6 +205,19 @@ class Pipeline:
         DeployKitError: not an export directory, a graph changed since export, or no backend runs.
     """
 
+    @classmethod
+    def for_server(cls, export_dir: str | os.PathLike, options) -> Pipeline:
+        """The pipeline a serving front runs, from the fields its options share
+        (``ServerOptions``, ``RayOptions``): precision, backend, top-k, batch size, image limits."""
+        return cls(
+            export_dir,
+            precision=options.precision,
+            backend=options.backend,
+            top_k=options.top_k,
+            batch_size=options.max_batch_size,
+            limits=options.limits,
+        )
+
     def __init__(
         self,
         export_dir: str | os.PathLike,

@@ -70,14 +70,7 @@ class PipelineReplica:
         serve = lazy_import("ray.serve")
         from deploykit.serve.pipeline import Pipeline
 
-        self.pipeline = Pipeline(
-            export_dir,
-            precision=options.precision,
-            backend=options.backend,
-            top_k=options.top_k,
-            batch_size=options.max_batch_size,
-            limits=options.limits,
-        )
+        self.pipeline = Pipeline.for_server(export_dir, options)
         self.node_id = ray.get_runtime_context().get_node_id()
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self._batched = serve.batch(max_batch_size=options.max_batch_size, batch_wait_timeout_s=options.batch_wait_timeout_s)(self._run)

@@ -420,14 +420,7 @@ def serve(
     lazy_import("pytriton.triton")  # a missing extra is said before the export is opened
     lazy_import("aiohttp.web")
     warn_if_exposed(options.host)
-    pipeline = Pipeline(
-        export_dir,
-        precision=options.precision,
-        backend=options.backend,
-        top_k=options.top_k,
-        batch_size=options.max_batch_size,
-        limits=options.limits,
-    )
+    pipeline = Pipeline.for_server(export_dir, options)
     with pipeline, TritonServer(pipeline, options) as server:
         if on_ready:
             on_ready(server.ready)
