@@ -18,15 +18,23 @@ a bound function) reach the client as one line without traceback or path
 (``requests.client_message``); the original goes to the ``deploykit`` log at debug level.
 
 Shutdown (``drain``): new HTTP requests get 503 and ``Connection: close``, gRPC calls UNAVAILABLE;
-requests already inside are answered, for at most ``drain_timeout_s``; then the sockets close.
+requests already inside are answered, for at most ``drain_timeout_s``. Then the HTTP door closes
+without cutting anyone: closing a listening socket resets the connections in its accept queue
+(clients that connected but were never accepted), so the listeners first stop completing new
+handshakes (``refuse_new_connections``: a socket filter dropping SYNs; the client retransmits
+after a second and is refused by then), every queued connection is accepted and answered, and only
+then do the sockets close.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import re
 import socket
+import struct
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -52,6 +60,7 @@ GRPC_METHODS = (
 )
 FORWARDED_HEADERS = ("Content-Type", HEADER_LENGTH)
 SMALL_BODY = 64 * 1024  # checked on the event loop; larger bodies are parsed in a worker thread
+DOOR_CLOSE_S = 2.0  # longest wait, once no new handshake completes, for queued and open connections
 
 
 def free_loopback_ports(count: int) -> list[int]:
@@ -64,6 +73,77 @@ def free_loopback_ports(count: int) -> list[int]:
     finally:
         for s in sockets:
             s.close()
+
+
+def listening_sockets(host: str, port: int) -> list[socket.socket]:
+    """Bound TCP sockets for every address ``host`` resolves to, as asyncio's ``create_server``
+    makes them (``SO_REUSEADDR``; IPv6 sockets IPv6-only); the front owns them so that it can
+    close its door (``refuse_new_connections``)."""
+    sockets, seen = [], set()
+    try:
+        for family, kind, proto, _, address in socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE):
+            if address in seen:
+                continue
+            seen.add(address)
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+    except OSError:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+# Classic BPF run by Linux on each segment reaching the socket, from the TCP header on: a segment
+# whose flags are SYN without ACK (a new handshake) is dropped, anything else is kept.
+_DROP_SYN = (
+    (0x30, 0, 0, 13),  # ldb [13]          the TCP flags byte
+    (0x54, 0, 0, 0x12),  # and #(SYN|ACK)
+    (0x15, 0, 1, 0x02),  # jeq #SYN, drop, keep
+    (0x06, 0, 0, 0),  # drop: ret #0
+    (0x06, 0, 0, 0xFFFFFFFF),  # keep: ret #-1
+)
+_SO_ATTACH_FILTER = 26
+
+
+def refuse_new_connections(sock: socket.socket) -> bool:
+    """Stop ``sock`` (listening) from completing new TCP handshakes while those already queued
+    stay acceptable; a client connecting now is refused once the socket closes (its SYN is
+    retransmitted after about a second). Linux only.
+
+    Returns:
+        Whether the filter was attached (False where the platform has no socket filters).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    program = (_SockFilter * len(_DROP_SYN))(*(_SockFilter(*op) for op in _DROP_SYN))
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, bytes(_SockFprog(len(_DROP_SYN), program)))
+    except OSError:
+        return False
+    return True
+
+
+def accept_queue_length(sock: socket.socket) -> int:
+    """Connections a listening socket has completed but not yet handed to ``accept`` (Linux's
+    ``tcpi_unacked`` of a listener); 0 where TCP_INFO is not available."""
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+    except (OSError, AttributeError):
+        return 0
+    return struct.unpack_from("I", info, 24)[0]  # after 8 one-byte fields and rto, ato, snd_mss, rcv_mss
 
 
 @dataclass(frozen=True)
@@ -98,6 +178,7 @@ class Front:
         self._thread = threading.Thread(target=self._loop.run_forever, name="deploykit-front", daemon=True)
         self._draining, self._inflight = False, 0
         self._runners, self._grpc, self._channel, self._session = [], None, None, None
+        self._listeners: list[socket.socket] = []  # the HTTP and metrics sockets, which the front owns
 
     def start(self) -> None:
         """Listen on every public port.
@@ -147,7 +228,9 @@ class Front:
             runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
             await runner.setup()
             self._runners.append(runner)
-            await web.TCPSite(runner, o.host, port).start()
+            for sock in listening_sockets(o.host, port):
+                self._listeners.append(sock)
+                await web.SockSite(runner, sock, shutdown_timeout=1.0).start()
         upstream = [("grpc.max_send_message_length", o.max_request_bytes), ("grpc.max_receive_message_length", -1)]
         self._channel = grpc.aio.insecure_channel(f"127.0.0.1:{o.upstream_grpc}", options=upstream)
         self._grpc = grpc.aio.server(
@@ -164,13 +247,30 @@ class Front:
         while self._inflight and self._loop.time() < deadline:
             await asyncio.sleep(0.02)
         left = self._inflight
+        await self._close_http_door(min(deadline, self._loop.time() + DOOR_CLOSE_S))
         await self._grpc.stop(grace=max(0.1, deadline - self._loop.time()))
         return left
+
+    async def _close_http_door(self, deadline: float) -> None:
+        """No new handshake completes; each connection already made, queued or open, gets its
+        answer (503 from here on) and is closed by it, until ``deadline``."""
+        for sock in self._listeners:
+            refuse_new_connections(sock)
+
+        def pending() -> bool:
+            queued = any(accept_queue_length(sock) for sock in self._listeners)
+            return queued or any(runner.server is not None and runner.server.connections for runner in self._runners)
+
+        while pending() and self._loop.time() < deadline:
+            await asyncio.sleep(0.02)
 
     async def _close(self) -> None:
         for runner in self._runners:
             await runner.cleanup()
         self._runners = []
+        for sock in self._listeners:
+            sock.close()
+        self._listeners = []
         if self._grpc is not None:
             await self._grpc.stop(grace=None)
         for closable in (self._session, self._channel):
@@ -179,16 +279,22 @@ class Front:
 
     def _error(self, status: int, message: str, close: bool = False):
         web = lazy_import("aiohttp.web")
-        return web.json_response({"error": message}, status=status, headers={"Connection": "close"} if close else None)
+        response = web.json_response({"error": message}, status=status)
+        if close:
+            response.force_close()  # sends "Connection: close" and closes after the answer
+        return response
 
     async def _http(self, request):
         if self._draining:
             return self._error(503, "server is shutting down", close=True)
         self._inflight += 1
         try:
-            return await self._forward_http(request)
+            response = await self._forward_http(request)
         finally:
             self._inflight -= 1
+        if self._draining:
+            response.force_close()  # the client's next request finds the door closing: no keep-alive
+        return response
 
     async def _forward_http(self, request):
         web = lazy_import("aiohttp.web")

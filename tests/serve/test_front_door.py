@@ -1,0 +1,58 @@
+"""How the serving front closes its door at shutdown (``deploykit.serve.front``): on a real
+loopback listener, a connection already queued survives and is served, a newcomer's handshake
+does not complete, and once the socket closes that newcomer is refused rather than reset."""
+
+from __future__ import annotations
+
+import socket
+import sys
+
+import pytest
+
+from deploykit.serve.front import accept_queue_length, listening_sockets, refuse_new_connections
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="socket filters and TCP_INFO are Linux's")
+
+
+@pytest.fixture
+def listener():
+    (sock,) = listening_sockets("127.0.0.1", 0)
+    sock.listen(8)
+    yield sock
+    sock.close()
+
+
+def test_without_the_filter_a_newcomer_connects(listener):
+    """The control: the same connect that the closed door holds back completes on an open one."""
+    newcomer = socket.create_connection(listener.getsockname(), timeout=5)
+    assert accept_queue_length(listener) == 1
+    newcomer.close()
+
+
+def test_closed_door_keeps_the_queued_connection_and_refuses_the_newcomer(listener):
+    address = listener.getsockname()
+    queued = socket.create_connection(address, timeout=5)
+    assert accept_queue_length(listener) == 1
+    assert refuse_new_connections(listener)
+
+    held = socket.socket()
+    held.settimeout(0.3)
+    with pytest.raises(TimeoutError):  # its SYN is dropped: no handshake, nothing queued
+        held.connect(address)
+    held.close()
+    assert accept_queue_length(listener) == 1
+
+    accepted, _ = listener.accept()  # the queued client is still served, both ways
+    queued.sendall(b"request")
+    assert accepted.recv(16) == b"request"
+    accepted.sendall(b"answer")
+    assert queued.recv(16) == b"answer"
+    accepted.close()
+    queued.close()
+
+    listener.close()
+    late = socket.socket()
+    late.settimeout(30)
+    with pytest.raises(ConnectionRefusedError):  # the retransmitted SYN meets a closed port
+        late.connect(address)
+    late.close()
