@@ -31,7 +31,6 @@ from deploykit.backends.engine_cache import (
     check_fingerprint,
     current_fingerprint,
     engine_paths,
-    graph_metadata,
     profile_shapes,
     read_fingerprint,
     write_fingerprint,
@@ -41,6 +40,7 @@ from deploykit.backends.registry import check_backend
 from deploykit.backends.tensorrt import BuildOptions, BuildProgress, EngineFromOnnx, save_engine
 from deploykit.errors import ConfigError, StaleEngineError
 from deploykit.export.manifest import GraphEntry, Manifest, checked_graph, sha256_file
+from deploykit.export.metadata import GraphMetadata
 from deploykit.export.precision import PLANS, check_precision
 
 TIMING_CACHE_FILE = "timing.cache"
@@ -178,7 +178,7 @@ def _plan(export_dir: Path, entry: GraphEntry, options: BuildOptions, plugins: P
         samples = [[*sample[:-2], *shape] for shape in (low, entry.resolution, high)]
         options = dataclasses.replace(options, sample_shapes=tuple(tuple(s) for s in samples))
     shapes = profile_shapes(name, samples, options)
-    fingerprint = current_fingerprint(path, graph_metadata(path), shapes, options, plugins, device)
+    fingerprint = current_fingerprint(path, GraphMetadata.of_file(path), shapes, options, plugins, device)
     engine, fp_path = engine_paths(path, options.module)
     if not engine.exists() or rebuild:
         return path, options, fingerprint, False

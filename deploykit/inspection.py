@@ -45,18 +45,20 @@ def inspect_graph(path: Path) -> dict:
     """Encoding, tables, precision plan, opset, custom ops and TensorRT-RTX's parse of one graph."""
     import onnx
 
+    from deploykit.export.metadata import GraphMetadata
+
     try:
         proto = onnx.load(str(path), load_external_data=False)
     except Exception as err:  # protobuf's DecodeError and friends: not a model
         raise DeployKitError(one_line(f"{path} is not a readable ONNX graph: {err}")) from err
-    meta = {p.key: p.value for p in proto.metadata_props}
+    meta = GraphMetadata.of(proto)
     tables = [i for i in proto.graph.initializer if i.name.startswith(_TABLE_PREFIX)]
     custom = Counter(f"{n.domain}::{n.op_type}" for n in proto.graph.node if n.domain not in ("", "ai.onnx"))
     return {
         "kind": "graph",
         "path": str(path),
-        "encoding": json.loads(meta["deploykit.encoding_config"]) if "deploykit.encoding_config" in meta else None,
-        "precision_plan": meta.get("deploykit.precision", "not recorded (not exported by deploykit)"),
+        "encoding": meta.encoding_config,
+        "precision_plan": meta.precision or "not recorded (not exported by deploykit)",
         "opset": {o.domain or "ai.onnx": o.version for o in proto.opset_import},
         "inputs": [_value_info(v) for v in proto.graph.input],
         "outputs": [_value_info(v) for v in proto.graph.output],

@@ -14,7 +14,6 @@ built from the marked graph with the failing engine's settings (``registry.BISEC
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -34,6 +33,7 @@ from deploykit.export.manifest import Manifest
 from deploykit.export.manifest import check_unchanged as _check_unchanged
 from deploykit.export.manifest import checked_config as _checked_config
 from deploykit.export.manifest import checked_graph as _checked_graph
+from deploykit.export.metadata import GraphMetadata
 from deploykit.export.precision import PLANS, check_precision
 from deploykit.inputs import InputData
 from deploykit.nn.checkpoint import WEIGHTS_FILE
@@ -127,8 +127,7 @@ def marked_graph(onnx_path: Path) -> tuple[bytes, list[str]]:
     """The graph with its recorded block outputs (``deploykit.block_outputs`` metadata) also
     marked as graph outputs, and their names; ``(b"", [])`` when none were recorded."""
     proto = onnx.load(str(onnx_path))
-    meta = {p.key: p.value for p in proto.metadata_props}
-    names = json.loads(meta.get("deploykit.block_outputs", "[]"))
+    names = list(GraphMetadata.of(proto).block_outputs)
     if not names:
         return b"", []
     # Under an fp16/bf16 plan a block output may be stored in the low type: declare what it is.

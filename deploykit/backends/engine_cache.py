@@ -27,6 +27,7 @@ from deploykit.backends.devices import Device, probe_device
 from deploykit.backends.plugins import Plugins, check_plugins
 from deploykit.backends.tensorrt import BuildOptions
 from deploykit.errors import DeployKitError, StaleEngineError
+from deploykit.export.metadata import GraphMetadata
 
 # TensorRT flavour -> the tag in engine file names and in ``--backend``.
 BACKEND_TAGS = {"tensorrt": "trt", "tensorrt_rtx": "rtx"}
@@ -143,7 +144,7 @@ def build_settings(options: BuildOptions) -> dict:
 
 def current_fingerprint(
     onnx_path: str | os.PathLike,
-    graph_meta: dict,
+    graph_meta: GraphMetadata,
     shapes: dict,
     options: BuildOptions,
     plugins: Plugins = Plugins(),
@@ -153,7 +154,7 @@ def current_fingerprint(
 
     Args:
         onnx_path: the graph.
-        graph_meta: its metadata (``deploykit.encoding_config``, ``deploykit.precision``).
+        graph_meta: its metadata (the encoding's config and the precision plan are fingerprinted).
         shapes: the optimization profile, from ``profile_shapes``.
         options: the build settings.
         plugins: the plugins loaded for the build.
@@ -166,8 +167,9 @@ def current_fingerprint(
         device = Device()
     return Fingerprint(
         onnx_sha256=sha256_file(onnx_path),
-        encoding=graph_meta.get("deploykit.encoding_config", ""),
-        precision=graph_meta.get("deploykit.precision", "fp32"),
+        # As the graph stores it (json.dumps of the config), so older fingerprints still compare.
+        encoding="" if graph_meta.encoding_config is None else json.dumps(graph_meta.encoding_config),
+        precision=graph_meta.plan,
         # As JSON stores them (tuples become lists), so a fingerprint read back compares equal.
         shapes=json.loads(json.dumps(shapes)),
         build=json.loads(json.dumps(build_settings(options))),
@@ -239,14 +241,6 @@ def read_fingerprint(path: str | os.PathLike) -> EngineRecord:
         raise StaleEngineError(f"engine fingerprint {path} is unreadable ({err}); rebuild with deploykit build --rebuild") from err
 
 
-def graph_metadata(onnx_path: str | os.PathLike) -> dict[str, str]:
-    """The ``metadata_props`` of an ONNX file, without loading external weight files."""
-    import onnx
-
-    proto = onnx.load(str(onnx_path), load_external_data=False)
-    return {p.key: p.value for p in proto.metadata_props}
-
-
 def check_fingerprint(engine: Path, stored: Fingerprint, current: Fingerprint, hint: str) -> None:
     """Raise ``StaleEngineError`` naming every field where ``stored`` and ``current`` differ."""
     if stored.diff(current):
@@ -293,7 +287,7 @@ class EngineFromPath:
             options = BuildOptions(module=self.module, **stored.build)
         except (TypeError, ValueError) as err:  # a fingerprint from another deploykit version, or edited
             raise StaleEngineError(f"{fp_path} records build settings this deploykit does not know ({err}); {hint}") from err
-        current = current_fingerprint(self.onnx_path, graph_metadata(self.onnx_path), stored.shapes, options, plugins, self.device)
+        current = current_fingerprint(self.onnx_path, GraphMetadata.of_file(self.onnx_path), stored.shapes, options, plugins, self.device)
         check_fingerprint(engine, stored, current, hint)
         if sha256_file(engine) != record.engine_sha256:
             raise StaleEngineError(f"{engine} changed since it was built (sha256 differs from {fp_path.name}); {hint}")

@@ -17,8 +17,7 @@ from __future__ import annotations
 import onnx
 
 from deploykit.errors import ExportError
-
-FUSED_COUNT_METADATA_KEY = "deploykit.fused_attention"
+from deploykit.export.metadata import GraphMetadata
 
 
 def fuse_attention(proto: onnx.ModelProto) -> onnx.ModelProto:
@@ -37,5 +36,5 @@ def fuse_attention(proto: onnx.ModelProto) -> onnx.ModelProto:
     if not fused:
         raise ExportError("fp32-mha: no attention in the graph matches ONNX Runtime's MultiHeadAttention pattern")
     out = ir.to_proto(model)
-    onnx.helper.set_model_props(out, {**{p.key: p.value for p in out.metadata_props}, FUSED_COUNT_METADATA_KEY: str(fused)})
+    GraphMetadata.update(out, fused_attention=fused)
     return out

@@ -19,11 +19,11 @@ from google.protobuf.message import DecodeError
 
 import deploykit
 from deploykit.errors import DeployKitError, one_line
+from deploykit.export.metadata import GraphMetadata
 from deploykit.resolutions import resolution_tag
 
 MANIFEST_FILE = "manifest.json"
 CONFIG_FILE = "config.json"  # the reference model's config, as deploykit.nn.checkpoint writes it
-ENCODING_METADATA_KEY = "deploykit.encoding"
 # What ``deploykit build`` writes into an export directory, named here (export sits below build)
 # so that a re-export knows these files as deploykit's own: an engine and its fingerprint beside
 # each graph (``backends.engine_cache.engine_paths``: ``model_224.trt.engine``,
@@ -32,24 +32,11 @@ ENCODING_METADATA_KEY = "deploykit.encoding"
 ENGINE_SUFFIXES = (".trt.engine", ".trt.json", ".rtx.engine", ".rtx.json")
 BUILD_FILES = ("timing.cache",)
 OUTPUT_NAME = "logits"  # every exported graph's output
-PRECISION_METADATA_KEY = "deploykit.precision"
-QUANTIZATION_METADATA_KEY = "deploykit.quantization"
 
 
 def graph_opset(proto: onnx.ModelProto) -> int:
     """The default-domain opset a graph imports (what it really is, whatever was asked for)."""
     return next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
-
-
-def graph_precision(proto: onnx.ModelProto) -> str:
-    """The plan recorded in a graph's metadata (``"fp32"`` for graphs written before plans)."""
-    return next((p.value for p in proto.metadata_props if p.key == PRECISION_METADATA_KEY), "fp32")
-
-
-def graph_quantization(proto: onnx.ModelProto) -> dict | None:
-    """The ``deploykit.quantization`` record of a quantized graph (None for float plans)."""
-    value = next((p.value for p in proto.metadata_props if p.key == QUANTIZATION_METADATA_KEY), None)
-    return json.loads(value) if value else None
 
 
 @dataclass(frozen=True)
@@ -78,14 +65,13 @@ class GraphEntry:
     def describing(cls, proto: onnx.ModelProto, file: str, sha256: str) -> GraphEntry:
         """The entry for a written graph, every field read from the graph itself (its metadata and
         opset import), so the manifest never says what the graph is not."""
-        meta = {p.key: p.value for p in proto.metadata_props}
         try:
-            resolution = tuple(json.loads(meta["deploykit.resolution"]))
-            span = meta.get("deploykit.resolution_range")
-            span = tuple(tuple(r) for r in json.loads(span)) if span else None
-        except (KeyError, TypeError, ValueError) as err:
-            raise DeployKitError(f"{file} is not a graph deploykit exported (no readable deploykit.resolution metadata)") from err
-        return cls(resolution, file, sha256, graph_opset(proto), graph_precision(proto), span, graph_quantization(proto))
+            meta = GraphMetadata.of(proto)
+        except DeployKitError as err:
+            raise DeployKitError(f"{file} is not a graph deploykit exported: {err}") from err
+        if meta.resolution is None:
+            raise DeployKitError(f"{file} is not a graph deploykit exported (no resolution in its metadata)")
+        return cls(meta.resolution, file, sha256, graph_opset(proto), meta.plan, meta.resolution_range, meta.quantization)
 
 
 @dataclass
@@ -256,7 +242,7 @@ def checked_graph(export_dir: str | os.PathLike, entry: GraphEntry, encoding: st
         for name in ("resolution", "resolution_range", "precision", "opset")
         if getattr(recorded, name) != getattr(actual, name)
     ]
-    graph_encoding = next((p.value for p in proto.metadata_props if p.key == ENCODING_METADATA_KEY), None)
+    graph_encoding = GraphMetadata.of(proto).encoding
     if encoding is not None and graph_encoding != encoding:
         fields.append(f"encoding {encoding} in the manifest, {graph_encoding} in the graph")
     if fields:

@@ -14,11 +14,9 @@ crops them to each input's grid inside the graph.
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import copy
 import io
-import json
 import logging
 import math
 import os
@@ -36,6 +34,8 @@ from deploykit.errors import ExportError, ResolutionError
 from deploykit.export.custom_ops import CUSTOM_TRANSLATIONS, attach_functions
 from deploykit.export.lint import check_graph
 from deploykit.export.manifest import OUTPUT_NAME, graph_opset
+from deploykit.export.metadata import GraphMetadata
+from deploykit.export.names import node_scopes
 from deploykit.export.qk_channels import with_contiguous_qk_channels
 from deploykit.export.rewrite import rewrite_for_runtimes
 from deploykit.nn.factory import Model
@@ -260,9 +260,9 @@ def onnx_from_model(
     # Rewrite and fold first: the SaPE2Bias function is attached afterwards, so the optimiser cannot inline it.
     proto = _rewrite_and_fold(program.model_proto)
     attach_functions(proto)
-    _add_metadata(proto, model, resolution, resolution_range)
-    if qk_order is not None:  # say so, for anyone comparing q/k tensors inside the graph
-        _set_metadata(proto, {"deploykit.qk_channel_order": json.dumps(qk_order.tolist())})
+    # qk_order: said, for anyone comparing q/k tensors inside the graph
+    _describe(model, resolution, resolution_range, qk_order, proto).write(proto)
+    proto.producer_name, proto.producer_version = "deploykit", deploykit.__version__
     check_graph(proto)
     return proto
 
@@ -337,37 +337,25 @@ def block_output_names(proto: onnx.ModelProto, depth: int, scope: str = "model.b
 
 def _block_scope(node: onnx.NodeProto, scope: str) -> str:
     """``model.blocks.<i>`` when the node belongs to a block, else ``""``."""
-    for prop in node.metadata_props:
-        if prop.key == "pkg.torch.onnx.name_scopes":
-            scopes = ast.literal_eval(prop.value)
-            return next((s for s in scopes if s.startswith(scope + ".") and s.count(".") == scope.count(".") + 1), "")
-    return ""
+    return next((s for s in node_scopes(node) if s.startswith(scope + ".") and s.count(".") == scope.count(".") + 1), "")
 
 
-def _add_metadata(proto: onnx.ModelProto, model: Model, resolution: tuple[int, ...], resolution_range=None) -> None:
-    meta = {
-        "deploykit.version": deploykit.__version__,
-        "deploykit.encoding": config_to_dict(model.cfg.encoding)["name"],
-        "deploykit.encoding_config": json.dumps(config_to_dict(model.cfg.encoding)),
-        "deploykit.model_config": json.dumps(model.cfg.to_dict()),
-        "deploykit.resolution": json.dumps(list(resolution)),
-        "deploykit.block_outputs": json.dumps(block_output_names(proto, model.cfg.depth)),
+def _describe(model: Model, resolution: tuple[int, ...], resolution_range, qk_order, proto: onnx.ModelProto) -> GraphMetadata:
+    """The graph's own record of what it is."""
+    encoding = config_to_dict(model.cfg.encoding)
+    return GraphMetadata(
+        version=deploykit.__version__,
+        encoding=encoding["name"],
+        encoding_config=encoding,
+        model_config=model.cfg.to_dict(),
+        resolution=tuple(resolution),
+        resolution_range=None if resolution_range is None else tuple(tuple(r) for r in resolution_range),
+        patch_size=getattr(model.cfg, "patch_size", None),
+        block_outputs=tuple(block_output_names(proto, model.cfg.depth)),
         # Name scopes (``BakedModel`` holds the trunk as ``model``) that quantized plans keep float.
-        "deploykit.float_modules": json.dumps(
-            sorted(f"model.{name}" for name, module in model.named_modules() if isinstance(module, KeepsFloat))
-        ),
-    }
-    if hasattr(model.cfg, "patch_size"):
-        meta["deploykit.patch_size"] = str(model.cfg.patch_size)
-    if resolution_range is not None:
-        meta["deploykit.resolution_range"] = json.dumps([list(r) for r in resolution_range])
-    _set_metadata(proto, meta)
-    proto.producer_name = "deploykit"
-    proto.producer_version = deploykit.__version__
-
-
-def _set_metadata(proto: onnx.ModelProto, entries: dict[str, str]) -> None:
-    onnx.helper.set_model_props(proto, {**{p.key: p.value for p in proto.metadata_props}, **entries})
+        float_modules=tuple(sorted(f"model.{name}" for name, module in model.named_modules() if isinstance(module, KeepsFloat))),
+        qk_channel_order=None if qk_order is None else tuple(int(i) for i in qk_order),
+    )
 
 
 def save_onnx(proto: onnx.ModelProto, dest: str | os.PathLike) -> Path:

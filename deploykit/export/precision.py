@@ -39,7 +39,7 @@ from onnx import TensorProto, helper, numpy_helper
 from deploykit.comparison import Tolerance
 from deploykit.errors import ConfigError
 from deploykit.export.lint import TABLE_PREFIXES
-from deploykit.export.manifest import PRECISION_METADATA_KEY
+from deploykit.export.metadata import GraphMetadata
 
 
 @dataclass(frozen=True)
@@ -181,8 +181,7 @@ def apply_precision(
         out.CopyFrom(proto)
         if plan.low is not None:
             _Plan(out, plan.low).rewrite()
-    props = {p.key: p.value for p in out.metadata_props}
-    helper.set_model_props(out, {**props, PRECISION_METADATA_KEY: precision})
+    GraphMetadata.update(out, precision=precision)
     return out
 
 

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import logging
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
@@ -58,7 +57,7 @@ from deploykit.comparison import Tolerance, compare_logits, row_cosines
 from deploykit.errors import ConfigError, ExportError
 from deploykit.export import names, sensitivity
 from deploykit.export.lint import TABLE_PREFIXES
-from deploykit.export.manifest import QUANTIZATION_METADATA_KEY
+from deploykit.export.metadata import GraphMetadata, copy_metadata
 from deploykit.export.onnx_export import quiet_logger
 
 _log = logging.getLogger(__name__)
@@ -232,8 +231,7 @@ def select_nodes(proto: onnx.ModelProto, attention: bool, keep_float: Sequence[s
         ConfigError: a ``keep_float`` pattern that matches no MatMul/Gemm/Conv node.
     """
     graph = proto.graph
-    meta = {p.key: p.value for p in proto.metadata_props}
-    float_modules = tuple(json.loads(meta.get("deploykit.float_modules", "[]")))
+    float_modules = GraphMetadata.of(proto).float_modules
     weights = {i.name for i in graph.initializer}
     head = _head_nodes(graph)
     selection = NodeSelection()
@@ -263,8 +261,7 @@ def attention_int8(proto: onnx.ModelProto, override: bool | None = None) -> bool
     float when unmeasured)."""
     if override is not None:
         return override
-    encoding = next((p.value for p in proto.metadata_props if p.key == "deploykit.encoding"), "")
-    return ATTENTION_INT8.get(encoding, False)
+    return ATTENTION_INT8.get(GraphMetadata.of(proto).encoding or "", False)
 
 
 def _head_nodes(graph: onnx.GraphProto) -> set[str]:
@@ -559,7 +556,7 @@ def _quantized_input(proto: onnx.ModelProto, node: onnx.NodeProto) -> bool:
 def _first_divergent_block(fp32: onnx.ModelProto, planned: onnx.ModelProto, inputs: np.ndarray, tolerance: Tolerance) -> str:
     """``blocks.<i>`` (the module path) whose output first leaves ``tolerance.min_mean_cosine``
     (the block outputs recorded at export, marked as outputs of both graphs), or ``""``."""
-    block_outputs = json.loads(next((p.value for p in fp32.metadata_props if p.key == "deploykit.block_outputs"), "[]"))
+    block_outputs = list(GraphMetadata.of(fp32).block_outputs)
     outputs = [_with_outputs(g, block_outputs) for g in (fp32, planned)]
     reference, actual = (run_graph(g, inputs, outputs=block_outputs) for g in outputs)
     for i, (ref, act) in enumerate(zip(reference, actual)):
@@ -673,10 +670,8 @@ def _listed(items: list[str], shown: int = 5) -> str:
 
 def _with_metadata(out: onnx.ModelProto, original: onnx.ModelProto, details: dict) -> onnx.ModelProto:
     """The quantizer keeps the graph's metadata only partly; restore it and add ``details``."""
-    props = {p.key: p.value for p in original.metadata_props}
-    props[QUANTIZATION_METADATA_KEY] = json.dumps(details)
-    del out.metadata_props[:]
-    onnx.helper.set_model_props(out, props)
+    copy_metadata(original, out)
+    GraphMetadata.update(out, quantization=details)
     out.producer_name, out.producer_version = original.producer_name, original.producer_version
     return out
 

@@ -61,7 +61,7 @@ def int8_columns(model: Model, dataset, resolutions: list[int], limit: int | Non
     binomial standard error (the test split is used by neither calibration nor the fallback)."""
     from deploykit.export import onnx_from_model
     from deploykit.export.bundle import planned_graph
-    from deploykit.export.manifest import graph_quantization
+    from deploykit.export.metadata import GraphMetadata
     from deploykit.export.quantize import run_graph
 
     count = min(limit or dataset.size("test"), dataset.size("test"))
@@ -76,7 +76,7 @@ def int8_columns(model: Model, dataset, resolutions: list[int], limit: int | Non
         agreement.append(float(np.mean(predicted == reference)))
         error.append(float(np.sqrt(agreement[-1] * (1 - agreement[-1]) / count)))
         correct_hex.append(_bits_to_hex(predicted == labels))
-        details = graph_quantization(int8)
+        details = GraphMetadata.of(int8).quantization
         kept = [f"{e['module']} ({e['onnx']}): {e['reason']}" for e in details["kept_float"] if e["reason"] != "policy"]
         checks = (details.get("agreement") or {}).get("checks", 0)
         plans.append(

@@ -123,8 +123,9 @@ def test_rtx_engines_are_portable_and_tensorrt_engines_are_not(ape_copy):
     of the build machine's device, so an engine built here loads on a GPU machine (whether it runs
     there is TensorRT-RTX's own verdict from the header). A TensorRT engine is for its GPU, driver
     and CUDA: any difference is refused, naming the fields."""
-    from deploykit.backends.engine_cache import current_fingerprint, graph_metadata
+    from deploykit.backends.engine_cache import current_fingerprint
     from deploykit.backends.tensorrt import BuildOptions
+    from deploykit.export.metadata import GraphMetadata
 
     src = ape_copy
     gpu = Device("13.0", "580.65", "NVIDIA RTX 4090", "8.9")
@@ -132,8 +133,8 @@ def test_rtx_engines_are_portable_and_tensorrt_engines_are_not(ape_copy):
     assert engine == (src / "model_96x64.rtx.engine").read_bytes()
     onnx_path = src / "model_96x64.onnx"
     shapes = {"images": [[1, 3, 96, 64]] * 3}
-    built = current_fingerprint(onnx_path, graph_metadata(onnx_path), shapes, BuildOptions(module="tensorrt_rtx"), device=Device())
-    now = current_fingerprint(onnx_path, graph_metadata(onnx_path), shapes, BuildOptions(module="tensorrt_rtx"), device=gpu)
+    built = current_fingerprint(onnx_path, GraphMetadata.of_file(onnx_path), shapes, BuildOptions(module="tensorrt_rtx"), device=Device())
+    now = current_fingerprint(onnx_path, GraphMetadata.of_file(onnx_path), shapes, BuildOptions(module="tensorrt_rtx"), device=gpu)
     assert built == now and built.gpu is None and built.cuda_driver is None
     tensorrt = dict(trt_version="11.4.0", module="tensorrt")
     on_l4 = dataclasses.replace(built, **tensorrt, cuda_driver="12.8", driver="570.1", gpu="NVIDIA L4", compute_capability="8.9")

@@ -13,7 +13,8 @@ from deploykit.encodings import list_encodings
 from deploykit.errors import ConfigError, DeployKitError
 from deploykit.export import export
 from deploykit.export.lint import TABLE_PREFIXES, check_graph
-from deploykit.export.manifest import Manifest, graph_precision
+from deploykit.export.manifest import Manifest
+from deploykit.export.metadata import GraphMetadata
 from deploykit.export.precision import apply_precision
 from deploykit.nn import create_model
 from deploykit.validate import validate
@@ -75,7 +76,7 @@ def test_fp16_graph_keeps_tables_layernorm_softmax_logits_fp32(export_dir):
     assert [(g.file, g.precision) for g in manifest.graphs] == [("model_64.onnx", "fp32"), ("model_64_fp16.onnx", "fp16")]
     fp32 = onnx.load(str(export_dir / "model_64.onnx"))
     fp16 = onnx.load(str(export_dir / "model_64_fp16.onnx"))
-    assert graph_precision(fp16) == "fp16" and graph_precision(fp32) == "fp32"
+    assert GraphMetadata.of(fp16).plan == "fp16" and GraphMetadata.of(fp32).plan == "fp32"
     assert all(_float_types(n, _types(fp32), n.output) <= {FP32} for n in fp32.graph.node)
     tables = _check_plan(fp16, FP16)
     # Tables are bit-identical to the fp32 export's: never rounded through fp16.

@@ -17,7 +17,8 @@ from deploykit.encodings import list_encodings
 from deploykit.errors import ConfigError, ExportError
 from deploykit.export import export
 from deploykit.export.lint import TABLE_PREFIXES
-from deploykit.export.manifest import Manifest, graph_quantization
+from deploykit.export.manifest import Manifest
+from deploykit.export.metadata import GraphMetadata
 from deploykit.export.quantize import CalibrationOptions
 from deploykit.export.sensitivity import QualityTarget
 from deploykit.nn import create_model
@@ -103,7 +104,7 @@ def test_qdq_only_on_matmul_inputs_and_never_near_the_encoding(int8_graph):
 
 def test_the_plan_is_recorded_in_graph_and_manifest(int8_graph):
     _, proto, manifest = int8_graph
-    details = graph_quantization(proto)
+    details = GraphMetadata.of(proto).quantization
     entry = next(g for g in manifest.graphs if g.precision == "int8")
     assert entry.quantization == details
     assert details["plan"] == "int8" and details["calibration"] == "minmax" and details["samples"] == 8
@@ -132,7 +133,7 @@ def test_ega_gate_stays_float(tmp_path):
     gates = [n for n in proto.graph.node if n.op_type in ("MatMul", "Gemm") and "attn.gate" in _scopes(n)]
     assert len(gates) == 2 and not any(dequantized[n.name] for n in gates)
     assert any(dequantized[n.name] for n in proto.graph.node if "attn.qkv" in _scopes(n))
-    assert len(graph_quantization(proto)["float_nodes"]["float-module"]) == 2
+    assert len(GraphMetadata.of(proto).quantization["float_nodes"]["float-module"]) == 2
 
 
 @pytest.mark.slow
@@ -221,7 +222,7 @@ def test_int8_mha_is_the_int8_plan_with_its_float_attention_fused(tmp_path):
     ops = [n.op_type for n in fused.graph.node]
     assert ops.count("MultiHeadAttention") == model.cfg.depth and "Softmax" not in ops
     assert ops.count("QuantizeLinear") == [n.op_type for n in int8.graph.node].count("QuantizeLinear") > 0
-    assert graph_quantization(fused)["kept_float"] == graph_quantization(int8)["kept_float"]
+    assert GraphMetadata.of(fused).quantization["kept_float"] == GraphMetadata.of(int8).quantization["kept_float"]
     inputs = deploykit.data.dataset_inputs(model.cfg.dataset, (48, 48), model.cfg.mean, model.cfg.std, 16)
     # Equal but for summation order (which can move a value across an int8 rounding step downstream).
     a, b = run_graph(fused, inputs), run_graph(int8, inputs)

@@ -1,0 +1,159 @@
+"""What deploykit records inside every graph it writes: one typed record, read and written here only.
+
+An exported ONNX file carries its own description in ``metadata_props`` under ``deploykit.`` keys,
+so a graph separated from its export directory still says what it is (the manifest is built from
+it, ``inspect`` shows it, engine fingerprints and quantization read it). The keys and their text
+encoding are the on-disk contract and do not change: ``deploykit.resolution`` is ``"[224, 224]"``,
+``deploykit.precision`` is ``"int8"``. Fields a graph does not carry are ``None`` (or empty) here,
+and are not written.
+
+Torch-free (onnx and json only): export, backends, validate and inspection all read it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import onnx
+
+from deploykit.errors import DeployKitError
+
+PREFIX = "deploykit."
+
+
+def _tuple(value: Any) -> tuple:
+    return tuple(value)
+
+
+def _range(value: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    low, high = value
+    return tuple(low), tuple(high)
+
+
+# field -> how its text is read back: str (as is), int, or JSON then the converter
+_TEXT, _INT = "text", "int"
+_JSON_FIELDS = {
+    "encoding_config": dict,
+    "model_config": dict,
+    "resolution": _tuple,
+    "resolution_range": _range,
+    "block_outputs": _tuple,
+    "float_modules": _tuple,
+    "qk_channel_order": _tuple,
+    "quantization": dict,
+}
+_KINDS = {"version": _TEXT, "encoding": _TEXT, "precision": _TEXT, "patch_size": _INT, "fused_attention": _INT}
+
+
+@dataclass(frozen=True)
+class GraphMetadata:
+    """A graph's ``deploykit.*`` metadata.
+
+    Attributes:
+        version: the deploykit version that exported it.
+        encoding: the positional encoding's name (``"wepe"``).
+        encoding_config: the encoding's config as ``config_to_dict`` writes it.
+        model_config: the trunk's config (``cfg.to_dict()``).
+        resolution: the input resolution it was exported at (``(height, width)``, or
+            ``(length,)`` for a sequence model); for a range, the shape it is tuned for.
+        resolution_range: ``(min, max)`` of a resolution-range graph.
+        patch_size: the patch size of image models.
+        block_outputs: the tensor names of each transformer block's output (block order), for
+            the first-divergent-block search.
+        float_modules: module scopes (``model.blocks.0.pos``) every quantized plan keeps float.
+        qk_channel_order: the channel order q and k are stored in when rotary pairs were made
+            contiguous (``export.qk_channels``).
+        precision: the precision plan (``"fp16"``, ``"int8"``); None in a graph that no plan
+            has been applied to, which is fp32 (``plan``).
+        quantization: a quantized plan's record: calibration, nodes kept float and why.
+        fused_attention: how many attention cores a ``*-mha`` plan fused.
+    """
+
+    version: str | None = None
+    encoding: str | None = None
+    encoding_config: dict | None = None
+    model_config: dict | None = None
+    resolution: tuple[int, ...] | None = None
+    resolution_range: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    patch_size: int | None = None
+    block_outputs: tuple[str, ...] = ()
+    float_modules: tuple[str, ...] = ()
+    qk_channel_order: tuple[int, ...] | None = None
+    precision: str | None = None
+    quantization: dict | None = None
+    fused_attention: int | None = None
+
+    @property
+    def plan(self) -> str:
+        """The precision plan, ``"fp32"`` when none was recorded (graphs written before plans)."""
+        return self.precision or "fp32"
+
+    @classmethod
+    def of(cls, proto: onnx.ModelProto) -> GraphMetadata:
+        """The record in ``proto``; fields it does not carry keep their defaults.
+
+        Raises:
+            DeployKitError: a ``deploykit.*`` value that cannot be read (names the key).
+        """
+        props = {p.key: p.value for p in proto.metadata_props}
+        values = {}
+        for f in dataclasses.fields(cls):
+            key = PREFIX + f.name
+            if key not in props:
+                continue
+            text = props[key]
+            try:
+                if f.name in _JSON_FIELDS:
+                    values[f.name] = _JSON_FIELDS[f.name](json.loads(text))
+                elif _KINDS[f.name] == _INT:
+                    values[f.name] = int(text)
+                else:
+                    values[f.name] = text
+            except (TypeError, ValueError) as err:  # JSONDecodeError is a ValueError
+                raise DeployKitError(f"the graph's {key} metadata is not readable ({type(err).__name__}: {str(err)[:80]})") from err
+        return cls(**values)
+
+    @classmethod
+    def of_file(cls, path: str | os.PathLike) -> GraphMetadata:
+        """The record of an ONNX file, read without its external weight files."""
+        return cls.of(onnx.load(str(path), load_external_data=False))
+
+    def props(self) -> dict[str, str]:
+        """The ``metadata_props`` entries this record writes (fields left empty are absent)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            if f.name in _JSON_FIELDS:
+                out[PREFIX + f.name] = json.dumps(value)  # tuples become lists
+            else:
+                out[PREFIX + f.name] = str(value)
+        return out
+
+    def write(self, proto: onnx.ModelProto) -> None:
+        """Store this record in ``proto``: every field's key set, or removed where the field is
+        empty; other metadata (another tool's, or ``deploykit.*`` keys this version does not
+        know) is kept."""
+        ours = {PREFIX + f.name for f in dataclasses.fields(self)}
+        kept = {p.key: p.value for p in proto.metadata_props if p.key not in ours}
+        del proto.metadata_props[:]
+        onnx.helper.set_model_props(proto, {**kept, **self.props()})
+
+    @classmethod
+    def update(cls, proto: onnx.ModelProto, **changes: Any) -> GraphMetadata:
+        """Change some fields of ``proto``'s record in place; returns the new record."""
+        record = dataclasses.replace(cls.of(proto), **changes)
+        record.write(proto)
+        return record
+
+
+def copy_metadata(source: onnx.ModelProto, target: onnx.ModelProto) -> None:
+    """Give ``target`` exactly ``source``'s model metadata (rewriters such as ONNX Runtime's
+    quantizer keep it only partly)."""
+    del target.metadata_props[:]
+    target.metadata_props.extend(source.metadata_props)

@@ -1,0 +1,95 @@
+"""The graph metadata contract (``deploykit.export.metadata``): the ``deploykit.*`` text a graph
+carries, as earlier deploykit versions wrote it, reads into typed fields and writes back to the
+same text; other metadata survives; an unreadable value is named; and no module outside the
+metadata module spells a ``deploykit.*`` key."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import onnx
+import pytest
+
+import deploykit
+from deploykit.errors import DeployKitError
+from deploykit.export.metadata import GraphMetadata
+
+# As an exported int8 graph of a resolution range carried them (text typed out here, not produced
+# by the module under test).
+WRITTEN = {
+    "deploykit.version": "0.9.0",
+    "deploykit.encoding": "gridpe",
+    "deploykit.encoding_config": '{"name": "gridpe", "num_scales": 4}',
+    "deploykit.model_config": '{"depth": 2, "embed_dim": 64}',
+    "deploykit.resolution": "[224, 192]",
+    "deploykit.resolution_range": "[[128, 128], [384, 384]]",
+    "deploykit.patch_size": "16",
+    "deploykit.block_outputs": '["add_3", "add_7"]',
+    "deploykit.float_modules": '["model.pos"]',
+    "deploykit.precision": "int8",
+    "deploykit.quantization": '{"plan": "int8", "kept_float": []}',
+}
+
+
+def graph(props: dict[str, str]) -> onnx.ModelProto:
+    proto = onnx.helper.make_model(onnx.helper.make_graph([], "g", [], []))
+    onnx.helper.set_model_props(proto, props)
+    return proto
+
+
+def test_written_text_reads_into_typed_fields():
+    meta = GraphMetadata.of(graph(WRITTEN))
+    assert meta.resolution == (224, 192) and meta.resolution_range == ((128, 128), (384, 384))
+    assert meta.patch_size == 16 and meta.encoding == "gridpe" and meta.encoding_config["num_scales"] == 4
+    assert meta.block_outputs == ("add_3", "add_7") and meta.float_modules == ("model.pos",)
+    assert meta.plan == "int8" and meta.quantization == {"plan": "int8", "kept_float": []}
+    assert meta.qk_channel_order is None and meta.fused_attention is None
+
+
+def test_write_gives_back_the_same_text_and_keeps_foreign_metadata():
+    foreign = {"author": "someone", "deploykit.from_a_later_version": "kept"}
+    proto = graph({**WRITTEN, **foreign})
+    GraphMetadata.of(proto).write(proto)
+    assert {p.key: p.value for p in proto.metadata_props} == {**WRITTEN, **foreign}
+
+
+def test_update_changes_only_the_named_field_and_removes_emptied_ones():
+    proto = graph(WRITTEN)
+    GraphMetadata.update(proto, precision="fp16", quantization=None, fused_attention=12)
+    props = {p.key: p.value for p in proto.metadata_props}
+    expected = {k: v for k, v in WRITTEN.items() if k != "deploykit.quantization"}
+    assert props == {**expected, "deploykit.precision": "fp16", "deploykit.fused_attention": "12"}
+
+
+def test_a_graph_without_a_plan_is_fp32_and_one_from_elsewhere_has_no_resolution():
+    meta = GraphMetadata.of(graph({"author": "someone"}))
+    assert meta.plan == "fp32" and meta.precision is None and meta.resolution is None
+
+
+@pytest.mark.parametrize(
+    "key,text", [("deploykit.resolution", "[224,"), ("deploykit.patch_size", "sixteen"), ("deploykit.resolution_range", "[1]")]
+)
+def test_an_unreadable_value_is_named(key, text):
+    with pytest.raises(DeployKitError, match=key.replace(".", r"\.")):
+        GraphMetadata.of(graph({**WRITTEN, key: text}))
+
+
+def _modules() -> set[str]:
+    root = Path(deploykit.__file__).parent
+    return {".".join(p.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__") for p in root.rglob("*.py")}
+
+
+def test_no_metadata_key_is_spelled_outside_the_metadata_module():
+    """Any ``"deploykit.…"`` string in the package is a module name (the lazy-import tables) or
+    the plugin entry-point group; metadata keys live in ``deploykit/export/metadata.py`` only."""
+    root = Path(deploykit.__file__).parent
+    modules, found = _modules(), []
+    for path in root.rglob("*.py"):
+        if path.name == "metadata.py" and path.parent.name == "export":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("deploykit."):
+                if node.value not in modules and node.value != "deploykit.plugins":
+                    found.append(f"{path.relative_to(root)}:{node.lineno}: {node.value}")
+    assert not found, found
