@@ -38,10 +38,10 @@ from deploykit.export import onnx_from_model
 from deploykit.export.bundle import planned_graph
 from deploykit.export.quantize import CalibrationOptions
 from deploykit.nn import create_model, load_model
-from deploykit.nn.resolve import resolve_model
 from deploykit.profile import Budget, LatencyStats, measure
 from deploykit.profile.environment import capture_environment
 from deploykit.zoo.registry import DEFAULT_ZOO_MODEL, model_dir
+from deploykit.zoo.resolve import resolve_model
 
 RESULTS = Path(__file__).parent / "results"
 SPEED_CALIBRATION = CalibrationOptions(samples=16, held_out=16, min_agreement=None)

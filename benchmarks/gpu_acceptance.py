@@ -138,7 +138,7 @@ def export_models(args, checks: Checks, work: Path) -> dict[str, Path]:
 
     calibration = CalibrationOptions(samples=args.calibration_samples, held_out=args.held_out, min_agreement=args.min_agreement)
     from deploykit.nn import create_model
-    from deploykit.nn.resolve import resolve_model
+    from deploykit.zoo.resolve import resolve_model
 
     exported = {}
     for encoding in args.encodings or list_encodings():

@@ -43,8 +43,8 @@ from deploykit.export.quantize import CalibrationOptions
 from deploykit.export.sensitivity import QualityTarget
 from deploykit.inputs import UserCalibration, read_inputs
 from deploykit.nn import create_model
-from deploykit.nn.resolve import resolve_model
 from deploykit.profile.environment import capture_environment, environment_line
+from deploykit.zoo.resolve import resolve_model
 
 RESULTS = Path(__file__).parent / "results"
 

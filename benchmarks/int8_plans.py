@@ -110,9 +110,9 @@ def _time_variants(variants: dict, model_name, encoding, resolution, batch, args
 
 def attention(args) -> None:
     from deploykit.data import calibration_inputs
+    from deploykit.datasets import get_dataset
     from deploykit.nn.checkpoint import load_model
     from deploykit.zoo.cards import eval_resolutions
-    from deploykit.zoo.dataset import get_dataset
     from deploykit.zoo.registry import list_zoo, model_dir
 
     records = []

@@ -240,8 +240,8 @@ def export(
     from deploykit.export import export as export_model
     from deploykit.export.quantize import CalibrationOptions
     from deploykit.inputs import UserCalibration, read_inputs
-    from deploykit.nn.resolve import resolve_model
     from deploykit.resolutions import resolution_tag
+    from deploykit.zoo.resolve import resolve_model
 
     console = _console()
     model, source = resolve_model(checkpoint=checkpoint, encoding=encoding, model_name=model_name, options=options)
@@ -541,9 +541,9 @@ def profile(
     from deploykit._lazy import lazy_import
     from deploykit.backends.plugins import Plugins
     from deploykit.errors import ConfigError
-    from deploykit.nn.resolve import resolve_model
     from deploykit.profile.choice import write_choice
     from deploykit.profile.output import plot_latency, render_table, write_csv
+    from deploykit.zoo.resolve import resolve_model
 
     console = _console()
     if export_dir and (encoding or model_name or checkpoint):

@@ -78,7 +78,7 @@ def random_token_inputs(count: int, length: int, vocab_size: int, seed: int = 0)
 def dataset_inputs(dataset: str, resolution: tuple[int, int], mean, std, count: int, split: str = "test") -> np.ndarray:
     """``[count, 3, H, W]`` float32: the first ``count`` images of a ``deploykit.zoo`` dataset's
     ``split``, rendered at ``resolution`` and normalised."""
-    from deploykit.zoo.dataset import get_dataset
+    from deploykit.datasets import get_dataset
 
     return normalise(get_dataset(dataset).images(split, range(count), resolution), mean, std)
 
@@ -131,7 +131,7 @@ def real_input_limit(model, split: str) -> tuple[int | None, str]:
     if model.input_name == "tokens":
         return None, "windows of the bundled text"
     if model.cfg.dataset:
-        from deploykit.zoo.dataset import get_dataset
+        from deploykit.datasets import get_dataset
 
         return get_dataset(model.cfg.dataset).size(split), f"images in {model.cfg.dataset}'s {split} split"
     if split == VALIDATION_SPLIT:

@@ -17,8 +17,8 @@ LAYERS = [
     # helpers, the check of config values (the encodings' and the models' configs share it),
     # comparison metrics (numpy), image decoding (numpy + Pillow), resolution strings,
     # the torch-free catalog of names, model inputs (numpy: noise, sample images, the zoo's data;
-    # a user's own folders, lists and arrays)
-    # and the zoo's entries and dataset, which data and nn.resolve read.
+    # a user's own folders, lists and arrays) and the rendered datasets the zoo trains on (which
+    # model configs name and validation draws from).
     (
         "infrastructure",
         (
@@ -34,9 +34,7 @@ LAYERS = [
             "deploykit.catalog",
             "deploykit.data",
             "deploykit.inputs",
-            "deploykit.zoo",
-            "deploykit.zoo.registry",
-            "deploykit.zoo.dataset",
+            "deploykit.datasets",
         ),
     ),
     # GPU kernels and TensorRT plugins: imported by the encodings' own ops (SaPE²'s CUDA kernel),
@@ -47,7 +45,8 @@ LAYERS = [
     ("export", ("deploykit.export",)),
     ("backends", ("deploykit.backends",)),
     # What uses exported graphs and runners: checks, engines, timing (with what a timing ran on,
-    # which reads the runtimes' thread settings), inspection, and the zoo's training and cards.
+    # which reads the runtimes' thread settings), inspection, and the zoo: its table of trained
+    # models, which model a command works on (a zoo model by default), training and cards.
     (
         "tools",
         (
@@ -55,8 +54,7 @@ LAYERS = [
             "deploykit.build",
             "deploykit.profile",
             "deploykit.inspection",
-            "deploykit.zoo.train",
-            "deploykit.zoo.cards",
+            "deploykit.zoo",
         ),
     ),
     ("serve", ("deploykit.serve",)),
@@ -130,6 +128,37 @@ def test_no_import_cycle():
     def visit(node: str, stack: list[str]) -> None:
         state[node] = "open"
         for dep in sorted(graph[node]):
+            if state.get(dep) == "open":
+                cycles.append(" -> ".join([*stack[stack.index(dep) :], dep]))
+            elif dep not in state:
+                visit(dep, [*stack, dep])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert not cycles, "\n".join(cycles)
+
+
+def _package(name: str) -> str:
+    """The package a module belongs to: ``deploykit.export`` for ``deploykit.export.quantize``; a
+    module directly under ``deploykit`` is a package of its own."""
+    parts = name.split(".")
+    return ".".join(parts[:2])
+
+
+def test_no_package_cycle():
+    """Packages as a whole import one way: no ``nn → zoo → nn``, however many modules apart
+    (module cycles are caught above; this catches the loops they hide)."""
+    graph: dict[str, set[str]] = {}
+    for name, deps in _graph().items():
+        if name != ROOT:
+            graph.setdefault(_package(name), set()).update(_package(d) for d in deps if d != ROOT and _package(d) != _package(name))
+    cycles, state = [], {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = "open"
+        for dep in sorted(graph.get(node, ())):
             if state.get(dep) == "open":
                 cycles.append(" -> ".join([*stack[stack.index(dep) :], dep]))
             elif dep not in state:

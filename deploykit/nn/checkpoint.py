@@ -6,8 +6,10 @@ pickled code. Every failure is a one-line ``CheckpointError`` naming the file.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,8 @@ from torch import Tensor
 
 from deploykit._fields import json_nesting
 from deploykit._io import atomic_path, write_json_atomic
-from deploykit.encodings import EncodingConfig
+from deploykit.encodings import EncodingConfig, config_to_dict, parse_options
+from deploykit.encodings import config_from_dict as encoding_from_dict
 from deploykit.errors import CheckpointError, ConfigError, one_line
 from deploykit.nn.factory import Model, ModelConfig, build_model, config_from_dict, create_model
 
@@ -28,7 +31,7 @@ WEIGHTS_FILE = "model.safetensors"
 _TORCH_SUFFIXES = (".pt", ".pth", ".bin")
 
 # The untrained fallback for a named size or an encoding the zoo has no trained model for
-# (the embedded default is the zoo's models/shapes-ape, see deploykit.nn.resolve): ViT-Tiny/16 +
+# (the embedded default is the zoo's models/shapes-ape, see deploykit.zoo.resolve): ViT-Tiny/16 +
 # learned APE, weights drawn from a fixed seed, so `deploykit export` works with no checkpoint.
 DEFAULT_MODEL = "vit_tiny_patch16"
 DEFAULT_ENCODING = "ape"
@@ -197,3 +200,25 @@ def save_model(model: Model, directory: str | os.PathLike, metadata: dict[str, A
         save_file(state, str(tmp), metadata={k: str(v) for k, v in (metadata or {}).items()})
     write_json_atomic(directory / CONFIG_FILE, model.cfg.to_dict())
     return directory
+
+
+def with_encoding_options(model: Model, options: Sequence[str], source: str) -> Model:
+    """The same weights in a model whose encoding config has ``options`` (``key=value``) applied
+    (the model itself when there are none).
+
+    Raises:
+        ConfigError: an option the encoding does not have, or a value it refuses.
+        CheckpointError: an option that changes the parameters (e.g. ``ape=true``), so the
+            weights no longer fit.
+    """
+    if not options:
+        return model
+    changed = build_model(dataclasses.replace(model.cfg, encoding=options_applied(model.cfg.encoding, options)))
+    load_weights(changed, model.state_dict(), f"{source} with --set {' '.join(options)}")
+    return changed.eval()
+
+
+def options_applied(config: EncodingConfig, options: Sequence[str]) -> EncodingConfig:
+    """``config`` with ``key=value`` options applied, typed and checked (``parse_options``)."""
+    current = config_to_dict(config)
+    return encoding_from_dict({**current, **parse_options(current["name"], options)})

@@ -43,8 +43,7 @@ from torch import Tensor, nn
 from deploykit._lazy import lazy_import
 from deploykit.encodings import EncodingConfig, encoding_name, get_config
 from deploykit.errors import CheckpointError, ConfigError
-from deploykit.nn.checkpoint import load_checkpoint, load_weights
-from deploykit.nn.resolve import with_encoding_options
+from deploykit.nn.checkpoint import load_checkpoint, load_weights, with_encoding_options
 from deploykit.nn.vit import VisionTransformer, ViTConfig
 
 

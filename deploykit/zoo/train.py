@@ -19,11 +19,11 @@ import torch
 import torch.nn.functional as F
 
 from deploykit.data import normalise
+from deploykit.datasets import ShapeRelations, get_dataset
 from deploykit.encodings import get_config
 from deploykit.errors import ConfigError
 from deploykit.nn.checkpoint import WEIGHTS_FILE, save_model
 from deploykit.nn.factory import Model, create_model
-from deploykit.zoo.dataset import ShapeRelations, get_dataset
 from deploykit.zoo.registry import BASE_MODEL, ZooEntry, get_entry, model_dir
 
 

@@ -13,6 +13,7 @@ import torch
 from onnx import TensorProto, numpy_helper
 
 import deploykit.data
+from deploykit.datasets import ShapeRelations
 from deploykit.encodings import list_encodings
 from deploykit.errors import ConfigError, ExportError
 from deploykit.export import export
@@ -23,7 +24,6 @@ from deploykit.export.quantize import CalibrationOptions
 from deploykit.export.sensitivity import QualityTarget
 from deploykit.nn import create_model
 from deploykit.nn.checkpoint import load_model
-from deploykit.zoo.dataset import ShapeRelations
 from deploykit.zoo.registry import DEFAULT_ZOO_MODEL, model_dir
 
 RES = (64, 64)

@@ -45,7 +45,7 @@ def plans_export_dir(tmp_path_factory) -> Path:
 def zoo_export_dir(tmp_path_factory) -> Path:
     """The zoo's trained APE model (``models/shapes-ape``, trained at 48 px) exported at 32 and 48
     px: what a user serves, with answers that mean something on its test split."""
-    from deploykit.nn.resolve import resolve_model
+    from deploykit.zoo.resolve import resolve_model
 
     model, _ = resolve_model(encoding="ape")
     out = tmp_path_factory.mktemp("serve_zoo") / "export"

@@ -1,4 +1,6 @@
-"""Which model a command works on: a checkpoint, a named size + encoding, or the default."""
+"""Which model a command works on: a checkpoint, a named size + encoding, or the default (the
+zoo's trained model for the encoding). Above the zoo's registry, so ``deploykit.nn`` knows nothing
+of the zoo."""
 
 from __future__ import annotations
 
@@ -6,10 +8,20 @@ import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
-from deploykit.encodings import EncodingConfig, config_from_dict, config_to_dict, encoding_name, get_config, parse_options
+from deploykit.encodings import encoding_name, get_config
 from deploykit.errors import CheckpointError
-from deploykit.nn.checkpoint import CONFIG_FILE, DEFAULT_ENCODING, DEFAULT_MODEL, WEIGHTS_FILE, default_model, load_model, load_weights
-from deploykit.nn.factory import Model, build_model, create_model
+from deploykit.nn.checkpoint import (
+    CONFIG_FILE,
+    DEFAULT_ENCODING,
+    DEFAULT_MODEL,
+    WEIGHTS_FILE,
+    default_model,
+    load_model,
+    options_applied,
+    with_encoding_options,
+)
+from deploykit.nn.factory import Model, create_model
+from deploykit.zoo.registry import ZOO, model_dir, zoo_dir
 
 
 def resolve_model(
@@ -40,8 +52,6 @@ def resolve_model(
         get_config(wanted)  # an unknown encoding is named as such, with the choices
         if zoo := trained_zoo_model(wanted):
             return with_encoding_options(load_model(zoo), options, f"zoo:{zoo.name}"), f"zoo:{zoo.name}"
-        from deploykit.zoo.registry import zoo_dir
-
         raise CheckpointError(
             f"no trained zoo model for encoding {wanted} in {zoo_dir()} (a wheel does not ship models/); pass "
             f"--checkpoint DIR, or --model NAME (e.g. {DEFAULT_MODEL}) for a seeded untrained model"
@@ -49,7 +59,7 @@ def resolve_model(
     if checkpoint is None:
         model = default_model(encoding=encoding, model=model_name)
         if options:  # untrained: the options shape the seeded model itself (ape=true adds a table)
-            model = default_model(encoding=_with_options(model.cfg.encoding, options), model=model_name)
+            model = default_model(encoding=options_applied(model.cfg.encoding, options), model=model_name)
         return model, f"default:{model_name}+{encoding_name(model.cfg.encoding)}"
     checkpoint = Path(checkpoint)
     if not checkpoint.exists():
@@ -65,35 +75,12 @@ def resolve_model(
     if checkpoint.is_dir():
         raise CheckpointError(f"{checkpoint} has no {CONFIG_FILE}; pass a weights file with --model/--encoding")
     model = create_model(model_name or DEFAULT_MODEL, encoding=encoding)
-    config = dataclasses.replace(model.cfg, encoding=_with_options(model.cfg.encoding, options))
+    config = dataclasses.replace(model.cfg, encoding=options_applied(model.cfg.encoding, options))
     return load_model(checkpoint, config=config), str(checkpoint)
-
-
-def with_encoding_options(model: Model, options: Sequence[str], source: str) -> Model:
-    """The same weights in a model whose encoding config has ``options`` (``key=value``) applied
-    (the model itself when there are none).
-
-    Raises:
-        ConfigError: an option the encoding does not have, or a value it refuses.
-        CheckpointError: an option that changes the parameters (e.g. ``ape=true``), so the
-            weights no longer fit.
-    """
-    if not options:
-        return model
-    changed = build_model(dataclasses.replace(model.cfg, encoding=_with_options(model.cfg.encoding, options)))
-    load_weights(changed, model.state_dict(), f"{source} with --set {' '.join(options)}")
-    return changed.eval()
-
-
-def _with_options(config: EncodingConfig, options: Sequence[str]) -> EncodingConfig:
-    current = config_to_dict(config)
-    return config_from_dict({**current, **parse_options(current["name"], options)})
 
 
 def trained_zoo_model(encoding: str) -> Path | None:
     """The directory of the trained zoo model for ``encoding`` (its first zoo entry), if any."""
-    from deploykit.zoo.registry import ZOO, model_dir
-
     for name, entry in ZOO.items():
         if entry.encoding == encoding and (model_dir(name) / WEIGHTS_FILE).is_file():
             return model_dir(name)
