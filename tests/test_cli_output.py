@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from deploykit.export.manifest import Manifest
 from deploykit.profile import ProfileReport
 from deploykit.profile.output import render_table
 from tests.test_cli import RES, run_cli
@@ -25,12 +26,14 @@ def test_export_lines_are_whole_at_40_columns_with_a_long_path(capsys, narrow, c
 
 
 @pytest.mark.slow
-def test_range_line_is_whole_at_40_columns(capsys, narrow, tmp_path):
-    """The line tests/export/test_resolution_range.py greps, which broke on long temp paths."""
+def test_cli_exports_a_range_in_a_line_whole_at_40_columns(capsys, narrow, tmp_path):
+    """``export --resolution-range`` from the command line: one graph in the manifest, and its
+    line whole on a narrow terminal with a long path (it broke on long temp paths)."""
     out = tmp_path / LONG / "g"
     code, _, err = run_cli(capsys, "export", "-e", "geope", "--model", "vit_tiny_patch16", "--resolution-range", "32:48:64", "-o", out)
     assert code == 0, err
     assert f"✓ {out / 'model_32-64.onnx'}  (32 to 64, tuned for 48, fp32, opset 18)" in err.splitlines()
+    assert [g.file for g in Manifest.read(out).graphs] == ["model_32-64.onnx"]
 
 
 def test_validate_lines_are_whole_at_40_columns(capsys, narrow, good_export, tmp_path):

@@ -133,13 +133,10 @@ def test_rtx_builds_the_range_with_its_profile(exported):
     assert read_fingerprint(result.fingerprint).fingerprint.shapes == {"images": [[1, 3, 64, 64], [2, 3, 96, 96], [4, 3, 128, 128]]}
 
 
-@pytest.mark.slow
-def test_cli_exports_a_range(tmp_path, capsys):
+def test_cli_refuses_a_range_without_its_tuned_shape(tmp_path, capsys):
+    """(tests/test_cli_output.py exports a range from the command line.)"""
     from deploykit.cli import main
 
-    main(["export", "-e", "geope", "--model", "vit_tiny_patch16", "--resolution-range", "32:48:64", "-o", str(tmp_path / "g")])
-    assert "32 to 64, tuned for 48" in capsys.readouterr().err
-    assert [g.file for g in Manifest.read(tmp_path / "g").graphs] == ["model_32-64.onnx"]
     with pytest.raises(SystemExit) as exit_info:
         main(["export", "-e", "geope", "--resolution-range", "32:64", "-o", str(tmp_path / "h")])
     assert exit_info.value.code == 2 and "MIN:OPT:MAX" in capsys.readouterr().err

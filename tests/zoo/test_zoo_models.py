@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from safetensors.torch import load_file
 
@@ -16,6 +18,7 @@ from deploykit.datasets import ShapeRelations
 from deploykit.encodings import config_from_dict, config_to_dict
 from deploykit.export import onnx_from_model
 from deploykit.export.bundle import planned_graph
+from deploykit.export.manifest import Manifest
 from deploykit.nn import load_model
 from deploykit.zoo.cards import CARD_JSON, README, hex_to_bits, read_cards
 from deploykit.zoo.registry import DEFAULT_ZOO_MODEL, EVAL_SCALES, list_zoo, model_dir, zoo_dir
@@ -34,6 +37,16 @@ def trained(name: str):
 def zoo_model(request):
     directory = trained(request.param)
     return request.param, directory, json.loads((directory / CARD_JSON).read_text())
+
+
+@pytest.fixture(scope="module")
+def zoo_export(zoo_model, tmp_path_factory) -> dict[int, Path]:
+    """The zoo model exported once by the command line at its card's resolutions (1x, 1.5x, 2x),
+    shared by the card and validate tests: resolution -> graph file."""
+    name, directory, card = zoo_model
+    out = tmp_path_factory.mktemp(f"export-{name}")
+    main(["export", "-c", str(directory), *(a for r in card["resolutions"] for a in ("-r", str(r))), "-o", str(out)])
+    return {g.resolution[0]: out / g.file for g in Manifest.read(out).graphs}
 
 
 def _onnx_predictions(graph, model, resolution: int, count: int) -> tuple[np.ndarray, np.ndarray]:
@@ -55,14 +68,14 @@ def _agree(predicted_correct: np.ndarray, card_hex: str) -> None:
 
 
 @pytest.mark.slow
-def test_card_matches_the_exported_graph_on_a_subset(zoo_model):
-    """The card's per-sample answers (and so its accuracy) against the exported graph run in ONNX
-    Runtime, independent of the evaluation that wrote the card."""
+def test_card_matches_the_exported_graph_on_a_subset(zoo_model, zoo_export):
+    """The card's per-sample answers (and so its accuracy) against the graphs ``deploykit export``
+    wrote, run in ONNX Runtime, independent of the evaluation that wrote the card."""
     name, directory, card = zoo_model
     model = load_model(directory)
     assert card["resolutions"] == [int(round(model.cfg.img_size * s / model.cfg.patch_size)) * model.cfg.patch_size for s in EVAL_SCALES]
     for res, full, bits in zip(card["resolutions"], card["test_accuracy"], card["test_correct_hex"]):
-        predicted, labels = _onnx_predictions(onnx_from_model(model, (res, res)), model, res, SUBSET)
+        predicted, labels = _onnx_predictions(onnx.load(str(zoo_export[res])), model, res, SUBSET)
         _agree(predicted == labels, bits)
         # ...and the subset is within sampling noise of the full-split figure (4 binomial standard errors).
         assert abs(np.mean(predicted == labels) - full) <= 4 * math.sqrt(max(full * (1 - full), 0.01) / SUBSET)
@@ -143,13 +156,15 @@ def test_validation_inputs_of_a_zoo_model_are_its_test_split():
 
 
 @pytest.mark.slow
-def test_validate_every_zoo_model_fp32_at_1x_and_2x_on_ort_and_openvino(zoo_model, tmp_path, capsys):
+def test_validate_every_zoo_model_fp32_at_1x_and_2x_on_ort_and_openvino(zoo_model, zoo_export, tmp_path, capsys):
     name, directory, card = zoo_model
     base = card["train_resolution"]
-    out = tmp_path / "export"
-    main(["export", "-c", str(directory), "-r", str(base), "-r", str(2 * base), "-o", str(out)])
+    out = zoo_export[base].parent
     report = tmp_path / "report.json"
-    main(["validate", str(out), "-b", "ort", "-b", "openvino", "--num-random", "2", "--num-real", "8", "--report", str(report)])
+    resolutions = ["-r", str(base), "-r", str(2 * base)]
+    main(
+        ["validate", str(out), *resolutions, "-b", "ort", "-b", "openvino", "--num-random", "2", "--num-real", "8", "--report", str(report)]
+    )
     err = capsys.readouterr().err
     assert "4/4 checks passed" in err and "top1" in err
     records = json.loads(report.read_text())
