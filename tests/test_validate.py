@@ -73,21 +73,23 @@ def test_planted_error_fails_and_names_the_block(export_dir, tmp_path):
         report.raise_for_failure()
 
 
-def test_graph_changed_since_export_is_refused(export_dir, tmp_path):
-    shutil.copytree(export_dir, tmp_path / "x")
-    with open(tmp_path / "x" / "model_384.onnx", "ab") as f:
+# The checks below are the same for every encoding: they share the small export of conftest.py
+# rather than paying for an export per encoding.
+def test_graph_changed_since_export_is_refused(good_export, tmp_path):
+    shutil.copytree(good_export, tmp_path / "x")
+    with open(tmp_path / "x" / "model_32.onnx", "ab") as f:
         f.write(b"\0")
     with pytest.raises(DeployKitError, match="changed since export"):
-        validate(tmp_path / "x", resolutions=[(384, 384)])
+        validate(tmp_path / "x", resolutions=[(32, 32)])
 
 
-def test_bad_arguments(export_dir, tmp_path):
+def test_bad_arguments(good_export, tmp_path):
     with pytest.raises(ConfigError, match="ort"):
-        validate(export_dir, backends=["nope"])
+        validate(good_export, backends=["nope"])
     with pytest.raises(ConfigError, match="fp32"):
-        validate(export_dir, precision="fp8")
+        validate(good_export, precision="fp8")
     with pytest.raises(DeployKitError, match="no graph exported at 320"):
-        validate(export_dir, resolutions=[(320, 320)])
+        validate(good_export, resolutions=[(320, 320)])
     with pytest.raises(DeployKitError, match="not a deploykit export directory"):
         validate(tmp_path)
 
@@ -106,8 +108,8 @@ def test_compare_logits_metrics():
     assert m["nan_count"] == 1 and not m["passed"]
 
 
-def test_reference_weights_changed_since_export_are_refused(export_dir, tmp_path):
-    shutil.copytree(export_dir, tmp_path / "w")
+def test_reference_weights_changed_since_export_are_refused(good_export, tmp_path):
+    shutil.copytree(good_export, tmp_path / "w")
     from deploykit.nn import load_model, save_model
 
     model = load_model(tmp_path / "w")

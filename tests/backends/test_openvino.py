@@ -53,6 +53,7 @@ def test_every_encoding_validates_at_1x_and_2x(tiny_export, precision):
         assert record.tolerance == json.loads(json.dumps(PLANS[precision].tolerance.__dict__))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_BF16, reason="this CPU has no native bf16 (OpenVINO's bf16 hint would run f32)")
 def test_bf16_hint_validates_with_the_bf16_plan_s_tolerance(tiny_export):
     report = validate(tiny_export, backends=["openvino-bf16"], num_random=1, num_real=4)
@@ -60,6 +61,7 @@ def test_bf16_hint_validates_with_the_bf16_plan_s_tolerance(tiny_export):
     assert all(r.precision_hint == "bf16" and r.tolerance["min_cosine"] == PLANS["bf16"].tolerance.min_cosine for r in report.records)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_BF16, reason="this CPU has no native bf16: OpenVINO compiles every node in f32")
 def test_bf16_hint_runs_products_in_bf16_and_keeps_layernorm_softmax_in_f32(tiny_export):
     with registry.create_runner("openvino-bf16", tiny_export / "model_32.onnx") as runner:
@@ -73,12 +75,14 @@ def test_bf16_hint_runs_products_in_bf16_and_keeps_layernorm_softmax_in_f32(tiny
 
 
 @pytest.mark.skipif(HAS_BF16, reason="this CPU has bf16")
-def test_bf16_hint_is_refused_on_a_cpu_without_bf16(tiny_export):
+def test_bf16_hint_is_refused_on_a_cpu_without_bf16(good_export):
+    """The same for every graph: checked on the small export of conftest.py, not once per encoding."""
     with pytest.raises(DeployKitError, match="no native bf16.*--backend openvino"):
-        registry.create_runner("openvino-bf16", tiny_export / "model_32.onnx").activate()
+        registry.create_runner("openvino-bf16", good_export / "model_32.onnx").activate()
     assert "openvino-bf16" not in registry.available_backends() and "openvino" in registry.available_backends()
 
 
+@pytest.mark.slow  # an export of every encoding in three plans
 def test_bf16_hint_marks_the_bf16_plan_s_fp32_nodes(tiny_export):
     """Whatever the CPU: the nodes OpenVINO is told to keep in f32 are the ones the project's bf16
     plan keeps (LayerNorm, Softmax, the table readers, the logits); the block's weight products are not."""
@@ -132,13 +136,13 @@ def test_int8_plan_of_a_trained_zoo_model_validates_at_1x_and_2x(tmp_path):
     assert [r.backend for r in report.records] == ["ort", "openvino"] * 2
 
 
-def test_runner_reports_its_hint_and_input_names(tiny_export):
-    with OpenvinoRunner(tiny_export / "model_32.onnx") as runner:
+def test_runner_reports_its_hint_and_input_names(good_export):
+    with OpenvinoRunner(good_export / "model_32.onnx") as runner:
         assert runner.input_names() == ["images"] and runner.details["precision_hint"] == "f32"
         out = runner.infer({"images": torch.zeros(2, 3, BASE, BASE).numpy()})
         assert out["logits"].shape == (2, 10)
     with pytest.raises(DeployKitError, match="unknown OpenVINO precision hint 'fp8'"):
-        OpenvinoRunner(tiny_export / "model_32.onnx", precision_hint="fp8")
+        OpenvinoRunner(good_export / "model_32.onnx", precision_hint="fp8")
 
 
 def test_unreadable_graph_is_one_line(tmp_path):
@@ -149,7 +153,7 @@ def test_unreadable_graph_is_one_line(tmp_path):
     assert "\n" not in str(info.value)
 
 
-def test_missing_openvino_names_the_extra(monkeypatch, tiny_export):
+def test_missing_openvino_names_the_extra(monkeypatch, good_export):
     monkeypatch.setitem(sys.modules, "openvino", None)  # import openvino -> ImportError
     with pytest.raises(MissingDependencyError, match=r"pip install 'deploykit\[openvino\]'"):
-        OpenvinoRunner(tiny_export / "model_32.onnx").activate()
+        OpenvinoRunner(good_export / "model_32.onnx").activate()

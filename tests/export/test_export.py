@@ -14,6 +14,7 @@ from deploykit.export import export, lint_graph, onnx_from_model
 from deploykit.export.manifest import Manifest
 from deploykit.nn import create_model
 from deploykit.resolutions import parse_resolution
+from tests.encoding_params import encoding_params
 
 DEPTH = 2
 
@@ -23,7 +24,7 @@ def small(encoding, **kw):
     return create_model("vit_tiny_patch16", encoding=encoding, depth=DEPTH, img_size=64, num_classes=10, **kw).eval()
 
 
-@pytest.fixture(scope="module", params=list_encodings())
+@pytest.fixture(scope="module", params=encoding_params())
 def exported(request):
     model = small(request.param)
     # a resolution different from the model's native one, non-square

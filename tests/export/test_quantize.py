@@ -25,6 +25,7 @@ from deploykit.export.sensitivity import QualityTarget
 from deploykit.nn import create_model
 from deploykit.nn.checkpoint import load_model
 from deploykit.zoo.registry import DEFAULT_ZOO_MODEL, model_dir
+from tests.encoding_params import encoding_params
 
 RES = (64, 64)
 QUICK = CalibrationOptions(samples=8, held_out=16, min_agreement=None)
@@ -36,7 +37,7 @@ def _model(encoding):
     return create_model("vit_tiny_patch16", encoding=encoding, depth=2, img_size=64, num_classes=10)
 
 
-@pytest.fixture(scope="module", params=list_encodings())
+@pytest.fixture(scope="module", params=encoding_params())
 def int8_graph(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"int8-{request.param}")
     export(_model(request.param), [RES], out, precisions=["fp32", "int8"], calibration=QUICK)

@@ -129,7 +129,8 @@ def test_onnx_runtime_equals_timm(exported, name):
         assert lint_graph(onnx.load(str(path))) == []
 
 
-@pytest.mark.parametrize("name", ROTATING)
+# Each case costs an export of a ViT-S: the quick set checks the first, the whole suite all.
+@pytest.mark.parametrize("name", [ROTATING[0], *(pytest.param(n, marks=pytest.mark.slow) for n in ROTATING[1:])])
 def test_rotation_tables_are_fp32_initializers_without_control_flow(exported, name):
     proto = onnx.load(str(exported(name) / "model_48x80.onnx"))
     tables = [t for t in proto.graph.initializer if t.name.startswith("pe_tables.")]
