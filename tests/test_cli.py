@@ -462,9 +462,14 @@ def test_validate_good_export_and_report(capsys, tmp_path, good_export):
     assert snapshot(good_export) == before  # validation never writes into the export dir
 
 
-def test_validate_default_resolutions(capsys, good_export):
-    code, _, err = run_cli(capsys, "validate", good_export)
+def test_validate_default_resolutions(capsys, good_export, tmp_path):
+    """Without -r, every graph the manifest lists is checked, each once."""
+    report = tmp_path / "report.json"
+    code, _, err = run_cli(capsys, "validate", good_export, "--report", report)
     assert code == 0, err
+    exported = [g["resolution"] for g in json.loads((good_export / "manifest.json").read_text())["graphs"]]
+    assert [r["resolution"] for r in json.loads(report.read_text())] == exported
+    assert f"{len(exported)}/{len(exported)} checks passed" in err.splitlines()
 
 
 def test_validate_report_unwritable(capsys, tmp_path, good_export):

@@ -225,14 +225,44 @@ def test_ratios_pair_records_of_the_same_backend_precision_resolution_batch():
     assert records[1]["ape_p50_ms"] == 2.0 and records[3]["fp32_p50_ms"] == 3.0 and records[4]["ape_p50_ms"] is None
 
 
-def test_environment_is_captured(report):
-    env = report.environment
-    assert env["logical_cores"] >= 1 and env["versions"]["torch"] == torch.__version__
-    assert "torch_intra_op" in env["threads"] and "flush_denormal" in env
-    assert report.settings["flush_denormal"] is True
-    assert ("no GPU" in report.environment_line) == (env["gpu"] is None)
+def test_environment_is_what_this_process_runs_with(monkeypatch):
+    """Each recorded value against where it comes from: thread settings changed for the test are
+    the ones recorded, versions are the installed distributions', and the line says them."""
+    import importlib.metadata
+    import os
+
+    from deploykit.profile.environment import capture_environment, environment_line
+
+    threads = torch.get_num_threads()
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    torch.set_num_threads(1)
+    try:
+        env = capture_environment(torch.device("cpu"))
+    finally:
+        torch.set_num_threads(threads)
+    assert env["threads"]["torch_intra_op"] == 1 and env["threads"]["OMP_NUM_THREADS"] == "3"
+    assert env["logical_cores"] == os.cpu_count() and env["gpu"] is None
+    assert env["versions"]["onnxruntime"] == importlib.metadata.version("onnxruntime")
+    line = environment_line(env)
+    assert "no GPU" in line and "torch threads 1" in line and f"onnxruntime {env['versions']['onnxruntime']}" in line
 
 
+def test_instruction_sets_are_read_from_the_cpu_flags():
+    from deploykit.profile.environment import cpu_instruction_sets
+
+    x86 = {"flags": "fpu sse4_2 avx avx2 fma avx512f avx512_vnni avx512_bf16 ht"}
+    assert cpu_instruction_sets(x86) == ["sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16"]
+    assert cpu_instruction_sets({"Features": "fp asimd asimddp sve"}) == ["asimd", "asimddp", "sve"]
+    assert cpu_instruction_sets({}) == []
+
+
+@pytest.mark.slow  # the profile run of the fixture
+def test_the_report_records_its_environment(report):
+    assert report.environment["threads"]["torch_intra_op"] == torch.get_num_threads()
+    assert report.settings["flush_denormal"] is True and report.environment_line.startswith(str(report.environment["cpu"]))
+
+
+@pytest.mark.slow  # a profile run of its own
 def test_json_csv_and_plot_files(report, tmp_path):
     data = json.loads(report.write_json(tmp_path / "p.json").read_text())
     assert set(data) == {"environment_line", "environment", "settings", "records", "notes", "advice"}

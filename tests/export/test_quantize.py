@@ -267,11 +267,23 @@ def test_validate_passes_int8_on_a_trained_model_and_fails_a_planted_bad_scale(t
 
 
 def test_every_encoding_has_a_measured_attention_choice():
-    """A new encoding needs its own measurement (benchmarks/int8_plans.py attention) before its
-    INT8 plan may decide for it."""
+    """Each encoding's choice is what its measurement says (benchmarks/results/int8-attention.json,
+    from ``benchmarks/int8_plans.py attention``): quantize the attention products only where that
+    kept top-1 agreement with fp32 at every measured resolution. A new encoding needs its own
+    measurement before its INT8 plan may decide for it."""
     from deploykit.export.quantize import ATTENTION_INT8
 
+    results = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "int8-attention.json"
+    agreement = {(r["encoding"], r["resolution"], r["attention_int8"]): r["agreement"] for r in json.loads(results.read_text())["records"]}
     assert set(ATTENTION_INT8) == set(list_encodings())
+    for encoding, choice in ATTENTION_INT8.items():
+        resolutions = sorted({res for e, res, _ in agreement if e == encoding})
+        assert len(resolutions) >= 2, f"{encoding}: no measurement at 1x and 2x"
+        measured = all(agreement[encoding, res, True] >= agreement[encoding, res, False] for res in resolutions)
+        assert choice == measured, (
+            encoding,
+            {res: (agreement[encoding, res, False], agreement[encoding, res, True]) for res in resolutions},
+        )
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from deploykit.cli import main
 from deploykit.encodings import encoding_name, list_encodings
 from deploykit.errors import ConfigError
 from deploykit.nn import load_model
-from deploykit.zoo.registry import ZOO, ZooEntry, get_entry, list_zoo
+from deploykit.zoo.registry import ZOO, get_entry, list_zoo
 from deploykit.zoo.train import build_zoo_model, learning_rate, train
 
 
@@ -69,12 +69,6 @@ def test_cli_zoo_train_saves_a_loadable_model(tmp_path, capsys):
     assert config["encoding"]["name"] == "ape" and config["img_size"] == 48
     model = load_model(directory)
     assert model(torch.zeros(1, 3, 96, 96)).shape == (1, 4)
-
-
-def test_entry_defaults_are_frozen():
-    entry = ZooEntry("x", "ape")
-    with pytest.raises(AttributeError):
-        entry.train.steps = 1
 
 
 @pytest.mark.parametrize("args", [["train", "shapes-nope"], ["eval", "shapes-ape"]])
