@@ -17,10 +17,8 @@ import click
 
 from deploykit.cli_options import FiniteFloat, Group, counts_option, parse_counts, resolutions_option, show_error, verbosity
 from deploykit.errors import DeployKitError
-
-# The precision plans (deploykit.export.precision.PLANS), spelled out so --help needs no onnx
-# import; tests/test_cli.py checks the two agree.
-PLAN_NAMES = ("fp32", "fp16", "bf16", "int8", "int8-dynamic", "int8-mha", "fp32-mha")
+from deploykit.export import defaults
+from deploykit.export.defaults import PLAN_NAMES
 
 
 class _Resolution(click.ParamType):
@@ -149,21 +147,21 @@ def cli():
 @click.option(
     "--calibration-samples",
     type=click.IntRange(min=1),
-    default=128,
+    default=defaults.CALIBRATION_SAMPLES,
     show_default=True,
     help="int8: real inputs to calibrate on (the rest of --calibration-data is held out).",
 )
 @click.option(
     "--calibration-method",
     type=click.Choice(["minmax", "percentile", "entropy"]),
-    default="minmax",
+    default=defaults.CALIBRATION_METHOD,
     show_default=True,
     help="int8: how activation ranges are chosen from the calibration inputs.",
 )
 @click.option(
     "--min-agreement",
     type=click.FloatRange(0, 1),
-    default=0.995,  # CalibrationOptions.min_agreement
+    default=defaults.MIN_AGREEMENT,
     show_default=True,
     help="int8: top-1 agreement with fp32 to reach on held-out inputs, moving the most sensitive matmuls back to float "
     "(0: quantize every eligible matmul).",
@@ -171,14 +169,14 @@ def cli():
 @click.option(
     "--held-out",
     type=click.IntRange(min=1),
-    default=1000,
+    default=defaults.HELD_OUT,
     show_default=True,
     help="int8: held-out inputs (a zoo model's val split, else other crops) the plan is checked on.",
 )
 @click.option(
     "--min-cosine",
     type=click.FloatRange(0, 1, min_open=True),
-    default=0.995,  # CalibrationOptions.min_cosine
+    default=defaults.MIN_COSINE,
     show_default=True,
     help="int8, features models (num_classes=0): mean per-token cosine with fp32 to reach on held-out inputs.",
 )

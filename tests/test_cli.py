@@ -557,13 +557,6 @@ def test_sequence_model_bad_length(capsys, tmp_path, args, words):
 # INT8: export says what it calibrated on, validate and profile take the plan
 
 
-def test_plan_names_are_the_registry():
-    from deploykit.cli import PLAN_NAMES
-    from deploykit.export.precision import PLANS
-
-    assert PLAN_NAMES == tuple(PLANS)
-
-
 @pytest.mark.slow
 def test_int8_export_says_what_it_calibrated_on_then_validates_and_profiles(capsys, tmp_path, ckpt_dir):
     """``--precision int8`` alone: the fp32 graph is written beside it (issue 23: it was not, and

@@ -55,7 +55,7 @@ from onnx import numpy_helper
 from deploykit._terminal import counter
 from deploykit.comparison import Tolerance, compare_logits, row_cosines
 from deploykit.errors import ConfigError, ExportError
-from deploykit.export import names, sensitivity
+from deploykit.export import defaults, names, sensitivity
 from deploykit.export.lint import TABLE_PREFIXES
 from deploykit.export.metadata import GraphMetadata, copy_metadata
 from deploykit.export.onnx_export import quiet_logger
@@ -131,13 +131,13 @@ class CalibrationOptions:
         data: the inputs (``CalibrationSource``); None: ``deploykit.data.DefaultCalibration``.
     """
 
-    samples: int = 128
-    method: str = "minmax"
-    held_out: int = 1000
-    min_agreement: float | None = 0.995
+    samples: int = defaults.CALIBRATION_SAMPLES
+    method: str = defaults.CALIBRATION_METHOD
+    held_out: int = defaults.HELD_OUT
+    min_agreement: float | None = defaults.MIN_AGREEMENT
     attention: bool | None = None
     keep_float: tuple[str, ...] = ()
-    min_cosine: float | None = 0.995
+    min_cosine: float | None = defaults.MIN_COSINE
     max_relative_error: float | None = None
     data: CalibrationSource | None = None
 
