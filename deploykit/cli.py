@@ -238,6 +238,7 @@ def export(
     from deploykit.export import export as export_model
     from deploykit.export.quantize import CalibrationOptions
     from deploykit.inputs import UserCalibration, read_inputs
+    from deploykit.profile.choice import CPU_SPEED_PLANS, plans_slower_than_fp32
     from deploykit.resolutions import resolution_tag
     from deploykit.zoo.resolve import resolve_model
 
@@ -274,6 +275,12 @@ def export(
             where = f"{' to '.join(resolution_tag(r) for r in graph.resolution_range)}, tuned for {where}"
         console.print(f"[green]✓[/] {output / graph.file}  ({where}, {graph.precision}, opset {graph.opset})", soft_wrap=True)
         _print_plan(console, graph.quantization)
+    if any(p in CPU_SPEED_PLANS for p in precisions):
+        with _steps(console, "export") as step:
+            step("timing the CPU plans against fp32 (ONNX Runtime, batch 1)")
+            slower = plans_slower_than_fp32(output)
+        for line in slower:
+            console.print(f"note: {line} (deploykit profile measures every batch)", soft_wrap=True, markup=False)
 
 
 def _print_plan(console, details: dict | None) -> None:

@@ -142,3 +142,40 @@ def test_a_choice_whose_graph_changed_is_not_taken(two_plans, tmp_path):
         assert "profiled choice openvino fp16 not taken" in pipe.describe_backends()[0]
     with deploykit.load(out, backend="ort") as pipe:  # an explicit backend ignores the choice
         assert pipe.backends[(RES, RES)] == "ort" and pipe.plans[(RES, RES)] == "fp32"
+
+
+class _PlanTimer:
+    """Stands in for the wall clock only: runs the call, and says it took ``factor`` times longer
+    when the runner timed is an int8-dynamic graph (the graphs themselves run for real)."""
+
+    def __init__(self, factor: float):
+        self.factor, self.calls = factor, []
+
+    def time_ns(self, fn) -> int:
+        fn()
+        runner = fn.__defaults__[0]
+        self.calls.append(runner.model.name)
+        return int(2_000_000 * (self.factor if "int8-dynamic" in runner.model.name else 1.0))
+
+
+def test_export_says_in_one_line_where_a_cpu_plan_is_slower_than_fp32(capsys, ckpt_dir, tmp_path, monkeypatch):
+    """The export command times its CPU plans against fp32 after writing them (the clock replaced,
+    the graphs run): a plan 1.5x slower gets one note; at equal times nothing is said."""
+    import deploykit.profile.timing
+    from deploykit.profile.choice import plans_slower_than_fp32
+    from tests.test_cli import run_cli
+
+    slow = _PlanTimer(1.5)
+    monkeypatch.setattr(deploykit.profile.timing, "CpuTimer", lambda: slow)
+    out = tmp_path / "out"
+    code, _, err = run_cli(capsys, "export", "-c", ckpt_dir, "-r", RES, "--precision", "int8-dynamic", "-o", out)
+    assert code == 0, err
+    notes = [line for line in err.splitlines() if line.startswith("note: ")]
+    assert notes == [
+        f"note: int8-dynamic on ort is 1.50x its fp32 graph for ape @ {RES} batch 1: slower than fp32 there, do not use it "
+        "(deploykit profile measures every batch)"
+    ], err
+    # interleaved: fp32 and the plan alternate round by round
+    assert {slow.calls[0], slow.calls[-1]} == {f"model_{RES}.onnx", f"model_{RES}_int8-dynamic.onnx"}
+    assert plans_slower_than_fp32(out, timer=_PlanTimer(1.0)) == []
+    assert plans_slower_than_fp32(out, timer=_PlanTimer(1.04)) == []  # within the margin of a short timing

@@ -158,6 +158,10 @@ class OnnxrtRunner(Runner):
         silently when no GPU is usable: reports say which one ran)."""
         return self._session.get_providers()[0] if self._session else "not active"
 
+    def zero_feed(self) -> dict[str, np.ndarray]:
+        """One input of batch 1 for each graph input (dynamic dims as 1), zeros: enough to time a graph."""
+        return _zero_feed(self._session)
+
     def output_names(self) -> list[str]:
         return [o.name for o in self._session.get_outputs()]
 

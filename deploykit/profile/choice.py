@@ -6,7 +6,9 @@ reference on ``validate``'s inputs (seeded noise and real images) with its plan'
 (loosened to the runner's own precision where it lowers the graph itself, OpenVINO's bf16 hint),
 on the runner that is then timed. After timing, the fastest validated record of each
 (encoding, resolution, batch) is marked ``fastest_validated``; ``slower_lines`` says in one line
-per cell where a reduced-precision plan lost to fp32.
+per cell where a reduced-precision plan lost to fp32. ``deploykit export`` says the same right
+after writing a CPU plan (``plans_slower_than_fp32``: a short interleaved timing at batch 1), so
+nobody is told to use a plan that is slower on their machine.
 
 ``deploykit profile EXPORT_DIR`` writes the choice beside the graphs (``CHOICE_FILE``, each
 entry with its graph's sha256), and ``deploykit serve`` on a CPU takes it by default.
@@ -25,8 +27,15 @@ from deploykit._io import write_json_atomic
 from deploykit.comparison import compare_logits, looser
 from deploykit.export.precision import PLANS
 from deploykit.profile.report import FP32, TORCH_BACKEND
+from deploykit.profile.timing import Budget, LatencyStats, measure
 
 CHOICE_FILE = "profile_choice.json"
+# Plans a CPU user picks for speed on ONNX Runtime (the cast plans fp16/bf16 are for GPUs).
+CPU_SPEED_PLANS = ("int8", "int8-dynamic", "int8-mha", "fp32-mha")
+# export's check: three interleaved rounds of at least 0.2 s per graph; a plan is called slower
+# only beyond this margin, which a short timing on a busy machine does not reach by noise alone.
+QUICK_BUDGET = Budget(duration_s=0.6, warmup=2, min_iterations=6, rounds=3)
+QUICK_MARGIN = 1.05
 # validate's defaults: enough real inputs to judge an int8 plan's top-1 agreement.
 NUM_RANDOM, NUM_REAL = 4, 8
 
@@ -156,3 +165,42 @@ def read_choice(export_dir: str | os.PathLike, resolution_tag: str, batch: int) 
         return None
     entry = min(entries, key=lambda e: (abs(e["batch"] - batch), e["batch"]))
     return Choice(**entry)
+
+
+def plans_slower_than_fp32(export_dir: str | os.PathLike, budget: Budget = QUICK_BUDGET, timer=None) -> list[str]:
+    """After an export: each CPU plan (``CPU_SPEED_PLANS``) of ``export_dir`` against the fp32
+    graph at its resolution, batch 1 on ONNX Runtime's CPU provider, timed in interleaved rounds;
+    ``slower_lines`` for those whose p50 is above ``QUICK_MARGIN`` times fp32's."""
+    from deploykit.backends.onnxrt import CPU, OnnxrtRunner
+    from deploykit.export.manifest import Manifest, checked_graph
+    from deploykit.resolutions import resolution_tag
+
+    directory = Path(export_dir)
+    manifest = Manifest.read(directory)
+    fp32 = {(tuple(g.resolution), g.resolution_range): g for g in manifest.graphs if g.precision == FP32}
+    records = []
+    for graph in (g for g in manifest.graphs if g.precision in CPU_SPEED_PLANS):
+        reference = fp32.get((tuple(graph.resolution), graph.resolution_range))
+        if reference is None:
+            continue
+        paths = [checked_graph(directory, g, manifest.encoding) for g in (reference, graph)]
+        with OnnxrtRunner(paths[0], providers=[CPU]) as base, OnnxrtRunner(paths[1], providers=[CPU]) as plan:
+            samples: dict[int, list[int]] = {0: [], 1: []}
+            for _ in range(budget.rounds):  # interleaved: a load change hits both alike
+                for i, runner in enumerate((base, plan)):
+                    feed = runner.zero_feed()
+                    samples[i] += measure(lambda r=runner, f=feed: r.infer(f), budget.per_round(), timer)
+        ratio = LatencyStats.from_ns(samples[1]).p50_ms / LatencyStats.from_ns(samples[0]).p50_ms
+        if ratio > QUICK_MARGIN:
+            where = resolution_tag(graph.resolution)
+            records.append(
+                {
+                    "precision": graph.precision,
+                    "backend": "ort",
+                    "ratio_vs_fp32": ratio,
+                    "encoding": manifest.encoding,
+                    "resolution": where,
+                    "batch": 1,
+                }
+            )
+    return slower_lines(records)
