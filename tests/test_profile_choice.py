@@ -168,7 +168,22 @@ def test_export_says_in_one_line_where_a_cpu_plan_is_slower_than_fp32(capsys, ck
     slow = _PlanTimer(1.5)
     monkeypatch.setattr(deploykit.profile.timing, "CpuTimer", lambda: slow)
     out = tmp_path / "out"
-    code, _, err = run_cli(capsys, "export", "-c", ckpt_dir, "-r", RES, "--precision", "int8-dynamic", "-o", out)
+    code, _, err = run_cli(
+        capsys,
+        "export",
+        "-c",
+        ckpt_dir,
+        "-r",
+        RES,
+        "--precision",
+        "int8-dynamic",
+        "--calibration-samples",
+        "8",
+        "--held-out",
+        "16",
+        "-o",
+        out,
+    )
     assert code == 0, err
     notes = [line for line in err.splitlines() if line.startswith("note: ")]
     assert notes == [
