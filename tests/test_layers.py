@@ -122,12 +122,18 @@ def test_imports_point_down():
 
 
 def test_no_import_cycle():
-    graph = {name: deps - {ROOT} for name, deps in _graph().items() if name != ROOT}
+    cycles = _cycles({name: deps - {ROOT} for name, deps in _graph().items() if name != ROOT})
+    assert not cycles, "\n".join(cycles)
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[str]:
+    """Each import cycle of ``graph`` (node -> what it imports) found by depth-first search, as
+    ``a -> b -> a``."""
     cycles, state = [], {}
 
     def visit(node: str, stack: list[str]) -> None:
         state[node] = "open"
-        for dep in sorted(graph[node]):
+        for dep in sorted(graph.get(node, ())):
             if state.get(dep) == "open":
                 cycles.append(" -> ".join([*stack[stack.index(dep) :], dep]))
             elif dep not in state:
@@ -137,7 +143,7 @@ def test_no_import_cycle():
     for node in sorted(graph):
         if node not in state:
             visit(node, [node])
-    assert not cycles, "\n".join(cycles)
+    return cycles
 
 
 def _package(name: str) -> str:
@@ -154,18 +160,5 @@ def test_no_package_cycle():
     for name, deps in _graph().items():
         if name != ROOT:
             graph.setdefault(_package(name), set()).update(_package(d) for d in deps if d != ROOT and _package(d) != _package(name))
-    cycles, state = [], {}
-
-    def visit(node: str, stack: list[str]) -> None:
-        state[node] = "open"
-        for dep in sorted(graph.get(node, ())):
-            if state.get(dep) == "open":
-                cycles.append(" -> ".join([*stack[stack.index(dep) :], dep]))
-            elif dep not in state:
-                visit(dep, [*stack, dep])
-        state[node] = "done"
-
-    for node in sorted(graph):
-        if node not in state:
-            visit(node, [node])
+    cycles = _cycles(graph)
     assert not cycles, "\n".join(cycles)
