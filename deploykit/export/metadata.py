@@ -25,28 +25,23 @@ from deploykit.errors import DeployKitError
 PREFIX = "deploykit."
 
 
-def _tuple(value: Any) -> tuple:
-    return tuple(value)
-
-
 def _range(value: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
     low, high = value
     return tuple(low), tuple(high)
 
 
-# field -> how its text is read back: str (as is), int, or JSON then the converter
-_TEXT, _INT = "text", "int"
+# How each field's text is read back: JSON then the converter, an int, or (any other field) the text as is.
 _JSON_FIELDS = {
     "encoding_config": dict,
     "model_config": dict,
-    "resolution": _tuple,
+    "resolution": tuple,
     "resolution_range": _range,
-    "block_outputs": _tuple,
-    "float_modules": _tuple,
-    "qk_channel_order": _tuple,
+    "block_outputs": tuple,
+    "float_modules": tuple,
+    "qk_channel_order": tuple,
     "quantization": dict,
 }
-_KINDS = {"version": _TEXT, "encoding": _TEXT, "precision": _TEXT, "patch_size": _INT, "fused_attention": _INT}
+_INT_FIELDS = frozenset({"patch_size", "fused_attention"})
 
 
 @dataclass(frozen=True)
@@ -109,7 +104,7 @@ class GraphMetadata:
             try:
                 if f.name in _JSON_FIELDS:
                     values[f.name] = _JSON_FIELDS[f.name](json.loads(text))
-                elif _KINDS[f.name] == _INT:
+                elif f.name in _INT_FIELDS:
                     values[f.name] = int(text)
                 else:
                     values[f.name] = text

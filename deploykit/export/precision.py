@@ -118,9 +118,9 @@ PLANS: dict[str, PrecisionPlan] = {
         ),
     )
 }
-# Plan name -> the ONNX type its matmuls run in (None: not a cast plan).
 if tuple(PLANS) != PLAN_NAMES:  # the CLI offers PLAN_NAMES without importing this module
     raise ImportError(f"PLAN_NAMES {PLAN_NAMES} of export/defaults.py differs from PLANS {tuple(PLANS)}")
+# Plan name -> the ONNX type its matmuls run in (None: not a cast plan).
 PRECISIONS: dict[str, int | None] = {name: plan.low for name, plan in PLANS.items()}
 # Where the time goes: these run in the plan's type.
 LOW_PRECISION_OPS = frozenset({"MatMul", "Gemm", "Conv"})

@@ -185,12 +185,12 @@ def plans_slower_than_fp32(export_dir: str | os.PathLike, budget: Budget = QUICK
             continue
         paths = [checked_graph(directory, g, manifest.encoding) for g in (reference, graph)]
         with OnnxrtRunner(paths[0], providers=[CPU]) as base, OnnxrtRunner(paths[1], providers=[CPU]) as plan:
-            samples: dict[int, list[int]] = {0: [], 1: []}
+            runs = [(runner, runner.zero_feed(), []) for runner in (base, plan)]
             for _ in range(budget.rounds):  # interleaved: a load change hits both alike
-                for i, runner in enumerate((base, plan)):
-                    feed = runner.zero_feed()
-                    samples[i] += measure(lambda r=runner, f=feed: r.infer(f), budget.per_round(), timer)
-        ratio = LatencyStats.from_ns(samples[1]).p50_ms / LatencyStats.from_ns(samples[0]).p50_ms
+                for runner, feed, samples in runs:
+                    samples += measure(lambda r=runner, f=feed: r.infer(f), budget.per_round(), timer)
+        (_, _, fp32_ns), (_, _, plan_ns) = runs
+        ratio = LatencyStats.from_ns(plan_ns).p50_ms / LatencyStats.from_ns(fp32_ns).p50_ms
         if ratio > QUICK_MARGIN:
             where = resolution_tag(graph.resolution)
             records.append(
