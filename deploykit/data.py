@@ -20,6 +20,12 @@ from deploykit.errors import ConfigError
 # RGB samples bundled inside scikit-image's wheel (no pooch download).
 SAMPLE_IMAGES = ("astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field", "immunohistochemistry", "retina", "colorwheel")
 
+# What ``deploykit validate`` checks each graph on by default: seeded noise and real inputs per
+# resolution (all the bundled images), the noise's seed.
+VALIDATION_NOISE = 4
+VALIDATION_REAL = len(SAMPLE_IMAGES)
+VALIDATION_SEED = 0
+
 
 def sample_images(count: int = len(SAMPLE_IMAGES)) -> list[np.ndarray]:
     """Up to ``len(SAMPLE_IMAGES)`` bundled natural images as uint8 arrays."""

@@ -26,7 +26,7 @@ from deploykit._terminal import counter
 from deploykit.backends import Runner, TorchRunner, registry
 from deploykit.backends.plugins import Plugins
 from deploykit.comparison import Tolerance, compare_logits, looser, row_cosines
-from deploykit.data import VALIDATION_SPLIT, check_real_count, validation_inputs
+from deploykit.data import VALIDATION_NOISE, VALIDATION_REAL, VALIDATION_SEED, VALIDATION_SPLIT, check_real_count, validation_inputs
 from deploykit.errors import ConfigError, ValidationError
 from deploykit.export.bundle import load_reference
 from deploykit.export.manifest import Manifest
@@ -183,10 +183,10 @@ def validate(
     resolutions: Iterable[tuple[int, int]] | None = None,
     backends: Sequence[str] = ("ort",),
     precision: str = "fp32",
-    num_random: int = 4,
-    num_real: int = 8,
+    num_random: int = VALIDATION_NOISE,
+    num_real: int = VALIDATION_REAL,
     inputs: InputData | None = None,
-    seed: int = 0,
+    seed: int = VALIDATION_SEED,
     batch_size: int = 4,
     progress: Callable[[str], None] | None = None,
     plugins: Plugins | None = None,

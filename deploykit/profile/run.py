@@ -18,6 +18,7 @@ from deploykit.errors import ConfigError, DeployKitError, ResolutionError
 from deploykit.export.onnx_export import check_export_shape
 from deploykit.export.precision import check_precision
 from deploykit.nn.vit import VisionTransformer
+from deploykit.profile import defaults
 from deploykit.profile.choice import References, check_target, choice_lines, mark_fastest, slower_lines
 from deploykit.profile.environment import capture_environment
 from deploykit.profile.flops import model_flops
@@ -63,13 +64,13 @@ def profile(
     models: VisionTransformer | Subject | Sequence[VisionTransformer | Subject],
     *,
     resolutions: Sequence[tuple[int, int]],
-    batches: Sequence[int] = (1,),
-    backends: Sequence[str] = (TORCH_BACKEND, "ort"),
+    batches: Sequence[int] = defaults.BATCHES,
+    backends: Sequence[str] = defaults.BACKENDS,
     precisions: Sequence[str] = (FP32,),
     budget: Budget = Budget(),
     compare_ape: bool = True,
     end_to_end: bool = True,
-    device: str = "auto",
+    device: str = defaults.DEVICE,
     label: str = "",
     progress: Callable[[str], None] | None = None,
     plugins: Plugins | None = None,

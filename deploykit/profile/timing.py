@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from deploykit.errors import ConfigError
+from deploykit.profile import defaults
 
 
 @dataclass(frozen=True)
@@ -77,11 +78,11 @@ class Budget:
             load change on a shared machine hits every encoding alike.
     """
 
-    duration_s: float = 1.0
+    duration_s: float = defaults.DURATION_S
     iterations: int | None = None
-    warmup: int = 3
+    warmup: int = defaults.WARMUP
     min_iterations: int = 5
-    rounds: int = 1
+    rounds: int = defaults.ROUNDS
 
     def __post_init__(self):
         problems = [

@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -39,6 +39,7 @@ from deploykit._io import write_json_atomic
 from deploykit._lazy import lazy_import
 from deploykit.errors import ConfigError, DeployKitError
 from deploykit.resolutions import resolution_tag
+from deploykit.serve import defaults
 from deploykit.serve.front import free_loopback_ports
 from deploykit.serve.pipeline import Pipeline
 from deploykit.serve.triton_server import logits_model_name
@@ -59,19 +60,43 @@ class BenchOptions:
         client: ``"auto"`` (``perf_analyzer`` when installed), ``"perf_analyzer"`` or ``"builtin"``.
     """
 
-    concurrency: tuple[int, ...] = (1, 8, 32)
-    requests: int = 256
+    concurrency: tuple[int, ...] = defaults.BENCH_CONCURRENCY
+    requests: int = defaults.BENCH_REQUESTS
     resolution: tuple[int, int] | None = None
-    backend: str = "ort"
-    max_batch_size: int = 32
-    max_queue_delay_us: int = 2000
-    client: str = "auto"
+    backend: str = defaults.BENCH_BACKEND
+    max_batch_size: int = defaults.MAX_BATCH_SIZE
+    max_queue_delay_us: int = defaults.MAX_QUEUE_DELAY_US
+    client: str = defaults.BENCH_CLIENT
 
     def __post_init__(self) -> None:
         if not self.concurrency or min(self.concurrency) < 1 or self.requests < 1:
             raise ConfigError(f"need concurrency levels >= 1 and requests >= 1, got {list(self.concurrency)} and {self.requests}")
-        if self.client not in ("auto", "perf_analyzer", "builtin"):
-            raise ConfigError(f"unknown client {self.client!r}; choose one of: auto, perf_analyzer, builtin")
+        if self.client not in defaults.BENCH_CLIENTS:
+            raise ConfigError(f"unknown client {self.client!r}; choose one of: {', '.join(defaults.BENCH_CLIENTS)}")
+
+
+@dataclass(frozen=True)
+class SideSummary:
+    """One side of one level as ``deploykit serve-bench`` prints it (read from the level's stats)."""
+
+    throughput_rps: float
+    p50_ms: float
+    p99_ms: float
+
+    @classmethod
+    def of(cls, stats: dict) -> SideSummary:
+        return cls(**{f.name: stats[f.name] for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class LevelSummary:
+    """One concurrency level: both sides, the server's mean merged batch and the throughput ratio."""
+
+    concurrency: int
+    in_process: SideSummary
+    served: SideSummary
+    mean_merged_batch: float
+    served_vs_in_process: float
 
 
 @dataclass
@@ -95,6 +120,19 @@ class BenchReport:
 
     def write_json(self, path: str | os.PathLike) -> Path:
         return write_json_atomic(path, self.to_json())
+
+    def summary(self) -> list[LevelSummary]:
+        """The levels, typed: what a reader needs without the JSON's keys."""
+        return [
+            LevelSummary(
+                concurrency=level["concurrency"],
+                in_process=SideSummary.of(level["in_process"]),
+                served=SideSummary.of(level["served"]),
+                mean_merged_batch=level["served"]["mean_merged_batch"],
+                served_vs_in_process=level["served_vs_in_process_throughput"],
+            )
+            for level in self.levels
+        ]
 
 
 def latency_stats(latencies_ns: Sequence[int], wall_s: float) -> dict:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from deploykit._lazy import lazy_import
 from deploykit.errors import ConfigError
+from deploykit.serve import defaults
 from deploykit.serve.classifier import ImageLimits
 
 
@@ -43,15 +44,15 @@ class RayOptions:
         limits: the largest image a replica decodes (pixels, encoded bytes).
     """
 
-    num_replicas: int = 2
+    num_replicas: int = defaults.RAY_REPLICAS
     max_batch_size: int = 8
     batch_wait_timeout_s: float = 0.01
-    backend: str = "auto"
-    top_k: int = 5
+    backend: str = defaults.BACKEND
+    top_k: int = defaults.TOP_K
     precision: str | None = None
     ray_actor_options: dict = field(default_factory=lambda: {"num_cpus": 1})
-    host: str = "127.0.0.1"
-    port: int = 8000
+    host: str = defaults.HOST
+    port: int = defaults.HTTP_PORT
     limits: ImageLimits = field(default_factory=ImageLimits)
 
     def __post_init__(self) -> None:

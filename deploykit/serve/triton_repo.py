@@ -51,6 +51,7 @@ from deploykit._lazy import lazy_import
 from deploykit.errors import ConfigError, DeployKitError
 from deploykit.export.manifest import OUTPUT_NAME, Manifest
 from deploykit.resolutions import resolution_tag
+from deploykit.serve import defaults
 from deploykit.serve.classifier import INPUT_NAME, ImageLimits, read_image_config
 
 PREPROCESS_MODEL_SOURCE = Path(__file__).with_name("triton_preprocess_model.py")
@@ -74,17 +75,17 @@ class RepositoryOptions:
         limits: the largest image the preprocessing models decode (pixels, encoded bytes).
     """
 
-    max_batch_size: int = 32
-    preferred_batch_sizes: tuple[int, ...] = (8, 16)
-    max_queue_delay_us: int = 2000
-    gpu_instances: int = 1
-    onnx_kind: str = "gpu"
+    max_batch_size: int = defaults.MAX_BATCH_SIZE
+    preferred_batch_sizes: tuple[int, ...] = defaults.PREFERRED_BATCH_SIZES
+    max_queue_delay_us: int = defaults.MAX_QUEUE_DELAY_US
+    gpu_instances: int = defaults.GPU_INSTANCES
+    onnx_kind: str = defaults.ONNX_KIND
     preprocess_instances: int = 2
     limits: ImageLimits = field(default_factory=ImageLimits)
 
     def __post_init__(self) -> None:
-        if self.onnx_kind not in ("gpu", "cpu"):
-            raise ConfigError(f"unknown instance kind {self.onnx_kind!r}; choose one of: gpu, cpu")
+        if self.onnx_kind not in defaults.ONNX_KINDS:
+            raise ConfigError(f"unknown instance kind {self.onnx_kind!r}; choose one of: {', '.join(defaults.ONNX_KINDS)}")
         if not all(1 <= b <= self.max_batch_size for b in self.preferred_batch_sizes):
             raise ConfigError(f"preferred batch sizes {self.preferred_batch_sizes} must lie in 1..{self.max_batch_size}")
         if min(self.gpu_instances, self.preprocess_instances) < 1 or self.max_queue_delay_us < 0:

@@ -57,6 +57,7 @@ from deploykit import _nvml
 from deploykit._lazy import lazy_import
 from deploykit.errors import ConfigError, DeployKitError, InputError
 from deploykit.resolutions import resolution_tag
+from deploykit.serve import defaults
 from deploykit.serve.classifier import INPUT_NAME, ImageLimits
 from deploykit.serve.front import Front, FrontOptions, free_loopback_ports
 from deploykit.serve.pipeline import Pipeline, top_k
@@ -65,7 +66,7 @@ from deploykit.serve.triton_repo import copy_python_model
 
 _log = logging.getLogger(__name__)
 LOOPBACK = "127.0.0.1"
-MAX_REQUEST_BYTES = 64 * 2**20
+MAX_REQUEST_BYTES = defaults.MAX_REQUEST_BYTES
 
 CLASSIFY_MODEL = "classify"
 CLASSIFY_MODEL_SOURCE = Path(__file__).with_name("triton_classify_model.py")
@@ -97,20 +98,20 @@ class ServerOptions:
         verbosity: Triton's own log: -1 errors, 0 warnings and errors, 1 everything, 2 verbose.
     """
 
-    host: str = "127.0.0.1"
-    http_port: int = 8000
-    grpc_port: int = 8001
-    metrics_port: int = 8002
-    max_batch_size: int = 32
-    max_queue_delay_us: int = 2000
-    backend: str = "auto"
+    host: str = defaults.HOST
+    http_port: int = defaults.HTTP_PORT
+    grpc_port: int = defaults.GRPC_PORT
+    metrics_port: int = defaults.METRICS_PORT
+    max_batch_size: int = defaults.MAX_BATCH_SIZE
+    max_queue_delay_us: int = defaults.MAX_QUEUE_DELAY_US
+    backend: str = defaults.BACKEND
     precision: str | None = None
-    top_k: int = 5
+    top_k: int = defaults.TOP_K
     exit_timeout_s: int = 5
     limits: ImageLimits = field(default_factory=ImageLimits)
     classify_instances: int = 2
     max_request_bytes: int = MAX_REQUEST_BYTES
-    drain_timeout_s: float = 30.0
+    drain_timeout_s: float = defaults.DRAIN_TIMEOUT_S
     verbosity: int = 0
 
     def __post_init__(self) -> None:

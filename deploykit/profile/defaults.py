@@ -1,0 +1,14 @@
+"""The profiling defaults the command line shows and the library applies, stated once.
+
+Imports nothing (the CLI reads it at start-up, before PyTorch): ``Budget`` and ``profile()``
+take their defaults from here.
+"""
+
+BACKENDS = ("torch", "ort")
+BATCHES = (1,)
+DEVICE = "auto"
+
+# Budget of one measurement: seconds of timed calls, untimed calls before them, rounds.
+DURATION_S = 1.0
+WARMUP = 3
+ROUNDS = 1

@@ -1,0 +1,34 @@
+"""The serving defaults the command line shows and the library applies, stated once.
+
+Imports nothing (the CLI reads it at start-up, before numpy or Triton): ``ServerOptions``,
+``RayOptions``, ``RepositoryOptions`` and ``BenchOptions`` take their defaults from here.
+"""
+
+# Where ``deploykit serve`` listens (loopback unless asked otherwise).
+HOST = "127.0.0.1"
+HTTP_PORT = 8000
+GRPC_PORT = 8001
+METRICS_PORT = 8002
+BACKEND = "auto"  # TensorRT if usable, else ONNX Runtime
+TOP_K = 5
+RAY_REPLICAS = 2
+
+# Triton's dynamic batching, for the server, the benchmark's server and a packaged repository.
+MAX_BATCH_SIZE = 32
+MAX_QUEUE_DELAY_US = 2000
+# Largest HTTP body or gRPC message the front accepts (Triton behind it never sees a larger one).
+MAX_REQUEST_BYTES = 64 * 2**20
+DRAIN_TIMEOUT_S = 30.0
+
+# A packaged Triton repository: preferred batch sizes (also the CUDA-graph batch sizes).
+PREFERRED_BATCH_SIZES = (8, 16)
+GPU_INSTANCES = 1
+ONNX_KIND = "gpu"
+ONNX_KINDS = ("gpu", "cpu")
+
+# ``deploykit serve-bench``.
+BENCH_CONCURRENCY = (1, 8, 32)
+BENCH_REQUESTS = 256
+BENCH_BACKEND = "ort"
+BENCH_CLIENT = "auto"
+BENCH_CLIENTS = ("auto", "perf_analyzer", "builtin")
