@@ -1,5 +1,10 @@
 """What every ``deploykit`` command shares: ``-q``/``-v`` on the command itself, resolutions and
-counts as comma lists, and one form for every error.
+counts as comma lists, one form for every error, and the option groups several commands take
+(model selection, plugins, image limits, batching, ...), each declared once here.
+
+Defaults the library also applies are read from its constants (``deploykit.export.defaults``,
+``deploykit.profile.defaults``, ``deploykit.serve.defaults``, ``deploykit.data``), never
+restated as literals, so ``--help`` shows what the library does.
 
 Exit codes: a command line click cannot parse (an unknown command or option, a missing argument,
 a value of the wrong type or outside the range ``--help`` gives) is a usage error, exit 2; a
@@ -10,6 +15,7 @@ one ``error:`` line, never click's three-line usage block.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import click
 
@@ -44,11 +50,24 @@ def verbosity() -> int:
 
 
 class Command(click.Command):
-    """A command that takes ``-q``/``-v`` itself (``deploykit export ... -v``), as its group does."""
+    """A command that takes ``-q``/``-v`` itself (``deploykit export ... -v``), as its group does.
 
-    def __init__(self, *args, **kwargs):
+    Args:
+        debug_with_v: ``-v`` shows debug records too (``build``: every TensorRT message, which
+            the backends log at debug and otherwise summarise in one warning, "-v shows each").
+    """
+
+    def __init__(self, *args, debug_with_v: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
+        self.debug_with_v = debug_with_v
         self.params.extend(verbosity_options())
+
+    def invoke(self, ctx: click.Context):
+        if self.debug_with_v and verbosity() > 0:  # -v given anywhere on the line, before or after the name
+            from deploykit._terminal import configure_logging
+
+            configure_logging(2)
+        return super().invoke(ctx)
 
 
 class Group(click.Group):
@@ -155,6 +174,212 @@ class FiniteFloat(click.FloatRange):
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number", param, ctx)
         return number
+
+
+class Resolution(click.ParamType):
+    """``224`` or ``384x256`` (height x width)."""
+
+    name = "RESOLUTION"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        from deploykit.resolutions import parse_resolution
+
+        try:
+            return parse_resolution(value)
+        except DeployKitError as err:
+            self.fail(str(err), param, ctx)
+
+
+class ResolutionRange(click.ParamType):
+    """``224:384:512`` (min:opt:max; each side may be ``HxW``) → three ``(height, width)``."""
+
+    name = "MIN:OPT:MAX"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        parts = str(value).split(":")
+        if len(parts) != 3:
+            self.fail(f"{value!r} is not MIN:OPT:MAX, e.g. 224:384:512", param, ctx)
+        return tuple(Resolution().convert(p, param, ctx) for p in parts)
+
+
+def group(*decorators):
+    """Several option decorators as one, applied as if stacked in the order given (``--help``
+    lists them in that order)."""
+
+    def apply(command):
+        for decorator in reversed(decorators):
+            command = decorator(command)
+        return command
+
+    return apply
+
+
+def defaulted(*names: str, default, help: str | None = None, **kwargs):
+    """An option whose default (the library's) is shown in ``--help``."""
+    return click.option(*names, default=default, show_default=True, help=help, **kwargs)
+
+
+def path_option(*names: str, help: str, **kwargs):
+    """An option naming a file or directory, as a ``Path``."""
+    return click.option(*names, type=click.Path(path_type=Path), help=help, **kwargs)
+
+
+def output_option(help: str):
+    return path_option("--output", "-o", required=True, help=help)
+
+
+def json_option(help: str = "Write the report as JSON."):
+    return path_option("--json", "json_path", default=None, help=help)
+
+
+def model_options(command):
+    """``--encoding``/``--model``/``--checkpoint``: which model a command works on
+    (``deploykit.zoo.resolve.resolve_model``; the zoo's APE model when none is given)."""
+    return group(
+        click.option("--encoding", "-e", default=None, help="Encoding for a new/default model (ape, rope-axial, rope-mixed, ...)."),
+        click.option("--model", "model_name", default=None, help="Model size when building from --encoding (default vit_tiny_patch16)."),
+        path_option(
+            "--checkpoint",
+            "-c",
+            default=None,
+            help="Model directory (config.json + model.safetensors) or weights file (.safetensors, .pt).",
+        ),
+    )(command)
+
+
+def precision_option(help: str, *, multiple: bool = False, default: str | None = None):
+    """``--precision``: one of the export's plans (``multiple``: repeatable, passed as ``precisions``)."""
+    from deploykit.export.defaults import PLAN_NAMES
+
+    name = "precisions" if multiple else "precision"
+    return click.option(
+        "--precision", name, type=click.Choice(PLAN_NAMES), multiple=multiple, default=default, show_default=default is not None, help=help
+    )
+
+
+PLUGINS_HELP = (
+    "Repeatable: a directory of Python TensorRT plugins, a plugin library (.so), or an installed plugin's name "
+    "(e.g. sape2). An engine runs with the plugins it was built with: installed ones (sape2) load by "
+    "themselves; a library or directory must be given again."
+)
+
+
+def plugins_option(help: str = PLUGINS_HELP):
+    """``--plugins``, passed as ``plugin_specs`` (``deploykit.backends.plugins.Plugins.resolve``)."""
+    return click.option("--plugins", "plugin_specs", multiple=True, help=help)
+
+
+cpu_fallback_option = click.option(
+    "--allow-cpu-fallback",
+    is_flag=True,
+    help="ort-cuda: accept nodes ONNX Runtime runs on the CPU instead of refusing (records name them).",
+)
+
+set_option = click.option(
+    "--set",
+    "options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Repeatable encoding option, typed and checked against the encoding's config (e.g. antialias=false).",
+)
+
+
+def image_limit_options(command):
+    """``--max-image-pixels`` / ``--max-image-bytes``: what one image may cost before it is decoded."""
+    from deploykit.imaging import MAX_BYTES, MAX_PIXELS
+
+    return group(
+        defaulted(
+            "--max-image-pixels",
+            default=MAX_PIXELS,
+            help="Largest image (height x width) decoded; larger ones are refused (HTTP 400) from their header.",
+        ),
+        defaulted("--max-image-bytes", default=MAX_BYTES, help="Largest encoded image accepted, in bytes."),
+    )(command)
+
+
+def batching_options(size_help: str | None = None, delay_help: str | None = None):
+    """``--max-batch-size`` / ``--max-queue-delay-us``: Triton's dynamic batching."""
+    from deploykit.serve import defaults
+
+    return group(
+        defaulted("--max-batch-size", default=defaults.MAX_BATCH_SIZE, help=size_help),
+        defaulted("--max-queue-delay-us", default=defaults.MAX_QUEUE_DELAY_US, help=delay_help),
+    )
+
+
+def int8_options(command):
+    """How ``export --precision int8`` calibrates and checks its plan (``CalibrationOptions``)."""
+    from deploykit.export import defaults
+
+    return group(
+        path_option(
+            "--calibration-data",
+            default=None,
+            help="int8: your inputs: a folder of images (recursive), a text file listing image paths, or a .npy/.npz of "
+            "preprocessed arrays; split into calibration and held-out inputs (default: a zoo model's dataset, else crops of "
+            "the bundled images).",
+        ),
+        defaulted(
+            "--calibration-samples",
+            type=click.IntRange(min=1),
+            default=defaults.CALIBRATION_SAMPLES,
+            help="int8: real inputs to calibrate on (the rest of --calibration-data is held out).",
+        ),
+        defaulted(
+            "--calibration-method",
+            type=click.Choice(defaults.CALIBRATION_METHODS),
+            default=defaults.CALIBRATION_METHOD,
+            help="int8: how activation ranges are chosen from the calibration inputs.",
+        ),
+        defaulted(
+            "--min-agreement",
+            type=click.FloatRange(0, 1),
+            default=defaults.MIN_AGREEMENT,
+            help="int8: top-1 agreement with fp32 to reach on held-out inputs, moving the most sensitive matmuls back to "
+            "float (0: quantize every eligible matmul).",
+        ),
+        defaulted(
+            "--held-out",
+            type=click.IntRange(min=1),
+            default=defaults.HELD_OUT,
+            help="int8: held-out inputs (a zoo model's val split, else other crops) the plan is checked on.",
+        ),
+        defaulted(
+            "--min-cosine",
+            type=click.FloatRange(0, 1, min_open=True),
+            default=defaults.MIN_COSINE,
+            help="int8, features models (num_classes=0): mean per-token cosine with fp32 to reach on held-out inputs.",
+        ),
+        click.option(
+            "--max-relative-error",
+            type=click.FloatRange(0, min_open=True),
+            default=None,
+            help="int8, features models: also a mean per-token relative error with fp32 to stay under.",
+        ),
+        click.option(
+            "--keep-float",
+            "keep_float",
+            multiple=True,
+            metavar="PATTERN",
+            help="int8: repeatable; keep the layers whose module path matches float (wildcards: blocks.*.mlp.fc2, blocks.11.*).",
+        ),
+        click.option(
+            "--int8-attention",
+            is_flag=True,
+            help="int8: quantize the attention products too (faster at high resolution; measured to cost top-1 agreement "
+            "away from the training resolution, so off by default).",
+        ),
+    )(command)
+
+
+zoo_root_option = click.option(
+    "--root", type=click.Path(path_type=Path, file_okay=False), default=None, help="Zoo directory (default models/)."
+)
 
 
 def show_error(err: click.ClickException) -> int:

@@ -58,8 +58,9 @@ LAYERS = [
         ),
     ),
     ("serve", ("deploykit.serve",)),
-    # The command and what its commands share (option types, -q/-v, the error line).
-    ("cli", ("deploykit.cli", "deploykit.cli_options", "deploykit.__main__")),
+    # The command, what its commands share (option types and groups, -q/-v, the error line) and
+    # what they print.
+    ("cli", ("deploykit.cli", "deploykit.cli_options", "deploykit.cli_render", "deploykit.__main__")),
 ]
 # The package root only holds ``__version__`` and the facade ``deploykit.load`` (imported on
 # first use): anything may import it, and its lazy import of the pipeline is the public API.
