@@ -16,15 +16,13 @@ import click
 
 from deploykit import cli_render as render
 from deploykit.cli_options import (
+    EXPORT_DIR,
     FiniteFloat,
     Group,
-    Resolution,
     ResolutionRange,
-    batching_options,
     counts_option,
     cpu_fallback_option,
     defaulted,
-    image_limit_options,
     int8_options,
     json_option,
     model_options,
@@ -39,14 +37,12 @@ from deploykit.cli_options import (
     verbosity,
     zoo_root_option,
 )
+from deploykit.cli_serve import package, serve, serve_bench
 from deploykit.data import VALIDATION_NOISE, VALIDATION_REAL, VALIDATION_SEED
 from deploykit.errors import DeployKitError
 from deploykit.profile import defaults as profile_defaults
-from deploykit.serve import defaults as serve_defaults
 
 __all__ = ["cli", "main", "parse_counts"]
-
-EXPORT_DIR = click.argument("export_dir", type=click.Path(path_type=Path))
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -356,84 +352,6 @@ def profile(
             render.wrote(console, write(path))
 
 
-@cli.command()
-@EXPORT_DIR
-@defaulted("--host", default=serve_defaults.HOST, help="Address every endpoint binds to.")
-@defaulted("--port", default=serve_defaults.HTTP_PORT, help="HTTP port (KServe v2).")
-@defaulted("--grpc-port", default=serve_defaults.GRPC_PORT, help="gRPC port (KServe v2).")
-@defaulted("--metrics-port", default=serve_defaults.METRICS_PORT, help="Prometheus metrics port.")
-@batching_options("Largest batch per request and per merged execution.", "Dynamic batcher wait to fill a batch.")
-@defaulted("--backend", "-b", default=serve_defaults.BACKEND, help="auto (TensorRT if usable, else ONNX Runtime) or a backend name.")
-@precision_option(
-    "Precision plan to serve: its graphs (or engines) at every resolution the export holds for it "
-    "[default: fp32, or on a CPU the fastest validated plan deploykit profile chose for the directory]."
-)
-@defaulted("--top-k", default=serve_defaults.TOP_K, help="Classes returned per image.")
-@image_limit_options
-@defaulted(
-    "--max-request-bytes",
-    type=click.IntRange(min=1),
-    default=serve_defaults.MAX_REQUEST_BYTES,
-    help="Largest HTTP request body or gRPC message accepted (Triton behind it never sees a larger one).",
-)
-@defaulted(
-    "--drain-timeout",
-    type=click.FloatRange(min=0),
-    default=serve_defaults.DRAIN_TIMEOUT_S,
-    help="On SIGTERM / Ctrl-C: seconds to answer the requests in flight before exiting.",
-)
-@click.option("--ray", "use_ray", is_flag=True, help="Serve on Ray Serve instead (HTTP on --host/--port; POST image bytes).")
-@defaulted("--replicas", default=serve_defaults.RAY_REPLICAS, help="Ray Serve replicas (with --ray).")
-@click.option("--ray-address", default=None, help="Existing Ray cluster to join (with --ray); default: start a local one.")
-def serve(export_dir, max_image_pixels, max_image_bytes, use_ray, replicas, ray_address, **settings):
-    """Serve an export directory with Triton Inference Server (KServe v2 over HTTP and gRPC), or Ray Serve."""
-    from deploykit.serve.classifier import ImageLimits
-
-    limits = ImageLimits(max_pixels=max_image_pixels, max_bytes=max_image_bytes)
-    if use_ray:
-        _serve_ray(export_dir, limits, replicas, ray_address, **settings)
-    else:
-        _serve_triton(export_dir, limits, **settings)
-
-
-def _serve_ray(export_dir, limits, replicas, address, *, host, port, max_batch_size, max_queue_delay_us, backend, precision, top_k, **_):
-    """``serve --ray``: Ray Serve on ``host:port`` (the Triton-only settings do not apply)."""
-    from deploykit.serve.ray_serve import RayOptions, serve_ray
-    from deploykit.serve.triton_server import warn_if_exposed
-
-    warn_if_exposed(host)
-    options = RayOptions(
-        num_replicas=replicas,
-        max_batch_size=max_batch_size,
-        batch_wait_timeout_s=max_queue_delay_us / 1e6,
-        backend=backend,
-        precision=precision,
-        top_k=top_k,
-        host=host,
-        port=port,
-        limits=limits,
-    )
-    console = render.console()
-    serve_ray(export_dir, options, address=address, on_ready=lambda backends: render.serving_on_ray(console, backends, host, port))
-
-
-def _serve_triton(export_dir, limits, *, port, drain_timeout, **settings):
-    """``serve``: Triton until SIGTERM or Ctrl-C, which stop taking requests, answer those in flight, exit 0."""
-    import signal
-    import threading
-
-    from deploykit.serve.triton_server import ServerOptions
-    from deploykit.serve.triton_server import serve as run_server
-
-    options = ServerOptions(http_port=port, drain_timeout_s=drain_timeout, limits=limits, verbosity=verbosity(), **settings)
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-    console = render.console()
-    run_server(export_dir, options, on_ready=lambda ready: render.serving(console, ready), stop=stop)
-    render.say(console, "stopped")
-
-
 @cli.group("import")
 def import_group():
     """Bring a trained model from another library in as a deploykit model directory."""
@@ -465,79 +383,6 @@ def import_timm(name, weights, model_kwargs, options, output):
     model = convert(name, weights, options, **parse_model_kwargs(model_kwargs))
     save_model(model, output, metadata={"source": f"timm:{name}", "weights": str(weights or "pretrained")})
     render.done(render.console(), f"{output}  ({describe(model, name)})")
-
-
-@cli.command("serve-bench")
-@EXPORT_DIR
-@defaulted(
-    "--concurrency",
-    multiple=True,
-    default=(",".join(map(str, serve_defaults.BENCH_CONCURRENCY)),),
-    help="Levels, comma-separated or repeated.",
-)
-@defaulted("--requests", default=serve_defaults.BENCH_REQUESTS, help="Requests per level and side.")
-@click.option("--resolution", "-r", type=Resolution(), default=None, help="Exported resolution to load (default: the first).")
-@defaulted("--backend", "-b", default=serve_defaults.BENCH_BACKEND, help="Backend of both sides.")
-@batching_options("The server's dynamic batching limit.", "The server's dynamic batching wait.")
-@defaulted(
-    "--client",
-    type=click.Choice(serve_defaults.BENCH_CLIENTS),
-    default=serve_defaults.BENCH_CLIENT,
-    help="Load generator of the served side: Triton's perf_analyzer when installed, else our own.",
-)
-@json_option()
-def serve_bench(export_dir, concurrency, json_path, **settings):
-    """Served (Triton, dynamic batching) vs in-process throughput and p50/p99 latency per concurrency."""
-    from deploykit.serve.bench import BenchOptions, bench_serving
-
-    console = render.console()
-    options = BenchOptions(concurrency=tuple(parse_counts(concurrency, "concurrency")), **settings)
-    with render.steps(console, "serve-bench") as step:
-        report = bench_serving(export_dir, options, progress=step)
-    render.bench(report)
-    if json_path:
-        render.wrote(console, report.write_json(json_path))
-
-
-@cli.group()
-def package():
-    """Package an export directory for a serving system."""
-
-
-@package.command("triton")
-@EXPORT_DIR
-@output_option("Model repository to create.")
-@batching_options()
-@defaulted(
-    "--preferred-batch-size",
-    "preferred_batch_sizes",
-    type=int,
-    multiple=True,
-    default=serve_defaults.PREFERRED_BATCH_SIZES,
-    help="Repeatable; also the CUDA-graph batch sizes.",
-)
-@defaulted("--gpu-instances", default=serve_defaults.GPU_INSTANCES, help="Instances per GPU of each inference model.")
-@defaulted(
-    "--onnx-kind",
-    type=click.Choice(serve_defaults.ONNX_KINDS),
-    default=serve_defaults.ONNX_KIND,
-    help="Instance kind of the ONNX Runtime variant.",
-)
-@image_limit_options
-@plugins_option("Repeatable: plugin libraries (.so) the TensorRT engines were built with.")
-def package_triton(export_dir, output, max_image_pixels, max_image_bytes, plugin_specs, preferred_batch_sizes, **settings):
-    """Write a Triton model repository: TensorRT, ONNX Runtime and OpenVINO models per resolution, preprocessing ensembles."""
-    from deploykit.backends.plugins import Plugins
-    from deploykit.serve.classifier import ImageLimits
-    from deploykit.serve.triton_repo import RepositoryOptions
-    from deploykit.serve.triton_repo import package_triton as write_repository
-
-    options = RepositoryOptions(
-        preferred_batch_sizes=tuple(preferred_batch_sizes),
-        limits=ImageLimits(max_pixels=max_image_pixels, max_bytes=max_image_bytes),
-        **settings,  # max_batch_size, max_queue_delay_us, gpu_instances, onnx_kind: the same names
-    )
-    render.repository(render.console(), write_repository(export_dir, output, options, Plugins.resolve(plugin_specs)))
 
 
 @cli.command("inspect")
@@ -612,6 +457,10 @@ def zoo_list():
     from deploykit.zoo.registry import ZOO, model_dir
 
     render.zoo_entries((name, entry.encoding, (model_dir(name) / "model.safetensors").is_file()) for name, entry in ZOO.items())
+
+
+for _command in (serve, serve_bench, package):
+    cli.add_command(_command)
 
 
 def main(argv=None) -> None:

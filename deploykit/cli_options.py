@@ -81,20 +81,37 @@ class Group(click.Group):
         self.params.extend(verbosity_options())
 
 
-class Resolutions(click.ParamType):
+class _Parsed(click.ParamType):
+    """A type read by one of deploykit's parsers (``parse``): a ``DeployKitError`` becomes click's
+    usage error, and a value already parsed (a default, a value passed in process) passes through."""
+
+    def parse(self, value):
+        raise NotImplementedError
+
+    def is_parsed(self, value) -> bool:
+        return isinstance(value, tuple)
+
+    def convert(self, value, param, ctx):
+        if self.is_parsed(value):
+            return value
+        try:
+            return self.parse(value)
+        except DeployKitError as err:
+            self.fail(str(err), param, ctx)
+
+
+class Resolutions(_Parsed):
     """``224``, ``384x256`` or a comma list of them (``224,384x256``) → a tuple of ``(height, width)``."""
 
     name = "RESOLUTION[,...]"
 
-    def convert(self, value, param, ctx):
-        if isinstance(value, tuple) and all(isinstance(r, tuple) for r in value):
-            return value
+    def is_parsed(self, value) -> bool:
+        return isinstance(value, tuple) and all(isinstance(r, tuple) for r in value)
+
+    def parse(self, value):
         from deploykit.resolutions import parse_resolutions
 
-        try:
-            return tuple(parse_resolutions([value]))
-        except DeployKitError as err:
-            self.fail(str(err), param, ctx)
+        return tuple(parse_resolutions([value]))
 
 
 def _flatten(ctx, param, values) -> tuple:
@@ -135,18 +152,13 @@ def parse_counts(values, what: str) -> list[int]:
     return list(dict.fromkeys(out))
 
 
-class Counts(click.ParamType):
+class Counts(_Parsed):
     """``8`` or a comma list of positive integers (``1,8,32``) → a tuple, duplicates dropped."""
 
     name = "N[,...]"
 
-    def convert(self, value, param, ctx):
-        if isinstance(value, tuple):
-            return value
-        try:
-            return tuple(parse_counts([value], "count"))
-        except DeployKitError as err:
-            self.fail(str(err), param, ctx)
+    def parse(self, value):
+        return tuple(parse_counts([value], "count"))
 
 
 def _flatten_counts(ctx, param, values) -> tuple[int, ...]:
@@ -176,34 +188,33 @@ class FiniteFloat(click.FloatRange):
         return number
 
 
-class Resolution(click.ParamType):
+class Resolution(_Parsed):
     """``224`` or ``384x256`` (height x width)."""
 
     name = "RESOLUTION"
 
-    def convert(self, value, param, ctx):
-        if isinstance(value, tuple):
-            return value
+    def parse(self, value):
         from deploykit.resolutions import parse_resolution
 
-        try:
-            return parse_resolution(value)
-        except DeployKitError as err:
-            self.fail(str(err), param, ctx)
+        return parse_resolution(value)
 
 
-class ResolutionRange(click.ParamType):
+class ResolutionRange(_Parsed):
     """``224:384:512`` (min:opt:max; each side may be ``HxW``) → three ``(height, width)``."""
 
     name = "MIN:OPT:MAX"
 
-    def convert(self, value, param, ctx):
-        if isinstance(value, tuple):
-            return value
+    def parse(self, value):
+        from deploykit.errors import ConfigError
+        from deploykit.resolutions import parse_resolution
+
         parts = str(value).split(":")
         if len(parts) != 3:
-            self.fail(f"{value!r} is not MIN:OPT:MAX, e.g. 224:384:512", param, ctx)
-        return tuple(Resolution().convert(p, param, ctx) for p in parts)
+            raise ConfigError(f"{value!r} is not MIN:OPT:MAX, e.g. 224:384:512")
+        return tuple(parse_resolution(p) for p in parts)
+
+
+EXPORT_DIR = click.argument("export_dir", type=click.Path(path_type=Path))
 
 
 def group(*decorators):
@@ -324,36 +335,41 @@ def int8_options(command):
             "preprocessed arrays; split into calibration and held-out inputs (default: a zoo model's dataset, else crops of "
             "the bundled images).",
         ),
-        defaulted(
-            "--calibration-samples",
-            type=click.IntRange(min=1),
-            default=defaults.CALIBRATION_SAMPLES,
-            help="int8: real inputs to calibrate on (the rest of --calibration-data is held out).",
-        ),
-        defaulted(
-            "--calibration-method",
-            type=click.Choice(defaults.CALIBRATION_METHODS),
-            default=defaults.CALIBRATION_METHOD,
-            help="int8: how activation ranges are chosen from the calibration inputs.",
-        ),
-        defaulted(
-            "--min-agreement",
-            type=click.FloatRange(0, 1),
-            default=defaults.MIN_AGREEMENT,
-            help="int8: top-1 agreement with fp32 to reach on held-out inputs, moving the most sensitive matmuls back to "
-            "float (0: quantize every eligible matmul).",
-        ),
-        defaulted(
-            "--held-out",
-            type=click.IntRange(min=1),
-            default=defaults.HELD_OUT,
-            help="int8: held-out inputs (a zoo model's val split, else other crops) the plan is checked on.",
-        ),
-        defaulted(
-            "--min-cosine",
-            type=click.FloatRange(0, 1, min_open=True),
-            default=defaults.MIN_COSINE,
-            help="int8, features models (num_classes=0): mean per-token cosine with fp32 to reach on held-out inputs.",
+        *(
+            defaulted(name, type=kind, default=default, help=f"int8{help}")
+            for name, kind, default, help in (
+                (
+                    "--calibration-samples",
+                    click.IntRange(min=1),
+                    defaults.CALIBRATION_SAMPLES,
+                    ": real inputs to calibrate on (the rest of --calibration-data is held out).",
+                ),
+                (
+                    "--calibration-method",
+                    click.Choice(defaults.CALIBRATION_METHODS),
+                    defaults.CALIBRATION_METHOD,
+                    ": how activation ranges are chosen from the calibration inputs.",
+                ),
+                (
+                    "--min-agreement",
+                    click.FloatRange(0, 1),
+                    defaults.MIN_AGREEMENT,
+                    ": top-1 agreement with fp32 to reach on held-out inputs, moving the most sensitive matmuls back to "
+                    "float (0: quantize every eligible matmul).",
+                ),
+                (
+                    "--held-out",
+                    click.IntRange(min=1),
+                    defaults.HELD_OUT,
+                    ": held-out inputs (a zoo model's val split, else other crops) the plan is checked on.",
+                ),
+                (
+                    "--min-cosine",
+                    click.FloatRange(0, 1, min_open=True),
+                    defaults.MIN_COSINE,
+                    ", features models (num_classes=0): mean per-token cosine with fp32 to reach on held-out inputs.",
+                ),
+            )
         ),
         click.option(
             "--max-relative-error",

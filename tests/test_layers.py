@@ -60,7 +60,7 @@ LAYERS = [
     ("serve", ("deploykit.serve",)),
     # The command, what its commands share (option types and groups, -q/-v, the error line) and
     # what they print.
-    ("cli", ("deploykit.cli", "deploykit.cli_options", "deploykit.cli_render", "deploykit.__main__")),
+    ("cli", ("deploykit.cli", "deploykit.cli_options", "deploykit.cli_render", "deploykit.cli_serve", "deploykit.__main__")),
 ]
 # The package root only holds ``__version__`` and the facade ``deploykit.load`` (imported on
 # first use): anything may import it, and its lazy import of the pipeline is the public API.
