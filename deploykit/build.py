@@ -24,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from deploykit.backends import defaults
 from deploykit.backends.engine_cache import (
     BACKEND_TAGS,
     ENGINE_MODULES,
@@ -81,11 +82,11 @@ def build_options(
 
 def build(
     export_dir: str | os.PathLike,
-    backend: str = "trt",
+    backend: str = defaults.ENGINE_BACKENDS[0],
     *,
     dynamic: bool = False,
-    batch: int = 1,
-    max_batch: int = 8,
+    batch: int = defaults.ENGINE_BATCH,
+    max_batch: int = defaults.ENGINE_MAX_BATCH,
     precisions: Sequence[str] | None = None,
     resolutions: Iterable[tuple[int, int]] | None = None,
     workspace_mib: int | None = None,

@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 
 from deploykit import cli_render as render
+from deploykit.backends import defaults as backend_defaults
 from deploykit.cli_options import (
     EXPORT_DIR,
     FiniteFloat,
@@ -40,6 +41,7 @@ from deploykit.cli_options import (
 from deploykit.cli_serve import package, serve, serve_bench
 from deploykit.data import VALIDATION_NOISE, VALIDATION_REAL, VALIDATION_SEED
 from deploykit.errors import DeployKitError
+from deploykit.export import defaults as export_defaults
 from deploykit.profile import defaults as profile_defaults
 
 __all__ = ["cli", "main", "parse_counts"]
@@ -60,7 +62,12 @@ def cli():
 @model_options
 @resolutions_option(help="Default: the model's img_size.")
 @output_option("Export directory.")
-@click.option("--opset", type=int, default=None, help="ONNX opset, 17 to 25 (default 18; SaPE² needs 18).")
+@click.option(
+    "--opset",
+    type=int,
+    default=None,
+    help=f"ONNX opset, {export_defaults.SUPPORTED_OPSETS[0]} to {export_defaults.SUPPORTED_OPSETS[-1]} (default {export_defaults.DEFAULT_OPSET}; SaPE² needs 18).",
+)
 @precision_option(
     "Repeatable precision plan written beside fp32: fp16/bf16 (casts), int8 (Q/DQ, calibrated; ORT and TensorRT), "
     "int8-dynamic, int8-mha and fp32-mha (ONNX Runtime only). Tables, rotations, gates, LayerNorm, Softmax, logits stay float.",
@@ -82,7 +89,6 @@ def cli():
 )
 def export(encoding, model_name, checkpoint, resolutions, output, opset, precisions, resolution_range, options, force, **int8):
     """Export a model to one ONNX graph per resolution, tables baked in, graph linted."""
-    from deploykit.export import DEFAULT_OPSET
     from deploykit.export import export as export_model
     from deploykit.profile.choice import CPU_SPEED_PLANS, plans_slower_than_fp32
     from deploykit.zoo.resolve import resolve_model
@@ -94,7 +100,7 @@ def export(encoding, model_name, checkpoint, resolutions, output, opset, precisi
             model,
             resolutions or ([] if resolution_range else [model.default_shape]),
             output,
-            opset=DEFAULT_OPSET if opset is None else opset,
+            opset=export_defaults.DEFAULT_OPSET if opset is None else opset,
             precisions=precisions,  # fp32 is always written; these go beside it
             source=source,
             progress=step,
@@ -134,7 +140,7 @@ def _calibration(calibration_data, calibration_samples, calibration_method, min_
     "-b",
     "backends",
     multiple=True,
-    default=("ort",),
+    default=(backend_defaults.RUNNER,),
     help="Repeatable: ort, ort-cuda, openvino (f32 hint), openvino-bf16 (CPUs with bf16), trt, rtx (trt/rtx run the engines "
     "deploykit build wrote).",
 )
@@ -199,8 +205,8 @@ def validate(
 @defaulted(
     "--backend",
     "-b",
-    type=click.Choice(["trt", "rtx"]),
-    default="trt",
+    type=click.Choice(backend_defaults.ENGINE_BACKENDS),
+    default=backend_defaults.ENGINE_BACKENDS[0],
     help="trt: TensorRT (NVIDIA GPUs); rtx: TensorRT-RTX (RTX GPUs; builds without a GPU).",
 )
 @click.option(
@@ -208,8 +214,8 @@ def validate(
     is_flag=True,
     help="One batch profile 1..--max-batch tuned for --batch, instead of a static batch (resolution stays static).",
 )
-@defaulted("--batch", default=1, help="Static batch, or the batch a --dynamic profile is tuned for.")
-@defaulted("--max-batch", default=8, help="Largest batch of a --dynamic profile.")
+@defaulted("--batch", default=backend_defaults.ENGINE_BATCH, help="Static batch, or the batch a --dynamic profile is tuned for.")
+@defaulted("--max-batch", default=backend_defaults.ENGINE_MAX_BATCH, help="Largest batch of a --dynamic profile.")
 @precision_option(
     "Repeatable; default every exported plan TensorRT can build (int8-dynamic, int8-mha and fp32-mha are ONNX Runtime only).",
     multiple=True,

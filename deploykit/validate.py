@@ -24,6 +24,7 @@ import onnx
 
 from deploykit._terminal import counter
 from deploykit.backends import Runner, TorchRunner, registry
+from deploykit.backends.defaults import RUNNER
 from deploykit.backends.plugins import Plugins
 from deploykit.comparison import Tolerance, compare_logits, looser, row_cosines
 from deploykit.data import VALIDATION_NOISE, VALIDATION_REAL, VALIDATION_SEED, VALIDATION_SPLIT, check_real_count, validation_inputs
@@ -181,7 +182,7 @@ def validate(
     export_dir: str | os.PathLike,
     *,
     resolutions: Iterable[tuple[int, int]] | None = None,
-    backends: Sequence[str] = ("ort",),
+    backends: Sequence[str] = (RUNNER,),
     precision: str = "fp32",
     num_random: int = VALIDATION_NOISE,
     num_real: int = VALIDATION_REAL,

@@ -21,6 +21,7 @@ from types import ModuleType
 from typing import Any
 
 from deploykit._io import atomic_path
+from deploykit.backends import defaults
 from deploykit.backends._polygraphy import FLAVOUR_NAMES, TrtMessages, backend, check_trt_module, import_trt
 from deploykit.errors import ExportError
 
@@ -54,8 +55,8 @@ class BuildOptions:
     workspace_mib: int | None = None
     optimization_level: int | None = None
     min_batch: int = 1
-    opt_batch: int = 1
-    max_batch: int = 8
+    opt_batch: int = defaults.ENGINE_BATCH
+    max_batch: int = defaults.ENGINE_MAX_BATCH
     timing_cache: str | None = None
     plugin_libraries: tuple[str, ...] = ()
     sample_shapes: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None = None

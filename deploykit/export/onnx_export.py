@@ -32,6 +32,7 @@ from deploykit._io import atomic_path
 from deploykit.encodings import KeepsFloat, PETables, config_to_dict
 from deploykit.errors import ExportError, ResolutionError
 from deploykit.export.custom_ops import CUSTOM_TRANSLATIONS, attach_functions
+from deploykit.export.defaults import DEFAULT_OPSET, SUPPORTED_OPSETS
 from deploykit.export.lint import check_graph
 from deploykit.export.manifest import OUTPUT_NAME, graph_opset
 from deploykit.export.metadata import GraphMetadata
@@ -41,14 +42,6 @@ from deploykit.export.rewrite import rewrite_for_runtimes
 from deploykit.nn.factory import Model
 from deploykit.resolutions import resolution_tag
 
-# Opset 18: LayerNormalization is native (17+), and TensorRT 10.x, TensorRT-RTX and ONNX
-# Runtime all parse it; newer opsets map SDPA to an Attention op that TensorRT 10 lacks.
-DEFAULT_OPSET = 18
-# What a requested opset may be. Below 17 there is no LayerNormalization op: the exporter's
-# version converter cannot write one and silently leaves the graph at its own opset. Above 25:
-# TensorRT 11's ONNX parser reads up to opset 25 (its support matrix), and the exporter's
-# converter fails beyond it. SaPE²'s ONNX function is written in opset 18 (custom_ops.FUNCTION_OPSET).
-SUPPORTED_OPSETS = range(17, 26)
 # TensorRT's ITensor: "the volume of the tensor must be less than 2^31 elements". Every graph
 # here materialises each block's attention scores [batch, heads, T, T], so even at batch 1
 # heads * T^2 must stay within it (and past it the host tables alone run to hundreds of GB).

@@ -1,10 +1,12 @@
 """The profiling defaults the command line shows and the library applies, stated once.
 
-Imports nothing (the CLI reads it at start-up, before PyTorch): ``Budget`` and ``profile()``
+Imports only other defaults (the CLI reads it at start-up, before PyTorch): ``Budget`` and ``profile()``
 take their defaults from here.
 """
 
-BACKENDS = ("torch", "ort")
+from deploykit.backends.defaults import RUNNER
+
+BACKENDS = ("torch", RUNNER)  # PyTorch eager and the runner every machine has
 BATCHES = (1,)
 DEVICE = "auto"
 

@@ -1,8 +1,10 @@
 """The serving defaults the command line shows and the library applies, stated once.
 
-Imports nothing (the CLI reads it at start-up, before numpy or Triton): ``ServerOptions``,
+Imports only other defaults (the CLI reads it at start-up, before numpy or Triton): ``ServerOptions``,
 ``RayOptions``, ``RepositoryOptions`` and ``BenchOptions`` take their defaults from here.
 """
+
+from deploykit.backends.defaults import RUNNER
 
 # Where ``deploykit serve`` listens (loopback unless asked otherwise).
 HOST = "127.0.0.1"
@@ -29,6 +31,6 @@ ONNX_KINDS = ("gpu", "cpu")
 # ``deploykit serve-bench``.
 BENCH_CONCURRENCY = (1, 8, 32)
 BENCH_REQUESTS = 256
-BENCH_BACKEND = "ort"
+BENCH_BACKEND = RUNNER
 BENCH_CLIENT = "auto"
 BENCH_CLIENTS = ("auto", "perf_analyzer", "builtin")
