@@ -2,9 +2,10 @@
 counts as comma lists, one form for every error, and the option groups several commands take
 (model selection, plugins, image limits, batching, ...), each declared once here.
 
-Defaults the library also applies are read from its constants (``deploykit.export.defaults``,
-``deploykit.profile.defaults``, ``deploykit.serve.defaults``, ``deploykit.data``), never
-restated as literals, so ``--help`` shows what the library does.
+Defaults the library also applies are read from its torch-free constants (the ``defaults``
+modules of ``deploykit.export``, ``deploykit.backends``, ``deploykit.profile`` and
+``deploykit.serve``; ``deploykit.data`` for validation's inputs, ``deploykit.imaging`` for image
+limits), never restated as literals, so ``--help`` shows what the library does.
 
 Exit codes: a command line click cannot parse (an unknown command or option, a missing argument,
 a value of the wrong type or outside the range ``--help`` gives) is a usage error, exit 2; a
