@@ -46,6 +46,8 @@ from deploykit.profile import defaults as profile_defaults
 
 __all__ = ["cli", "main", "parse_counts"]
 
+OPSETS = export_defaults.SUPPORTED_OPSETS
+
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="deploykit")
@@ -66,7 +68,7 @@ def cli():
     "--opset",
     type=int,
     default=None,
-    help=f"ONNX opset, {export_defaults.SUPPORTED_OPSETS[0]} to {export_defaults.SUPPORTED_OPSETS[-1]} (default {export_defaults.DEFAULT_OPSET}; SaPE² needs 18).",
+    help=f"ONNX opset, {OPSETS[0]} to {OPSETS[-1]} (default {export_defaults.DEFAULT_OPSET}; SaPE² needs 18).",
 )
 @precision_option(
     "Repeatable precision plan written beside fp32: fp16/bf16 (casts), int8 (Q/DQ, calibrated; ORT and TensorRT), "
@@ -196,7 +198,7 @@ def validate(
     render.validation(console, result)
     if report:
         write_json_atomic(report, result.to_json())
-        console.print(f"report: {report}")
+        render.say(console, f"report: {report}")
     result.raise_for_failure()
 
 
