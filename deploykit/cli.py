@@ -441,13 +441,14 @@ def zoo_train(name, steps, root, force):
 @zoo.command("eval")
 @click.argument("names", nargs=-1)
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Evaluate the first N test samples only (and write no card).")
+@click.option("--no-int8", is_flag=True, help="With --limit: PyTorch accuracy only, without planning the int8 graphs (quick).")
 @zoo_root_option
-def zoo_eval(names, limit, root):
+def zoo_eval(names, limit, no_int8, root):
     """Test accuracy at 1×, 1.5× and 2× the training resolution; writes card.md/card.json and
     models/README.md (on the full test split). Default: every trained zoo model."""
     from deploykit.zoo.cards import evaluate_zoo
 
-    render.zoo_cards(evaluate_zoo(names, root=root, limit=limit))
+    render.zoo_cards(evaluate_zoo(names, root=root, limit=limit, int8=not no_int8))
 
 
 @zoo.command("cards")

@@ -22,7 +22,7 @@ from deploykit._io import write_json_atomic, write_text_atomic
 from deploykit.data import normalise
 from deploykit.datasets import CLASSES, get_dataset
 from deploykit.encodings import config_to_dict
-from deploykit.errors import CheckpointError
+from deploykit.errors import CheckpointError, ConfigError
 from deploykit.nn.checkpoint import WEIGHTS_FILE, load_model
 from deploykit.nn.factory import Model
 from deploykit.zoo.registry import EVAL_SCALES, ZOO, get_entry, model_dir, zoo_dir
@@ -266,12 +266,15 @@ def rewrite_cards(root: Path | None = None) -> Path:
     return write_readme(root)
 
 
-def evaluate_zoo(names: Iterable[str] = (), root: Path | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+def evaluate_zoo(names: Iterable[str] = (), root: Path | None = None, limit: int | None = None, int8: bool = True) -> list[dict[str, Any]]:
     """Evaluate ``names`` (default: every trained zoo model); on the full test split, also write
-    their cards and the summary table."""
+    their cards and the summary table. Without ``int8`` (the int8 plans are most of the time),
+    only a ``limit``-ed look: a card is never written without its int8 columns."""
+    if not int8 and limit is None:
+        raise ConfigError("the int8 columns are part of every card: skip them only with a --limit")
     root = root or zoo_dir()
     names = list(names) or [n for n in ZOO if (root / n / WEIGHTS_FILE).is_file()]
-    cards = [evaluate(n, root, limit) for n in names]
+    cards = [evaluate(n, root, limit, int8) for n in names]
     if limit is None:
         for card in cards:
             write_card(card, root)

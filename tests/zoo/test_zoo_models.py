@@ -138,13 +138,24 @@ def test_readme_table_is_generated_from_the_cards():
             assert f"{acc:.1%}" in row
 
 
-@pytest.mark.slow
 def test_cli_zoo_eval_limit_prints_and_writes_nothing(capsys):
+    """A limited look (PyTorch accuracy only: the int8 plans' calibration is a test of its own)."""
     directory = trained(DEFAULT_ZOO_MODEL)
     before = (directory / CARD_JSON).read_bytes()
-    main(["zoo", "eval", DEFAULT_ZOO_MODEL, "--limit", "40"])
+    main(["zoo", "eval", DEFAULT_ZOO_MODEL, "--limit", "40", "--no-int8"])
     out = capsys.readouterr().out
     assert DEFAULT_ZOO_MODEL in out and "(n=40)" in out
+    assert (directory / CARD_JSON).read_bytes() == before
+
+
+def test_cli_zoo_eval_refuses_a_card_without_int8_columns(capsys):
+    directory = trained(DEFAULT_ZOO_MODEL)
+    before = (directory / CARD_JSON).read_bytes()
+    with pytest.raises(SystemExit) as exit_:
+        main(["zoo", "eval", DEFAULT_ZOO_MODEL, "--no-int8"])
+    assert exit_.value.code != 0
+    err = capsys.readouterr().err
+    assert "--limit" in err and "Traceback" not in err
     assert (directory / CARD_JSON).read_bytes() == before
 
 
