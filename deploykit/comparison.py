@@ -102,6 +102,12 @@ def compare_logits(reference: np.ndarray, actual: np.ndarray, num_real: int, tol
     return {**metrics, "failures": failures, "passed": not failures}
 
 
+def output_rows(outputs: np.ndarray) -> np.ndarray:
+    """Output rows as the exporter's checks compare them: ``[rows, last dim]`` float64 (a
+    classifier's logits one row per input, a sequence model's or a backbone's every token a row)."""
+    return outputs.astype(np.float64).reshape(-1, outputs.shape[-1])
+
+
 def row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Cosine similarity of each row (everything after the first axis): 1 where both rows are
     zero, 0 where only one is (a NaN output zeroed by ``nan_to_num`` must not look perfect)."""

@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 
 from deploykit._terminal import counter
-from deploykit.backends import Runner, TorchRunner, registry
+from deploykit.backends import TorchRunner, registry
 from deploykit.backends.plugins import Plugins
 from deploykit.comparison import Tolerance, compare_logits, looser, row_cosines
 from deploykit.data import VALIDATION_SPLIT, check_real_count, validation_inputs
@@ -39,6 +39,7 @@ from deploykit.inputs import InputData
 from deploykit.nn.checkpoint import WEIGHTS_FILE
 from deploykit.nn.factory import Model
 from deploykit.resolutions import resolution_tag
+from deploykit.runtime import Runner, run_batched, run_exact_batches
 
 # Each precision plan's pass/fail thresholds (deploykit.export.precision.PLANS says why).
 TOLERANCES = {name: plan.tolerance for name, plan in PLANS.items()}
@@ -101,26 +102,6 @@ class ValidationReport:
         if failed:
             parts = [f"{r.label}: {', '.join(r.failures)}" for r in failed]
             raise ValidationError(f"{len(failed)} of {len(self.records)} checks failed: {'; '.join(parts)}")
-
-
-def run_batched(runner: Runner, inputs: np.ndarray, batch_size: int, done: Callable[[int], None] | None = None) -> dict[str, np.ndarray]:
-    """Run ``inputs`` through an active runner (one input) in batches; concatenate each output
-    (``done(rows)`` after each batch, e.g. a ``deploykit._terminal.counter``)."""
-    (name,) = runner.input_names()
-    parts = []
-    for i in range(0, len(inputs), batch_size):
-        parts.append(runner.infer({name: inputs[i : i + batch_size]}))
-        if done:
-            done(min(i + batch_size, len(inputs)))
-    return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
-
-
-def run_exact_batches(runner: Runner, inputs: np.ndarray, batch: int) -> dict[str, np.ndarray]:
-    """Like ``run_batched``, but every call gets exactly ``batch`` rows: the last call is filled up
-    by cycling through ``inputs`` again, and the extra rows' outputs are dropped."""
-    total = -(-len(inputs) // batch) * batch
-    filled = inputs[np.arange(total) % len(inputs)]
-    return {name: out[: len(inputs)] for name, out in run_batched(runner, filled, batch).items()}
 
 
 def marked_graph(onnx_path: Path) -> tuple[bytes, list[str]]:

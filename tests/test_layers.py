@@ -42,6 +42,9 @@ LAYERS = [
     ("kernels", ("deploykit.plugins",)),
     ("encodings", ("deploykit.encodings",)),
     ("nn", ("deploykit.nn",)),
+    # Running graphs, torch-free: the Runner interface, batched runs, ONNX Runtime's runners.
+    # Below export, whose checks (calibration fallback, plan check) run graphs through it.
+    ("runtime", ("deploykit.runtime",)),
     ("export", ("deploykit.export",)),
     ("backends", ("deploykit.backends",)),
     # What uses exported graphs and runners: checks, engines, timing (with what a timing ran on,

@@ -15,10 +15,11 @@ import pytest
 import torch
 from onnx import numpy_helper
 
-from deploykit.backends import OnnxrtRunner, registry
+from deploykit.backends import registry
 from deploykit.export import export
 from deploykit.export.manifest import MANIFEST_FILE, sha256_file
 from deploykit.nn import create_model
+from deploykit.runtime import OnnxrtRunner
 from deploykit.validate import marked_graph, validate
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")

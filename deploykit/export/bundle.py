@@ -72,6 +72,7 @@ from deploykit.export.quantize import CalibrationOptions
 from deploykit.nn.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_model, save_model
 from deploykit.nn.factory import Model
 from deploykit.resolutions import resolution_tag
+from deploykit.runtime import run_graph
 
 _log = logging.getLogger(__name__)
 
@@ -297,7 +298,7 @@ def planned_graph(
         say(f"reading {options.samples} calibration and {options.held_out} held-out inputs")
     inputs, held_out, record = (options.data or DefaultCalibration()).inputs(model, resolution, options.samples, options.held_out)
     tick = counter(say, f"fp32 reference on {len(held_out)} held-out inputs", len(held_out), "inputs")
-    reference = quantize.run_graph(proto, held_out, done=tick)  # once: the fallback's target and the check share it
+    reference = run_graph(proto, held_out, done=tick)  # once: the fallback's target and the check share it
     logits = model.output_kind == "logits"  # a headless backbone's features: judged by cosine, not answers
     calibration = target = None
     if plan.calibrated:

@@ -59,6 +59,7 @@ from deploykit.export import defaults, names, sensitivity
 from deploykit.export.lint import TABLE_PREFIXES
 from deploykit.export.metadata import GraphMetadata, copy_metadata
 from deploykit.export.onnx_export import quiet_logger
+from deploykit.runtime import cpu_runner, run_graph, run_rows
 
 _log = logging.getLogger(__name__)
 
@@ -432,13 +433,10 @@ def _fall_back(
     fp32, qdq, ranked: list[str], selection: NodeSelection, target: sensitivity.QualityTarget, progress
 ) -> tuple[onnx.ModelProto, dict]:
     """Move the fewest most-sensitive nodes back to float that meet ``target`` (bisection)."""
-    import onnxruntime as ort
 
     def check(nodes: list[str], stop_early: bool = True) -> tuple[dict, bool]:
-        graph = sensitivity.dequantize_nodes(qdq, fp32, nodes)
-        session = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
-        name = session.get_inputs()[0].name
-        return target.measure(lambda x: _rows(session.run(None, {name: x})[0]), stop_early=stop_early)
+        with cpu_runner(sensitivity.dequantize_nodes(qdq, fp32, nodes)) as runner:
+            return target.measure(lambda x: run_rows(runner, x, len(x)), stop_early=stop_early)
 
     budget = int(len(ranked) * target.max_float_share)
     count, trials = sensitivity.bisect_fallback(ranked, budget, check, progress)
@@ -504,11 +502,6 @@ def describe_plan(details: dict) -> list[str]:
     return lines
 
 
-def _rows(outputs: np.ndarray) -> np.ndarray:
-    """``run_graph``'s rows: ``[rows, last dim]`` float64."""
-    return outputs.astype(np.float64).reshape(-1, outputs.shape[-1])
-
-
 def check_plan(
     fp32: onnx.ModelProto,
     planned: onnx.ModelProto,
@@ -567,27 +560,6 @@ def _first_divergent_block(fp32: onnx.ModelProto, planned: onnx.ModelProto, inpu
 
 def _with_outputs(proto: onnx.ModelProto, tensors: list[str]) -> onnx.ModelProto:
     return sensitivity.with_outputs(proto, tensors)
-
-
-def run_graph(
-    proto: onnx.ModelProto, inputs: np.ndarray, batch: int = 32, outputs: list[str] | None = None, done: Callable[[int], None] | None = None
-):
-    """Logits of a graph on ONNX Runtime's CPU provider, as ``[rows, classes]`` float64 (a
-    sequence model's every position is a row); with ``outputs``, those tensors as a list of
-    ``[N, ...]`` float64 arrays instead (``done(rows)`` after each batch)."""
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    runs = []
-    for i in range(0, len(inputs), batch):
-        runs.append(session.run(outputs, {name: inputs[i : i + batch]}))
-        if done:
-            done(min(i + batch, len(inputs)))
-    arrays = [np.concatenate(parts).astype(np.float64) for parts in zip(*runs)]
-    if outputs is not None:
-        return arrays
-    return arrays[0].reshape(-1, arrays[0].shape[-1])
 
 
 def top1_agreement(reference: np.ndarray, actual: np.ndarray) -> float:

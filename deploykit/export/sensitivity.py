@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from deploykit.comparison import row_cosines
+from deploykit.comparison import output_rows, row_cosines
+from deploykit.runtime import cpu_runner, run_graph
 
 # Inputs per ORT call of the sensitivity pass (nodes × inputs each): activations stay at a batch's.
 _SENSITIVITY_BATCH = 16
@@ -36,7 +37,7 @@ _PRODUCTS = ("MatMul", "Gemm", "Conv")  # what the int8 plan quantizes (quantize
 class QualityTarget:
     """What the quantized graph must keep of the fp32 graph's outputs on held-out inputs.
 
-    Rows are what ``quantize.run_graph`` returns: one per image for a classifier or a pooled
+    Rows are what ``deploykit.runtime.run_graph`` returns: one per image for a classifier or a pooled
     features model, one per token for a model returning every token.
 
     A classifier's agreement is judged twice, and both must reach ``min_agreement``: counted (the
@@ -196,27 +197,25 @@ def node_sensitivity(fp32: onnx.ModelProto, qdq: onnx.ModelProto, nodes: Sequenc
     Returns:
         Node name → relative squared error at the output (0: quantizing it changes nothing).
     """
-    import onnxruntime as ort
-
     name = fp32.graph.input[0].name
     outputs = {n.name: n.output[0] for n in fp32.graph.node if n.name in set(nodes)}
     rows, ranks = _probe(fp32, list(outputs.values()), inputs[:1])
     blended, masks = _blended_graph(qdq, fp32, nodes, ranks)
-    session = ort.InferenceSession(blended.SerializeToString(), providers=["CPUExecutionProvider"])
-    reference = _flat(ort.InferenceSession(fp32.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {name: inputs})[0])
+    reference = run_graph(fp32, inputs, batch=len(inputs))
     per_run = max(1, _SENSITIVITY_BATCH // len(inputs))  # nodes measured per run
     error = {}
-    for start in range(0, len(masks), per_run):
-        group = masks[start : start + per_run]
-        feed = {name: np.concatenate([inputs] * len(group))}
-        for mask in masks:
-            on = np.zeros(len(group) * len(inputs), np.float32)
-            if mask in group:
-                on[group.index(mask) * len(inputs) : (group.index(mask) + 1) * len(inputs)] = 1
-            feed[mask.input] = np.repeat(on, rows[mask.output]).reshape(-1, *([1] * (mask.rank - 1)))
-        out = _flat(session.run([fp32.graph.output[0].name], feed)[0]).reshape(len(group), *reference.shape)
-        for i, mask in enumerate(group):
-            error[mask.node] = float(np.sum((out[i] - reference) ** 2) / max(np.sum(reference**2), 1e-300))
+    with cpu_runner(blended) as runner:
+        for start in range(0, len(masks), per_run):
+            group = masks[start : start + per_run]
+            feed = {name: np.concatenate([inputs] * len(group))}
+            for mask in masks:
+                on = np.zeros(len(group) * len(inputs), np.float32)
+                if mask in group:
+                    on[group.index(mask) * len(inputs) : (group.index(mask) + 1) * len(inputs)] = 1
+                feed[mask.input] = np.repeat(on, rows[mask.output]).reshape(-1, *([1] * (mask.rank - 1)))
+            out = output_rows(runner.infer(feed)[fp32.graph.output[0].name]).reshape(len(group), *reference.shape)
+            for i, mask in enumerate(group):
+                error[mask.node] = float(np.sum((out[i] - reference) ** 2) / max(np.sum(reference**2), 1e-300))
     return error
 
 
@@ -273,16 +272,8 @@ def _blended_graph(
 
 def _probe(fp32: onnx.ModelProto, tensors: list[str], one: np.ndarray) -> tuple[dict[str, int], dict[str, int]]:
     """Each tensor's leading-dimension rows per input (a flattened ``[B·T, D]`` GEMM: ``T``) and rank."""
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(with_outputs(fp32, tensors).SerializeToString(), providers=["CPUExecutionProvider"])
-    values = session.run(tensors, {fp32.graph.input[0].name: one})
+    values = run_graph(with_outputs(fp32, tensors), one, outputs=tensors)
     return {n: int(v.shape[0]) // len(one) for n, v in zip(tensors, values)}, {n: v.ndim for n, v in zip(tensors, values)}
-
-
-def _flat(outputs: np.ndarray) -> np.ndarray:
-    """Output rows ``[rows, last dim]`` in float64, as the targets compare them."""
-    return outputs.astype(np.float64).reshape(-1, outputs.shape[-1])
 
 
 def with_outputs(proto: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProto:

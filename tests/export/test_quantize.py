@@ -213,7 +213,7 @@ def test_dynamic_and_fused_attention_plans_validate(tmp_path):
 @pytest.mark.slow
 def test_int8_mha_is_the_int8_plan_with_its_float_attention_fused(tmp_path):
     """Same calibration and fallback as ``int8``; the attention core becomes MultiHeadAttention."""
-    from deploykit.export.quantize import run_graph
+    from deploykit.runtime import run_graph
     from deploykit.validate import validate
 
     model = load_model(model_dir(DEFAULT_ZOO_MODEL))
@@ -368,6 +368,7 @@ def test_bisection_checks_a_logarithmic_number_of_times():
 def test_moving_every_node_back_to_float_gives_the_fp32_graph(tmp_path):
     from deploykit.export import onnx_from_model, quantize
     from deploykit.export.sensitivity import dequantize_nodes
+    from deploykit.runtime import run_graph
 
     fp32 = onnx_from_model(_model("rope-axial"), RES)
     inputs = np.random.default_rng(0).standard_normal((8, 3, *RES)).astype(np.float32)
@@ -375,8 +376,8 @@ def test_moving_every_node_back_to_float_gives_the_fp32_graph(tmp_path):
     quantized = quantize.select_nodes(fp32, False).quantize
     restored = dequantize_nodes(planned, fp32, quantized)
     assert not {n.op_type for n in restored.graph.node} & set(QDQ)
-    np.testing.assert_allclose(quantize.run_graph(restored, inputs), quantize.run_graph(fp32, inputs), rtol=0, atol=1e-5)
-    assert np.abs(quantize.run_graph(planned, inputs) - quantize.run_graph(fp32, inputs)).max() > 1e-4  # control
+    np.testing.assert_allclose(run_graph(restored, inputs), run_graph(fp32, inputs), rtol=0, atol=1e-5)
+    assert np.abs(run_graph(planned, inputs) - run_graph(fp32, inputs)).max() > 1e-4  # control
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
 """ONNX Runtime runners: ``ort`` (CPU; CUDA first when onnxruntime-gpu is installed and sees a
-GPU) and ``ort-cuda`` (the CUDA provider only, and nothing on the CPU without saying so).
+GPU) and ``ort-cuda`` (the CUDA provider only, and nothing on the CPU without saying so); and
+``run_graph``, a graph's outputs on the CPU provider, as the exporter's checks read them.
 
 Where nodes run. ONNX Runtime places every node its CUDA provider has no kernel for on the CPU,
 silently, and also puts small shape computations there on purpose (``GetCpuPreferredNodes``:
@@ -17,14 +18,14 @@ import json
 import os
 import tempfile
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from deploykit.backends.base import Runner
 from deploykit.errors import DeployKitError
+from deploykit.runtime.base import Runner, run_rows
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -215,3 +216,17 @@ class OnnxrtCudaRunner(OnnxrtRunner):
     def details(self) -> dict:
         placement = self.placement.to_dict() if self.placement else None
         return {**super().details, "node_placement": placement, "placement_note": self.placement_note}
+
+
+def cpu_runner(proto) -> OnnxrtRunner:
+    """A runner of a graph (``onnx.ModelProto``) on ONNX Runtime's CPU provider: what the
+    exporter's checks run (the same results on every machine, GPU or not)."""
+    return OnnxrtRunner(proto.SerializeToString(), providers=[CPU])
+
+
+def run_graph(
+    proto, inputs: np.ndarray, batch: int = 32, outputs: Sequence[str] | None = None, done: Callable[[int], None] | None = None
+) -> np.ndarray | list[np.ndarray]:
+    """``run_rows`` of a graph (``onnx.ModelProto``) on ONNX Runtime's CPU provider."""
+    with cpu_runner(proto) as runner:
+        return run_rows(runner, inputs, batch, outputs, done)
