@@ -25,7 +25,7 @@ import onnx
 from deploykit._terminal import counter
 from deploykit.backends import TorchRunner, registry
 from deploykit.backends.plugins import Plugins
-from deploykit.comparison import Tolerance, compare_logits, looser, row_cosines
+from deploykit.comparison import Tolerance, compare_logits, first_divergent, looser
 from deploykit.data import VALIDATION_SPLIT, check_real_count, validation_inputs
 from deploykit.errors import ConfigError, ValidationError
 from deploykit.export.bundle import load_reference
@@ -134,10 +134,8 @@ def first_divergent_block(
     The block outputs are marked as outputs of that backend's graph (ONNX Runtime) or engine (a
     debug engine built from the marked graph, same precision plan and profile), so a TensorRT or
     reduced-precision divergence is found where it happened, not re-run elsewhere. Block outputs
-    are compared on a relative scale (error / max(1, max |reference|)) since activations grow
-    with depth, and by the tolerance's worst and mean per-input cosine (over the last
-    ``num_real`` inputs when it judges real inputs only). Returns None when the graph has no
-    recorded block outputs or the backend cannot run a marked graph.
+    are judged by ``comparison.first_divergent`` (as the int8 plan check judges them). Returns
+    None when the graph has no recorded block outputs or the backend cannot run a marked graph.
     """
     marked, names = marked_graph(onnx_path)
     runner = registry.create_bisect_runner(backend, onnx_path, marked, plugins=plugins) if names else None
@@ -147,15 +145,8 @@ def first_divergent_block(
         actual = run_batched(runner, inputs, batch_size)
     with TorchRunner(model, return_blocks=True) as reference_runner:
         reference = run_batched(reference_runner, inputs, batch_size)
-    rows = slice(len(inputs) - num_real, None) if tolerance.real_only and num_real else slice(None)
-    for i, name in enumerate(names):
-        ref, act = reference[f"blocks.{i}"], actual[name].astype(np.float64)
-        scale = max(1.0, float(np.abs(ref).max()))
-        too_far = tolerance.max_abs is not None and not float(np.abs(act - ref).max()) / scale <= tolerance.max_abs
-        cosines = row_cosines(ref[rows], act[rows])
-        if too_far or cosines.min() < tolerance.min_cosine or cosines.mean() < tolerance.min_mean_cosine:
-            return f"blocks.{i}"
-    return "head"
+    block = first_divergent([reference[f"blocks.{i}"] for i in range(len(names))], [actual[n] for n in names], tolerance, num_real)
+    return "head" if block is None else f"blocks.{block}"
 
 
 def validate(

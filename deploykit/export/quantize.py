@@ -53,7 +53,7 @@ import onnx
 from onnx import numpy_helper
 
 from deploykit._terminal import counter
-from deploykit.comparison import Tolerance, compare_logits, row_cosines
+from deploykit.comparison import Tolerance, compare_logits, first_divergent
 from deploykit.errors import ConfigError, ExportError
 from deploykit.export import defaults, names, sensitivity
 from deploykit.export.lint import TABLE_PREFIXES
@@ -547,15 +547,14 @@ def _quantized_input(proto: onnx.ModelProto, node: onnx.NodeProto) -> bool:
 
 
 def _first_divergent_block(fp32: onnx.ModelProto, planned: onnx.ModelProto, inputs: np.ndarray, tolerance: Tolerance) -> str:
-    """``blocks.<i>`` (the module path) whose output first leaves ``tolerance.min_mean_cosine``
-    (the block outputs recorded at export, marked as outputs of both graphs), or ``""``."""
+    """``blocks.<i>`` (the module path) whose output first leaves ``tolerance``
+    (``comparison.first_divergent``, as ``validate`` judges blocks; the block outputs recorded at
+    export, marked as outputs of both graphs), or ``""``."""
     block_outputs = list(GraphMetadata.of(fp32).block_outputs)
     outputs = [_with_outputs(g, block_outputs) for g in (fp32, planned)]
     reference, actual = (run_graph(g, inputs, outputs=block_outputs) for g in outputs)
-    for i, (ref, act) in enumerate(zip(reference, actual)):
-        if float(row_cosines(ref, act).mean()) < tolerance.min_mean_cosine:
-            return f"blocks.{i}"
-    return ""
+    block = first_divergent(reference, actual, tolerance)
+    return "" if block is None else f"blocks.{block}"
 
 
 def _with_outputs(proto: onnx.ModelProto, tensors: list[str]) -> onnx.ModelProto:
