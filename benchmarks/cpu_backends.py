@@ -35,7 +35,7 @@ from deploykit.data import validation_inputs
 from deploykit.errors import DeployKitError
 from deploykit.export import onnx_from_model
 from deploykit.export.bundle import planned_graph
-from deploykit.export.quantize import CalibrationOptions
+from deploykit.export.int8_static import CalibrationOptions
 from deploykit.nn import create_model, load_model
 from deploykit.profile import Budget, LatencyStats, measure
 from deploykit.profile.environment import capture_environment

@@ -13,7 +13,7 @@ interleaved round by round, one file per model: ``int8-speed-<model>.json``. Spe
 on the weights, so calibration is short and no agreement target is set.
 
 ``attention`` answers the plan's open question per encoding (``ATTENTION_INT8`` in
-``deploykit/export/quantize.py``) on accuracy: on every zoo model, test-split accuracy and top-1
+``deploykit/export/int8_selection.py``) on accuracy: on every zoo model, test-split accuracy and top-1
 agreement with fp32 at 1× and 2×, attention MatMuls float or int8 (both without the agreement
 fallback, so the two differ in the attention products only); written to ``int8-attention.json``.
 What quantizing them gains in speed is the ``int8+attn`` column of ``speed``.
@@ -36,7 +36,7 @@ from deploykit.data import normalise, random_inputs
 from deploykit.encodings import encoding_name, list_encodings
 from deploykit.export import onnx_from_model
 from deploykit.export.bundle import planned_graph
-from deploykit.export.quantize import Calibration, CalibrationOptions, quantize_static_int8
+from deploykit.export.int8_static import Calibration, CalibrationOptions, quantize_static_int8
 from deploykit.nn import create_model
 from deploykit.profile import Budget, LatencyStats, measure
 from deploykit.profile.environment import capture_environment

@@ -236,7 +236,7 @@ def export(
     """Export a model to one ONNX graph per resolution, tables baked in, graph linted."""
     from deploykit.export import DEFAULT_OPSET
     from deploykit.export import export as export_model
-    from deploykit.export.quantize import CalibrationOptions
+    from deploykit.export.int8_static import CalibrationOptions
     from deploykit.inputs import UserCalibration, read_inputs
     from deploykit.profile.choice import CPU_SPEED_PLANS, plans_slower_than_fp32
     from deploykit.resolutions import resolution_tag
@@ -285,7 +285,7 @@ def export(
 
 def _print_plan(console, details: dict | None) -> None:
     """A quantized graph's plan, indented under its line: what stayed float and why, by module."""
-    from deploykit.export.quantize import describe_plan
+    from deploykit.export.int8_check import describe_plan
 
     for line in describe_plan(details) if details else []:
         console.print(f"  {line}", soft_wrap=True)

@@ -150,7 +150,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[str]:
 
 
 def _package(name: str) -> str:
-    """The package a module belongs to: ``deploykit.export`` for ``deploykit.export.quantize``; a
+    """The package a module belongs to: ``deploykit.export`` for ``deploykit.export.int8_static``; a
     module directly under ``deploykit`` is a package of its own."""
     parts = name.split(".")
     return ".".join(parts[:2])

@@ -20,9 +20,9 @@ from deploykit.backends import registry
 from deploykit.errors import ExportError
 from deploykit.export import export
 from deploykit.export.bundle import load_reference
+from deploykit.export.int8_check import check_plan
 from deploykit.export.manifest import MANIFEST_FILE, sha256_file
 from deploykit.export.precision import PLANS
-from deploykit.export.quantize import check_plan
 from deploykit.nn import create_model
 from deploykit.runtime import OnnxrtRunner
 from deploykit.validate import first_divergent_block, marked_graph, validate

@@ -7,7 +7,7 @@ and ``CalibrationOptions`` takes its defaults from here.
 
 PLAN_NAMES = ("fp32", "fp16", "bf16", "int8", "int8-dynamic", "int8-mha", "fp32-mha")
 
-# INT8 calibration and its check (``deploykit.export.quantize.CalibrationOptions``).
+# INT8 calibration and its check (``deploykit.export.int8_static.CalibrationOptions``).
 CALIBRATION_SAMPLES = 128
 CALIBRATION_METHOD = "minmax"
 HELD_OUT = 1000

@@ -19,6 +19,7 @@ classifier, mean per-token cosine (and optionally relative error) for a features
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -26,11 +27,12 @@ import numpy as np
 import onnx
 
 from deploykit.comparison import output_rows, row_cosines
-from deploykit.runtime import cpu_runner, run_graph
+from deploykit.export.int8_selection import QUANTIZED_OP_TYPES
+from deploykit.runtime import cpu_runner, run_graph, run_rows
 
 # Inputs per ORT call of the sensitivity pass (nodes × inputs each): activations stay at a batch's.
 _SENSITIVITY_BATCH = 16
-_PRODUCTS = ("MatMul", "Gemm", "Conv")  # what the int8 plan quantizes (quantize.QUANTIZED_OP_TYPES)
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -332,7 +334,7 @@ def _unquantize_orphans(graph: onnx.GraphProto) -> None:
     for dq in [n for n in graph.node if n.op_type == "DequantizeLinear"]:
         q = producer.get(dq.input[0])
         users = readers.get(dq.output[0], [])
-        if q is None or q.op_type != "QuantizeLinear" or any(u.op_type in _PRODUCTS for u in users):
+        if q is None or q.op_type != "QuantizeLinear" or any(u.op_type in QUANTIZED_OP_TYPES for u in users):
             continue
         for user in users:
             user.input[:] = [q.input[0] if name == dq.output[0] else name for name in user.input]
@@ -411,3 +413,38 @@ def summary(metrics: dict) -> str:
     if "top1_agreement" not in metrics:
         parts.append(f"mean relative error {metrics['mean_relative_error']:.4f}")
     return ", ".join(parts) + ("" if metrics.get("complete", True) else " (stopped early)")
+
+
+def fall_back(
+    fp32: onnx.ModelProto, qdq: onnx.ModelProto, ranked: list[str], target: QualityTarget, progress: Callable[[str], None] | None = None
+) -> tuple[onnx.ModelProto, int, dict]:
+    """Move the fewest most-sensitive nodes (``ranked``, most sensitive first) of ``qdq`` back to
+    float that meet ``target`` (``bisect_fallback``). Returns the graph, how many leading nodes of
+    ``ranked`` went back to float, and the record of the trials."""
+
+    def check(nodes: list[str], stop_early: bool = True) -> tuple[dict, bool]:
+        with cpu_runner(dequantize_nodes(qdq, fp32, nodes)) as runner:
+            return target.measure(lambda x: run_rows(runner, x, len(x)), stop_early=stop_early)
+
+    budget = int(len(ranked) * target.max_float_share)
+    count, trials = bisect_fallback(ranked, budget, check, progress)
+    final = next(t for t in reversed(trials) if t.float_count == count)
+    if not final.metrics["complete"]:  # the plan kept misses its target: say by how much, on every input
+        final = Trial(count, *check(ranked[:count], stop_early=False))
+    record = {
+        "target": target.to_dict(),
+        "quantized_all": trials[0].metrics,
+        "final": final.metrics,
+        "met": final.met,
+        "checks": len(trials),
+        "trials": [{"float": t.float_count, "met": t.met, **t.metrics} for t in trials],
+    }
+    if not final.met:
+        _log.warning(
+            "the int8 plan misses its target (%s) with %d of %d matmuls back in float (the most allowed): %s",
+            target.describe(),
+            count,
+            len(ranked),
+            summary(final.metrics),
+        )
+    return dequantize_nodes(qdq, fp32, ranked[:count]), count, record

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from deploykit.errors import DeployKitError
+from deploykit.errors import DeployKitError, listed
 from deploykit.runtime.base import Runner, run_rows
 
 CPU = "CPUExecutionProvider"
@@ -97,7 +97,7 @@ def check_placement(placement: Placement, backend: str, allow_cpu_fallback: bool
     if not placement.cpu_compute:
         return ""
     count = len(placement.cpu_compute)
-    named = ", ".join(placement.cpu_compute[:_MAX_NAMED]) + (f" and {count - _MAX_NAMED} more" if count > _MAX_NAMED else "")
+    named = listed(list(placement.cpu_compute), _MAX_NAMED)
     if allow_cpu_fallback:
         return f"{count} node(s) ran on the CPU: {named}"
     raise DeployKitError(
