@@ -39,7 +39,7 @@ from deploykit.inputs import InputData
 from deploykit.nn.checkpoint import WEIGHTS_FILE
 from deploykit.nn.factory import Model
 from deploykit.resolutions import resolution_tag
-from deploykit.runtime import Runner, run_batched, run_exact_batches
+from deploykit.runtime import Runner, run_batched, run_exact_batches, with_outputs
 
 # Each precision plan's pass/fail thresholds (deploykit.export.precision.PLANS says why).
 TOLERANCES = {name: plan.tolerance for name, plan in PLANS.items()}
@@ -106,16 +106,13 @@ class ValidationReport:
 
 def marked_graph(onnx_path: Path) -> tuple[bytes, list[str]]:
     """The graph with its recorded block outputs (``deploykit.block_outputs`` metadata) also
-    marked as graph outputs, and their names; ``(b"", [])`` when none were recorded."""
+    marked as graph outputs (``runtime.with_outputs``, as the int8 plan check marks them), and
+    their names; ``(b"", [])`` when none were recorded."""
     proto = onnx.load(str(onnx_path))
     names = list(GraphMetadata.of(proto).block_outputs)
     if not names:
         return b"", []
-    # Under an fp16/bf16 plan a block output may be stored in the low type: declare what it is.
-    types = {v.name: v.type.tensor_type.elem_type for v in onnx.shape_inference.infer_shapes(proto).graph.value_info}
-    for name in names:
-        proto.graph.output.append(onnx.helper.make_tensor_value_info(name, types.get(name, onnx.TensorProto.FLOAT), None))
-    return proto.SerializeToString(), names
+    return with_outputs(proto, names).SerializeToString(), names
 
 
 def first_divergent_block(

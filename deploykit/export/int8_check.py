@@ -100,9 +100,8 @@ def _quantized_input(proto: onnx.ModelProto, node: onnx.NodeProto) -> bool:
 def _first_divergent_block(fp32: onnx.ModelProto, planned: onnx.ModelProto, inputs: np.ndarray, tolerance: Tolerance) -> str:
     """``blocks.<i>`` (the module path) whose output first leaves ``tolerance``
     (``comparison.first_divergent``, as ``validate`` judges blocks; the block outputs recorded at
-    export, marked as outputs of both graphs), or ``""``."""
+    export, marked as outputs of both graphs as ``validate`` marks them), or ``""``."""
     block_outputs = list(GraphMetadata.of(fp32).block_outputs)
-    outputs = [sensitivity.with_outputs(g, block_outputs) for g in (fp32, planned)]
-    reference, actual = (run_graph(g, inputs, outputs=block_outputs) for g in outputs)
+    reference, actual = (run_graph(g, inputs, outputs=block_outputs) for g in (fp32, planned))
     block = first_divergent(reference, actual, tolerance)
     return "" if block is None else f"blocks.{block}"

@@ -274,17 +274,8 @@ def _blended_graph(
 
 def _probe(fp32: onnx.ModelProto, tensors: list[str], one: np.ndarray) -> tuple[dict[str, int], dict[str, int]]:
     """Each tensor's leading-dimension rows per input (a flattened ``[B·T, D]`` GEMM: ``T``) and rank."""
-    values = run_graph(with_outputs(fp32, tensors), one, outputs=tensors)
+    values = run_graph(fp32, one, outputs=tensors)
     return {n: int(v.shape[0]) // len(one) for n, v in zip(tensors, values)}, {n: v.ndim for n, v in zip(tensors, values)}
-
-
-def with_outputs(proto: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProto:
-    """A copy of ``proto`` that also outputs ``names`` (float tensors, shapes left to the runtime)."""
-    out = onnx.ModelProto()
-    out.CopyFrom(proto)
-    have = {o.name for o in out.graph.output}
-    out.graph.output.extend(onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in names if n not in have)
-    return out
 
 
 # ------------------------------------------------------------------------------------- fallback

@@ -7,6 +7,6 @@ through the same runner as ``deploykit.validate``. It imports nothing of deployk
 """
 
 from deploykit.runtime.base import Runner, run_batched, run_exact_batches, run_rows
-from deploykit.runtime.onnxrt import OnnxrtRunner, cpu_runner, run_graph
+from deploykit.runtime.onnxrt import OnnxrtRunner, cpu_runner, run_graph, with_outputs
 
-__all__ = ["OnnxrtRunner", "Runner", "cpu_runner", "run_batched", "run_exact_batches", "run_graph", "run_rows"]
+__all__ = ["OnnxrtRunner", "Runner", "cpu_runner", "run_batched", "run_exact_batches", "run_graph", "run_rows", "with_outputs"]
