@@ -29,17 +29,17 @@ import numpy as np
 import torch
 
 from deploykit._io import write_json_atomic
-from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.backends.openvino import OpenvinoRunner, cpu_capabilities
 from deploykit.comparison import row_cosines
 from deploykit.data import validation_inputs
 from deploykit.errors import DeployKitError
 from deploykit.export import onnx_from_model
 from deploykit.export.bundle import planned_graph
-from deploykit.export.quantize import CalibrationOptions
+from deploykit.export.int8_static import CalibrationOptions
 from deploykit.nn import create_model, load_model
 from deploykit.profile import Budget, LatencyStats, measure
 from deploykit.profile.environment import capture_environment
+from deploykit.runtime.onnxrt import OnnxrtRunner
 from deploykit.zoo.registry import DEFAULT_ZOO_MODEL, model_dir
 from deploykit.zoo.resolve import resolve_model
 

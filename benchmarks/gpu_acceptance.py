@@ -133,8 +133,8 @@ def export_models(args, checks: Checks, work: Path) -> dict[str, Path]:
     """One export directory per encoding, every precision plan."""
     from deploykit.encodings import list_encodings
     from deploykit.export import export
+    from deploykit.export.int8_static import CalibrationOptions
     from deploykit.export.precision import PRECISIONS
-    from deploykit.export.quantize import CalibrationOptions
 
     calibration = CalibrationOptions(samples=args.calibration_samples, held_out=args.held_out, min_agreement=args.min_agreement)
     from deploykit.nn import create_model
@@ -193,7 +193,7 @@ def cpu_checks(exported: dict[str, Path], checks: Checks) -> None:
 
 def placement_check(graph: Path):
     """Where ONNX Runtime's CUDA provider session runs each node: compute on the CPU fails."""
-    from deploykit.backends.onnxrt import OnnxrtCudaRunner
+    from deploykit.runtime.onnxrt import OnnxrtCudaRunner
 
     def check():
         with OnnxrtCudaRunner(graph, allow_cpu_fallback=True) as runner:

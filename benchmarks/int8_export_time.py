@@ -39,7 +39,7 @@ import torch
 from deploykit._io import write_json_atomic
 from deploykit.data import sample_images
 from deploykit.export import export
-from deploykit.export.quantize import CalibrationOptions
+from deploykit.export.int8_static import CalibrationOptions
 from deploykit.export.sensitivity import QualityTarget
 from deploykit.inputs import UserCalibration, read_inputs
 from deploykit.nn import create_model

@@ -13,7 +13,7 @@ interleaved round by round, one file per model: ``int8-speed-<model>.json``. Spe
 on the weights, so calibration is short and no agreement target is set.
 
 ``attention`` answers the plan's open question per encoding (``ATTENTION_INT8`` in
-``deploykit/export/quantize.py``) on accuracy: on every zoo model, test-split accuracy and top-1
+``deploykit/export/int8_selection.py``) on accuracy: on every zoo model, test-split accuracy and top-1
 agreement with fp32 at 1× and 2×, attention MatMuls float or int8 (both without the agreement
 fallback, so the two differ in the attention products only); written to ``int8-attention.json``.
 What quantizing them gains in speed is the ``int8+attn`` column of ``speed``.
@@ -36,10 +36,11 @@ from deploykit.data import normalise, random_inputs
 from deploykit.encodings import encoding_name, list_encodings
 from deploykit.export import onnx_from_model
 from deploykit.export.bundle import planned_graph
-from deploykit.export.quantize import Calibration, CalibrationOptions, quantize_static_int8, run_graph
+from deploykit.export.int8_static import Calibration, CalibrationOptions, quantize_static_int8
 from deploykit.nn import create_model
 from deploykit.profile import Budget, LatencyStats, measure
 from deploykit.profile.environment import capture_environment
+from deploykit.runtime import run_graph
 
 RESULTS = Path(__file__).parent / "results"
 PLANS = ("fp32", "int8", "int8-dynamic", "int8-mha", "fp32-mha")
@@ -83,7 +84,7 @@ def _time_variants(variants: dict, model_name, encoding, resolution, batch, args
     """p50 etc. of every variant on one batch, interleaved over ``args.rounds`` rounds."""
     import onnxruntime as ort
 
-    from deploykit.backends.onnxrt import session_options
+    from deploykit.runtime.onnxrt import session_options
 
     sessions = {n: ort.InferenceSession(g, session_options(), providers=["CPUExecutionProvider"]) for n, g in variants.items()}
     x = random_inputs(batch, (resolution, resolution), seed=batch)

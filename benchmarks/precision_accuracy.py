@@ -40,7 +40,8 @@ from deploykit.encodings import list_encodings
 from deploykit.export import onnx_from_model
 from deploykit.export.precision import PRECISIONS, apply_precision
 from deploykit.nn.checkpoint import DEFAULT_MODEL, default_model
-from deploykit.validate import TOLERANCES, compare_logits, run_batched
+from deploykit.runtime import run_batched
+from deploykit.validate import TOLERANCES, compare_logits
 
 RESOLUTION = (224, 224)
 NUM_RANDOM, NUM_REAL = 24, 8

@@ -120,7 +120,7 @@ def export(encoding, model_name, checkpoint, resolutions, output, opset, precisi
 
 def _calibration(calibration_data, calibration_samples, calibration_method, min_agreement, held_out, int8_attention, **rest):
     """``int8_options`` → ``CalibrationOptions``."""
-    from deploykit.export.quantize import CalibrationOptions
+    from deploykit.export.int8_static import CalibrationOptions
     from deploykit.inputs import UserCalibration, read_inputs
 
     return CalibrationOptions(

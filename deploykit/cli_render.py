@@ -57,7 +57,7 @@ def notes(out, lines: Iterable[str], suffix: str = "") -> None:
 
 def plan(out, details: dict | None) -> None:
     """A quantized graph's plan, indented under its line: what stayed float and why, by module."""
-    from deploykit.export.quantize import describe_plan
+    from deploykit.export.int8_check import describe_plan
 
     for line in describe_plan(details) if details else []:
         out.print(f"  {line}", soft_wrap=True)

@@ -6,6 +6,7 @@ writing it) and ``deploykit.validate`` judge outputs with the same code.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -100,6 +101,33 @@ def compare_logits(reference: np.ndarray, actual: np.ndarray, num_real: int, tol
     if top_k and not top5 >= tolerance.min_top5:
         failures.append(f"top-5 overlap {top5:.1%} < {tolerance.min_top5:.0%}")
     return {**metrics, "failures": failures, "passed": not failures}
+
+
+def first_divergent(reference: Sequence[np.ndarray], actual: Sequence[np.ndarray], tolerance: Tolerance, num_real: int = 0) -> int | None:
+    """The index of the first pair of block outputs (``[N, ...]`` each, in block order) that
+    leaves ``tolerance``, or None when every pair keeps it: the one search behind
+    ``deploykit.validate`` (a backend against PyTorch) and the int8 plan check (the planned graph
+    against the fp32 graph).
+
+    Block outputs are compared on a relative scale (error / max(1, max |reference|)), since
+    activations grow with depth, and by the tolerance's worst and mean per-input cosine (over
+    the last ``num_real`` inputs when it judges real inputs only).
+    """
+    for i, (ref, act) in enumerate(zip(reference, actual, strict=True)):
+        ref, act = ref.astype(np.float64), act.astype(np.float64)
+        rows = slice(len(ref) - num_real, None) if tolerance.real_only and num_real else slice(None)
+        scale = max(1.0, float(np.abs(ref).max()))
+        too_far = tolerance.max_abs is not None and not float(np.abs(act - ref).max()) / scale <= tolerance.max_abs
+        cosines = row_cosines(ref[rows], act[rows])
+        if too_far or cosines.min() < tolerance.min_cosine or cosines.mean() < tolerance.min_mean_cosine:
+            return i
+    return None
+
+
+def output_rows(outputs: np.ndarray) -> np.ndarray:
+    """Output rows as the exporter's checks compare them: ``[rows, last dim]`` float64 (a
+    classifier's logits one row per input, a sequence model's or a backbone's every token a row)."""
+    return outputs.astype(np.float64).reshape(-1, outputs.shape[-1])
 
 
 def row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -189,7 +189,7 @@ def calibration_inputs(model, shape: tuple[int, ...], count: int, held_out: bool
 
 
 class DefaultCalibration:
-    """``deploykit.export.quantize.CalibrationSource`` when the user gives no data: the inputs of
+    """``deploykit.export.int8_static.CalibrationSource`` when the user gives no data: the inputs of
     ``calibration_inputs`` (a zoo model's train split, held out its val split; else bundled
     images or text), each with a fingerprint of the arrays for the manifest."""
 

@@ -47,3 +47,8 @@ def one_line(text: object, limit: int = 600) -> str:
     """``text`` flattened to one line (tool messages span lines) and capped at ``limit`` characters."""
     flat = " ".join(str(text).split())
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def listed(items: list[str], shown: int = 5) -> str:
+    """``a, b, c, d, e and 7 more``: at most ``shown`` names in a one-line message."""
+    return ", ".join(items[:shown]) + (f" and {len(items) - shown} more" if len(items) > shown else "")

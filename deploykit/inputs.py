@@ -275,7 +275,7 @@ def split(count: int, samples: int, held_out: int) -> tuple[list[int], list[int]
 
 
 class UserCalibration:
-    """``deploykit.export.quantize.CalibrationSource`` over a user's ``InputData``: calibration
+    """``deploykit.export.int8_static.CalibrationSource`` over a user's ``InputData``: calibration
     and held-out inputs at each resolution, drawn from it (``split``)."""
 
     def __init__(self, data: InputData):

@@ -23,10 +23,10 @@ import numpy as np
 import onnx
 
 from deploykit._terminal import counter
-from deploykit.backends import Runner, TorchRunner, registry
+from deploykit.backends import TorchRunner, registry
 from deploykit.backends.defaults import RUNNER
 from deploykit.backends.plugins import Plugins
-from deploykit.comparison import Tolerance, compare_logits, looser, row_cosines
+from deploykit.comparison import Tolerance, compare_logits, first_divergent, looser
 from deploykit.data import VALIDATION_NOISE, VALIDATION_REAL, VALIDATION_SEED, VALIDATION_SPLIT, check_real_count, validation_inputs
 from deploykit.errors import ConfigError, ValidationError
 from deploykit.export.bundle import load_reference
@@ -40,6 +40,7 @@ from deploykit.inputs import InputData
 from deploykit.nn.checkpoint import WEIGHTS_FILE
 from deploykit.nn.factory import Model
 from deploykit.resolutions import resolution_tag
+from deploykit.runtime import Runner, run_batched, run_exact_batches, with_outputs
 
 # Each precision plan's pass/fail thresholds (deploykit.export.precision.PLANS says why).
 TOLERANCES = {name: plan.tolerance for name, plan in PLANS.items()}
@@ -104,38 +105,15 @@ class ValidationReport:
             raise ValidationError(f"{len(failed)} of {len(self.records)} checks failed: {'; '.join(parts)}")
 
 
-def run_batched(runner: Runner, inputs: np.ndarray, batch_size: int, done: Callable[[int], None] | None = None) -> dict[str, np.ndarray]:
-    """Run ``inputs`` through an active runner (one input) in batches; concatenate each output
-    (``done(rows)`` after each batch, e.g. a ``deploykit._terminal.counter``)."""
-    (name,) = runner.input_names()
-    parts = []
-    for i in range(0, len(inputs), batch_size):
-        parts.append(runner.infer({name: inputs[i : i + batch_size]}))
-        if done:
-            done(min(i + batch_size, len(inputs)))
-    return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
-
-
-def run_exact_batches(runner: Runner, inputs: np.ndarray, batch: int) -> dict[str, np.ndarray]:
-    """Like ``run_batched``, but every call gets exactly ``batch`` rows: the last call is filled up
-    by cycling through ``inputs`` again, and the extra rows' outputs are dropped."""
-    total = -(-len(inputs) // batch) * batch
-    filled = inputs[np.arange(total) % len(inputs)]
-    return {name: out[: len(inputs)] for name, out in run_batched(runner, filled, batch).items()}
-
-
 def marked_graph(onnx_path: Path) -> tuple[bytes, list[str]]:
     """The graph with its recorded block outputs (``deploykit.block_outputs`` metadata) also
-    marked as graph outputs, and their names; ``(b"", [])`` when none were recorded."""
+    marked as graph outputs (``runtime.with_outputs``, as the int8 plan check marks them), and
+    their names; ``(b"", [])`` when none were recorded."""
     proto = onnx.load(str(onnx_path))
     names = list(GraphMetadata.of(proto).block_outputs)
     if not names:
         return b"", []
-    # Under an fp16/bf16 plan a block output may be stored in the low type: declare what it is.
-    types = {v.name: v.type.tensor_type.elem_type for v in onnx.shape_inference.infer_shapes(proto).graph.value_info}
-    for name in names:
-        proto.graph.output.append(onnx.helper.make_tensor_value_info(name, types.get(name, onnx.TensorProto.FLOAT), None))
-    return proto.SerializeToString(), names
+    return with_outputs(proto, names).SerializeToString(), names
 
 
 def first_divergent_block(
@@ -154,10 +132,8 @@ def first_divergent_block(
     The block outputs are marked as outputs of that backend's graph (ONNX Runtime) or engine (a
     debug engine built from the marked graph, same precision plan and profile), so a TensorRT or
     reduced-precision divergence is found where it happened, not re-run elsewhere. Block outputs
-    are compared on a relative scale (error / max(1, max |reference|)) since activations grow
-    with depth, and by the tolerance's worst and mean per-input cosine (over the last
-    ``num_real`` inputs when it judges real inputs only). Returns None when the graph has no
-    recorded block outputs or the backend cannot run a marked graph.
+    are judged by ``comparison.first_divergent`` (as the int8 plan check judges them). Returns
+    None when the graph has no recorded block outputs or the backend cannot run a marked graph.
     """
     marked, names = marked_graph(onnx_path)
     runner = registry.create_bisect_runner(backend, onnx_path, marked, plugins=plugins) if names else None
@@ -167,15 +143,8 @@ def first_divergent_block(
         actual = run_batched(runner, inputs, batch_size)
     with TorchRunner(model, return_blocks=True) as reference_runner:
         reference = run_batched(reference_runner, inputs, batch_size)
-    rows = slice(len(inputs) - num_real, None) if tolerance.real_only and num_real else slice(None)
-    for i, name in enumerate(names):
-        ref, act = reference[f"blocks.{i}"], actual[name].astype(np.float64)
-        scale = max(1.0, float(np.abs(ref).max()))
-        too_far = tolerance.max_abs is not None and not float(np.abs(act - ref).max()) / scale <= tolerance.max_abs
-        cosines = row_cosines(ref[rows], act[rows])
-        if too_far or cosines.min() < tolerance.min_cosine or cosines.mean() < tolerance.min_mean_cosine:
-            return f"blocks.{i}"
-    return "head"
+    block = first_divergent([reference[f"blocks.{i}"] for i in range(len(names))], [actual[n] for n in names], tolerance, num_real)
+    return "head" if block is None else f"blocks.{block}"
 
 
 def validate(

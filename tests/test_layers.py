@@ -42,6 +42,9 @@ LAYERS = [
     ("kernels", ("deploykit.plugins",)),
     ("encodings", ("deploykit.encodings",)),
     ("nn", ("deploykit.nn",)),
+    # Running graphs, torch-free: the Runner interface, batched runs, ONNX Runtime's runners.
+    # Below export, whose checks (calibration fallback, plan check) run graphs through it.
+    ("runtime", ("deploykit.runtime",)),
     ("export", ("deploykit.export",)),
     ("backends", ("deploykit.backends",)),
     # What uses exported graphs and runners: checks, engines, timing (with what a timing ran on,
@@ -148,7 +151,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[str]:
 
 
 def _package(name: str) -> str:
-    """The package a module belongs to: ``deploykit.export`` for ``deploykit.export.quantize``; a
+    """The package a module belongs to: ``deploykit.export`` for ``deploykit.export.int8_static``; a
     module directly under ``deploykit`` is a package of its own."""
     parts = name.split(".")
     return ".".join(parts[:2])

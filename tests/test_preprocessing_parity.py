@@ -19,8 +19,8 @@ import torch
 import deploykit
 import deploykit.validate
 from deploykit import imaging
-from deploykit.export import export, quantize
-from deploykit.export.quantize import CalibrationOptions
+from deploykit.export import export, int8_static
+from deploykit.export.int8_static import CalibrationOptions
 from deploykit.inputs import UserCalibration, read_inputs
 from deploykit.nn import create_model
 from deploykit.validate import validate
@@ -49,7 +49,7 @@ def exported(tmp_path_factory, image_png):
     torch.manual_seed(0)
     model = create_model("vit_tiny_patch16", encoding="ape", depth=1, img_size=32, num_classes=10, **SETTINGS).eval()
     seen = []
-    real = quantize.quantize_static_int8
+    real = int8_static.quantize_static_int8
 
     def spy(proto, calibration, *args, **kwargs):
         seen.append(calibration.inputs.copy())
@@ -58,7 +58,7 @@ def exported(tmp_path_factory, image_png):
     out = tmp_path_factory.mktemp("export") / "out"
     options = CalibrationOptions(samples=1, held_out=1, min_agreement=None, data=UserCalibration(read_inputs(folder)))
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(quantize, "quantize_static_int8", spy)
+        patch.setattr(int8_static, "quantize_static_int8", spy)
         manifest = export(model, [RES, SECOND], out, precisions=["fp32", "int8"], calibration=options)
     return out, folder, {x.shape[-2:]: x for x in seen}, manifest
 

@@ -10,10 +10,11 @@ import onnxruntime
 import pytest
 import torch
 
-from deploykit.backends import OnnxrtRunner, registry
+from deploykit.backends import registry
 from deploykit.export import export
 from deploykit.nn import create_model
 from deploykit.profile import Budget, Subject, profile
+from deploykit.runtime import OnnxrtRunner
 from tests.test_cli import run_cli
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")

@@ -9,12 +9,13 @@ import pytest
 import torch
 from onnx import numpy_helper
 
-from deploykit.backends import OnnxrtRunner, registry
+from deploykit.backends import registry
 from deploykit.encodings import list_encodings
 from deploykit.errors import ConfigError, DeployKitError, ValidationError
 from deploykit.export import export
 from deploykit.export.manifest import MANIFEST_FILE, sha256_file
 from deploykit.nn import create_model
+from deploykit.runtime import OnnxrtRunner
 from deploykit.validate import TOLERANCES, compare_logits, validate
 
 RESOLUTIONS = [(224, 224), (384, 384), (512, 512)]

@@ -9,17 +9,23 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import onnx
 import onnxruntime
 import pytest
 import torch
 from onnx import numpy_helper
 
-from deploykit.backends import OnnxrtRunner, registry
+from deploykit.backends import registry
+from deploykit.errors import ExportError
 from deploykit.export import export
+from deploykit.export.bundle import load_reference
+from deploykit.export.int8_check import check_plan
 from deploykit.export.manifest import MANIFEST_FILE, sha256_file
+from deploykit.export.precision import PLANS
 from deploykit.nn import create_model
-from deploykit.validate import marked_graph, validate
+from deploykit.runtime import OnnxrtRunner
+from deploykit.validate import first_divergent_block, marked_graph, validate
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
 RES = (64, 64)
@@ -146,3 +152,18 @@ def test_a_debug_engine_is_refused_when_the_engine_is_stale(export_dir, tmp_path
     marked, _ = marked_graph(out / "model_64.onnx")
     with pytest.raises(StaleEngineError, match="precision"):
         registry.create_bisect_runner("rtx", out / "model_64.onnx", marked).activate()
+
+
+def test_the_plan_check_and_validate_name_the_same_divergent_block(export_dir, tmp_path):
+    """One block search (``comparison.first_divergent``) behind both checks: a divergence planted
+    in block 1 is named by the plan check (planned graph against the fp32 graph, in ONNX Runtime)
+    and by validate (the graph against PyTorch) alike, under the same tolerance."""
+    fp32 = onnx.load(str(export_dir / "model_64.onnx"))
+    planted = tmp_path / "model_64.onnx"
+    planted.write_bytes(_miscompile(fp32.SerializeToString(), block=1))
+    inputs = np.random.default_rng(0).standard_normal((4, 3, *RES)).astype(np.float32)
+    tolerance = PLANS["fp32"].tolerance
+    assert first_divergent_block(planted, load_reference(export_dir), inputs, tolerance) == "blocks.1"
+    with pytest.raises(ExportError, match=r"first divergent block blocks\.1 \(quantized there: none\)"):
+        check_plan(fp32, onnx.load(str(planted)), inputs, tolerance, "planted")
+    check_plan(fp32, fp32, inputs, tolerance, "intact")  # control: the same graph passes

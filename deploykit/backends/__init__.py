@@ -1,4 +1,5 @@
-"""Backends behind one ``Runner`` interface: torch, onnxruntime, tensorrt, tensorrt_rtx.
+"""Backends behind one ``Runner`` interface (``deploykit.runtime``, with ONNX Runtime's runners):
+torch, tensorrt, tensorrt_rtx, openvino, and the registry that creates any runner by name.
 
 Names are imported on first use (the engine modules need neither PyTorch nor ONNX Runtime);
 TensorRT itself is imported lazily inside ``deploykit.backends.tensorrt``.
@@ -9,8 +10,6 @@ from deploykit._lazy import lazy_exports
 __getattr__, __dir__, __all__ = lazy_exports(
     __name__,
     {
-        "deploykit.backends.base": ["Runner"],
-        "deploykit.backends.onnxrt": ["OnnxrtRunner"],
         "deploykit.backends.torch_runner": ["TorchRunner"],
     },
 )

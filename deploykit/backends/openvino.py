@@ -27,8 +27,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from deploykit._lazy import lazy_import
-from deploykit.backends.base import Runner
 from deploykit.errors import DeployKitError, one_line
+from deploykit.runtime.base import Runner
 
 # OpenVINO's runtime-info key that keeps a node out of a reduced inference precision
 # (``ov::DisableFP16Compression``, RTTI "disable_fp16_compression", version "0").

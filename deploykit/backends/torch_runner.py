@@ -7,8 +7,8 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from deploykit.backends.base import Runner
 from deploykit.nn.factory import Model
+from deploykit.runtime.base import Runner
 
 
 class TorchRunner(Runner):

@@ -30,11 +30,11 @@ from typing import Any
 import numpy as np
 
 from deploykit.backends._polygraphy import FLAVOUR_NAMES, TrtMessages, backend, import_trt
-from deploykit.backends.base import Runner
 from deploykit.backends.cuda_graphs import CudaGraphExecutor, io_names, rtx_graph_context
 from deploykit.backends.devices import Device, check_device, check_rtx_engine, probe_device
 from deploykit.backends.plugins import Plugins
 from deploykit.errors import DeployKitError, one_line
+from deploykit.runtime.base import Runner
 
 EngineSource = bytes | Callable[[], bytes]
 

@@ -53,6 +53,7 @@ from deploykit._terminal import counter
 from deploykit.data import CALIBRATION_SPLIT, HELD_OUT_SPLIT, check_real_count
 from deploykit.encodings import config_to_dict
 from deploykit.errors import DeployKitError, ExportError
+from deploykit.export.int8_static import CalibrationOptions
 from deploykit.export.lint import check_graph
 from deploykit.export.manifest import (
     BUILD_FILES,
@@ -68,10 +69,10 @@ from deploykit.export.manifest import (
 )
 from deploykit.export.onnx_export import DEFAULT_OPSET, check_export_shape, check_opset, check_resolution_range, onnx_from_model, save_onnx
 from deploykit.export.precision import PLANS, apply_precision, check_precision
-from deploykit.export.quantize import CalibrationOptions
 from deploykit.nn.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_model, save_model
 from deploykit.nn.factory import Model
 from deploykit.resolutions import resolution_tag
+from deploykit.runtime import run_graph
 
 _log = logging.getLogger(__name__)
 
@@ -285,27 +286,27 @@ def planned_graph(
         ExportError: the plan fails its tolerance on the held-out inputs, or calibration failed.
     """
     from deploykit.data import DefaultCalibration
-    from deploykit.export import quantize
+    from deploykit.export import int8_check, int8_selection, int8_static
 
     plan = check_precision(precision)
     if not precision.startswith("int8"):
         return apply_precision(proto, precision)
     say = (lambda msg: progress(f"{resolution_tag(resolution)} {precision}: {msg}")) if progress else None
     if options.keep_float:  # a pattern matching no layer is refused before any input is read
-        quantize.select_nodes(proto, quantize.attention_int8(proto, options.attention), options.keep_float)
+        int8_selection.select_nodes(proto, int8_selection.attention_int8(proto, options.attention), options.keep_float)
     if say:
         say(f"reading {options.samples} calibration and {options.held_out} held-out inputs")
     inputs, held_out, record = (options.data or DefaultCalibration()).inputs(model, resolution, options.samples, options.held_out)
     tick = counter(say, f"fp32 reference on {len(held_out)} held-out inputs", len(held_out), "inputs")
-    reference = quantize.run_graph(proto, held_out, done=tick)  # once: the fallback's target and the check share it
+    reference = run_graph(proto, held_out, done=tick)  # once: the fallback's target and the check share it
     logits = model.output_kind == "logits"  # a headless backbone's features: judged by cosine, not answers
     calibration = target = None
     if plan.calibrated:
-        calibration = quantize.Calibration(inputs, record["calibration"]["description"], options.method, record)
+        calibration = int8_static.Calibration(inputs, record["calibration"]["description"], options.method, record)
         target = options.target(held_out, reference, logits)
     planned = apply_precision(proto, precision, calibration, target, say, attention=options.attention, keep_float=options.keep_float)
     label = f"{precision} plan at {resolution_tag(resolution)}"
-    quantize.check_plan(proto, planned, held_out, plan.tolerance, label, top_k=logits, reference=reference)
+    int8_check.check_plan(proto, planned, held_out, plan.tolerance, label, top_k=logits, reference=reference)
     return planned
 
 

@@ -16,10 +16,10 @@ SUPPORTED_OPSETS = range(17, 26)
 
 PLAN_NAMES = ("fp32", "fp16", "bf16", "int8", "int8-dynamic", "int8-mha", "fp32-mha")
 
-# INT8 calibration and its check (``deploykit.export.quantize.CalibrationOptions``).
+# INT8 calibration and its check (``deploykit.export.int8_static.CalibrationOptions``).
 CALIBRATION_SAMPLES = 128
 CALIBRATION_METHOD = "minmax"
-# The keys of ``deploykit.export.quantize.CALIBRATION_METHODS`` (ONNX Runtime's calibrators).
+# ONNX Runtime's calibrators (``CalibrationMethod`` members, lower-cased).
 CALIBRATION_METHODS = ("minmax", "percentile", "entropy")
 HELD_OUT = 1000
 # Top-1 agreement with fp32 the plan must reach on held-out inputs: 99.5% so that 99% holds on

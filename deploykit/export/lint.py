@@ -1,4 +1,5 @@
-"""Static lint of an exported ONNX graph, run before handing it to ONNX Runtime or TensorRT.
+"""Static lint of an exported ONNX graph, run before handing it to ONNX Runtime or TensorRT; and
+of a quantized graph's scales (``check_scales``).
 
 Each rule catches a pattern that exports "successfully" but then fails, runs slowly, or loses
 accuracy in an engine. ``lint_graph`` collects every finding so one run shows all problems;
@@ -10,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import onnx
-from onnx import TensorProto
+from onnx import TensorProto, numpy_helper
 
-from deploykit.errors import ExportError
+from deploykit.errors import ExportError, listed
 
 # TensorRT builds data-dependent control flow poorly (or not at all); the ViT forward pass
 # never needs it, so its presence means tracing captured a Python branch or loop.
@@ -208,3 +210,18 @@ def check_graph(model: onnx.ModelProto, **kw) -> None:
     noun = "issue" if len(issues) == 1 else "issues"
     details = "; ".join(f"{i.rule}: {_one_line(i.message)}" for i in issues)
     raise ExportError(f"exported graph failed lint ({len(issues)} {noun}): {details}")
+
+
+def check_scales(proto: onnx.ModelProto) -> None:
+    """Refuse a quantized graph with a NaN, infinite or non-positive scale, naming its nodes."""
+    weights = {i.name: i for i in proto.graph.initializer}
+    bad = []
+    for node in proto.graph.node:
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear") and len(node.input) > 1 and node.input[1] in weights:
+            scale = numpy_helper.to_array(weights[node.input[1]]).astype(np.float64)
+            if not np.all(np.isfinite(scale) & (scale > 0)):
+                bad.append(node.name or node.output[0])
+    if bad:
+        raise ExportError(
+            f"INT8 calibration gave NaN/Inf or zero scales at {listed(bad)}; check the calibration data for NaN/Inf or constant inputs"
+        )

@@ -1,7 +1,7 @@
 """Precision plans: what ``--precision NAME`` writes beside the fp32 graph, and how it is judged.
 
 ``PLANS`` lists them. The cast plans (``fp16``, ``bf16``) are written here; the INT8 plans by
-``deploykit.export.quantize``; the fused-attention plans (``fp32-mha``, and ``int8-mha``: the
+``deploykit.export.int8_static`` and ``int8_dynamic`` (nodes chosen by ``int8_selection``); the fused-attention plans (``fp32-mha``, and ``int8-mha``: the
 ``int8`` plan with its float attention core fused) by ``deploykit.export.fused_attention``.
 
 TensorRT 11 (and TensorRT-RTX) build strongly typed networks only: there are no fp16/bf16
@@ -152,11 +152,11 @@ def apply_precision(
     Args:
         proto: an fp32 graph from ``onnx_from_model``.
         precision: a key of ``PLANS``.
-        calibration: ``deploykit.export.quantize.Calibration``, for plans with ``calibrated``.
+        calibration: ``deploykit.export.int8_static.Calibration``, for plans with ``calibrated``.
         target: optional ``deploykit.export.sensitivity.QualityTarget`` for the ``int8`` plan.
         progress: optional callable taking a status line (calibration can take minutes).
         attention: ``int8``: quantize the attention products too (None: the measured choice,
-            ``deploykit.export.quantize.ATTENTION_INT8``).
+            ``deploykit.export.int8_selection.ATTENTION_INT8``).
         keep_float: ``int8``: module-path patterns kept float (``--keep-float``).
 
     Returns:
@@ -166,17 +166,19 @@ def apply_precision(
         ConfigError: unknown precision, or a calibrated plan without calibration inputs.
         ExportError: the plan could not be written (e.g. a calibration that gave NaN scales).
     """
-    from deploykit.export import fused_attention, quantize
+    from deploykit.export import fused_attention, int8_dynamic, int8_selection, int8_static
 
     plan = check_precision(precision)
     if plan.calibrated and calibration is None:
         raise ConfigError(f"the {precision} plan needs calibration inputs")
     if plan.name in ("int8", "int8-mha"):
-        out = quantize.quantize_static_int8(proto, calibration, quantize.attention_int8(proto, attention), target, progress, keep_float)
+        out = int8_static.quantize_static_int8(
+            proto, calibration, int8_selection.attention_int8(proto, attention), target, progress, keep_float
+        )
         if plan.name == "int8-mha":  # the attention core is float in the int8 plan: fuse it as fp32-mha does
             out = fused_attention.fuse_attention(out)
     elif plan.name == "int8-dynamic":
-        out = quantize.quantize_dynamic_int8(proto)
+        out = int8_dynamic.quantize_dynamic_int8(proto)
     elif plan.name == "fp32-mha":
         out = fused_attention.fuse_attention(proto)
     else:

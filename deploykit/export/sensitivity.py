@@ -19,24 +19,27 @@ classifier, mean per-token cosine (and optionally relative error) for a features
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
 
-from deploykit.comparison import row_cosines
+from deploykit.comparison import output_rows, row_cosines
+from deploykit.export.int8_selection import QUANTIZED_OP_TYPES
+from deploykit.runtime import cpu_runner, run_graph, run_rows
 
 # Inputs per ORT call of the sensitivity pass (nodes × inputs each): activations stay at a batch's.
 _SENSITIVITY_BATCH = 16
-_PRODUCTS = ("MatMul", "Gemm", "Conv")  # what the int8 plan quantizes (quantize.QUANTIZED_OP_TYPES)
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class QualityTarget:
     """What the quantized graph must keep of the fp32 graph's outputs on held-out inputs.
 
-    Rows are what ``quantize.run_graph`` returns: one per image for a classifier or a pooled
+    Rows are what ``deploykit.runtime.run_graph`` returns: one per image for a classifier or a pooled
     features model, one per token for a model returning every token.
 
     A classifier's agreement is judged twice, and both must reach ``min_agreement``: counted (the
@@ -196,27 +199,25 @@ def node_sensitivity(fp32: onnx.ModelProto, qdq: onnx.ModelProto, nodes: Sequenc
     Returns:
         Node name → relative squared error at the output (0: quantizing it changes nothing).
     """
-    import onnxruntime as ort
-
     name = fp32.graph.input[0].name
     outputs = {n.name: n.output[0] for n in fp32.graph.node if n.name in set(nodes)}
     rows, ranks = _probe(fp32, list(outputs.values()), inputs[:1])
     blended, masks = _blended_graph(qdq, fp32, nodes, ranks)
-    session = ort.InferenceSession(blended.SerializeToString(), providers=["CPUExecutionProvider"])
-    reference = _flat(ort.InferenceSession(fp32.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {name: inputs})[0])
+    reference = run_graph(fp32, inputs, batch=len(inputs))
     per_run = max(1, _SENSITIVITY_BATCH // len(inputs))  # nodes measured per run
     error = {}
-    for start in range(0, len(masks), per_run):
-        group = masks[start : start + per_run]
-        feed = {name: np.concatenate([inputs] * len(group))}
-        for mask in masks:
-            on = np.zeros(len(group) * len(inputs), np.float32)
-            if mask in group:
-                on[group.index(mask) * len(inputs) : (group.index(mask) + 1) * len(inputs)] = 1
-            feed[mask.input] = np.repeat(on, rows[mask.output]).reshape(-1, *([1] * (mask.rank - 1)))
-        out = _flat(session.run([fp32.graph.output[0].name], feed)[0]).reshape(len(group), *reference.shape)
-        for i, mask in enumerate(group):
-            error[mask.node] = float(np.sum((out[i] - reference) ** 2) / max(np.sum(reference**2), 1e-300))
+    with cpu_runner(blended) as runner:
+        for start in range(0, len(masks), per_run):
+            group = masks[start : start + per_run]
+            feed = {name: np.concatenate([inputs] * len(group))}
+            for mask in masks:
+                on = np.zeros(len(group) * len(inputs), np.float32)
+                if mask in group:
+                    on[group.index(mask) * len(inputs) : (group.index(mask) + 1) * len(inputs)] = 1
+                feed[mask.input] = np.repeat(on, rows[mask.output]).reshape(-1, *([1] * (mask.rank - 1)))
+            out = output_rows(runner.infer(feed)[fp32.graph.output[0].name]).reshape(len(group), *reference.shape)
+            for i, mask in enumerate(group):
+                error[mask.node] = float(np.sum((out[i] - reference) ** 2) / max(np.sum(reference**2), 1e-300))
     return error
 
 
@@ -273,25 +274,8 @@ def _blended_graph(
 
 def _probe(fp32: onnx.ModelProto, tensors: list[str], one: np.ndarray) -> tuple[dict[str, int], dict[str, int]]:
     """Each tensor's leading-dimension rows per input (a flattened ``[B·T, D]`` GEMM: ``T``) and rank."""
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(with_outputs(fp32, tensors).SerializeToString(), providers=["CPUExecutionProvider"])
-    values = session.run(tensors, {fp32.graph.input[0].name: one})
+    values = run_graph(fp32, one, outputs=tensors)
     return {n: int(v.shape[0]) // len(one) for n, v in zip(tensors, values)}, {n: v.ndim for n, v in zip(tensors, values)}
-
-
-def _flat(outputs: np.ndarray) -> np.ndarray:
-    """Output rows ``[rows, last dim]`` in float64, as the targets compare them."""
-    return outputs.astype(np.float64).reshape(-1, outputs.shape[-1])
-
-
-def with_outputs(proto: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProto:
-    """A copy of ``proto`` that also outputs ``names`` (float tensors, shapes left to the runtime)."""
-    out = onnx.ModelProto()
-    out.CopyFrom(proto)
-    have = {o.name for o in out.graph.output}
-    out.graph.output.extend(onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in names if n not in have)
-    return out
 
 
 # ------------------------------------------------------------------------------------- fallback
@@ -341,7 +325,7 @@ def _unquantize_orphans(graph: onnx.GraphProto) -> None:
     for dq in [n for n in graph.node if n.op_type == "DequantizeLinear"]:
         q = producer.get(dq.input[0])
         users = readers.get(dq.output[0], [])
-        if q is None or q.op_type != "QuantizeLinear" or any(u.op_type in _PRODUCTS for u in users):
+        if q is None or q.op_type != "QuantizeLinear" or any(u.op_type in QUANTIZED_OP_TYPES for u in users):
             continue
         for user in users:
             user.input[:] = [q.input[0] if name == dq.output[0] else name for name in user.input]
@@ -420,3 +404,38 @@ def summary(metrics: dict) -> str:
     if "top1_agreement" not in metrics:
         parts.append(f"mean relative error {metrics['mean_relative_error']:.4f}")
     return ", ".join(parts) + ("" if metrics.get("complete", True) else " (stopped early)")
+
+
+def fall_back(
+    fp32: onnx.ModelProto, qdq: onnx.ModelProto, ranked: list[str], target: QualityTarget, progress: Callable[[str], None] | None = None
+) -> tuple[onnx.ModelProto, int, dict]:
+    """Move the fewest most-sensitive nodes (``ranked``, most sensitive first) of ``qdq`` back to
+    float that meet ``target`` (``bisect_fallback``). Returns the graph, how many leading nodes of
+    ``ranked`` went back to float, and the record of the trials."""
+
+    def check(nodes: list[str], stop_early: bool = True) -> tuple[dict, bool]:
+        with cpu_runner(dequantize_nodes(qdq, fp32, nodes)) as runner:
+            return target.measure(lambda x: run_rows(runner, x, len(x)), stop_early=stop_early)
+
+    budget = int(len(ranked) * target.max_float_share)
+    count, trials = bisect_fallback(ranked, budget, check, progress)
+    final = next(t for t in reversed(trials) if t.float_count == count)
+    if not final.metrics["complete"]:  # the plan kept misses its target: say by how much, on every input
+        final = Trial(count, *check(ranked[:count], stop_early=False))
+    record = {
+        "target": target.to_dict(),
+        "quantized_all": trials[0].metrics,
+        "final": final.metrics,
+        "met": final.met,
+        "checks": len(trials),
+        "trials": [{"float": t.float_count, "met": t.met, **t.metrics} for t in trials],
+    }
+    if not final.met:
+        _log.warning(
+            "the int8 plan misses its target (%s) with %d of %d matmuls back in float (the most allowed): %s",
+            target.describe(),
+            count,
+            len(ranked),
+            summary(final.metrics),
+        )
+    return dequantize_nodes(qdq, fp32, ranked[:count]), count, record

@@ -49,7 +49,7 @@ class References:
     def at(self, model, resolution) -> tuple[np.ndarray, np.ndarray]:
         from deploykit.backends import TorchRunner
         from deploykit.data import validation_inputs
-        from deploykit.validate import run_batched
+        from deploykit.runtime import run_batched
 
         key = (id(model), tuple(resolution))
         if key not in self._cache:
@@ -65,7 +65,7 @@ def check_target(target, model, resolution, precision: str, references: Referenc
     The runner is judged as ``validate`` judges it: its plan's tolerance, loosened to the plan it
     computes in when it lowers the graph itself.
     """
-    from deploykit.validate import run_batched
+    from deploykit.runtime import run_batched
 
     runner = target.runner
     tolerance = PLANS[precision].tolerance
@@ -171,9 +171,9 @@ def plans_slower_than_fp32(export_dir: str | os.PathLike, budget: Budget = QUICK
     """After an export: each CPU plan (``CPU_SPEED_PLANS``) of ``export_dir`` against the fp32
     graph at its resolution, batch 1 on ONNX Runtime's CPU provider, timed in interleaved rounds;
     ``slower_lines`` for those whose p50 is above ``QUICK_MARGIN`` times fp32's."""
-    from deploykit.backends.onnxrt import CPU, OnnxrtRunner
     from deploykit.export.manifest import Manifest, checked_graph
     from deploykit.resolutions import resolution_tag
+    from deploykit.runtime.onnxrt import CPU, OnnxrtRunner
 
     directory = Path(export_dir)
     manifest = Manifest.read(directory)

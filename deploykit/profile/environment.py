@@ -13,7 +13,7 @@ import platform
 import torch
 
 from deploykit._nvml import clocks, driver_version
-from deploykit.backends.onnxrt import session_options
+from deploykit.runtime.onnxrt import session_options
 
 # Distributions whose versions change timings; absent ones are left out.
 _PACKAGES = ("deploykit", "torch", "onnxruntime", "onnxruntime-gpu", "openvino", "onnx", "numpy", "tensorrt", "tensorrt-rtx")

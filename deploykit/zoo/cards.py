@@ -62,7 +62,7 @@ def int8_columns(model: Model, dataset, resolutions: list[int], limit: int | Non
     from deploykit.export import onnx_from_model
     from deploykit.export.bundle import planned_graph
     from deploykit.export.metadata import GraphMetadata
-    from deploykit.export.quantize import run_graph
+    from deploykit.runtime import run_graph
 
     count = min(limit or dataset.size("test"), dataset.size("test"))
     accuracy, agreement, error, correct_hex, plans = [], [], [], [], []

@@ -8,8 +8,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from deploykit.backends.onnxrt import CPU, OnnxrtCudaRunner, Placement, _zero_feed, check_placement, profiled_placement, session_options
 from deploykit.errors import DeployKitError
+from deploykit.runtime.onnxrt import CPU, OnnxrtCudaRunner, Placement, _zero_feed, check_placement, profiled_placement, session_options
 
 
 @pytest.fixture(scope="module")

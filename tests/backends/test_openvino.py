@@ -123,7 +123,7 @@ def test_divergence_is_located_in_openvino(tiny_export, tmp_path):
 @pytest.mark.slow
 def test_int8_plan_of_a_trained_zoo_model_validates_at_1x_and_2x(tmp_path):
     """deploykit's int8 Q/DQ plan run by OpenVINO as it is: the default zoo model at 1x and 2x."""
-    from deploykit.export.quantize import CalibrationOptions
+    from deploykit.export.int8_static import CalibrationOptions
     from deploykit.nn import load_model
     from deploykit.zoo.registry import DEFAULT_ZOO_MODEL, model_dir
 

@@ -19,7 +19,7 @@ from deploykit.build import build
 from deploykit.encodings import list_encodings
 from deploykit.errors import DeployKitError, StaleEngineError
 from deploykit.export import export
-from deploykit.export.quantize import CalibrationOptions
+from deploykit.export.int8_static import CalibrationOptions
 from deploykit.nn import create_model
 
 # torch.onnx's dynamo exporter trips a deprecation inside torch.utils._pytree; not ours to fix.

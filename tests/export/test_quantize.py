@@ -17,10 +17,10 @@ from deploykit.datasets import ShapeRelations
 from deploykit.encodings import list_encodings
 from deploykit.errors import ConfigError, ExportError
 from deploykit.export import export
+from deploykit.export.int8_static import CalibrationOptions
 from deploykit.export.lint import TABLE_PREFIXES
 from deploykit.export.manifest import Manifest
 from deploykit.export.metadata import GraphMetadata
-from deploykit.export.quantize import CalibrationOptions
 from deploykit.export.sensitivity import QualityTarget
 from deploykit.nn import create_model
 from deploykit.nn.checkpoint import load_model
@@ -167,9 +167,9 @@ def test_nan_calibration_is_refused_with_nodes_named_and_nothing_written(tmp_pat
 
 def test_a_plan_that_fails_its_check_is_refused(tmp_path, monkeypatch):
     """A calibration whose ranges are far too small clips every activation: refused, block named."""
-    from deploykit.export import quantize
+    from deploykit.export import int8_static
 
-    real = quantize._StaticQuantizer.quantize
+    real = int8_static._StaticQuantizer.quantize
 
     def shrunk_ranges(self, nodes):
         proto = real(self, nodes)
@@ -178,7 +178,7 @@ def test_a_plan_that_fails_its_check_is_refused(tmp_path, monkeypatch):
                 init.CopyFrom(numpy_helper.from_array(np.asarray(numpy_helper.to_array(init) / 100, np.float32), init.name))
         return proto
 
-    monkeypatch.setattr(quantize._StaticQuantizer, "quantize", shrunk_ranges)
+    monkeypatch.setattr(int8_static._StaticQuantizer, "quantize", shrunk_ranges)
     with pytest.raises(
         ExportError,
         match=r"int8 plan at 64 fails its tolerance .* first divergent block blocks\.0 \(quantized there: blocks\.0\.attn\.qkv \(node_",
@@ -213,7 +213,7 @@ def test_dynamic_and_fused_attention_plans_validate(tmp_path):
 @pytest.mark.slow
 def test_int8_mha_is_the_int8_plan_with_its_float_attention_fused(tmp_path):
     """Same calibration and fallback as ``int8``; the attention core becomes MultiHeadAttention."""
-    from deploykit.export.quantize import run_graph
+    from deploykit.runtime import run_graph
     from deploykit.validate import validate
 
     model = load_model(model_dir(DEFAULT_ZOO_MODEL))
@@ -271,7 +271,7 @@ def test_every_encoding_has_a_measured_attention_choice():
     from ``benchmarks/int8_plans.py attention``): quantize the attention products only where that
     kept top-1 agreement with fp32 at every measured resolution. A new encoding needs its own
     measurement before its INT8 plan may decide for it."""
-    from deploykit.export.quantize import ATTENTION_INT8
+    from deploykit.export.int8_selection import ATTENTION_INT8
 
     results = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "int8-attention.json"
     agreement = {(r["encoding"], r["resolution"], r["attention_int8"]): r["agreement"] for r in json.loads(results.read_text())["records"]}
@@ -322,7 +322,7 @@ def _planted_model():
 
 
 def test_the_fallback_finds_the_planted_matmul_names_it_and_meets_the_target(tmp_path, caplog):
-    from deploykit.export.quantize import describe_plan
+    from deploykit.export.int8_check import describe_plan
     from deploykit.inputs import InputData, UserCalibration
 
     inputs = np.random.default_rng(0).standard_normal((300, 3, 32, 32)).astype(np.float32)
@@ -366,17 +366,18 @@ def test_bisection_checks_a_logarithmic_number_of_times():
 
 
 def test_moving_every_node_back_to_float_gives_the_fp32_graph(tmp_path):
-    from deploykit.export import onnx_from_model, quantize
+    from deploykit.export import int8_selection, int8_static, onnx_from_model
     from deploykit.export.sensitivity import dequantize_nodes
+    from deploykit.runtime import run_graph
 
     fp32 = onnx_from_model(_model("rope-axial"), RES)
     inputs = np.random.default_rng(0).standard_normal((8, 3, *RES)).astype(np.float32)
-    planned = quantize.quantize_static_int8(fp32, quantize.Calibration(inputs, "noise"))
-    quantized = quantize.select_nodes(fp32, False).quantize
+    planned = int8_static.quantize_static_int8(fp32, int8_static.Calibration(inputs, "noise"))
+    quantized = int8_selection.select_nodes(fp32, False).quantize
     restored = dequantize_nodes(planned, fp32, quantized)
     assert not {n.op_type for n in restored.graph.node} & set(QDQ)
-    np.testing.assert_allclose(quantize.run_graph(restored, inputs), quantize.run_graph(fp32, inputs), rtol=0, atol=1e-5)
-    assert np.abs(quantize.run_graph(planned, inputs) - quantize.run_graph(fp32, inputs)).max() > 1e-4  # control
+    np.testing.assert_allclose(run_graph(restored, inputs), run_graph(fp32, inputs), rtol=0, atol=1e-5)
+    assert np.abs(run_graph(planned, inputs) - run_graph(fp32, inputs)).max() > 1e-4  # control
 
 
 @pytest.mark.slow
@@ -422,7 +423,7 @@ def test_a_features_model_is_judged_by_per_token_cosine(tmp_path):
 @pytest.mark.slow
 def test_untrained_weights_are_recognised():
     from deploykit.export import onnx_from_model
-    from deploykit.export.quantize import looks_untrained
+    from deploykit.export.int8_selection import looks_untrained
 
     assert looks_untrained(onnx_from_model(_model("ape"), RES))
     assert not looks_untrained(onnx_from_model(load_model(model_dir(DEFAULT_ZOO_MODEL)), (48, 48)))

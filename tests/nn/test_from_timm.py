@@ -17,13 +17,13 @@ import torch
 from timm_reference import CASES, RESOLUTIONS, probe_images, read_fixture, seeded_state_dict, tag, timm_reference
 
 from deploykit._lazy import is_available
-from deploykit.backends import OnnxrtRunner
 from deploykit.cli import main
 from deploykit.export import export, lint_graph
 from deploykit.imaging import Preprocessing
 from deploykit.nn import VisionTransformer, ViTConfig, load_model
 from deploykit.nn.checkpoint import load_weights
 from deploykit.nn.from_timm import preprocessing_fields, state_dict_from_timm
+from deploykit.runtime import OnnxrtRunner
 from deploykit.validate import validate
 
 # torch.onnx's dynamo exporter trips a deprecation inside torch.utils._pytree; not ours to fix.

@@ -32,7 +32,7 @@ SERVED_PLANS = ("fp32", "fp16", "int8", "int8-dynamic", "fp32-mha")
 @pytest.fixture(scope="session")
 def plans_export_dir(tmp_path_factory) -> Path:
     """The model of ``export_dir`` exported at 32 and 48 px under every plan of ``SERVED_PLANS``."""
-    from deploykit.export.quantize import CalibrationOptions
+    from deploykit.export.int8_static import CalibrationOptions
 
     torch.manual_seed(0)
     model = create_model("vit_tiny_patch16", encoding="ape", depth=1, img_size=32, num_classes=NUM_CLASSES).eval()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 
-from deploykit.backends.onnxrt import OnnxrtRunner
+from deploykit.runtime.onnxrt import OnnxrtRunner
 
 HOLD_S = 0.002
 

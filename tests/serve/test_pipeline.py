@@ -12,9 +12,9 @@ import pytest
 from serve_reference import ort_logits, preprocessed, softmax_top_k
 
 import deploykit
-from deploykit.backends import OnnxrtRunner
 from deploykit.data import sample_images
 from deploykit.errors import ConfigError, DeployKitError, InputError, MissingDependencyError
+from deploykit.runtime import OnnxrtRunner
 from deploykit.serve import Pipeline, nearest_resolution
 
 PIL = pytest.importorskip("PIL.Image", reason="pillow comes with the images extra")

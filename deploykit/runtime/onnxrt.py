@@ -1,5 +1,7 @@
 """ONNX Runtime runners: ``ort`` (CPU; CUDA first when onnxruntime-gpu is installed and sees a
-GPU) and ``ort-cuda`` (the CUDA provider only, and nothing on the CPU without saying so).
+GPU) and ``ort-cuda`` (the CUDA provider only, and nothing on the CPU without saying so); and
+``run_graph``, a graph's outputs on the CPU provider, as the exporter's checks read them (inner
+tensors marked as outputs by ``with_outputs``).
 
 Where nodes run. ONNX Runtime places every node its CUDA provider has no kernel for on the CPU,
 silently, and also puts small shape computations there on purpose (``GetCpuPreferredNodes``:
@@ -17,14 +19,14 @@ import json
 import os
 import tempfile
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from deploykit.backends.base import Runner
-from deploykit.errors import DeployKitError
+from deploykit.errors import DeployKitError, listed
+from deploykit.runtime.base import Runner, run_rows
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -96,7 +98,7 @@ def check_placement(placement: Placement, backend: str, allow_cpu_fallback: bool
     if not placement.cpu_compute:
         return ""
     count = len(placement.cpu_compute)
-    named = ", ".join(placement.cpu_compute[:_MAX_NAMED]) + (f" and {count - _MAX_NAMED} more" if count > _MAX_NAMED else "")
+    named = listed(list(placement.cpu_compute), _MAX_NAMED)
     if allow_cpu_fallback:
         return f"{count} node(s) ran on the CPU: {named}"
     raise DeployKitError(
@@ -215,3 +217,37 @@ class OnnxrtCudaRunner(OnnxrtRunner):
     def details(self) -> dict:
         placement = self.placement.to_dict() if self.placement else None
         return {**super().details, "node_placement": placement, "placement_note": self.placement_note}
+
+
+def cpu_runner(proto) -> OnnxrtRunner:
+    """A runner of a graph (``onnx.ModelProto``) on ONNX Runtime's CPU provider: what the
+    exporter's checks run (the same results on every machine, GPU or not)."""
+    return OnnxrtRunner(proto.SerializeToString(), providers=[CPU])
+
+
+def run_graph(
+    proto, inputs: np.ndarray, batch: int = 32, outputs: Sequence[str] | None = None, done: Callable[[int], None] | None = None
+) -> np.ndarray | list[np.ndarray]:
+    """``run_rows`` of a graph (``onnx.ModelProto``) on ONNX Runtime's CPU provider; ``outputs``
+    the graph does not output (inner tensors, such as the block outputs recorded at export) are
+    marked as outputs first (``with_outputs``)."""
+    if outputs is not None and not set(outputs) <= {o.name for o in proto.graph.output}:
+        proto = with_outputs(proto, outputs)
+    with cpu_runner(proto) as runner:
+        return run_rows(runner, inputs, batch, outputs, done)
+
+
+def with_outputs(proto, names: Iterable[str]):
+    """A copy of a graph (``onnx.ModelProto``) that also outputs ``names``, each declared with the
+    element type shape inference gives it (a reduced-precision plan may store a block output in
+    fp16 or bf16), float where it cannot tell; shapes are left to the runtime."""
+    import onnx
+
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    have = {o.name for o in out.graph.output}
+    wanted = [name for name in dict.fromkeys(names) if name not in have]
+    if wanted:
+        types = {v.name: v.type.tensor_type.elem_type for v in onnx.shape_inference.infer_shapes(proto).graph.value_info}
+        out.graph.output.extend(onnx.helper.make_tensor_value_info(n, types.get(n) or onnx.TensorProto.FLOAT, None) for n in wanted)
+    return out

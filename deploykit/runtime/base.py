@@ -1,4 +1,5 @@
-"""The one interface every backend implements (after Polygraphy's ``BaseRunner``).
+"""The one interface every runner implements (after Polygraphy's ``BaseRunner``), and running
+inputs through one in batches.
 
 ``activate`` loads the model or engine, ``infer`` runs a feed dict of numpy arrays and returns
 a dict of numpy arrays, ``deactivate`` frees it. The base class checks state and input names
@@ -7,10 +8,11 @@ once so runners only implement ``_activate``, ``_infer`` and ``_deactivate``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from deploykit.comparison import output_rows
 from deploykit.errors import DeployKitError
 
 
@@ -96,3 +98,36 @@ class Runner:
 
     def _deactivate(self) -> None:
         raise NotImplementedError
+
+
+def run_batched(runner: Runner, inputs: np.ndarray, batch_size: int, done: Callable[[int], None] | None = None) -> dict[str, np.ndarray]:
+    """Run ``inputs`` through an active runner (one input) in batches; concatenate each output
+    (``done(rows)`` after each batch, e.g. a ``deploykit._terminal.counter``)."""
+    (name,) = runner.input_names()
+    parts = []
+    for i in range(0, len(inputs), batch_size):
+        parts.append(runner.infer({name: inputs[i : i + batch_size]}))
+        if done:
+            done(min(i + batch_size, len(inputs)))
+    return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+
+
+def run_exact_batches(runner: Runner, inputs: np.ndarray, batch: int) -> dict[str, np.ndarray]:
+    """Like ``run_batched``, but every call gets exactly ``batch`` rows: the last call is filled up
+    by cycling through ``inputs`` again, and the extra rows' outputs are dropped."""
+    total = -(-len(inputs) // batch) * batch
+    filled = inputs[np.arange(total) % len(inputs)]
+    return {name: out[: len(inputs)] for name, out in run_batched(runner, filled, batch).items()}
+
+
+def run_rows(
+    runner: Runner, inputs: np.ndarray, batch: int = 32, outputs: Sequence[str] | None = None, done: Callable[[int], None] | None = None
+) -> np.ndarray | list[np.ndarray]:
+    """An active runner's first output on ``inputs`` as ``[rows, last dim]`` float64
+    (``comparison.output_rows``: a classifier's logits one row per input, a sequence model's
+    every position a row); with ``outputs``, those tensors as a list of ``[N, ...]`` float64
+    arrays instead (``done(rows)`` after each batch)."""
+    ran = run_batched(runner, inputs, batch, done)
+    if outputs is not None:
+        return [ran[name].astype(np.float64) for name in outputs]
+    return output_rows(next(iter(ran.values())))

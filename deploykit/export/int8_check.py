@@ -1,0 +1,107 @@
+"""Judging an INT8 plan before it is written: the planned graph against its fp32 graph on
+held-out inputs (``check_plan``, naming the first divergent block by the same search as
+``deploykit.validate``), and the plan's record as terminal lines (``describe_plan``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from deploykit.comparison import Tolerance, compare_logits, first_divergent
+from deploykit.errors import ExportError, listed
+from deploykit.export import names, sensitivity
+from deploykit.export.int8_selection import QUANTIZED_OP_TYPES
+from deploykit.export.metadata import GraphMetadata
+from deploykit.runtime import run_graph
+
+
+def describe_plan(details: dict) -> list[str]:
+    """A quantized graph's record (``deploykit.quantization``) as terminal lines, every node by its
+    module path with its ONNX name beside it: what was quantized and on what, what stayed float
+    and why (pinned, sensitivity, policy), the most sensitive nodes and the target reached."""
+    kept = details.get("kept_float", [])
+    lines = [f"{details['quantized_nodes']} matmuls int8, {len(kept) or sum(map(len, details.get('float_nodes', {}).values()))} float"]
+    if "calibration_data" in details:
+        lines[0] += f"; calibrated ({details['calibration']}) on {details['calibration_data']}"
+    for entry in kept:
+        if entry["reason"] != "policy":
+            why = f" ({entry['why']})" if entry.get("why") else ""
+            lines.append(f"kept float: {names.describe(entry['onnx'], {entry['onnx']: entry['module']})}: {entry['reason']}{why}")
+    policy: dict[str, list[str]] = {}
+    for entry in kept:
+        if entry["reason"] == "policy":
+            policy.setdefault(entry["why"], []).append(entry["module"] or entry["onnx"])
+    if policy:
+        groups = [f"{why} {len(mods)} ({listed(list(dict.fromkeys(mods)), 3)})" for why, mods in policy.items()]
+        lines.append(f"kept float by policy: {'; '.join(groups)}")
+    if details.get("sensitivity"):
+        ranked = details["sensitivity"]["most_sensitive"]
+        lines.append("most sensitive: " + ", ".join(f"{e['module'] or e['onnx']} {e['output_error']:.1e}" for e in ranked))
+    if details.get("agreement"):
+        record = details["agreement"]
+        goal = sensitivity.describe_goal(**{k: v for k, v in record["target"].items() if k != "held_out"})
+        moved = sum(1 for e in kept if e["reason"] == "sensitivity")
+        lines.append(
+            f"target {goal} on {record['target']['held_out']} held-out inputs: "
+            f"{sensitivity.summary(record['quantized_all'])} with every matmul int8; "
+            f"{sensitivity.summary(record['final'])} with {moved} back in float ({record['checks']} checks)"
+            + ("" if record["met"] else "; target missed")
+        )
+    if details.get("untrained_weights"):
+        lines.append("warning: the weights look untrained; agreement on random weights says nothing about a trained model")
+    return lines
+
+
+def check_plan(
+    fp32: onnx.ModelProto,
+    planned: onnx.ModelProto,
+    inputs: np.ndarray,
+    tolerance: Tolerance,
+    label: str,
+    top_k: bool = True,
+    reference: np.ndarray | None = None,
+) -> dict:
+    """Judge a quantized graph against its fp32 graph on held-out real inputs (``top_k``: the
+    outputs are logits; a headless backbone's features are judged by cosine only; ``reference``:
+    the fp32 graph's outputs on them, when already computed).
+
+    Returns:
+        ``compare_logits``' metrics.
+
+    Raises:
+        ExportError: the plan fails ``tolerance``; the message names the first block whose
+            output leaves it and the quantized nodes in that block, by module path.
+    """
+    reference = run_graph(fp32, inputs) if reference is None else reference
+    actual = run_graph(planned, inputs)
+    metrics = compare_logits(reference, actual, len(reference), tolerance, top_k=top_k)
+    if not metrics["passed"]:
+        block = _first_divergent_block(fp32, planned, inputs[:16], tolerance)
+        modules = names.module_paths(fp32)
+        nodes = [
+            names.describe(n.name, modules)
+            for n in planned.graph.node
+            if block
+            and n.op_type in QUANTIZED_OP_TYPES
+            and _quantized_input(planned, n)
+            and (modules.get(n.name, "") == block or modules.get(n.name, "").startswith(block + "."))
+        ]
+        where = f"; first divergent block {block} (quantized there: {', '.join(nodes) or 'none'})" if block else ""
+        raise ExportError(f"{label} fails its tolerance on {len(inputs)} held-out inputs ({'; '.join(metrics['failures'])}){where}")
+    return metrics
+
+
+def _quantized_input(proto: onnx.ModelProto, node: onnx.NodeProto) -> bool:
+    dequantized = {n.output[0] for n in proto.graph.node if n.op_type == "DequantizeLinear"}
+    return any(name in dequantized for name in node.input)
+
+
+def _first_divergent_block(fp32: onnx.ModelProto, planned: onnx.ModelProto, inputs: np.ndarray, tolerance: Tolerance) -> str:
+    """``blocks.<i>`` (the module path) whose output first leaves ``tolerance``
+    (``comparison.first_divergent``, as ``validate`` judges blocks; the block outputs recorded at
+    export, marked as outputs of both graphs as ``validate`` marks them), or ``""``."""
+    block_outputs = list(GraphMetadata.of(fp32).block_outputs)
+    reference, actual = (run_graph(g, inputs, outputs=block_outputs) for g in (fp32, planned))
+    block = first_divergent(reference, actual, tolerance)
+    return "" if block is None else f"blocks.{block}"
