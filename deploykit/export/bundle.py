@@ -71,6 +71,7 @@ from deploykit.export.onnx_export import DEFAULT_OPSET, check_export_shape, chec
 from deploykit.export.precision import PLANS, apply_precision, check_precision
 from deploykit.nn.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_model, save_model
 from deploykit.nn.factory import Model
+from deploykit.nn.spec import deploy_spec
 from deploykit.resolutions import resolution_tag
 from deploykit.runtime import run_graph
 
@@ -380,7 +381,7 @@ def _write_manifest(stage: Path, model: Model, weights_sha256: str, source: str,
         source=source,
         graphs=graphs,
         config_sha256=sha256_file(stage / CONFIG_FILE),
-        preprocessing=model.cfg.preprocessing.to_dict() if model.input_name == "images" else None,
+        preprocessing=None if (preprocessing := deploy_spec(model).preprocessing) is None else preprocessing.to_dict(),
     )
     write_json_atomic(stage / MANIFEST_FILE, manifest.to_dict())
     return manifest

@@ -34,12 +34,13 @@ from deploykit.errors import ExportError, ResolutionError
 from deploykit.export.custom_ops import CUSTOM_TRANSLATIONS, attach_functions
 from deploykit.export.defaults import DEFAULT_OPSET, SUPPORTED_OPSETS
 from deploykit.export.lint import check_graph
-from deploykit.export.manifest import OUTPUT_NAME, graph_opset
+from deploykit.export.manifest import graph_opset
 from deploykit.export.metadata import GraphMetadata
 from deploykit.export.names import node_scopes
 from deploykit.export.qk_channels import with_contiguous_qk_channels
 from deploykit.export.rewrite import rewrite_for_runtimes
 from deploykit.nn.factory import Model
+from deploykit.nn.spec import deploy_spec
 from deploykit.resolutions import resolution_tag
 
 # TensorRT's ITensor: "the volume of the tensor must be less than 2^31 elements". Every graph
@@ -48,7 +49,6 @@ from deploykit.resolutions import resolution_tag
 MAX_TENSOR_ELEMENTS = 2**31 - 1
 # torch.export refuses to generalise a dimension whose example value is 0 or 1.
 _EXAMPLE_BATCH = 2
-_MAX_BATCH = 4096
 
 
 def check_opset(opset: int) -> int:
@@ -139,8 +139,7 @@ def check_resolution_range(model: Model, low: tuple[int, int], opt: tuple[int, i
     tables do not nest, a shape that is not a multiple of the patch, or ``low <= opt <= high``
     broken on either axis."""
     encoding = config_to_dict(model.cfg.encoding)["name"]
-    if not hasattr(model, "grid"):
-        raise ExportError("a resolution range needs a ViT; sequence models bake their tables and masks per length")
+    deploy_spec(model).input_dims((low, high))  # refuses an architecture without a range
     if not model.pos_enc.tables_nest:
         raise ExportError(
             f"{encoding} builds its tables for the whole grid (resized or normalised), so one graph cannot serve "
@@ -201,9 +200,8 @@ def onnx_from_model(
         # omegas stay as they are: tables are built from them in float64 anyway).
         model = copy.deepcopy(model).float()
     resolution = check_export_shape(model, resolution)
-    example = model.example_input(resolution, _EXAMPLE_BATCH)
-    batch = torch.export.Dim("batch", min=1, max=_MAX_BATCH)
-    input_dims = {0: batch}
+    spec = deploy_spec(model)
+    example = spec.example_input(resolution, _EXAMPLE_BATCH)
     # The same function with q/k channels in the order the encoding reads as whole slices.
     graph_model, qk_order = with_contiguous_qk_channels(model)
     graph_model.eval()
@@ -213,10 +211,6 @@ def onnx_from_model(
         low, high = (tuple(r) for r in resolution_range)
         check_resolution_range(model, low, resolution, high)
         baked = RangeBakedModel(graph_model, high).eval()
-        patch = model.cfg.patch_size
-        for axis, name, lo, hi in ((2, "grid_h", low[0], high[0]), (3, "grid_w", low[1], high[1])):
-            if lo < hi:  # an axis without a range stays static
-                input_dims[axis] = patch * torch.export.Dim(name, min=lo // patch, max=hi // patch)
     # The dynamo exporter prints progress lines and warnings about unrelated packages even with
     # verbose=False; keep the CLI quiet and show only our own errors.
     # no_grad: with an attention mask that requires grad (SaPE²'s bias), torch.export records the
@@ -237,9 +231,9 @@ def onnx_from_model(
                 (example,),
                 dynamo=True,
                 opset_version=opset,
-                input_names=[model.input_name],
-                output_names=[OUTPUT_NAME],
-                dynamic_shapes=(input_dims,),
+                input_names=[spec.input_name],
+                output_names=list(spec.output_names),
+                dynamic_shapes=(spec.input_dims(resolution_range),),
                 custom_translation_table=CUSTOM_TRANSLATIONS,
                 optimize=True,
                 verbose=False,
@@ -343,7 +337,7 @@ def _describe(model: Model, resolution: tuple[int, ...], resolution_range, qk_or
         model_config=model.cfg.to_dict(),
         resolution=tuple(resolution),
         resolution_range=None if resolution_range is None else tuple(tuple(r) for r in resolution_range),
-        patch_size=getattr(model.cfg, "patch_size", None),
+        patch_size=deploy_spec(model).patch_size,
         block_outputs=tuple(block_output_names(proto, model.cfg.depth)),
         # Name scopes (``BakedModel`` holds the trunk as ``model``) that quantized plans keep float.
         float_modules=tuple(sorted(f"model.{name}" for name, module in model.named_modules() if isinstance(module, KeepsFloat))),

@@ -12,6 +12,7 @@ from deploykit.encodings import EncodingConfig
 from deploykit.errors import ConfigError
 from deploykit.nn.sequence import ARCHITECTURE as SEQUENCE
 from deploykit.nn.sequence import SEQUENCE_CONFIGS, SequenceConfig, SequenceTransformer, create_sequence_model
+from deploykit.nn.spec import deploy_spec
 from deploykit.nn.vit import MODEL_CONFIGS, VisionTransformer, ViTConfig
 from deploykit.nn.vit import create_model as create_vit
 
@@ -42,4 +43,4 @@ def config_from_dict(data: dict[str, Any]) -> ModelConfig:
 
 
 def build_model(cfg: ModelConfig) -> Model:
-    return SequenceTransformer(cfg) if isinstance(cfg, SequenceConfig) else VisionTransformer(cfg)
+    return deploy_spec(cfg).build()

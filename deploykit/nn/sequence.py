@@ -232,9 +232,6 @@ class SequenceTransformer(nn.Module):
         """Tokens the blocks attend over: the length."""
         return self.check_shape(shape)[0]
 
-    def example_input(self, shape: tuple[int], batch: int) -> Tensor:
-        return torch.randint(0, self.cfg.vocab_size, (batch, *shape))
-
     def shape_tables(self, shape: tuple[int]) -> PETables:
         """Float64 per-length constants: the position table ``pos_embed`` ``[1, T, d]`` (MoPE from
         its effective ω, σ) and, for a causal model, the additive ``causal_mask`` ``[T, T]``."""

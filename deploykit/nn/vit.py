@@ -343,8 +343,9 @@ class VisionTransformer(nn.Module):
     """ViT classifier taking any resolution that is a multiple of the patch size.
 
     The deployment interface shared with ``SequenceTransformer`` (``input_name``,
-    ``default_shape``, ``check_shape``, ``shape_of``, ``example_input``, ``shape_tables``) lets
-    export, validation and profiling treat both alike; a shape here is ``(height, width)``.
+    ``default_shape``, ``check_shape``, ``shape_of``, ``shape_tables``) lets export, validation
+    and profiling treat both alike; a shape here is ``(height, width)``. What differs between
+    the architectures (inputs, FLOPs, preprocessing) is in ``deploykit.nn.spec``.
 
     Args:
         cfg: architecture and encoding.
@@ -414,9 +415,6 @@ class VisionTransformer(nn.Module):
 
     def shape_of(self, images: Tensor) -> tuple[int, int]:
         return tuple(images.shape[-2:])
-
-    def example_input(self, shape: tuple[int, int], batch: int) -> Tensor:
-        return torch.randn(batch, self.cfg.in_chans, *shape)
 
     def shape_tables(self, shape: tuple[int, int]) -> PETables:
         """The encoding's float64 tables for a ``(height, width)`` input."""

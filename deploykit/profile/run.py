@@ -17,7 +17,7 @@ from deploykit.backends.registry import check_backend
 from deploykit.errors import ConfigError, DeployKitError, ResolutionError
 from deploykit.export.onnx_export import check_export_shape
 from deploykit.export.precision import check_precision
-from deploykit.nn.vit import VisionTransformer
+from deploykit.nn.factory import Model
 from deploykit.profile import defaults
 from deploykit.profile.choice import References, check_target, choice_lines, mark_fastest, slower_lines
 from deploykit.profile.environment import capture_environment
@@ -61,7 +61,7 @@ def _check_inputs(subjects: list[Subject], resolutions, batches, backends, preci
 
 
 def profile(
-    models: VisionTransformer | Subject | Sequence[VisionTransformer | Subject],
+    models: Model | Subject | Sequence[Model | Subject],
     *,
     resolutions: Sequence[tuple[int, int]],
     batches: Sequence[int] = defaults.BATCHES,

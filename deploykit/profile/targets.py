@@ -6,8 +6,6 @@ of the same trunk), one target per backend (PyTorch eager, or a runner from
 from __future__ import annotations
 
 import copy
-import dataclasses
-import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -16,22 +14,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from deploykit.data import encode_chars, random_inputs, random_token_inputs, sample_text
-from deploykit.encodings import Hook, encoding_name, get_config
+from deploykit.encodings import encoding_name, get_config
 from deploykit.errors import ConfigError, DeployKitError
 from deploykit.export.bundle import load_reference
 from deploykit.export.manifest import Manifest
 from deploykit.export.onnx_export import BakedModel
 from deploykit.nn.factory import Model, build_model
-from deploykit.nn.sequence import SequenceConfig
-from deploykit.nn.vit import VisionTransformer
+from deploykit.nn.spec import deploy_spec
 from deploykit.profile.report import BASELINE_ENCODING, FP32, TORCH_BACKEND
 from deploykit.profile.timing import CpuTimer, device_timer
 from deploykit.resolutions import resolution_tag
-
-# End-to-end inputs: seeded uint8 frames of a common camera size (preprocessing cost depends on
-# the size, not on the content, so no image files are needed).
-FRAME_SHAPE = (480, 640, 3)
 
 
 @dataclass
@@ -47,7 +39,7 @@ class Subject:
         baseline: the APE twin ``profile`` adds.
     """
 
-    model: VisionTransformer
+    model: Model
     graphs: dict[tuple[tuple[int, int], str], Path] = field(default_factory=dict)
     baseline: bool = False  # the APE twin profile adds
 
@@ -83,7 +75,7 @@ class Subject:
     @classmethod
     def exported(
         cls,
-        model: VisionTransformer,
+        model: Model,
         resolutions: Sequence[tuple[int, ...]],
         precisions: Sequence[str],
         directory: Path,
@@ -111,10 +103,7 @@ def _graphs(directory: str | os.PathLike, precisions: Sequence[str]) -> dict[tup
 def ape_twin(model: Model, max_length: int = 0) -> Model:
     """The same trunk (same weights) with a learned APE in place of the model's encoding (for a
     sequence model, a table covering at least ``max_length`` positions)."""
-    changes = dict(encoding=get_config(BASELINE_ENCODING))
-    if isinstance(model.cfg, SequenceConfig):
-        changes["context"] = max(model.cfg.context, max_length)
-    twin = build_model(dataclasses.replace(model.cfg, **changes)).eval()
+    twin = build_model(deploy_spec(model).with_encoding(get_config(BASELINE_ENCODING), max_length)).eval()
     own = twin.state_dict()
     shared = {k: v for k, v in model.state_dict().items() if k in own and own[k].shape == v.shape and k != "pos_embed"}
     twin.load_state_dict(shared, strict=False)
@@ -124,7 +113,7 @@ def ape_twin(model: Model, max_length: int = 0) -> Model:
 class TorchTarget:
     """PyTorch eager on the baked model (tables built once per resolution, as in the ONNX graph)."""
 
-    def __init__(self, model: VisionTransformer, resolution: tuple[int, int], device: torch.device):
+    def __init__(self, model: Model, resolution: tuple[int, int], device: torch.device):
         self.device = device
         # A float32 copy on the device: the caller's model is left as it was.
         self.module = BakedModel(copy.deepcopy(model).float().eval(), resolution).to(device).eval()
@@ -214,29 +203,18 @@ def open_target(backend: str, subject: Subject, resolution: tuple[int, int], pre
 
 def inputs(model: Model, resolution, batch: int, rng: np.random.Generator) -> tuple[np.ndarray, list]:
     """Kernel inputs (seeded noise images or token ids) and end-to-end inputs (uint8 frames or texts)."""
-    if isinstance(model.cfg, SequenceConfig):
-        text = sample_text()
-        starts = rng.integers(0, len(text), batch)
-        texts = [(text * (resolution[0] // len(text) + 2))[s : s + resolution[0]] for s in starts]
-        return random_token_inputs(batch, resolution[0], model.cfg.vocab_size, seed=batch), texts
-    return random_inputs(batch, resolution, seed=batch), [rng.integers(0, 256, FRAME_SHAPE, dtype=np.uint8) for _ in range(batch)]
+    spec = deploy_spec(model)
+    return spec.random_inputs(batch, resolution, seed=batch), spec.raw_inputs(batch, resolution, rng)
 
 
-def end_to_end_call(target, frames: list, resolution, cfg) -> Callable[[], object]:
-    """Frames → preprocess → model → softmax → top-5, all host work and copies included (for a
+def end_to_end_call(target, raw: list, resolution, cfg) -> Callable[[], object]:
+    """Raw inputs → preprocess → model → softmax → top-5, all host work and copies included (for a
     sequence model: texts → character ids → model → the last position's top-5)."""
-    if isinstance(cfg, SequenceConfig):
-
-        def run_text():
-            ids = np.stack([encode_chars(text, cfg.vocab_size)[: resolution[0]] for text in frames])
-            logits = target.infer_host(ids)[:, -1]
-            return np.argsort(-logits, -1)[:, :5]  # softmax keeps the order
-
-        return run_text
+    spec = deploy_spec(cfg)
 
     def run():
-        batch = np.stack([cfg.preprocessing(f, resolution) for f in frames])
-        logits = target.infer_host(batch)
+        batch = np.stack([spec.prepare(r, resolution) for r in raw])
+        logits = spec.ranked_logits(target.infer_host(batch))
         shifted = np.exp(logits - logits.max(-1, keepdims=True))
         probs = shifted / shifted.sum(-1, keepdims=True)
         return np.argsort(-probs, -1)[:, :5]
@@ -244,33 +222,7 @@ def end_to_end_call(target, frames: list, resolution, cfg) -> Callable[[], objec
     return run
 
 
-def pe_step(model: VisionTransformer, resolution, batch: int, device: torch.device) -> Callable[[], object]:
-    """The positional step alone, over every block where it runs per block, on random activations."""
-    if not isinstance(model, VisionTransformer):  # a sequence model: its table add
-        table = model.shape_tables(resolution).model["pos_embed"].detach().to(device, torch.float32)
-        x = torch.randn(batch, resolution[0], model.cfg.embed_dim, generator=torch.Generator().manual_seed(0)).to(device)
-        return lambda: x + table
-    cfg, pos_enc = model.cfg, copy.deepcopy(model.pos_enc).to(device)
-    grid = model.grid(*resolution)
-    tables = model.tables(grid, torch.float32, device)
-    tokens = math.prod(grid) + cfg.num_prefix_tokens
-    gen = torch.Generator().manual_seed(0)
-    head_dim = cfg.embed_dim // cfg.num_heads
-    x = torch.randn(batch, tokens, cfg.embed_dim, generator=gen).to(device)
-    q, k = (torch.randn(batch, cfg.num_heads, tokens, head_dim, generator=gen).to(device) for _ in range(2))
-    layer = lambda i: tables.layers[i] if tables.layers else {}
-    # An encoding may use several hooks (SaPE²+APE: a table add and a logits bias per block).
-    steps = []
-    if pos_enc.uses(Hook.TOKENS):
-        steps.append(lambda: pos_enc.apply_tokens(x, tables.model))
-    if pos_enc.uses(Hook.QK):
-        steps.append(lambda: [pos_enc.apply_qk(q, k, layer(i)) for i in range(cfg.depth)])
-    if pos_enc.uses(Hook.LOGITS):
-        steps.append(lambda: [pos_enc.logits_bias(q, k, layer(i), grid) for i in range(cfg.depth)])
-    step = lambda: [s() for s in steps]
-
-    def run():
-        with torch.inference_mode():
-            return step()
-
-    return run
+def pe_step(model: Model, resolution, batch: int, device: torch.device) -> Callable[[], object]:
+    """The positional step alone, over every block where it runs per block, on random activations
+    (``DeploySpec.positional_step``)."""
+    return deploy_spec(model).positional_step(model, resolution, batch, device)
