@@ -25,7 +25,7 @@ def with_contiguous_qk_channels(model: Model) -> tuple[Model, torch.Tensor | Non
     otherwise a copy with every block's q/k projection rows reordered and the encoding swapped for
     its contiguous form, with the order (``QKChannelOrder.order``). The caller's model is never
     changed."""
-    pos_enc = getattr(model, "pos_enc", None)  # a sequence model's MoPE1d mixes no q/k channels
+    pos_enc = model.pos_enc  # a sequence model's MoPE1d (None with a learned table) mixes no q/k channels
     form = pos_enc.contiguous_qk_form() if isinstance(pos_enc, PositionalEncoding) else None
     if form is None:
         return model, None
