@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -44,7 +45,7 @@ Gemm = tuple[int, int, int, int]  # (count, m, k, n): count batched products [m,
 
 
 @dataclass(frozen=True)
-class DeploySpec:
+class DeploySpec(ABC):
     """What deployment needs to know about one architecture, read from a model's config.
 
     Attributes:
@@ -52,39 +53,37 @@ class DeploySpec:
         input_name: the graph's one input.
         input_dtype: its dtype.
         output_names: the graph's outputs.
-        takes_resolution_range: one graph can serve a range of shapes (dynamic spatial axes).
     """
 
     cfg: Any
     input_name: ClassVar[str]
     input_dtype: ClassVar[torch.dtype]
     output_names: ClassVar[tuple[str, ...]] = (OUTPUT_NAME,)
-    takes_resolution_range: ClassVar[bool] = False
 
+    @abstractmethod
     def build(self) -> torch.nn.Module:
         """A freshly initialised model of this config."""
-        raise NotImplementedError
 
+    @abstractmethod
     def input_shape(self, resolution: tuple[int, ...], batch: int) -> tuple[int, ...]:
         """The input's shape at a checked resolution (``model.check_shape``)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def example_input(self, resolution: tuple[int, ...], batch: int) -> torch.Tensor:
         """An input to trace the export with."""
-        raise NotImplementedError
 
+    @abstractmethod
     def input_dims(self, resolution_range: tuple[tuple[int, ...], tuple[int, ...]] | None = None) -> dict[int, Any]:
         """``torch.export`` dynamic shapes of the input: the batch always; with ``resolution_range =
-        (min, max)`` also the spatial axes that vary (``takes_resolution_range``).
+        (min, max)`` also the spatial axes that vary, for architectures one graph can serve a range of.
 
         Raises:
             ExportError: a range for an architecture that takes none.
         """
-        raise NotImplementedError
 
+    @abstractmethod
     def gemm_shapes(self, resolution: tuple[int, ...], batch: int) -> list[Gemm]:
         """Every matrix product of one forward as ``(count, m, k, n)``."""
-        raise NotImplementedError
 
     def flops(self, resolution: tuple[int, ...], batch: int) -> int:
         """FLOPs of one forward counted from the GEMMs (multiply-add = 2 FLOPs; elementwise work,
@@ -102,17 +101,17 @@ class DeploySpec:
         """Pixels per patch side, for image models (the graph's metadata records it)."""
         return None
 
+    @abstractmethod
     def random_inputs(self, batch: int, resolution: tuple[int, ...], seed: int) -> np.ndarray:
         """Seeded model inputs (noise images, random token ids) for kernel timing."""
-        raise NotImplementedError
 
+    @abstractmethod
     def raw_inputs(self, batch: int, resolution: tuple[int, ...], rng: np.random.Generator) -> list:
         """What an end-to-end call starts from (camera frames, texts), one per batch row."""
-        raise NotImplementedError
 
+    @abstractmethod
     def prepare(self, raw, resolution: tuple[int, ...]) -> np.ndarray:
         """One raw input (``raw_inputs``) as one row of the model's input."""
-        raise NotImplementedError
 
     def ranked_logits(self, logits: np.ndarray) -> np.ndarray:
         """``[batch, classes]`` logits an answer is the top-k of."""
@@ -123,9 +122,9 @@ class DeploySpec:
         covering at least ``min_length`` positions where a learned table has a length."""
         return dataclasses.replace(self.cfg, encoding=encoding)
 
+    @abstractmethod
     def positional_step(self, model, resolution: tuple[int, ...], batch: int, device: torch.device) -> Callable[[], object]:
         """The positional step alone, on random activations (``profile``'s ``pe_step``)."""
-        raise NotImplementedError
 
 
 def _batch_dim():
@@ -153,7 +152,6 @@ class VitSpec(DeploySpec):
     cfg: ViTConfig
     input_name: ClassVar[str] = VisionTransformer.input_name
     input_dtype: ClassVar[torch.dtype] = torch.float32
-    takes_resolution_range: ClassVar[bool] = True
 
     def build(self) -> VisionTransformer:
         return VisionTransformer(self.cfg)
