@@ -133,9 +133,18 @@ def test_flush_denormal_is_scoped():
 # FLOPs against PyTorch's own counter
 
 
-@pytest.mark.parametrize("resolution,batch", [((32, 32), 1), ((48, 64), 3)])
-def test_model_flops_match_torch_flop_counter(resolution, batch):
-    model = create_model("vit_tiny_patch16", encoding="ape", depth=2, img_size=RES, num_classes=10).eval()
+@pytest.mark.parametrize(
+    "resolution,batch,mlp",
+    [
+        ((32, 32), 1, {}),
+        ((48, 64), 3, {}),
+        # timm families the importer reads: an MLP width of their own, and SwiGLU's two inputs.
+        ((32, 32), 2, {"mlp_hidden_dim": 200}),
+        ((32, 32), 2, {"mlp_layer": "swiglu", "mlp_hidden_dim": 136}),
+    ],
+)
+def test_model_flops_match_torch_flop_counter(resolution, batch, mlp):
+    model = create_model("vit_tiny_patch16", encoding="ape", depth=2, img_size=RES, num_classes=10, **mlp).eval()
     baked = BakedModel(model, resolution)
     # The math SDPA backend decomposes attention into bmm's, which the counter sees.
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter, torch.no_grad():

@@ -131,15 +131,16 @@ def _batch_dim():
     return torch.export.Dim(BATCH_AXIS, min=1, max=MAX_BATCH)
 
 
-def _block_gemms(batch: int, tokens: int, d: int, heads: int, hidden: int) -> list[Gemm]:
-    """One transformer block: qkv, q·kᵀ, softmax(.)·v, proj, fc1, fc2."""
+def _block_gemms(batch: int, tokens: int, d: int, heads: int, hidden: int, fc1_count: int = 1) -> list[Gemm]:
+    """One transformer block: qkv, q·kᵀ, softmax(.)·v, proj, fc1 (SwiGLU: two, gate and
+    value), fc2."""
     rows, head_dim = batch * tokens, d // heads
     return [
         (1, rows, d, 3 * d),  # qkv
         (batch * heads, tokens, head_dim, tokens),  # q @ k^T
         (batch * heads, tokens, tokens, head_dim),  # softmax(.) @ v
         (1, rows, d, d),  # proj
-        (1, rows, d, hidden),  # fc1
+        (fc1_count, rows, d, hidden),  # fc1, or fc1_g and fc1_x
         (1, rows, hidden, d),  # fc2
     ]
 
@@ -187,7 +188,7 @@ class VitSpec(DeploySpec):
         cfg = self.cfg
         gh, gw = resolution[0] // cfg.patch_size, resolution[1] // cfg.patch_size
         tokens, d = gh * gw + cfg.num_prefix_tokens, cfg.embed_dim
-        block = _block_gemms(batch, tokens, d, cfg.num_heads, int(d * cfg.mlp_ratio))
+        block = _block_gemms(batch, tokens, d, cfg.num_heads, cfg.hidden_dim, 2 if cfg.mlp_layer == "swiglu" else 1)
         patch = (1, batch * gh * gw, cfg.in_chans * cfg.patch_size**2, d)
         head = (1, batch, d, cfg.num_classes)
         return [patch, *block * cfg.depth, head]
