@@ -21,6 +21,26 @@ def deploykit_cli(capsys):
     return run
 
 
+@pytest.fixture(scope="session")
+def encoding_export(tmp_path_factory):
+    """``name -> export directory`` of ``tests.encoding_params.encoding_model(name)`` at
+    ``EXPORT_RESOLUTIONS`` in ``EXPORT_PLANS``, written on first use (shared: copy it before
+    modifying)."""
+    from deploykit.export import export
+    from tests.encoding_params import EXPORT_PLANS, EXPORT_RESOLUTIONS, encoding_model
+
+    written = {}
+
+    def get(name: str):
+        if name not in written:
+            out = tmp_path_factory.mktemp(f"encoding-{name.replace('+', '_')}") / "exp"
+            export(encoding_model(name), list(EXPORT_RESOLUTIONS), out, precisions=list(EXPORT_PLANS))
+            written[name] = out
+        return written[name]
+
+    return get
+
+
 @pytest.fixture(scope="module")
 def ckpt_dir(tmp_path_factory):
     """A small model directory: config.json + model.safetensors (``tests.test_cli.small_model``)."""

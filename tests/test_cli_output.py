@@ -4,8 +4,10 @@ when not on a terminal, units in the profile table, ``-q``/``-v``."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from deploykit.export.manifest import Manifest
+from deploykit.nn import create_model, save_model
 from deploykit.profile import ProfileReport
 from deploykit.profile.output import render_table
 from tests.test_cli import RES, run_cli
@@ -29,8 +31,10 @@ def test_export_lines_are_whole_at_40_columns_with_a_long_path(capsys, narrow, c
 def test_cli_exports_a_range_in_a_line_whole_at_40_columns(capsys, narrow, tmp_path):
     """``export --resolution-range`` from the command line: one graph in the manifest, and its
     line whole on a narrow terminal with a long path (it broke on long temp paths)."""
+    torch.manual_seed(0)  # a one-block GeoPE model (ranges are for the rotary encodings)
+    checkpoint = save_model(create_model("vit_tiny_patch16", encoding="geope", depth=1, img_size=32, num_classes=10), tmp_path / "geope")
     out = tmp_path / LONG / "g"
-    code, _, err = run_cli(capsys, "export", "-e", "geope", "--model", "vit_tiny_patch16", "--resolution-range", "32:48:64", "-o", out)
+    code, _, err = run_cli(capsys, "export", "-c", checkpoint, "--resolution-range", "32:48:64", "-o", out)
     assert code == 0, err
     assert f"✓ {out / 'model_32-64.onnx'}  (32 to 64, tuned for 48, fp32, opset 18)" in err.splitlines()
     assert [g.file for g in Manifest.read(out).graphs] == ["model_32-64.onnx"]

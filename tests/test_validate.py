@@ -12,29 +12,24 @@ from onnx import numpy_helper
 from deploykit.backends import registry
 from deploykit.encodings import list_encodings
 from deploykit.errors import ConfigError, DeployKitError, ValidationError
-from deploykit.export import export
 from deploykit.export.manifest import MANIFEST_FILE, sha256_file
-from deploykit.nn import create_model
 from deploykit.runtime import OnnxrtRunner
 from deploykit.validate import TOLERANCES, compare_logits, validate
+from tests.encoding_params import EXPORT_RESOLUTIONS
 
-RESOLUTIONS = [(224, 224), (384, 384), (512, 512)]
+RESOLUTIONS = [list(r) for r in EXPORT_RESOLUTIONS]  # 1x, 2x and a 32x32 patch grid
 
 
 @pytest.fixture(scope="module", params=list_encodings())
-def export_dir(request, tmp_path_factory):
-    torch.manual_seed(0)
-    model = create_model("vit_tiny_patch16", encoding=request.param, depth=2, num_classes=100)
-    out = tmp_path_factory.mktemp(request.param)
-    export(model, RESOLUTIONS, out)
-    return out
+def export_dir(request, encoding_export):
+    return encoding_export(request.param)
 
 
 @pytest.mark.slow
 def test_passes_at_every_resolution(export_dir):
     report = validate(export_dir, num_random=2, num_real=4)
     assert bool(report)
-    assert [r.resolution for r in report.records] == [list(r) for r in RESOLUTIONS]
+    assert [r.resolution for r in report.records] == RESOLUTIONS
     for r in report.records:
         assert r.max_abs <= 1e-4 and r.cosine >= 0.99999 and r.nan_count == 0
         assert r.top1_agreement == 1.0 and r.num_inputs == 6
@@ -42,9 +37,9 @@ def test_passes_at_every_resolution(export_dir):
 
 
 def _plant_error_in_block(src, dst, block):
-    """Copy an export and scale one weight of ``blocks.<block>.mlp.fc2`` in its 224 graph."""
+    """Copy an export and scale one weight of ``blocks.<block>.mlp.fc2`` in its 64 px graph."""
     shutil.copytree(src, dst)
-    path = dst / "model_224.onnx"
+    path = dst / "model_64.onnx"
     proto = onnx.load(str(path))
     # MatMul weights are stored transposed under exporter-chosen names; find fc2's by its node scope.
     node = next(
@@ -57,7 +52,7 @@ def _plant_error_in_block(src, dst, block):
     onnx.save(proto, str(path))
     manifest = json.loads((dst / MANIFEST_FILE).read_text())
     for g in manifest["graphs"]:
-        if g["file"] == "model_224.onnx":
+        if g["file"] == "model_64.onnx":
             g["sha256"] = sha256_file(path)
     (dst / MANIFEST_FILE).write_text(json.dumps(manifest))
 
@@ -65,12 +60,12 @@ def _plant_error_in_block(src, dst, block):
 @pytest.mark.slow
 def test_planted_error_fails_and_names_the_block(export_dir, tmp_path):
     _plant_error_in_block(export_dir, tmp_path / "bad", block=1)
-    report = validate(tmp_path / "bad", resolutions=[(224, 224)], num_random=2, num_real=2)
+    report = validate(tmp_path / "bad", resolutions=[(64, 64)], num_random=2, num_real=2)
     assert not report
     (record,) = report.records
     assert record.first_divergent_block == "blocks.1"
     assert any("max abs" in f for f in record.failures)
-    with pytest.raises(ValidationError, match="ort@224"):
+    with pytest.raises(ValidationError, match="ort@64"):
         report.raise_for_failure()
 
 
@@ -130,7 +125,7 @@ class _ProfiledEngine(OnnxrtRunner):
 
     @property
     def profiled_shapes(self):
-        return tuple((b, 3, 224, 224) for b in (1, 3, 8))
+        return tuple((b, 3, 64, 64) for b in (1, 3, 8))
 
     def _infer(self, feed):
         shape = next(iter(feed.values())).shape
@@ -140,12 +135,10 @@ class _ProfiledEngine(OnnxrtRunner):
 
 
 @pytest.mark.slow
-def test_engine_is_validated_at_every_profiled_batch(tmp_path, monkeypatch):
-    torch.manual_seed(0)
-    export(create_model("vit_tiny_patch16", encoding="ape", depth=2, num_classes=100), [(224, 224)], tmp_path)
+def test_engine_is_validated_at_every_profiled_batch(encoding_export, monkeypatch):
     monkeypatch.setitem(registry.RUNNER_FACTORIES, "engine", _ProfiledEngine)
     _ProfiledEngine.seen = []
-    report = validate(tmp_path, backends=("ort", "engine"), num_random=2, num_real=3)
+    report = validate(encoding_export("ape"), resolutions=[(64, 64)], backends=("ort", "engine"), num_random=2, num_real=3)
     assert bool(report)
     assert [(r.backend, r.batch, r.profiled) for r in report.records] == [
         ("ort", 4, False),
@@ -154,4 +147,4 @@ def test_engine_is_validated_at_every_profiled_batch(tmp_path, monkeypatch):
         ("engine", 8, True),
     ]
     assert sorted(set(_ProfiledEngine.seen)) == [1, 3, 8] and all(r.num_inputs == 5 for r in report.records)
-    assert [r.label for r in report.records][1:] == ["engine@224/b1", "engine@224/b3", "engine@224/b8"]
+    assert [r.label for r in report.records][1:] == ["engine@64/b1", "engine@64/b3", "engine@64/b8"]

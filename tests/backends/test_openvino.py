@@ -23,30 +23,28 @@ from deploykit.errors import DeployKitError, MissingDependencyError
 from deploykit.export import export
 from deploykit.export.manifest import MANIFEST_FILE, sha256_file
 from deploykit.export.precision import PLANS, fp32_tensors
-from deploykit.nn import create_model
 from deploykit.validate import validate
+from tests.encoding_params import EXPORT_BASE, EXPORT_PLANS
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
-BASE = 32
-CAST_PLANS = ("fp32", "fp16", "bf16")
+BASE = EXPORT_BASE
+CAST_PLANS = EXPORT_PLANS
 HAS_BF16 = best_hint() == "bf16"
+ONE_X_TWO_X = [(BASE, BASE), (2 * BASE, 2 * BASE)]
 
 
 @pytest.fixture(scope="module", params=list_encodings())
-def tiny_export(request, tmp_path_factory):
-    """A depth-1 model of each encoding trained at 32 px, exported at 1x and 2x in the cast plans."""
-    torch.manual_seed(0)
-    model = create_model("vit_tiny_patch16", encoding=request.param, depth=1, img_size=BASE, num_classes=10)
-    out = tmp_path_factory.mktemp(request.param.replace("+", "_")) / "exp"
-    export(model, [(BASE, BASE), (2 * BASE, 2 * BASE)], out, precisions=CAST_PLANS)
-    return out
+def tiny_export(request, encoding_export):
+    """The suite's two-block model of each encoding (trained at 64 px) in the cast plans: its 1x
+    and 2x graphs are checked here."""
+    return encoding_export(request.param)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", CAST_PLANS)
 def test_every_encoding_validates_at_1x_and_2x(tiny_export, precision):
-    report = validate(tiny_export, backends=["openvino"], precision=precision, num_random=1, num_real=4)
-    assert [r.resolution for r in report.records] == [[BASE, BASE], [2 * BASE, 2 * BASE]]
+    report = validate(tiny_export, resolutions=ONE_X_TWO_X, backends=["openvino"], precision=precision, num_random=1, num_real=4)
+    assert [r.resolution for r in report.records] == [list(r) for r in ONE_X_TWO_X]
     for record in report.records:
         assert record.passed, (record.label, record.failures)
         assert record.precision_hint == "f32" and "INFERENCE_PRECISION_HINT f32" in record.provider
@@ -56,7 +54,7 @@ def test_every_encoding_validates_at_1x_and_2x(tiny_export, precision):
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_BF16, reason="this CPU has no native bf16 (OpenVINO's bf16 hint would run f32)")
 def test_bf16_hint_validates_with_the_bf16_plan_s_tolerance(tiny_export):
-    report = validate(tiny_export, backends=["openvino-bf16"], num_random=1, num_real=4)
+    report = validate(tiny_export, resolutions=ONE_X_TWO_X, backends=["openvino-bf16"], num_random=1, num_real=4)
     assert bool(report), [(r.label, r.failures) for r in report.records]
     assert all(r.precision_hint == "bf16" and r.tolerance["min_cosine"] == PLANS["bf16"].tolerance.min_cosine for r in report.records)
 
@@ -64,7 +62,7 @@ def test_bf16_hint_validates_with_the_bf16_plan_s_tolerance(tiny_export):
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_BF16, reason="this CPU has no native bf16: OpenVINO compiles every node in f32")
 def test_bf16_hint_runs_products_in_bf16_and_keeps_layernorm_softmax_in_f32(tiny_export):
-    with registry.create_runner("openvino-bf16", tiny_export / "model_32.onnx") as runner:
+    with registry.create_runner("openvino-bf16", tiny_export / f"model_{BASE}.onnx") as runner:
         ran = runner.runtime_precisions()
         types = {op.get_friendly_name(): op.get_rt_info()["layerType"].astype(str) for op in runner._compiled.get_runtime_model().get_ops()}
     by_type = collections.defaultdict(set)
@@ -86,13 +84,13 @@ def test_bf16_hint_is_refused_on_a_cpu_without_bf16(good_export):
 def test_bf16_hint_marks_the_bf16_plan_s_fp32_nodes(tiny_export):
     """Whatever the CPU: the nodes OpenVINO is told to keep in f32 are the ones the project's bf16
     plan keeps (LayerNorm, Softmax, the table readers, the logits); the block's weight products are not."""
-    proto = onnx.load(str(tiny_export / "model_32.onnx"))
-    source, fp32 = openvino_source(tiny_export / "model_32.onnx", "bf16")
+    proto = onnx.load(str(tiny_export / f"model_{BASE}.onnx"))
+    source, fp32 = openvino_source(tiny_export / f"model_{BASE}.onnx", "bf16")
     assert fp32 >= fp32_tensors(proto)
     model = ov.Core().read_model(source)
     marked = keep_fp32(model, fp32)
     kept = collections.Counter(op.get_type_name() for op in model.get_ops() if KEEP_FP32 in op.get_rt_info())
-    assert marked == sum(kept.values()) and kept["MVN"] == 3 and kept["Softmax"] == 1  # norm1, norm2, final norm
+    assert marked == sum(kept.values()) and kept["MVN"] == 5 and kept["Softmax"] == 2  # norm1, norm2 per block, final norm
     products = [op for op in model.get_ops() if op.get_type_name() == "MatMul" and KEEP_FP32 not in op.get_rt_info()]
     assert len(products) >= 4, kept  # qkv, proj, fc1, fc2 go low; the head stays
     tables = {i.name for i in proto.graph.initializer if i.name.startswith("pe_tables")}
@@ -104,7 +102,7 @@ def test_bf16_hint_marks_the_bf16_plan_s_fp32_nodes(tiny_export):
 def test_divergence_is_located_in_openvino(tiny_export, tmp_path):
     """A planted error in the block's MLP of the 2x graph is named by bisecting in OpenVINO."""
     out = shutil.copytree(tiny_export, tmp_path / "exp")
-    path = out / "model_64.onnx"
+    path = out / f"model_{2 * BASE}.onnx"
     proto = onnx.load(str(path))
     node = next(
         n for n in proto.graph.node if n.op_type in ("MatMul", "Gemm") and any("blocks.0.mlp.fc2" in p.value for p in n.metadata_props)
@@ -116,7 +114,7 @@ def test_divergence_is_located_in_openvino(tiny_export, tmp_path):
     for graph in manifest["graphs"]:
         graph["sha256"] = sha256_file(out / graph["file"])
     (out / MANIFEST_FILE).write_text(json.dumps(manifest))
-    good, bad = validate(out, backends=["openvino"], num_random=1, num_real=2).records
+    good, bad = validate(out, resolutions=ONE_X_TWO_X, backends=["openvino"], num_random=1, num_real=2).records
     assert good.passed and not bad.passed and bad.first_divergent_block == "blocks.0"
 
 
@@ -139,7 +137,7 @@ def test_int8_plan_of_a_trained_zoo_model_validates_at_1x_and_2x(tmp_path):
 def test_runner_reports_its_hint_and_input_names(good_export):
     with OpenvinoRunner(good_export / "model_32.onnx") as runner:
         assert runner.input_names() == ["images"] and runner.details["precision_hint"] == "f32"
-        out = runner.infer({"images": torch.zeros(2, 3, BASE, BASE).numpy()})
+        out = runner.infer({"images": torch.zeros(2, 3, 32, 32).numpy()})
         assert out["logits"].shape == (2, 10)
     with pytest.raises(DeployKitError, match="unknown OpenVINO precision hint 'fp8'"):
         OpenvinoRunner(good_export / "model_32.onnx", precision_hint="fp8")

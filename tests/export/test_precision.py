@@ -6,7 +6,6 @@ import ml_dtypes
 import numpy as np
 import onnx
 import pytest
-import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from deploykit.encodings import list_encodings
@@ -16,23 +15,16 @@ from deploykit.export.lint import TABLE_PREFIXES, check_graph
 from deploykit.export.manifest import Manifest
 from deploykit.export.metadata import GraphMetadata
 from deploykit.export.precision import apply_precision
-from deploykit.nn import create_model
 from deploykit.validate import validate
+from tests.encoding_params import EXPORT_BASE, encoding_model
 
-RES = (64, 64)
+RES = (EXPORT_BASE, EXPORT_BASE)
 FP32, FP16, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16
 
 
-def _model(encoding):
-    torch.manual_seed(0)
-    return create_model("vit_tiny_patch16", encoding=encoding, depth=2, img_size=64, num_classes=10)
-
-
 @pytest.fixture(scope="module", params=list_encodings())
-def export_dir(request, tmp_path_factory):
-    out = tmp_path_factory.mktemp(f"prec-{request.param}")
-    export(_model(request.param), [RES], out, precisions=["fp32", "fp16"])
-    return out
+def export_dir(request, encoding_export):
+    return encoding_export(request.param)
 
 
 def _types(proto):
@@ -73,7 +65,8 @@ def _check_plan(proto, low):
 @pytest.mark.slow
 def test_fp16_graph_keeps_tables_layernorm_softmax_logits_fp32(export_dir):
     manifest = Manifest.read(export_dir)
-    assert [(g.file, g.precision) for g in manifest.graphs] == [("model_64.onnx", "fp32"), ("model_64_fp16.onnx", "fp16")]
+    at_64 = [(g.file, g.precision) for g in manifest.graphs if tuple(g.resolution) == RES]
+    assert at_64 == [("model_64.onnx", "fp32"), ("model_64_fp16.onnx", "fp16"), ("model_64_bf16.onnx", "bf16")]
     fp32 = onnx.load(str(export_dir / "model_64.onnx"))
     fp16 = onnx.load(str(export_dir / "model_64_fp16.onnx"))
     assert GraphMetadata.of(fp16).plan == "fp16" and GraphMetadata.of(fp32).plan == "fp32"
@@ -90,12 +83,12 @@ def test_fp16_graph_keeps_tables_layernorm_softmax_logits_fp32(export_dir):
 
 @pytest.mark.slow
 def test_validate_fp16_uses_fp16_graphs_and_tolerance(export_dir):
-    report = validate(export_dir, precision="fp16", num_random=2, num_real=4)
+    report = validate(export_dir, resolutions=[RES], precision="fp16", num_random=2, num_real=4)
     assert bool(report), report.to_json()
     (record,) = report.records
     assert record.precision == "fp16" and record.tolerance["min_cosine"] < 0.99999
     # The plan really rounds: the fp16 graph is measurably less exact than the fp32 one.
-    fp32 = validate(export_dir, precision="fp32", num_random=2, num_real=4).records[0]
+    fp32 = validate(export_dir, resolutions=[RES], precision="fp32", num_random=2, num_real=4).records[0]
     assert record.max_abs > fp32.max_abs and record.cosine >= 0.999
 
 
@@ -113,7 +106,7 @@ def test_bf16_plan_keeps_opset18_conv_fp32():
 def _fp32_bytes(encoding):
     from deploykit.export import onnx_from_model
 
-    return onnx_from_model(_model(encoding), RES).SerializeToString()
+    return onnx_from_model(encoding_model(encoding), RES).SerializeToString()
 
 
 def test_custom_domain_node_stays_fp32():
@@ -143,12 +136,12 @@ def test_custom_domain_node_stays_fp32():
 
 def test_unknown_precision_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="fp16"):
-        export(_model("ape"), [RES], tmp_path, precisions=["fp8"])
+        export(encoding_model("ape"), [RES], tmp_path, precisions=["fp8"])
     assert not any(tmp_path.iterdir())
 
 
 def test_fp32_only_export_has_no_fp16_graphs(tmp_path):
-    export(_model("ape"), [RES], tmp_path)
+    export(encoding_model("ape"), [RES], tmp_path)
     assert json.loads((tmp_path / "manifest.json").read_text())["graphs"][0]["precision"] == "fp32"
     with pytest.raises(DeployKitError, match="no fp16 graphs exported"):
         validate(tmp_path, precision="fp16")
