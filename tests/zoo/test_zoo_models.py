@@ -3,6 +3,7 @@ after export at its training resolution and at 2×, and it is the CLI's embedded
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -49,12 +50,19 @@ def zoo_export(zoo_model, tmp_path_factory) -> dict[int, Path]:
     return {g.resolution[0]: out / g.file for g in Manifest.read(out).graphs}
 
 
+@functools.cache
+def _test_images(count: int, resolution: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``count`` test scenes at ``resolution`` (rendered once: every zoo model is
+    checked at the same resolutions)."""
+    return ShapeRelations().batch("test", range(count), resolution)
+
+
 def _onnx_predictions(graph, model, resolution: int, count: int) -> tuple[np.ndarray, np.ndarray]:
     """Top-1 of ``graph`` in ONNX Runtime on the first ``count`` test images, and their labels:
     a prediction loop of its own (not the card's), on the exported graph rather than PyTorch."""
     import onnxruntime as ort
 
-    images, labels = ShapeRelations().batch("test", range(count), resolution)
+    images, labels = _test_images(count, resolution)
     mean, std = (np.array(v, dtype=np.float32).reshape(1, -1, 1, 1) for v in (model.cfg.mean, model.cfg.std))
     session = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
     logits = [session.run(["logits"], {"images": ((images[i : i + 50] - mean) / std).astype(np.float32)})[0] for i in range(0, count, 50)]
