@@ -29,6 +29,7 @@ LAYERS = [
             "deploykit._terminal",
             "deploykit._fields",
             "deploykit.comparison",
+            "deploykit.answers",
             "deploykit.imaging",
             "deploykit.resolutions",
             "deploykit.catalog",

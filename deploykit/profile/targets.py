@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from deploykit.answers import top_k
 from deploykit.encodings import encoding_name, get_config
 from deploykit.errors import ConfigError, DeployKitError
 from deploykit.export.bundle import load_reference
@@ -214,10 +215,7 @@ def end_to_end_call(target, raw: list, resolution, cfg) -> Callable[[], object]:
 
     def run():
         batch = np.stack([spec.prepare(r, resolution) for r in raw])
-        logits = spec.ranked_logits(target.infer_host(batch))
-        shifted = np.exp(logits - logits.max(-1, keepdims=True))
-        probs = shifted / shifted.sum(-1, keepdims=True)
-        return np.argsort(-probs, -1)[:, :5]
+        return top_k(spec.ranked_logits(target.infer_host(batch)), 5)  # what a served answer computes
 
     return run
 

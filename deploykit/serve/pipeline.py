@@ -45,6 +45,7 @@ import numpy as np
 
 from deploykit import imaging
 from deploykit._lazy import lazy_import
+from deploykit.answers import top_k
 from deploykit.errors import ConfigError, DeployKitError, InputError
 from deploykit.export.manifest import OUTPUT_NAME, Manifest
 from deploykit.imaging import nearest_resolution
@@ -122,24 +123,6 @@ def _rgb_array(array: np.ndarray) -> np.ndarray:
         raise InputError(f"image arrays must be [H, W], [H, W, 1], [H, W, 3] or [H, W, 4], got shape {list(array.shape)}")
     array = array[..., :3]
     return array if array.flags.writeable else array.copy()  # torch warns on read-only arrays (e.g. from Ray)
-
-
-def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Softmax in float64, then the ``k`` best classes per row.
-
-    Args:
-        logits: ``[B, num_classes]``.
-        k: how many classes (capped at ``num_classes``).
-
-    Returns:
-        ``(classes [B, k] int64, scores [B, k] float32)``, best first; ties keep the lower index.
-    """
-    z = logits.astype(np.float64)
-    z = np.exp(z - z.max(axis=-1, keepdims=True))
-    probs = z / z.sum(axis=-1, keepdims=True)
-    k = min(k, probs.shape[-1])
-    classes = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
-    return classes.astype(np.int64), np.take_along_axis(probs, classes, axis=-1).astype(np.float32)
 
 
 def activate_runner(onnx_path: Path, backend: str, factories: Mapping[str, RunnerFactory]) -> tuple[str, Runner, dict[str, str]]:

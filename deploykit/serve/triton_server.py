@@ -55,12 +55,13 @@ import numpy as np
 
 from deploykit import _nvml
 from deploykit._lazy import lazy_import
+from deploykit.answers import top_k
 from deploykit.errors import ConfigError, DeployKitError, InputError
 from deploykit.resolutions import resolution_tag
 from deploykit.serve import defaults
 from deploykit.serve.classifier import INPUT_NAME, ImageLimits
 from deploykit.serve.front import Front, FrontOptions, free_loopback_ports
-from deploykit.serve.pipeline import Pipeline, top_k
+from deploykit.serve.pipeline import Pipeline
 from deploykit.serve.triton_log import TritonLog
 from deploykit.serve.triton_repo import copy_python_model
 
