@@ -261,15 +261,20 @@ class ServerProcess:
         client = lazy_import("tritonclient.grpc").InferenceServerClient(self.grpc_url)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise DeployKitError(f"deploykit serve exited with {self.proc.returncode}; see {self.log}")
+            if self.proc.poll() is not None:  # its error line, as the log goes with the bench's temp dir
+                raise DeployKitError(f"deploykit serve exited with {self.proc.returncode}: {self.last_line()}")
             try:
                 if client.is_server_ready():
                     return
             except lazy_import("tritonclient.utils").InferenceServerException:
                 pass  # not listening yet
             time.sleep(0.5)
-        raise DeployKitError(f"deploykit serve was not ready after {timeout_s} s; see {self.log}")
+        raise DeployKitError(f"deploykit serve was not ready after {timeout_s} s: {self.last_line()}")
+
+    def last_line(self) -> str:
+        """The server's last log line (its ``error:`` line when it failed)."""
+        lines = [line for line in self.log.read_text(errors="replace").splitlines() if line.strip()]
+        return lines[-1].strip() if lines else "(no output)"
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -36,6 +36,7 @@ import socket
 import struct
 import sys
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from deploykit._lazy import lazy_import
@@ -63,13 +64,16 @@ SMALL_BODY = 64 * 1024  # checked on the event loop; larger bodies are parsed in
 DOOR_CLOSE_S = 2.0  # longest wait, once no new handshake completes, for queued and open connections
 
 
-def free_loopback_ports(count: int) -> list[int]:
-    """``count`` distinct ports free on 127.0.0.1 right now."""
-    sockets = [socket.socket() for _ in range(count)]
+def free_loopback_ports(count: int, exclude: Iterable[int] = ()) -> list[int]:
+    """``count`` distinct ports free on 127.0.0.1 right now, none of ``exclude`` (ports promised
+    to someone who has not bound them yet: tritonserver's own must not take the front's)."""
+    exclude = set(exclude)
+    sockets: list[socket.socket] = []
     try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
+        while len(ports := [s.getsockname()[1] for s in sockets if s.getsockname()[1] not in exclude]) < count:
+            sockets.append(socket.socket())  # held bound until the end: no port is handed out twice
+            sockets[-1].bind(("127.0.0.1", 0))
+        return ports
     finally:
         for s in sockets:
             s.close()

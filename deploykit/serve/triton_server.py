@@ -319,7 +319,8 @@ class TritonServer:
         pytriton = lazy_import("pytriton.triton")
         workspace = lazy_import("pytriton.utils.workspace").Workspace()
         check_listen_addresses(self.options)
-        internal = tuple(free_loopback_ports(3))
+        # Its own ports, none of the public ones: the front binds those only once Triton is ready.
+        internal = tuple(free_loopback_ports(3, exclude=(self.options.http_port, self.options.grpc_port, self.options.metrics_port)))
         log_file = Path(workspace.path) / "tritonserver.log"
         self._log = TritonLog(log_file, self.options.verbosity, gpu=_nvml.driver_version() is not None)
         policy = pytriton.TritonLifecyclePolicy(launch_triton_on_startup=False, local_model_store=True)

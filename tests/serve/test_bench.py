@@ -84,3 +84,17 @@ with open(args[args.index("-f") + 1], "w") as f:
     stats = perf_analyzer_level(str(fake), "127.0.0.1:1", "logits_224", 8, 100, tmp_path)
     assert stats == {"requests": 100, "throughput_rps": 412.5, "p50_ms": 13.891, "p99_ms": 21.018, "client": "perf_analyzer"}
     assert os.path.exists(tmp_path / "perf_8.csv")
+
+
+def test_a_server_that_cannot_start_is_reported_with_its_own_error_line(export_dir, tmp_path):
+    """The server's log lives in the bench's temporary directory, gone when the bench fails: the
+    error carries the server's last line instead of pointing at a deleted file."""
+    from deploykit.errors import DeployKitError
+    from deploykit.serve.bench import BenchOptions, ServerProcess
+
+    server = ServerProcess(export_dir, BenchOptions(backend="no-such-backend"), tmp_path / "server.log")
+    try:
+        with pytest.raises(DeployKitError, match=r"exited with 1: error: .*no-such-backend"):
+            server.wait_ready()
+    finally:
+        server.stop()

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from deploykit.serve.front import accept_queue_length, listening_sockets, refuse_new_connections
+from deploykit.serve.front import accept_queue_length, free_loopback_ports, listening_sockets, refuse_new_connections
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="socket filters and TCP_INFO are Linux's")
 
@@ -56,3 +56,34 @@ def test_closed_door_keeps_the_queued_connection_and_refuses_the_newcomer(listen
     with pytest.raises(ConnectionRefusedError):  # the retransmitted SYN meets a closed port
         late.connect(address)
     late.close()
+
+
+def test_free_ports_are_distinct_and_skip_the_ports_promised_elsewhere(monkeypatch):
+    """tritonserver's own ports are picked before the front binds its public ones, so they must
+    skip those: the kernel may hand a just-released public port out again."""
+    from deploykit.serve import front
+
+    handed = iter([5001, 5002, 5003, 5004])  # what bind(("127.0.0.1", 0)) returns, in turn
+
+    class KernelPorts:
+        def bind(self, address):
+            assert address == ("127.0.0.1", 0)
+            self.port = next(handed)
+
+        def getsockname(self):
+            return ("127.0.0.1", self.port)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(front.socket, "socket", KernelPorts)
+    assert front.free_loopback_ports(2, exclude=[5001, 5003]) == [5002, 5004]
+
+
+def test_free_ports_on_the_real_loopback_are_free_and_distinct():
+    public = free_loopback_ports(3)
+    internal = free_loopback_ports(20, exclude=public)
+    assert len(set(internal)) == 20 and not set(internal) & set(public)
+    for port in internal:  # free: each binds
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
