@@ -72,14 +72,15 @@ def lazy_exports(package: str, exports: dict[str, list[str]]):
 
     Args:
         package: the package's ``__name__``.
-        exports: submodule → the names it provides.
+        exports: module → the names it provides; module names are relative to ``package``
+            (``".report"``, ``"..imaging"``), so a package's own path is written once.
     """
     where = {name: module for module, names in exports.items() for name in names}
 
     def __getattr__(name: str):
         if name not in where:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        return getattr(importlib.import_module(where[name]), name)
+        return getattr(importlib.import_module(where[name], package), name)
 
     def __dir__() -> list[str]:
         return sorted(where)

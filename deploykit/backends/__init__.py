@@ -10,6 +10,6 @@ from deploykit._lazy import lazy_exports
 __getattr__, __dir__, __all__ = lazy_exports(
     __name__,
     {
-        "deploykit.backends.torch_runner": ["TorchRunner"],
+        ".torch_runner": ["TorchRunner"],
     },
 )

@@ -9,9 +9,9 @@ from deploykit._lazy import lazy_exports
 __getattr__, __dir__, __all__ = lazy_exports(
     __name__,
     {
-        "deploykit.export.bundle": ["export", "load_reference"],
-        "deploykit.export.lint": ["LintIssue", "check_graph", "lint_graph"],
-        "deploykit.export.manifest": ["MANIFEST_FILE", "OUTPUT_NAME", "GraphEntry", "Manifest"],
-        "deploykit.export.onnx_export": ["DEFAULT_OPSET", "BakedModel", "onnx_from_model", "save_onnx"],
+        ".bundle": ["export", "load_reference"],
+        ".lint": ["LintIssue", "check_graph", "lint_graph"],
+        ".manifest": ["MANIFEST_FILE", "OUTPUT_NAME", "GraphEntry", "Manifest"],
+        ".onnx_export": ["DEFAULT_OPSET", "BakedModel", "onnx_from_model", "save_onnx"],
     },
 )

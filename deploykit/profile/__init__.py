@@ -32,10 +32,10 @@ from deploykit._lazy import lazy_exports
 __getattr__, __dir__, __all__ = lazy_exports(
     __name__,
     {
-        "deploykit.profile.flops": ["gemm_shapes", "model_flops"],
-        "deploykit.profile.report": ["BASELINE_ENCODING", "FP32", "RECORD_FIELDS", "TORCH_BACKEND", "ProfileReport"],
-        "deploykit.profile.run": ["profile"],
-        "deploykit.profile.targets": ["Subject", "ape_twin", "backend_names"],
-        "deploykit.profile.timing": ["Budget", "CpuTimer", "CudaEventTimer", "LatencyStats", "flush_denormal", "measure"],
+        ".flops": ["gemm_shapes", "model_flops"],
+        ".report": ["BASELINE_ENCODING", "FP32", "RECORD_FIELDS", "TORCH_BACKEND", "ProfileReport"],
+        ".run": ["profile"],
+        ".targets": ["Subject", "ape_twin", "backend_names"],
+        ".timing": ["Budget", "CpuTimer", "CudaEventTimer", "LatencyStats", "flush_denormal", "measure"],
     },
 )

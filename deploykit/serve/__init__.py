@@ -8,8 +8,8 @@ from deploykit._lazy import lazy_exports
 __getattr__, __dir__, __all__ = lazy_exports(
     __name__,
     {
-        "deploykit.serve.classifier": ["ImageLimits"],
-        "deploykit.imaging": ["nearest_resolution"],
-        "deploykit.serve.pipeline": ["Pipeline", "Prediction", "load"],
+        ".classifier": ["ImageLimits"],
+        "..imaging": ["nearest_resolution"],
+        ".pipeline": ["Pipeline", "Prediction", "load"],
     },
 )
