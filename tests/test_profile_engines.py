@@ -112,4 +112,4 @@ def test_torch_records_say_what_ran(export_dir):
     result = profile(
         Subject.from_export_dir(export_dir), resolutions=[(32, 32)], backends=["torch"], budget=TINY_BUDGET, end_to_end=False, device="cpu"
     )
-    assert {r["provider"] for r in result.records} == {f"torch {torch.__version__} cpu"} and result.notes == []
+    assert {r["provider"] for r in result.records} == {f"torch {torch.__version__} cpu float32"} and result.notes == []

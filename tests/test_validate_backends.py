@@ -21,7 +21,7 @@ from deploykit.errors import ExportError
 from deploykit.export import export
 from deploykit.export.bundle import load_reference
 from deploykit.export.int8_check import check_plan
-from deploykit.export.manifest import MANIFEST_FILE, sha256_file
+from deploykit.export.manifest import MANIFEST_FILE, Manifest, sha256_file
 from deploykit.export.precision import PLANS
 from deploykit.nn import create_model
 from deploykit.runtime import OnnxrtRunner
@@ -167,3 +167,21 @@ def test_the_plan_check_and_validate_name_the_same_divergent_block(export_dir, t
     with pytest.raises(ExportError, match=r"first divergent block blocks\.1 \(quantized there: none\)"):
         check_plan(fp32, onnx.load(str(planted)), inputs, tolerance, "planted")
     check_plan(fp32, fp32, inputs, tolerance, "intact")  # control: the same graph passes
+
+
+def test_torch_runner_with_baked_tables_matches_the_exported_graph_and_refuses_other_shapes(export_dir):
+    """Profile's torch baseline (tables baked once, as the graph holds them) computes what the
+    per-call reference and the exported fp32 graph compute, and only at the baked shape."""
+    from deploykit.backends import TorchRunner
+    from deploykit.errors import DeployKitError
+
+    model = load_reference(export_dir)
+    images = np.random.default_rng(0).standard_normal((2, 3, *RES)).astype(np.float32)
+    with TorchRunner(model, torch.float32, shape=RES) as baked, TorchRunner(model, torch.float32) as per_call:
+        logits = baked.infer({"images": images})["logits"]
+        np.testing.assert_array_equal(logits, per_call.infer({"images": images})["logits"])
+        with pytest.raises(DeployKitError, match="baked for input shape"):
+            baked.infer({"images": np.zeros((1, 3, 32, 32), np.float32)})
+    (fp32,) = Manifest.read(export_dir).graphs_at("fp32")
+    with OnnxrtRunner(export_dir / fp32.file) as ort_runner:
+        np.testing.assert_allclose(logits, ort_runner.infer({"images": images})["logits"], rtol=1e-4, atol=1e-4)

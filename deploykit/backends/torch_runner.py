@@ -1,12 +1,14 @@
-"""PyTorch eager runner: the reference (float64 by default) and a baseline for profiling."""
+"""PyTorch eager runner: validate's reference (float64 by default) and profile's torch baseline."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 
 import numpy as np
 import torch
 
+from deploykit.errors import DeployKitError
 from deploykit.nn.factory import Model
 from deploykit.runtime.base import Runner
 
@@ -15,35 +17,59 @@ class TorchRunner(Runner):
     """Runs a ``VisionTransformer`` or ``SequenceTransformer`` in eager mode.
 
     Args:
-        model: the model (copied to ``dtype``; the caller's model is not modified).
+        model: the model (copied to ``dtype`` and ``device``; the caller's model is not modified).
         dtype: ``torch.float64`` for reference checks, ``torch.float32`` for timing.
         return_blocks: also return every block's output as ``blocks.<i>`` (for bisection).
+        device: where the copy runs; inputs go there and outputs come back as host arrays, so
+            timing ``infer`` includes the copies, as it does for every other runner.
+        shape: bake the positional tables once for this input shape (``(height, width)`` or
+            ``(length,)``), as an exported graph holds them, so timing leaves their construction
+            out; inputs of another shape are refused. None: tables built for each call's shape.
     """
 
     name = "torch"
 
-    def __init__(self, model: Model, dtype: torch.dtype = torch.float64, return_blocks: bool = False):
+    def __init__(
+        self,
+        model: Model,
+        dtype: torch.dtype = torch.float64,
+        return_blocks: bool = False,
+        device: torch.device | str = "cpu",
+        shape: tuple[int, ...] | None = None,
+    ):
         super().__init__()
         self.model = model
         self.dtype = dtype
         self.return_blocks = return_blocks
+        self.device = torch.device(device)
+        self.shape = tuple(shape) if shape is not None else None
         self._model = None
+        self._tables = None
 
     def _activate(self) -> None:
-        import copy
+        self._model = copy.deepcopy(self.model).to(device=self.device, dtype=self.dtype).eval()
+        if self.shape is not None:
+            self._tables = self._tables_for(self.shape)
 
-        self._model = copy.deepcopy(self.model).to(self.dtype).eval()
+    def _tables_for(self, shape: tuple[int, ...]):
+        # Built in float64 on the host, then cast (as export stores them).
+        with torch.inference_mode():
+            return self._model.shape_tables(shape).map(lambda t: t.to(device=self.device, dtype=self.dtype))
 
     def _infer(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         x = torch.from_numpy(np.ascontiguousarray(feed[self.model.input_name]))
         if x.is_floating_point():  # images; token ids stay integers
             x = x.to(self.dtype)
+        x = x.to(self.device)
         with torch.inference_mode():
-            tables = self._model.shape_tables(self._model.shape_of(x)).map(lambda t: t.to(self.dtype))
+            shape = self._model.shape_of(x)
+            if self.shape is not None and tuple(shape) != self.shape:
+                raise DeployKitError(f"torch runner baked for input shape {self.shape}, got {tuple(shape)}")
+            tables = self._tables if self.shape is not None else self._tables_for(shape)
             features = self._model.forward_features(x, tables)
-            out = {"logits": self._model.forward_head(features[-1]).numpy()}
+            out = {"logits": self._model.forward_head(features[-1]).cpu().numpy()}
             if self.return_blocks:
-                out.update({f"blocks.{i}": f.numpy() for i, f in enumerate(features[1:])})
+                out.update({f"blocks.{i}": f.cpu().numpy() for i, f in enumerate(features[1:])})
         return out
 
     def input_names(self) -> list[str]:
@@ -51,7 +77,8 @@ class TorchRunner(Runner):
 
     @property
     def provider(self) -> str:
-        return f"torch {torch.__version__} cpu {str(self.dtype).removeprefix('torch.')}"
+        return f"torch {torch.__version__} {self.device.type} {str(self.dtype).removeprefix('torch.')}"
 
     def _deactivate(self) -> None:
         self._model = None
+        self._tables = None

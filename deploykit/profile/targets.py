@@ -5,7 +5,6 @@ of the same trunk), one target per backend (PyTorch eager, or a runner from
 
 from __future__ import annotations
 
-import copy
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,11 +18,10 @@ from deploykit.encodings import encoding_name, get_config
 from deploykit.errors import ConfigError, DeployKitError
 from deploykit.export.bundle import load_reference
 from deploykit.export.manifest import Manifest
-from deploykit.export.onnx_export import BakedModel
 from deploykit.nn.factory import Model, build_model
 from deploykit.nn.spec import deploy_spec
 from deploykit.profile.report import BASELINE_ENCODING, FP32, TORCH_BACKEND
-from deploykit.profile.timing import CpuTimer, device_timer
+from deploykit.profile.timing import CpuTimer
 from deploykit.resolutions import resolution_tag
 
 
@@ -111,36 +109,10 @@ def ape_twin(model: Model, max_length: int = 0) -> Model:
     return twin
 
 
-class TorchTarget:
-    """PyTorch eager on the baked model (tables built once per resolution, as in the ONNX graph)."""
-
-    def __init__(self, model: Model, resolution: tuple[int, int], device: torch.device):
-        self.device = device
-        # A float32 copy on the device: the caller's model is left as it was.
-        self.module = BakedModel(copy.deepcopy(model).float().eval(), resolution).to(device).eval()
-        self.timer = device_timer(device)
-
-    def kernel(self, images: np.ndarray) -> Callable[[], object]:
-        x = torch.from_numpy(images).to(self.device)
-        return lambda: self._forward(x)
-
-    def infer_host(self, images: np.ndarray) -> np.ndarray:
-        return self._forward(torch.from_numpy(images).to(self.device)).cpu().numpy()
-
-    def details(self) -> dict:
-        return {"provider": f"torch {torch.__version__} {self.device.type}"}
-
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        with torch.inference_mode():
-            return self.module(x)
-
-    def close(self) -> None:
-        self.module = None
-
-
 class RunnerTarget:
-    """A runner from ``deploykit.backends.registry``; its ``infer`` returns host arrays, so wall-clock
-    time is right on any device (kernel-only then includes that runner's own copies)."""
+    """A runner (PyTorch's, or one from ``deploykit.backends.registry``); its ``infer`` returns host
+    arrays, so wall-clock time is right on any device (kernel-only then includes that runner's own
+    copies, PyTorch's on a GPU included)."""
 
     timer = CpuTimer()
 
@@ -177,7 +149,10 @@ class Unavailable(Exception):
 
 def open_target(backend: str, subject: Subject, resolution: tuple[int, int], precision: str, device: torch.device, runner_options: dict):
     if backend == TORCH_BACKEND:
-        return TorchTarget(subject.model, resolution, device)
+        from deploykit.backends import TorchRunner
+
+        # float32 with the tables baked once for this resolution, as the exported graph holds them
+        return RunnerTarget(TorchRunner(subject.model, torch.float32, device=device, shape=resolution))
     from deploykit.backends.engine_cache import ENGINE_MODULES
     from deploykit.backends.registry import create_runner
 
