@@ -5,7 +5,9 @@ Method (the README's `deploykit profile` paragraph says it for users):
 * every measurement starts with untimed warm-up calls, so each resolution, batch and backend
   switch is warmed (PyTorch's and ONNX Runtime's thread pools fight for the cores when they
   alternate call by call; the untimed calls let the other pool go idle first);
-* CPU work is timed with ``perf_counter_ns``; PyTorch on CUDA with CUDA events;
+* every runner's call (PyTorch's too: ``TorchRunner``) is timed with ``perf_counter_ns``; each
+  returns host arrays, so on a GPU its copies are in the time; the positional step alone, queued
+  on a GPU, is timed with CUDA events;
 * kernel-only (the model on a prepared input) and end-to-end (uint8 camera frames through
   ``deploykit.imaging.preprocess``, host copies, the model, softmax + top-5) side by side;
 * the same trunk with a learned APE runs in the same session, so each encoding's cost is a
