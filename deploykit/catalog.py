@@ -1,20 +1,57 @@
 """What deploykit offers, by name, without importing PyTorch: for ``deploykit list``.
 
-Registration stays where it is: ``@register_encoding`` in each encoding module, the size tables
-in ``deploykit.nn`` (both need PyTorch to import). These are their names, so listing them takes
-no PyTorch start-up; ``tests/test_catalog.py`` holds them equal to the registries, so adding an
-encoding or a model size without naming it here fails the tests.
+Names are defined once, where the things are: ``@register_encoding("name", ...)`` in each encoding
+module, the size tables ``MODEL_CONFIGS`` (``deploykit.nn.vit``) and ``SEQUENCE_CONFIGS``
+(``deploykit.nn.sequence``). Those modules need PyTorch to import (a second or two), so the names
+are read from their source instead: the decorators' first argument and the tables' literal keys.
 """
 
-ENCODINGS = ("ape", "geope", "gridpe", "mope", "rope-axial", "rope-mixed", "sape2", "sape2+ape", "wepe")
-MODELS = (
-    "char_gpt_dot",
-    "char_gpt_ega",
-    "seq_tiny_ega",
-    "vit_base_patch16",
-    "vit_base_patch4_32",
-    "vit_small_patch16",
-    "vit_small_patch16_4heads",
-    "vit_small_patch4_32",
-    "vit_tiny_patch16",
-)
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+
+_PACKAGE = Path(__file__).parent
+_SIZE_TABLES = {"nn/vit.py": "MODEL_CONFIGS", "nn/sequence.py": "SEQUENCE_CONFIGS"}
+
+
+def encodings() -> list[str]:
+    """Every registered encoding name, sorted (``deploykit.encodings.list_encodings()``)."""
+    names = []
+    for source in sorted((_PACKAGE / "encodings").glob("*.py")):
+        for node in ast.walk(_tree(source)):
+            if isinstance(node, ast.ClassDef):
+                names += [_first_string(d) for d in node.decorator_list if _calls(d, "register_encoding")]
+    return sorted(names)
+
+
+def models() -> list[str]:
+    """Every named model size, sorted (``deploykit.nn.list_models()``)."""
+    names = []
+    for relative, table in _SIZE_TABLES.items():
+        (value,) = [
+            node.value
+            for node in _tree(_PACKAGE / relative).body
+            if isinstance(node, ast.AnnAssign | ast.Assign) and table in [t.id for t in _targets(node)]
+        ]
+        names += [key.value for key in value.keys]
+    return sorted(names)
+
+
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def _calls(node: ast.expr, function: str) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == function
+
+
+def _first_string(call: ast.Call) -> str:
+    return ast.literal_eval(call.args[0])
+
+
+def _targets(node: ast.Assign | ast.AnnAssign) -> list[ast.Name]:
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    return [t for t in targets if isinstance(t, ast.Name)]

@@ -168,10 +168,10 @@ def inspection(info: dict) -> None:
 
 def catalog() -> None:
     """Registered encodings and model sizes (the torch-free catalog)."""
-    from deploykit.catalog import ENCODINGS, MODELS
+    from deploykit import catalog
 
-    click.echo("encodings: " + ", ".join(ENCODINGS))
-    click.echo("models:    " + ", ".join(MODELS))
+    click.echo("encodings: " + ", ".join(catalog.encodings()))
+    click.echo("models:    " + ", ".join(catalog.models()))
 
 
 def zoo_cards(cards: Iterable[dict]) -> None:

@@ -4,6 +4,7 @@ that only read or write files do not import PyTorch."""
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from deploykit import catalog
 from deploykit.encodings import list_encodings
@@ -11,8 +12,27 @@ from deploykit.nn import list_models
 
 
 def test_catalog_names_every_registered_encoding_and_model():
-    assert list(catalog.ENCODINGS) == list_encodings()
-    assert list(catalog.MODELS) == list_models()
+    """Read from the source, the names are what importing the registries registers."""
+    assert catalog.encodings() == list_encodings()
+    assert catalog.models() == list_models()
+
+
+def test_catalog_reads_a_new_registration_and_size(tmp_path, monkeypatch):
+    """A name added where encodings and sizes are defined is listed with nothing else edited."""
+    for relative in ["encodings/ape.py", "nn/vit.py", "nn/sequence.py"]:
+        (tmp_path / relative).parent.mkdir(exist_ok=True)
+        (tmp_path / relative).write_text((Path(catalog.__file__).parent / relative).read_text())
+    extra = tmp_path / "encodings" / "extra.py"
+    extra.write_text('@register_encoding("extra-pe", ExtraConfig, variant={"mode": "x"})\nclass Extra:\n    pass\n')
+    vit = tmp_path / "nn" / "vit.py"
+    vit.write_text(
+        vit.read_text().replace(
+            "MODEL_CONFIGS: dict[str, dict[str, Any]] = {", 'MODEL_CONFIGS: dict[str, dict[str, Any]] = {\n    "vit_huge": {},', 1
+        )
+    )
+    monkeypatch.setattr(catalog, "_PACKAGE", tmp_path)
+    assert catalog.encodings() == ["ape", "extra-pe"]
+    assert "vit_huge" in catalog.models() and "char_gpt_ega" in catalog.models()
 
 
 def _modules_after(args: list[str]) -> tuple[int, str, set[str]]:
