@@ -45,8 +45,9 @@ class RayOptions:
     """
 
     num_replicas: int = defaults.RAY_REPLICAS
-    max_batch_size: int = 8
-    batch_wait_timeout_s: float = 0.01
+    # the same dynamic batching as Triton's (serve --ray passes these two on)
+    max_batch_size: int = defaults.MAX_BATCH_SIZE
+    batch_wait_timeout_s: float = defaults.MAX_QUEUE_DELAY_US / 1e6
     backend: str = defaults.BACKEND
     top_k: int = defaults.TOP_K
     precision: str | None = None

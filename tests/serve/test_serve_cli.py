@@ -88,3 +88,15 @@ def test_serve_exits_with_one_line_on_a_host_it_cannot_listen_on(export_dir, hos
     assert proc.returncode == 1, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {reason}"), proc.stderr[-2000:]
+
+
+def test_serve_ray_hands_the_library_its_own_defaults(capsys, export_dir, monkeypatch):
+    """``serve --ray`` with no options deploys what ``RayOptions()`` deploys from Python: one
+    default per setting, for the command line and the library alike."""
+    from deploykit.serve import ray_serve
+
+    deployed = []
+    monkeypatch.setattr(ray_serve, "serve_ray", lambda directory, options, address=None, on_ready=None: deployed.append(options))
+    code, err = run_cli(capsys, "serve", export_dir, "--ray")
+    assert code == 0, err
+    assert deployed == [ray_serve.RayOptions()]
