@@ -30,12 +30,14 @@ from torch import Tensor
 
 from deploykit.encodings._registry import register_encoding
 from deploykit.encodings.base import (
+    TAIL_POLICIES,
     EncodingConfig,
     Hook,
     PETables,
     PositionalEncoding,
     QKChannelOrder,
     TrunkDims,
+    check_head_dim_tail,
     patch_coordinates,
     prefix_identity_rotation,
 )
@@ -49,7 +51,6 @@ _ORIENTATIONS = ("random", "fixed")
 _LAYOUTS = ("direction_major", "scale_major")
 _COORDS = ("raw", "normalized")
 _NORMS = ("unit", "simplex")
-_TAILS = ("pass", "error")
 
 # The paper's ViT-S (spec §4.1, A7): embed 384 with 4 heads (head dim 96 = 16 scales × 3
 # directions × 2), not timm's 6-head ViT-S. The authors' model also uses LayerScale (init 1e-4).
@@ -88,14 +89,13 @@ class GridPEConfig(EncodingConfig):
     pairs: str = "interleaved"
 
     def __post_init__(self):
-        if not (math.isfinite(self.base) and self.base > 1.0):
-            raise ValueError(f"base must be a finite number > 1 (scales must shrink), got {self.base!r}")
+        self.check_above(1.0, "base", why="scales must shrink")
         self.check_choices(
             orientation=_ORIENTATIONS,
             layout=_LAYOUTS,
             coords=_COORDS,
             direction_norm=_NORMS,
-            indivisible_head_dim=_TAILS,
+            indivisible_head_dim=TAIL_POLICIES,
             pairs=PAIRINGS,
         )
 
@@ -221,11 +221,7 @@ class GridPE(PositionalEncoding):
         n, m = SPATIAL_DIM, num_directions(SPATIAL_DIM)
         self.num_scales = gridpe_magnitudes(dims.head_dim, n, config.base).numel()
         tail = dims.head_dim - 2 * m * self.num_scales
-        if tail and config.indivisible_head_dim == "error":
-            raise ValueError(
-                f"head dim {dims.head_dim} is not divisible by 2(n+1) = {2 * m}; use "
-                f"indivisible_head_dim='pass' to leave the last {tail} dims unrotated"
-            )
+        check_head_dim_tail(config.indivisible_head_dim, dims.head_dim, tail, f"2(n+1) = {2 * m}")
         self._warn_above_bound()
         self.register_buffer("omegas", torch.zeros(dims.depth, dims.num_heads, m, n, dtype=F64))
         self.reset_parameters()
