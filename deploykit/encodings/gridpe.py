@@ -32,16 +32,13 @@ from deploykit.encodings._registry import register_encoding
 from deploykit.encodings.base import (
     TAIL_POLICIES,
     EncodingConfig,
-    Hook,
     PETables,
-    PositionalEncoding,
-    QKChannelOrder,
     TrunkDims,
     check_head_dim_tail,
     patch_coordinates,
     prefix_identity_rotation,
 )
-from deploykit.encodings.rope import PAIRINGS, apply_rotary, halves_form
+from deploykit.encodings.rope import PAIRINGS, RotaryEncoding
 
 F64 = torch.float64
 SPATIAL_DIM = 2  # images: positions are (row, col)
@@ -206,15 +203,13 @@ def grid_positions(grid: tuple[int, int], native: tuple[int, int], coords: str) 
 
 
 @register_encoding("gridpe", GridPEConfig, base=DEFAULT_BASE)
-class GridPE(PositionalEncoding):
+class GridPE(RotaryEncoding):
     """GridPE applied to q and k in every block; no learnable parameters (spec §2.9).
 
     Buffers:
         omegas: ``[depth, heads, M, n]`` unit simplex directions per (layer, head), persistent
             (saved to and loaded from checkpoints; never regenerated when building tables).
     """
-
-    hook = Hook.QK
 
     def __init__(self, config: GridPEConfig, dims: TrunkDims):
         super().__init__(config, dims)
@@ -261,9 +256,6 @@ class GridPE(PositionalEncoding):
         cos, sin = build_gridpe_table(positions, freqs, self.dims.num_prefix_tokens)  # [L, H, P+N, M·S]
         return PETables(layers=[{"cos": cos[i], "sin": sin[i]} for i in range(self.dims.depth)])
 
-    def apply_qk(self, q: Tensor, k: Tensor, tables: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        cos, sin, pairs = tables["cos"], tables["sin"], self.config.pairs
-        return apply_rotary(q, cos, sin, pairs), apply_rotary(k, cos, sin, pairs)
-
-    def contiguous_qk_form(self) -> QKChannelOrder | None:
-        return halves_form(self, 2 * num_directions(SPATIAL_DIM) * self.num_scales)
+    @property
+    def rotated_dims(self) -> int:
+        return 2 * num_directions(SPATIAL_DIM) * self.num_scales
