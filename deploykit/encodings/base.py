@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -41,6 +42,15 @@ class EncodingConfig:
         for name, valid in choices.items():
             if getattr(self, name) not in valid:
                 raise ValueError(f"{name} must be one of {valid}, got {getattr(self, name)!r}")
+
+    def check_above(self, bound: float, *names: str, why: str = "") -> None:
+        """Raise ``ValueError`` when a field is not a finite number greater than ``bound`` (frequency
+        bases, scales): one check and one message for every encoding's numeric options."""
+        for name in names:
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > bound):
+                reason = f" ({why})" if why else ""
+                raise ValueError(f"{name} must be a finite number > {bound:g}{reason}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -204,6 +214,20 @@ def prefix_identity_rotation(num_prefix: int, cos: Tensor, sin: Tensor) -> tuple
         torch.cat([cos.new_ones(shape), cos], dim=-2),
         torch.cat([sin.new_zeros(shape), sin], dim=-2),
     )
+
+
+# ``indivisible_head_dim`` of the encodings that rotate fixed-size groups of head dims (GeoPE's
+# triplets, GridPE's 2(n+1) channels): ``pass`` leaves the remainder unrotated, ``error`` refuses it.
+TAIL_POLICIES = ("pass", "error")
+
+
+def check_head_dim_tail(policy: str, head_dim: int, tail: int, divisible_by: str) -> None:
+    """Refuse a head dim that leaves ``tail`` dims unrotated when ``policy`` is ``error``;
+    ``divisible_by`` is the group size as the message names it."""
+    if tail and policy == "error":
+        raise ValueError(
+            f"head dim {head_dim} is not divisible by {divisible_by}; use indivisible_head_dim='pass' to leave the last {tail} dims unrotated"
+        )
 
 
 def patch_coordinates(grid: tuple[int, int], dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor]:

@@ -32,7 +32,6 @@ operator (§3.3) are not implemented.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 import torch
@@ -40,12 +39,14 @@ from torch import Tensor
 
 from deploykit.encodings._registry import register_encoding
 from deploykit.encodings.base import (
+    TAIL_POLICIES,
     EncodingConfig,
     Hook,
     PETables,
     PositionalEncoding,
     QKChannelOrder,
     TrunkDims,
+    check_head_dim_tail,
     patch_coordinates,
 )
 
@@ -55,7 +56,6 @@ _SCHEDULES = ("rope_neg", "paper_literal")
 _GROUPINGS = ("contiguous", "blocked")
 _COORDS = ("corner0", "center")
 _PREFIX = ("identity",)
-_TAILS = ("pass", "error")
 
 # The paper's ViT settings (spec §3): DeiT-III ViT-S/B at patch 16, trained at 224 (Table 1,
 # Figs. 4-6), and the CIFAR variants at 32 px with patch 4 (Table 5, App. K). Head dim 64 gives 21
@@ -97,16 +97,14 @@ class GeoPEConfig(EncodingConfig):
     indivisible_head_dim: str = "pass"
 
     def __post_init__(self):
-        if not (math.isfinite(self.base) and self.base > 1.0):
-            raise ValueError(f"base must be a finite number > 1, got {self.base!r}")
-        if not (math.isfinite(self.pos_scale) and self.pos_scale > 0.0):
-            raise ValueError(f"pos_scale must be a finite number > 0, got {self.pos_scale!r}")
+        self.check_above(1.0, "base")
+        self.check_above(0.0, "pos_scale")
         self.check_choices(
             freq_schedule=_SCHEDULES,
             grouping=_GROUPINGS,
             coords=_COORDS,
             prefix_rotation=_PREFIX,
-            indivisible_head_dim=_TAILS,
+            indivisible_head_dim=TAIL_POLICIES,
         )
 
 
@@ -271,10 +269,7 @@ class GeoPE(PositionalEncoding):
         super().__init__(config, dims)
         tail = dims.head_dim % 3
         geope_frequencies(dims.head_dim, config.base, config.freq_schedule)  # validates the head dim early
-        if tail and config.indivisible_head_dim == "error":
-            raise ValueError(
-                f"head dim {dims.head_dim} is not divisible by 3; use indivisible_head_dim='pass' to leave the last {tail} dims unrotated"
-            )
+        check_head_dim_tail(config.indivisible_head_dim, dims.head_dim, tail, "3")
         idx1, idx2 = partner_indices(dims.head_dim, config.grouping)
         self.register_buffer("idx1", idx1, persistent=False)
         self.register_buffer("idx2", idx2, persistent=False)

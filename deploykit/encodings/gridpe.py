@@ -30,16 +30,15 @@ from torch import Tensor
 
 from deploykit.encodings._registry import register_encoding
 from deploykit.encodings.base import (
+    TAIL_POLICIES,
     EncodingConfig,
-    Hook,
     PETables,
-    PositionalEncoding,
-    QKChannelOrder,
     TrunkDims,
+    check_head_dim_tail,
     patch_coordinates,
     prefix_identity_rotation,
 )
-from deploykit.encodings.rope import PAIRINGS, apply_rotary, halves_form
+from deploykit.encodings.rope import PAIRINGS, RotaryEncoding
 
 F64 = torch.float64
 SPATIAL_DIM = 2  # images: positions are (row, col)
@@ -49,7 +48,6 @@ _ORIENTATIONS = ("random", "fixed")
 _LAYOUTS = ("direction_major", "scale_major")
 _COORDS = ("raw", "normalized")
 _NORMS = ("unit", "simplex")
-_TAILS = ("pass", "error")
 
 # The paper's ViT-S (spec §4.1, A7): embed 384 with 4 heads (head dim 96 = 16 scales × 3
 # directions × 2), not timm's 6-head ViT-S. The authors' model also uses LayerScale (init 1e-4).
@@ -88,14 +86,13 @@ class GridPEConfig(EncodingConfig):
     pairs: str = "interleaved"
 
     def __post_init__(self):
-        if not (math.isfinite(self.base) and self.base > 1.0):
-            raise ValueError(f"base must be a finite number > 1 (scales must shrink), got {self.base!r}")
+        self.check_above(1.0, "base", why="scales must shrink")
         self.check_choices(
             orientation=_ORIENTATIONS,
             layout=_LAYOUTS,
             coords=_COORDS,
             direction_norm=_NORMS,
-            indivisible_head_dim=_TAILS,
+            indivisible_head_dim=TAIL_POLICIES,
             pairs=PAIRINGS,
         )
 
@@ -206,7 +203,7 @@ def grid_positions(grid: tuple[int, int], native: tuple[int, int], coords: str) 
 
 
 @register_encoding("gridpe", GridPEConfig, base=DEFAULT_BASE)
-class GridPE(PositionalEncoding):
+class GridPE(RotaryEncoding):
     """GridPE applied to q and k in every block; no learnable parameters (spec §2.9).
 
     Buffers:
@@ -214,18 +211,12 @@ class GridPE(PositionalEncoding):
             (saved to and loaded from checkpoints; never regenerated when building tables).
     """
 
-    hook = Hook.QK
-
     def __init__(self, config: GridPEConfig, dims: TrunkDims):
         super().__init__(config, dims)
         n, m = SPATIAL_DIM, num_directions(SPATIAL_DIM)
         self.num_scales = gridpe_magnitudes(dims.head_dim, n, config.base).numel()
         tail = dims.head_dim - 2 * m * self.num_scales
-        if tail and config.indivisible_head_dim == "error":
-            raise ValueError(
-                f"head dim {dims.head_dim} is not divisible by 2(n+1) = {2 * m}; use "
-                f"indivisible_head_dim='pass' to leave the last {tail} dims unrotated"
-            )
+        check_head_dim_tail(config.indivisible_head_dim, dims.head_dim, tail, f"2(n+1) = {2 * m}")
         self._warn_above_bound()
         self.register_buffer("omegas", torch.zeros(dims.depth, dims.num_heads, m, n, dtype=F64))
         self.reset_parameters()
@@ -265,9 +256,6 @@ class GridPE(PositionalEncoding):
         cos, sin = build_gridpe_table(positions, freqs, self.dims.num_prefix_tokens)  # [L, H, P+N, M·S]
         return PETables(layers=[{"cos": cos[i], "sin": sin[i]} for i in range(self.dims.depth)])
 
-    def apply_qk(self, q: Tensor, k: Tensor, tables: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        cos, sin, pairs = tables["cos"], tables["sin"], self.config.pairs
-        return apply_rotary(q, cos, sin, pairs), apply_rotary(k, cos, sin, pairs)
-
-    def contiguous_qk_form(self) -> QKChannelOrder | None:
-        return halves_form(self, 2 * num_directions(SPATIAL_DIM) * self.num_scales)
+    @property
+    def rotated_dims(self) -> int:
+        return 2 * num_directions(SPATIAL_DIM) * self.num_scales

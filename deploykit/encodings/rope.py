@@ -187,16 +187,38 @@ def halves_form(encoding: PositionalEncoding, rotated: int) -> QKChannelOrder | 
     return QKChannelOrder(order=order, encoding=encoding.with_config(pairs="halves"))
 
 
+class RotaryEncoding(PositionalEncoding):
+    """Base of the qk-hook encodings that rotate channel pairs by per-block ``cos``/``sin`` tables
+    and have a ``pairs`` option (2-D RoPE, GridPE): the rotation of q and k and its reordered
+    ``halves`` form are the same for all of them, so they are written once here.
+
+    Subclasses build the ``cos``/``sin`` tables and say how many leading head dims rotate.
+    """
+
+    hook = Hook.QK
+
+    @property
+    def rotated_dims(self) -> int:
+        """Leading head dims that rotate (``2 * cos.shape[-1]``); the rest pass."""
+        raise NotImplementedError
+
+    def apply_qk(self, q: Tensor, k: Tensor, tables: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        cos, sin, pairs = tables["cos"], tables["sin"], self.config.pairs
+        return apply_rotary(q, cos, sin, pairs), apply_rotary(k, cos, sin, pairs)
+
+    def contiguous_qk_form(self) -> QKChannelOrder | None:
+        return halves_form(self, self.rotated_dims)
+
+
 @register_encoding("rope-axial", RopeConfig, variant={"mode": "axial"}, theta=100.0)
 @register_encoding("rope-mixed", RopeConfig, variant={"mode": "mixed"}, theta=10.0)
-class Rope2d(PositionalEncoding):
+class Rope2d(RotaryEncoding):
     """2-D RoPE applied to q and k in every block (with ``ape``, also a learned APE on the tokens).
 
     State dict: ``pos_enc.freqs`` ``[2, L, H, d/2]`` (mixed; timm's ``rope.freqs``) and, with
     ``ape``, timm's top-level ``pos_embed``.
     """
 
-    hook = Hook.QK
     top_level_keys = ("pos_embed",)
 
     def __init__(self, config: RopeConfig, dims: TrunkDims):
@@ -236,9 +258,6 @@ class Rope2d(PositionalEncoding):
     def apply_tokens(self, x: Tensor, tables: dict[str, Tensor]) -> Tensor:
         return x + tables["pos_embed"]
 
-    def apply_qk(self, q: Tensor, k: Tensor, tables: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        cos, sin, pairs = tables["cos"], tables["sin"], self.config.pairs
-        return apply_rotary(q, cos, sin, pairs), apply_rotary(k, cos, sin, pairs)
-
-    def contiguous_qk_form(self) -> QKChannelOrder | None:
-        return halves_form(self, self.dims.head_dim)
+    @property
+    def rotated_dims(self) -> int:
+        return self.dims.head_dim

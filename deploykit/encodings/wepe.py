@@ -104,9 +104,7 @@ class WePEConfig(EncodingConfig):
 
     def __post_init__(self):
         self.check_choices(evaluation=_EVALUATIONS, alpha_scale_param=_SCALE_PARAMS)
-        for name in ("omega1", "lattice_omega3", "omega3_init", "alpha_u", "alpha_v", "alpha_scale_init"):
-            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
-                raise ValueError(f"{name} must be a finite number > 0, got {getattr(self, name)!r}")
+        self.check_above(0.0, "omega1", "lattice_omega3", "omega3_init", "alpha_u", "alpha_v", "alpha_scale_init")
         if not self.feature_clamp > 0:
             raise ValueError(f"feature_clamp must be > 0, got {self.feature_clamp!r}")
         if self.lut_size < 2:

@@ -11,12 +11,14 @@ there), and ``attach_functions`` adds the definitions to the exported model.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import TypeVar, Union
 
 import onnx
 from onnxscript import BFLOAT16, DOUBLE, FLOAT, FLOAT16, script
 from onnxscript import opset18 as op
-from onnxscript.values import Op, Opset
+from onnxscript.values import OnnxFunction, Op, Opset
 
 import deploykit.encodings.sape2  # noqa: F401  registers torch.ops.deploykit.sape2_bias
 from deploykit.errors import ExportError
@@ -142,19 +144,27 @@ _SAPE2_NODE = Op(
 FUNCTIONS = {("deploykit", "SaPE2Bias"): SaPE2Bias}
 
 
-def _sape2_bias_translation(
-    q: TFloat,
-    k: TFloat,
-    table_x: TTable,
-    table_y: TTable,
-    grid_h: int,
-    grid_w: int,
-    num_prefix_tokens: int,
-    scale: float,
-    mode: int,
-) -> TFloat:
-    attrs = dict(grid_h=grid_h, grid_w=grid_w, num_prefix_tokens=num_prefix_tokens, scale=scale, mode=mode)
-    return _SAPE2_NODE(q, k, table_x, table_y, **attrs)
+def _bare_node_translation(function: OnnxFunction, node: Op):
+    """The exporter's translation of a custom op: records the bare ``node`` (``attach_functions``
+    adds ``function`` as its definition), taking exactly ``function``'s parameters.
+
+    The exporter binds the torch op's arguments by the translation's signature and annotations,
+    which must be the function's; they are taken from it (``__wrapped__``, ``__annotations__``)
+    rather than written out a second time.
+    """
+    signature = inspect.signature(function.function)
+    inputs = [param.name for param in node.op_schema.inputs]
+
+    def translation(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs).arguments
+        attributes = {name: value for name, value in bound.items() if name not in inputs}
+        return node(*(bound[name] for name in inputs), **attributes)
+
+    translation.__name__ = translation.__qualname__ = f"{function.name}_translation"  # in the exporter's messages
+    return functools.update_wrapper(translation, function.function, assigned=("__annotations__",), updated=())
+
+
+_sape2_bias_translation = _bare_node_translation(SaPE2Bias, _SAPE2_NODE)
 
 
 def attach_functions(proto: onnx.ModelProto) -> None:

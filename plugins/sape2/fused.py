@@ -2,9 +2,9 @@
 attention kernel and never written to memory.
 
 Program ``(i, bh)`` owns the ``BLOCK`` queries of tile ``i``. For each key tile ``j`` it computes
-``S = s_attn · q_I k_Jᵀ + c · (‖Zx_I − Zx_J‖ + ‖Zy_I − Zy_J‖)`` (the distances by
-``kernels._squared_axis_distance``; zero for prefix rows/columns), then updates the running
-maximum, normaliser and output of an online softmax. Extra memory beyond q, k, v and the output:
+``S = s_attn · q_I k_Jᵀ + c · (‖Zx_I − Zx_J‖ + ‖Zy_I − Zy_J‖)`` (the bias tile by
+``kernels._bias_tile``, exactly as the bias kernel computes it; zero for prefix rows/columns),
+then updates the running maximum, normaliser and output of an online softmax. Extra memory beyond q, k, v and the output:
 none (the signatures are rebuilt in registers). With ``c = s_attn = d^-1/2`` this is Eq. 16.
 
 Importing this module needs Triton (``pip install 'deploykit[triton]'``).
@@ -15,7 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from deploykit.plugins.sape2.kernels import BLOCK, _squared_axis_distance, kernel_constants
+from deploykit.plugins.sape2.kernels import BLOCK, _bias_tile, kernel_constants
 
 
 @triton.jit
@@ -45,19 +45,9 @@ def sape2_attention_kernel(
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < D
-    valid_i = (rows >= P) & (rows < T)
-    tok_i = tl.where(valid_i, rows - P, 0)
     q_ptr += bh * T * D
     k_ptr += bh * T * D
     v_ptr += bh * T * D
-    if MODE == 2:
-        a_ptr, b_ptr = k_ptr, q_ptr
-    else:
-        a_ptr, b_ptr = q_ptr, k_ptr
-    if MODE == 0:
-        c_ptr = q_ptr
-    else:
-        c_ptr = k_ptr
     q_i = tl.load(q_ptr + rows[:, None] * D + offs_d[None, :], mask=(rows[:, None] < T) & mask_d[None, :], other=0.0).to(tl.float32)
     running_max = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
     normaliser = tl.zeros([BLOCK], dtype=tl.float32)
@@ -65,14 +55,10 @@ def sape2_attention_kernel(
     for start in range(0, T, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         in_range = cols < T
-        valid_j = (cols >= P) & in_range
-        tok_j = tl.where(valid_j, cols - P, 0)
         kv_mask = in_range[:, None] & mask_d[None, :]
         k_j = tl.load(k_ptr + cols[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
         v_j = tl.load(v_ptr + cols[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-        sq_x = _squared_axis_distance(a_ptr, b_ptr, c_ptr, table_x_ptr, tok_i, tok_j, True, H, W, P, D, M, SCALE, BLOCK, BLOCK_D, BLOCK_M)
-        sq_y = _squared_axis_distance(a_ptr, b_ptr, c_ptr, table_y_ptr, tok_i, tok_j, False, H, W, P, D, M, SCALE, BLOCK, BLOCK_D, BLOCK_M)
-        bias = tl.where(valid_i[:, None] & valid_j[None, :], tl.sqrt(sq_x) + tl.sqrt(sq_y), 0.0)
+        bias = _bias_tile(q_ptr, k_ptr, table_x_ptr, table_y_ptr, rows, cols, H, W, P, D, M, SCALE, MODE, BLOCK, BLOCK_D, BLOCK_M)
         scores = tl.dot(q_i, tl.trans(k_j), input_precision="ieee") * ATTN_SCALE + bias * BIAS_SCALE
         scores = tl.where(in_range[None, :], scores, float("-inf"))
         new_max = tl.maximum(running_max, tl.max(scores, axis=1))

@@ -29,25 +29,10 @@ BLOCK = 32  # token tile; rows and columns share it so a token's signature is co
 
 
 @triton.jit
-def _squared_axis_distance(
-    a_ptr,
-    b_ptr,
-    c_ptr,
-    table_ptr,
-    tok_i,
-    tok_j,
-    ALONG_ROW: tl.constexpr,
-    H: tl.constexpr,
-    W: tl.constexpr,
-    P: tl.constexpr,
-    D: tl.constexpr,
-    M: tl.constexpr,
-    SCALE: tl.constexpr,
-    BLOCK: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-):
-    """``Σ_m (Z_i[m] − Z_j[m])²`` ``[BLOCK, BLOCK]`` for patch tokens ``tok_i``, ``tok_j`` (one axis)."""
+def _squared_axis_distance(a_ptr, b_ptr, c_ptr, table_ptr, tok_i, tok_j, ALONG_ROW, H, W, P, D, M, SCALE, BLOCK, BLOCK_D, BLOCK_M):
+    """``Σ_m (Z_i[m] − Z_j[m])²`` ``[BLOCK, BLOCK]`` for patch tokens ``tok_i``, ``tok_j`` (one axis:
+    the row term when ``ALONG_ROW``). ``ALONG_ROW`` and the arguments after it are compile-time
+    constants: the callers pass the kernels' ``tl.constexpr`` arguments (``kernel_constants``)."""
     offs_d = tl.arange(0, BLOCK_D)
     offs_m = tl.arange(0, BLOCK_M)
     mask_d = offs_d < D
@@ -83,6 +68,35 @@ def _squared_axis_distance(
 
 
 @triton.jit
+def _bias_tile(q_ptr, k_ptr, table_x_ptr, table_y_ptr, rows, cols, H, W, P, D, M, SCALE, MODE, BLOCK, BLOCK_D, BLOCK_M):
+    """The bias ``‖Zx_i − Zx_j‖ + ‖Zy_i − Zy_j‖`` ``[BLOCK, BLOCK]`` of token rows ``rows`` and
+    columns ``cols`` of one batch·head's q, k; 0 where either is a prefix token or past the end.
+
+    One tile computation for both kernels: ``sape2_bias_kernel`` stores it, the fused attention
+    kernel (``fused.py``) adds it to its logits, so the two cannot drift apart. The arguments
+    after ``cols`` are the kernels' compile-time constants (``kernel_constants``).
+    """
+    T: tl.constexpr = P + H * W
+    valid_i = (rows >= P) & (rows < T)
+    valid_j = (cols >= P) & (cols < T)
+    tok_i = tl.where(valid_i, rows - P, 0)
+    tok_j = tl.where(valid_j, cols - P, 0)
+    # mode: gate operands (a, b) and projected c are (q, k, q), (q, k, k) or (k, q, k) (spec A1)
+    if MODE == 2:
+        a_ptr, b_ptr = k_ptr, q_ptr
+    else:
+        a_ptr, b_ptr = q_ptr, k_ptr
+    if MODE == 0:
+        c_ptr = q_ptr
+    else:
+        c_ptr = k_ptr
+    sq_x = _squared_axis_distance(a_ptr, b_ptr, c_ptr, table_x_ptr, tok_i, tok_j, True, H, W, P, D, M, SCALE, BLOCK, BLOCK_D, BLOCK_M)
+    sq_y = _squared_axis_distance(a_ptr, b_ptr, c_ptr, table_y_ptr, tok_i, tok_j, False, H, W, P, D, M, SCALE, BLOCK, BLOCK_D, BLOCK_M)
+    bias = tl.sqrt(sq_x) + tl.sqrt(sq_y)
+    return tl.where(valid_i[:, None] & valid_j[None, :], bias, 0.0)  # prefix rows/columns: 0
+
+
+@triton.jit
 def sape2_bias_kernel(
     q_ptr,
     k_ptr,
@@ -109,25 +123,9 @@ def sape2_bias_kernel(
     bh = tl.program_id(2).to(tl.int64)
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    valid_i = (rows >= P) & (rows < T)
-    valid_j = (cols >= P) & (cols < T)
-    tok_i = tl.where(valid_i, rows - P, 0)
-    tok_j = tl.where(valid_j, cols - P, 0)
     q_ptr += bh * T * D
     k_ptr += bh * T * D
-    # mode: gate operands (a, b) and projected c are (q, k, q), (q, k, k) or (k, q, k) (spec A1)
-    if MODE == 2:
-        a_ptr, b_ptr = k_ptr, q_ptr
-    else:
-        a_ptr, b_ptr = q_ptr, k_ptr
-    if MODE == 0:
-        c_ptr = q_ptr
-    else:
-        c_ptr = k_ptr
-    sq_x = _squared_axis_distance(a_ptr, b_ptr, c_ptr, table_x_ptr, tok_i, tok_j, True, H, W, P, D, M, SCALE, BLOCK, BLOCK_D, BLOCK_M)
-    sq_y = _squared_axis_distance(a_ptr, b_ptr, c_ptr, table_y_ptr, tok_i, tok_j, False, H, W, P, D, M, SCALE, BLOCK, BLOCK_D, BLOCK_M)
-    bias = tl.sqrt(sq_x) + tl.sqrt(sq_y)
-    bias = tl.where(valid_i[:, None] & valid_j[None, :], bias, 0.0)  # prefix rows/columns: 0
+    bias = _bias_tile(q_ptr, k_ptr, table_x_ptr, table_y_ptr, rows, cols, H, W, P, D, M, SCALE, MODE, BLOCK, BLOCK_D, BLOCK_M)
     out = out_ptr + bh * T * T + rows[:, None] * T + cols[None, :]
     tl.store(out, bias.to(out_ptr.dtype.element_ty), mask=(rows[:, None] < T) & (cols[None, :] < T))
 
