@@ -31,7 +31,9 @@ bfloat16.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -54,14 +56,71 @@ class PrecisionPlan:
         low: for cast plans, the ONNX type the matrix products run in.
         calibrated: activation ranges come from calibration inputs (static INT8).
         ort_only: non-empty when TensorRT cannot build the plan: the reason, for ``build``.
+        write: writes the plan from an fp32 graph (a copy; the input is left as it is), given the
+            ``PlanInputs`` it needs.
     """
 
     name: str
     summary: str
     tolerance: Tolerance
+    write: Callable[[onnx.ModelProto, PlanInputs], onnx.ModelProto] = field(repr=False, compare=False)
     low: int | None = None
     calibrated: bool = False
     ort_only: str = ""
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What a plan's writer may need beyond the graph (see ``apply_precision``)."""
+
+    calibration: Any = None
+    target: Any = None
+    progress: Callable[[str], None] | None = None
+    attention: bool | None = None
+    keep_float: tuple[str, ...] = ()
+
+
+def _copy(proto: onnx.ModelProto) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    return out
+
+
+def _as_exported(proto: onnx.ModelProto, _: PlanInputs) -> onnx.ModelProto:
+    return _copy(proto)
+
+
+def _cast_plan(low: int) -> Callable[[onnx.ModelProto, PlanInputs], onnx.ModelProto]:
+    def write(proto: onnx.ModelProto, _: PlanInputs) -> onnx.ModelProto:
+        out = _copy(proto)
+        _Plan(out, low).rewrite()
+        return out
+
+    return write
+
+
+def _int8(proto: onnx.ModelProto, given: PlanInputs) -> onnx.ModelProto:
+    from deploykit.export import int8_selection, int8_static
+
+    attention = int8_selection.attention_int8(proto, given.attention)
+    return int8_static.quantize_static_int8(proto, given.calibration, attention, given.target, given.progress, given.keep_float)
+
+
+def _int8_mha(proto: onnx.ModelProto, given: PlanInputs) -> onnx.ModelProto:
+    # the attention core is float in the int8 plan: fuse it as fp32-mha does
+    return _fp32_mha(_int8(proto, given), given)
+
+
+def _int8_dynamic(proto: onnx.ModelProto, _: PlanInputs) -> onnx.ModelProto:
+    from deploykit.export import int8_dynamic
+
+    return int8_dynamic.quantize_dynamic_int8(proto)
+
+
+def _fp32_mha(proto: onnx.ModelProto, _: PlanInputs) -> onnx.ModelProto:
+    from deploykit.export import fused_attention
+
+    return fused_attention.fuse_attention(proto)
 
 
 # fp32 graphs differ from the float64 reference by summation order only; half types by their
@@ -75,29 +134,33 @@ INT8_TOLERANCE = Tolerance(max_abs=None, min_cosine=0.0, min_mean_cosine=0.99, m
 PLANS: dict[str, PrecisionPlan] = {
     plan.name: plan
     for plan in (
-        PrecisionPlan("fp32", "as exported", Tolerance(max_abs=1e-4, min_cosine=0.99999)),
+        PrecisionPlan("fp32", "as exported", Tolerance(max_abs=1e-4, min_cosine=0.99999), _as_exported),
         PrecisionPlan(
             "fp16",
             "matmuls fp16; tables, LayerNorm, Softmax, logits fp32",
             Tolerance(max_abs=5e-2, min_cosine=0.999),
+            _cast_plan(TensorProto.FLOAT16),
             low=TensorProto.FLOAT16,
         ),
         PrecisionPlan(
             "bf16",
             "matmuls bf16; tables, LayerNorm, Softmax, logits fp32",
             Tolerance(max_abs=2e-1, min_cosine=0.995),
+            _cast_plan(TensorProto.BFLOAT16),
             low=TensorProto.BFLOAT16,
         ),
         PrecisionPlan(
             "int8",
             "Q/DQ int8 matmuls, calibrated; tables, rotations, gates, logits float (ORT and TensorRT)",
             INT8_TOLERANCE,
+            _int8,
             calibrated=True,
         ),
         PrecisionPlan(
             "int8-dynamic",
             "ONNX Runtime's dynamic int8 matmuls (MatMulInteger); no calibration",
             INT8_TOLERANCE,
+            _int8_dynamic,
             ort_only="int8-dynamic uses ONNX Runtime's DynamicQuantizeLinear/MatMulInteger, which TensorRT does not "
             "build; export --precision int8 for engines",
         ),
@@ -105,6 +168,7 @@ PLANS: dict[str, PrecisionPlan] = {
             "int8-mha",
             "int8, with the float attention core fused into ONNX Runtime's MultiHeadAttention (long sequences)",
             INT8_TOLERANCE,
+            _int8_mha,
             calibrated=True,
             ort_only="int8-mha uses ONNX Runtime's com.microsoft.MultiHeadAttention, which TensorRT does not parse; "
             "export --precision int8 for engines (TensorRT fuses attention itself)",
@@ -113,6 +177,7 @@ PLANS: dict[str, PrecisionPlan] = {
             "fp32-mha",
             "fp32 with attention fused into ONNX Runtime's MultiHeadAttention (long sequences)",
             Tolerance(max_abs=1e-4, min_cosine=0.99999),
+            _fp32_mha,
             ort_only="fp32-mha uses ONNX Runtime's com.microsoft.MultiHeadAttention, which TensorRT does not parse; "
             "TensorRT fuses attention itself from the fp32 graph",
         ),
@@ -166,26 +231,10 @@ def apply_precision(
         ConfigError: unknown precision, or a calibrated plan without calibration inputs.
         ExportError: the plan could not be written (e.g. a calibration that gave NaN scales).
     """
-    from deploykit.export import fused_attention, int8_dynamic, int8_selection, int8_static
-
     plan = check_precision(precision)
     if plan.calibrated and calibration is None:
         raise ConfigError(f"the {precision} plan needs calibration inputs")
-    if plan.name in ("int8", "int8-mha"):
-        out = int8_static.quantize_static_int8(
-            proto, calibration, int8_selection.attention_int8(proto, attention), target, progress, keep_float
-        )
-        if plan.name == "int8-mha":  # the attention core is float in the int8 plan: fuse it as fp32-mha does
-            out = fused_attention.fuse_attention(out)
-    elif plan.name == "int8-dynamic":
-        out = int8_dynamic.quantize_dynamic_int8(proto)
-    elif plan.name == "fp32-mha":
-        out = fused_attention.fuse_attention(proto)
-    else:
-        out = onnx.ModelProto()
-        out.CopyFrom(proto)
-        if plan.low is not None:
-            _Plan(out, plan.low).rewrite()
+    out = plan.write(proto, PlanInputs(calibration, target, progress, attention, tuple(keep_float)))
     GraphMetadata.update(out, precision=precision)
     return out
 
