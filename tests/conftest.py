@@ -65,6 +65,32 @@ def good_export(tmp_path_factory, ckpt_dir):
 
 
 @pytest.fixture(scope="session")
+def zoo_int8_export(tmp_path_factory):
+    """The default zoo model as ``deploykit export --precision int8`` writes it at its card's
+    resolutions (1x, 1.5x, 2x), default calibration and fallback: its fp32 and int8 graphs, exported
+    once for the zoo card tests and OpenVINO's int8 test, each of which exported (or replanned) it
+    again (shared: copy it before modifying)."""
+    import json
+
+    from deploykit.cli import main
+    from deploykit.zoo.cards import CARD_JSON
+    from deploykit.zoo.registry import DEFAULT_ZOO_MODEL, model_dir
+
+    directory = model_dir(DEFAULT_ZOO_MODEL)
+    if not (directory / CARD_JSON).is_file():
+        pytest.fail(
+            f"zoo model {DEFAULT_ZOO_MODEL} has no card; run: deploykit zoo train {DEFAULT_ZOO_MODEL} && deploykit zoo eval {DEFAULT_ZOO_MODEL}"
+        )
+    resolutions = json.loads((directory / CARD_JSON).read_text())["resolutions"]
+    out = tmp_path_factory.mktemp("zoo-int8") / "exp"
+    try:
+        main(["export", "-c", str(directory), *(a for r in resolutions for a in ("-r", str(r))), "--precision", "int8", "-o", str(out)])
+    except SystemExit as exit_:
+        assert exit_.code in (0, None), f"export of {DEFAULT_ZOO_MODEL} with its int8 plan failed with {exit_.code}"
+    return out
+
+
+@pytest.fixture(scope="session")
 def sape2_export(tmp_path_factory):
     """A two-block SaPE² ViT at 32x32 exported once: ``model_32.onnx`` holds two
     ``deploykit::SaPE2Bias`` nodes and their model-local function (shared; copy before modifying)."""

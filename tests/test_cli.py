@@ -669,12 +669,18 @@ def test_export_set_bad_value_is_one_line(capsys, tmp_path, ckpt_dir, value, nee
 
 
 @pytest.mark.slow
-def test_export_set_on_a_fresh_model_shapes_it(capsys, tmp_path):
-    # Untrained: ape=true gives the seeded RoPE model its learned table too.
+def test_export_set_on_a_fresh_model_shapes_it(capsys, tmp_path, monkeypatch):
+    # Untrained: ape=true gives the seeded RoPE model its learned table too. The size cut to one
+    # block (what --set does to the encoding does not depend on depth; twelve blocks' export was most of the test).
+    from deploykit.nn import MODEL_CONFIGS
+
+    monkeypatch.setitem(MODEL_CONFIGS, "vit_tiny_patch16", {**MODEL_CONFIGS["vit_tiny_patch16"], "depth": 1})
     out = tmp_path / "rope-ape"
     args = ["export", "--encoding", "rope-axial", "--model", "vit_tiny_patch16", "--set", "ape=true", "--set", "no_embed_class=true"]
     assert run_cli(capsys, *args, "-r", 224, "-o", out)[0] == 0
-    encoding = json.loads((out / "config.json").read_text())["encoding"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["depth"] == 1  # the cut size was the one exported
+    encoding = config["encoding"]
     assert encoding["ape"] is True and encoding["no_embed_class"] is True
 
 

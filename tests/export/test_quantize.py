@@ -235,19 +235,15 @@ def test_int8_mha_is_the_int8_plan_with_its_float_attention_fused(tmp_path):
 
 
 @pytest.mark.slow
-def test_validate_passes_int8_on_a_trained_model_and_fails_a_planted_bad_scale(tmp_path):
+def test_validate_passes_int8_on_a_trained_model_and_fails_a_planted_bad_scale(tmp_path, zoo_int8_export):
+    """On a copy of the suite's int8 export of the default zoo model (conftest.py), at 48 px."""
+    import shutil
+
     from deploykit.export.manifest import MANIFEST_FILE, sha256_file
     from deploykit.validate import validate
 
-    out = tmp_path / "x"
-    export(
-        load_model(model_dir(DEFAULT_ZOO_MODEL)),
-        [(48, 48)],
-        out,
-        precisions=["int8"],
-        calibration=CalibrationOptions(samples=32, held_out=64),
-    )
-    (good,) = validate(out, precision="int8").records
+    out = shutil.copytree(zoo_int8_export, tmp_path / "x")
+    (good,) = validate(out, resolutions=[(48, 48)], precision="int8").records
     assert good.passed and good.num_real == 8 and good.mean_cosine >= 0.99 and good.tolerance["real_only"]
     # Plant: block 1's fc1 weights dequantized with a 30x scale (as a broken calibration or a
     # hand edit would leave them); the manifest is updated so only the values are wrong.
@@ -261,7 +257,7 @@ def test_validate_passes_int8_on_a_trained_model_and_fails_a_planted_bad_scale(t
     manifest = json.loads((out / MANIFEST_FILE).read_text())
     next(g for g in manifest["graphs"] if g["file"] == path.name)["sha256"] = sha256_file(path)
     (out / MANIFEST_FILE).write_text(json.dumps(manifest))
-    (bad,) = validate(out, precision="int8").records
+    (bad,) = validate(out, resolutions=[(48, 48)], precision="int8").records
     assert not bad.passed and any("mean cosine" in f or "top-1" in f for f in bad.failures), bad.failures
     assert bad.first_divergent_block == "blocks.1"
 

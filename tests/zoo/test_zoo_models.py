@@ -17,8 +17,6 @@ from deploykit.cli import main
 from deploykit.data import validation_inputs
 from deploykit.datasets import ShapeRelations
 from deploykit.encodings import config_from_dict, config_to_dict
-from deploykit.export import onnx_from_model
-from deploykit.export.bundle import planned_graph
 from deploykit.export.manifest import Manifest
 from deploykit.nn import load_model
 from deploykit.zoo.cards import CARD_JSON, README, hex_to_bits, read_cards
@@ -41,13 +39,16 @@ def zoo_model(request):
 
 
 @pytest.fixture(scope="module")
-def zoo_export(zoo_model, tmp_path_factory) -> dict[int, Path]:
+def zoo_export(zoo_model, tmp_path_factory, request) -> dict[int, Path]:
     """The zoo model exported once by the command line at its card's resolutions (1x, 1.5x, 2x),
-    shared by the card and validate tests: resolution -> graph file."""
+    shared by the card and validate tests: resolution -> fp32 graph file."""
     name, directory, card = zoo_model
-    out = tmp_path_factory.mktemp(f"export-{name}")
-    main(["export", "-c", str(directory), *(a for r in card["resolutions"] for a in ("-r", str(r))), "-o", str(out)])
-    return {g.resolution[0]: out / g.file for g in Manifest.read(out).graphs}
+    if name == DEFAULT_ZOO_MODEL:  # the same command with --precision int8 (conftest.py): these fp32 graphs and its int8 plan
+        out = request.getfixturevalue("zoo_int8_export")
+    else:
+        out = tmp_path_factory.mktemp(f"export-{name}")
+        main(["export", "-c", str(directory), *(a for r in card["resolutions"] for a in ("-r", str(r))), "-o", str(out)])
+    return {g.resolution[0]: out / g.file for g in Manifest.read(out).graphs if g.precision == "fp32"}
 
 
 @functools.cache
@@ -91,15 +92,16 @@ def test_card_matches_the_exported_graph_on_a_subset(zoo_model, zoo_export):
 
 
 @pytest.mark.slow
-def test_int8_columns_match_the_exported_int8_graph_and_meet_the_goals():
-    """The default model's int8 card columns against its int8 plan, exported as ``deploykit export
-    --precision int8`` writes it and run in ONNX Runtime by a loop of this test; and the goals
-    (within 0.5 points of fp32 at 1x, 1 point at 2x; agreement >= 99%)."""
+def test_int8_columns_match_the_exported_int8_graph_and_meet_the_goals(zoo_int8_export):
+    """The default model's int8 card columns against its int8 plans, as ``deploykit export
+    --precision int8`` wrote them (conftest.py) and run in ONNX Runtime by a loop of this test; and
+    the goals (within 0.5 points of fp32 at 1x, 1 point at 2x; agreement >= 99%)."""
     directory = trained(DEFAULT_ZOO_MODEL)
     card, model = json.loads((directory / CARD_JSON).read_text()), load_model(directory)
+    int8 = {g.resolution[0]: zoo_int8_export / g.file for g in Manifest.read(zoo_int8_export).graphs if g.precision == "int8"}
+    assert sorted(int8) == card["resolutions"]  # every column has its plan
     for res, bits in zip(card["resolutions"], card["int8_test_correct_hex"]):
-        fp32 = onnx_from_model(model, (res, res))
-        predicted, labels = _onnx_predictions(planned_graph(fp32, model, (res, res), "int8"), model, res, SUBSET)
+        predicted, labels = _onnx_predictions(onnx.load(str(int8[res])), model, res, SUBSET)
         _agree(predicted == labels, bits)
     fp32, int8 = card["test_accuracy"], card["int8_test_accuracy"]
     assert abs(int8[0] - fp32[0]) <= 0.005 and abs(int8[-1] - fp32[-1]) <= 0.01, (fp32, int8)
