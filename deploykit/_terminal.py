@@ -38,14 +38,21 @@ def configure_logging(verbosity: int) -> None:
 @contextlib.contextmanager
 def quiet_logger(name: str):
     """Errors only from logger ``name`` (``""``: the root logger) for the block: third-party
-    exporters and quantizers log progress and advice that would bury the CLI's own report."""
+    exporters and quantizers log progress and advice that would bury the CLI's own report.
+
+    The logger's handlers are put back as they were too: a module-level ``logging.warning(...)``
+    (ONNX Runtime's quantizer has them) calls ``logging.basicConfig()`` on a root logger without
+    handlers, whatever the level, and that handler would then print every later ``deploykit``
+    warning a second time (``WARNING:deploykit...:``) beside the CLI's ``warning:`` line."""
     logger = logging.getLogger(name)
-    level = logger.level
+    level, handlers = logger.level, list(logger.handlers)
     logger.setLevel(logging.ERROR)
     try:
         yield
     finally:
         logger.setLevel(level)
+        for handler in [h for h in logger.handlers if h not in handlers]:
+            logger.removeHandler(handler)
 
 
 def counter(progress: Callable[[str], None] | None, what: str, total: int, unit: str = "", updates: int = 10) -> Callable[[int], None]:
