@@ -1,7 +1,9 @@
 """What the CLI shows while it works: its steps, and deploykit's log records.
 
 The library reports progress through ``progress(message)`` callables and logs through the
-``deploykit`` loggers; this module renders both on stderr, for a terminal or for a log file.
+``deploykit`` loggers; this module renders both on stderr, for a terminal or for a log file, and
+keeps third-party loggers (exporters, quantizers, the model hub's client) to their errors around
+their calls (``quiet_logger``).
 Verbosity: -1 with ``-q``, 0 by default, 1 with ``-v``, 2 with ``-vv``.
 """
 
@@ -31,6 +33,26 @@ def configure_logging(verbosity: int) -> None:
         logger.removeHandler(handler)
     logger.addHandler(EchoHandler())
     logger.setLevel({-1: logging.ERROR, 0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))
+
+
+@contextlib.contextmanager
+def quiet_logger(name: str):
+    """Errors only from logger ``name`` (``""``: the root logger) for the block: third-party
+    exporters and quantizers log progress and advice that would bury the CLI's own report.
+
+    The logger's handlers are put back as they were too: a module-level ``logging.warning(...)``
+    (ONNX Runtime's quantizer has them) calls ``logging.basicConfig()`` on a root logger without
+    handlers, whatever the level, and that handler would then print every later ``deploykit``
+    warning a second time (``WARNING:deploykit...:``) beside the CLI's ``warning:`` line."""
+    logger = logging.getLogger(name)
+    level, handlers = logger.level, list(logger.handlers)
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        for handler in [h for h in logger.handlers if h not in handlers]:
+            logger.removeHandler(handler)
 
 
 def counter(progress: Callable[[str], None] | None, what: str, total: int, unit: str = "", updates: int = 10) -> Callable[[int], None]:

@@ -83,6 +83,23 @@ def test_counts_are_shown_a_few_times_whatever_the_total():
         assert all(line.endswith(f" of {total} inputs") for line in shown)
 
 
+def test_third_party_root_logging_does_not_print_deploykit_warnings_twice(monkeypatch, capsys):
+    """ONNX Runtime's quantizer logs with module-level ``logging.warning``, which installs a root
+    handler (``basicConfig``) when the root has none, as outside pytest: the int8 export's later
+    warnings then came out twice, the second time as ``WARNING:deploykit.export...:``."""
+    import logging
+
+    from deploykit._terminal import configure_logging, quiet_logger
+
+    monkeypatch.setattr(logging.root, "handlers", [])  # as in the console script: no root handler
+    with quiet_logger(""):
+        logging.warning("Please consider to run pre-processing before quantization.")
+    assert logging.root.handlers == []
+    configure_logging(0)
+    logging.getLogger("deploykit.export.sensitivity").warning("the int8 plan misses its target")
+    assert capsys.readouterr().err == "warning: the int8 plan misses its target\n"
+
+
 def test_quiet_prints_results_only(capsys, ckpt_dir, tmp_path):
     code, _, err = run_cli(capsys, "-q", "export", "-c", ckpt_dir, "-r", RES, "-o", tmp_path / "out")
     assert code == 0, err

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import onnx
 
+from deploykit._terminal import quiet_logger
 from deploykit.errors import ExportError
 from deploykit.export import names
 from deploykit.export.int8_selection import select_nodes, with_plan_record
 from deploykit.export.lint import check_scales
-from deploykit.export.onnx_export import quiet_logger
 
 
 def quantize_dynamic_int8(proto: onnx.ModelProto) -> onnx.ModelProto:

@@ -30,12 +30,11 @@ from typing import Protocol
 import numpy as np
 import onnx
 
-from deploykit._terminal import counter
+from deploykit._terminal import counter, quiet_logger
 from deploykit.errors import ConfigError, ExportError, listed
 from deploykit.export import defaults, names, sensitivity
 from deploykit.export.int8_selection import QUANTIZED_OP_TYPES, looks_untrained, select_nodes, with_plan_record
 from deploykit.export.lint import check_scales
-from deploykit.export.onnx_export import quiet_logger
 
 _log = logging.getLogger(__name__)
 

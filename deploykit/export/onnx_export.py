@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
-import logging
 import math
 import os
 import warnings
@@ -29,6 +28,7 @@ from torch import Tensor, nn
 
 import deploykit
 from deploykit._io import atomic_path
+from deploykit._terminal import quiet_logger
 from deploykit.encodings import KeepsFloat, PETables, config_to_dict
 from deploykit.errors import ExportError, ResolutionError
 from deploykit.export.custom_ops import CUSTOM_TRANSLATIONS, attach_functions
@@ -281,19 +281,6 @@ def _interrupted(err: BaseException) -> bool:
         seen.add(id(err))
         err = err.__cause__ or err.__context__
     return False
-
-
-@contextlib.contextmanager
-def quiet_logger(name: str):
-    """Errors only from logger ``name`` (``""``: the root logger) for the block: third-party
-    exporters and quantizers log progress and advice that would bury the CLI's own report."""
-    logger = logging.getLogger(name)
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 def block_output_names(proto: onnx.ModelProto, depth: int, scope: str = "model.blocks") -> list[str]:

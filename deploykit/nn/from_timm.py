@@ -41,6 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from deploykit._lazy import lazy_import
+from deploykit._terminal import quiet_logger
 from deploykit.encodings import EncodingConfig, encoding_name, get_config
 from deploykit.errors import CheckpointError, ConfigError
 from deploykit.nn.checkpoint import load_checkpoint, load_weights, with_encoding_options
@@ -112,7 +113,10 @@ def pretrained_state_dict(name: str, **model_kwargs: Any) -> dict[str, Tensor]:
     """
     timm = lazy_import("timm")
     try:
-        return timm.create_model(name, pretrained=True, **model_kwargs).state_dict()
+        # The hub client logs each failed request and retry as a warning of its own (two dozen
+        # lines over a minute without network): its final error is the one line shown.
+        with quiet_logger("huggingface_hub"):
+            return timm.create_model(name, pretrained=True, **model_kwargs).state_dict()
     except Exception as err:  # hub and network errors come in many types (OSError, HTTP, offline mode, ...)
         raise CheckpointError(
             f"cannot fetch timm's pretrained weights for {name} ({type(err).__name__}: {_first_line(err)}); "

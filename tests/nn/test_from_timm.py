@@ -157,6 +157,39 @@ def test_validate_compares_backbone_features(exported, capsys):
     assert "(features)" in capsys.readouterr().err
 
 
+def test_hub_retries_without_network_are_not_shown(tmp_path, deploykit_cli, monkeypatch):
+    """Without network the hub client logs every failed request and each retry as a warning, on
+    a stderr handler of its own (two dozen lines over a minute, even with -q); the import then
+    shows only its one error line. timm is faked: what is checked is the hub's logging."""
+    import logging
+    import sys
+    import types
+
+    from deploykit.nn import from_timm
+
+    def create_model(name, pretrained=False, **kwargs):  # timm.create_model as it fails offline
+        http = logging.getLogger("huggingface_hub.utils._http")
+        for attempt in range(1, 6):
+            http.warning("'[Errno -2] Name or service not known' thrown while requesting HEAD https://huggingface.co/timm/x")
+            http.warning(f"Retrying in 1s [Retry {attempt}/5].")
+        raise OSError("An error happened while trying to locate the file on the Hub.\nPlease check your connection.")
+
+    hub = logging.getLogger("huggingface_hub")
+    level = hub.level  # WARNING where the real hub client is imported, NOTSET elsewhere
+    handler = logging.StreamHandler(sys.stderr)  # the hub's own handler (huggingface_hub.utils.logging)
+    hub.addHandler(handler)
+    monkeypatch.setattr(from_timm, "lazy_import", lambda module: types.SimpleNamespace(create_model=create_model))
+    monkeypatch.setattr(from_timm, "timm_model", lambda name, **kwargs: torch.nn.Linear(1, 1))
+    monkeypatch.setattr(from_timm, "config_from_timm", lambda model, name: None)
+    try:
+        code, err = deploykit_cli("import", "timm", "vit_tiny_patch16_224", "-o", tmp_path / "out")
+    finally:
+        hub.removeHandler(handler)
+    assert code == 1 and err.count("\n") == 1, err
+    assert err.startswith("error: cannot fetch timm's pretrained weights for vit_tiny_patch16_224 (OSError: An error happened")
+    assert hub.level == level and not (tmp_path / "out").exists()
+
+
 # ------------------------------------------------------------------- with timm itself
 
 timm_required = pytest.mark.skipif(
