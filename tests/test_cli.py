@@ -590,7 +590,7 @@ def test_int8_export_says_what_it_calibrated_on_then_validates_and_profiles(caps
     assert steps == [  # n of N inside the long steps: the held-out reference in batches of 32, calibration in batches of 8
         f"export: {RES} int8: {step}"
         for step in (
-            "reading 8 calibration and 64 held-out inputs",
+            "reading 8 calibration and up to 64 held-out inputs",
             "fp32 reference on 64 held-out inputs: 32 of 64 inputs",
             "fp32 reference on 64 held-out inputs: 64 of 64 inputs",
             f"calibrating on {crops} (percentile): 8 of 8 inputs",

@@ -296,7 +296,7 @@ def planned_graph(
     if options.keep_float:  # a pattern matching no layer is refused before any input is read
         int8_selection.select_nodes(proto, int8_selection.attention_int8(proto, options.attention), options.keep_float)
     if say:
-        say(f"reading {options.samples} calibration and {options.held_out} held-out inputs")
+        say(f"reading {options.samples} calibration and up to {options.held_out} held-out inputs")  # user data: what the calibration leaves
     inputs, held_out, record = (options.data or DefaultCalibration()).inputs(model, resolution, options.samples, options.held_out)
     tick = counter(say, f"fp32 reference on {len(held_out)} held-out inputs", len(held_out), "inputs")
     reference = run_graph(proto, held_out, done=tick)  # once: the fallback's target and the check share it
