@@ -24,25 +24,28 @@ Why our own pass rather than a maintained converter (checked 2026-10):
 ModelOpt's AutoCast does this well, but ``nvidia-modelopt[onnx]`` replaces the CPU onnxruntime
 with onnxruntime-gpu and pulls cupy and a pinned onnx; onnxconverter-common's
 ``convert_float_to_float16`` has no bfloat16 and does not look inside model-local functions.
-The rules above fit in one readable pass. It edits the protobuf directly rather than through
-onnx-graphsurgeon because graphsurgeon stores constants as numpy arrays, and numpy has no
-bfloat16.
+The rules above fit in one readable pass, written on onnx_ir (as the exporter's rewrites and the
+fused-attention plan are): values know their producer, readers and type, and its tensors hold
+bfloat16 through ml_dtypes (onnx-graphsurgeon keeps constants as plain numpy, which has none).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
 
 from deploykit.comparison import Tolerance
 from deploykit.errors import ConfigError
 from deploykit.export.defaults import PLAN_NAMES
 from deploykit.export.lint import TABLE_PREFIXES
 from deploykit.export.metadata import GraphMetadata
+
+if TYPE_CHECKING:
+    import onnx_ir as ir  # imported where used: it costs 0.7 s, and most users of PLANS never plan
 
 
 @dataclass(frozen=True)
@@ -92,9 +95,7 @@ def _as_exported(proto: onnx.ModelProto, _: PlanInputs) -> onnx.ModelProto:
 
 def _cast_plan(low: int) -> Callable[[onnx.ModelProto, PlanInputs], onnx.ModelProto]:
     def write(proto: onnx.ModelProto, _: PlanInputs) -> onnx.ModelProto:
-        out = _copy(proto)
-        _Plan(out, low).rewrite()
-        return out
+        return _Plan(proto, low).rewrite()  # a new model: onnx_ir reads ``proto`` without changing it
 
     return write
 
@@ -250,92 +251,106 @@ def fp32_tensors(proto: onnx.ModelProto, low: int = TensorProto.BFLOAT16) -> set
     """
     plan = _Plan(proto, low)
     low_nodes = plan._classify()
-    return {name for i, node in enumerate(plan.graph.node) if i not in low_nodes for name in node.output if name in plan.float_tensors}
+    return {value.name for node in plan.graph if node not in low_nodes for value in node.outputs if value in plan.floats}
 
 
 class _Plan:
-    """One pass over a topologically sorted graph: classify each node, then insert the casts."""
+    """One pass over a topologically sorted graph, on onnx_ir: classify each node, then insert the casts.
+
+    A value's type is the type it is stored in: the pass changes it as it lowers the value's
+    producer or weight, and inserts a Cast where a reader wants the other type.
+    """
 
     def __init__(self, proto: onnx.ModelProto, low: int):
-        self.proto, self.graph, self.low = proto, proto.graph, low
-        self.low_name = _LOW_NAMES[low][0]
-        self.opset = next(o.version for o in proto.opset_import if o.domain in _STANDARD_DOMAINS)
-        inferred = onnx.shape_inference.infer_shapes(proto)
-        infos = [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]
-        self.float_tensors = {vi.name for vi in infos if vi.type.tensor_type.elem_type == TensorProto.FLOAT}
-        self.initializers = {i.name: i for i in self.graph.initializer}
-        self.float_tensors |= {n for n, i in self.initializers.items() if i.data_type == TensorProto.FLOAT}
-        self.outputs = {o.name for o in self.graph.output}
+        import onnx_ir as ir
 
-    def rewrite(self) -> None:
+        self.low, self.low_name = low, _LOW_NAMES[low][0]
+        # inferred: every tensor's type, also in a plan's graph written without them
+        self.model = ir.from_proto(onnx.shape_inference.infer_shapes(proto))
+        self.graph = self.model.graph
+        self.opset = next(v for d, v in self.model.opset_imports.items() if d in _STANDARD_DOMAINS)
+        values = [*self.graph.inputs, *self.graph.initializers.values(), *(v for node in self.graph for v in node.outputs)]
+        self.floats = {v for v in values if v.dtype == TensorProto.FLOAT}  # the fp32 graph's float tensors
+        self.outputs = set(self.graph.outputs)
+
+    def rewrite(self) -> onnx.ModelProto:
+        import onnx_ir as ir
+
         low_nodes = self._classify()
-        dtype = {name: TensorProto.FLOAT for name in self.float_tensors}  # tensor -> type it is stored in
-        self._convert_initializers(low_nodes, dtype)
-        nodes, casts = [], {}
-        for i, node in enumerate(self.graph.node):
-            want = self.low if i in low_nodes else TensorProto.FLOAT
-            for k, name in enumerate(node.input):
-                if name in dtype and dtype[name] != want:
-                    node.input[k] = self._cast(name, want, casts, nodes)
-            if i in low_nodes:
-                self._lower_node(node, dtype)
-            nodes.append(node)
-        del self.graph.node[:]
-        self.graph.node.extend(nodes)
-        del self.graph.value_info[:]  # stale types; the lint re-infers them
+        self._convert_initializers(low_nodes)
+        casts: dict[tuple[ir.Value, int], ir.Value] = {}
+        for node in list(self.graph):
+            want = self.low if node in low_nodes else TensorProto.FLOAT
+            for k, value in enumerate(node.inputs):
+                if value in self.floats and value.dtype != want:
+                    node.replace_input_with(k, self._cast(value, want, casts, node))
+            if node in low_nodes:
+                self._lower_node(node)
+        out = ir.to_proto(self.model)
+        # As exported plans always were: no value_info (the lint re-infers types). Given them,
+        # ONNX Runtime fuses the fp16 graph differently and the logits move in the last bit.
+        del out.graph.value_info[:]
+        return out
 
-    def _classify(self) -> set[int]:
-        """Indices of the nodes that run in the low type."""
-        low_tensors: set[str] = set()
-        low_nodes = set()
-        for i, node in enumerate(self.graph.node):
-            floats = [n for n in node.input if n in self.float_tensors]
-            live = [n for n in floats if n not in self.initializers]
+    def _classify(self) -> set[ir.Node]:
+        """The nodes that run in the low type."""
+        low_nodes: set[ir.Node] = set()
+        for node in self.graph:
+            floats = [v for v in node.inputs if v in self.floats]
+            live = [v for v in floats if not v.is_initializer()]
             if not self._may_lower(node, floats):
                 continue
-            if node.op_type in LOW_PRECISION_OPS or (live and all(n in low_tensors for n in live)):
-                low_nodes.add(i)
-                low_tensors.update(node.output)
+            if node.op_type in LOW_PRECISION_OPS or (live and all(v.producer() in low_nodes for v in live)):
+                low_nodes.add(node)
         return low_nodes
 
-    def _may_lower(self, node: onnx.NodeProto, floats: list[str]) -> bool:
+    def _may_lower(self, node: ir.Node, floats: list[ir.Value]) -> bool:
         if not floats or node.domain not in _STANDARD_DOMAINS or node.op_type in FP32_OPS:
             return False
-        if any(n.startswith(TABLE_PREFIXES) for n in floats) or self.outputs.intersection(node.output):
+        if any(v.name.startswith(TABLE_PREFIXES) for v in floats) or not self.outputs.isdisjoint(node.outputs):
             return False
         return _schema_accepts(node.op_type, self.opset, self.low)
 
-    def _convert_initializers(self, low_nodes: set[int], dtype: dict[str, int]) -> None:
+    def _convert_initializers(self, low_nodes: set[ir.Node]) -> None:
         """Store in the low type the float weights that only low nodes read (tables never)."""
-        readers: dict[str, set[bool]] = {}
-        for i, node in enumerate(self.graph.node):
-            for name in node.input:
-                readers.setdefault(name, set()).add(i in low_nodes)
-        for name, init in self.initializers.items():
-            if init.data_type == TensorProto.FLOAT and readers.get(name) == {True} and not name.startswith(TABLE_PREFIXES):
-                init.CopyFrom(_converted(numpy_helper.to_array(init), self.low, name))
-                dtype[name] = self.low
+        for name, value in self.graph.initializers.items():
+            readers = {use.node in low_nodes for use in value.uses()}
+            if value.dtype == TensorProto.FLOAT and readers == {True} and not name.startswith(TABLE_PREFIXES):
+                self._retype(value, self.low)
+                value.const_value = _converted(value.const_value, self.low, name)
 
-    def _cast(self, name: str, to: int, casts: dict, nodes: list) -> str:
-        """Name of ``name`` cast to ``to``; the Cast is emitted once, before its first reader."""
-        key = (name, to)
-        if key not in casts:
-            casts[key] = cast = f"{name}.to_{'fp32' if to == TensorProto.FLOAT else self.low_name}"
-            if name in self.initializers:  # a weight read in both types: store both (a Cast would be an unfolded constant)
-                self.graph.initializer.append(_converted(numpy_helper.to_array(self.initializers[name]), to, cast))
+    def _cast(self, value: ir.Value, to: int, casts: dict, reader: ir.Node) -> ir.Value:
+        """``value`` cast to ``to``; the Cast is emitted once, before its first reader."""
+        import onnx_ir as ir
+
+        if (value, to) not in casts:
+            cast = ir.Value(name=f"{value.name}.to_{'fp32' if to == TensorProto.FLOAT else self.low_name}", shape=value.shape)
+            self._retype(cast, to)
+            if value.is_initializer():  # a weight read in both types: store both (a Cast would be an unfolded constant)
+                cast.const_value = _converted(value.const_value, to, cast.name)
+                self.graph.register_initializer(cast)
             else:
-                nodes.append(helper.make_node("Cast", [name], [cast], name=f"cast.{cast}", to=to))
-        return casts[key]
+                self.graph.insert_before(reader, ir.node("Cast", [value], {"to": to}, outputs=[cast], name=f"cast.{cast.name}"))
+            casts[value, to] = cast
+        return casts[value, to]
 
-    def _lower_node(self, node: onnx.NodeProto, dtype: dict[str, int]) -> None:
-        for attr in node.attribute:  # ops that name their output type
-            if node.op_type == "Cast" and attr.name == "to" and attr.i == TensorProto.FLOAT:
-                attr.i = self.low
-            elif node.op_type == "Constant" and attr.name == "value" and attr.t.data_type == TensorProto.FLOAT:
-                attr.t.CopyFrom(_converted(numpy_helper.to_array(attr.t), self.low, attr.t.name))
-        for name in node.output:
-            if name in self.float_tensors:
-                dtype[name] = self.low
+    def _lower_node(self, node: ir.Node) -> None:
+        import onnx_ir as ir
+
+        to, value = node.attributes.get("to"), node.attributes.get("value")  # ops that name their output type
+        if node.op_type == "Cast" and to is not None and to.value == TensorProto.FLOAT:
+            node.attributes["to"] = ir.AttrInt64("to", self.low)
+        elif node.op_type == "Constant" and value is not None and value.value.dtype == TensorProto.FLOAT:
+            node.attributes["value"] = ir.AttrTensor("value", _converted(value.value, self.low, value.value.name))
+        for output in node.outputs:
+            if output in self.floats:
+                self._retype(output, self.low)
+
+    @staticmethod
+    def _retype(value: ir.Value, to: int) -> None:
+        import onnx_ir as ir
+
+        value.type = ir.TensorType(ir.DataType(to))  # a new type object: setting dtype edits the old one in place
 
 
 def _schema_accepts(op_type: str, opset: int, low: int) -> bool:
@@ -348,6 +363,9 @@ def _schema_accepts(op_type: str, opset: int, low: int) -> bool:
     return all(low_str in c.allowed_type_strs for c in schema.type_constraints if "tensor(float)" in c.allowed_type_strs)
 
 
-def _converted(array, to: int, name: str) -> TensorProto:
-    """``array`` converted to ONNX type ``to`` (round-to-nearest-even, as a Cast would)."""
-    return numpy_helper.from_array(array.astype(helper.tensor_dtype_to_np_dtype(to)), name)
+def _converted(tensor: ir.TensorProtocol, to: int, name: str | None) -> ir.TensorProtocol:
+    """``tensor`` converted to ONNX type ``to`` (round-to-nearest-even, as a Cast would; numpy
+    holds bfloat16 as ml_dtypes')."""
+    import onnx_ir as ir
+
+    return ir.tensor(tensor.numpy().astype(ir.DataType(to).numpy()), name=name or None)
