@@ -203,9 +203,10 @@ def quantize_static_int8(
     noise = {}
     if selection.quantize:
         count = min(len(calibration.inputs), 16, max(2, _SENSITIVITY_PASSES // len(selection.quantize)))
-        if progress:
-            progress(f"output error of each of {len(selection.quantize)} matmuls int8 alone, one pass on {count} inputs")
-        noise = sensitivity.node_sensitivity(proto, out, selection.quantize, calibration.inputs[:count])
+        what = f"output error of each of {len(selection.quantize)} matmuls int8 alone, one pass on {count} inputs"
+        tick = counter(progress, what, len(selection.quantize), "matmuls")
+        tick(0)  # said before the pass starts: it is the export's longest step
+        noise = sensitivity.node_sensitivity(proto, out, selection.quantize, calibration.inputs[:count], done=tick)
         ranked = sorted(noise, key=noise.get, reverse=True)
         details["sensitivity"] = {
             "measure": "relative squared error of the graph's output with the node alone int8",
