@@ -28,21 +28,36 @@ from deploykit.data import sample_images
 
 REQUESTS = 48
 HERE = Path(__file__).parent
+GUARD_S = 1200  # against a hang only: beside two busy loops on 2 cores the two-node run took 4 minutes
+
+
+def _ray_env(**extra: str) -> dict[str, str]:
+    """The scripts' environment: this checkout importable, and Ray Serve's proxy readiness and
+    health checks given a generous bound instead of Ray's 5 and 10 seconds, which a busy 2-core
+    machine misses (the controller then kills the proxy it is starting). Ray's processes inherit it."""
+    return dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parent.parent)]),
+        RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S="120",
+        RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S="120",
+        **extra,
+    )
 
 
 @pytest.mark.slow
 def test_two_node_cluster_spreads_requests_over_both_nodes(export_dir):
-    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parent.parent)]))
+    env = _ray_env(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     command = [sys.executable, str(HERE / "ray_two_nodes.py"), str(export_dir), str(REQUESTS)]
     isolated = _can_isolate_network()
     if isolated:
         command = ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *command]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, stdin=subprocess.DEVNULL)
-    try:
-        out, err = proc.communicate(timeout=240)
+    try:  # a guard against a hung cluster, not a timing: two nodes on a busy 2-core machine take minutes
+        out, err = proc.communicate(timeout=GUARD_S)
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate()
+        pytest.fail(f"the two-node script did not finish within {GUARD_S} s; its stderr ends: {err[-2000:]}")
     assert proc.returncode == 0, err[-4000:]
     report = json.loads(out.strip().splitlines()[-1])
     stop_leftovers([tuple(p) for p in report["tree"]])  # every Ray process is gone (fails the test otherwise)
@@ -80,8 +95,7 @@ def test_a_replica_keeps_receiving_requests_while_its_pipeline_computes(export_d
     command = [sys.executable, str(HERE / "ray_event_loop.py"), str(export_dir)]
     if _can_isolate_network():
         command = ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *command]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parent.parent)]))
-    proc = subprocess.run(command, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, timeout=300)
+    proc = subprocess.run(command, capture_output=True, text=True, env=_ray_env(), stdin=subprocess.DEVNULL, timeout=GUARD_S)
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["first_call"] == {"received_during_call": True}, "the replica's event loop was blocked by the pipeline"
