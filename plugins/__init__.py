@@ -8,3 +8,7 @@ or TensorRT at import time, and nothing here imports deploykit beyond its infras
 (``deploykit._lazy``, ``deploykit._nvml``): an encoding's own op (SaPE²'s on CUDA) uses these
 kernels.
 """
+
+# Installed plugin packages (this one's among them) register under the entry-point group that is
+# this package's own name, "deploykit.plugins": one name for where plugins live and how they are found.
+ENTRY_POINT_GROUP = __name__

@@ -31,8 +31,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from deploykit.errors import ExportError, StaleEngineError, one_line
+from deploykit.plugins import ENTRY_POINT_GROUP
 
-ENTRY_POINT_GROUP = "deploykit.plugins"
 LIBRARY_SUFFIXES = (".so", ".dll", ".dylib")
 _MAX_NAMES = 3  # sources named in a one-line refusal
 # Compilers whose version changes what a Python plugin builds into an engine (the PTX Triton
