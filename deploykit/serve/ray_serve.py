@@ -128,6 +128,11 @@ def build_app(export_dir: str | os.PathLike, options: RayOptions = RayOptions())
     return deployment.bind(str(os.path.abspath(export_dir)), options)
 
 
+# Ray Serve's own settings, read by its controller from the environment of Ray's processes.
+PROXY_CHECK_TIMEOUTS = ("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S")
+PROXY_CHECK_TIMEOUT_S = 120
+
+
 def serve_ray(export_dir: str | os.PathLike, options: RayOptions = RayOptions(), address: str | None = None, on_ready=None) -> None:
     """Deploy on a Ray cluster (``address``; default: a local one) and block until interrupted.
 
@@ -138,6 +143,12 @@ def serve_ray(export_dir: str | os.PathLike, options: RayOptions = RayOptions(),
     """
     ray = lazy_import("ray")
     serve = lazy_import("ray.serve")
+    if not address:
+        # A local cluster's processes inherit this environment. Serve's proxy gets 5 s to report
+        # ready (10 s for health checks); on a busy machine it misses that, and the controller
+        # kills the proxy it is starting. A setting of the user's own wins.
+        for key in PROXY_CHECK_TIMEOUTS:
+            os.environ.setdefault(key, str(PROXY_CHECK_TIMEOUT_S))
     ray.init(address=address) if address else ray.init(include_dashboard=False)
     try:
         serve.start(http_options={"host": options.host, "port": options.port})

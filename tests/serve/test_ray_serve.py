@@ -25,6 +25,7 @@ from server_process import stop_leftovers
 pytest.importorskip("ray.serve", reason="needs the ray extra: pip install 'deploykit[ray]'")
 
 from deploykit.data import sample_images
+from deploykit.serve.ray_serve import PROXY_CHECK_TIMEOUT_S, PROXY_CHECK_TIMEOUTS, serve_ray
 
 REQUESTS = 48
 HERE = Path(__file__).parent
@@ -38,10 +39,36 @@ def _ray_env(**extra: str) -> dict[str, str]:
     return dict(
         os.environ,
         PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parent.parent)]),
-        RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S="120",
-        RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S="120",
+        **dict.fromkeys(PROXY_CHECK_TIMEOUTS, str(PROXY_CHECK_TIMEOUT_S)),
         **extra,
     )
+
+
+class _StopAtInit(Exception):
+    pass
+
+
+def test_a_local_cluster_gives_the_serve_proxy_a_generous_readiness_bound(monkeypatch):
+    """``serve --ray`` without an address starts a local cluster whose processes inherit the
+    environment at ``ray.init``: the proxy bounds are set there, and a user's own setting wins."""
+    import ray
+
+    seen = []
+
+    def init(*args, **kwargs):
+        seen.append({key: os.environ.get(key) for key in PROXY_CHECK_TIMEOUTS})
+        raise _StopAtInit
+
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.delenv(PROXY_CHECK_TIMEOUTS[0], raising=False)
+    monkeypatch.setenv(PROXY_CHECK_TIMEOUTS[1], "7")
+    with pytest.raises(_StopAtInit):
+        serve_ray("unused")
+    assert seen == [{PROXY_CHECK_TIMEOUTS[0]: str(PROXY_CHECK_TIMEOUT_S), PROXY_CHECK_TIMEOUTS[1]: "7"}]
+    monkeypatch.delenv(PROXY_CHECK_TIMEOUTS[0])
+    with pytest.raises(_StopAtInit):  # a cluster of the user's: its processes are already running
+        serve_ray("unused", address="ray://example:10001")
+    assert seen[-1][PROXY_CHECK_TIMEOUTS[0]] is None
 
 
 @pytest.mark.slow
