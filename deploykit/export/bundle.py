@@ -307,7 +307,8 @@ def planned_graph(
         target = options.target(held_out, reference, logits)
     planned = apply_precision(proto, precision, calibration, target, say, attention=options.attention, keep_float=options.keep_float)
     label = f"{precision} plan at {resolution_tag(resolution)}"
-    int8_check.check_plan(proto, planned, held_out, plan.tolerance, label, top_k=logits, reference=reference)
+    tick = counter(say, f"checking the plan on the {len(held_out)} held-out inputs", len(held_out), "inputs")
+    int8_check.check_plan(proto, planned, held_out, plan.tolerance, label, top_k=logits, reference=reference, done=tick)
     return planned
 
 

@@ -5,6 +5,8 @@ held-out inputs (``check_plan``, naming the first divergent block by the same se
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import onnx
 
@@ -61,10 +63,12 @@ def check_plan(
     label: str,
     top_k: bool = True,
     reference: np.ndarray | None = None,
+    done: Callable[[int], None] | None = None,
 ) -> dict:
     """Judge a quantized graph against its fp32 graph on held-out real inputs (``top_k``: the
     outputs are logits; a headless backbone's features are judged by cosine only; ``reference``:
-    the fp32 graph's outputs on them, when already computed).
+    the fp32 graph's outputs on them, when already computed; ``done``: called with the number of
+    inputs the planned graph has run on so far).
 
     Returns:
         ``compare_logits``' metrics.
@@ -74,7 +78,7 @@ def check_plan(
             output leaves it and the quantized nodes in that block, by module path.
     """
     reference = run_graph(fp32, inputs) if reference is None else reference
-    actual = run_graph(planned, inputs)
+    actual = run_graph(planned, inputs, done=done)
     metrics = compare_logits(reference, actual, len(reference), tolerance, top_k=top_k)
     if not metrics["passed"]:
         block = _first_divergent_block(fp32, planned, inputs[:16], tolerance)
