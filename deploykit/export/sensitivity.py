@@ -4,9 +4,10 @@ Two steps, each a small number of passes over the data whatever the model's dept
 
 1. **Sensitivity, one pass.** Each quantized node's quantization error where it counts, at the
    graph's output, with that node alone quantized: ``Σ‖y_n − y‖² / Σ‖y‖²`` (ONNX Runtime's SQNR,
-   as a ratio rather than in dB, taken at the output). One graph holds every node in both forms,
-   int8 and fp32, blended per row by a mask, and one run over the inputs repeated once per node
-   measures them all side by side (``node_sensitivity``).
+   as a ratio rather than in dB, taken at the output). A few nodes at a time hold both forms,
+   int8 and fp32, blended per row by a mask, in the part of the fp32 graph from the first of them
+   on; one run over the inputs repeated once per node measures them side by side
+   (``node_sensitivity``).
 2. **Fallback, bisection.** Nodes ranked by that error go back to float as a prefix of the ranking:
    the smallest prefix that meets the target is found by bisection over its length, so the
    target is checked ``O(log n)`` times rather than once per node. A node goes back to float by
@@ -28,10 +29,12 @@ import onnx
 
 from deploykit.comparison import output_rows, row_cosines
 from deploykit.export.int8_selection import QUANTIZED_OP_TYPES
-from deploykit.runtime import cpu_runner, run_graph, run_rows
+from deploykit.runtime import cpu_runner, run_rows, with_outputs
 
 # Inputs per ORT call of the sensitivity pass (nodes × inputs each): activations stay at a batch's.
 _SENSITIVITY_BATCH = 16
+# Groups of nodes whose cut tensors one fp32 run captures (a ViT-S at 224: 17 groups, 3 runs).
+_GROUPS_PER_CAPTURE = 8
 _log = logging.getLogger(__name__)
 
 
@@ -178,18 +181,23 @@ def node_sensitivity(
     fp32: onnx.ModelProto, qdq: onnx.ModelProto, nodes: Sequence[str], inputs: np.ndarray, done: Callable[[int], None] | None = None
 ) -> dict[str, float]:
     """Each quantized node's quantization error at the graph's output, when it alone is quantized:
-    ``Σ‖y_n − y‖² / Σ‖y‖²`` over the output rows of ``inputs`` (module docstring), every node
-    measured in the same pass.
+    ``Σ‖y_n − y‖² / Σ‖y‖²`` over the output rows of ``inputs`` (module docstring).
 
-    One graph computes every node both ways: its int8 form (the plan's Q/DQ pairs) and its fp32
-    twin (same inputs before quantization, fp32 weight), blended by a 0/1 mask per row,
-    ``y = y_fp32 + mask · (y_int8 − y_fp32)``. The inputs are repeated once per node, and a node's
-    mask is 1 on its own copy only, so each copy runs the fp32 graph with exactly one node
-    quantized. Measuring at the output, not at the node (ONNX Runtime's ``qdq_loss_debug``
-    compares each tensor before and after its Q/DQ pair), matters: on the zoo's APE model at 2×
-    its training resolution, the nodes with the largest local error were the last blocks' MLPs,
-    and keeping 8 of them float left top-1 agreement at 98.0%; the largest at the output were
-    block 0's and the patch embedding, and keeping 3 float gave 99.3%.
+    Nodes are measured a few at a time, in the order they run. For each group, one graph computes
+    the group's nodes both ways: their int8 form (the plan's Q/DQ pairs) and their fp32 twin (same
+    inputs before quantization, fp32 weight), blended by a 0/1 mask per row,
+    ``y = y_fp32 + mask · (y_int8 − y_fp32)``; every other node is fp32. The inputs are repeated
+    once per node of the group, and a node's mask is 1 on its own copy only, so each copy runs the
+    fp32 graph with exactly one node quantized. Upstream of the group's first node every copy is
+    the fp32 graph, so that graph starts there (``_suffix``), fed the fp32 tensors crossing the cut
+    (taken from one fp32 run): on a 12-block ViT the pass computes about half the blocks per copy,
+    in fp32 only, where blending every node in one graph computed all of them in both forms.
+
+    Measuring at the output, not at the node (ONNX Runtime's ``qdq_loss_debug`` compares each
+    tensor before and after its Q/DQ pair), matters: on the zoo's APE model at 2× its training
+    resolution, the nodes with the largest local error were the last blocks' MLPs, and keeping 8
+    of them float left top-1 agreement at 98.0%; the largest at the output were block 0's and the
+    patch embedding, and keeping 3 float gave 99.3%.
 
     Args:
         fp32: the fp32 graph.
@@ -198,33 +206,117 @@ def node_sensitivity(
         inputs: ``[k, ...]`` graph inputs; each node is measured on all of them (a few suffice:
             the error of every output row is summed).
         done: optional, called with the number of nodes measured so far (a 12-block model's
-            pass takes minutes on two cores).
+            pass takes a minute on two cores).
 
     Returns:
         Node name → relative squared error at the output (0: quantizing it changes nothing).
     """
-    name = fp32.graph.input[0].name
+    position = {n.name: i for i, n in enumerate(fp32.graph.node)}  # ONNX graphs are topologically sorted
+    ordered = sorted(nodes, key=position.__getitem__)
     outputs = {n.name: n.output[0] for n in fp32.graph.node if n.name in set(nodes)}
-    rows, ranks = _probe(fp32, list(outputs.values()), inputs[:1])
-    blended, masks = _blended_graph(qdq, fp32, nodes, ranks)
-    reference = run_graph(fp32, inputs, batch=len(inputs))
     per_run = max(1, _SENSITIVITY_BATCH // len(inputs))  # nodes measured per run
-    error = {}
-    with cpu_runner(blended) as runner:
-        for start in range(0, len(masks), per_run):
-            group = masks[start : start + per_run]
-            feed = {name: np.concatenate([inputs] * len(group))}
-            for mask in masks:
+    groups = [ordered[i : i + per_run] for i in range(0, len(ordered), per_run)]
+    cuts = [_cut(fp32, position[group[0]]) for group in groups]
+    graph_input, graph_output = fp32.graph.input[0].name, fp32.graph.output[0].name
+    few = inputs[:1] if len(inputs) > 1 else np.concatenate([inputs, inputs])  # another number of inputs
+    shapes = _run(fp32, list(outputs.values()), few)  # each node output's rows per input and rank: the masks'
+    rows = {t: int(shapes[t].shape[0]) // len(few) for t in outputs.values()}
+    ranks = {t: shapes[t].ndim for t in outputs.values()}
+    reference, error = None, {}
+    for first in range(0, len(groups), _GROUPS_PER_CAPTURE):
+        window = list(zip(groups, cuts))[first : first + _GROUPS_PER_CAPTURE]
+        # The fp32 tensors crossing these cuts, from one fp32 run (a few cuts at a time: on a
+        # ViT-B at 384 all of them would take a gigabyte), and each one's batch axis.
+        crossing = sorted({t for _, cut in window for t in cut} - {graph_input})
+        values = _run(fp32, crossing, inputs)
+        reference = output_rows(values[graph_output]) if reference is None else reference
+        axes = {graph_input: 0, **_batch_axes(crossing, values, _run(fp32, crossing, few), len(inputs) / len(few))}
+        values[graph_input] = inputs
+        for group, cut in window:
+            others = [n for n in nodes if n not in group]
+            blended, masks = _blended_graph(dequantize_nodes(qdq, fp32, others), fp32, group, ranks)
+            # Tensors without a batch axis (shapes, tables) are recomputed from the (repeated) input.
+            fed = [graph_input, *(t for t in cut if t in axes and t != graph_input)]
+            feed = {t: np.concatenate([values[t]] * len(group), axis=axes[t]) for t in fed}
+            for i, mask in enumerate(masks):
                 on = np.zeros(len(group) * len(inputs), np.float32)
-                if mask in group:
-                    on[group.index(mask) * len(inputs) : (group.index(mask) + 1) * len(inputs)] = 1
+                on[i * len(inputs) : (i + 1) * len(inputs)] = 1
                 feed[mask.input] = np.repeat(on, rows[mask.output]).reshape(-1, *([1] * (mask.rank - 1)))
-            out = output_rows(runner.infer(feed)[fp32.graph.output[0].name]).reshape(len(group), *reference.shape)
-            for i, mask in enumerate(group):
+            with cpu_runner(_suffix(blended, {t: values[t] for t in fed})) as runner:
+                out = output_rows(runner.infer(feed)[graph_output]).reshape(len(group), *reference.shape)
+            for i, mask in enumerate(masks):
                 error[mask.node] = float(np.sum((out[i] - reference) ** 2) / max(np.sum(reference**2), 1e-300))
             if done:
                 done(len(error))
-    return error
+    return {n: error[n] for n in nodes}
+
+
+def _run(graph: onnx.ModelProto, names: Sequence[str], inputs: np.ndarray) -> dict[str, np.ndarray]:
+    """The graph's outputs and the tensors ``names`` on ``inputs`` (one batch), as the graph makes them."""
+    with cpu_runner(with_outputs(graph, names)) as runner:
+        return runner.infer({graph.graph.input[0].name: inputs})
+
+
+def _batch_axes(names: Sequence[str], values: dict[str, np.ndarray], other: dict[str, np.ndarray], ratio: float) -> dict[str, int]:
+    """Each tensor's batch axis, from its values on two numbers of inputs (``ratio``: the first's
+    over the other's): the one axis whose length scales by it. Tensors without one (shapes,
+    tables) are left out."""
+    axes = {}
+    for name in names:
+        big, few = values[name].shape, other[name].shape
+        changed = [i for i, (b, f) in enumerate(zip(big, few)) if b != f]
+        if len(big) == len(few) and len(changed) == 1 and big[changed[0]] == few[changed[0]] * ratio:
+            axes[name] = changed[0]
+    return axes
+
+
+def _cut(fp32: onnx.ModelProto, start: int) -> list[str]:
+    """The tensors crossing the cut before node ``start``: made by an earlier node (or the graph's
+    input) and read by node ``start`` or a later one. Initializers are carried by the graph."""
+    made = {fp32.graph.input[0].name}
+    for node in fp32.graph.node[:start]:
+        made.update(node.output)
+    read = {name for node in fp32.graph.node[start:] for name in _reads(node)} | {o.name for o in fp32.graph.output}
+    return sorted(made & read)
+
+
+def _reads(node: onnx.NodeProto) -> set[str]:
+    """Every tensor a node reads, those its subgraphs (an ``If``'s branches) read from outside included."""
+    names = set(node.input)
+    for attribute in node.attribute:
+        for graph in [attribute.g, *attribute.graphs]:
+            for inner in graph.node:
+                names |= _reads(inner)
+    return names - {""}
+
+
+def _suffix(graph: onnx.ModelProto, cut: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """The part of ``graph`` its outputs need once the tensors of ``cut`` are given: those become
+    graph inputs (shapes left free), the nodes before them and the initializers only they read
+    are dropped."""
+    producer = {o: n for n in graph.graph.node for o in n.output}
+    keep: set[int] = set()
+    seen: set[str] = set()
+    stack = [o.name for o in graph.graph.output]
+    while stack:
+        name = stack.pop()
+        if name in seen or name in cut:
+            continue
+        seen.add(name)
+        node = producer.get(name)
+        if node is not None and id(node) not in keep:
+            keep.add(id(node))
+            stack.extend(_reads(node))
+    out = onnx.ModelProto()
+    out.CopyFrom(graph)
+    del out.graph.node[:], out.graph.initializer[:], out.graph.input[:], out.graph.value_info[:]
+    out.graph.node.extend(n for n in graph.graph.node if id(n) in keep)
+    out.graph.initializer.extend(i for i in graph.graph.initializer if i.name in seen)
+    for name, value in cut.items():
+        dtype = onnx.helper.np_dtype_to_tensor_dtype(value.dtype)
+        out.graph.input.append(onnx.helper.make_tensor_value_info(name, dtype, [f"{name}.{d}" for d in range(value.ndim)]))
+    out.graph.input.extend(i for i in graph.graph.input if i.name in seen)  # the masks
+    return out
 
 
 @dataclass(frozen=True)
@@ -276,12 +368,6 @@ def _blended_graph(
     out.graph.node.extend(rebuilt)
     del out.graph.value_info[:]
     return out, masks
-
-
-def _probe(fp32: onnx.ModelProto, tensors: list[str], one: np.ndarray) -> tuple[dict[str, int], dict[str, int]]:
-    """Each tensor's leading-dimension rows per input (a flattened ``[B·T, D]`` GEMM: ``T``) and rank."""
-    values = run_graph(fp32, one, outputs=tensors)
-    return {n: int(v.shape[0]) // len(one) for n, v in zip(tensors, values)}, {n: v.ndim for n, v in zip(tensors, values)}
 
 
 # ------------------------------------------------------------------------------------- fallback

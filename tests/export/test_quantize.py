@@ -376,6 +376,33 @@ def test_moving_every_node_back_to_float_gives_the_fp32_graph(tmp_path):
     assert np.abs(run_graph(planned, inputs) - run_graph(fp32, inputs)).max() > 1e-4  # control
 
 
+@pytest.mark.parametrize("which", ["planted", "sape2"])
+def test_each_nodes_sensitivity_is_the_output_error_with_it_alone_int8(which, monkeypatch):
+    """The one pass (nodes a few at a time, each group's graph started where its first node
+    reads, fed the fp32 tensors crossing there) against the definition, one graph per node:
+    the plan with every other node back in float, run whole."""
+    from deploykit.export import int8_selection, int8_static, onnx_from_model, sensitivity
+    from deploykit.export.sensitivity import dequantize_nodes, node_sensitivity
+    from deploykit.runtime import run_graph
+
+    monkeypatch.setattr(sensitivity, "_GROUPS_PER_CAPTURE", 2)  # cut tensors captured in several runs
+    model, res = (_planted_model(), (32, 32)) if which == "planted" else (_model("sape2"), RES)
+    fp32 = onnx_from_model(model, res)
+    inputs = np.random.default_rng(0).standard_normal((6, 3, *res)).astype(np.float32)
+    planned = int8_static.quantize_static_int8(fp32, int8_static.Calibration(inputs, "noise"))
+    quantized = int8_selection.select_nodes(fp32, False).quantize
+    measured = node_sensitivity(fp32, planned, quantized, inputs)  # 6 inputs: 2 nodes per group, 2 groups per capture
+    reference = run_graph(fp32, inputs)
+    for node in quantized:
+        alone = run_graph(dequantize_nodes(planned, fp32, [n for n in quantized if n != node]), inputs)
+        expected = np.sum((alone - reference) ** 2) / np.sum(reference**2)
+        assert measured[node] == pytest.approx(expected, rel=1e-3, abs=1e-12), node
+    assert len(quantized) > 4 and min(measured.values()) > 0
+    if which == "planted":
+        modules = {n.name: _module(n) for n in fp32.graph.node}
+        assert modules[max(measured, key=measured.get)] == "blocks.1.mlp.fc2"
+
+
 @pytest.mark.slow
 def test_keep_float_pins_layers_by_module_path(tmp_path):
     options = CalibrationOptions(samples=8, held_out=16, min_agreement=None, keep_float=("blocks.0.mlp.*", "blocks.1.attn.qkv"))
