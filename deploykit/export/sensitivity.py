@@ -190,8 +190,9 @@ def node_sensitivity(
     once per node of the group, and a node's mask is 1 on its own copy only, so each copy runs the
     fp32 graph with exactly one node quantized. Upstream of the group's first node every copy is
     the fp32 graph, so that graph starts there (``_suffix``), fed the fp32 tensors crossing the cut
-    (taken from one fp32 run): on a 12-block ViT the pass computes about half the blocks per copy,
-    in fp32 only, where blending every node in one graph computed all of them in both forms.
+    (from fp32 runs, a few cuts at a time): on a 12-block ViT the pass computes about half the
+    blocks per copy, in fp32 only, where blending every node in one graph computed all of them in
+    both forms.
 
     Measuring at the output, not at the node (ONNX Runtime's ``qdq_loss_debug`` compares each
     tensor before and after its Q/DQ pair), matters: on the zoo's APE model at 2× its training
@@ -218,19 +219,22 @@ def node_sensitivity(
     groups = [ordered[i : i + per_run] for i in range(0, len(ordered), per_run)]
     cuts = [_cut(fp32, position[group[0]]) for group in groups]
     graph_input, graph_output = fp32.graph.input[0].name, fp32.graph.output[0].name
-    few = inputs[:1] if len(inputs) > 1 else np.concatenate([inputs, inputs])  # another number of inputs
-    shapes = _run(fp32, list(outputs.values()), few)  # each node output's rows per input and rank: the masks'
-    rows = {t: int(shapes[t].shape[0]) // len(few) for t in outputs.values()}
-    ranks = {t: shapes[t].ndim for t in outputs.values()}
-    reference, error = None, {}
-    for first in range(0, len(groups), _GROUPS_PER_CAPTURE):
-        window = list(zip(groups, cuts))[first : first + _GROUPS_PER_CAPTURE]
+    crossing = sorted({t for cut in cuts for t in cut} - {graph_input})
+    # One fp32 run on another number of inputs gives the shapes: each node output's rows per input
+    # and rank (the masks'), and each crossing tensor's batch axis (against the runs below).
+    few = inputs[:1] if len(inputs) > 1 else np.concatenate([inputs, inputs])
+    shapes = {t: v.shape for t, v in _run(fp32, [*outputs.values(), *crossing], few).items()}
+    rows = {t: shapes[t][0] // len(few) for t in outputs.values()}
+    ranks = {t: len(shapes[t]) for t in outputs.values()}
+    pairs, reference, error = list(zip(groups, cuts)), None, {}
+    for first in range(0, len(pairs), _GROUPS_PER_CAPTURE):
+        window = pairs[first : first + _GROUPS_PER_CAPTURE]
         # The fp32 tensors crossing these cuts, from one fp32 run (a few cuts at a time: on a
-        # ViT-B at 384 all of them would take a gigabyte), and each one's batch axis.
-        crossing = sorted({t for _, cut in window for t in cut} - {graph_input})
-        values = _run(fp32, crossing, inputs)
+        # ViT-B at 384 all of them would take a gigabyte).
+        names = sorted({t for _, cut in window for t in cut} - {graph_input})
+        values = _run(fp32, names, inputs)
         reference = output_rows(values[graph_output]) if reference is None else reference
-        axes = {graph_input: 0, **_batch_axes(crossing, values, _run(fp32, crossing, few), len(inputs) / len(few))}
+        axes = {graph_input: 0, **_batch_axes(names, values, shapes, len(inputs) / len(few))}
         values[graph_input] = inputs
         for group, cut in window:
             others = [n for n in nodes if n not in group]
@@ -257,13 +261,13 @@ def _run(graph: onnx.ModelProto, names: Sequence[str], inputs: np.ndarray) -> di
         return runner.infer({graph.graph.input[0].name: inputs})
 
 
-def _batch_axes(names: Sequence[str], values: dict[str, np.ndarray], other: dict[str, np.ndarray], ratio: float) -> dict[str, int]:
-    """Each tensor's batch axis, from its values on two numbers of inputs (``ratio``: the first's
-    over the other's): the one axis whose length scales by it. Tensors without one (shapes,
-    tables) are left out."""
+def _batch_axes(names: Sequence[str], values: dict[str, np.ndarray], other: dict[str, tuple[int, ...]], ratio: float) -> dict[str, int]:
+    """Each tensor's batch axis, from its values and its shape on another number of inputs
+    (``ratio``: the first's over the other's): the one axis whose length scales by it. Tensors
+    without one (shapes, tables) are left out."""
     axes = {}
     for name in names:
-        big, few = values[name].shape, other[name].shape
+        big, few = values[name].shape, other[name]
         changed = [i for i, (b, f) in enumerate(zip(big, few)) if b != f]
         if len(big) == len(few) and len(changed) == 1 and big[changed[0]] == few[changed[0]] * ratio:
             axes[name] = changed[0]
