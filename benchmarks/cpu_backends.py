@@ -34,7 +34,7 @@ from deploykit.comparison import row_cosines
 from deploykit.data import validation_inputs
 from deploykit.errors import DeployKitError
 from deploykit.export import onnx_from_model
-from deploykit.export.bundle import planned_graph
+from deploykit.export.bundle import planned_graphs
 from deploykit.export.int8_static import CalibrationOptions
 from deploykit.nn import create_model, load_model
 from deploykit.profile import Budget, LatencyStats, measure
@@ -77,11 +77,8 @@ def cells(quick: bool) -> list[tuple[str, object, int, list[int]]]:
 def graphs(model, resolution: int) -> dict[str, bytes]:
     """Plan -> serialized graph, each as ``export`` writes it."""
     fp32 = onnx_from_model(model, (resolution, resolution))
-    plans = {plan for _, plan in LANES.values()}
-    return {
-        p: (fp32 if p == "fp32" else planned_graph(fp32, model, (resolution, resolution), p, SPEED_CALIBRATION)).SerializeToString()
-        for p in plans
-    }
+    plans = dict.fromkeys(plan for _, plan in LANES.values())
+    return {p: g.SerializeToString() for p, g in planned_graphs(fp32, model, (resolution, resolution), plans, SPEED_CALIBRATION)}
 
 
 def time_lanes(model, planned: dict[str, bytes], resolution: int, batch: int, budget: Budget, rounds: int) -> list[dict]:

@@ -35,7 +35,7 @@ from deploykit._io import write_json_atomic
 from deploykit.data import normalise, random_inputs
 from deploykit.encodings import encoding_name, list_encodings
 from deploykit.export import onnx_from_model
-from deploykit.export.bundle import planned_graph
+from deploykit.export.bundle import planned_graphs
 from deploykit.export.int8_static import Calibration, CalibrationOptions, quantize_static_int8
 from deploykit.nn import create_model
 from deploykit.profile import Budget, LatencyStats, measure
@@ -74,7 +74,7 @@ def _variants(model, resolution) -> dict:
     from deploykit.data import calibration_inputs
 
     fp32 = onnx_from_model(model, resolution)
-    variants = {p: planned_graph(fp32, model, resolution, p, SPEED_CALIBRATION) for p in PLANS}
+    variants = dict(planned_graphs(fp32, model, resolution, PLANS, SPEED_CALIBRATION))
     calibration = Calibration(*calibration_inputs(model, resolution, SPEED_CALIBRATION.samples))
     variants["int8+attn"] = quantize_static_int8(fp32, calibration, attention=True)
     return {name: proto.SerializeToString() for name, proto in variants.items()}

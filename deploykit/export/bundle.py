@@ -41,7 +41,7 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 
@@ -68,7 +68,7 @@ from deploykit.export.manifest import (
     sha256_file,
 )
 from deploykit.export.onnx_export import DEFAULT_OPSET, check_export_shape, check_opset, check_resolution_range, onnx_from_model, save_onnx
-from deploykit.export.precision import PLANS, apply_precision, check_precision
+from deploykit.export.precision import PLANS, apply_precision, apply_precision_to_base, check_precision
 from deploykit.nn.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_model, save_model
 from deploykit.nn.factory import Model
 from deploykit.nn.spec import deploy_spec
@@ -266,8 +266,7 @@ def _write_graphs(model: Model, plan: ExportPlan, stage: Path, say: Callable[[st
     for resolution, span in plan.jobs:
         say(f"exporting {resolution_tag(resolution) if span is None else range_tag(span)}")
         proto = onnx_from_model(model, resolution, plan.opset, resolution_range=span)
-        for precision in plan.precisions:
-            planned = planned_graph(proto, model, resolution, precision, plan.calibration, say)
+        for precision, planned in planned_graphs(proto, model, resolution, plan.precisions, plan.calibration, say):
             if precision != "fp32":
                 check_graph(planned)  # the casts must leave a valid, strictly typed graph
             name = graph_file_name(resolution, precision, span)
@@ -286,30 +285,107 @@ def planned_graph(
     Raises:
         ExportError: the plan fails its tolerance on the held-out inputs, or calibration failed.
     """
-    from deploykit.data import DefaultCalibration
-    from deploykit.export import int8_check, int8_selection, int8_static
+    return dict(planned_graphs(proto, model, resolution, [precision], options, progress))[precision]
 
-    plan = check_precision(precision)
-    if not precision.startswith("int8"):
-        return apply_precision(proto, precision)
-    say = (lambda msg: progress(f"{resolution_tag(resolution)} {precision}: {msg}")) if progress else None
-    if options.keep_float:  # a pattern matching no layer is refused before any input is read
-        int8_selection.select_nodes(proto, int8_selection.attention_int8(proto, options.attention), options.keep_float)
-    if say:
-        say(f"reading {options.samples} calibration and up to {options.held_out} held-out inputs")  # user data: what the calibration leaves
-    inputs, held_out, record = (options.data or DefaultCalibration()).inputs(model, resolution, options.samples, options.held_out)
-    tick = counter(say, f"fp32 reference on {len(held_out)} held-out inputs", len(held_out), "inputs")
-    reference = run_graph(proto, held_out, done=tick)  # once: the fallback's target and the check share it
-    logits = model.output_kind == "logits"  # a headless backbone's features: judged by cosine, not answers
-    calibration = target = None
-    if plan.calibrated:
-        calibration = int8_static.Calibration(inputs, record["calibration"]["description"], options.method, record)
-        target = options.target(held_out, reference, logits)
-    planned = apply_precision(proto, precision, calibration, target, say, attention=options.attention, keep_float=options.keep_float)
-    label = f"{precision} plan at {resolution_tag(resolution)}"
-    tick = counter(say, f"checking the plan on the {len(held_out)} held-out inputs", len(held_out), "inputs")
-    int8_check.check_plan(proto, planned, held_out, plan.tolerance, label, top_k=logits, reference=reference, done=tick)
-    return planned
+
+def planned_graphs(
+    proto: onnx.ModelProto,
+    model: Model,
+    resolution,
+    precisions: Iterable[str],
+    options: CalibrationOptions = CalibrationOptions(),
+    progress=None,
+) -> Iterator[tuple[str, onnx.ModelProto]]:
+    """``(precision, planned_graph(...))`` for each plan in turn, the quantized plans sharing their
+    work: the inputs are read, and the fp32 graph run on the held-out ones, once; a plan built on
+    another that is also asked for (``int8-mha`` on ``int8``) is written from that plan's graph,
+    not calibrated and searched again, and then checked on the same held-out inputs.
+
+    Raises:
+        ExportError: a plan fails its tolerance on the held-out inputs, or calibration failed.
+    """
+    precisions = list(dict.fromkeys(precisions))
+    plans = _QuantizedPlans(proto, model, resolution, options, progress)
+    made: dict[str, onnx.ModelProto] = {}
+
+    def make(precision: str) -> onnx.ModelProto:
+        if precision not in made:
+            base = check_precision(precision).base
+            if not precision.startswith("int8"):
+                made[precision] = apply_precision(proto, precision)
+            elif base in precisions:
+                made[precision] = plans.checked(apply_precision_to_base(make(base), precision), precision)
+            else:
+                made[precision] = plans.planned(precision)
+        return made[precision]
+
+    for precision in precisions:
+        yield precision, make(precision)
+
+
+class _QuantizedPlans:
+    """The quantized plans of one fp32 graph: its inputs read and its fp32 reference on the
+    held-out ones computed at the first plan that needs them, then shared."""
+
+    def __init__(self, proto: onnx.ModelProto, model: Model, resolution, options: CalibrationOptions, progress):
+        self.proto, self.model, self.resolution, self.options, self.progress = proto, model, resolution, options, progress
+        self._data: tuple | None = None
+
+    def _say(self, precision: str):
+        return (lambda msg: self.progress(f"{resolution_tag(self.resolution)} {precision}: {msg}")) if self.progress else None
+
+    def _read(self, precision: str) -> tuple:
+        """The calibration inputs, the held-out inputs, the data's record and the fp32 outputs on the held-out inputs."""
+        from deploykit.data import DefaultCalibration
+
+        if self._data is None:
+            options, say = self.options, self._say(precision)
+            if say:
+                say(
+                    f"reading {options.samples} calibration and up to {options.held_out} held-out inputs"
+                )  # user data: what the calibration leaves
+            inputs, held_out, record = (options.data or DefaultCalibration()).inputs(
+                self.model, self.resolution, options.samples, options.held_out
+            )
+            tick = counter(say, f"fp32 reference on {len(held_out)} held-out inputs", len(held_out), "inputs")
+            self._data = (
+                inputs,
+                held_out,
+                record,
+                run_graph(self.proto, held_out, done=tick),
+            )  # the fallback's target and the checks share it
+        return self._data
+
+    def planned(self, precision: str) -> onnx.ModelProto:
+        """The quantized plan ``precision``, calibrated (when the plan is) and checked."""
+        from deploykit.export import int8_selection, int8_static
+
+        options = self.options
+        if options.keep_float:  # a pattern matching no layer is refused before any input is read
+            int8_selection.select_nodes(self.proto, int8_selection.attention_int8(self.proto, options.attention), options.keep_float)
+        inputs, held_out, record, reference = self._read(precision)
+        calibration = target = None
+        if check_precision(precision).calibrated:
+            calibration = int8_static.Calibration(inputs, record["calibration"]["description"], options.method, record)
+            target = options.target(held_out, reference, self.model.output_kind == "logits")
+        planned = apply_precision(
+            self.proto, precision, calibration, target, self._say(precision), attention=options.attention, keep_float=options.keep_float
+        )
+        return self.checked(planned, precision)
+
+    def checked(self, planned: onnx.ModelProto, precision: str) -> onnx.ModelProto:
+        """``planned``, once it passes its plan's tolerance against the fp32 graph on the held-out inputs."""
+        from deploykit.export import int8_check
+
+        _, held_out, _, reference = self._read(precision)
+        say = self._say(precision)
+        label = f"{precision} plan at {resolution_tag(self.resolution)}"
+        tick = counter(say, f"checking the plan on the {len(held_out)} held-out inputs", len(held_out), "inputs")
+        logits = self.model.output_kind == "logits"  # a headless backbone's features: judged by cosine, not answers
+        int8_check.check_plan(
+            self.proto, planned, held_out, check_precision(precision).tolerance, label, top_k=logits, reference=reference, done=tick
+        )
+        return planned
 
 
 def _keep_previous(output_dir: Path, stage: Path, weights_sha256: str, written: list[GraphEntry]) -> list[GraphEntry]:

@@ -60,7 +60,9 @@ class PrecisionPlan:
         calibrated: activation ranges come from calibration inputs (static INT8).
         ort_only: non-empty when TensorRT cannot build the plan: the reason, for ``build``.
         write: writes the plan from an fp32 graph (a copy; the input is left as it is), given the
-            ``PlanInputs`` it needs.
+            ``PlanInputs`` it needs; from the ``base`` plan's graph when the plan has one.
+        base: the plan whose graph this one rewrites (``int8-mha``: the ``int8`` graph with its
+            float attention fused), so an export asking for both makes the base plan once.
     """
 
     name: str
@@ -70,6 +72,7 @@ class PrecisionPlan:
     low: int | None = None
     calibrated: bool = False
     ort_only: str = ""
+    base: str = ""
 
 
 @dataclass(frozen=True)
@@ -105,11 +108,6 @@ def _int8(proto: onnx.ModelProto, given: PlanInputs) -> onnx.ModelProto:
 
     attention = int8_selection.attention_int8(proto, given.attention)
     return int8_static.quantize_static_int8(proto, given.calibration, attention, given.target, given.progress, given.keep_float)
-
-
-def _int8_mha(proto: onnx.ModelProto, given: PlanInputs) -> onnx.ModelProto:
-    # the attention core is float in the int8 plan: fuse it as fp32-mha does
-    return _fp32_mha(_int8(proto, given), given)
 
 
 def _int8_dynamic(proto: onnx.ModelProto, _: PlanInputs) -> onnx.ModelProto:
@@ -169,8 +167,9 @@ PLANS: dict[str, PrecisionPlan] = {
             "int8-mha",
             "int8, with the float attention core fused into ONNX Runtime's MultiHeadAttention (long sequences)",
             INT8_TOLERANCE,
-            _int8_mha,
+            _fp32_mha,  # the attention core is float in the int8 plan: fused as fp32-mha fuses it
             calibrated=True,
+            base="int8",
             ort_only="int8-mha uses ONNX Runtime's com.microsoft.MultiHeadAttention, which TensorRT does not parse; "
             "export --precision int8 for engines (TensorRT fuses attention itself)",
         ),
@@ -235,7 +234,25 @@ def apply_precision(
     plan = check_precision(precision)
     if plan.calibrated and calibration is None:
         raise ConfigError(f"the {precision} plan needs calibration inputs")
-    out = plan.write(proto, PlanInputs(calibration, target, progress, attention, tuple(keep_float)))
+    given = PlanInputs(calibration, target, progress, attention, tuple(keep_float))
+    out = plan.write(PLANS[plan.base].write(proto, given) if plan.base else proto, given)
+    GraphMetadata.update(out, precision=precision)
+    return out
+
+
+def apply_precision_to_base(planned: onnx.ModelProto, precision: str) -> onnx.ModelProto:
+    """The ``precision`` plan written from the graph of the plan it builds on (``PrecisionPlan.base``),
+    which ``apply_precision`` would otherwise make again: ``int8-mha`` from an ``int8`` graph,
+    same calibration and float nodes, its attention fused.
+
+    Raises:
+        ConfigError: ``precision`` has no base plan, or ``planned`` is not a graph of that plan.
+    """
+    plan = check_precision(precision)
+    given = GraphMetadata.of(planned).precision
+    if not plan.base or given != plan.base:
+        raise ConfigError(f"the {precision} plan is not written from a {given or 'fp32'} graph")
+    out = plan.write(planned, PlanInputs())
     GraphMetadata.update(out, precision=precision)
     return out
 

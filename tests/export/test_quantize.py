@@ -211,19 +211,39 @@ def test_dynamic_and_fused_attention_plans_validate(tmp_path):
 
 
 @pytest.mark.slow
-def test_int8_mha_is_the_int8_plan_with_its_float_attention_fused(tmp_path):
-    """Same calibration and fallback as ``int8``; the attention core becomes MultiHeadAttention."""
+def test_int8_mha_is_the_int8_plan_with_its_float_attention_fused(tmp_path, monkeypatch):
+    """Same calibration and fallback as ``int8``; the attention core becomes MultiHeadAttention.
+    Asked for both (in either order), the export reads its inputs, runs the fp32 reference and
+    searches the plan once, and writes int8-mha from the int8 graph."""
+    from deploykit.export import int8_static
+    from deploykit.export.precision import apply_precision_to_base
     from deploykit.runtime import run_graph
     from deploykit.validate import validate
 
+    calls = {"inputs": 0, "calibration": 0}
+
+    def counted(key, function):
+        def call(*args, **kwargs):
+            calls[key] += 1
+            return function(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(deploykit.data.DefaultCalibration, "inputs", counted("inputs", deploykit.data.DefaultCalibration.inputs))
+    monkeypatch.setattr(int8_static, "quantize_static_int8", counted("calibration", int8_static.quantize_static_int8))
     model = load_model(model_dir(DEFAULT_ZOO_MODEL))
     options = CalibrationOptions(samples=32, held_out=64)
-    export(model, [(48, 48)], tmp_path, precisions=["int8", "int8-mha"], calibration=options)
+    export(model, [(48, 48)], tmp_path, precisions=["int8-mha", "int8"], calibration=options)
+    assert calls == {"inputs": 1, "calibration": 1}
     int8, fused = (onnx.load(str(tmp_path / f"model_48_{p}.onnx")) for p in ("int8", "int8-mha"))
+    assert fused.SerializeToString() == apply_precision_to_base(int8, "int8-mha").SerializeToString()
+    with pytest.raises(ConfigError, match="not written from a int8-mha graph"):
+        apply_precision_to_base(fused, "int8-mha")
     ops = [n.op_type for n in fused.graph.node]
     assert ops.count("MultiHeadAttention") == model.cfg.depth and "Softmax" not in ops
     assert ops.count("QuantizeLinear") == [n.op_type for n in int8.graph.node].count("QuantizeLinear") > 0
     assert GraphMetadata.of(fused).quantization["kept_float"] == GraphMetadata.of(int8).quantization["kept_float"]
+    assert GraphMetadata.of(fused).precision == "int8-mha"
     inputs = deploykit.data.dataset_inputs(model.cfg.dataset, (48, 48), model.cfg.mean, model.cfg.std, 16)
     # Equal but for summation order (which can move a value across an int8 rounding step downstream).
     a, b = run_graph(fused, inputs), run_graph(int8, inputs)
