@@ -258,6 +258,11 @@ def onnx_from_model(
 # embedding (65 × 256 in MoPE's char model) is bigger, and an engine should not transpose a
 # constant on every run. Fold anything up to this many elements.
 _FOLD_LIMIT = 1 << 24
+# The exporter records each node's Python stack trace, with the absolute paths of this install:
+# the same weights exported from two checkouts gave two graphs (re-exports keep graphs and their
+# engines only when byte-identical), and a shared graph showed the user's paths. The name scopes
+# that module paths are read from stay.
+_DROPPED_NODE_METADATA = ("pkg.torch.onnx.stack_trace",)
 
 
 def _rewrite_and_fold(proto: onnx.ModelProto) -> onnx.ModelProto:
@@ -267,6 +272,9 @@ def _rewrite_and_fold(proto: onnx.ModelProto) -> onnx.ModelProto:
     model = ir.from_proto(proto)
     rewrite_for_runtimes(model)
     onnxscript.optimizer.optimize(model, input_size_limit=_FOLD_LIMIT, output_size_limit=_FOLD_LIMIT)
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        for key in _DROPPED_NODE_METADATA:
+            node.metadata_props.pop(key, None)
     return ir.to_proto(model)
 
 

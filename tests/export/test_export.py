@@ -53,6 +53,21 @@ def test_metadata_and_block_outputs(exported):
     assert set(blocks) <= produced
 
 
+def test_the_graph_holds_no_path_of_the_machine_it_was_exported_on(exported):
+    """The exporter writes each node's stack trace, file paths included: two checkouts of the same
+    code gave two graphs of the same weights. Module paths still come from the name scopes."""
+    from pathlib import Path
+
+    import deploykit
+    from deploykit.export.names import module_paths
+
+    _, proto = exported
+    text = proto.SerializeToString()
+    for package in (deploykit, torch):
+        assert str(Path(package.__file__).parent).encode() not in text
+    assert "blocks.0.attn.qkv" in module_paths(proto).values()
+
+
 @pytest.mark.parametrize("batch", [1, 3])
 def test_dynamic_batch_matches_torch(exported, batch):
     model, proto = exported
