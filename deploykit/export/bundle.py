@@ -358,7 +358,7 @@ class _QuantizedPlans:
 
     def planned(self, precision: str) -> onnx.ModelProto:
         """The quantized plan ``precision``, calibrated (when the plan is) and checked."""
-        from deploykit.export import int8_selection, int8_static
+        from deploykit.export import int8_selection, int8_static, sensitivity
 
         options = self.options
         if options.keep_float:  # a pattern matching no layer is refused before any input is read
@@ -371,10 +371,12 @@ class _QuantizedPlans:
         planned = apply_precision(
             self.proto, precision, calibration, target, self._say(precision), attention=options.attention, keep_float=options.keep_float
         )
-        return self.checked(planned, precision)
+        # the fallback ran the plan it chose on these held-out inputs: its outputs, unless the graph changed since
+        return self.checked(planned, precision, target.measured.get(sensitivity.graph_digest(planned)) if target else None)
 
-    def checked(self, planned: onnx.ModelProto, precision: str) -> onnx.ModelProto:
-        """``planned``, once it passes its plan's tolerance against the fp32 graph on the held-out inputs."""
+    def checked(self, planned: onnx.ModelProto, precision: str, actual=None) -> onnx.ModelProto:
+        """``planned``, once it passes its plan's tolerance against the fp32 graph on the held-out
+        inputs (``actual``: its outputs on them, when already computed)."""
         from deploykit.export import int8_check
 
         _, held_out, _, reference = self._read(precision)
@@ -382,9 +384,8 @@ class _QuantizedPlans:
         label = f"{precision} plan at {resolution_tag(self.resolution)}"
         tick = counter(say, f"checking the plan on the {len(held_out)} held-out inputs", len(held_out), "inputs")
         logits = self.model.output_kind == "logits"  # a headless backbone's features: judged by cosine, not answers
-        int8_check.check_plan(
-            self.proto, planned, held_out, check_precision(precision).tolerance, label, top_k=logits, reference=reference, done=tick
-        )
+        tolerance = check_precision(precision).tolerance
+        int8_check.check_plan(self.proto, planned, held_out, tolerance, label, top_k=logits, reference=reference, done=tick, actual=actual)
         return planned
 
 

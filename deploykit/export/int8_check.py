@@ -64,11 +64,12 @@ def check_plan(
     top_k: bool = True,
     reference: np.ndarray | None = None,
     done: Callable[[int], None] | None = None,
+    actual: np.ndarray | None = None,
 ) -> dict:
     """Judge a quantized graph against its fp32 graph on held-out real inputs (``top_k``: the
-    outputs are logits; a headless backbone's features are judged by cosine only; ``reference``:
-    the fp32 graph's outputs on them, when already computed; ``done``: called with the number of
-    inputs the planned graph has run on so far).
+    outputs are logits; a headless backbone's features are judged by cosine only; ``reference``
+    and ``actual``: the fp32 and the planned graph's outputs on them, when already computed;
+    ``done``: called with the number of inputs the planned graph has run on so far).
 
     Returns:
         ``compare_logits``' metrics.
@@ -78,7 +79,10 @@ def check_plan(
             output leaves it and the quantized nodes in that block, by module path.
     """
     reference = run_graph(fp32, inputs) if reference is None else reference
-    actual = run_graph(planned, inputs, done=done)
+    if actual is None:
+        actual = run_graph(planned, inputs, done=done)
+    elif done:
+        done(len(inputs))
     metrics = compare_logits(reference, actual, len(reference), tolerance, top_k=top_k)
     if not metrics["passed"]:
         block = _first_divergent_block(fp32, planned, inputs[:16], tolerance)

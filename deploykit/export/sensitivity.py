@@ -20,9 +20,10 @@ classifier, mean per-token cosine (and optionally relative error) for a features
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -60,6 +61,9 @@ class QualityTarget:
         max_relative_error: features: mean ``‖y − y_fp32‖ / ‖y_fp32‖`` of the rows (None: not judged).
         max_float_share: at most this share of the quantized nodes falls back to float (a
             third: GeoPE at 2× needed 5 of its 17).
+        measured: the output rows of the plan the fallback chose, by ``graph_digest``, when a
+            trial ran it on every input: the export's final check of that plan reuses them
+            rather than running the same graph on the same inputs again.
     """
 
     inputs: np.ndarray
@@ -68,6 +72,7 @@ class QualityTarget:
     min_cosine: float | None = None
     max_relative_error: float | None = None
     max_float_share: float = 1 / 3
+    measured: dict[str, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
 
     def measure(self, run: Callable[[np.ndarray], np.ndarray], batch: int = 32, stop_early: bool = True) -> tuple[dict, bool]:
         """Run ``run`` (inputs → output rows) over the inputs batch by batch and return the
@@ -491,6 +496,15 @@ def bisect_fallback(
     return high, trials
 
 
+def graph_digest(proto: onnx.ModelProto) -> str:
+    """What a graph computes, as a digest: its graph, functions and opsets, not the model's
+    metadata (which a plan's record is written into after its last trial)."""
+    digest = hashlib.sha256(proto.graph.SerializeToString())
+    for part in (*proto.functions, *proto.opset_import):
+        digest.update(part.SerializeToString())
+    return digest.hexdigest()
+
+
 def summary(metrics: dict) -> str:
     """``top-1 agreement 99.40%, mean cosine 0.99962`` (features: cosine and relative error)."""
     parts = []
@@ -510,8 +524,13 @@ def fall_back(
     ``ranked`` went back to float, and the record of the trials."""
 
     def check(nodes: list[str], stop_early: bool = True) -> tuple[dict, bool]:
-        with cpu_runner(dequantize_nodes(qdq, fp32, nodes)) as runner:
-            return target.measure(lambda x: run_rows(runner, x, len(x)), stop_early=stop_early)
+        graph, rows = dequantize_nodes(qdq, fp32, nodes), []
+        with cpu_runner(graph) as runner:
+            metrics, met = target.measure(lambda x: rows.append(run_rows(runner, x, len(x))) or rows[-1], stop_early=stop_early)
+        if metrics["complete"] and (met or not stop_early):  # the plan chosen is the last such trial's
+            target.measured.clear()
+            target.measured[graph_digest(graph)] = np.concatenate(rows)
+        return metrics, met
 
     budget = int(len(ranked) * target.max_float_share)
     count, trials = bisect_fallback(ranked, budget, check, progress)

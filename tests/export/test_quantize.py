@@ -337,10 +337,15 @@ def _planted_model():
     return model.eval()
 
 
-def test_the_fallback_finds_the_planted_matmul_names_it_and_meets_the_target(tmp_path, caplog):
+def test_the_fallback_finds_the_planted_matmul_names_it_and_meets_the_target(tmp_path, caplog, monkeypatch):
+    from deploykit.export import int8_check
     from deploykit.export.int8_check import describe_plan
     from deploykit.inputs import InputData, UserCalibration
+    from deploykit.runtime import run_graph
 
+    checked = []
+    check_plan = int8_check.check_plan
+    monkeypatch.setattr(int8_check, "check_plan", lambda *a, **kw: checked.append((a[2], kw["actual"])) or check_plan(*a, **kw))
     inputs = np.random.default_rng(0).standard_normal((300, 3, 32, 32)).astype(np.float32)
     data = UserCalibration(InputData(Path("noise.npy"), arrays={"": inputs}))
     options = CalibrationOptions(samples=64, held_out=236, min_agreement=0.9, data=data)
@@ -355,6 +360,9 @@ def test_the_fallback_finds_the_planted_matmul_names_it_and_meets_the_target(tmp
     budget = int(9 * QualityTarget.max_float_share)  # of the 9 quantizable nodes (patch embedding, 4 per block)
     assert record["checks"] <= 2 + math.ceil(math.log2(budget))
     proto = onnx.load(str(tmp_path / "model_32_int8.onnx"))
+    # The final check took the outputs of the fallback's last run of the plan: the written graph's, to the bit.
+    ((held_out, reused),) = checked
+    assert reused is not None and len(held_out) == 236 and np.array_equal(reused, run_graph(proto, held_out))
     (fc2,) = [n for n in proto.graph.node if n.name == moved["onnx"]]
     assert not _dequantized_inputs(proto)[fc2.name]  # float in the written graph
     assert any(_dequantized_inputs(proto)[n.name] for n in proto.graph.node if _module(n) == "blocks.1.mlp.fc1")
