@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from deploykit.errors import unknown_choice
+
 CLASSES = ("left", "right", "above", "below")  # where the square lies relative to the circle
 SPLITS = {"train": 0, "val": 1, "test": 2}
 # val and test are fixed sets; train is an unbounded stream (index it as far as training needs).
@@ -99,7 +101,7 @@ def _split_id(split: str) -> int:
     try:
         return SPLITS[split]
     except KeyError:
-        raise ValueError(f"unknown split {split!r}; choose one of: {', '.join(SPLITS)}") from None
+        raise ValueError(unknown_choice("split", split, SPLITS)) from None
 
 
 def _draw_scene(rng: np.random.Generator, label: int) -> Scene:
@@ -161,4 +163,4 @@ def get_dataset(name: str, seed: int = 0) -> ShapeRelations:
     try:
         return DATASETS[name](seed=seed)
     except KeyError:
-        raise ValueError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}") from None
+        raise ValueError(unknown_choice("dataset", name, DATASETS)) from None

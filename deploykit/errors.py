@@ -6,6 +6,8 @@ says what was expected, what was found, and, where it helps, what to do.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 
 class DeployKitError(Exception):
     """Base class for every error deploykit raises on bad input or a failed check."""
@@ -52,3 +54,9 @@ def one_line(text: object, limit: int = 600) -> str:
 def listed(items: list[str], shown: int = 5) -> str:
     """``a, b, c, d, e and 7 more``: at most ``shown`` names in a one-line message."""
     return ", ".join(items[:shown]) + (f" and {len(items) - shown} more" if len(items) > shown else "")
+
+
+def unknown_choice(what: str, value: object, choices: Iterable[str], render: Callable[[object], str] = repr) -> str:
+    """``unknown model 'vit_x'; choose one of: a, b, c``: how every refusal of a name outside a
+    fixed set reads (``render`` shows the value: ``repr``, or ``_fields.show`` for config values)."""
+    return f"unknown {what} {render(value)}; choose one of: {', '.join(choices)}"

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from types import ModuleType
 
 from deploykit._lazy import lazy_import
-from deploykit.errors import DeployKitError, ExportError, MissingDependencyError, one_line
+from deploykit.errors import DeployKitError, ExportError, MissingDependencyError, one_line, unknown_choice
 
 TRT_MODULES = ("tensorrt", "tensorrt_rtx")
 
@@ -42,7 +42,7 @@ _MAX_KINDS = 3  # distinct warnings quoted in the summary
 def check_trt_module(module: str) -> None:
     """``ValueError`` unless ``module`` is one of ``TRT_MODULES``."""
     if module not in TRT_MODULES:
-        raise ValueError(f"unknown TensorRT module {module!r}; choose one of: {', '.join(TRT_MODULES)}")
+        raise ValueError(unknown_choice("TensorRT module", module, TRT_MODULES))
 
 
 def import_trt(module: str = "tensorrt") -> ModuleType:

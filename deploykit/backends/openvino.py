@@ -27,7 +27,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from deploykit._lazy import lazy_import
-from deploykit.errors import DeployKitError, one_line
+from deploykit.errors import DeployKitError, one_line, unknown_choice
 from deploykit.runtime.base import Runner
 
 # OpenVINO's runtime-info key that keeps a node out of a reduced inference precision
@@ -64,7 +64,7 @@ class OpenvinoRunner(Runner):
     def __init__(self, model: str | os.PathLike | bytes, precision_hint: str | None = "f32", threads: int = 0):
         super().__init__()
         if precision_hint is not None and precision_hint not in HINTS:
-            raise DeployKitError(f"unknown OpenVINO precision hint {precision_hint!r}; choose one of: {', '.join(HINTS)}")
+            raise DeployKitError(unknown_choice("OpenVINO precision hint", precision_hint, HINTS))
         self.model, self.precision_hint, self.threads = model, precision_hint, threads
         self._compiled = self._request = None
         self._inputs: list[str] = []

@@ -20,7 +20,7 @@ from deploykit.backends.engine_cache import ENGINE_MODULES
 from deploykit.backends.openvino import OpenvinoBf16Runner, OpenvinoRunner, best_hint
 from deploykit.backends.plugins import Plugins
 from deploykit.backends.trt_runner import debug_engine_runner, engine_runner
-from deploykit.errors import ConfigError
+from deploykit.errors import ConfigError, unknown_choice
 from deploykit.runtime.base import Runner
 from deploykit.runtime.onnxrt import OnnxrtCudaRunner, OnnxrtRunner
 
@@ -52,7 +52,7 @@ def check_backend(name: str, choices: Iterable[str] = RUNNER_FACTORIES) -> str:
     """
     choices = list(choices)
     if name not in choices:
-        raise ConfigError(f"unknown backend {name!r}; choose one of: {', '.join(choices)}")
+        raise ConfigError(unknown_choice("backend", name, choices))
     return name
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from deploykit._fields import check_values, show
 from deploykit.encodings.base import EncodingConfig, PositionalEncoding, TrunkDims
-from deploykit.errors import ConfigError
+from deploykit.errors import ConfigError, unknown_choice
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +55,7 @@ def _entry(name: str) -> _Entry:
     try:
         return _ENCODINGS[name]
     except KeyError:
-        raise ConfigError(f"unknown encoding {show(name)}; choose one of: {', '.join(list_encodings())}") from None
+        raise ConfigError(unknown_choice("encoding", name, list_encodings(), show)) from None
 
 
 def get_config(name: str, **options: Any) -> EncodingConfig:

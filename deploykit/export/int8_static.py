@@ -31,7 +31,7 @@ import numpy as np
 import onnx
 
 from deploykit._terminal import counter, quiet_logger
-from deploykit.errors import ConfigError, ExportError, listed
+from deploykit.errors import ConfigError, ExportError, listed, unknown_choice
 from deploykit.export import defaults, names, sensitivity
 from deploykit.export.int8_selection import QUANTIZED_OP_TYPES, looks_untrained, select_nodes, with_plan_record
 from deploykit.export.lint import check_scales
@@ -144,7 +144,7 @@ class Calibration:
 
 def _check_method(method: str) -> None:
     if method not in CALIBRATION_METHODS:
-        raise ConfigError(f"unknown calibration method {method!r}; choose one of: {', '.join(CALIBRATION_METHODS)}")
+        raise ConfigError(unknown_choice("calibration method", method, CALIBRATION_METHODS))
 
 
 def quantize_static_int8(

@@ -39,7 +39,7 @@ import onnx
 from onnx import TensorProto
 
 from deploykit.comparison import Tolerance
-from deploykit.errors import ConfigError
+from deploykit.errors import ConfigError, unknown_choice
 from deploykit.export.defaults import PLAN_NAMES
 from deploykit.export.lint import TABLE_PREFIXES
 from deploykit.export.metadata import GraphMetadata
@@ -199,7 +199,7 @@ _LOW_NAMES = {TensorProto.FLOAT16: ("fp16", "float16"), TensorProto.BFLOAT16: ("
 def check_precision(precision: str) -> PrecisionPlan:
     """The plan of that name, or ``ConfigError`` listing the valid names."""
     if precision not in PLANS:
-        raise ConfigError(f"unknown precision {precision!r}; choose one of: {', '.join(PLANS)}")
+        raise ConfigError(unknown_choice("precision", precision, PLANS))
     return PLANS[precision]
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from deploykit.encodings import EncodingConfig
-from deploykit.errors import ConfigError
+from deploykit.errors import ConfigError, unknown_choice
 from deploykit.nn.sequence import ARCHITECTURE as SEQUENCE
 from deploykit.nn.sequence import SEQUENCE_CONFIGS, SequenceConfig, SequenceTransformer, create_sequence_model
 from deploykit.nn.spec import deploy_spec
@@ -30,7 +30,7 @@ def create_model(name: str, *, encoding: str | EncodingConfig | None = None, **o
         return create_sequence_model(name, encoding=encoding, **overrides)
     if name in MODEL_CONFIGS:
         return create_vit(name, encoding=encoding or "ape", **overrides)
-    raise ConfigError(f"unknown model {name!r}; choose one of: {', '.join(list_models())}")
+    raise ConfigError(unknown_choice("model", name, list_models()))
 
 
 def config_from_dict(data: dict[str, Any]) -> ModelConfig:

@@ -41,7 +41,7 @@ from deploykit.encodings.mope import (
     ega_log_gate,
     ega_weights_train,
 )
-from deploykit.errors import ConfigError, ResolutionError
+from deploykit.errors import ConfigError, ResolutionError, unknown_choice
 from deploykit.nn.vit import TRUNK_RANGES, Mlp, check_config, check_fields, encoding_from_dict
 
 ARCHITECTURE = "sequence_transformer"
@@ -267,7 +267,7 @@ class SequenceTransformer(nn.Module):
 def create_sequence_model(name: str, *, encoding: str | EncodingConfig | None = None, **overrides: Any) -> SequenceTransformer:
     """Build a named sequence model; ``encoding`` ``mope`` (default, origin at position 0) or ``ape``."""
     if name not in SEQUENCE_CONFIGS:
-        raise ConfigError(f"unknown sequence model {name!r}; choose one of: {', '.join(sorted(SEQUENCE_CONFIGS))}")
+        raise ConfigError(unknown_choice("sequence model", name, sorted(SEQUENCE_CONFIGS)))
     if encoding is None or encoding == "mope":
         encoding = MoPEConfig(origin="corner")  # the paper's b0 = 0; origin is unused in 1-D
     elif isinstance(encoding, str):

@@ -38,7 +38,7 @@ from deploykit.encodings import (
     get_config,
     gridpe,
 )
-from deploykit.errors import ConfigError, ResolutionError
+from deploykit.errors import ConfigError, ResolutionError, unknown_choice
 
 # Bounds on a config's numbers, checked before anything is allocated (``deploykit._fields``). The
 # sizes reach far past any published ViT (ViT-22B: width 6144, depth 48, 48 heads) and stop long
@@ -493,7 +493,7 @@ def create_model(name: str = "vit_tiny_patch16", *, encoding: str | EncodingConf
         ConfigError: unknown model or encoding name, or an invalid field.
     """
     if name not in MODEL_CONFIGS:
-        raise ConfigError(f"unknown model {name!r}; choose one of: {', '.join(list_models())}")
+        raise ConfigError(unknown_choice("model", name, list_models()))
     enc = get_config(encoding) if isinstance(encoding, str) else encoding
     try:
         cfg = ViTConfig(**{**MODEL_CONFIGS[name], **overrides, "encoding": enc})

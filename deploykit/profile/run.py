@@ -14,7 +14,7 @@ import torch
 
 from deploykit.backends.plugins import Plugins
 from deploykit.backends.registry import check_backend
-from deploykit.errors import ConfigError, DeployKitError, ResolutionError
+from deploykit.errors import ConfigError, DeployKitError, ResolutionError, unknown_choice
 from deploykit.export.onnx_export import check_export_shape
 from deploykit.export.precision import check_precision
 from deploykit.nn.factory import Model
@@ -34,7 +34,7 @@ def _resolve_device(device: str) -> torch.device:
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda: this PyTorch build sees no CUDA device")
     if device not in ("cpu", "cuda"):
-        raise ConfigError(f"unknown device {device!r}; choose one of: auto, cpu, cuda")
+        raise ConfigError(unknown_choice("device", device, ("auto", "cpu", "cuda")))
     return torch.device(device)
 
 

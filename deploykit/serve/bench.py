@@ -37,7 +37,7 @@ import numpy as np
 
 from deploykit._io import write_json_atomic
 from deploykit._lazy import lazy_import
-from deploykit.errors import ConfigError, DeployKitError
+from deploykit.errors import ConfigError, DeployKitError, unknown_choice
 from deploykit.resolutions import resolution_tag
 from deploykit.serve import defaults
 from deploykit.serve.front import free_loopback_ports
@@ -72,7 +72,7 @@ class BenchOptions:
         if not self.concurrency or min(self.concurrency) < 1 or self.requests < 1:
             raise ConfigError(f"need concurrency levels >= 1 and requests >= 1, got {list(self.concurrency)} and {self.requests}")
         if self.client not in defaults.BENCH_CLIENTS:
-            raise ConfigError(f"unknown client {self.client!r}; choose one of: {', '.join(defaults.BENCH_CLIENTS)}")
+            raise ConfigError(unknown_choice("client", self.client, defaults.BENCH_CLIENTS))
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ from pathlib import Path
 
 from deploykit import imaging
 from deploykit._lazy import lazy_import
-from deploykit.errors import ConfigError, DeployKitError
+from deploykit.errors import ConfigError, DeployKitError, unknown_choice
 from deploykit.export.manifest import OUTPUT_NAME, Manifest
 from deploykit.resolutions import resolution_tag
 from deploykit.serve import defaults
@@ -85,7 +85,7 @@ class RepositoryOptions:
 
     def __post_init__(self) -> None:
         if self.onnx_kind not in defaults.ONNX_KINDS:
-            raise ConfigError(f"unknown instance kind {self.onnx_kind!r}; choose one of: {', '.join(defaults.ONNX_KINDS)}")
+            raise ConfigError(unknown_choice("instance kind", self.onnx_kind, defaults.ONNX_KINDS))
         if not all(1 <= b <= self.max_batch_size for b in self.preferred_batch_sizes):
             raise ConfigError(f"preferred batch sizes {self.preferred_batch_sizes} must lie in 1..{self.max_batch_size}")
         if min(self.gpu_instances, self.preprocess_instances) < 1 or self.max_queue_delay_us < 0:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deploykit.errors import ConfigError
+from deploykit.errors import ConfigError, unknown_choice
 
 # The trunk every zoo model shares: ViT with patch 8 at 48 px (a 6×6 grid), width 96, two heads
 # of dim 48 (divisible by 2, 4 and 3, so axial/mixed RoPE, GridPE and GeoPE's triplets all fit
@@ -102,7 +102,7 @@ def get_entry(name: str) -> ZooEntry:
     try:
         return ZOO[name]
     except KeyError:
-        raise ConfigError(f"unknown zoo model {name!r}; choose one of: {', '.join(ZOO)}") from None
+        raise ConfigError(unknown_choice("zoo model", name, ZOO)) from None
 
 
 def zoo_dir() -> Path:
