@@ -329,31 +329,25 @@ class _QuantizedPlans:
 
     def __init__(self, proto: onnx.ModelProto, model: Model, resolution, options: CalibrationOptions, progress):
         self.proto, self.model, self.resolution, self.options, self.progress = proto, model, resolution, options, progress
+        self.logits = model.output_kind == "logits"  # a headless backbone's features: judged by cosine, not answers
         self._data: tuple | None = None
 
     def _say(self, precision: str):
         return (lambda msg: self.progress(f"{resolution_tag(self.resolution)} {precision}: {msg}")) if self.progress else None
 
     def _read(self, precision: str) -> tuple:
-        """The calibration inputs, the held-out inputs, the data's record and the fp32 outputs on the held-out inputs."""
+        """The calibration inputs, the held-out inputs, the data's record and the fp32 outputs on
+        the held-out inputs (the fallback's target and every plan's check share them)."""
         from deploykit.data import DefaultCalibration
 
         if self._data is None:
             options, say = self.options, self._say(precision)
-            if say:
-                say(
-                    f"reading {options.samples} calibration and up to {options.held_out} held-out inputs"
-                )  # user data: what the calibration leaves
-            inputs, held_out, record = (options.data or DefaultCalibration()).inputs(
-                self.model, self.resolution, options.samples, options.held_out
-            )
+            if say:  # user data: what the calibration leaves
+                say(f"reading {options.samples} calibration and up to {options.held_out} held-out inputs")
+            data = options.data or DefaultCalibration()
+            inputs, held_out, record = data.inputs(self.model, self.resolution, options.samples, options.held_out)
             tick = counter(say, f"fp32 reference on {len(held_out)} held-out inputs", len(held_out), "inputs")
-            self._data = (
-                inputs,
-                held_out,
-                record,
-                run_graph(self.proto, held_out, done=tick),
-            )  # the fallback's target and the checks share it
+            self._data = inputs, held_out, record, run_graph(self.proto, held_out, done=tick)
         return self._data
 
     def planned(self, precision: str) -> onnx.ModelProto:
@@ -367,7 +361,7 @@ class _QuantizedPlans:
         calibration = target = None
         if check_precision(precision).calibrated:
             calibration = int8_static.Calibration(inputs, record["calibration"]["description"], options.method, record)
-            target = options.target(held_out, reference, self.model.output_kind == "logits")
+            target = options.target(held_out, reference, self.logits)
         planned = apply_precision(
             self.proto, precision, calibration, target, self._say(precision), attention=options.attention, keep_float=options.keep_float
         )
@@ -383,9 +377,10 @@ class _QuantizedPlans:
         say = self._say(precision)
         label = f"{precision} plan at {resolution_tag(self.resolution)}"
         tick = counter(say, f"checking the plan on the {len(held_out)} held-out inputs", len(held_out), "inputs")
-        logits = self.model.output_kind == "logits"  # a headless backbone's features: judged by cosine, not answers
         tolerance = check_precision(precision).tolerance
-        int8_check.check_plan(self.proto, planned, held_out, tolerance, label, top_k=logits, reference=reference, done=tick, actual=actual)
+        int8_check.check_plan(
+            self.proto, planned, held_out, tolerance, label, top_k=self.logits, reference=reference, done=tick, actual=actual
+        )
         return planned
 
 
