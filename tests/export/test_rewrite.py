@@ -1,6 +1,7 @@
 """Runtime-fusion rewrites: the exported graph lets ONNX Runtime fuse GELU and the linear biases."""
 
 from collections import Counter
+from unittest import mock
 
 import numpy as np
 import onnx
@@ -9,7 +10,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from deploykit.export import onnx_from_model
+from deploykit.export import onnx_from_model, rewrite
 from deploykit.export.onnx_export import DEFAULT_OPSET
 from deploykit.export.rewrite import rewrite_for_runtimes
 from deploykit.nn import create_model
@@ -59,3 +60,31 @@ def test_rewrite_keeps_values_and_block_scopes(model):
     gemms = [n for n in _rewrite_and_fold(plain).graph.node if n.op_type == "Gemm"]
     scopes = [next(p.value for p in n.metadata_props if p.key == "pkg.torch.onnx.name_scopes") for n in gemms]
     assert sum("mlp.fc2" in s for s in scopes) == 2
+
+
+def _key_swaps(proto) -> int:
+    """Transposes swapping the last two axes of a [B, heads, N, d] tensor."""
+    perms = (next(list(a.ints) for a in n.attribute if a.name == "perm") for n in proto.graph.node if n.op_type == "Transpose")
+    return sum(p == [0, 1, 3, 2] for p in perms)
+
+
+def test_key_swap_is_one_transpose_and_keeps_every_bit(model):
+    """torch.onnx swaps k's last two axes by flattening, a 3-D Transpose and a reshape back, with
+    the shapes read from k at run time; the graph does it with one Transpose instead, and ONNX
+    Runtime's outputs stay identical to the bit."""
+    original_rules = rewrite._rules
+
+    def without_key_swap():
+        return type(original_rules())([r for r in original_rules().rules if r.name != "KeySwapAsOneTranspose"])
+
+    proto = onnx_from_model(model, (64, 64))
+    with mock.patch.object(rewrite, "_rules", without_key_swap):
+        spelled_out = onnx_from_model(model, (64, 64))
+    shapes = Counter(n.op_type for n in spelled_out.graph.node)["Shape"], Counter(n.op_type for n in proto.graph.node)["Shape"]
+    assert shapes == (shapes[1] + 2, shapes[1])  # one shape read per block's attention is gone
+    assert (_key_swaps(spelled_out), _key_swaps(proto)) == (0, 2)
+    x = np.random.default_rng(1).standard_normal((3, 3, 64, 64)).astype(np.float32)
+    with OnnxrtRunner(proto.SerializeToString()) as rewritten, OnnxrtRunner(spelled_out.SerializeToString()) as original:
+        a = rewritten.infer({rewritten.input_names()[0]: x})
+        b = original.infer({original.input_names()[0]: x})
+    np.testing.assert_array_equal(next(iter(a.values())), next(iter(b.values())))
