@@ -147,12 +147,15 @@ class OpenvinoBf16Runner(OpenvinoRunner):
 
 def openvino_source(model: str | os.PathLike | bytes, precision_hint: str | None = "f32") -> tuple[str | bytes, set[str]]:
     """What OpenVINO reads for an exported graph (its path, or ONNX bytes) and, under a bf16
-    hint, the tensors to keep in f32 (``deploykit.export.precision.fp32_tensors``).
+    hint, the tensors to keep in f32 (``deploykit.export.precision.fp32_tensors``). The file is
+    never changed; two things are prepared in memory:
 
-    OpenVINO's ONNX frontend has no rule for a custom-domain node (``deploykit::SaPE2Bias``)
-    even when its model-local function gives the body, so functions are inlined first (ONNX
-    Runtime and TensorRT inline them themselves); the file is not changed. A body's nodes are
-    the custom op's: kept in f32 as the bf16 plan keeps the op.
+    * OpenVINO's ONNX frontend has no rule for a custom-domain node (``deploykit::SaPE2Bias``)
+      even when its model-local function gives the body, so functions are inlined first (ONNX
+      Runtime and TensorRT inline them themselves). A body's nodes are the custom op's: kept in
+      f32 as the bf16 plan keeps the op.
+    * An int8 plan's flattened linear layers are given back their token axis
+      (``linear_layers_in_3d``).
     """
     import onnx
     import onnx.inliner
@@ -165,12 +168,125 @@ def openvino_source(model: str | os.PathLike | bytes, precision_hint: str | None
     except Exception as err:  # protobuf's DecodeError, a missing file, ...
         raise DeployKitError(one_line(f"openvino cannot load {label}: not a readable ONNX graph: {err}")) from err
     fp32 = fp32_tensors(proto) if precision_hint == "bf16" else set()
-    if not proto.functions:
+    changed = False
+    if proto.functions:
+        before = {name for node in proto.graph.node for name in node.output}
+        proto = onnx.inliner.inline_local_functions(proto)
+        fp32 |= {name for node in proto.graph.node for name in node.output if name not in before}
+        changed = True
+    changed |= linear_layers_in_3d(proto) > 0
+    if not changed:
         return (model if isinstance(model, bytes) else str(model)), fp32
-    before = {name for node in proto.graph.node for name in node.output}
-    proto = onnx.inliner.inline_local_functions(proto)
-    fp32 |= {name for node in proto.graph.node for name in node.output if name not in before}
     return proto.SerializeToString(), fp32
+
+
+def linear_layers_in_3d(proto) -> int:
+    """Rewrite, in place, each quantized linear layer exported flattened (``Reshape`` to
+    ``[B·N, K]``, Q/DQ, ``Gemm``, ``Reshape`` back: the form ONNX Runtime runs fastest) as a
+    ``MatMul`` over ``[B, N, K]`` plus its bias, the form other exporters write; returns how many.
+
+    OpenVINO 2026.4's low-precision ``ReshapeTransformation`` moves a per-channel dequantization
+    through the ``Reshape`` after the product as if channels were axis 1: with a dynamic batch and
+    more tokens than channels, it fails to compile (ViT-S at 384 px: 577 tokens, 384 channels) or,
+    with a bias between, computes wrong values. Without that ``Reshape`` the scale stays on the
+    last axis. A reshape back to more axes (``qkv``'s ``[B, N, 3, h, d]``) changes no axis before
+    the channels, so OpenVINO leaves the scale before it. Same values: the Q/DQ pairs between the
+    reshape and the product are per-tensor, and every reshape reads the same row-major elements.
+    """
+    from onnx import helper, numpy_helper
+
+    graph = proto.graph
+    if not any(node.op_type == "DequantizeLinear" for node in graph.node):
+        return 0
+    producer = {out: node for node in graph.node for out in node.output}
+    readers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    constants = {t.name: t for t in graph.initializer}
+    shapes = {v.name: v.type.tensor_type.shape.dim for v in (*graph.value_info, *graph.input) if v.type.tensor_type.HasField("shape")}
+
+    def constant(name: str):
+        return numpy_helper.to_array(constants[name]).tolist() if name in constants else None
+
+    def static_dims(name: str) -> list[int] | None:
+        """[N, the axes after it...] of a [B, N, ...] tensor, when all are static."""
+        dims = shapes.get(name, ())[1:]
+        return [d.dim_value for d in dims] if len(dims) >= 2 and all(d.HasField("dim_value") for d in dims) else None
+
+    def columns(weight: str) -> int | None:
+        source = producer[weight].input[0] if weight in producer and producer[weight].op_type == "DequantizeLinear" else weight
+        return constants[source].dims[-1] if source in constants and len(constants[source].dims) == 2 else None
+
+    dropped: set[str] = set()  # outputs of the reshapes that go
+    replaced: dict[str, list] = {}  # a Gemm's output -> the nodes that replace it
+    stale: set[str] = set()  # tensors whose recorded shapes no longer hold
+    for gemm in graph.node:
+        attrs = {a.name: helper.get_attribute_value(a) for a in gemm.attribute}
+        if (
+            gemm.op_type != "Gemm"
+            or attrs.get("transA", 0)
+            or attrs.get("transB", 0)
+            or attrs.get("alpha", 1.0) != 1.0
+            or attrs.get("beta", 1.0) != 1.0
+        ):
+            continue
+        unflatten = readers.get(gemm.output[0], [])
+        if len(unflatten) != 1 or unflatten[0].op_type != "Reshape":
+            continue
+        unflatten = unflatten[0]
+        # Back from the Gemm's input through its per-tensor Q/DQ pair to the flattening Reshape.
+        chain, value = [], gemm.input[0]
+        while value in producer and producer[value].op_type in ("QuantizeLinear", "DequantizeLinear") and len(readers[value]) == 1:
+            node = producer[value]
+            scale = constant(node.input[1])
+            if scale is None or np.size(scale) != 1:
+                break
+            chain.append(node)
+            value = node.input[0]
+        flatten = producer.get(value)
+        if not chain or flatten is None or flatten.op_type != "Reshape" or len(readers[value]) != 1 or any(a.i for a in flatten.attribute):
+            continue
+        x, flat, back, width = flatten.input[0], constant(flatten.input[1]), constant(unflatten.input[1]), columns(gemm.input[1])
+        dims = static_dims(x)
+        if dims is None or flat is None or back is None or width is None or flat != [-1, int(np.prod(dims[1:]))]:
+            continue
+        tokens = dims[0]
+        if back[1:2] != [tokens] or int(np.prod(back[2:])) != width or any(unflatten_attr.i for unflatten_attr in unflatten.attribute):
+            continue  # the reshape back does not give [B, N, ...] rows of this layer's outputs
+        if len(dims) == 2:  # x is [B, N, K] already
+            chain[-1].input[0] = x
+            dropped.add(flatten.output[0])
+        else:
+            keep_tokens = f"{flatten.output[0]}_tokens_kept"  # 0: the input's axis (batch, tokens)
+            graph.initializer.append(numpy_helper.from_array(np.array([0, 0, flat[1]], np.int64), keep_tokens))
+            flatten.input[1] = keep_tokens
+            stale.add(flatten.output[0])
+        if back == [-1, tokens, width]:  # nothing left to reshape
+            out = unflatten.output[0]
+            dropped.add(out)
+        else:
+            out = gemm.output[0]
+        stale |= {gemm.output[0], *(node.output[0] for node in chain)}
+        product = f"{gemm.output[0]}_matmul" if len(gemm.input) == 3 else out
+        replaced[gemm.output[0]] = [helper.make_node("MatMul", list(gemm.input[:2]), [product], name=gemm.name)]
+        if len(gemm.input) == 3:
+            replaced[gemm.output[0]].append(helper.make_node("Add", [product, gemm.input[2]], [out], name=f"{gemm.name}_bias"))
+    if replaced:
+        nodes = []
+        for node in graph.node:
+            if node.op_type == "Reshape" and node.output[0] in dropped:
+                continue
+            for new in replaced.get(node.output[0], [node]) if node.op_type == "Gemm" else [node]:
+                copy = type(new)()  # the graph's own nodes are cleared below
+                copy.CopyFrom(new)
+                nodes.append(copy)
+        del graph.node[:]
+        graph.node.extend(nodes)
+        infos = [info for info in graph.value_info if info.name not in stale]
+        del graph.value_info[:]
+        graph.value_info.extend(infos)
+    return len(replaced)
 
 
 def keep_fp32(model, tensors: set[str]) -> int:

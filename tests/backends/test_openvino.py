@@ -13,6 +13,7 @@ import pytest
 
 ov = pytest.importorskip("openvino", reason="the openvino extra is not installed (pip install 'deploykit[openvino]')")
 
+import numpy as np
 import onnx
 import torch
 
@@ -151,3 +152,72 @@ def test_missing_openvino_names_the_extra(monkeypatch, good_export):
     monkeypatch.setitem(sys.modules, "openvino", None)  # import openvino -> ImportError
     with pytest.raises(MissingDependencyError, match=r"pip install 'deploykit\[openvino\]'"):
         OpenvinoRunner(good_export / "model_32.onnx").activate()
+
+
+def _flattened_int8_linear(tokens: int, features: int, channels: int, bias: bool) -> onnx.ModelProto:
+    """One linear layer as deploykit exports it quantized: [B, N, K] flattened to [B·N, K],
+    per-tensor Q/DQ, a Gemm on per-channel int8 weights, reshaped back to [B, N, C]. Weights
+    within ±63 so no CPU's int8 products saturate."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    constants = {
+        "flat": np.array([-1, features], np.int64),
+        "back": np.array([-1, tokens, channels], np.int64),
+        "x_scale": np.array(0.05, np.float32),
+        "x_zero": np.array(0, np.int8),
+        "w": rng.integers(-63, 64, (features, channels)).astype(np.int8),
+        "w_scale": (0.01 * 2.0 ** np.arange(channels)).astype(np.float32),
+        "w_zero": np.zeros(channels, np.int8),
+        "bias": rng.standard_normal(channels).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("Reshape", ["x", "flat"], ["x_flat"]),
+        helper.make_node("QuantizeLinear", ["x_flat", "x_scale", "x_zero"], ["x_q"]),
+        helper.make_node("DequantizeLinear", ["x_q", "x_scale", "x_zero"], ["x_dq"]),
+        helper.make_node("DequantizeLinear", ["w", "w_scale", "w_zero"], ["w_dq"], axis=1),
+        helper.make_node("Gemm", ["x_dq", "w_dq", "bias"][: 3 if bias else 2], ["y_flat"]),
+        helper.make_node("Reshape", ["y_flat", "back"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "linear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", tokens, features])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", tokens, channels])],
+        [numpy_helper.from_array(value, name) for name, value in constants.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize(("tokens", "bias"), [(10, False), (12, False), (12, True), (3, False)])
+def test_quantized_linear_layers_run_in_openvino_as_exported(tokens, bias):
+    """OpenVINO 2026.4 moves a per-channel dequantization through the reshape back to tokens as
+    if channels were axis 1: with more tokens than channels (ViT-S at 384 px) and no bias it fails
+    to compile, and with a whole multiple it scales tokens by channel scales. The graph OpenVINO
+    is given keeps the token axis, and computes what ONNX Runtime computes on the file."""
+    import onnxruntime as ort
+
+    proto = _flattened_int8_linear(tokens, features=8, channels=4, bias=bias)
+    x = np.random.default_rng(1).uniform(-6, 6, (2, tokens, 8)).astype(np.float32)
+    expected = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    source, _ = openvino_source(proto.SerializeToString())
+    rewritten = onnx.load_from_string(source)
+    assert "Gemm" not in {n.op_type for n in rewritten.graph.node}
+    # The same function (ONNX Runtime adds a bias inside its fused kernel or after it: rounding only).
+    np.testing.assert_allclose(
+        ort.InferenceSession(source, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0], expected, rtol=1e-6, atol=1e-5
+    )
+    with OpenvinoRunner(source) as runner:
+        np.testing.assert_allclose(runner.infer({"x": x})["y"], expected, rtol=1e-5, atol=1e-4)
+    # Control: the graph as exported, given to OpenVINO as it is.
+    core = ov.Core()
+    try:
+        as_exported = core.compile_model(core.read_model(proto.SerializeToString(), b""), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})(
+            {"x": x}
+        )[0]
+    except RuntimeError as err:
+        assert "ReshapeTransformation" in str(err)
+        return
+    wrong = not np.allclose(as_exported, expected, rtol=1e-5, atol=1e-4)
+    if ov.get_version().startswith("2026.4"):  # the release the rewrite is for
+        assert wrong == (tokens % 4 == 0 and not bias)
