@@ -8,6 +8,7 @@ import collections
 import json
 import shutil
 import sys
+from unittest import mock
 
 import pytest
 
@@ -154,10 +155,10 @@ def test_missing_openvino_names_the_extra(monkeypatch, good_export):
         OpenvinoRunner(good_export / "model_32.onnx").activate()
 
 
-def _flattened_int8_linear(tokens: int, features: int, channels: int, bias: bool) -> onnx.ModelProto:
+def _flattened_int8_linear(tokens: int, features: int, channels: int, bias: bool, weight_limit: int = 63) -> onnx.ModelProto:
     """One linear layer as deploykit exports it quantized: [B, N, K] flattened to [B·N, K],
     per-tensor Q/DQ, a Gemm on per-channel int8 weights, reshaped back to [B, N, C]. Weights
-    within ±63 so no CPU's int8 products saturate."""
+    within ±63 by default, so no CPU's int8 products saturate."""
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
@@ -166,7 +167,7 @@ def _flattened_int8_linear(tokens: int, features: int, channels: int, bias: bool
         "back": np.array([-1, tokens, channels], np.int64),
         "x_scale": np.array(0.05, np.float32),
         "x_zero": np.array(0, np.int8),
-        "w": rng.integers(-63, 64, (features, channels)).astype(np.int8),
+        "w": rng.integers(-weight_limit, weight_limit + 1, (features, channels)).astype(np.int8),
         "w_scale": (0.01 * 2.0 ** np.arange(channels)).astype(np.float32),
         "w_zero": np.zeros(channels, np.int8),
         "bias": rng.standard_normal(channels).astype(np.float32),
@@ -221,3 +222,37 @@ def test_quantized_linear_layers_run_in_openvino_as_exported(tokens, bias):
     wrong = not np.allclose(as_exported, expected, rtol=1e-5, atol=1e-4)
     if ov.get_version().startswith("2026.4"):  # the release the rewrite is for
         assert wrong == (tokens % 4 == 0 and not bias)
+
+
+def test_seven_bit_weights_keep_openvino_s_int8_products_from_saturating():
+    """Without VNNI, two u8·s8 products are summed in 16 bits and saturate with full-range int8
+    weights; the runner narrows weights to 7 bits on such a CPU, and its outputs are then the
+    exact products of the narrowed weights. On a VNNI CPU it runs the weights as exported, exactly."""
+    from onnx import numpy_helper
+
+    from deploykit.backends.openvino import int8_saturates, weights_in_seven_bits
+
+    proto = _flattened_int8_linear(tokens=10, features=8, channels=4, bias=False, weight_limit=127)
+    narrowed = onnx.ModelProto()
+    narrowed.CopyFrom(proto)
+    assert weights_in_seven_bits(narrowed) == 1 and weights_in_seven_bits(narrowed) == 0  # once: then within 7 bits
+    x = np.random.default_rng(1).uniform(-6, 6, (2, 10, 8)).astype(np.float32)
+
+    def exact(graph) -> np.ndarray:
+        c = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in graph.graph.initializer}
+        activations = np.clip(np.rint(x / c["x_scale"]), -128, 127) * c["x_scale"]
+        return activations @ (c["w"] * c["w_scale"])
+
+    eight, seven = exact(proto), exact(narrowed)
+    assert np.abs(seven - eight).max() <= 0.5 * 8 * 2 * 6 * 0.08  # at most half a doubled step per weight
+    with OpenvinoRunner(proto.SerializeToString()) as runner:
+        assert (
+            runner.seven_bit_weights
+            == int8_saturates()
+            == ("int8_weights" in runner.details and runner.details["int8_weights"] != "as exported")
+        )
+        np.testing.assert_allclose(runner.infer({"x": x})["y"], seven if runner.seven_bit_weights else eight, rtol=1e-5, atol=1e-4)
+    if int8_saturates():  # control: the weights as exported do saturate on this CPU
+        source, _ = openvino_source(proto.SerializeToString(), "f32", seven_bit_weights=False)
+        with mock.patch("deploykit.backends.openvino.int8_saturates", return_value=False), OpenvinoRunner(source) as as_exported:
+            assert np.abs(as_exported.infer({"x": x})["y"] - eight).max() > 1.0
