@@ -92,7 +92,7 @@ def cli():
 def export(encoding, model_name, checkpoint, resolutions, output, opset, precisions, resolution_range, options, force, **int8):
     """Export a model to one ONNX graph per resolution, tables baked in, graph linted."""
     from deploykit.export import export as export_model
-    from deploykit.profile.choice import CPU_SPEED_PLANS, plans_slower_than_fp32
+    from deploykit.profile.choice import CPU_SPEED_PLANS, plans_slower_than_float
     from deploykit.zoo.resolve import resolve_model
 
     console = render.console()
@@ -114,7 +114,7 @@ def export(encoding, model_name, checkpoint, resolutions, output, opset, precisi
     if any(p in CPU_SPEED_PLANS for p in precisions):
         with render.steps(console, "export") as step:
             step("timing the CPU plans against fp32 (ONNX Runtime, batch 1)")
-            slower = plans_slower_than_fp32(output)
+            slower = plans_slower_than_float(output)
         render.notes(console, slower, " (deploykit profile measures every batch)")
 
 

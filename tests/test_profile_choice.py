@@ -16,7 +16,7 @@ pytest.importorskip("openvino", reason="the openvino extra is not installed (pip
 
 from deploykit.export.manifest import MANIFEST_FILE, sha256_file
 from deploykit.profile import Budget, Subject, profile
-from deploykit.profile.choice import CHOICE_FILE, mark_fastest, read_choice, slower_lines, write_choice
+from deploykit.profile.choice import CHOICE_FILE, QUICK_BUDGET, mark_fastest, read_choice, slower_lines, write_choice
 from deploykit.profile.report import add_ratios
 from tests.test_cli import RES
 
@@ -43,6 +43,20 @@ def test_fastest_is_the_quickest_validated_plan_of_each_cell_and_slower_plans_ar
     assert sum(r["fastest_validated"] for r in records) == 2
     (line,) = slower_lines(records)
     assert line.startswith("int8 on ort is 1.20x its fp32 graph for ape @ 224 batch 1: slower than fp32")
+
+
+def test_a_reduced_plan_slower_than_the_fused_float_plan_is_named_unless_that_plan_failed():
+    records = [
+        _record("ort", "fp32", 10.0, True),
+        _record("ort", "fp32-mha", 6.0, True),
+        _record("ort", "int8-mha", 7.2, True),  # beats fp32, loses to fp32-mha
+        _record("ort", "int8", 5.0, True),
+        _record("ort", "fp32", 10.0, True, batch=8),
+        _record("ort", "fp32-mha", 6.0, False, batch=8),  # refused by validation: not a plan to use
+        _record("ort", "int8-mha", 7.2, True, batch=8),
+    ]
+    add_ratios(records)
+    assert slower_lines(records) == ["int8-mha on ort is 1.20x fp32-mha for ape @ 224 batch 1: fp32-mha is faster there, use it"]
 
 
 def _planted(src, dst, precision: str):
@@ -146,23 +160,24 @@ def test_a_choice_whose_graph_changed_is_not_taken(two_plans, tmp_path):
 
 class _PlanTimer:
     """Stands in for the wall clock only: runs the call, and says it took ``factor`` times longer
-    when the runner timed is an int8-dynamic graph (the graphs themselves run for real)."""
+    when the runner timed is an int8-dynamic graph, and ``fused`` times for the fp32-mha graph
+    (the graphs themselves run for real)."""
 
-    def __init__(self, factor: float):
-        self.factor, self.calls = factor, []
+    def __init__(self, factor: float, fused: float = 1.0):
+        self.factor, self.fused, self.calls = factor, fused, []
 
     def time_ns(self, fn) -> int:
         fn()
-        runner = fn.__defaults__[0]
-        self.calls.append(runner.model.name)
-        return int(2_000_000 * (self.factor if "int8-dynamic" in runner.model.name else 1.0))
+        name = fn.__defaults__[0].model.name
+        self.calls.append(name)
+        return int(2_000_000 * (self.factor if "int8-dynamic" in name else self.fused if "fp32-mha" in name else 1.0))
 
 
 def test_export_says_in_one_line_where_a_cpu_plan_is_slower_than_fp32(capsys, ckpt_dir, tmp_path, monkeypatch):
     """The export command times its CPU plans against fp32 after writing them (the clock replaced,
     the graphs run): a plan 1.5x slower gets one note; at equal times nothing is said."""
     import deploykit.profile.timing
-    from deploykit.profile.choice import plans_slower_than_fp32
+    from deploykit.profile.choice import plans_slower_than_float
     from tests.test_cli import run_cli
 
     slow = _PlanTimer(1.5)
@@ -177,6 +192,8 @@ def test_export_says_in_one_line_where_a_cpu_plan_is_slower_than_fp32(capsys, ck
         RES,
         "--precision",
         "int8-dynamic",
+        "--precision",
+        "fp32-mha",
         "--calibration-samples",
         "8",
         "--held-out",
@@ -190,8 +207,14 @@ def test_export_says_in_one_line_where_a_cpu_plan_is_slower_than_fp32(capsys, ck
         f"note: int8-dynamic on ort is 1.50x its fp32 graph for ape @ {RES} batch 1: slower than fp32 there, do not use it "
         "(deploykit profile measures every batch)"
     ], err
-    # interleaved: fp32 and the plan alternate round by round
-    assert {slow.calls[0], slow.calls[-1]} == {f"model_{RES}.onnx", f"model_{RES}_int8-dynamic.onnx"}
+    # interleaved: fp32 first, then each plan, round by round
+    graphs = [f"model_{RES}.onnx", f"model_{RES}_int8-dynamic.onnx", f"model_{RES}_fp32-mha.onnx"]
+    runs = [name for i, name in enumerate(slow.calls) if i == 0 or name != slow.calls[i - 1]]
+    assert runs[0] == graphs[0] and set(runs) == set(graphs) and len(runs) == 3 * QUICK_BUDGET.rounds
     short = Budget(iterations=4, warmup=0, rounds=2)
-    assert plans_slower_than_fp32(out, short, timer=_PlanTimer(1.0)) == []
-    assert plans_slower_than_fp32(out, short, timer=_PlanTimer(1.04)) == []  # within the margin of a short timing
+    assert plans_slower_than_float(out, short, timer=_PlanTimer(1.0)) == []
+    assert plans_slower_than_float(out, short, timer=_PlanTimer(1.04)) == []  # within the margin of a short timing
+    # Faster than fp32 but slower than the fused float plan: said, naming the plan to use instead.
+    assert plans_slower_than_float(out, short, timer=_PlanTimer(0.9, fused=0.6)) == [
+        f"int8-dynamic on ort is 1.50x fp32-mha for ape @ {RES} batch 1: fp32-mha is faster there, use it"
+    ]

@@ -6,9 +6,10 @@ reference on ``validate``'s inputs (seeded noise and real images) with its plan'
 (loosened to the runner's own precision where it lowers the graph itself, OpenVINO's bf16 hint),
 on the runner that is then timed. After timing, the fastest validated record of each
 (encoding, resolution, batch) is marked ``fastest_validated``; ``slower_lines`` says in one line
-per cell where a reduced-precision plan lost to fp32. ``deploykit export`` says the same right
-after writing a CPU plan (``plans_slower_than_fp32``: a short interleaved timing at batch 1), so
-nobody is told to use a plan that is slower on their machine.
+per cell where a reduced-precision plan lost to fp32 (or to the fused float plan, ``fp32-mha``).
+``deploykit export`` says the same right after writing a CPU plan (``plans_slower_than_float``: a
+short interleaved timing at batch 1), so nobody is told to use a plan that is slower on their
+machine.
 
 ``deploykit profile EXPORT_DIR`` writes the choice beside the graphs (``CHOICE_FILE``, each
 entry with its graph's sha256), and ``deploykit serve`` on a CPU takes it by default.
@@ -16,6 +17,7 @@ entry with its graph's sha256), and ``deploykit serve`` on a CPU takes it by def
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass
@@ -32,6 +34,9 @@ from deploykit.profile.timing import Budget, LatencyStats, measure
 CHOICE_FILE = "profile_choice.json"
 # Plans a CPU user picks for speed on ONNX Runtime (the cast plans fp16/bf16 are for GPUs).
 CPU_SPEED_PLANS = ("int8", "int8-dynamic", "int8-mha", "fp32-mha")
+# The float plan with attention fused: a reduced-precision plan slower than it is not worth its
+# accuracy cost either (int8-mha lost to it on the default model at 384 px, where both beat fp32).
+FUSED_FLOAT = "fp32-mha"
 # export's check: three interleaved rounds of at least 0.2 s per graph; a plan is called slower
 # only beyond this margin, which a short timing on a busy machine does not reach by noise alone.
 QUICK_BUDGET = Budget(duration_s=0.6, warmup=2, min_iterations=6, rounds=3)
@@ -109,15 +114,25 @@ def choice_lines(records: list[dict]) -> list[str]:
     return lines
 
 
-def slower_lines(records: list[dict]) -> list[str]:
-    """One line per (backend, plan, cell) where a reduced-precision plan's p50 is above the same
-    backend's fp32 graph: nobody should be told to use it there."""
-    return [
-        f"{r['precision']} on {r['backend']} is {r['ratio_vs_fp32']:.2f}x its fp32 graph for {r['encoding']} @ {r['resolution']} "
-        f"batch {r['batch']}: slower than fp32 there, do not use it"
-        for r in records
-        if r["precision"] != FP32 and r.get("ratio_vs_fp32") is not None and r["ratio_vs_fp32"] > 1.0
-    ]
+def slower_lines(records: list[dict], margin: float = 1.0) -> list[str]:
+    """One line per (backend, plan, cell) where a reduced-precision plan's p50 is above ``margin``
+    times the same backend's fp32 graph there, or else above its fused float plan (``fp32-mha``,
+    when that was timed and not refused by validation): nobody should be told to use it."""
+    cell = lambda r: (r["backend"], r["encoding"], r["resolution"], r["batch"])
+    fused = {cell(r): r["p50_ms"] for r in records if r["precision"] == FUSED_FLOAT and r.get("validated", True)}
+    lines = []
+    for r in records:
+        where = f"for {r['encoding']} @ {r['resolution']} batch {r['batch']}"
+        if r["precision"] == FP32:
+            continue
+        if r.get("ratio_vs_fp32") is not None and r["ratio_vs_fp32"] > margin:
+            lines.append(
+                f"{r['precision']} on {r['backend']} is {r['ratio_vs_fp32']:.2f}x its fp32 graph {where}: slower than fp32 there, do not use it"
+            )
+        elif r["precision"] != FUSED_FLOAT and cell(r) in fused and r["p50_ms"] > margin * fused[cell(r)]:
+            ratio = r["p50_ms"] / fused[cell(r)]
+            lines.append(f"{r['precision']} on {r['backend']} is {ratio:.2f}x {FUSED_FLOAT} {where}: {FUSED_FLOAT} is faster there, use it")
+    return lines
 
 
 @dataclass(frozen=True)
@@ -167,40 +182,42 @@ def read_choice(export_dir: str | os.PathLike, resolution_tag: str, batch: int) 
     return Choice(**entry)
 
 
-def plans_slower_than_fp32(export_dir: str | os.PathLike, budget: Budget = QUICK_BUDGET, timer=None) -> list[str]:
-    """After an export: each CPU plan (``CPU_SPEED_PLANS``) of ``export_dir`` against the fp32
-    graph at its resolution, batch 1 on ONNX Runtime's CPU provider, timed in interleaved rounds;
-    ``slower_lines`` for those whose p50 is above ``QUICK_MARGIN`` times fp32's."""
+def plans_slower_than_float(export_dir: str | os.PathLike, budget: Budget = QUICK_BUDGET, timer=None) -> list[str]:
+    """After an export: the fp32 graph and every CPU plan (``CPU_SPEED_PLANS``) of each resolution
+    of ``export_dir``, batch 1 on ONNX Runtime's CPU provider, timed in interleaved rounds;
+    ``slower_lines`` (beyond ``QUICK_MARGIN``) for the plans slower than fp32 or than ``fp32-mha``."""
     from deploykit.export.manifest import Manifest, checked_graph
     from deploykit.resolutions import resolution_tag
     from deploykit.runtime.onnxrt import CPU, OnnxrtRunner
 
     directory = Path(export_dir)
     manifest = Manifest.read(directory)
-    fp32 = {(tuple(g.resolution), g.resolution_range): g for g in manifest.graphs if g.precision == FP32}
+    cells: dict[tuple, list] = {}
+    for graph in manifest.graphs:
+        if graph.precision == FP32 or graph.precision in CPU_SPEED_PLANS:
+            cells.setdefault((tuple(graph.resolution), graph.resolution_range), []).append(graph)
     records = []
-    for graph in (g for g in manifest.graphs if g.precision in CPU_SPEED_PLANS):
-        reference = fp32.get((tuple(graph.resolution), graph.resolution_range))
-        if reference is None:
+    for graphs in cells.values():
+        graphs.sort(key=lambda g: g.precision != FP32)  # fp32 first: the reference
+        if len(graphs) < 2 or graphs[0].precision != FP32:
             continue
-        paths = [checked_graph(directory, g, manifest.encoding) for g in (reference, graph)]
-        with OnnxrtRunner(paths[0], providers=[CPU]) as base, OnnxrtRunner(paths[1], providers=[CPU]) as plan:
-            runs = [(runner, runner.zero_feed(), []) for runner in (base, plan)]
-            for _ in range(budget.rounds):  # interleaved: a load change hits both alike
+        with contextlib.ExitStack() as stack:
+            runners = [stack.enter_context(OnnxrtRunner(checked_graph(directory, g, manifest.encoding), providers=[CPU])) for g in graphs]
+            runs = [(runner, runner.zero_feed(), []) for runner in runners]
+            for _ in range(budget.rounds):  # interleaved: a load change hits every graph alike
                 for runner, feed, samples in runs:
                     samples += measure(lambda r=runner, f=feed: r.infer(f), budget.per_round(), timer)
-        (_, _, fp32_ns), (_, _, plan_ns) = runs
-        ratio = LatencyStats.from_ns(plan_ns).p50_ms / LatencyStats.from_ns(fp32_ns).p50_ms
-        if ratio > QUICK_MARGIN:
-            where = resolution_tag(graph.resolution)
+        p50 = [LatencyStats.from_ns(samples).p50_ms for _, _, samples in runs]
+        for graph, ms in zip(graphs, p50, strict=True):
             records.append(
                 {
                     "precision": graph.precision,
                     "backend": "ort",
-                    "ratio_vs_fp32": ratio,
+                    "p50_ms": ms,
+                    "ratio_vs_fp32": ms / p50[0],
                     "encoding": manifest.encoding,
-                    "resolution": where,
+                    "resolution": resolution_tag(graph.resolution),
                     "batch": 1,
                 }
             )
-    return slower_lines(records)
+    return slower_lines(records, QUICK_MARGIN)
