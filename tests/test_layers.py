@@ -14,7 +14,7 @@ from tests.package_layout import modules, package_dirs, source_packages
 # the layers below. Where the small shared modules sit, and why:
 LAYERS = [
     # Imports nothing above itself: errors, atomic writes, the lazy importer, NVML, CLI rendering
-    # helpers, the check of config values (the encodings' and the models' configs share it),
+    # helpers, /proc/cpuinfo, the check of config values (the encodings' and the models' configs share it),
     # comparison metrics (numpy), image decoding (numpy + Pillow), resolution strings,
     # the torch-free catalog of names, model inputs (numpy: noise, sample images, the zoo's data;
     # a user's own folders, lists and arrays) and the rendered datasets the zoo trains on (which
@@ -26,6 +26,7 @@ LAYERS = [
             "deploykit._io",
             "deploykit._lazy",
             "deploykit._nvml",
+            "deploykit._cpu",
             "deploykit._terminal",
             "deploykit._fields",
             "deploykit.comparison",

@@ -154,7 +154,7 @@ class OpenvinoBf16Runner(OpenvinoRunner):
 def int8_saturates() -> bool:
     """Whether OpenVINO's int8 products saturate on this CPU: x86 without VNNI or AMX, where a
     pair of u8·s8 products is summed in 16 bits (OpenVINO's "saturation (overflow) issue")."""
-    from deploykit.profile.environment import cpu_instruction_sets
+    from deploykit._cpu import cpu_instruction_sets
 
     isa = set(cpu_instruction_sets())
     return "sse4_2" in isa and not isa & {"avx512_vnni", "avx_vnni", "amx_int8"}

@@ -12,6 +12,7 @@ import platform
 
 import torch
 
+from deploykit._cpu import cpu_instruction_sets, cpuinfo
 from deploykit._nvml import clocks, driver_version
 from deploykit.runtime.onnxrt import session_options
 
@@ -19,53 +20,6 @@ from deploykit.runtime.onnxrt import session_options
 _PACKAGES = ("deploykit", "torch", "onnxruntime", "onnxruntime-gpu", "openvino", "onnx", "numpy", "tensorrt", "tensorrt-rtx")
 # Thread-count variables that OpenMP, MKL and OpenBLAS read at start-up.
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "ORT_NUM_THREADS")
-
-
-def _cpuinfo() -> dict[str, str]:
-    """First processor's fields from /proc/cpuinfo (empty off Linux)."""
-    fields: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if not line.strip():
-                    break
-                key, _, value = line.partition(":")
-                fields[key.strip()] = value.strip()
-    except OSError:
-        pass
-    return fields
-
-
-# Instruction sets that decide which GEMM kernels run: int8 dot products (VNNI, AMX) make INT8 plans
-# 2-4x faster than fp32; without them ONNX Runtime's int8 kernels gain much less.
-_ISA_FLAGS = (
-    "sse4_2",
-    "avx",
-    "avx2",
-    "fma",
-    "f16c",
-    "avx512f",
-    "avx512bw",
-    "avx512_vnni",
-    "avx_vnni",
-    "avx512_bf16",
-    "avx512_fp16",
-    "amx_tile",
-    "amx_int8",
-    "amx_bf16",
-    "asimd",
-    "asimddp",
-    "sve",
-    "i8mm",
-    "bf16",
-)
-
-
-def cpu_instruction_sets(cpu: dict[str, str] | None = None) -> list[str]:
-    """The GEMM-relevant instruction sets this CPU reports (``flags`` on x86, ``Features`` on Arm)."""
-    cpu = _cpuinfo() if cpu is None else cpu
-    flags = set((cpu.get("flags") or cpu.get("Features") or "").split())
-    return [f for f in _ISA_FLAGS if f in flags]
 
 
 def _versions() -> dict[str, str]:
@@ -94,7 +48,7 @@ def _gpu(device: torch.device) -> dict | None:
 
 def capture_environment(device: torch.device) -> dict:
     """CPU model, cores, clock, GPU (when ``device`` is CUDA), versions, thread settings, load."""
-    cpu = _cpuinfo()
+    cpu = cpuinfo()
     opts = session_options()
     return {
         "cpu": cpu.get("model name") or platform.processor() or platform.machine(),
