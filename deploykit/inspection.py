@@ -110,7 +110,7 @@ def _openvino_read(path: Path) -> dict:
     from deploykit.backends.openvino import keep_fp32, openvino_source
 
     try:
-        source, fp32 = openvino_source(path, "bf16")
+        source, fp32, _ = openvino_source(path, "bf16")
         model = lazy_import("openvino").Core().read_model(source)
     except (DeployKitError, RuntimeError) as err:  # OpenVINO raises RuntimeError for a graph it cannot convert
         return {"read": False, "error": one_line(err)}

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import numpy as np
 
@@ -71,6 +72,7 @@ class OpenvinoRunner(Runner):
         self._outputs: list[str] = []
         self.kept_fp32 = 0  # nodes marked to stay in f32 under a bf16 hint
         self.seven_bit_weights = int8_saturates()  # on this CPU, int8 weights are narrowed to 7 bits
+        self.narrowed_weights = 0  # how many the loaded graph had
 
     def _activate(self) -> None:
         ov = lazy_import("openvino")
@@ -81,10 +83,11 @@ class OpenvinoRunner(Runner):
             )
         core = ov.Core()
         try:
-            source, fp32 = openvino_source(self.model, self.precision_hint, self.seven_bit_weights)
-            model = core.read_model(source)
+            source = openvino_source(self.model, self.precision_hint, self.seven_bit_weights)
+            self.narrowed_weights = source.narrowed_weights
+            model = core.read_model(source.graph)
             if self.precision_hint == "bf16":
-                self.kept_fp32 = keep_fp32(model, fp32)
+                self.kept_fp32 = keep_fp32(model, source.fp32)
             self._compiled = core.compile_model(model, "CPU", self._config())
         except RuntimeError as err:  # OpenVINO raises RuntimeError (its ov::Exception) for unreadable or unsupported graphs
             raise DeployKitError(one_line(f"openvino cannot load {self._label()}: {err}")) from err
@@ -124,7 +127,9 @@ class OpenvinoRunner(Runner):
             "provider": self.provider,
             "precision_hint": self.resolved_hint,
             "kept_fp32": self.kept_fp32,
-            "int8_weights": "7-bit (no VNNI: 8-bit products would saturate)" if self.seven_bit_weights else "as exported",
+            "int8_weights": f"{self.narrowed_weights} narrowed to 7 bits (no VNNI: 8-bit products would saturate)"
+            if self.narrowed_weights
+            else "as exported",
         }
 
     def runtime_precisions(self) -> dict[str, str]:
@@ -160,12 +165,20 @@ def int8_saturates() -> bool:
     return "sse4_2" in isa and not isa & {"avx512_vnni", "avx_vnni", "amx_int8"}
 
 
+class OpenvinoSource(NamedTuple):
+    """What OpenVINO reads for an exported graph."""
+
+    graph: str | bytes  # the file's path, or ONNX bytes prepared in memory
+    fp32: set[str]  # under a bf16 hint, the tensors to keep in f32
+    narrowed_weights: int  # int8 weights narrowed to 7 bits
+
+
 def openvino_source(
     model: str | os.PathLike | bytes, precision_hint: str | None = "f32", seven_bit_weights: bool = False
-) -> tuple[str | bytes, set[str]]:
+) -> OpenvinoSource:
     """What OpenVINO reads for an exported graph (its path, or ONNX bytes) and, under a bf16
     hint, the tensors to keep in f32 (``deploykit.export.precision.fp32_tensors``). The file is
-    never changed; two things are prepared in memory:
+    never changed; what OpenVINO needs is prepared in memory:
 
     * OpenVINO's ONNX frontend has no rule for a custom-domain node (``deploykit::SaPE2Bias``)
       even when its model-local function gives the body, so functions are inlined first (ONNX
@@ -194,11 +207,19 @@ def openvino_source(
         fp32 |= {name for node in proto.graph.node for name in node.output if name not in before}
         changed = True
     changed |= linear_layers_in_3d(proto) > 0
-    if seven_bit_weights:
-        changed |= weights_in_seven_bits(proto) > 0
-    if not changed:
-        return (model if isinstance(model, bytes) else str(model)), fp32
-    return proto.SerializeToString(), fp32
+    narrowed = weights_in_seven_bits(proto) if seven_bit_weights else 0
+    if not changed and not narrowed:
+        return OpenvinoSource(model if isinstance(model, bytes) else str(model), fp32, 0)
+    return OpenvinoSource(proto.SerializeToString(), fp32, narrowed)
+
+
+def _readers(graph) -> dict[str, list]:
+    """Tensor name -> the nodes reading it."""
+    readers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    return readers
 
 
 def linear_layers_in_3d(proto) -> int:
@@ -208,10 +229,11 @@ def linear_layers_in_3d(proto) -> int:
 
     OpenVINO 2026.4's low-precision ``ReshapeTransformation`` moves a per-channel dequantization
     through the ``Reshape`` after the product as if channels were axis 1: with a dynamic batch and
-    more tokens than channels, it fails to compile (ViT-S at 384 px: 577 tokens, 384 channels) or,
-    with a bias between, computes wrong values. Without that ``Reshape`` the scale stays on the
-    last axis. A reshape back to more axes (``qkv``'s ``[B, N, 3, h, d]``) changes no axis before
-    the channels, so OpenVINO leaves the scale before it. Same values: the Q/DQ pairs between the
+    more tokens than channels on a layer without bias, it fails to compile (ViT-S at 384 px: 577
+    tokens, 384 channels) or, with the tokens a whole multiple of the channels, scales tokens by
+    channel scales. Without that ``Reshape`` the scale stays on the last axis. A reshape back to
+    more axes (``qkv``'s ``[B, N, 3, h, d]``) changes no axis before the channels, so OpenVINO
+    leaves the scale before it. Same values: the Q/DQ pairs between the
     reshape and the product are per-tensor, and every reshape reads the same row-major elements.
     """
     from onnx import helper, numpy_helper
@@ -220,10 +242,7 @@ def linear_layers_in_3d(proto) -> int:
     if not any(node.op_type == "DequantizeLinear" for node in graph.node):
         return 0
     producer = {out: node for node in graph.node for out in node.output}
-    readers: dict[str, list] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    readers = _readers(graph)
     constants = {t.name: t for t in graph.initializer}
     shapes = {v.name: v.type.tensor_type.shape.dim for v in (*graph.value_info, *graph.input) if v.type.tensor_type.HasField("shape")}
 
@@ -234,6 +253,9 @@ def linear_layers_in_3d(proto) -> int:
         """[N, the axes after it...] of a [B, N, ...] tensor, when all are static."""
         dims = shapes.get(name, ())[1:]
         return [d.dim_value for d in dims] if len(dims) >= 2 and all(d.HasField("dim_value") for d in dims) else None
+
+    def allows_zero(reshape) -> bool:  # Reshape's only attribute: a 0 in the shape is then a size, not "as input"
+        return any(a.i for a in reshape.attribute)
 
     def columns(weight: str) -> int | None:
         source = producer[weight].input[0] if weight in producer and producer[weight].op_type == "DequantizeLinear" else weight
@@ -266,14 +288,14 @@ def linear_layers_in_3d(proto) -> int:
             chain.append(node)
             value = node.input[0]
         flatten = producer.get(value)
-        if not chain or flatten is None or flatten.op_type != "Reshape" or len(readers[value]) != 1 or any(a.i for a in flatten.attribute):
+        if not chain or flatten is None or flatten.op_type != "Reshape" or len(readers[value]) != 1 or allows_zero(flatten):
             continue
         x, flat, back, width = flatten.input[0], constant(flatten.input[1]), constant(unflatten.input[1]), columns(gemm.input[1])
         dims = static_dims(x)
         if dims is None or flat is None or back is None or width is None or flat != [-1, int(np.prod(dims[1:]))]:
             continue
         tokens = dims[0]
-        if back[1:2] != [tokens] or int(np.prod(back[2:])) != width or any(unflatten_attr.i for unflatten_attr in unflatten.attribute):
+        if back[1:2] != [tokens] or int(np.prod(back[2:])) != width or allows_zero(unflatten):
             continue  # the reshape back does not give [B, N, ...] rows of this layer's outputs
         if len(dims) == 2:  # x is [B, N, K] already
             chain[-1].input[0] = x
@@ -316,18 +338,16 @@ def weights_in_seven_bits(proto) -> int:
 
     Without VNNI, OpenVINO's CPU plugin computes int8 products with AVX2/AVX-512 instructions that
     add two u8·s8 products in 16 bits: 255·127·2 overflows it, 255·64·2 does not. The saturated
-    sums made OpenVINO's int8 ViT-S/16 at 224 px reach cosine 0.93 with fp32 where ONNX Runtime
-    reached 0.998 on the same file. 7-bit weights are OpenVINO's documented workaround (NNCF's
-    ``overflow_fix``); they cost one bit of weight resolution.
+    sums made OpenVINO's int8 ViT-S/16 at 224 px (seeded) reach cosine 0.915 with fp32 on an AVX2
+    CPU, where ONNX Runtime reached 0.996 on the same file (0.996 with 7-bit weights). 7-bit
+    weights are OpenVINO's documented workaround (NNCF's ``overflow_fix``); they cost one bit of
+    weight resolution.
     """
     from onnx import TensorProto, numpy_helper
 
     graph = proto.graph
     constants = {t.name: t for t in graph.initializer}
-    uses: dict[str, int] = {}
-    for node in graph.node:
-        for name in node.input:
-            uses[name] = uses.get(name, 0) + 1
+    readers = _readers(graph)
     narrowed = 0
     for node in graph.node:
         if node.op_type != "DequantizeLinear" or len(node.input) < 3 or not all(name in constants for name in node.input[:3]):
@@ -340,12 +360,11 @@ def weights_in_seven_bits(proto) -> int:
             continue  # already 7-bit
         factors = numpy_helper.to_array(scale)
         for index, (tensor, array) in enumerate(((weights, np.clip(np.rint(values / 2.0), -64, 63).astype(np.int8)), (scale, factors * 2))):
-            name = tensor.name if uses[tensor.name] == 1 else f"{tensor.name}_7bit_{node.output[0]}"  # shared: this node's own copy
-            if name == tensor.name:
-                tensor.CopyFrom(numpy_helper.from_array(array, name))
-            else:
-                graph.initializer.append(numpy_helper.from_array(array, name))
-                node.input[index] = name
+            if len(readers[tensor.name]) == 1:
+                tensor.CopyFrom(numpy_helper.from_array(array, tensor.name))
+            else:  # shared with another node: this node gets its own copy
+                node.input[index] = f"{tensor.name}_7bit_{node.output[0]}"
+                graph.initializer.append(numpy_helper.from_array(array, node.input[index]))
         narrowed += 1
     return narrowed
 

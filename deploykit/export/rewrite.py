@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 _SQRT2 = math.sqrt(2.0)
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1  # the open slice bounds torch.onnx writes
 
 
 def _erf_gelu_as_exported(op, x):
@@ -67,9 +68,6 @@ def _key_swapped_through_3d(op, key, last_start, last_end, second_start, second_
     first = op.Slice(shape, first_start, first_end)
     flat = op.Reshape(key, op.Concat(lead, second_last, last, axis=0))
     return op.Reshape(op.Transpose(flat, perm=[0, 2, 1]), op.Concat(first, last, second_last, axis=0))
-
-
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 def _key_swap_is_exact(context, key, last_start, last_end, second_start, second_end, first_start, first_end, lead, **_) -> bool:

@@ -122,9 +122,9 @@ def slower_lines(records: list[dict], margin: float = 1.0) -> list[str]:
     fused = {cell(r): r["p50_ms"] for r in records if r["precision"] == FUSED_FLOAT and r.get("validated", True)}
     lines = []
     for r in records:
-        where = f"for {r['encoding']} @ {r['resolution']} batch {r['batch']}"
         if r["precision"] == FP32:
             continue
+        where = f"for {r['encoding']} @ {r['resolution']} batch {r['batch']}"
         if r.get("ratio_vs_fp32") is not None and r["ratio_vs_fp32"] > margin:
             lines.append(
                 f"{r['precision']} on {r['backend']} is {r['ratio_vs_fp32']:.2f}x its fp32 graph {where}: slower than fp32 there, do not use it"

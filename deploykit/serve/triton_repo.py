@@ -274,7 +274,7 @@ def _write_openvino_graph(graph: Path, dest: Path) -> None:
     """The graph OpenVINO reads: the file itself, or with its model-local functions inlined."""
     from deploykit.backends.openvino import openvino_source
 
-    source, _ = openvino_source(graph, "f32")
+    source = openvino_source(graph, "f32").graph
     if isinstance(source, bytes):
         dest.write_bytes(source)
     else:

@@ -86,7 +86,7 @@ def test_bf16_hint_marks_the_bf16_plan_s_fp32_nodes(tiny_export):
     """Whatever the CPU: the nodes OpenVINO is told to keep in f32 are the ones the project's bf16
     plan keeps (LayerNorm, Softmax, the table readers, the logits); the block's weight products are not."""
     proto = onnx.load(str(tiny_export / f"model_{BASE}.onnx"))
-    source, fp32 = openvino_source(tiny_export / f"model_{BASE}.onnx", "bf16")
+    source, fp32, _ = openvino_source(tiny_export / f"model_{BASE}.onnx", "bf16")
     assert fp32 >= fp32_tensors(proto)
     model = ov.Core().read_model(source)
     marked = keep_fp32(model, fp32)
@@ -201,7 +201,7 @@ def test_quantized_linear_layers_run_in_openvino_as_exported(tokens, bias):
     proto = _flattened_int8_linear(tokens, features=8, channels=4, bias=bias)
     x = np.random.default_rng(1).uniform(-6, 6, (2, tokens, 8)).astype(np.float32)
     expected = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    source, _ = openvino_source(proto.SerializeToString())
+    source = openvino_source(proto.SerializeToString()).graph
     rewritten = onnx.load_from_string(source)
     assert "Gemm" not in {n.op_type for n in rewritten.graph.node}
     # The same function (ONNX Runtime adds a bias inside its fused kernel or after it: rounding only).
@@ -251,8 +251,9 @@ def test_seven_bit_weights_keep_openvino_s_int8_products_from_saturating():
             == int8_saturates()
             == ("int8_weights" in runner.details and runner.details["int8_weights"] != "as exported")
         )
+        assert runner.narrowed_weights == (1 if int8_saturates() else 0)
         np.testing.assert_allclose(runner.infer({"x": x})["y"], seven if runner.seven_bit_weights else eight, rtol=1e-5, atol=1e-4)
     if int8_saturates():  # control: the weights as exported do saturate on this CPU
-        source, _ = openvino_source(proto.SerializeToString(), "f32", seven_bit_weights=False)
+        source = openvino_source(proto.SerializeToString(), "f32", seven_bit_weights=False).graph
         with mock.patch("deploykit.backends.openvino.int8_saturates", return_value=False), OpenvinoRunner(source) as as_exported:
             assert np.abs(as_exported.infer({"x": x})["y"] - eight).max() > 1.0
