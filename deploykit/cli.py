@@ -256,7 +256,8 @@ def build(export_dir, backend, plugin_specs, **settings):
     help="Repeatable or comma list: torch and every ONNX runner (ort, ...); several are compared in one run.",
 )
 @precision_option(
-    "Repeatable: time these plans side by side (EXPORT_DIR's, else built as export would; default fp32); records get ratio_vs_fp32.",
+    "Repeatable: time these plans side by side (EXPORT_DIR's, else built as export would); records get ratio_vs_fp32. "
+    "Default: every plan in EXPORT_DIR, else fp32.",
     multiple=True,
 )
 @defaulted(
@@ -327,7 +328,8 @@ def profile(
     if plot_path:
         lazy_import("matplotlib")
     if export_dir:
-        subject, label = prof.Subject.from_export_dir(export_dir, precisions or ("fp32",)), str(export_dir)
+        # Every plan it holds unless told: the choice serve takes is the fastest of those timed.
+        subject, label = prof.Subject.from_export_dir(export_dir, precisions or None), str(export_dir)
     else:
         model, label = resolve_model(checkpoint=checkpoint, encoding=encoding, model_name=model_name)
         subject = prof.Subject(model)
@@ -338,7 +340,7 @@ def profile(
             batches=list(batches),
             backends=[b.strip() for value in backends for b in value.split(",")],
             budget=prof.Budget(duration_s=duration, iterations=iterations, warmup=warmup, rounds=rounds),
-            precisions=precisions or ("fp32",),
+            precisions=precisions or subject.precisions or ("fp32",),
             compare_ape=not no_ape_baseline,
             end_to_end=not no_end_to_end,
             label=label,

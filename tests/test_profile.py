@@ -189,6 +189,25 @@ def report():
 
 
 @pytest.mark.slow
+def test_the_ape_twin_gets_no_calibrated_plan_of_its_own():
+    """The twin's int8 plan would be a second calibration and fallback search (minutes on a real
+    model) for a ×APE ratio no plan is chosen by: it runs the plans that need no calibration."""
+    result = profile(
+        [tiny("rope-axial")],
+        resolutions=[(32, 32)],
+        backends=["ort"],
+        precisions=["fp32", "int8", "fp32-mha"],
+        budget=TINY_BUDGET,
+        end_to_end=False,
+        validate_plans=False,
+    )
+    plans = {(r["encoding"], r["precision"]) for r in result.records}
+    assert plans == {("rope-axial", "fp32"), ("rope-axial", "int8"), ("rope-axial", "fp32-mha"), ("ape", "fp32"), ("ape", "fp32-mha")}
+    (int8,) = [r for r in result.records if r["precision"] == "int8"]
+    assert int8["ratio_vs_ape"] is None and int8["ratio_vs_fp32"] > 0
+
+
+@pytest.mark.slow
 def test_one_record_per_backend_encoding_resolution_batch(report):
     keys = [(r["backend"], r["encoding"], r["resolution"], r["batch"]) for r in report.records]
     expected = {(b, e, r, n) for b in ("torch", "ort") for e in ("rope-axial", "ape") for r in ("32", "48") for n in (1, 2)}
@@ -355,13 +374,17 @@ def test_cli_smoke_writes_every_output(capsys, tmp_path, ckpt_dir):
 
 
 def test_cli_profiles_an_export_directory(capsys, tmp_path):
-    export(tiny(), [(32, 32)], tmp_path / "exp")
+    export(tiny(), [(32, 32)], tmp_path / "exp", precisions=["fp32-mha", "fp32"])
     code, stdout, stderr = run_cli(
         capsys, "profile", tmp_path / "exp", "--iterations", 1, "--warmup", 0, "--no-end-to-end", "--json", tmp_path / "p.json"
     )
     assert code == 0, stderr
-    settings = json.loads((tmp_path / "p.json").read_text())["settings"]
+    report = json.loads((tmp_path / "p.json").read_text())
+    settings = report["settings"]
     assert settings["resolutions"] == ["32"] and settings["encodings"] == ["ape"]
+    # Without --precision, every plan the directory holds is timed (fp32 first): serve's choice is among them all.
+    assert settings["precisions"] == ["fp32", "fp32-mha"]
+    assert {r["precision"] for r in report["records"] if r["backend"] == "ort"} == {"fp32", "fp32-mha"}
     onnx_file = tmp_path / "exp" / "model_32.onnx"
     onnx_file.write_bytes(onnx_file.read_bytes() + b"\0")
     code, _, stderr = run_cli(capsys, "profile", tmp_path / "exp", "--iterations", 1)

@@ -16,7 +16,7 @@ from deploykit.backends.plugins import Plugins
 from deploykit.backends.registry import check_backend
 from deploykit.errors import ConfigError, DeployKitError, ResolutionError, unknown_choice
 from deploykit.export.onnx_export import check_export_shape
-from deploykit.export.precision import check_precision
+from deploykit.export.precision import PLANS, check_precision
 from deploykit.nn.factory import Model
 from deploykit.profile import defaults
 from deploykit.profile.choice import References, check_target, choice_lines, mark_fastest, slower_lines
@@ -86,9 +86,9 @@ def profile(
         batches: batch sizes.
         backends: ``"torch"`` and/or names from ``deploykit.backends.registry.RUNNER_FACTORIES``.
         precisions: precision plans the ONNX runners time, interleaved: an export directory's, or,
-            for a model given as such (and the APE twin), the graphs ``deploykit.export.export``
-            writes into a temporary directory for this run, each plan once; PyTorch eager runs
-            fp32 only.
+            for a model given as such (and the APE twin, in its plans that need no calibration),
+            the graphs ``deploykit.export.export`` writes into a temporary directory for this run,
+            each plan once; PyTorch eager runs fp32 only.
         budget: time per measurement.
         compare_ape: add the same trunk with a learned APE when no APE model is given, and
             report every encoding's latency as a ratio to it.
@@ -148,9 +148,16 @@ def _exported(subject: Subject, resolutions, precisions, directory: Path, progre
     """``subject`` itself when it has its graphs (an export directory's), else exported once."""
     if subject.graphs:
         return subject
+    if subject.baseline:  # its calibrated plans would cost minutes each, for a ×APE ratio no plan is chosen by
+        precisions = [p for p in precisions if not _calibrated(p)]
     if progress:
         progress(f"exporting {subject.encoding}{' (APE baseline)' if subject.baseline else ''}")
     return Subject.exported(subject.model, resolutions, precisions, directory, subject.baseline)
+
+
+def _calibrated(precision: str) -> bool:
+    plan = PLANS[precision]
+    return plan.calibrated or bool(plan.base and PLANS[plan.base].calibrated)
 
 
 def _profile(

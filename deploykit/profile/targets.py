@@ -51,6 +51,11 @@ class Subject:
         """The exported resolutions, in manifest order."""
         return list(dict.fromkeys(resolution for resolution, _ in self.graphs))
 
+    @property
+    def precisions(self) -> list[str]:
+        """The plans of its graphs, fp32 first (the plan every ratio is taken against)."""
+        return sorted(dict.fromkeys(precision for _, precision in self.graphs), key=lambda p: p != FP32)
+
     def has(self, resolution: tuple[int, int], precision: str) -> bool:
         return (tuple(resolution), precision) in self.graphs
 
@@ -67,8 +72,9 @@ class Subject:
         return {(resolution_tag(r), p): sha256_file(path) for (r, p), path in self.graphs.items()}
 
     @classmethod
-    def from_export_dir(cls, directory: str | os.PathLike, precisions: Sequence[str] = (FP32,)) -> Subject:
-        """The reference model and the (unchanged) graphs of each precision plan of an export directory."""
+    def from_export_dir(cls, directory: str | os.PathLike, precisions: Sequence[str] | None = (FP32,)) -> Subject:
+        """The reference model and the (unchanged) graphs of each precision plan of an export
+        directory (``precisions`` None: every plan it holds)."""
         return cls(load_reference(directory), _graphs(directory, precisions))
 
     @classmethod
@@ -88,10 +94,12 @@ class Subject:
         return cls(model, _graphs(directory, precisions), baseline)
 
 
-def _graphs(directory: str | os.PathLike, precisions: Sequence[str]) -> dict[tuple[tuple[int, int], str], Path]:
+def _graphs(directory: str | os.PathLike, precisions: Sequence[str] | None) -> dict[tuple[tuple[int, int], str], Path]:
     from deploykit.export.manifest import checked_graph  # refuses files changed since export
 
     manifest = Manifest.read(directory)
+    if precisions is None:  # none at a fixed resolution: graphs_at says so for fp32
+        precisions = list(dict.fromkeys(g.precision for g in manifest.graphs if g.resolution_range is None)) or [FP32]
     return {
         (tuple(g.resolution), g.precision): checked_graph(Path(directory), g, manifest.encoding)
         for p in precisions
