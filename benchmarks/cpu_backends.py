@@ -6,7 +6,10 @@
 Lanes (every one on the same graph files, timed round by round so a load change hits all):
 ORT ``fp32``, ``fp32-mha`` and ``int8``; OpenVINO ``f32`` (hint f32 on the fp32 graph),
 ``default`` (no hint: OpenVINO's own choice, bf16 on CPUs with AVX512-BF16/AMX, recorded as what
-it resolved to) and ``int8`` (hint f32 on deploykit's int8 Q/DQ graph). Seeded models: speed does
+it resolved to: the anchor deploykit's plans are judged against) and ``int8`` (hint f32 on
+deploykit's int8 Q/DQ graph); on a CPU with native bf16 also the ``openvino-bf16`` backend as
+``profile`` and ``serve`` run it (hint bf16, the plan's fp32 nodes kept in f32) on the fp32 graph
+and on the int8 graph (int8 products, bf16 float remainder). Seeded models: speed does
 not depend on the weights, so calibration is short and no agreement target is set. Each lane's
 cosine against the ORT fp32 output on the same inputs is recorded beside its p50.
 
@@ -29,7 +32,7 @@ import numpy as np
 import torch
 
 from deploykit._io import write_json_atomic
-from deploykit.backends.openvino import OpenvinoRunner, cpu_capabilities
+from deploykit.backends.openvino import OpenvinoBf16Runner, OpenvinoRunner, best_hint, cpu_capabilities
 from deploykit.comparison import row_cosines
 from deploykit.data import validation_inputs
 from deploykit.errors import DeployKitError
@@ -53,7 +56,15 @@ LANES = {
     "openvino f32": (OpenvinoRunner, "fp32"),
     "openvino default": (lambda graph: OpenvinoRunner(graph, precision_hint=None), "fp32"),
     "openvino int8": (OpenvinoRunner, "int8"),
+    "openvino-bf16 fp32": (OpenvinoBf16Runner, "fp32"),
+    "openvino-bf16 int8": (OpenvinoBf16Runner, "int8"),
 }
+ANCHOR = "openvino default"  # OpenVINO on its own defaults: not a deploykit plan
+
+
+def lanes() -> dict:
+    """``LANES`` this CPU can run: the ``openvino-bf16`` ones need native bf16."""
+    return {lane: spec for lane, spec in LANES.items() if not lane.startswith("openvino-bf16") or best_hint() == "bf16"}
 
 
 def _command() -> str:
@@ -77,7 +88,7 @@ def cells(quick: bool) -> list[tuple[str, object, int, list[int]]]:
 def graphs(model, resolution: int) -> dict[str, bytes]:
     """Plan -> serialized graph, each as ``export`` writes it."""
     fp32 = onnx_from_model(model, (resolution, resolution))
-    plans = dict.fromkeys(plan for _, plan in LANES.values())
+    plans = dict.fromkeys(plan for _, plan in lanes().values())
     return {p: g.SerializeToString() for p, g in planned_graphs(fp32, model, (resolution, resolution), plans, SPEED_CALIBRATION)}
 
 
@@ -87,7 +98,7 @@ def time_lanes(model, planned: dict[str, bytes], resolution: int, batch: int, bu
     x = validation_inputs(model, (resolution, resolution), 0, batch)
     runners, failed = {}, []
     try:
-        for lane, (factory, plan) in LANES.items():
+        for lane, (factory, plan) in lanes().items():
             runner = factory(planned[plan])
             try:  # a backend that cannot load a graph is a finding of the run, not its end
                 runner.activate()

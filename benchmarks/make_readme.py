@@ -178,7 +178,7 @@ def render(results_dir: Path) -> str:
     return "\n".join(parts) if parts else "_No results yet: run `python benchmarks/sweep.py`._\n"
 
 
-INT8_VARIANTS = ("int8", "int8-dynamic", "int8+attn", "fp32-mha")
+INT8_VARIANTS = ("int8", "int8-mha", "int8-dynamic", "int8+attn", "fp32-mha")
 
 
 def int8_table(data: dict) -> list[str]:
@@ -199,14 +199,15 @@ def int8_table(data: dict) -> list[str]:
 
 
 def cpu_backends_table(data: dict) -> list[str]:
-    """One row per model × resolution × batch: ORT fp32 p50, then every lane as a ratio to it."""
+    """One row per model × resolution × batch: ORT fp32 p50, then every lane as a ratio to it, and
+    the fastest deploykit lane as a ratio to OpenVINO's default (issue 25's anchor)."""
     lanes = list(dict.fromkeys(r["lane"] for r in data["records"]))
     by = {(r["model"], r["resolution"], r["batch"], r["lane"]): r for r in data["records"]}
     lines = [
         "| model | res | batch | ORT fp32 p50 ms | "
         + " | ".join(f"{lane} × ORT fp32" for lane in lanes)
-        + " | OpenVINO default: hint, cosine |",
-        "|---|---|---|---|" + "---|" * (len(lanes) + 1),
+        + " | OpenVINO default: hint, cosine | fastest deploykit lane × OpenVINO default |",
+        "|---|---|---|---|" + "---|" * (len(lanes) + 2),
     ]
     for model, res, batch in dict.fromkeys(k[:3] for k in by):
         cells = [_fmt(by.get((model, res, batch, lane), {}).get("ratio_vs_ort_fp32"), ".2f") for lane in lanes]
@@ -216,9 +217,18 @@ def cpu_backends_table(data: dict) -> list[str]:
         lines.append(
             f"| {model} | {res} | {batch} | {by[(model, res, batch, 'ort fp32')]['p50_ms']:.1f} | "
             + " | ".join(f"{c} ({m})" for c, m in zip(cells, mins))
-            + f" | {hint}, {_fmt(default.get('cosine_vs_ort_fp32'), '.5f')} |"
+            + f" | {hint}, {_fmt(default.get('cosine_vs_ort_fp32'), '.5f')} | {_fastest_vs_anchor(by, (model, res, batch), lanes)} |"
         )
     return lines
+
+
+def _fastest_vs_anchor(by: dict, cell: tuple, lanes: list[str]) -> str:
+    anchor = by.get((*cell, "openvino default"), {}).get("p50_ms")
+    timed = [(by[(*cell, lane)]["p50_ms"], lane) for lane in lanes if lane != "openvino default" and "p50_ms" in by.get((*cell, lane), {})]
+    if anchor is None or not timed:
+        return "–"
+    p50, lane = min(timed)
+    return f"{lane} {p50 / anchor:.2f}"
 
 
 def write_readme(results_dir: Path, readme: Path) -> Path:

@@ -37,3 +37,18 @@ def test_cpu_backends_times_every_lane_against_ort_fp32(tmp_path):
     assert {"ort fp32", "ort int8", "openvino f32", "openvino default", "openvino int8"} <= set(lanes), sorted(lanes)
     assert lanes["ort fp32"]["ratio_vs_ort_fp32"] == 1.0 and all(r["p50_ms"] > 0 for r in lanes.values())
     assert lanes["openvino f32"]["cosine_vs_ort_fp32"] > 0.9999 and result["environment"]["openvino_capabilities"]
+    # The openvino-bf16 backend (profile's and serve's, on fp32 and int8) runs where the CPU has bf16.
+    has_bf16 = "BF16" in result["environment"]["openvino_capabilities"]
+    assert {"openvino-bf16 fp32", "openvino-bf16 int8"} <= set(lanes) if has_bf16 else not any("bf16" in lane for lane in lanes)
+
+
+@pytest.mark.slow
+def test_cpu_plan_accuracy_compares_every_cpu_plan_with_pytorch(tmp_path):
+    _run("cpu_plan_accuracy.py", "--output-dir", str(tmp_path))
+    result = json.loads((tmp_path / "cpu-plan-accuracy-quick.json").read_text())
+    records = {r["lane"]: r for r in result["records"]}
+    assert {"ort fp32-mha", "ort int8", "openvino fp32", "openvino int8"} <= set(records), sorted(records)
+    assert all(r["n"] == 64 and "error" not in r for r in records.values()), records
+    # Float plans agree with PyTorch fp32 on a trained model; the int8 plan's figure is a measurement.
+    assert records["ort fp32-mha"]["agreement"] >= 63 / 64 and records["openvino fp32"]["agreement"] >= 63 / 64
+    assert 0.5 < records["ort int8"]["agreement"] <= 1.0 and records["ort int8"]["standard_error"] >= 0
