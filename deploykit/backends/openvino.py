@@ -71,6 +71,8 @@ class OpenvinoRunner(Runner):
         self._inputs: list[str] = []
         self._outputs: list[str] = []
         self.kept_fp32 = 0  # nodes marked to stay in f32 under a bf16 hint
+        # layer type -> compiled nodes holding a marked op that OpenVINO still runs below f32
+        self.lowered_despite_mark: dict[str, int] = {}
         self.seven_bit_weights = int8_saturates()  # on this CPU, int8 weights are narrowed to 7 bits
         self.narrowed_weights = 0  # how many the loaded graph had
 
@@ -89,6 +91,8 @@ class OpenvinoRunner(Runner):
             if self.precision_hint == "bf16":
                 self.kept_fp32 = keep_fp32(model, source.fp32)
             self._compiled = core.compile_model(model, "CPU", self._config())
+            if self.precision_hint == "bf16":
+                self.lowered_despite_mark = lowered_despite_mark(model, self._compiled)
         except RuntimeError as err:  # OpenVINO raises RuntimeError (its ov::Exception) for unreadable or unsupported graphs
             raise DeployKitError(one_line(f"openvino cannot load {self._label()}: {err}")) from err
         self._request = self._compiled.create_infer_request()
@@ -127,6 +131,7 @@ class OpenvinoRunner(Runner):
             "provider": self.provider,
             "precision_hint": self.resolved_hint,
             "kept_fp32": self.kept_fp32,
+            "lowered_despite_mark": self.lowered_despite_mark,
             "int8_weights": f"{self.narrowed_weights} narrowed to 7 bits (no VNNI: 8-bit products would saturate)"
             if self.narrowed_weights
             else "as exported",
@@ -391,3 +396,19 @@ def keep_fp32(model, tensors: set[str]) -> int:
     for key in marked:
         ops[key].get_rt_info()[KEEP_FP32] = ""
     return len(marked)
+
+
+def lowered_despite_mark(model, compiled) -> dict[str, int]:
+    """Layer type -> how many compiled nodes hold an op of ``model`` marked ``KEEP_FP32`` and yet
+    run below f32. OpenVINO 2026.4's CPU plugin drops the mark where its own passes replace the op
+    (LayerNorm's MVN, Softmax inside the fused attention, the logits' FullyConnected all ran in
+    bf16 on a Xeon with AMX), so the runner reports what was compiled, not what it asked for."""
+    marked = {op.get_friendly_name() for op in model.get_ops() if KEEP_FP32 in op.get_rt_info()}
+    lowered: dict[str, int] = {}
+    for op in compiled.get_runtime_model().get_ops():
+        info = op.get_rt_info()
+        origins = set(info["originalLayersNames"].astype(str).split(","))
+        if origins & marked and info["runtimePrecision"].astype(str) != "f32":
+            kind = info["layerType"].astype(str)
+            lowered[kind] = lowered.get(kind, 0) + 1
+    return lowered

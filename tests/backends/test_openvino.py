@@ -60,17 +60,40 @@ def test_bf16_hint_validates_with_the_bf16_plan_s_tolerance(tiny_export):
     assert all(r.precision_hint == "bf16" and r.tolerance["min_cosine"] == PLANS["bf16"].tolerance.min_cosine for r in report.records)
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not HAS_BF16, reason="this CPU has no native bf16: OpenVINO compiles every node in f32")
-def test_bf16_hint_runs_products_in_bf16_and_keeps_layernorm_softmax_in_f32(tiny_export):
-    with registry.create_runner("openvino-bf16", tiny_export / f"model_{BASE}.onnx") as runner:
-        ran = runner.runtime_precisions()
-        types = {op.get_friendly_name(): op.get_rt_info()["layerType"].astype(str) for op in runner._compiled.get_runtime_model().get_ops()}
+def _compiled_precisions(runner) -> dict[str, set[str]]:
+    """Layer type -> the precisions its compiled nodes run in."""
+    ran = runner.runtime_precisions()
+    types = {op.get_friendly_name(): op.get_rt_info()["layerType"].astype(str) for op in runner._compiled.get_runtime_model().get_ops()}
     by_type = collections.defaultdict(set)
     for name, precision in ran.items():
         by_type[types[name]].add(precision)
-    assert by_type["MVN"] == {"f32"} and by_type["Softmax"] == {"f32"}, dict(by_type)
+    return by_type
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_BF16, reason="this CPU has no native bf16: OpenVINO compiles every node in f32")
+def test_bf16_hint_runs_products_in_bf16_and_reports_the_marks_openvino_dropped(tiny_export):
+    with registry.create_runner("openvino-bf16", tiny_export / f"model_{BASE}.onnx") as runner:
+        by_type = _compiled_precisions(runner)
+        lowered = runner.details["lowered_despite_mark"]
     assert "bf16" in by_type["FullyConnected"], dict(by_type)
+    # LayerNorm (MVN) is marked in every block: the report says it was lowered exactly when it was.
+    assert ("MVN" in lowered) == (by_type["MVN"] != {"f32"}), (lowered, dict(by_type))
+    assert runner.kept_fp32 > 0 and all(count > 0 for count in lowered.values())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_BF16, reason="this CPU has no native bf16: OpenVINO compiles every node in f32")
+@pytest.mark.xfail(
+    ov.get_version().startswith("2026.4"),
+    strict=True,
+    reason="OpenVINO 2026.4's CPU plugin drops disable_fp16_compression where its passes replace an op: "
+    "LayerNorm, Softmax and the logits ran in bf16 under the bf16 hint (Xeon with AMX); strict, so a fixed release fails here",
+)
+def test_bf16_hint_keeps_layernorm_softmax_in_f32(tiny_export):
+    with registry.create_runner("openvino-bf16", tiny_export / f"model_{BASE}.onnx") as runner:
+        by_type = _compiled_precisions(runner)
+    assert by_type["MVN"] == {"f32"} and by_type.get("Softmax", {"f32"}) == {"f32"}, dict(by_type)
 
 
 @pytest.mark.skipif(HAS_BF16, reason="this CPU has bf16")
