@@ -16,7 +16,7 @@ pytest.importorskip("openvino", reason="the openvino extra is not installed (pip
 
 from deploykit.export.manifest import MANIFEST_FILE, sha256_file
 from deploykit.profile import Budget, Subject, profile
-from deploykit.profile.choice import CHOICE_FILE, QUICK_BUDGET, mark_fastest, read_choice, slower_lines, write_choice
+from deploykit.profile.choice import CHOICE_FILE, QUICK_BUDGET, mark_fastest, read_choice, slower_lines, unfaithful_lines, write_choice
 from deploykit.profile.report import add_ratios
 from tests.test_cli import RES
 
@@ -43,6 +43,20 @@ def test_fastest_is_the_quickest_validated_plan_of_each_cell_and_slower_plans_ar
     assert sum(r["fastest_validated"] for r in records) == 2
     (line,) = slower_lines(records)
     assert line.startswith("int8 on ort is 1.20x its fp32 graph for ape @ 224 batch 1: slower than fp32")
+
+
+def test_a_runner_that_lowered_the_plan_s_f32_nodes_is_never_the_default_choice():
+    unfaithful = dict(_record("openvino-bf16", "int8", 2.0, True), lowered_despite_mark={"MVN": 3, "Subgraph": 2})
+    records = [_record("ort", "fp32", 10.0, True), _record("ort", "int8", 4.0, True), unfaithful]
+    add_ratios(records)
+    (chosen,) = mark_fastest(records)
+    assert (chosen["backend"], chosen["precision"]) == ("ort", "int8") and not unfaithful["fastest_validated"]
+    assert unfaithful_lines(records) == [
+        "int8 on openvino-bf16 is not chosen by default: the runtime ran nodes the plan keeps in f32 below it (MVN, Subgraph); "
+        "ask for it by name to use it"
+    ]
+    unfaithful["lowered_despite_mark"] = {}  # a runtime that keeps them is chosen on speed
+    assert mark_fastest(records) == [unfaithful] and unfaithful_lines(records) == []
 
 
 def test_a_reduced_plan_slower_than_the_fused_float_plan_is_named_unless_that_plan_failed():
@@ -120,6 +134,23 @@ def test_openvino_bf16_without_bf16_is_a_note_not_a_traceback(two_plans):
     )
     assert [r["backend"] for r in report.records] == ["ort"]
     assert any("openvino-bf16" in note and "no native bf16" in note for note in report.notes)
+
+
+def test_openvino_bf16_is_chosen_only_where_openvino_kept_the_plan_s_f32_nodes(two_plans):
+    """Across the seam: the real runner's report (what OpenVINO compiled) decides the choice."""
+    from deploykit.backends.openvino import best_hint
+
+    if best_hint() != "bf16":
+        pytest.skip("this CPU has no native bf16")
+    subject = Subject.from_export_dir(two_plans, ("fp32",))
+    report = profile(
+        subject, resolutions=[(RES, RES)], backends=["ort", "openvino-bf16"], budget=BUDGET, compare_ape=False, end_to_end=False
+    )
+    (bf16,) = [r for r in report.records if r["backend"] == "openvino-bf16"]
+    assert bf16["validated"] and bf16["provider"].endswith("INFERENCE_PRECISION_HINT bf16")
+    lowered = bool(bf16["lowered_despite_mark"])  # OpenVINO 2026.4: LayerNorm, Softmax, logits in bf16
+    assert bf16["fastest_validated"] is False if lowered else True
+    assert any(line.startswith("fp32 on openvino-bf16 is not chosen by default") for line in report.advice) == lowered
 
 
 def _choose(export_dir, backend: str, precision: str) -> None:
