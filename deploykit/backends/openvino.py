@@ -90,9 +90,11 @@ class OpenvinoRunner(Runner):
             model = core.read_model(source.graph)
             if self.precision_hint == "bf16":
                 self.kept_fp32 = keep_fp32(model, source.fp32)
+                marked = {op.get_friendly_name() for op in model.get_ops() if KEEP_FP32 in op.get_rt_info()}
+                model = with_typed_marks(core, model, marked)
             self._compiled = core.compile_model(model, "CPU", self._config())
             if self.precision_hint == "bf16":
-                self.lowered_despite_mark = lowered_despite_mark(model, self._compiled)
+                self.lowered_despite_mark = lowered_despite_mark(marked, self._compiled)
         except RuntimeError as err:  # OpenVINO raises RuntimeError (its ov::Exception) for unreadable or unsupported graphs
             raise DeployKitError(one_line(f"openvino cannot load {self._label()}: {err}")) from err
         self._request = self._compiled.create_infer_request()
@@ -398,12 +400,42 @@ def keep_fp32(model, tensors: set[str]) -> int:
     return len(marked)
 
 
-def lowered_despite_mark(model, compiled) -> dict[str, int]:
-    """Layer type -> how many compiled nodes hold an op of ``model`` marked ``KEEP_FP32`` and yet
-    run below f32. OpenVINO 2026.4's CPU plugin drops the mark where its own passes replace the op
-    (LayerNorm's MVN, Softmax inside the fused attention, the logits' FullyConnected all ran in
-    bf16 on a Xeon with AMX), so the runner reports what was compiled, not what it asked for."""
-    marked = {op.get_friendly_name() for op in model.get_ops() if KEEP_FP32 in op.get_rt_info()}
+def with_typed_marks(core, model, marked: set[str]):
+    """``model`` with each op named in ``marked`` carrying the attribute OpenVINO's CPU plugin
+    reads to keep an op out of a reduced inference precision.
+
+    A runtime-info entry set from Python is a string, and OpenVINO 2026.4's CPU plugin reads a
+    typed ``DisablePrecisionConversion`` that Python cannot create. Its IR reader creates it from
+    ``<attribute name="precise" version="0"/>`` (``DisableFP16Compression``'s RTTI), so the model
+    goes through an IR in memory with that attribute on each marked layer. Measured on a Xeon with
+    AMX (default model, bf16 hint): every LayerNorm then ran in f32, where the string mark left
+    them all in bf16."""
+    import html
+    import re
+    import tempfile
+    from pathlib import Path
+
+    ov = lazy_import("openvino")
+
+    def mark(match: re.Match) -> str:
+        return match.group(0) + PRECISE_IR if html.unescape(match.group(1)) in marked else match.group(0)
+
+    with tempfile.TemporaryDirectory(prefix="deploykit-openvino-") as tmp:
+        xml = Path(tmp) / "model.xml"
+        ov.save_model(model, xml, compress_to_fp16=False)
+        text = re.sub(r'<layer id="[^"]*" name="([^"]*)" type="[^"]*" version="[^"]*">', mark, xml.read_text())
+        weights = np.fromfile(xml.with_suffix(".bin"), dtype=np.uint8)
+    return core.read_model(text, ov.Tensor(weights))
+
+
+PRECISE_IR = '<rt_info><attribute name="precise" version="0" /></rt_info>'
+
+
+def lowered_despite_mark(marked: set[str], compiled) -> dict[str, int]:
+    """Layer type -> how many compiled nodes hold an op named in ``marked`` (kept in f32 by the
+    plan) and yet run below f32. OpenVINO 2026.4 still lowers some where its passes replace the
+    op (Softmax inside the fused attention, the logits' FullyConnected ran in bf16 on a Xeon with
+    AMX), so the runner reports what was compiled, not what it asked for."""
     lowered: dict[str, int] = {}
     for op in compiled.get_runtime_model().get_ops():
         info = op.get_rt_info()
