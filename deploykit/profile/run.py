@@ -16,7 +16,7 @@ from deploykit.backends.plugins import Plugins
 from deploykit.backends.registry import check_backend
 from deploykit.errors import ConfigError, DeployKitError, ResolutionError, unknown_choice
 from deploykit.export.onnx_export import check_export_shape
-from deploykit.export.precision import PLANS, check_precision
+from deploykit.export.precision import check_precision
 from deploykit.nn.factory import Model
 from deploykit.profile import defaults
 from deploykit.profile.choice import References, check_target, choice_lines, mark_fastest, slower_lines, unfaithful_lines
@@ -149,15 +149,10 @@ def _exported(subject: Subject, resolutions, precisions, directory: Path, progre
     if subject.graphs:
         return subject
     if subject.baseline:  # its calibrated plans would cost minutes each, for a ×APE ratio no plan is chosen by
-        precisions = [p for p in precisions if not _calibrated(p)]
+        precisions = [p for p in precisions if not check_precision(p).calibrated]  # int8-mha's flag covers its int8 base
     if progress:
         progress(f"exporting {subject.encoding}{' (APE baseline)' if subject.baseline else ''}")
     return Subject.exported(subject.model, resolutions, precisions, directory, subject.baseline)
-
-
-def _calibrated(precision: str) -> bool:
-    plan = PLANS[precision]
-    return plan.calibrated or bool(plan.base and PLANS[plan.base].calibrated)
 
 
 def _profile(
