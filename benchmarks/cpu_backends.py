@@ -32,7 +32,8 @@ import numpy as np
 import torch
 
 from deploykit._io import write_json_atomic
-from deploykit.backends.openvino import OpenvinoBf16Runner, OpenvinoRunner, best_hint, cpu_capabilities
+from deploykit.backends.openvino import OpenvinoBf16Runner, OpenvinoRunner, cpu_capabilities
+from deploykit.backends.registry import available_backends
 from deploykit.comparison import row_cosines
 from deploykit.data import validation_inputs
 from deploykit.errors import DeployKitError
@@ -59,12 +60,12 @@ LANES = {
     "openvino-bf16 fp32": (OpenvinoBf16Runner, "fp32"),
     "openvino-bf16 int8": (OpenvinoBf16Runner, "int8"),
 }
-ANCHOR = "openvino default"  # OpenVINO on its own defaults: not a deploykit plan
 
 
 def lanes() -> dict:
-    """``LANES`` this CPU can run: the ``openvino-bf16`` ones need native bf16."""
-    return {lane: spec for lane, spec in LANES.items() if not lane.startswith("openvino-bf16") or best_hint() == "bf16"}
+    """``LANES`` whose backend (the lane's first word) is usable here: ``openvino-bf16`` needs native bf16."""
+    usable = available_backends()
+    return {lane: spec for lane, spec in LANES.items() if lane.split()[0] in usable}
 
 
 def _command() -> str:

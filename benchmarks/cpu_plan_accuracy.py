@@ -32,7 +32,8 @@ import numpy as np
 import torch
 
 from deploykit._io import write_json_atomic
-from deploykit.backends.openvino import OpenvinoBf16Runner, OpenvinoRunner, best_hint
+from deploykit.backends.openvino import OpenvinoBf16Runner, OpenvinoRunner
+from deploykit.backends.registry import available_backends
 from deploykit.data import normalise
 from deploykit.datasets import get_dataset
 from deploykit.encodings import encoding_name
@@ -62,8 +63,9 @@ BATCH = 100
 
 
 def lanes() -> dict:
-    """``LANES`` this CPU can run: the ``openvino-bf16`` ones need native bf16."""
-    return {lane: spec for lane, spec in LANES.items() if not lane.startswith("openvino-bf16") or best_hint() == "bf16"}
+    """``LANES`` whose backend (the lane's first word) is usable here: ``openvino-bf16`` needs native bf16."""
+    usable = available_backends()
+    return {lane: spec for lane, spec in LANES.items() if lane.split()[0] in usable}
 
 
 def measure_model(name: str, limit: int | None, scales=SCALES, calibration: CalibrationOptions = CalibrationOptions()) -> list[dict]:
@@ -91,6 +93,7 @@ def measure_model(name: str, limit: int | None, scales=SCALES, calibration: Cali
                 continue
             try:
                 predicted = run_batched(runner, x, BATCH)["logits"].argmax(-1)
+                provider = runner.provider  # what ran it: known while active only
             finally:
                 runner.deactivate()
             agreement = float(np.mean(predicted == reference))
@@ -101,7 +104,7 @@ def measure_model(name: str, limit: int | None, scales=SCALES, calibration: Cali
                     standard_error=float(np.sqrt(agreement * (1 - agreement) / count)),
                     accuracy=float(np.mean(predicted == labels)),
                     fp32_accuracy=float(np.mean(reference == labels)),
-                    provider=runner.provider if runner.is_active else None,
+                    provider=provider,
                 )
             )
             print(f"{name} @ {resolution} {lane}: agreement {agreement:.4f} ± {records[-1]['standard_error']:.4f}", flush=True)
