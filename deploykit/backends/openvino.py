@@ -31,8 +31,8 @@ from deploykit._lazy import lazy_import
 from deploykit.errors import DeployKitError, one_line, unknown_choice
 from deploykit.runtime.base import Runner
 
-# OpenVINO's runtime-info key that keeps a node out of a reduced inference precision
-# (``ov::DisableFP16Compression``, RTTI "disable_fp16_compression", version "0").
+# The runtime-info key deploykit marks a node to keep in f32 with (a string entry: OpenVINO 2026.4's
+# CPU plugin does not read it; ``with_typed_marks`` turns the marks into the attribute it reads).
 KEEP_FP32 = "disable_fp16_compression_0"
 HINTS = ("f32", "bf16")
 
