@@ -110,12 +110,17 @@ def _openvino_read(path: Path) -> dict:
     from deploykit.backends.openvino import keep_fp32, openvino_source
 
     try:
-        source, fp32, _ = openvino_source(path, "bf16")
-        model = lazy_import("openvino").Core().read_model(source)
+        source = openvino_source(path, "bf16")
+        model = lazy_import("openvino").Core().read_model(source.graph)
     except (DeployKitError, RuntimeError) as err:  # OpenVINO raises RuntimeError for a graph it cannot convert
         return {"read": False, "error": one_line(err)}
     ops = Counter(op.get_type_name() for op in model.get_ops())
-    return {"read": True, "ops": sum(ops.values()), "op_types": dict(ops.most_common()), "kept_f32_under_bf16_hint": keep_fp32(model, fp32)}
+    return {
+        "read": True,
+        "ops": sum(ops.values()),
+        "op_types": dict(ops.most_common()),
+        "kept_f32_under_bf16_hint": keep_fp32(model, source.fp32),
+    }
 
 
 def inspect_engine(path: Path) -> dict:

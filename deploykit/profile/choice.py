@@ -87,10 +87,11 @@ def check_target(target, model, resolution, precision: str, references: Referenc
 def mark_fastest(records: list[dict]) -> list[dict]:
     """Set ``fastest_validated`` on every record: True on the lowest p50 among the validated
     records of its (encoding, resolution, batch), False elsewhere. Never chosen: PyTorch eager
-    (the reference, not a deployed plan) and a runner that ran nodes the plan keeps in f32 below
-    it (``lowered_despite_mark``: OpenVINO 2026.4 under its bf16 hint, whose top-1 agreement with
-    fp32 fell to 98.5-99.0% on three zoo models where every f32-faithful plan kept 99.25% or more;
-    ``benchmarks/results/cpu-plan-accuracy.json``). Returns the chosen records."""
+    (the reference, not a deployed plan) and a runner that ran an encoding op below f32
+    (``lowered_despite_mark``: a table's reader, a rotation, LayerNorm or Softmax; OpenVINO 2026.4
+    under its bf16 hint on SaPE²'s bias body). With LayerNorm in bf16 too, its top-1 agreement
+    with fp32 fell to 98.5-99.0% on three zoo models where every f32-faithful plan kept 99.25% or
+    more (``benchmarks/results/cpu-plan-accuracy.json``). Returns the chosen records."""
     best: dict[tuple, dict] = {}
     for r in records:
         r["fastest_validated"] = False
@@ -118,14 +119,14 @@ def choice_lines(records: list[dict]) -> list[str]:
 
 
 def unfaithful_lines(records: list[dict]) -> list[str]:
-    """One line per (backend, plan) that ran nodes its plan keeps in f32 below f32: why it was not chosen."""
+    """One line per (backend, plan) that ran an encoding op below f32: why it was not chosen."""
     lines = {}
     for r in records:
         if r.get("lowered_despite_mark"):
             kinds = ", ".join(sorted(r["lowered_despite_mark"]))
             lines[r["backend"], r["precision"]] = (
-                f"{r['precision']} on {r['backend']} is not chosen by default: the runtime ran nodes the plan keeps in f32 "
-                f"below it ({kinds}); ask for it by name to use it"
+                f"{r['precision']} on {r['backend']} is not chosen by default: the runtime ran encoding ops the plan keeps "
+                f"in f32 (tables, rotations, LayerNorm, Softmax) below it ({kinds}); ask for it by name to use it"
             )
     return list(lines.values())
 
