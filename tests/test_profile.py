@@ -217,7 +217,8 @@ def test_one_record_per_backend_encoding_resolution_batch(report):
         assert r["n"] == 2 and r["e2e_n"] == 2
         assert 0 < r["min_ms"] <= r["p50_ms"] <= r["p90_ms"] <= r["p95_ms"] <= r["p99_ms"] <= r["max_ms"]
         if r["backend"] == "torch":  # the positional step is timed alone in PyTorch eager, a part of its forward
-            assert 0 < r["pe_step_p50_ms"] < r["p50_ms"] and 0 < r["pe_share"] < 1
+            # (its share is not asserted below 1: two timed calls on a busy machine can put the part above the whole)
+            assert r["pe_step_p50_ms"] > 0 and r["pe_share"] == pytest.approx(r["pe_step_p50_ms"] / r["p50_ms"])
         else:  # no ONNX Runtime step time to divide by: not a torch step over an ORT latency
             assert r["pe_step_p50_ms"] is None and r["pe_share"] is None
 
@@ -441,3 +442,20 @@ def test_sequence_model_profiles_lengths_against_its_ape_twin():
     assert all(r["e2e_n"] == 2 and r["ratio_vs_ape"] > 0 for r in result.records)
     with pytest.raises(ResolutionError, match="one length"):
         profile(model, resolutions=[(40, 48)], backends=["torch"], budget=TINY_BUDGET, device="cpu")
+
+
+def test_kernels_are_timed_on_validate_s_real_inputs_filling_the_batch():
+    """Seeded noise ran ONNX Runtime's fp32 graph 2.3x slower than images on a Xeon, so profile
+    times real inputs: validate's (a zoo model's test split), repeated when the batch is larger."""
+    from deploykit.data import VALIDATION_REAL, validation_inputs
+    from deploykit.nn import load_model
+    from deploykit.profile.targets import inputs
+    from deploykit.zoo.registry import DEFAULT_ZOO_MODEL, model_dir
+
+    model = load_model(model_dir(DEFAULT_ZOO_MODEL))
+    real = validation_inputs(model, (48, 48), 0, VALIDATION_REAL)
+    images, frames = inputs(model, (48, 48), VALIDATION_REAL + 2, np.random.default_rng(0))
+    assert images.shape == (VALIDATION_REAL + 2, *real.shape[1:]) and len(frames) == VALIDATION_REAL + 2
+    np.testing.assert_array_equal(images[:VALIDATION_REAL], real)
+    np.testing.assert_array_equal(images[VALIDATION_REAL:], real[:2])
+    np.testing.assert_array_equal(inputs(model, (48, 48), 1, np.random.default_rng(0))[0], real[:1])
