@@ -123,6 +123,14 @@ def time_lanes(model, planned: dict[str, bytes], resolution: int, batch: int, bu
                 min_ratio_vs_ort_fp32=stats[lane].min_ms / base.min_ms,
                 cosine_vs_ort_fp32=float(row_cosines(outputs["ort fp32"].astype(np.float64), outputs[lane].astype(np.float64)).min()),
                 provider=runners[lane].provider,
+                plan=lanes()[lane][1],
+                # OpenVINO: what it computes in and (bf16 hint) the encoding ops it ran below f32, and the
+                # rest: with the plan, what profile's not_default_because reads
+                **{
+                    key: runners[lane].details[key]
+                    for key in ("computes_in", "lowered_despite_mark", "lowered_elsewhere")
+                    if key in runners[lane].details
+                },
             )
             for lane in runners
         ] + failed

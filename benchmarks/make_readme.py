@@ -200,13 +200,14 @@ def int8_table(data: dict) -> list[str]:
 
 def cpu_backends_table(data: dict) -> list[str]:
     """One row per model × resolution × batch: ORT fp32 p50, then every lane as a ratio to it, and
-    the fastest deploykit lane as a ratio to OpenVINO's default (issue 25's anchor)."""
+    the fastest deploykit lane ``profile`` may choose by default (``not_default_because``) as a
+    ratio to OpenVINO's default (issue 25's anchor)."""
     lanes = list(dict.fromkeys(r["lane"] for r in data["records"]))
     by = {(r["model"], r["resolution"], r["batch"], r["lane"]): r for r in data["records"]}
     lines = [
         "| model | res | batch | ORT fp32 p50 ms | "
         + " | ".join(f"{lane} × ORT fp32" for lane in lanes)
-        + " | OpenVINO default: hint, cosine | fastest deploykit lane × OpenVINO default |",
+        + " | OpenVINO default: hint, cosine | fastest default-choosable deploykit lane × OpenVINO default |",
         "|---|---|---|---|" + "---|" * (len(lanes) + 2),
     ]
     for model, res, batch in dict.fromkeys(k[:3] for k in by):
@@ -224,7 +225,16 @@ def cpu_backends_table(data: dict) -> list[str]:
 
 def _fastest_vs_anchor(by: dict, cell: tuple, lanes: list[str]) -> str:
     anchor = by.get((*cell, "openvino default"), {}).get("p50_ms")
-    timed = [(by[(*cell, lane)]["p50_ms"], lane) for lane in lanes if lane != "openvino default" and "p50_ms" in by.get((*cell, lane), {})]
+    from deploykit.profile.choice import not_default_because
+
+    # lanes profile may choose by default: timed, and none it refuses (not_default_because)
+    timed = [
+        (by[(*cell, lane)]["p50_ms"], lane)
+        for lane in lanes
+        if lane != "openvino default"
+        and "p50_ms" in by.get((*cell, lane), {})
+        and not_default_because(dict(by[(*cell, lane)], precision=by[(*cell, lane)].get("plan"))) is None
+    ]
     if anchor is None or not timed:
         return "–"
     p50, lane = min(timed)

@@ -16,7 +16,7 @@ pytest.importorskip("openvino", reason="the openvino extra is not installed (pip
 
 from deploykit.export.manifest import MANIFEST_FILE, sha256_file
 from deploykit.profile import Budget, Subject, profile
-from deploykit.profile.choice import CHOICE_FILE, QUICK_BUDGET, mark_fastest, read_choice, slower_lines, unfaithful_lines, write_choice
+from deploykit.profile.choice import CHOICE_FILE, QUICK_BUDGET, mark_fastest, not_default_lines, read_choice, slower_lines, write_choice
 from deploykit.profile.report import add_ratios
 from tests.test_cli import RES
 
@@ -46,17 +46,31 @@ def test_fastest_is_the_quickest_validated_plan_of_each_cell_and_slower_plans_ar
 
 
 def test_a_runner_that_lowered_an_encoding_op_is_never_the_default_choice():
-    unfaithful = dict(_record("openvino-bf16", "int8", 2.0, True), lowered_despite_mark={"MVN": 3, "Subgraph": 2})
+    unfaithful = dict(_record("openvino-bf16", "fp32", 2.0, True), lowered_despite_mark={"MVN": 3, "Subgraph": 2})
     records = [_record("ort", "fp32", 10.0, True), _record("ort", "int8", 4.0, True), unfaithful]
     add_ratios(records)
     (chosen,) = mark_fastest(records)
     assert (chosen["backend"], chosen["precision"]) == ("ort", "int8") and not unfaithful["fastest_validated"]
-    assert unfaithful_lines(records) == [
-        "int8 on openvino-bf16 is not chosen by default: the runtime ran encoding ops the plan keeps in f32 (tables, "
+    assert not_default_lines(records) == [
+        "fp32 on openvino-bf16 is not chosen by default: the runtime ran encoding ops the plan keeps in f32 (tables, "
         "rotations, LayerNorm, Softmax) below it (MVN, Subgraph); ask for it by name to use it"
     ]
     unfaithful["lowered_despite_mark"] = {}  # a runtime that keeps them is chosen on speed
-    assert mark_fastest(records) == [unfaithful] and unfaithful_lines(records) == []
+    assert mark_fastest(records) == [unfaithful] and not_default_lines(records) == []
+
+
+def test_an_int8_plan_whose_float_remainder_the_runner_lowers_is_never_the_default_choice():
+    """The int8 plan's quality target was checked with an f32 remainder; OpenVINO's bf16 hint lowers it."""
+    bf16_int8 = dict(_record("openvino-bf16", "int8", 1.0, True), lowered_despite_mark={}, computes_in="bf16")
+    bf16_fp32 = dict(_record("openvino-bf16", "fp32", 2.0, True), lowered_despite_mark={}, computes_in="bf16")
+    f32_int8 = dict(_record("openvino", "int8", 3.0, True), computes_in=None)
+    records = [_record("ort", "fp32", 10.0, True), f32_int8, bf16_fp32, bf16_int8]
+    add_ratios(records)
+    assert mark_fastest(records) == [bf16_fp32]
+    (line,) = not_default_lines(records)
+    assert line.startswith("int8 on openvino-bf16 is not chosen by default: its calibration was checked with a float32 remainder")
+    bf16_fp32["validated"] = False  # then the int8 plan with its remainder in f32
+    assert mark_fastest(records) == [f32_int8]
 
 
 def test_a_reduced_plan_slower_than_the_fused_float_plan_is_named_unless_that_plan_failed():

@@ -139,6 +139,7 @@ class OpenvinoRunner(Runner):
         return {
             "provider": self.provider,
             "precision_hint": self.resolved_hint,
+            "computes_in": self.computes_in,  # set: the runner lowers the graph's float remainder itself
             "kept_fp32": self.kept_fp32,
             "lowered_despite_mark": self.lowered_despite_mark,
             "lowered_elsewhere": self.lowered_elsewhere,

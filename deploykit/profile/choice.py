@@ -84,18 +84,42 @@ def check_target(target, model, resolution, precision: str, references: Referenc
     return {"validated": metrics["passed"], "validation_failures": metrics["failures"]}
 
 
+def not_default_because(record: dict) -> str | None:
+    """Why a validated record is never ``profile``'s default choice, or None. Measured on the zoo's
+    test split (``benchmarks/results/cpu-plan-accuracy.json``, 2000 inputs, 9 models at 1x and 2x),
+    against issue 25's bar of 99.0% top-1 agreement with fp32:
+
+    * a run that computed an encoding op below f32 (``lowered_despite_mark``: a table's reader, a
+      rotation, LayerNorm or Softmax; OpenVINO 2026.4 under its bf16 hint on SaPE²'s bias body).
+      With LayerNorm in bf16 as well, three models fell to 98.45-98.95%
+      (``cpu-plan-accuracy-string-marks.json``).
+    * a calibrated plan (int8) run by a runner that lowers its float remainder itself
+      (``computes_in``: OpenVINO's bf16 hint). The plan's quality target was checked at export
+      with that remainder in f32; in bf16 it fell to 98.80% (GridPE at 2x) and 98.95% (SaPE² at
+      1x), where the same runner on the fp32 graph kept 99.15% or more and the int8 plan with an
+      f32 remainder 99.25% or more.
+    """
+    if record.get("lowered_despite_mark"):
+        kinds = ", ".join(sorted(record["lowered_despite_mark"]))
+        return f"the runtime ran encoding ops the plan keeps in f32 (tables, rotations, LayerNorm, Softmax) below it ({kinds})"
+    plan = PLANS.get(record.get("precision"))
+    if record.get("computes_in") and plan is not None and plan.calibrated:
+        return (
+            f"its calibration was checked with a float32 remainder, which this runner computes in {record['computes_in']} "
+            "(top-1 agreement fell below 99% on two zoo models)"
+        )
+    return None
+
+
 def mark_fastest(records: list[dict]) -> list[dict]:
     """Set ``fastest_validated`` on every record: True on the lowest p50 among the validated
     records of its (encoding, resolution, batch), False elsewhere. Never chosen: PyTorch eager
-    (the reference, not a deployed plan) and a runner that ran an encoding op below f32
-    (``lowered_despite_mark``: a table's reader, a rotation, LayerNorm or Softmax; OpenVINO 2026.4
-    under its bf16 hint on SaPE²'s bias body). With LayerNorm in bf16 too, its top-1 agreement
-    with fp32 fell to 98.5-99.0% on three zoo models where every f32-faithful plan kept 99.25% or
-    more (``benchmarks/results/cpu-plan-accuracy.json``). Returns the chosen records."""
+    (the reference, not a deployed plan) and a record ``not_default_because`` names. Returns the
+    chosen records."""
     best: dict[tuple, dict] = {}
     for r in records:
         r["fastest_validated"] = False
-        if r["backend"] != TORCH_BACKEND and r.get("validated") and not r.get("lowered_despite_mark"):
+        if r["backend"] != TORCH_BACKEND and r.get("validated") and not_default_because(r) is None:
             key = (r["encoding"], r["resolution"], r["batch"])
             if key not in best or r["p50_ms"] < best[key]["p50_ms"]:
                 best[key] = r
@@ -118,15 +142,14 @@ def choice_lines(records: list[dict]) -> list[str]:
     return lines
 
 
-def unfaithful_lines(records: list[dict]) -> list[str]:
-    """One line per (backend, plan) that ran an encoding op below f32: why it was not chosen."""
+def not_default_lines(records: list[dict]) -> list[str]:
+    """One line per (backend, plan) that is never the default choice (``not_default_because``): why."""
     lines = {}
     for r in records:
-        if r.get("lowered_despite_mark"):
-            kinds = ", ".join(sorted(r["lowered_despite_mark"]))
+        reason = not_default_because(r) if r["backend"] != TORCH_BACKEND else None
+        if reason:
             lines[r["backend"], r["precision"]] = (
-                f"{r['precision']} on {r['backend']} is not chosen by default: the runtime ran encoding ops the plan keeps "
-                f"in f32 (tables, rotations, LayerNorm, Softmax) below it ({kinds}); ask for it by name to use it"
+                f"{r['precision']} on {r['backend']} is not chosen by default: {reason}; ask for it by name to use it"
             )
     return list(lines.values())
 

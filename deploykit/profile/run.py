@@ -19,7 +19,7 @@ from deploykit.export.onnx_export import check_export_shape
 from deploykit.export.precision import check_precision
 from deploykit.nn.factory import Model
 from deploykit.profile import defaults
-from deploykit.profile.choice import References, check_target, choice_lines, mark_fastest, slower_lines, unfaithful_lines
+from deploykit.profile.choice import References, check_target, choice_lines, mark_fastest, not_default_lines, slower_lines
 from deploykit.profile.environment import capture_environment
 from deploykit.profile.flops import model_flops
 from deploykit.profile.report import BASELINE_ENCODING, FP32, TORCH_BACKEND, ProfileReport, add_ratios, make_record
@@ -198,7 +198,7 @@ def _profile(
     add_ratios(records)
     mark_fastest(records)
     return ProfileReport(
-        records, settings, environment, notes, advice=choice_lines(records) + slower_lines(records) + unfaithful_lines(records)
+        records, settings, environment, notes, advice=choice_lines(records) + slower_lines(records) + not_default_lines(records)
     )
 
 
