@@ -52,24 +52,32 @@ def test_a_runner_that_lowered_an_encoding_op_is_never_the_default_choice():
     (chosen,) = mark_fastest(records)
     assert (chosen["backend"], chosen["precision"]) == ("ort", "int8") and not unfaithful["fastest_validated"]
     assert not_default_lines(records) == [
-        "fp32 on openvino-bf16 is not chosen by default: the runtime ran encoding ops the plan keeps in f32 (tables, "
+        "fp32 on openvino-bf16 at 224 is not chosen by default: the runtime ran encoding ops the plan keeps in f32 (tables, "
         "rotations, LayerNorm, Softmax) below it (MVN, Subgraph); ask for it by name to use it"
     ]
     unfaithful["lowered_despite_mark"] = {}  # a runtime that keeps them is chosen on speed
     assert mark_fastest(records) == [unfaithful] and not_default_lines(records) == []
 
 
-def test_an_int8_plan_whose_float_remainder_the_runner_lowers_is_never_the_default_choice():
-    """The int8 plan's quality target was checked with an f32 remainder; OpenVINO's bf16 hint lowers it."""
+def test_an_int8_plan_whose_float_remainder_the_runner_lowers_is_chosen_only_if_it_met_its_target_again():
+    """The int8 plan's quality target was checked at export with an f32 remainder; OpenVINO's bf16
+    hint lowers it, so profile checks the target again on that runner (``quality_check``)."""
     bf16_int8 = dict(_record("openvino-bf16", "int8", 1.0, True), lowered_despite_mark={}, computes_in="bf16")
     bf16_fp32 = dict(_record("openvino-bf16", "fp32", 2.0, True), lowered_despite_mark={}, computes_in="bf16")
     f32_int8 = dict(_record("openvino", "int8", 3.0, True), computes_in=None)
     records = [_record("ort", "fp32", 10.0, True), f32_int8, bf16_fp32, bf16_int8]
     add_ratios(records)
+    assert mark_fastest(records) == [bf16_fp32]  # not checked: never the default
+    (line,) = not_default_lines(records)
+    assert line.startswith("int8 on openvino-bf16 at 224 is not chosen by default: its calibration was checked with a float32 remainder")
+    missed = dict(top1_agreement=0.988, top1_agreement_estimate=0.991, mean_cosine=0.9991, rows=1000, complete=True)
+    bf16_int8["quality_check"] = dict(missed, met=False, held_out=1000, min_agreement=0.995, min_cosine=None, max_relative_error=None)
     assert mark_fastest(records) == [bf16_fp32]
     (line,) = not_default_lines(records)
-    assert line.startswith("int8 on openvino-bf16 is not chosen by default: its calibration was checked with a float32 remainder")
-    bf16_fp32["validated"] = False  # then the int8 plan with its remainder in f32
+    assert "missed the plan's own target" in line and "on 1000 held-out inputs: top-1 agreement 98.80%" in line, line
+    bf16_int8["quality_check"].update(top1_agreement=0.997, top1_agreement_estimate=0.996, met=True)
+    assert mark_fastest(records) == [bf16_int8] and not_default_lines(records) == []
+    bf16_int8["validated"] = bf16_fp32["validated"] = False  # then the int8 plan with its remainder in f32
     assert mark_fastest(records) == [f32_int8]
 
 
@@ -165,7 +173,7 @@ def test_openvino_bf16_is_chosen_only_where_openvino_kept_the_plan_s_f32_nodes(t
     lowered = bool(bf16["lowered_despite_mark"])  # OpenVINO 2026.4 keeps APE's encoding ops in f32; not SaPE²'s
     others = [r for r in report.records if r is not bf16 and r["validated"]]
     assert bf16["fastest_validated"] == (not lowered and all(bf16["p50_ms"] < r["p50_ms"] for r in others))
-    assert any(line.startswith("fp32 on openvino-bf16 is not chosen by default") for line in report.advice) == lowered
+    assert any(line.startswith(f"fp32 on openvino-bf16 at {RES} is not chosen by default") for line in report.advice) == lowered
 
 
 def _choose(export_dir, backend: str, precision: str) -> None:

@@ -256,6 +256,37 @@ def test_int8_plan_of_a_trained_zoo_model_validates_at_1x_and_2x(zoo_int8_export
     assert [(r.backend, r.resolution) for r in report.records] == [(b, list(res)) for res in one_x_two_x for b in ("ort", "openvino")]
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_BF16, reason="this CPU has no native bf16 (no openvino-bf16 backend)")
+def test_profile_holds_the_int8_plan_to_its_own_target_again_under_the_bf16_hint(zoo_int8_export):
+    """Across the seam: profile runs the trained int8 plan with OpenVINO's bf16 hint, checks it
+    against the export's target on the export's held-out inputs (the zoo's val split), and the
+    verdict alone decides whether it may be the default choice, saying why not."""
+    from deploykit.export.defaults import HELD_OUT, MIN_AGREEMENT
+    from deploykit.nn import load_model
+    from deploykit.profile import Budget, Subject, profile
+
+    base = load_model(zoo_int8_export).cfg.img_size
+    subject = Subject.from_export_dir(zoo_int8_export, ("int8",))
+    report = profile(
+        subject,
+        resolutions=[(base, base)],
+        backends=["openvino-bf16"],
+        precisions=["int8"],
+        budget=Budget(iterations=2, warmup=1, min_iterations=1),
+        compare_ape=False,
+        end_to_end=False,
+    )
+    (record,) = report.records
+    check = record["quality_check"]
+    assert record["validated"] and record["computes_in"] == "bf16" and record["lowered_despite_mark"] == {}
+    assert (check["held_out"], check["min_agreement"]) == (HELD_OUT, MIN_AGREEMENT) and 0 < check["rows"] <= HELD_OUT
+    agreement = min(check["top1_agreement"], check["top1_agreement_estimate"])
+    assert check["met"] == (check["complete"] and agreement >= MIN_AGREEMENT), check
+    assert record["fastest_validated"] == check["met"]
+    assert any(line.startswith(f"int8 on openvino-bf16 at {base} is not chosen by default") for line in report.advice) != check["met"]
+
+
 def test_runner_reports_its_hint_and_input_names(good_export):
     with OpenvinoRunner(good_export / "model_32.onnx") as runner:
         assert runner.input_names() == ["images"] and runner.details["precision_hint"] == "f32"
