@@ -199,6 +199,23 @@ def test_serve_on_cpu_takes_the_profiled_choice_and_says_so(two_plans, tmp_path)
             assert pipe(image).classes[0] == reference(image).classes[0]
 
 
+def test_serve_takes_an_openvino_bf16_choice_and_answers_as_fp32_does(two_plans, tmp_path):
+    """openvino-bf16 can now be the default choice: serve opens it (the bf16 hint, the encoding's
+    ops marked) and answers as ONNX Runtime's fp32 does."""
+    import deploykit
+    from deploykit.backends.openvino import best_hint
+
+    if best_hint() != "bf16":
+        pytest.skip("this CPU has no native bf16")
+    out = shutil.copytree(two_plans, tmp_path / "exp")
+    _choose(out, "openvino-bf16", "fp32")
+    with deploykit.load(out) as pipe, deploykit.load(two_plans) as reference:
+        assert pipe.backends[(RES, RES)] == "openvino-bf16" and pipe.plans[(RES, RES)] == "fp32"
+        assert pipe.describe_backends()[0].startswith(f"backend openvino-bf16 at {RES} (fastest validated plan")
+        images = list(np.random.default_rng(0).integers(0, 256, (4, RES, RES, 3), dtype=np.uint8))
+        assert [p.classes[0] for p in pipe(images)] == [p.classes[0] for p in reference(images)]
+
+
 def test_a_choice_whose_graph_changed_is_not_taken(two_plans, tmp_path):
     import deploykit
 
