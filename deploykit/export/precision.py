@@ -274,11 +274,11 @@ def fp32_tensors(proto: onnx.ModelProto, low: int = TensorProto.BFLOAT16) -> set
 def encoding_fp32_tensors(proto: onnx.ModelProto, low: int = TensorProto.BFLOAT16) -> set[str]:
     """The part of ``fp32_tensors`` a runtime must not lower for its run to count as faithful: the
     positional tables' readers (the rotations, the table adds), LayerNorm, Softmax, custom-domain
-    nodes (encoding bodies), and every fp32 node computing from one of them (the residual stream,
-    the layout ops that carry a rotated query to its product). Not in it: fp32 nodes of the plan
-    whose only reason is where they sit, the products producing the outputs (the logits) and nodes
-    with weights alone for float inputs (the class token's batch expand); a runtime that rounds
-    those to bf16 rounds them as it rounds every product."""
+    nodes (encoding bodies), and every other fp32 node computing from a live value (the residual
+    stream, the layout ops that carry a rotated query to its product). Not in it: the products
+    the plan keeps in fp32 only because they produce an output (the logits), and nodes whose float
+    inputs are weights alone (the class token's batch expand); a runtime that rounds those to bf16
+    rounds them as it rounds every product's inputs."""
     plan = _Plan(proto, low)
     low_nodes = plan._classify()
     required: set = set()
@@ -286,9 +286,13 @@ def encoding_fp32_tensors(proto: onnx.ModelProto, low: int = TensorProto.BFLOAT1
         if node in low_nodes:
             continue
         floats = [v for v in node.inputs if v in plan.floats]
-        own = node.op_type in FP32_OPS or node.domain not in _STANDARD_DOMAINS or any(v.name.startswith(TABLE_PREFIXES) for v in floats)
-        follows = node.op_type not in LOW_PRECISION_OPS and any(v.producer() in required for v in floats)
-        if own or follows:
+        own = (
+            node.op_type in FP32_OPS
+            or node.domain not in _STANDARD_DOMAINS
+            or any(v.name.startswith(TABLE_PREFIXES) for v in floats)
+        )
+        computes = node.op_type not in LOW_PRECISION_OPS and any(not v.is_initializer() for v in floats)
+        if own or computes:
             required.add(node)
     return {value.name for node in required for value in node.outputs if value in plan.floats}
 

@@ -125,6 +125,30 @@ def test_bf16_hint_keeps_the_logits_in_f32():
         assert "FullyConnected" not in runner.details["lowered_elsewhere"], runner.details["lowered_elsewhere"]
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_BF16, reason="this CPU has no native bf16: OpenVINO compiles every node in f32")
+@pytest.mark.xfail(
+    ov.get_version().startswith("2026.4"),
+    strict=True,
+    reason="OpenVINO 2026.4's low-precision passes rebuild the residual Add after an int8 product as a new node "
+    "without the mark, so an int8 plan's residual stream runs in bf16 (the suite's tiny model, seeded ViT-S/B; "
+    "not the zoo's trained models); strict, so a release that keeps it fails here",
+)
+def test_bf16_hint_keeps_an_int8_plan_s_residual_stream_in_f32():
+    from deploykit.export import onnx_from_model
+    from deploykit.export.bundle import planned_graphs
+    from deploykit.export.int8_static import CalibrationOptions
+    from tests.encoding_params import encoding_model
+
+    model = encoding_model("ape").eval()
+    fp32 = onnx_from_model(model, (BASE, BASE))
+    calibration = CalibrationOptions(samples=16, held_out=16, min_agreement=None)
+    (plan, int8), *_ = planned_graphs(fp32, model, (BASE, BASE), ["int8"], calibration)
+    assert plan == "int8"
+    with registry.create_runner("openvino-bf16", int8.SerializeToString()) as runner:
+        assert runner.details["lowered_despite_mark"] == {}
+
+
 def _attention_graph(size: int, heads: int = 2, tokens: int = 32) -> onnx.ModelProto:
     """Q, K and V through a product each (identity weights, so they reach attention in bf16 exactly),
     MatMul-Softmax-MatMul, and a last product: the pattern OpenVINO fuses into one Subgraph."""
