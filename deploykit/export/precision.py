@@ -286,11 +286,7 @@ def encoding_fp32_tensors(proto: onnx.ModelProto, low: int = TensorProto.BFLOAT1
         if node in low_nodes:
             continue
         floats = [v for v in node.inputs if v in plan.floats]
-        own = (
-            node.op_type in FP32_OPS
-            or node.domain not in _STANDARD_DOMAINS
-            or any(v.name.startswith(TABLE_PREFIXES) for v in floats)
-        )
+        own = node.op_type in FP32_OPS or node.domain not in _STANDARD_DOMAINS or any(v.name.startswith(TABLE_PREFIXES) for v in floats)
         computes = node.op_type not in LOW_PRECISION_OPS and any(not v.is_initializer() for v in floats)
         if own or computes:
             required.add(node)

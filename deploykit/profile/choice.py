@@ -83,11 +83,13 @@ class References:
         return self._cache[key]
 
 
-def check_target(target, model, resolution, precision: str, references: References) -> dict:
+def check_target(target, model, resolution, precision: str, references: References, progress=None) -> dict:
     """``validated`` (bool) and ``validation_failures`` of one opened runner target.
 
     The runner is judged as ``validate`` judges it: its plan's tolerance, loosened to the plan it
-    computes in when it lowers the graph itself.
+    computes in when it lowers the graph itself. A calibrated plan on such a runner is also held to
+    its own export target again (``quality_check``, which ``not_default_because`` reads), unless
+    the runner lowered an encoding op, which rules it out as a default anyway.
     """
     from deploykit.runtime import run_batched
 
@@ -101,14 +103,18 @@ def check_target(target, model, resolution, precision: str, references: Referenc
     per_input = int(np.prod(reference.shape[1:-1], dtype=np.int64))
     metrics = compare_logits(rows(reference), rows(actual), NUM_REAL * per_input, tolerance, top_k=model.output_kind == "logits")
     verdict = {"validated": metrics["passed"], "validation_failures": metrics["failures"]}
-    quality = references.quality_target(model, resolution) if runner.computes_in and PLANS[precision].calibrated else None
-    if quality is not None and verdict["validated"]:
+    lowered = runner.details.get("lowered_despite_mark")
+    if runner.computes_in and PLANS[precision].calibrated and verdict["validated"] and not lowered:
         # The plan's calibration was checked at export with its float remainder in f32; this runner
         # lowers that remainder itself, so the plan is held to its own target again, as it runs here.
         from deploykit.runtime import run_rows
 
-        measured, met = quality.measure(lambda x: run_rows(runner, x, 32))
-        verdict["quality_check"] = dict(measured, met=met, **quality.to_dict())
+        if progress:
+            progress(f"checking the {precision} plan's own target on its held-out inputs, float remainder in {runner.computes_in}")
+        quality = references.quality_target(model, resolution)
+        if quality is not None:
+            measured, met = quality.measure(lambda x: run_rows(runner, x, 32))
+            verdict["quality_check"] = dict(measured, met=met, **quality.to_dict())
     return verdict
 
 

@@ -242,7 +242,7 @@ def _profile_resolution(
             for (subject, precision), target in targets if checks is not None and backend != TORCH_BACKEND else []:
                 if progress:
                     progress(f"{backend} {subject.encoding} {precision} @ {tag}: validating")
-                verdicts[subject.encoding, precision] = check_target(target, subject.model, resolution, precision, checks)
+                verdicts[subject.encoding, precision] = check_target(target, subject.model, resolution, precision, checks, progress)
             for batch in batches:
                 images, frames = inputs(subjects[0].model, resolution, batch, rng)
                 samples = {}
