@@ -89,14 +89,19 @@ def test_bf16_hint_runs_products_in_bf16_and_keeps_the_encoding_in_f32(tiny_expo
     assert lowered == {}, lowered
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not HAS_BF16, reason="this CPU has no native bf16: OpenVINO compiles every node in f32")
-@pytest.mark.xfail(
-    ov.get_version().startswith("2026.4"),
-    strict=True,
-    reason="OpenVINO 2026.4 fuses the logits' bias into their FullyConnected as a new node without the mark "
-    "(Xeon with AMX); strict, so a release that keeps it fails here",
-)
+def _lowered_on_2026_4(why: str):
+    """Marks for a bf16-hint test of what OpenVINO 2026.4 still lowers (Xeon with AMX): skipped
+    without native bf16, a strict xfail on 2026.4, so a release that keeps the op in f32 fails it."""
+
+    def mark(test):
+        test = pytest.mark.xfail(ov.get_version().startswith("2026.4"), strict=True, reason=f"OpenVINO 2026.4 {why}")(test)
+        test = pytest.mark.skipif(not HAS_BF16, reason="this CPU has no native bf16: OpenVINO compiles every node in f32")(test)
+        return pytest.mark.slow(test)
+
+    return mark
+
+
+@_lowered_on_2026_4("fuses the logits' bias into their FullyConnected as a new node without the mark")
 def test_bf16_hint_keeps_the_logits_in_f32():
     """A head with a bias (timm's): features -> LayerNorm -> Gemm(W, b) -> logits. Without a bias the
     mark survives (the suite's tiny models, whose zero head bias the exporter drops)."""
@@ -125,14 +130,9 @@ def test_bf16_hint_keeps_the_logits_in_f32():
         assert "FullyConnected" not in runner.details["lowered_elsewhere"], runner.details["lowered_elsewhere"]
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not HAS_BF16, reason="this CPU has no native bf16: OpenVINO compiles every node in f32")
-@pytest.mark.xfail(
-    ov.get_version().startswith("2026.4"),
-    strict=True,
-    reason="OpenVINO 2026.4's low-precision passes rebuild the residual Add after an int8 product as a new node "
-    "without the mark, so an int8 plan's residual stream runs in bf16 (the suite's tiny model, seeded ViT-S/B; "
-    "not the zoo's trained models); strict, so a release that keeps it fails here",
+@_lowered_on_2026_4(
+    "rebuilds the residual Add after an int8 product (low-precision passes) as a new node without the mark: an int8 "
+    "plan's residual stream runs in bf16 (the suite's tiny model, seeded ViT-S/B; not the zoo's trained models)"
 )
 def test_bf16_hint_keeps_an_int8_plan_s_residual_stream_in_f32():
     from deploykit.export import onnx_from_model
