@@ -119,7 +119,7 @@ def _openvino_read(path: Path) -> dict:
         "read": True,
         "ops": sum(ops.values()),
         "op_types": dict(ops.most_common()),
-        "kept_f32_under_bf16_hint": keep_fp32(model, source.fp32),
+        "kept_f32_under_bf16_hint": len(keep_fp32(model, source.fp32)),
     }
 
 

@@ -94,14 +94,14 @@ class OpenvinoRunner(Runner):
             self.narrowed_weights = source.narrowed_weights
             model = core.read_model(source.graph)
             if self.precision_hint == "bf16":
-                self.kept_fp32 = keep_fp32(model, source.fp32)
-                marked = {op.get_friendly_name() for op in model.get_ops() if KEEP_FP32 in op.get_rt_info()}
-                encoding_ops = {name: op.get_type_name() for name, op in ops_computing(model, source.encoding_fp32).items()}
+                kept = keep_fp32(model, source.fp32)
+                self.kept_fp32 = len(kept)
+                marked = {op.get_friendly_name() for op in kept}
+                encoding_ops = {op.get_friendly_name(): op.get_type_name() for op in ops_computing(model, source.encoding_fp32)}
                 model = with_typed_marks(core, model, marked)
             self._compiled = core.compile_model(model, "CPU", self._config())
             if self.precision_hint == "bf16":
-                self.lowered_despite_mark = lowered_despite_mark(encoding_ops, self._compiled)
-                self.lowered_elsewhere = lowered_elsewhere(marked, encoding_ops, self._compiled)
+                self.lowered_despite_mark, self.lowered_elsewhere = lowered_below_f32(marked, encoding_ops, self._compiled)
         except RuntimeError as err:  # OpenVINO raises RuntimeError (its ov::Exception) for unreadable or unsupported graphs
             raise DeployKitError(one_line(f"openvino cannot load {self._label()}: {err}")) from err
         self._request = self._compiled.create_infer_request()
@@ -187,7 +187,7 @@ class OpenvinoSource(NamedTuple):
     graph: str | bytes  # the file's path, or ONNX bytes prepared in memory
     fp32: set[str]  # under a bf16 hint, the tensors to keep in f32
     narrowed_weights: int  # int8 weights narrowed to 7 bits
-    # the part of ``fp32`` whose lowering makes a run unfaithful (``encoding_fp32_tensors``)
+    # the part of ``fp32`` whose lowering makes a run unfaithful (``fp32_tensors(...).encoding``)
     encoding_fp32: frozenset[str] = frozenset()
 
 
@@ -195,8 +195,8 @@ def openvino_source(
     model: str | os.PathLike | bytes, precision_hint: str | None = "f32", seven_bit_weights: bool = False
 ) -> OpenvinoSource:
     """What OpenVINO reads for an exported graph (its path, or ONNX bytes) and, under a bf16
-    hint, the tensors to keep in f32 (``deploykit.export.precision.fp32_tensors``) and the part of
-    them that must stay there (``encoding_fp32_tensors``). The file is
+    hint, the tensors to keep in f32 and the part of them that must stay there
+    (``deploykit.export.precision.fp32_tensors``). The file is
     never changed; what OpenVINO needs is prepared in memory:
 
     * OpenVINO's ONNX frontend has no rule for a custom-domain node (``deploykit::SaPE2Bias``)
@@ -211,7 +211,7 @@ def openvino_source(
     import onnx
     import onnx.inliner
 
-    from deploykit.export.precision import encoding_fp32_tensors, fp32_tensors
+    from deploykit.export.precision import Fp32Tensors, fp32_tensors
 
     label = "model bytes" if isinstance(model, bytes) else str(model)
     try:
@@ -219,15 +219,15 @@ def openvino_source(
     except Exception as err:  # protobuf's DecodeError, a missing file, ...
         raise DeployKitError(one_line(f"openvino cannot load {label}: not a readable ONNX graph: {err}")) from err
     bf16 = precision_hint == "bf16"
-    fp32 = fp32_tensors(proto) if bf16 else set()
-    required = encoding_fp32_tensors(proto) if bf16 else set()
+    fp32, required = fp32_tensors(proto) if bf16 else Fp32Tensors(set(), set())
     changed = False
     if proto.functions:
         before = {name for node in proto.graph.node for name in node.output}
         proto = onnx.inliner.inline_local_functions(proto)
         body = {name for node in proto.graph.node for name in node.output if name not in before}
-        fp32 |= body
-        required |= body if bf16 else set()
+        if bf16:  # a body's nodes are the custom op's: kept as the bf16 plan keeps the op
+            fp32 |= body
+            required |= body
         changed = True
     changed |= linear_layers_in_3d(proto) > 0
     narrowed = weights_in_seven_bits(proto) if seven_bit_weights else 0
@@ -391,9 +391,9 @@ def weights_in_seven_bits(proto) -> int:
     return narrowed
 
 
-def ops_computing(model, tensors: set[str]) -> dict:
-    """Friendly name -> op, for every op of an OpenVINO ``model`` read from ONNX that computes one
-    of ``tensors`` (ONNX output names).
+def ops_computing(model, tensors: set[str]) -> list:
+    """Every op of an OpenVINO ``model`` read from ONNX that computes one of ``tensors`` (ONNX
+    output names).
 
     One ONNX node may become several ops (LayerNormalization becomes MVN, Multiply, Add): only
     the last carries the ONNX tensor name, so the walk goes back from it through the ops whose
@@ -410,16 +410,16 @@ def ops_computing(model, tensors: set[str]) -> dict:
         found.add(key)
         sources = (inp.get_source_output().get_node().get_name() for inp in ops[key].inputs())
         stack += [source for source in sources if not named[source]]
-    return {ops[key].get_friendly_name(): ops[key] for key in found}
+    return [ops[key] for key in found]
 
 
-def keep_fp32(model, tensors: set[str]) -> int:
+def keep_fp32(model, tensors: set[str]) -> list:
     """Mark every op of ``model`` computing one of ``tensors`` (``ops_computing``) as kept in f32;
-    returns how many ops were marked."""
+    returns the marked ops."""
     computing = ops_computing(model, tensors)
-    for op in computing.values():
+    for op in computing:
         op.get_rt_info()[KEEP_FP32] = ""
-    return len(computing)
+    return computing
 
 
 def with_typed_marks(core, model, marked: set[str]):
@@ -462,26 +462,40 @@ _PRODUCT_LAYERS = frozenset({"FullyConnected", "MatMul", "Convolution"})
 _LOW_FLOATS = frozenset({"bf16", "f16"})
 
 
-def lowered_despite_mark(encoding_ops: dict[str, str], compiled) -> dict[str, int]:
-    """Layer type -> how many compiled nodes run an op of ``encoding_ops`` (friendly name -> op
-    type, the ops of ``encoding_fp32_tensors``: tables' readers, rotations, LayerNorm, Softmax,
-    encoding bodies) below f32. OpenVINO 2026.4 drops our mark where one of its passes replaces the
-    op, so the runner reports what was compiled, not what it asked for.
+class Lowered(NamedTuple):
+    """Layer type -> how many compiled nodes run marked ops below f32, in two kinds."""
 
-    Two kinds of compiled node are not counted, each for a reason a test pins down:
+    encoding: dict[str, int]  # an encoding op: the run is not faithful (``lowered_despite_mark``)
+    elsewhere: dict[str, int]  # only the plan's other fp32 nodes (``lowered_elsewhere``)
+
+
+def lowered_below_f32(marked: set[str], encoding_ops: dict[str, str], compiled) -> Lowered:
+    """What OpenVINO compiled below f32 though marked (names are friendly names; ``encoding_ops``
+    maps those of ``fp32_tensors(...).encoding`` to their op type). OpenVINO 2026.4 drops our mark
+    where one of its passes replaces the op, so the runner reports what was compiled, not what it
+    asked for.
+
+    ``encoding``: nodes running an encoding op (tables' readers, rotations, LayerNorm, Softmax,
+    encoding bodies, the residual stream). Two kinds of compiled node are not counted, each for a
+    reason a test pins down:
 
     * a Softmax inside a fused attention ``Subgraph``: the Subgraph reports bf16 because its two
       products take bf16 inputs, and it computes the Softmax between them in f32 (OpenVINO's
       snippets lower Brgemm inputs only; ``test_fused_attention_keeps_its_softmax_in_f32``);
     * a layout node (``_LAYOUT_LAYERS``) whose values reach only products: they would be rounded
       for the product anyway (a rotated key transposed in bf16 is the rotated key rounded).
+
+    ``elsewhere``: nodes holding marked ops outside ``encoding_ops`` only (the logits' product, the
+    class token's batch expand on OpenVINO 2026.4): the bf16 plan keeps them in fp32, a run that
+    rounds them rounds them as it rounds every product. Reported, not judged.
     """
     nodes = list(compiled.get_runtime_model().get_ops())
     layer = {id(op): op.get_rt_info()["layerType"].astype(str) for op in nodes}
+    origins = {id(op): set(op.get_rt_info()["originalLayersNames"].astype(str).split(",")) for op in nodes}
 
     def held(op) -> set[str]:
         """The encoding ops a compiled node holds, less a fused attention's Softmax."""
-        names = set(op.get_rt_info()["originalLayersNames"].astype(str).split(",")) & set(encoding_ops)
+        names = origins[id(op)] & encoding_ops.keys()
         if layer[id(op)] == "Subgraph":
             names = {n for n in names if encoding_ops[n] != "Softmax"}
         return names
@@ -495,26 +509,14 @@ def lowered_despite_mark(encoding_ops: dict[str, str], compiled) -> dict[str, in
             for r in readers
         )
 
-    lowered: dict[str, int] = {}
+    lowered = Lowered({}, {})
     for op in nodes:
         kind = layer[id(op)]
-        if op.get_rt_info()["runtimePrecision"].astype(str) not in _LOW_FLOATS or not held(op):
+        if op.get_rt_info()["runtimePrecision"].astype(str) not in _LOW_FLOATS:
             continue
-        if kind in _LAYOUT_LAYERS and feeds_products_only(op):
-            continue
-        lowered[kind] = lowered.get(kind, 0) + 1
-    return lowered
-
-
-def lowered_elsewhere(marked: set[str], encoding_ops: dict[str, str], compiled) -> dict[str, int]:
-    """Layer type -> compiled nodes running below f32 that hold a marked op outside ``encoding_ops``
-    (the logits' product, the class token's batch expand on OpenVINO 2026.4): the bf16 plan keeps
-    them in fp32, a run that rounds them rounds them as it rounds every product. Reported, not judged."""
-    lowered: dict[str, int] = {}
-    for op in compiled.get_runtime_model().get_ops():
-        info = op.get_rt_info()
-        names = set(info["originalLayersNames"].astype(str).split(",")) & marked
-        if info["runtimePrecision"].astype(str) in _LOW_FLOATS and names and not names & set(encoding_ops):
-            kind = info["layerType"].astype(str)
-            lowered[kind] = lowered.get(kind, 0) + 1
+        if held(op):
+            if not (kind in _LAYOUT_LAYERS and feeds_products_only(op)):
+                lowered.encoding[kind] = lowered.encoding.get(kind, 0) + 1
+        elif origins[id(op)] & marked and not origins[id(op)] & encoding_ops.keys():
+            lowered.elsewhere[kind] = lowered.elsewhere.get(kind, 0) + 1
     return lowered

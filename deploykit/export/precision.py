@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import onnx
 from onnx import TensorProto
@@ -257,10 +257,25 @@ def apply_precision_to_base(planned: onnx.ModelProto, precision: str) -> onnx.Mo
     return out
 
 
-def fp32_tensors(proto: onnx.ModelProto, low: int = TensorProto.BFLOAT16) -> set[str]:
-    """Output tensors of the nodes a cast plan to ``low`` would keep in fp32 (tables and their
-    readers, LayerNorm, Softmax, custom ops, the logits, and what follows them): for a runtime
-    that lowers precision itself (OpenVINO's bf16 hint) to keep the same nodes in fp32.
+class Fp32Tensors(NamedTuple):
+    """The output tensors a cast plan keeps in fp32, for a runtime that lowers precision itself."""
+
+    every: set[str]  # every fp32 node's: what to mark for f32
+    encoding: set[str]  # the part whose lowering makes a run unfaithful
+
+
+def fp32_tensors(proto: onnx.ModelProto, low: int = TensorProto.BFLOAT16) -> Fp32Tensors:
+    """Output tensors of the nodes a cast plan to ``low`` would keep in fp32: for a runtime that
+    lowers precision itself (OpenVINO's bf16 hint) to keep the same nodes in fp32.
+
+    ``every``: tables and their readers, LayerNorm, Softmax, custom ops, the logits, and what
+    follows them. ``encoding``: the part a runtime must not lower for its run to count as faithful:
+    the tables' readers (the rotations, the table adds), LayerNorm, Softmax, custom-domain nodes
+    (encoding bodies), and every other fp32 node computing from a live value (the residual stream,
+    the layout ops that carry a rotated query to its product). Not in it: the products the plan
+    keeps in fp32 only because they produce an output (the logits), and nodes whose float inputs
+    are weights alone (the class token's batch expand); a runtime that rounds those to bf16
+    rounds them as it rounds every product's inputs.
 
     Args:
         proto: an exported graph, of any plan (its float nodes are classified as the cast plan would).
@@ -268,29 +283,16 @@ def fp32_tensors(proto: onnx.ModelProto, low: int = TensorProto.BFLOAT16) -> set
     """
     plan = _Plan(proto, low)
     low_nodes = plan._classify()
-    return {value.name for node in plan.graph if node not in low_nodes for value in node.outputs if value in plan.floats}
-
-
-def encoding_fp32_tensors(proto: onnx.ModelProto, low: int = TensorProto.BFLOAT16) -> set[str]:
-    """The part of ``fp32_tensors`` a runtime must not lower for its run to count as faithful: the
-    positional tables' readers (the rotations, the table adds), LayerNorm, Softmax, custom-domain
-    nodes (encoding bodies), and every other fp32 node computing from a live value (the residual
-    stream, the layout ops that carry a rotated query to its product). Not in it: the products
-    the plan keeps in fp32 only because they produce an output (the logits), and nodes whose float
-    inputs are weights alone (the class token's batch expand); a runtime that rounds those to bf16
-    rounds them as it rounds every product's inputs."""
-    plan = _Plan(proto, low)
-    low_nodes = plan._classify()
-    required: set = set()
-    for node in plan.graph:
-        if node in low_nodes:
-            continue
+    kept = [node for node in plan.graph if node not in low_nodes]
+    encoding = []
+    for node in kept:
         floats = [v for v in node.inputs if v in plan.floats]
         own = node.op_type in FP32_OPS or node.domain not in _STANDARD_DOMAINS or any(v.name.startswith(TABLE_PREFIXES) for v in floats)
         computes = node.op_type not in LOW_PRECISION_OPS and any(not v.is_initializer() for v in floats)
         if own or computes:
-            required.add(node)
-    return {value.name for node in required for value in node.outputs if value in plan.floats}
+            encoding.append(node)
+    outputs = lambda nodes: {value.name for node in nodes for value in node.outputs if value in plan.floats}
+    return Fp32Tensors(outputs(kept), outputs(encoding))
 
 
 class _Plan:

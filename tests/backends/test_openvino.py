@@ -230,11 +230,11 @@ def test_bf16_hint_marks_the_bf16_plan_s_fp32_nodes(tiny_export):
     proto = onnx.load(str(tiny_export / f"model_{BASE}.onnx"))
     source = openvino_source(tiny_export / f"model_{BASE}.onnx", "bf16")
     fp32, graph = source.fp32, source.graph
-    assert fp32 >= fp32_tensors(proto)
+    assert fp32 >= fp32_tensors(proto).every
     model = ov.Core().read_model(graph)
     marked = keep_fp32(model, fp32)
     kept = collections.Counter(op.get_type_name() for op in model.get_ops() if KEEP_FP32 in op.get_rt_info())
-    assert marked == sum(kept.values()) and kept["MVN"] == 5 and kept["Softmax"] == 2  # norm1, norm2 per block, final norm
+    assert len(marked) == sum(kept.values()) and kept["MVN"] == 5 and kept["Softmax"] == 2  # norm1, norm2 per block, final norm
     products = [op for op in model.get_ops() if op.get_type_name() == "MatMul" and KEEP_FP32 not in op.get_rt_info()]
     assert len(products) >= 4, kept  # qkv, proj, fc1, fc2 go low; the head stays
     tables = {i.name for i in proto.graph.initializer if i.name.startswith("pe_tables")}
@@ -243,8 +243,8 @@ def test_bf16_hint_marks_the_bf16_plan_s_fp32_nodes(tiny_export):
     # What must stay in f32 for the run to be faithful: the tables' readers, LayerNorm, Softmax; not the logits' product.
     encoding = ops_computing(model, source.encoding_fp32)
     assert source.encoding_fp32 <= fp32 and "logits" in fp32 and "logits" not in source.encoding_fp32
-    assert {op.get_type_name() for op in encoding.values()} >= {"MVN", "Softmax"}
-    assert all(op.get_friendly_name() in encoding for op in readers)
+    assert {op.get_type_name() for op in encoding} >= {"MVN", "Softmax"}
+    assert all(op.get_friendly_name() in {e.get_friendly_name() for e in encoding} for op in readers)
 
 
 @pytest.mark.slow
