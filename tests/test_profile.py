@@ -449,13 +449,14 @@ def test_kernels_are_timed_on_validate_s_real_inputs_filling_the_batch():
     times real inputs: validate's (a zoo model's test split), repeated when the batch is larger."""
     from deploykit.data import VALIDATION_REAL, validation_inputs
     from deploykit.nn import load_model
-    from deploykit.profile.targets import inputs
+    from deploykit.profile.targets import inputs, real_rows
     from deploykit.zoo.registry import DEFAULT_ZOO_MODEL, model_dir
 
     model = load_model(model_dir(DEFAULT_ZOO_MODEL))
     real = validation_inputs(model, (48, 48), 0, VALIDATION_REAL)
-    images, frames = inputs(model, (48, 48), VALIDATION_REAL + 2, np.random.default_rng(0))
+    rows = real_rows(model, (48, 48))
+    images, frames = inputs(model, (48, 48), VALIDATION_REAL + 2, np.random.default_rng(0), rows)
     assert images.shape == (VALIDATION_REAL + 2, *real.shape[1:]) and len(frames) == VALIDATION_REAL + 2
     np.testing.assert_array_equal(images[:VALIDATION_REAL], real)
     np.testing.assert_array_equal(images[VALIDATION_REAL:], real[:2])
-    np.testing.assert_array_equal(inputs(model, (48, 48), 1, np.random.default_rng(0))[0], real[:1])
+    np.testing.assert_array_equal(inputs(model, (48, 48), 1, np.random.default_rng(0), rows)[0], real[:1])

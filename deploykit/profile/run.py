@@ -23,7 +23,17 @@ from deploykit.profile.choice import References, check_target, choice_lines, mar
 from deploykit.profile.environment import capture_environment
 from deploykit.profile.flops import model_flops
 from deploykit.profile.report import BASELINE_ENCODING, FP32, TORCH_BACKEND, ProfileReport, add_ratios, make_record
-from deploykit.profile.targets import Subject, Unavailable, ape_twin, backend_names, end_to_end_call, inputs, open_target, pe_step
+from deploykit.profile.targets import (
+    Subject,
+    Unavailable,
+    ape_twin,
+    backend_names,
+    end_to_end_call,
+    inputs,
+    open_target,
+    pe_step,
+    real_rows,
+)
 from deploykit.profile.timing import Budget, LatencyStats, device_timer, flush_denormal, measure
 from deploykit.resolutions import resolution_tag
 
@@ -227,6 +237,7 @@ def _profile_resolution(
             step = pe_step(subject.model, resolution, batch, device)
             pe_steps[subject.encoding, batch] = LatencyStats.from_ns(measure(step, budget, device_timer(device)))
     rng = np.random.default_rng(0)
+    real = real_rows(subjects[0].model, resolution)
     records = []
     for backend in backends:
         # (subject, precision) lanes of this backend, interleaved round by round; PyTorch runs fp32 only.
@@ -244,7 +255,7 @@ def _profile_resolution(
                     progress(f"{backend} {subject.encoding} {precision} @ {tag}: validating")
                 verdicts[subject.encoding, precision] = check_target(target, subject.model, resolution, precision, checks, progress)
             for batch in batches:
-                images, frames = inputs(subjects[0].model, resolution, batch, rng)
+                images, frames = inputs(subjects[0].model, resolution, batch, rng, real)
                 samples = {}
                 for _ in range(budget.rounds):
                     for (subject, precision), target in targets:

@@ -185,22 +185,26 @@ def open_target(backend: str, subject: Subject, resolution: tuple[int, int], pre
         raise Unavailable(f"{where}: not profiled: {err}") from err
 
 
-def inputs(model: Model, resolution, batch: int, rng: np.random.Generator) -> tuple[np.ndarray, list]:
-    """Kernel inputs and end-to-end inputs (uint8 frames or texts).
-
-    The kernel is timed on real inputs, validate's (a zoo model's test split, else the bundled
-    images or text), repeated to fill the batch: on an Intel Xeon, ONNX Runtime ran the default
+def real_rows(model: Model, resolution) -> np.ndarray | None:
+    """The real inputs kernels are timed on, once per resolution: validate's (a zoo model's test
+    split, else the bundled images or text). On an Intel Xeon, ONNX Runtime ran the default
     model's fp32 graph at 384 2.3x slower on standard-normal noise than on images, which moved
-    every ratio to it. Without the ``images`` extra (a model with no dataset), seeded noise."""
+    every ratio to it. None without the ``images`` extra (a model with no dataset)."""
     from deploykit.data import VALIDATION_REAL, validation_inputs
     from deploykit.errors import MissingDependencyError
 
-    spec = deploy_spec(model)
     try:
-        real = validation_inputs(model, tuple(resolution), 0, min(batch, VALIDATION_REAL))
+        return validation_inputs(model, tuple(resolution), 0, VALIDATION_REAL)
     except MissingDependencyError:
-        real = spec.random_inputs(batch, resolution, seed=batch)
-    return np.resize(real, (batch, *real.shape[1:])), spec.raw_inputs(batch, resolution, rng)
+        return None
+
+
+def inputs(model: Model, resolution, batch: int, rng: np.random.Generator, real: np.ndarray | None) -> tuple[np.ndarray, list]:
+    """Kernel inputs, ``real`` (``real_rows``) repeated to fill the batch, else seeded noise; and
+    end-to-end inputs (uint8 frames or texts)."""
+    spec = deploy_spec(model)
+    kernel = spec.random_inputs(batch, resolution, seed=batch) if real is None else np.resize(real, (batch, *real.shape[1:]))
+    return kernel, spec.raw_inputs(batch, resolution, rng)
 
 
 def end_to_end_call(target, raw: list, resolution, cfg) -> Callable[[], object]:
