@@ -62,10 +62,15 @@ LANES = {
 }
 
 
-def lanes() -> dict:
-    """``LANES`` whose backend (the lane's first word) is usable here: ``openvino-bf16`` needs native bf16."""
+def usable_lanes(lanes: dict) -> dict:
+    """The ``lanes`` (name -> (runner factory, plan)) whose backend, the name's first word, is
+    usable here: ``openvino-bf16`` needs native bf16."""
     usable = available_backends()
-    return {lane: spec for lane, spec in LANES.items() if lane.split()[0] in usable}
+    return {lane: spec for lane, spec in lanes.items() if lane.split()[0] in usable}
+
+
+def lanes() -> dict:
+    return usable_lanes(LANES)
 
 
 def _command() -> str:
@@ -97,9 +102,10 @@ def time_lanes(model, planned: dict[str, bytes], resolution: int, batch: int, bu
     # Real images (the zoo's test split, or the bundled photos): seeded noise lies outside an int8
     # plan's calibrated ranges, so its cosine would say nothing about the plan.
     x = validation_inputs(model, (resolution, resolution), 0, batch)
-    runners, failed = {}, []
+    runners, plans, failed = {}, {}, []
     try:
         for lane, (factory, plan) in lanes().items():
+            plans[lane] = plan
             runner = factory(planned[plan])
             try:  # a backend that cannot load a graph is a finding of the run, not its end
                 runner.activate()
@@ -123,7 +129,7 @@ def time_lanes(model, planned: dict[str, bytes], resolution: int, batch: int, bu
                 min_ratio_vs_ort_fp32=stats[lane].min_ms / base.min_ms,
                 cosine_vs_ort_fp32=float(row_cosines(outputs["ort fp32"].astype(np.float64), outputs[lane].astype(np.float64)).min()),
                 provider=runners[lane].provider,
-                plan=lanes()[lane][1],
+                plan=plans[lane],
                 # OpenVINO: what it computes in and (bf16 hint) the encoding ops it ran below f32, and the
                 # rest: with the plan, what profile's not_default_because reads
                 **{

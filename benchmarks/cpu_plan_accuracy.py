@@ -30,10 +30,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from cpu_backends import usable_lanes  # benchmarks/ is on sys.path when run as a script
 
 from deploykit._io import write_json_atomic
 from deploykit.backends.openvino import OpenvinoBf16Runner, OpenvinoRunner
-from deploykit.backends.registry import available_backends
 from deploykit.data import normalise
 from deploykit.datasets import get_dataset
 from deploykit.encodings import encoding_name
@@ -62,12 +62,6 @@ LANES = {
 BATCH = 100
 
 
-def lanes() -> dict:
-    """``LANES`` whose backend (the lane's first word) is usable here: ``openvino-bf16`` needs native bf16."""
-    usable = available_backends()
-    return {lane: spec for lane, spec in LANES.items() if lane.split()[0] in usable}
-
-
 def measure_model(name: str, limit: int | None, scales=SCALES, calibration: CalibrationOptions = CalibrationOptions()) -> list[dict]:
     model = load_model(model_dir(name)).eval()
     dataset = get_dataset(model.cfg.dataset)
@@ -83,7 +77,7 @@ def measure_model(name: str, limit: int | None, scales=SCALES, calibration: Cali
         x = normalise(images, model.cfg.mean, model.cfg.std)
         with torch.inference_mode():
             reference = np.concatenate([model(torch.from_numpy(x[i : i + BATCH])).argmax(-1).numpy() for i in range(0, count, BATCH)])
-        for lane, (factory, plan) in lanes().items():
+        for lane, (factory, plan) in usable_lanes(LANES).items():
             record = dict(model=name, encoding=encoding_name(model.cfg.encoding), resolution=resolution, scale=scale, lane=lane, n=count)
             runner = factory(graphs[plan].SerializeToString())
             try:

@@ -224,9 +224,9 @@ def cpu_backends_table(data: dict) -> list[str]:
 
 
 def _fastest_vs_anchor(by: dict, cell: tuple, lanes: list[str]) -> str:
-    anchor = by.get((*cell, "openvino default"), {}).get("p50_ms")
     from deploykit.profile.choice import not_default_because
 
+    anchor = by.get((*cell, "openvino default"), {}).get("p50_ms")
     # lanes profile may choose by default: timed, and none it refuses (not_default_because)
     timed = [
         (by[(*cell, lane)]["p50_ms"], lane)
