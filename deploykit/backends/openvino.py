@@ -11,8 +11,9 @@ report records it (``details["precision_hint"]``):
   products run in bf16, but the nodes the project's own bf16 plan keeps in fp32 (positional
   tables and every node reading one, i.e. the rotations, LayerNorm, Softmax, custom-op bodies,
   the logits) are marked to stay in f32 (``with_typed_marks``: the attribute the CPU plugin
-  reads). OpenVINO drops a mark where one of its passes replaces the op, so the runner reads the
-  compiled graph back: ``lowered_despite_mark`` counts encoding ops (tables' readers, rotations,
+  reads; marked ``Add`` nodes are also exempted from the low-precision pass that would rebuild an
+  int8 plan's residual ``Add`` without the mark). OpenVINO drops a mark where one of its passes
+  replaces the op, so the runner reads the compiled graph back: ``lowered_despite_mark`` counts encoding ops (tables' readers, rotations,
   LayerNorm, Softmax, encoding bodies) that run below f32, and ``profile`` never chooses such a
   run by default; ``lowered_elsewhere`` reports the plan's other fp32 nodes (the logits).
   Judged by the bf16 plan's tolerance.
@@ -99,6 +100,7 @@ class OpenvinoRunner(Runner):
                 marked = {op.get_friendly_name() for op in kept}
                 encoding_ops = {op.get_friendly_name(): op.get_type_name() for op in ops_computing(model, source.encoding_fp32)}
                 model = with_typed_marks(core, model, marked)
+                exempt_adds_from_low_precision_passes(model, marked)
             self._compiled = core.compile_model(model, "CPU", self._config())
             if self.precision_hint == "bf16":
                 self.lowered_despite_mark, self.lowered_elsewhere = lowered_below_f32(marked, encoding_ops, self._compiled)
@@ -451,6 +453,26 @@ def with_typed_marks(core, model, marked: set[str]):
 
 
 PRECISE_IR = '<rt_info><attribute name="precise" version="0" /></rt_info>'
+# The runtime-info key of OpenVINO's low-precision ``BiasAttribute`` (``LowPrecision::Bias`` with an
+# empty version): the CPU plugin looks it up by key alone, so a string entry set from Python counts.
+LPT_BIAS = "LowPrecision::Bias_"
+
+
+def exempt_adds_from_low_precision_passes(model, marked: set[str]) -> int:
+    """Mark each ``Add`` named in ``marked`` so that OpenVINO's low-precision passes leave it in
+    place; returns how many.
+
+    After an int8 product, the low-precision ``AddTransformation`` moves the product's
+    dequantization scale through the residual ``Add`` and rebuilds it as new nodes, which do not
+    carry the keep-f32 mark (it is not copyable): an int8 plan's residual stream then ran in bf16
+    (24 compiled nodes on a seeded ViT-S/16). The CPU plugin skips that pass for an ``Add`` marked
+    as a bias; so marked, the ``Add`` stays the graph's own node, keeps its mark and runs in f32,
+    and the product's scale is applied before it (``test_bf16_hint_keeps_an_int8_plan_s_residual_stream_in_f32``).
+    """
+    adds = [op for op in model.get_ops() if op.get_type_name() == "Add" and op.get_friendly_name() in marked]
+    for op in adds:
+        op.get_rt_info()[LPT_BIAS] = ""
+    return len(adds)
 
 
 # Compiled layer types (the CPU plugin's ``layerType``) that move or copy values without computing:
