@@ -114,7 +114,7 @@ def export(encoding, model_name, checkpoint, resolutions, output, opset, precisi
     if any(p in CPU_SPEED_PLANS for p in precisions):
         with render.steps(console, "export") as step:
             step("timing the CPU plans against fp32 (ONNX Runtime, batch 1)")
-            slower = plans_slower_than_float(output)
+            slower = plans_slower_than_float(output, model=model)
         render.notes(console, slower, " (deploykit profile measures every batch)")
 
 

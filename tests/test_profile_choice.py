@@ -235,12 +235,14 @@ class _PlanTimer:
     (the graphs themselves run for real)."""
 
     def __init__(self, factor: float, fused: float = 1.0):
-        self.factor, self.fused, self.calls = factor, fused, []
+        self.factor, self.fused, self.calls, self.feeds = factor, fused, [], []
 
     def time_ns(self, fn) -> int:
         fn()
-        name = fn.__defaults__[0].model.name
+        runner, feed = fn.__defaults__
+        name = runner.model.name
         self.calls.append(name)
+        self.feeds.append(feed)
         return int(2_000_000 * (self.factor if "int8-dynamic" in name else self.fused if "fp32-mha" in name else 1.0))
 
 
@@ -282,6 +284,13 @@ def test_export_says_in_one_line_where_a_cpu_plan_is_slower_than_fp32(capsys, ck
     graphs = [f"model_{RES}.onnx", f"model_{RES}_int8-dynamic.onnx", f"model_{RES}_fp32-mha.onnx"]
     runs = [name for i, name in enumerate(slow.calls) if i == 0 or name != slow.calls[i - 1]]
     assert runs[0] == graphs[0] and set(runs) == set(graphs) and len(runs) == 3 * QUICK_BUDGET.rounds
+    # timed on the model's first real input, as profile times (zeros without a model)
+    from deploykit.profile.targets import real_rows
+    from deploykit.zoo.resolve import resolve_model
+
+    model, _ = resolve_model(checkpoint=ckpt_dir)
+    real = real_rows(model, (RES, RES))[:1]
+    assert real.any() and all(np.array_equal(feed["images"], real) for feed in slow.feeds), len(slow.feeds)
     short = Budget(iterations=4, warmup=0, rounds=2)
     assert plans_slower_than_float(out, short, timer=_PlanTimer(1.0)) == []
     assert plans_slower_than_float(out, short, timer=_PlanTimer(1.04)) == []  # within the margin of a short timing

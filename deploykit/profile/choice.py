@@ -267,10 +267,15 @@ def read_choice(export_dir: str | os.PathLike, resolution_tag: str, batch: int) 
     return Choice(**entry)
 
 
-def plans_slower_than_float(export_dir: str | os.PathLike, budget: Budget = QUICK_BUDGET, timer=None) -> list[str]:
+def plans_slower_than_float(export_dir: str | os.PathLike, budget: Budget = QUICK_BUDGET, timer=None, model=None) -> list[str]:
     """After an export: the fp32 graph and every CPU plan (``CPU_SPEED_PLANS``) of each resolution
     of ``export_dir``, batch 1 on ONNX Runtime's CPU provider, timed in interleaved rounds;
-    ``slower_lines`` (beyond ``QUICK_MARGIN``) for the plans slower than fp32 or than ``fp32-mha``."""
+    ``slower_lines`` (beyond ``QUICK_MARGIN``) for the plans slower than fp32 or than ``fp32-mha``.
+
+    Given the exported ``model``, the graphs are timed on one of the real inputs ``profile`` times
+    on (``targets.real_rows``), else on zeros: a kernel's speed can depend on its values (ONNX
+    Runtime ran the default model at 384 2.3x slower on noise than on images), and export and
+    profile should not disagree for that reason."""
     from deploykit.export.manifest import Manifest, checked_graph
     from deploykit.resolutions import resolution_tag
     from deploykit.runtime.onnxrt import CPU, OnnxrtRunner
@@ -286,9 +291,14 @@ def plans_slower_than_float(export_dir: str | os.PathLike, budget: Budget = QUIC
         graphs.sort(key=lambda g: g.precision != FP32)  # fp32 first: the reference
         if len(graphs) < 2 or graphs[0].precision != FP32:
             continue
+        real = None
+        if model is not None:
+            from deploykit.profile.targets import real_rows
+
+            real = real_rows(model, graphs[0].resolution)
         with contextlib.ExitStack() as stack:
             runners = [stack.enter_context(OnnxrtRunner(checked_graph(directory, g, manifest.encoding), providers=[CPU])) for g in graphs]
-            runs = [(runner, runner.zero_feed(), []) for runner in runners]
+            runs = [(runner, _timing_feed(runner, real), []) for runner in runners]
             for _ in range(budget.rounds):  # interleaved: a load change hits every graph alike
                 for runner, feed, samples in runs:
                     samples += measure(lambda r=runner, f=feed: r.infer(f), budget.per_round(), timer)
@@ -306,3 +316,13 @@ def plans_slower_than_float(export_dir: str | os.PathLike, budget: Budget = QUIC
                 }
             )
     return slower_lines(records, QUICK_MARGIN)
+
+
+def _timing_feed(runner, real: np.ndarray | None) -> dict[str, np.ndarray]:
+    """Batch 1 for a graph of one input: the first of ``real`` where it fits the input, else zeros."""
+    feed = runner.zero_feed()
+    if real is not None and len(feed) == 1:
+        (name, zeros), row = next(iter(feed.items())), real[:1]
+        if row.shape == zeros.shape:
+            feed = {name: row.astype(zeros.dtype)}
+    return feed
