@@ -88,6 +88,8 @@ def measure_model(name: str, limit: int | None, scales=SCALES, calibration: Cali
             try:
                 predicted = run_batched(runner, x, BATCH)["logits"].argmax(-1)
                 provider = runner.provider  # what ran it: known while active only
+                # OpenVINO under bf16: the encoding ops it ran below f32 anyway (profile refuses such a run)
+                lowered = {k: runner.details[k] for k in ("lowered_despite_mark", "lowered_elsewhere") if k in runner.details}
             finally:
                 runner.deactivate()
             agreement = float(np.mean(predicted == reference))
@@ -99,6 +101,7 @@ def measure_model(name: str, limit: int | None, scales=SCALES, calibration: Cali
                     accuracy=float(np.mean(predicted == labels)),
                     fp32_accuracy=float(np.mean(reference == labels)),
                     provider=provider,
+                    **lowered,
                 )
             )
             print(f"{name} @ {resolution} {lane}: agreement {agreement:.4f} ± {records[-1]['standard_error']:.4f}", flush=True)
