@@ -298,3 +298,46 @@ def test_export_says_in_one_line_where_a_cpu_plan_is_slower_than_fp32(capsys, ck
     assert plans_slower_than_float(out, short, timer=_PlanTimer(0.9, fused=0.6)) == [
         f"int8-dynamic on ort is 1.50x fp32-mha for ape @ {RES} batch 1: fp32-mha is faster there, use it"
     ]
+
+
+def test_the_int8_plan_s_own_target_is_checked_again_on_the_user_s_held_out_data(capsys, ckpt_dir, tmp_path):
+    """Across the seam export -> profile: a plan calibrated on the user's arrays, with their own
+    target, is checked again on the same split of those arrays and against that target (not on
+    the bundled images at the default target); once the arrays changed, the check is refused and
+    the run is not a default choice, saying why."""
+    from deploykit.errors import InputError
+    from deploykit.inputs import UserCalibration, read_inputs
+    from deploykit.profile.choice import References, check_target, not_default_because
+    from deploykit.profile.targets import RunnerTarget
+    from deploykit.runtime.onnxrt import OnnxrtRunner
+    from deploykit.zoo.resolve import resolve_model
+    from tests.test_cli import run_cli
+
+    data = tmp_path / "mine.npy"
+    np.save(data, np.random.default_rng(0).standard_normal((24, 3, RES, RES)).astype(np.float32))
+    out = tmp_path / "out"
+    args = ["--calibration-data", data, "--calibration-samples", 8, "--held-out", 12, "--min-agreement", 0.5]
+    code, _, err = run_cli(capsys, "export", "-c", ckpt_dir, "-r", RES, "--precision", "int8", *args, "-o", out)
+    assert code == 0, err
+    model, _ = resolve_model(checkpoint=ckpt_dir)
+    graph = out / f"model_{RES}_int8.onnx"
+    target = References().quality_target(model, (RES, RES), graph)
+    _, held_out, _ = UserCalibration(read_inputs(data)).inputs(model, (RES, RES), 8, 12)
+    assert np.array_equal(target.inputs, held_out) and target.min_agreement == 0.5 and len(target.inputs) == 12
+
+    class _LowersItsRemainder(OnnxrtRunner):  # a real runner, reported as OpenVINO's bf16 hint reports itself
+        computes_in = "bf16"
+
+    runner = RunnerTarget(_LowersItsRemainder(graph))
+    try:
+        verdict = check_target(runner, model, (RES, RES), "int8", References(), graph=graph)
+        assert verdict["quality_check"]["held_out"] == 12 and verdict["quality_check"]["min_agreement"] == 0.5, verdict
+        np.save(data, np.zeros((24, 3, RES, RES), np.float32))  # the user's data changed since the export
+        with pytest.raises(InputError, match="not the ones its export checked it on"):
+            References().quality_target(model, (RES, RES), graph)
+        verdict = check_target(runner, model, (RES, RES), "int8", References(), graph=graph)
+    finally:
+        runner.runner.deactivate()
+    assert "quality_check" not in verdict
+    record = dict(verdict, precision="int8", computes_in="bf16", lowered_despite_mark={})
+    assert "its own target could not be checked again: the plan's held-out inputs (12 of the 24 arrays in" in not_default_because(record)

@@ -1,17 +1,19 @@
 """Judging an INT8 plan before it is written: the planned graph against its fp32 graph on
 held-out inputs (``check_plan``, naming the first divergent block by the same search as
-``deploykit.validate``), and the plan's record as terminal lines (``describe_plan``).
+``deploykit.validate``), and the plan's record as terminal lines (``describe_plan``); after it
+is written, the target it was held to, with its held-out inputs drawn again (``recorded_target``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import onnx
 
 from deploykit.comparison import Tolerance, compare_logits, first_divergent
-from deploykit.errors import ExportError, listed
+from deploykit.errors import ExportError, InputError, listed
 from deploykit.export import names, sensitivity
 from deploykit.export.int8_selection import QUANTIZED_OP_TYPES
 from deploykit.export.metadata import GraphMetadata
@@ -113,3 +115,40 @@ def _first_divergent_block(fp32: onnx.ModelProto, planned: onnx.ModelProto, inpu
     reference, actual = (run_graph(g, inputs, outputs=block_outputs) for g in (fp32, planned))
     block = first_divergent(reference, actual, tolerance)
     return "" if block is None else f"blocks.{block}"
+
+
+def recorded_target(model, shape: tuple[int, ...], details: dict | None):
+    """The quality target an int8 plan's export held it to, and the held-out inputs it was checked
+    on, drawn again as the export drew them: ``(CalibrationOptions, inputs)``, or None when the
+    export set no target (or the graph carries no record).
+
+    ``details`` is the plan graph's ``deploykit.quantization``: its ``agreement.target`` (held-out
+    count and thresholds, ``--min-agreement`` and the others as given) and the fingerprint of its
+    held-out inputs. Those were a zoo model's val split or crops of the bundled images or text
+    (``DefaultCalibration``), or the user's ``--calibration-data``, whose path the record keeps
+    (``UserCalibration``: the same split of it). Drawn again, they must match the fingerprint.
+
+    Raises:
+        InputError: the held-out inputs drawn again differ from the export's (the user's data
+            moved or changed since).
+    """
+    from deploykit.data import DefaultCalibration
+    from deploykit.export.int8_static import CalibrationOptions
+    from deploykit.inputs import UserCalibration, read_inputs
+
+    goal = ((details or {}).get("agreement") or {}).get("target")
+    recorded = (details or {}).get("inputs", {}).get("held_out")
+    if not goal or not recorded:
+        return None
+    # A user's data is recorded by its path; the default inputs by a description, no path.
+    data = UserCalibration(read_inputs(recorded["source"])) if Path(recorded["source"]).exists() else DefaultCalibration()
+    _, held_out, record = data.inputs(model, tuple(shape), details["samples"], recorded["count"])
+    if record["held_out"]["sha256"] != recorded["sha256"]:
+        raise InputError(
+            f"the plan's held-out inputs ({recorded['description']}) are not the ones its export checked it on: "
+            "they moved or changed since (sha256 differs); export the plan again"
+        )
+    options = CalibrationOptions(
+        held_out=recorded["count"], **{key: goal[key] for key in ("min_agreement", "min_cosine", "max_relative_error")}
+    )
+    return options, held_out

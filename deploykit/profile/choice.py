@@ -63,33 +63,46 @@ class References:
                 self._cache[key] = inputs, run_batched(runner, inputs, 4)["logits"]
         return self._cache[key]
 
-    def quality_target(self, model, resolution):
-        """The int8 plan's own quality target as ``export`` sets it (``CalibrationOptions``'
-        defaults: 99.5% top-1 agreement for a classifier on 1000 held-out inputs, a zoo model's val
-        split, else crops of the bundled images or text windows), with PyTorch fp32 as the
-        reference rows; None when no target applies. Computed once per (model, resolution)."""
+    def quality_target(self, model, resolution, graph: str | os.PathLike):
+        """The calibrated plan ``graph``'s own quality target as its export set it
+        (``int8_check.recorded_target``: its thresholds, on its held-out inputs drawn again: a zoo
+        model's val split, crops of the bundled images or text, or the user's calibration data),
+        with PyTorch fp32 as the reference rows; None when the export set no target. Computed
+        once per (model, resolution, graph).
+
+        Raises:
+            InputError: the held-out inputs are not the export's any more.
+        """
+        import onnx
+
         from deploykit.backends import TorchRunner
-        from deploykit.data import calibration_inputs
-        from deploykit.export.int8_static import CalibrationOptions
+        from deploykit.export.int8_check import recorded_target
+        from deploykit.export.metadata import GraphMetadata
         from deploykit.runtime import run_rows
 
-        key = ("quality", id(model), tuple(resolution))
+        key = ("quality", id(model), tuple(resolution), str(graph))
         if key not in self._cache:
-            options = CalibrationOptions()
-            inputs, _ = calibration_inputs(model, tuple(resolution), options.held_out, held_out=True)
-            with TorchRunner(model) as runner:
-                reference = run_rows(runner, inputs, 32)
-            self._cache[key] = options.target(inputs, reference, logits=model.output_kind == "logits")
+            details = GraphMetadata.of(onnx.load(str(graph), load_external_data=False)).quantization
+            found = recorded_target(model, tuple(resolution), details)
+            if found is None:
+                self._cache[key] = None
+            else:
+                options, inputs = found
+                with TorchRunner(model) as runner:
+                    reference = run_rows(runner, inputs, 32)
+                self._cache[key] = options.target(inputs, reference, logits=model.output_kind == "logits")
         return self._cache[key]
 
 
-def check_target(target, model, resolution, precision: str, references: References, progress=None) -> dict:
+def check_target(target, model, resolution, precision: str, references: References, progress=None, graph=None) -> dict:
     """``validated`` (bool) and ``validation_failures`` of one opened runner target.
 
     The runner is judged as ``validate`` judges it: its plan's tolerance, loosened to the plan it
     computes in when it lowers the graph itself. A calibrated plan on such a runner is also held to
-    its own export target again (``quality_check``, which ``not_default_because`` reads), unless
-    the runner lowered an encoding op, which rules it out as a default anyway.
+    its own export target again (``quality_check``, which ``not_default_because`` reads; the plan's
+    ``graph`` says what the target and its held-out inputs were), unless the runner lowered an
+    encoding op, which rules it out as a default anyway. Where its held-out inputs cannot be drawn
+    again, ``quality_unchecked`` says why.
     """
     from deploykit.runtime import run_batched
 
@@ -111,7 +124,12 @@ def check_target(target, model, resolution, precision: str, references: Referenc
 
         if progress:
             progress(f"checking the {precision} plan's own target on its held-out inputs, float remainder in {runner.computes_in}")
-        quality = references.quality_target(model, resolution)
+        from deploykit.errors import DeployKitError
+
+        try:
+            quality = references.quality_target(model, resolution, graph)
+        except DeployKitError as err:
+            quality, verdict["quality_unchecked"] = None, str(err)
         if quality is not None:
             measured, met = quality.measure(lambda x: run_rows(runner, x, 32))
             verdict["quality_check"] = dict(measured, met=met, **quality.to_dict())
@@ -141,7 +159,12 @@ def not_default_because(record: dict) -> str | None:
     if record.get("computes_in") and plan is not None and plan.calibrated:
         check = record.get("quality_check")
         if check is None:
-            return f"its calibration was checked with a float32 remainder, which this runner computes in {record['computes_in']}"
+            why = f"its calibration was checked with a float32 remainder, which this runner computes in {record['computes_in']}"
+            return (
+                f"{why}, and its own target could not be checked again: {record['quality_unchecked']}"
+                if record.get("quality_unchecked")
+                else why
+            )
         if not check["met"]:
             from deploykit.export import sensitivity
 

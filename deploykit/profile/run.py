@@ -253,7 +253,9 @@ def _profile_resolution(
             for (subject, precision), target in targets if checks is not None and backend != TORCH_BACKEND else []:
                 if progress:
                     progress(f"{backend} {subject.encoding} {precision} @ {tag}: validating")
-                verdicts[subject.encoding, precision] = check_target(target, subject.model, resolution, precision, checks, progress)
+                verdicts[subject.encoding, precision] = check_target(
+                    target, subject.model, resolution, precision, checks, progress, graph=subject.onnx(resolution, precision)
+                )
             for batch in batches:
                 images, frames = inputs(subjects[0].model, resolution, batch, rng, real)
                 samples = {}
