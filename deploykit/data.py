@@ -198,9 +198,12 @@ class DefaultCalibration:
 
     def inputs(self, model, shape: tuple[int, ...], samples: int, held_out: int) -> tuple[np.ndarray, np.ndarray, dict]:
         calibration, source = calibration_inputs(model, shape, samples)
-        check, check_source = calibration_inputs(model, shape, held_out, held_out=True)
-        record = {"calibration": _record(calibration, source), "held_out": _record(check, check_source)}
-        return calibration, check, record
+        check, check_record = self.held_out(model, shape, samples, held_out)
+        return calibration, check, {"calibration": _record(calibration, source), "held_out": check_record}
+
+    def held_out(self, model, shape: tuple[int, ...], samples: int, held_out: int) -> tuple[np.ndarray, dict]:
+        check, source = calibration_inputs(model, shape, held_out, held_out=True)
+        return check, _record(check, source)
 
 
 def _record(inputs: np.ndarray, source: str) -> dict:

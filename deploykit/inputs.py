@@ -287,6 +287,10 @@ class UserCalibration:
         self.data.check(model, shapes)
 
     def inputs(self, model, shape: tuple[int, ...], samples: int, held_out: int) -> tuple[np.ndarray, np.ndarray, dict]:
-        calibrate, check = split(len(self.data), samples, held_out)
-        record = {"calibration": self.data.record(calibrate), "held_out": self.data.record(check)}
-        return self.data.inputs(model, shape, calibrate), self.data.inputs(model, shape, check), record
+        calibrate, _ = split(len(self.data), samples, held_out)
+        check, check_record = self.held_out(model, shape, samples, held_out)
+        return self.data.inputs(model, shape, calibrate), check, {"calibration": self.data.record(calibrate), "held_out": check_record}
+
+    def held_out(self, model, shape: tuple[int, ...], samples: int, held_out: int) -> tuple[np.ndarray, dict]:
+        _, check = split(len(self.data), samples, held_out)
+        return self.data.inputs(model, shape, check), self.data.record(check)

@@ -142,8 +142,8 @@ def recorded_target(model, shape: tuple[int, ...], details: dict | None):
         return None
     # A user's data is recorded by its path; the default inputs by a description, no path.
     data = UserCalibration(read_inputs(recorded["source"])) if Path(recorded["source"]).exists() else DefaultCalibration()
-    _, held_out, record = data.inputs(model, tuple(shape), details["samples"], recorded["count"])
-    if record["held_out"]["sha256"] != recorded["sha256"]:
+    held_out, record = data.held_out(model, tuple(shape), details["samples"], recorded["count"])
+    if record["sha256"] != recorded["sha256"]:
         raise InputError(
             f"the plan's held-out inputs ({recorded['description']}) are not the ones its export checked it on: "
             "they moved or changed since (sha256 differs); export the plan again"

@@ -62,6 +62,11 @@ class CalibrationSource(Protocol):
         record ``{"calibration": {...}, "held_out": {...}}`` with each one's source, count and sha256."""
         ...
 
+    def held_out(self, model, shape: tuple[int, ...], samples: int, held_out: int) -> tuple[np.ndarray, dict]:
+        """The held-out inputs ``inputs`` gives for the same arguments, and their record, without
+        drawing the calibration inputs (``int8_check.recorded_target`` draws them again)."""
+        ...
+
 
 @dataclass(frozen=True)
 class CalibrationOptions:

@@ -120,12 +120,11 @@ def check_target(target, model, resolution, precision: str, references: Referenc
     if runner.computes_in and PLANS[precision].calibrated and verdict["validated"] and not lowered:
         # The plan's calibration was checked at export with its float remainder in f32; this runner
         # lowers that remainder itself, so the plan is held to its own target again, as it runs here.
+        from deploykit.errors import DeployKitError
         from deploykit.runtime import run_rows
 
         if progress:
             progress(f"checking the {precision} plan's own target on its held-out inputs, float remainder in {runner.computes_in}")
-        from deploykit.errors import DeployKitError
-
         try:
             quality = references.quality_target(model, resolution, graph)
         except DeployKitError as err:
