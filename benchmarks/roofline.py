@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from deploykit.profile import Budget, LatencyStats, flush_denormal, gemm_shapes, measure
+from deploykit.profile import Budget, LatencyStats, denormals_flushed, gemm_shapes, measure
 
 LIBRARIES = ("torch", "numpy", "onnxruntime")
 
@@ -85,7 +85,7 @@ def gemm_roofline(
     total_flops = sum(2 * c * m * k * n * times for (c, m, k, n), times in occurrences.items())
     seconds = dict.fromkeys(("best", *LIBRARIES), 0.0)
     shapes = []
-    with flush_denormal():
+    with denormals_flushed():
         for (c, m, k, n), times in occurrences.items():
             per_lib = _gemm_seconds(c, m, k, n, budget)
             best = min(per_lib.values())

@@ -24,7 +24,7 @@ import torch
 from deploykit._io import write_json_atomic
 from deploykit.export import BakedModel, onnx_from_model
 from deploykit.nn import create_model
-from deploykit.profile import Budget, LatencyStats, flush_denormal, measure
+from deploykit.profile import Budget, LatencyStats, denormals_flushed, measure
 from deploykit.profile.environment import capture_environment, environment_line
 from deploykit.runtime.onnxrt import session_options
 
@@ -79,7 +79,7 @@ def main(argv=None) -> None:
     baked = BakedModel(model, res).eval()
     budget = Budget(duration_s=args.duration, warmup=2, min_iterations=3)
     results = {}
-    with flush_denormal():
+    with denormals_flushed():
         env = capture_environment(torch.device("cpu"))
         for batch in args.batches:
             x = np.random.default_rng(0).standard_normal((batch, 3, *res), dtype=np.float32)

@@ -28,7 +28,7 @@ from deploykit.profile import (
     Budget,
     LatencyStats,
     ape_twin,
-    flush_denormal,
+    denormals_flushed,
     measure,
     model_flops,
     profile,
@@ -121,7 +121,7 @@ def test_bad_budget_is_rejected(kwargs):
 
 def test_flush_denormal_is_scoped():
     tiny_value = torch.tensor([1e-39], dtype=torch.float32)  # a float32 denormal
-    with flush_denormal() as supported:
+    with denormals_flushed() as supported:
         inside = float((tiny_value * 1.0).item())
     after = float((tiny_value * 1.0).item())
     assert after != 0.0

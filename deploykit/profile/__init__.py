@@ -38,6 +38,6 @@ __getattr__, __dir__, __all__ = lazy_exports(
         ".report": ["BASELINE_ENCODING", "FP32", "RECORD_FIELDS", "TORCH_BACKEND", "ProfileReport"],
         ".run": ["profile"],
         ".targets": ["Subject", "ape_twin", "backend_names"],
-        ".timing": ["Budget", "CpuTimer", "CudaEventTimer", "LatencyStats", "flush_denormal", "measure"],
+        ".timing": ["Budget", "CpuTimer", "CudaEventTimer", "LatencyStats", "denormals_flushed", "measure"],
     },
 )

@@ -34,7 +34,7 @@ from deploykit.profile.targets import (
     pe_step,
     real_rows,
 )
-from deploykit.profile.timing import Budget, LatencyStats, device_timer, flush_denormal, measure
+from deploykit.profile.timing import Budget, LatencyStats, denormals_flushed, device_timer, measure
 from deploykit.resolutions import resolution_tag
 
 
@@ -185,7 +185,7 @@ def _profile(
     records: list[dict] = []
     notes: list[str] = []
     checks = References() if validate_plans else None
-    with flush_denormal():
+    with denormals_flushed():
         environment = capture_environment(torch_device)
         for resolution in resolutions:
             records += _profile_resolution(

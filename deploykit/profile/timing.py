@@ -8,16 +8,16 @@ have nothing to do with the encoding).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from deploykit._cpu import denormals_flushed  # noqa: F401  (profile's timing mode; exported here)
 from deploykit.errors import ConfigError
 from deploykit.profile import defaults
 
@@ -158,14 +158,3 @@ def measure(fn: Callable[[], object], budget: Budget, timer=None) -> list[int]:
                 return samples
         elif len(samples) >= budget.min_iterations and time.perf_counter_ns() >= deadline:
             return samples
-
-
-@contextlib.contextmanager
-def flush_denormal() -> Iterator[bool]:
-    """Flush denormals to zero for the block (PyTorch has no getter; the default is off, so
-    that is restored). Yields whether the CPU supports it."""
-    supported = torch.set_flush_denormal(True)
-    try:
-        yield supported
-    finally:
-        torch.set_flush_denormal(False)
