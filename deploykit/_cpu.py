@@ -4,9 +4,9 @@ And ``denormals_flushed``: the calling thread's floating-point mode for CPU infe
 
 Why denormals matter here: a trained ViT's attention can be so peaked that softmax writes
 probabilities below float32's normal range (1.2e-38). On x86 every product with such a value
-takes a microcode assist, 60x the normal cost: on 8 held-out images of the default zoo model at
-384 px, ONNX Runtime's fp32 graph took 50-560 ms per image, each ``attn @ v`` up to 226 ms
-instead of 3.6, and 46-62 ms with denormals flushed, with bit-identical outputs
+takes a microcode assist, 60x the normal cost: on 16 held-out images of the default zoo model at
+384 px, ONNX Runtime's fp32 graph took 49-543 ms per image (an ``attn @ v`` up to 226 ms instead
+of 3.6), and 48-51 ms with denormals flushed, with bit-identical outputs
 (``benchmarks/denormals.py``).
 """
 
