@@ -67,7 +67,15 @@ from deploykit.export.manifest import (
     range_tag,
     sha256_file,
 )
-from deploykit.export.onnx_export import DEFAULT_OPSET, check_export_shape, check_opset, check_resolution_range, onnx_from_model, save_onnx
+from deploykit.export.onnx_export import (
+    DEFAULT_OPSET,
+    check_export_shape,
+    check_opset,
+    check_resolution_range,
+    onnx_from_model,
+    rows_per_call,
+    save_onnx,
+)
 from deploykit.export.precision import PLANS, apply_precision, apply_precision_to_base, check_precision
 from deploykit.nn.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_model, save_model
 from deploykit.nn.factory import Model
@@ -330,6 +338,7 @@ class _QuantizedPlans:
     def __init__(self, proto: onnx.ModelProto, model: Model, resolution, options: CalibrationOptions, progress):
         self.proto, self.model, self.resolution, self.options, self.progress = proto, model, resolution, options, progress
         self.logits = model.output_kind == "logits"  # a headless backbone's features: judged by cosine, not answers
+        self.batch = rows_per_call(model, resolution)
         self._data: tuple | None = None
 
     def _say(self, precision: str):
@@ -347,7 +356,7 @@ class _QuantizedPlans:
             data = options.data or DefaultCalibration()
             inputs, held_out, record = data.inputs(self.model, self.resolution, options.samples, options.held_out)
             tick = counter(say, f"fp32 reference on {len(held_out)} held-out inputs", len(held_out), "inputs")
-            self._data = inputs, held_out, record, run_graph(self.proto, held_out, done=tick)
+            self._data = inputs, held_out, record, run_graph(self.proto, held_out, self.batch, done=tick)
         return self._data
 
     def planned(self, precision: str) -> onnx.ModelProto:
@@ -361,7 +370,7 @@ class _QuantizedPlans:
         calibration = target = None
         if check_precision(precision).calibrated:
             calibration = int8_static.Calibration(inputs, record["calibration"]["description"], options.method, record)
-            target = options.target(held_out, reference, self.logits)
+            target = options.target(held_out, reference, self.logits, self.batch)
         planned = apply_precision(
             self.proto, precision, calibration, target, self._say(precision), attention=options.attention, keep_float=options.keep_float
         )
@@ -379,7 +388,16 @@ class _QuantizedPlans:
         tick = counter(say, f"checking the plan on the {len(held_out)} held-out inputs", len(held_out), "inputs")
         tolerance = check_precision(precision).tolerance
         int8_check.check_plan(
-            self.proto, planned, held_out, tolerance, label, top_k=self.logits, reference=reference, done=tick, actual=actual
+            self.proto,
+            planned,
+            held_out,
+            tolerance,
+            label,
+            top_k=self.logits,
+            reference=reference,
+            done=tick,
+            actual=actual,
+            batch=self.batch,
         )
         return planned
 

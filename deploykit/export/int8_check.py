@@ -67,11 +67,13 @@ def check_plan(
     reference: np.ndarray | None = None,
     done: Callable[[int], None] | None = None,
     actual: np.ndarray | None = None,
+    batch: int = 32,
 ) -> dict:
     """Judge a quantized graph against its fp32 graph on held-out real inputs (``top_k``: the
     outputs are logits; a headless backbone's features are judged by cosine only; ``reference``
     and ``actual``: the fp32 and the planned graph's outputs on them, when already computed;
-    ``done``: called with the number of inputs the planned graph has run on so far).
+    ``done``: called with the number of inputs the planned graph has run on so far; ``batch``:
+    inputs per call).
 
     Returns:
         ``compare_logits``' metrics.
@@ -80,9 +82,9 @@ def check_plan(
         ExportError: the plan fails ``tolerance``; the message names the first block whose
             output leaves it and the quantized nodes in that block, by module path.
     """
-    reference = run_graph(fp32, inputs) if reference is None else reference
+    reference = run_graph(fp32, inputs, batch) if reference is None else reference
     if actual is None:
-        actual = run_graph(planned, inputs, done=done)
+        actual = run_graph(planned, inputs, batch, done=done)
     elif done:
         done(len(inputs))
     metrics = compare_logits(reference, actual, len(reference), tolerance, top_k=top_k)

@@ -113,16 +113,17 @@ class CalibrationOptions:
         if self.max_relative_error is not None and not self.max_relative_error > 0:
             raise ConfigError(f"the relative error target must be > 0, got {self.max_relative_error}")
 
-    def target(self, held_out: np.ndarray, reference: np.ndarray, logits: bool) -> sensitivity.QualityTarget | None:
-        """The fallback's target on ``held_out`` (fp32 rows ``reference``): top-1 agreement for
-        logits, cosine / relative error for features; None when no target is set."""
+    def target(self, held_out: np.ndarray, reference: np.ndarray, logits: bool, batch: int = 32) -> sensitivity.QualityTarget | None:
+        """The fallback's target on ``held_out`` (fp32 rows ``reference``, run ``batch`` inputs per
+        call): top-1 agreement for logits, cosine / relative error for features; None when no
+        target is set."""
         if logits:
             goal = dict(min_agreement=self.min_agreement)
         else:
             goal = dict(min_cosine=self.min_cosine, max_relative_error=self.max_relative_error)
         if all(v is None for v in goal.values()):
             return None
-        return sensitivity.QualityTarget(held_out, reference, **goal)
+        return sensitivity.QualityTarget(held_out, reference, **goal, batch=batch)
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,7 @@ class QualityTarget:
         measured: the output rows of the plan the fallback chose, by ``graph_digest``, when a
             trial ran it on every input: the export's final check of that plan reuses them
             rather than running the same graph on the same inputs again.
+        batch: inputs per call of ``measure``'s runs (``onnx_export.rows_per_call``).
     """
 
     inputs: np.ndarray
@@ -73,8 +74,9 @@ class QualityTarget:
     max_relative_error: float | None = None
     max_float_share: float = 1 / 3
     measured: dict[str, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
+    batch: int = 32
 
-    def measure(self, run: Callable[[np.ndarray], np.ndarray], batch: int = 32, stop_early: bool = True) -> tuple[dict, bool]:
+    def measure(self, run: Callable[[np.ndarray], np.ndarray], stop_early: bool = True) -> tuple[dict, bool]:
         """Run ``run`` (inputs → output rows) over the inputs batch by batch and return the
         metrics and whether the target is met. With ``stop_early``, stops as soon as the target
         can no longer be met (every metric is a mean of non-negative per-row shortfalls), so a
@@ -84,8 +86,8 @@ class QualityTarget:
         sums = {"disagree": 0.0, "estimated_disagree": 0.0, "cosine_gap": 0.0, "relative_error": 0.0}
         margins = np.sort(_margins(self.reference)[0])
         seen = 0
-        for start in range(0, len(self.inputs), batch):
-            actual = run(self.inputs[start : start + batch])
+        for start in range(0, len(self.inputs), self.batch):
+            actual = run(self.inputs[start : start + self.batch])
             reference = self.reference[seen : seen + len(actual)]
             seen += len(actual)
             sums["disagree"] += float(np.sum(reference.argmax(-1) != actual.argmax(-1)))

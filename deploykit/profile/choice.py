@@ -79,6 +79,7 @@ class References:
         from deploykit.backends import TorchRunner
         from deploykit.export.int8_check import recorded_target
         from deploykit.export.metadata import GraphMetadata
+        from deploykit.export.onnx_export import rows_per_call
         from deploykit.runtime import run_rows
 
         key = ("quality", id(model), tuple(resolution), str(graph))
@@ -90,9 +91,10 @@ class References:
             else:
                 options, inputs = found
                 # fp32, as the target is agreement with fp32 (float64 took 2.5x as long here)
+                batch = rows_per_call(model, tuple(resolution))
                 with TorchRunner(model, dtype=torch.float32) as runner:
-                    reference = run_rows(runner, inputs, 32)
-                self._cache[key] = options.target(inputs, reference, logits=model.output_kind == "logits")
+                    reference = run_rows(runner, inputs, batch)
+                self._cache[key] = options.target(inputs, reference, logits=model.output_kind == "logits", batch=batch)
         return self._cache[key]
 
 
@@ -132,7 +134,7 @@ def check_target(target, model, resolution, precision: str, references: Referenc
         except DeployKitError as err:
             quality, verdict["quality_unchecked"] = None, str(err)
         if quality is not None:
-            measured, met = quality.measure(lambda x: run_rows(runner, x, 32))
+            measured, met = quality.measure(lambda x: run_rows(runner, x, len(x)))
             verdict["quality_check"] = dict(measured, met=met, **quality.to_dict())
     return verdict
 

@@ -343,13 +343,25 @@ def test_the_fallback_finds_the_planted_matmul_names_it_and_meets_the_target(tmp
     from deploykit.inputs import InputData, UserCalibration
     from deploykit.runtime import run_graph
 
+    from deploykit.export import onnx_export
+    from deploykit.runtime import base
+
     checked = []
     check_plan = int8_check.check_plan
     monkeypatch.setattr(int8_check, "check_plan", lambda *a, **kw: checked.append((a[2], kw["actual"])) or check_plan(*a, **kw))
+    # The held-out checks run as many inputs per call as keep one input's attention scores within a
+    # budget, made here to fit 7 of this model's inputs.
+    model = _planted_model()
+    scores = 4 * model.cfg.num_heads * model.num_tokens((32, 32)) ** 2
+    monkeypatch.setattr(onnx_export, "_SCORES_PER_CALL_BYTES", 7 * scores + scores // 2)
+    calls, run_batched = [], base.run_batched
+    monkeypatch.setattr(base, "run_batched", lambda runner, x, batch, *a: calls.append((len(x), batch)) or run_batched(runner, x, batch, *a))
     inputs = np.random.default_rng(0).standard_normal((300, 3, 32, 32)).astype(np.float32)
     data = UserCalibration(InputData(Path("noise.npy"), arrays={"": inputs}))
     options = CalibrationOptions(samples=64, held_out=236, min_agreement=0.9, data=data)
-    manifest = export(_planted_model(), [(32, 32)], tmp_path, precisions=["int8"], calibration=options)
+    manifest = export(model, [(32, 32)], tmp_path, precisions=["int8"], calibration=options)
+    assert (236, 7) in calls and not any(rows == 236 and batch != 7 for rows, batch in calls)  # the fp32 reference
+    assert sum(rows for rows, batch in calls if batch == rows <= 7) >= 2 * 236  # the fallback's trials
     details = manifest.graph((32, 32), "int8").quantization
     record = details["agreement"]
     assert record["quantized_all"]["top1_agreement"] < 0.9  # control: the outlier breaks the all-int8 plan
