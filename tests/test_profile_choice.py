@@ -43,6 +43,9 @@ def test_fastest_is_the_quickest_validated_plan_of_each_cell_and_slower_plans_ar
     assert sum(r["fastest_validated"] for r in records) == 2
     (line,) = slower_lines(records)
     assert line.startswith("int8 on ort is 1.20x its fp32 graph for ape @ 224 batch 1: slower than fp32")
+    # A tie as printed is no reason to take the plan either, but it is not "slower".
+    records[2]["ratio_vs_fp32"] = 1.003
+    assert slower_lines(records) == ["int8 on ort is 1.00x its fp32 graph for ape @ 224 batch 1: no faster than fp32 there, do not use it"]
 
 
 def test_a_runner_that_lowered_an_encoding_op_is_never_the_default_choice():

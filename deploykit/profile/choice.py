@@ -237,8 +237,10 @@ def slower_lines(records: list[dict], margin: float = 1.0) -> list[str]:
             continue
         where = f"for {r['encoding']} @ {r['resolution']} batch {r['batch']}"
         if r.get("ratio_vs_fp32") is not None and r["ratio_vs_fp32"] > margin:
+            # a tie (1.00x as printed) costs accuracy for no speed: no faster, rather than slower
+            verdict = "slower than" if f"{r['ratio_vs_fp32']:.2f}" != "1.00" else "no faster than"
             lines.append(
-                f"{r['precision']} on {r['backend']} is {r['ratio_vs_fp32']:.2f}x its fp32 graph {where}: slower than fp32 there, do not use it"
+                f"{r['precision']} on {r['backend']} is {r['ratio_vs_fp32']:.2f}x its fp32 graph {where}: {verdict} fp32 there, do not use it"
             )
         elif r["precision"] != FUSED_FLOAT and cell(r) in fused and r["p50_ms"] > margin * fused[cell(r)]:
             ratio = r["p50_ms"] / fused[cell(r)]
