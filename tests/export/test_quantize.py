@@ -338,13 +338,10 @@ def _planted_model():
 
 
 def test_the_fallback_finds_the_planted_matmul_names_it_and_meets_the_target(tmp_path, caplog, monkeypatch):
-    from deploykit.export import int8_check
+    from deploykit.export import int8_check, onnx_export
     from deploykit.export.int8_check import describe_plan
     from deploykit.inputs import InputData, UserCalibration
-    from deploykit.runtime import run_graph
-
-    from deploykit.export import onnx_export
-    from deploykit.runtime import base
+    from deploykit.runtime import base, run_graph
 
     checked = []
     check_plan = int8_check.check_plan
@@ -355,7 +352,9 @@ def test_the_fallback_finds_the_planted_matmul_names_it_and_meets_the_target(tmp
     scores = 4 * model.cfg.num_heads * model.num_tokens((32, 32)) ** 2
     monkeypatch.setattr(onnx_export, "_SCORES_PER_CALL_BYTES", 7 * scores + scores // 2)
     calls, run_batched = [], base.run_batched
-    monkeypatch.setattr(base, "run_batched", lambda runner, x, batch, *a: calls.append((len(x), batch)) or run_batched(runner, x, batch, *a))
+    monkeypatch.setattr(
+        base, "run_batched", lambda runner, x, batch, *a: calls.append((len(x), batch)) or run_batched(runner, x, batch, *a)
+    )
     inputs = np.random.default_rng(0).standard_normal((300, 3, 32, 32)).astype(np.float32)
     data = UserCalibration(InputData(Path("noise.npy"), arrays={"": inputs}))
     options = CalibrationOptions(samples=64, held_out=236, min_agreement=0.9, data=data)
