@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from deploykit._cpu import flushing_denormals
+from deploykit._cpu import denormal_mode_kept, flushing_denormals
 from deploykit._io import write_json_atomic
 from deploykit.data import calibration_inputs
 from deploykit.export import onnx_from_model
@@ -38,7 +38,7 @@ from deploykit.export.bundle import planned_graphs
 from deploykit.export.int8_static import CalibrationOptions
 from deploykit.nn import create_model
 from deploykit.profile.environment import capture_environment
-from deploykit.runtime.onnxrt import CPU, OnnxrtRunner
+from deploykit.runtime.onnxrt import CPU, OnnxrtRunner, session_options
 from deploykit.zoo.resolve import resolve_model
 
 RESULTS = Path(__file__).parent / "results"
@@ -51,11 +51,10 @@ class _Unflushed:
     def __init__(self, graph: bytes):
         import onnxruntime as ort
 
-        opts = ort.SessionOptions()
-        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        opts.log_severity_level = 3
-        self._session = ort.InferenceSession(graph, opts, providers=[CPU])
+        opts = session_options()
+        opts.add_session_config_entry("session.set_denormal_as_zero", "0")  # ONNX Runtime's default
+        with denormal_mode_kept():  # the first session would leave this thread flushing
+            self._session = ort.InferenceSession(graph, opts, providers=[CPU])
 
     def infer(self, feed):
         assert not flushing_denormals(), "the calling thread must not flush for this lane"
