@@ -187,9 +187,11 @@ def open_target(backend: str, subject: Subject, resolution: tuple[int, int], pre
 
 def real_rows(model: Model, resolution) -> np.ndarray | None:
     """The real inputs kernels are timed on, once per resolution: validate's (a zoo model's test
-    split, else the bundled images or text). On an Intel Xeon, ONNX Runtime ran the default
-    model's fp32 graph at 384 2.3x slower on standard-normal noise than on images, which moved
-    every ratio to it. None without the ``images`` extra (a model with no dataset)."""
+    split, else the bundled images or text), so a kernel whose speed depends on its values is timed
+    on values it will see. On an Intel Xeon, ONNX Runtime ran the default model's fp32 graph at 384
+    2.3x slower on standard-normal noise than on images: float32 denormals, which the runner now
+    flushes (``deploykit._cpu``); flushed, both took 49-52 ms. None without the ``images`` extra
+    (a model with no dataset)."""
     from deploykit.data import VALIDATION_REAL, validation_inputs
     from deploykit.errors import MissingDependencyError
 
