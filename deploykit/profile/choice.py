@@ -301,9 +301,8 @@ def plans_slower_than_float(export_dir: str | os.PathLike, budget: Budget = QUIC
     ``slower_lines`` (beyond ``QUICK_MARGIN``) for the plans slower than fp32 or than ``fp32-mha``.
 
     Given the exported ``model``, the graphs are timed on one of the real inputs ``profile`` times
-    on (``targets.real_rows``), else on zeros: a kernel's speed can depend on its values (ONNX
-    Runtime ran the default model at 384 2.3x slower on noise than on images), and export and
-    profile should not disagree for that reason."""
+    on (``targets.real_rows``, which says why), else on zeros: export and profile should not
+    disagree because their inputs differ."""
     from deploykit.export.manifest import Manifest, checked_graph
     from deploykit.resolutions import resolution_tag
     from deploykit.runtime.onnxrt import CPU, OnnxrtRunner
