@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from deploykit._cpu import denormal_mode_kept, flushing_denormals
+from deploykit._cpu import flushing_denormals
 from deploykit._io import write_json_atomic
 from deploykit.data import calibration_inputs
 from deploykit.export import onnx_from_model
@@ -53,8 +53,7 @@ class _Unflushed:
 
         opts = session_options()
         opts.add_session_config_entry("session.set_denormal_as_zero", "0")  # ONNX Runtime's default
-        with denormal_mode_kept():  # the first session would leave this thread flushing
-            self._session = ort.InferenceSession(graph, opts, providers=[CPU])
+        self._session = ort.InferenceSession(graph, opts, providers=[CPU])
 
     def infer(self, feed):
         assert not flushing_denormals(), "the calling thread must not flush for this lane"
