@@ -6,8 +6,9 @@ For every exported resolution ``<res>`` (``224``, ``384x256``, ...)::
                          ``deploykit build --backend trt`` wrote (model_<res>.trt.engine, checked
                          against its fingerprint), else to build on the serving host (README)
     vit_<res>_onnx/      platform onnxruntime_onnx; 1/model.onnx (the exported graph)
-    vit_<res>_openvino/  backend openvino (CPU instances); 1/model.onnx: the exported graph, model-local
-                         functions inlined (OpenVINO's reader has no rule for SaPE²'s custom node);
+    vit_<res>_openvino/  backend openvino (CPU instances); 1/model.onnx: the graph deploykit's OpenVINO
+                         runner reads (``openvino_source``: model-local functions inlined, since
+                         OpenVINO's reader has no rule for SaPE²'s custom node; qkv as three products);
                          INFERENCE_PRECISION_HINT f32 and PERFORMANCE_HINT LATENCY as parameters
     preprocess_<res>/    Python backend: encoded image bytes -> [3, H, W] float32 (deploykit.imaging,
                          copied beside model.py: the pipeline's own preprocessing)
@@ -271,7 +272,8 @@ def _find_engines(graph: Path, plugins) -> FoundEngines:
 
 
 def _write_openvino_graph(graph: Path, dest: Path) -> None:
-    """The graph OpenVINO reads: the file itself, or with its model-local functions inlined."""
+    """The graph deploykit's OpenVINO runner reads (``openvino_source``): the file itself, or as
+    rewritten in memory for OpenVINO."""
     from deploykit.backends.openvino import openvino_source
 
     source = openvino_source(graph, "f32").graph

@@ -443,3 +443,55 @@ def test_seven_bit_weights_keep_openvino_s_int8_products_from_saturating():
         source = openvino_source(proto.SerializeToString(), "f32", seven_bit_weights=False).graph
         with mock.patch("deploykit.backends.openvino.int8_saturates", return_value=False), OpenvinoRunner(source) as as_exported:
             assert np.abs(as_exported.infer({"x": x})["y"] - eight).max() > 1.0
+
+
+def _standalone_transposes(graph, hint: str) -> list[str]:
+    """The ONNX nodes behind each ``Transpose`` OpenVINO runs on its own (not folded into another
+    kernel) in ``graph`` (a path or ONNX bytes) compiled under ``hint``."""
+    core = ov.Core()
+    model = core.read_model(graph, b"") if isinstance(graph, bytes) else core.read_model(str(graph))
+    compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": hint})
+    ops = compiled.get_runtime_model().get_ops()
+    return [
+        str(op.get_rt_info()["originalLayersNames"].astype(str)) for op in ops if op.get_rt_info()["layerType"].astype(str) == "Transpose"
+    ]
+
+
+@pytest.mark.parametrize("plan", ["fp32", pytest.param("int8", marks=pytest.mark.slow)])
+def test_qkv_runs_as_three_products_whose_transposes_openvino_folds(plan, encoding_export, request):
+    """The graph OpenVINO is given computes each attention's q, k and v as three products, not one
+    product permuted as 5-D: the same values, and OpenVINO folds the three per-tensor transposes
+    into its attention kernel where it ran the 5-D permute on its own (control: the file as is)."""
+    import onnxruntime as ort
+
+    if plan == "fp32":
+        graph = encoding_export("ape") / f"model_{BASE}.onnx"
+    else:
+        exported = request.getfixturevalue("zoo_int8_export")
+        graph = next(exported.glob("model_*_int8.onnx"))
+    proto = onnx.load(str(graph))
+    permutes = [n.name for n in proto.graph.node if n.op_type == "Transpose" and len(n.attribute[0].ints) == 5]
+    blocks = {n.output[0] for n in proto.graph.node if n.op_type == "Squeeze"}
+    assert len(permutes) >= 2 and len(blocks) == 3 * len(permutes)
+
+    source = openvino_source(graph).graph
+    rewritten = onnx.load_from_string(source)
+    products = [n for n in rewritten.graph.node if n.name.endswith(("_part0", "_part1", "_part2")) and n.op_type in ("Gemm", "MatMul")]
+    assert len(products) == 3 * len(permutes)
+    assert not any(n.op_type == "Transpose" and len(n.attribute[0].ints) == 5 for n in rewritten.graph.node)
+    assert blocks <= {out for n in rewritten.graph.node for out in n.output}  # q, k and v keep their names
+    onnx.checker.check_model(rewritten, full_check=True)
+
+    size = int(graph.stem.split("_")[1])
+    x = np.random.default_rng(0).uniform(-2, 2, (2, 3, size, size)).astype(np.float32)
+    outputs = [ort.InferenceSession(g, providers=["CPUExecutionProvider"]).run(None, {"images": x})[0] for g in (str(graph), source)]
+    np.testing.assert_allclose(outputs[1], outputs[0], rtol=1e-6, atol=1e-6)
+
+    new = {n.name for n in rewritten.graph.node if n.op_type == "Transpose"} - {
+        n.name for n in proto.graph.node if n.op_type == "Transpose"
+    }
+    assert len(new) == 3 * len(permutes)
+    for hint in ("f32", "bf16") if HAS_BF16 else ("f32",):
+        as_is, given = _standalone_transposes(graph, hint), _standalone_transposes(source, hint)
+        assert all(any(name in layer for layer in as_is) for name in permutes), (hint, as_is)  # control
+        assert not [layer for layer in given if any(name in layer for name in (*permutes, *new))], (hint, given)

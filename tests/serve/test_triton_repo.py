@@ -14,10 +14,12 @@ import sysconfig
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 from serve_reference import torch_preprocess
 from server_process import free_ports, process_tree, stop, wait_until
 
+from deploykit.backends.openvino import openvino_source
 from deploykit.cli import main
 from deploykit.data import sample_images
 from deploykit.errors import DeployKitError
@@ -104,8 +106,12 @@ def test_openvino_models_run_the_graph_on_cpu_with_an_explicit_f32_hint(repo, ex
     assert config.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
     assert {k: v.string_value for k, v in config.parameters.items()} == {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"}
     assert [(i.name, list(i.dims)) for i in config.input] == [("images", [3, int(tag), int(tag)])]
-    # No model-local function in this export: the file OpenVINO reads is the exported graph itself.
-    assert (repo / f"vit_{tag}_openvino/1/model.onnx").read_bytes() == (export_dir / f"model_{tag}.onnx").read_bytes()
+    # What deploykit's OpenVINO runner reads (qkv as three products), computing the exported graph's logits.
+    packaged, exported = repo / f"vit_{tag}_openvino/1/model.onnx", export_dir / f"model_{tag}.onnx"
+    assert packaged.read_bytes() == openvino_source(exported, "f32").graph != exported.read_bytes()
+    x = np.random.default_rng(0).standard_normal((2, 3, int(tag), int(tag))).astype(np.float32)
+    logits = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, {"images": x})[0] for p in (packaged, exported)]
+    np.testing.assert_allclose(logits[0], logits[1], rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("tag", TAGS)
