@@ -56,3 +56,13 @@ def test_cpu_plan_accuracy_compares_every_cpu_plan_with_pytorch(tmp_path):
     # Float plans agree with PyTorch fp32 on a trained model; the int8 plan's figure is a measurement.
     assert records["ort fp32-mha"]["agreement"] >= 63 / 64 and records["openvino fp32"]["agreement"] >= 63 / 64
     assert 0.5 < records["ort int8"]["agreement"] <= 1.0 and records["ort int8"]["standard_error"] >= 0
+
+
+@pytest.mark.slow
+def test_openvino_qkv_times_both_forms_of_every_openvino_lane(tmp_path):
+    _run("openvino_qkv.py", "--output-dir", str(tmp_path))
+    records = json.loads((tmp_path / "openvino-qkv-quick.json").read_text())["records"]
+    lanes = {r["lane"]: r for r in records}
+    assert {"openvino f32", "openvino default"} <= set(lanes), sorted(lanes)
+    assert all(r["packed_p50_ms"] > 0 and r["three_products_p50_ms"] > 0 for r in records)
+    assert lanes["openvino f32"]["max_abs_output_difference"] <= 1e-5  # the same products under the f32 hint
