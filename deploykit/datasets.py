@@ -138,6 +138,18 @@ def render(scenes: Sequence[Scene], resolution: int | tuple[int, int]) -> np.nda
     where the edge is straight at pixel scale).
     """
     h, w = (resolution, resolution) if isinstance(resolution, int) else resolution
+    out = np.empty((len(scenes), 3, h, w), np.float32)
+    # A few scenes at a time: the float64 intermediates of all of them at once took 12.4 GB and 40 s
+    # for the 1000 held-out scenes at 384 px (1.8 GB of output); every value is per scene.
+    for start in range(0, len(scenes), _RENDER_CHUNK):
+        out[start : start + _RENDER_CHUNK] = _render_chunk(scenes[start : start + _RENDER_CHUNK], h, w)
+    return out
+
+
+_RENDER_CHUNK = 16
+
+
+def _render_chunk(scenes: Sequence[Scene], h: int, w: int) -> np.ndarray:
     geom = np.array([(*sc.circle, *sc.square) for sc in scenes])[:, :, None, None]  # [N, 6, 1, 1]
     cx, cy, r, sx, sy, half = geom.transpose(1, 0, 2, 3)
     # Pixel (i, j) covers [j/W, (j+1)/W) x [i/H, (i+1)/H).
