@@ -92,7 +92,10 @@ def dataset_inputs(dataset: str, resolution: tuple[int, int], mean, std, count: 
 def normalise(images: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
     """``[N, C, H, W]`` pixels in [0, 1] → float32 ``(x - mean) / std`` per channel."""
     mean, std = np.asarray(mean, np.float32)[:, None, None], np.asarray(std, np.float32)[:, None, None]
-    return ((images - mean) / std).astype(np.float32)
+    # One new array, divided in place: the same float32 operations as ``(images - mean) / std``,
+    # without two more copies to fault in (10 s of 13 for 1128 images at 384 px)
+    out = np.subtract(images, mean, dtype=np.float32)
+    return np.divide(out, std, out=out)
 
 
 def validation_inputs(
@@ -209,7 +212,7 @@ class DefaultCalibration:
 def _record(inputs: np.ndarray, source: str) -> dict:
     import hashlib
 
-    digest = hashlib.sha256(np.ascontiguousarray(inputs).tobytes()).hexdigest()
+    digest = hashlib.sha256(memoryview(np.ascontiguousarray(inputs)).cast("B")).hexdigest()  # the bytes, not a copy
     return {"source": source, "kind": "arrays", "count": len(inputs), "sha256": digest, "description": source}
 
 
