@@ -369,7 +369,7 @@ class _QuantizedPlans:
         inputs, held_out, record, reference = self._read(precision)
         calibration = target = None
         if check_precision(precision).calibrated:
-            calibration = int8_static.Calibration(inputs, record["calibration"]["description"], options.method, record)
+            calibration = int8_static.Calibration(inputs, record["calibration"]["description"], options.method, record, batch=self.batch)
             target = options.target(held_out, reference, self.logits, self.batch)
         planned = apply_precision(
             self.proto, precision, calibration, target, self._say(precision), attention=options.attention, keep_float=options.keep_float

@@ -338,7 +338,7 @@ def _planted_model():
 
 
 def test_the_fallback_finds_the_planted_matmul_names_it_and_meets_the_target(tmp_path, caplog, monkeypatch):
-    from deploykit.export import int8_check, onnx_export
+    from deploykit.export import int8_check, int8_static, onnx_export
     from deploykit.export.int8_check import describe_plan
     from deploykit.inputs import InputData, UserCalibration
     from deploykit.runtime import base, run_graph
@@ -355,10 +355,16 @@ def test_the_fallback_finds_the_planted_matmul_names_it_and_meets_the_target(tmp
     monkeypatch.setattr(
         base, "run_batched", lambda runner, x, batch, *a: calls.append((len(x), batch)) or run_batched(runner, x, batch, *a)
     )
+    # ...and so does ONNX Runtime's calibrator (at most 8: it keeps every intermediate tensor).
+    handed, get_next = [], int8_static._Reader.get_next
+    monkeypatch.setattr(
+        int8_static._Reader, "get_next", lambda reader: (lambda b: handed.append(b and len(b["images"])) or b)(get_next(reader))
+    )
     inputs = np.random.default_rng(0).standard_normal((300, 3, 32, 32)).astype(np.float32)
     data = UserCalibration(InputData(Path("noise.npy"), arrays={"": inputs}))
     options = CalibrationOptions(samples=64, held_out=236, min_agreement=0.9, data=data)
     manifest = export(model, [(32, 32)], tmp_path, precisions=["int8"], calibration=options)
+    assert handed[:-1] == [7] * 9 + [1] and handed[-1] is None  # 64 calibration inputs, 7 at a time
     assert (236, 7) in calls and not any(rows == 236 and batch != 7 for rows, batch in calls)  # the fp32 reference
     assert sum(rows for rows, batch in calls if batch == rows <= 7) >= 2 * 236  # the fallback's trials
     details = manifest.graph((32, 32), "int8").quantization
