@@ -368,7 +368,8 @@ def qkv_as_three_products(proto) -> int:
 
     OpenVINO 2026.4 runs the 5-D permute as a standalone ``Transpose`` (9-10% of ViT-S/16's time at
     384 px, batch 8, in every OpenVINO lane) but folds a per-tensor ``[0, 2, 1, 3]`` transpose into
-    its fused attention. Matched on the form deploykit exports, a flattened ``Gemm`` or (after
+    its fused attention (``benchmarks/openvino_qkv.py``: 0.90-0.99x on ViT-S/16 at batch 8, in
+    every lane). Matched on the form deploykit exports, a flattened ``Gemm`` or (after
     ``linear_layers_in_3d``) a ``MatMul`` plus bias, with float or per-channel int8 weights;
     anything else is left as it is.
     """
