@@ -16,6 +16,19 @@ import contextlib
 from collections.abc import Iterator
 
 
+def available_memory() -> int | None:
+    """Bytes of memory the kernel says can be had without swapping (``MemAvailable`` in
+    /proc/meminfo); None off Linux."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def cpuinfo() -> dict[str, str]:
     """First processor's fields from /proc/cpuinfo (empty off Linux)."""
     fields: dict[str, str] = {}

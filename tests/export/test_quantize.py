@@ -165,6 +165,31 @@ def test_nan_calibration_is_refused_with_nodes_named_and_nothing_written(tmp_pat
     assert not out.exists()
 
 
+def test_a_histogram_calibration_that_cannot_fit_in_memory_is_refused_before_it_runs(tmp_path, monkeypatch):
+    """ONNX Runtime's histogram calibrators keep every calibrated tensor of every input: where
+    that is more than the machine has, the export says so in one line and writes nothing (the
+    same machine, made small here, still calibrates min-max: it keeps only per-batch ranges)."""
+    import deploykit._cpu
+    from deploykit.export import int8_static, onnx_from_model
+
+    model = _model("ape")
+    fp32 = onnx_from_model(model, RES)
+    per_input = int8_static._calibrated_bytes_per_input(fp32)
+    # attention's scores alone: 3 heads x 17 x 17 tokens at 64 px, two of them per block, 2 blocks
+    assert per_input >= 4 * 2 * 2 * 3 * 17 * 17
+    monkeypatch.setattr(deploykit._cpu, "available_memory", lambda: per_input * QUICK.samples - 1)
+    out = tmp_path / "x"
+    percentile = CalibrationOptions(samples=QUICK.samples, held_out=QUICK.held_out, min_agreement=None, method="percentile")
+    with pytest.raises(
+        ConfigError,
+        match=r"--calibration-method percentile keeps every calibrated tensor of all 8 inputs .* use --calibration-method minmax",
+    ) as err:
+        export(model, [RES], out, precisions=["fp32", "int8"], calibration=percentile)
+    assert "\n" not in str(err.value) and not out.exists()
+    export(model, [RES], out, precisions=["fp32", "int8"], calibration=QUICK)  # control: min-max
+    assert (out / "model_64_int8.onnx").is_file()
+
+
 def test_a_plan_that_fails_its_check_is_refused(tmp_path, monkeypatch):
     """A calibration whose ranges are far too small clips every activation: refused, block named."""
     from deploykit.export import int8_static
