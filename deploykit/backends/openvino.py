@@ -496,8 +496,8 @@ def qkv_as_three_products(proto) -> int:
         dropped |= {reshape.output[0], permute.output[0], *(node.output[0] for pair in parts.values() for node in pair)}
         if bias_add is not None:
             dropped.add(bias_add.output[0])
-        weight = producer.get(product.input[1])  # a dequantized weight: its node goes if nothing else reads it
-        stale |= {product.input[1], *(weight.input if weight is not None else ()), *(n for n in (bias_name,) if n)}
+        dequantized = producer.get(product.input[1])  # an int8 weight's DequantizeLinear: it goes if nothing else reads it
+        stale |= {product.input[1], *(dequantized.input if dequantized is not None else ()), *(n for n in (bias_name,) if n)}
         stale |= {reshape.input[1], *(name for pair in parts.values() for node in pair for name in node.input[1:])}
     if replaced:
         kept = []

@@ -252,10 +252,11 @@ class _StaticQuantizer:
             "QuantizeBias": False,  # TensorRT refuses an int32-input DequantizeLinear
             "OpTypesToExcludeOutputQuantization": list(QUANTIZED_OP_TYPES),
         }
-        batch = max(1, min(_CALIBRATION_BATCH, self.calibration.batch))
+        reader = None  # ranges cached by the first call
         if not self.cache.is_file():
             _refuse_histograms_beyond_memory(self.proto, self.calibration)
-        reader = None if self.cache.is_file() else _Reader(self.proto.graph.input[0].name, self.calibration.inputs, batch, self.done)
+            batch = max(1, min(_CALIBRATION_BATCH, self.calibration.batch))
+            reader = _Reader(self.proto.graph.input[0].name, self.calibration.inputs, batch, self.done)
         try:
             with contextlib.redirect_stdout(io.StringIO()):  # the histogram calibrators print progress
                 quantize_static(
@@ -324,8 +325,10 @@ def _refuse_histograms_beyond_memory(proto: onnx.ModelProto, calibration: Calibr
     at 384 px. Where that cannot fit, say so rather than be killed mid-export."""
     from deploykit._cpu import available_memory
 
+    if calibration.method == "minmax":
+        return
     free = available_memory()
-    if calibration.method == "minmax" or free is None:
+    if free is None:
         return
     need = _calibrated_bytes_per_input(proto) * len(calibration.inputs)
     if need > free:
