@@ -22,22 +22,19 @@ CPU's instruction sets.
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from results_file import write_results
 
 from deploykit._cpu import flushing_denormals
-from deploykit._io import write_json_atomic
 from deploykit.data import calibration_inputs
 from deploykit.export import onnx_from_model
 from deploykit.export.bundle import planned_graphs
 from deploykit.export.int8_static import CalibrationOptions
 from deploykit.nn import create_model
-from deploykit.profile.environment import capture_environment
 from deploykit.runtime.onnxrt import CPU, OnnxrtRunner, session_options
 from deploykit.zoo.resolve import resolve_model
 
@@ -135,18 +132,13 @@ def main(argv=None) -> None:
             (default.eval(), label, 384, ["fp32", "fp32-mha", "int8"]),
             (create_model("vit_small_patch16", encoding="ape").eval(), "vit_small_patch16 ape (seeded)", 224, ["fp32"]),
         ]
-    start = time.perf_counter()
-    result = dict(
-        command="python benchmarks/denormals.py " + " ".join(map(shlex.quote, sys.argv[1:] if argv is None else argv)),
-        environment=capture_environment(torch.device("cpu")),
-        rounds=rounds,
-        records=[record for cell in cells for record in measure_cell(*cell, count, rounds)],
-        wall_s=None,
+    write_results(
+        __file__,
+        argv,
+        args.output_dir,
+        args.quick,
+        lambda: dict(rounds=rounds, records=[record for cell in cells for record in measure_cell(*cell, count, rounds)]),
     )
-    result["wall_s"] = round(time.perf_counter() - start)
-    path = args.output_dir / f"denormals{'-quick' if args.quick else ''}.json"
-    write_json_atomic(path, result)
-    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

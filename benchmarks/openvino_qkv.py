@@ -19,17 +19,14 @@ with the CPU's instruction sets.
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
-import time
 from pathlib import Path
 from unittest import mock
 
 import numpy as np
 import torch
+from results_file import write_results
 
 import deploykit.backends.openvino as openvino_backend
-from deploykit._io import write_json_atomic
 from deploykit.backends.openvino import OpenvinoBf16Runner, OpenvinoRunner
 from deploykit.backends.registry import available_backends
 from deploykit.data import validation_inputs
@@ -37,7 +34,6 @@ from deploykit.export import onnx_from_model
 from deploykit.export.bundle import planned_graphs
 from deploykit.export.int8_static import CalibrationOptions
 from deploykit.nn import create_model
-from deploykit.profile.environment import capture_environment
 from deploykit.profile.timing import Budget, LatencyStats, measure
 from deploykit.zoo.resolve import resolve_model
 
@@ -127,17 +123,13 @@ def main(argv=None) -> None:
             (default.eval(), label, 384, 1, ["fp32", "int8"]),
         ]
         budget = Budget(duration_s=args.duration, warmup=2, min_iterations=5, rounds=args.rounds)
-    start = time.perf_counter()
-    result = dict(
-        command="python benchmarks/openvino_qkv.py " + " ".join(map(shlex.quote, sys.argv[1:] if argv is None else argv)),
-        environment=capture_environment(torch.device("cpu")),
-        records=[record for cell in cells for record in measure_cell(*cell, budget)],
-        wall_s=None,
+    write_results(
+        __file__,
+        argv,
+        args.output_dir,
+        args.quick,
+        lambda: dict(records=[record for cell in cells for record in measure_cell(*cell, budget)]),
     )
-    result["wall_s"] = round(time.perf_counter() - start)
-    path = args.output_dir / f"openvino-qkv{'-quick' if args.quick else ''}.json"
-    write_json_atomic(path, result)
-    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
