@@ -93,6 +93,13 @@ class PETables:
         )
 
 
+def on_host(param: Tensor) -> Tensor:
+    """A learned parameter as the tables are built from it: float64 on the host, whatever device
+    the model is on, so it meets the grids built there (differentiable: gradients reach the
+    parameter where it lives)."""
+    return param.to(device="cpu", dtype=torch.float64)
+
+
 class KeepsFloat:
     """Marker for modules whose ops quantized (INT8) plans leave in float: positional encodings
     and content gates (MoPE's EGA), where an 8-bit step moves a position or a gate rather than

@@ -35,6 +35,7 @@ from deploykit.encodings.base import (
     PETables,
     TrunkDims,
     check_head_dim_tail,
+    on_host,
     patch_coordinates,
     prefix_identity_rotation,
 )
@@ -252,7 +253,7 @@ class GridPE(RotaryEncoding):
 
     def tables(self, grid: tuple[int, int]) -> PETables:
         positions = grid_positions(grid, self.dims.grid, self.config.coords)  # [N, 2]
-        freqs = gridpe_frequencies(self.omegas.to(F64), self.magnitudes(), self.config.layout)  # [L, H, M·S, 2]
+        freqs = gridpe_frequencies(on_host(self.omegas), self.magnitudes(), self.config.layout)  # [L, H, M·S, 2]
         cos, sin = build_gridpe_table(positions, freqs, self.dims.num_prefix_tokens)  # [L, H, P+N, M·S]
         return PETables(layers=[{"cos": cos[i], "sin": sin[i]} for i in range(self.dims.depth)])
 

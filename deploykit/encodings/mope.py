@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from deploykit.encodings._registry import register_encoding
-from deploykit.encodings.base import EncodingConfig, Hook, KeepsFloat, PETables, PositionalEncoding, TrunkDims, patch_coordinates
+from deploykit.encodings.base import EncodingConfig, Hook, KeepsFloat, PETables, PositionalEncoding, TrunkDims, on_host, patch_coordinates
 
 F64 = torch.float64
 _INITS = ("code", "paper")
@@ -135,8 +135,8 @@ def mope_effective_params(
 def _effective(config: MoPEConfig, log_omega: Tensor, log_sigma: Tensor) -> tuple[Tensor, Tensor]:
     """``mope_effective_params`` with the config's constants, in float64 (differentiable)."""
     return mope_effective_params(
-        log_omega.to(F64),
-        log_sigma.to(F64),
+        on_host(log_omega),
+        on_host(log_sigma),
         config.admissibility,
         config.omega_cap,
         config.sigma_floor,

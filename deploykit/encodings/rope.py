@@ -43,6 +43,7 @@ from deploykit.encodings.base import (
     PositionalEncoding,
     QKChannelOrder,
     TrunkDims,
+    on_host,
     patch_coordinates,
     prefix_identity_rotation,
 )
@@ -251,7 +252,7 @@ class Rope2d(RotaryEncoding):
             angles = axial_angles(grid, self.dims.head_dim, self.config.theta, self.config)[None]  # [1, N, d/2]
             cos, sin = prefix_identity_rotation(self.dims.num_prefix_tokens, angles.cos(), angles.sin())
             return PETables(model=model, layers=[{"cos": cos, "sin": sin}] * self.dims.depth)
-        angles = mixed_angles(grid, self.freqs.double(), self.config)  # [L, H, N, d/2]
+        angles = mixed_angles(grid, on_host(self.freqs), self.config)  # [L, H, N, d/2]
         cos, sin = prefix_identity_rotation(self.dims.num_prefix_tokens, angles.cos(), angles.sin())
         return PETables(model=model, layers=[{"cos": cos[i], "sin": sin[i]} for i in range(self.dims.depth)])
 
