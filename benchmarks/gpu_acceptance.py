@@ -37,12 +37,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import torch
+from checks import Checks, Failed
 
 from deploykit._io import write_json_atomic
 from deploykit._lazy import is_available
@@ -52,41 +52,6 @@ from deploykit.profile.environment import capture_environment, environment_line
 RESULTS = Path(__file__).resolve().parent / "results" / "gpu_acceptance.json"
 FLAVOURS = {"rtx": "tensorrt_rtx", "trt": "tensorrt"}
 NO_GPU = None if torch.cuda.is_available() else "no CUDA GPU here (torch.cuda.is_available() is False)"
-
-
-class Failed(Exception):
-    """A check ran and did not pass; ``details`` go into the report."""
-
-    def __init__(self, reason: str, details: dict | None = None):
-        super().__init__(reason)
-        self.details = details or {}
-
-
-class Checks:
-    """The report's checks, in the order they ran."""
-
-    def __init__(self) -> None:
-        self.items: list[dict] = []
-
-    def run(self, name: str, fn, skip: str | None = None):
-        """Run ``fn`` (returns details) unless ``skip`` says why not; never raises."""
-        if skip:
-            self.items.append({"name": name, "status": "skipped", "reason": skip})
-            print(f"- {name}: skipped ({skip})", flush=True)
-            return None
-        start = time.perf_counter()
-        try:
-            details = fn()
-            item = {"name": name, "status": "passed", "details": details}
-        except Failed as err:
-            item = {"name": name, "status": "failed", "reason": str(err), "details": err.details}
-        except Exception as err:  # any failure of the path under test is a finding, not a crash of the run
-            traceback.print_exc()
-            item = {"name": name, "status": "failed", "reason": one_line(f"{type(err).__name__}: {err}")}
-        item["seconds"] = round(time.perf_counter() - start, 2)
-        self.items.append(item)
-        print(f"{'✓' if item['status'] == 'passed' else '✗'} {name}" + (f": {item['reason']}" if "reason" in item else ""), flush=True)
-        return item.get("details")
 
 
 def _report_validation(report) -> dict:
@@ -634,7 +599,7 @@ def main(argv=None) -> int:
         kernel_check,
         skip=NO_GPU or (None if is_available("triton") else "triton is not installed"),
     )
-    counts = {status: sum(c["status"] == status for c in checks.items) for status in ("passed", "failed", "skipped")}
+    counts = checks.counts()
     report = {
         "device": environment_line(environment),
         "summary": counts,

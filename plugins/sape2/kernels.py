@@ -20,6 +20,7 @@ Importing this module needs Triton (``pip install 'deploykit[triton]'``).
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import triton
 import triton.language as tl
@@ -255,3 +256,40 @@ def launchable_ptx(compiled, num_args: int) -> str:
     entry = next(m for m in _ENTRY.finditer(ptx) if m.group("name") == name)
     kept = [p for p in entry.group("params").split(",") if p.strip()][:num_args]
     return ptx[: entry.start("params")] + ",".join(kept).rstrip() + "\n" + ptx[entry.end("params") :]
+
+
+@dataclass(frozen=True)
+class AotKernel:
+    """The kernel a TensorRT AOT plugin launches for one op instance, and how it launches it.
+
+    Attributes:
+        name: the PTX entry.
+        ptx: the PTX, its parameters cut to what the launch passes (``launchable_ptx``).
+        grid_x, grid_y: token tiles of the rows and columns; grid z is ``B·h``, known at run time.
+        block_x: threads per program (``num_warps · 32``).
+        shared_mem: dynamic shared memory per program, in bytes. Above 48 KiB a launch must first
+            raise the function's ``MAX_DYNAMIC_SHARED_SIZE_BYTES`` (``SHARED_MEM_OPT_IN``).
+    """
+
+    name: str
+    ptx: str
+    grid_x: int
+    grid_y: int
+    block_x: int
+    shared_mem: int
+
+
+# Dynamic shared memory a CUDA launch gets without raising the function's attribute first.
+SHARED_MEM_OPT_IN = 48 * 1024
+
+
+def aot_kernel(io_dtype: str, constants: dict, target, ptx_version: int | None, num_args: int) -> AotKernel:
+    """Compile ``sape2_bias_kernel`` for ``target`` as the TensorRT plugin hands it over: PTX cut
+    to ``num_args`` parameters, the launch grid of its tokens, its block and shared memory. The
+    plugin (``trt_plugin``) and the lent-GPU check (``benchmarks/gpu_lent.py``), which launches it
+    with the CUDA driver API, both take it from here."""
+    compiled = compile_kernel(io_dtype, "float32", constants, target, ptx_version)
+    tokens = constants["P"] + constants["H"] * constants["W"]
+    tiles_x, tiles_y, _ = launch_grid(tokens, 1)
+    meta = compiled.metadata
+    return AotKernel(meta.name, launchable_ptx(compiled, num_args), tiles_x, tiles_y, meta.num_warps * 32, meta.shared)

@@ -84,13 +84,10 @@ def _define(trt, trtp) -> None:
         head_dim, npos_max = _build_constant(q.shape_expr[3], "head dim"), _build_constant(table_x.shape_expr[1], "table size")
         consts = kernels.kernel_constants((grid_h, grid_w), num_prefix_tokens, head_dim, npos_max, scale, mode)
         target = kernels.device_target()  # the GPU this engine is being built on
-        compiled = kernels.compile_kernel(io, "float32", consts, target, kernels.driver_ptx_version(target))
-        ptx = kernels.launchable_ptx(compiled, LAUNCH_ARGS)
-        tokens = num_prefix_tokens + grid_h * grid_w
-        tiles_x, tiles_y, _ = kernels.launch_grid(tokens, 1)
+        kernel = kernels.aot_kernel(io, consts, target, kernels.driver_ptx_version(target), LAUNCH_ARGS)
         launch = trtp.KernelLaunchParams()
-        launch.grid_x, launch.grid_y = tiles_x, tiles_y
+        launch.grid_x, launch.grid_y = kernel.grid_x, kernel.grid_y
         launch.grid_z = q.shape_expr[0] * q.shape_expr[1]  # B·h, B dynamic
-        launch.block_x = compiled.metadata.num_warps * 32
-        launch.shared_mem = compiled.metadata.shared
-        return compiled.metadata.name, ptx, launch, trtp.SymIntExprs(0)
+        launch.block_x = kernel.block_x
+        launch.shared_mem = kernel.shared_mem
+        return kernel.name, kernel.ptx, launch, trtp.SymIntExprs(0)
