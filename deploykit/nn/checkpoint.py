@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +50,83 @@ def default_model(encoding: str | EncodingConfig | None = DEFAULT_ENCODING, mode
         torch.random.set_rng_state(generator_state)
 
 
+# Where training scripts put the trained weights in the file they save, in the order they are
+# looked for: timm/DeiT (``model``, ``state_dict``), the MoPE repository (``model_state``), the
+# PyTorch tutorials' ``model_state_dict``.
+WEIGHTS_KEYS = ("model", "state_dict", "model_state", "model_state_dict")
+# The EMA copy beside them (DeiT's ``model_ema``, timm's ``state_dict_ema``): taken only when asked.
+EMA_KEYS = ("model_ema", "state_dict_ema")
+
+
+def _harmless_globals() -> list:
+    """What training scripts store beside their weights and ``torch.load(weights_only=True)``
+    refuses although it runs nothing: the script's ``argparse.Namespace`` (DeiT, timm), paths,
+    numpy scalars (a best accuracy). Allowed by name for one load; any other global is refused."""
+    import argparse
+    import pathlib
+
+    import numpy as np
+
+    try:  # numpy 2 (numpy 1 names it numpy.core.multiarray)
+        from numpy._core.multiarray import scalar
+    except ImportError:
+        from numpy.core.multiarray import scalar
+
+    allowed = [argparse.Namespace, pathlib.PosixPath, pathlib.WindowsPath, pathlib.PurePosixPath, pathlib.PureWindowsPath, np.dtype, scalar]
+    allowed += [type(np.dtype(t)) for t in ("float64", "float32", "int64", "int32", "bool")]
+    return allowed
+
+
+@dataclass(frozen=True)
+class TrainingCheckpoint:
+    """A file a training script wrote, read without running anything in it.
+
+    Attributes:
+        path: the file.
+        weights: the trained model's state dict (``module.`` prefixes of DDP removed).
+        container: the key the weights were under (``model``, ``model_state``, ...); None when the
+            file is the state dict itself.
+        ema: the EMA copy's state dict, when the file holds one.
+        extras: everything else the file holds (``args`` as a dict, ``epoch``, ``step``, ...).
+    """
+
+    path: Path
+    weights: dict[str, Tensor]
+    container: str | None = None
+    ema: dict[str, Tensor] | None = None
+    extras: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def chosen(self, ema: bool = False) -> dict[str, Tensor]:
+        """The trained weights, or (``ema``) the EMA copy; refused in one line when there is none."""
+        if not ema:
+            return self.weights
+        if self.ema is None:
+            raise CheckpointError(f"{self.path} holds no EMA weights (looked for {', '.join(EMA_KEYS)}); drop --ema")
+        return self.ema
+
+    @property
+    def args(self) -> dict[str, Any]:
+        """The training script's arguments (an ``argparse.Namespace`` saved as ``args``), or {}."""
+        args = self.extras.get("args")
+        return vars(args) if hasattr(args, "__dict__") else dict(args) if isinstance(args, dict) else {}
+
+
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Tensor]:
-    """Read a state dict from ``.safetensors`` or (weights only) ``.pt``/``.pth``/``.bin``.
+    """Read a state dict from ``.safetensors`` or (weights only) ``.pt``/``.pth``/``.bin``: a bare
+    state dict, or the trained weights of a training script's file (``read_training_checkpoint``).
 
     Raises:
         CheckpointError: missing, unreadable, corrupt, or of an unknown format.
+    """
+    return read_training_checkpoint(path).weights
+
+
+def read_training_checkpoint(path: str | os.PathLike) -> TrainingCheckpoint:
+    """Read the weights, the EMA copy and the rest of a checkpoint file (``.safetensors``: weights only).
+
+    Raises:
+        CheckpointError: missing, unreadable, corrupt, of an unknown format, a pickle that would
+            run code, or no state dict of tensors where the weights should be.
     """
     path = Path(path)
     if not path.is_file():
@@ -63,26 +136,46 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Tensor]:
         from safetensors.torch import load_file
 
         try:
-            return load_file(str(path))
+            return TrainingCheckpoint(path, load_file(str(path)))
         except (SafetensorError, OSError, ValueError) as err:
             raise CheckpointError(f"corrupt safetensors checkpoint {path}: {err}") from err
     if path.suffix in _TORCH_SUFFIXES:
-        return _load_torch_checkpoint(path)
+        return _torch_training_checkpoint(path)
     raise CheckpointError(f"unsupported checkpoint format {path.suffix!r} for {path}; expected .safetensors or .pt")
 
 
-def _load_torch_checkpoint(path: Path) -> dict[str, Tensor]:
+def _torch_training_checkpoint(path: Path) -> TrainingCheckpoint:
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        with torch.serialization.safe_globals(_harmless_globals()):
+            obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch.load raises many types (UnpicklingError, RuntimeError, EOFError...)
         raise CheckpointError(f"cannot load {path} with weights_only=True: {_torch_load_reason(err)}") from err
-    # Training scripts often wrap the weights: {"state_dict": ...} or {"model": ...}.
-    for key in ("state_dict", "model"):
-        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
-            obj = obj[key]
-    if not isinstance(obj, dict) or not all(isinstance(v, Tensor) for v in obj.values()):
-        raise CheckpointError(f"{path} does not hold a state dict of tensors")
-    return obj
+    if _is_state_dict(obj):
+        return TrainingCheckpoint(path, _without_ddp_prefix(obj))
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{path} does not hold a state dict of tensors: it holds a {type(obj).__name__}")
+    container = next((key for key in WEIGHTS_KEYS if _is_state_dict(obj.get(key))), None)
+    if container is None:
+        keys = ", ".join(map(str, list(obj)[:6])) + (", ..." if len(obj) > 6 else "")
+        raise CheckpointError(
+            f"{path} does not hold a state dict of tensors: its top-level keys are {keys}; "
+            f"expected tensors, or the weights under one of {', '.join(WEIGHTS_KEYS)}"
+        )
+    ema_key = next((key for key in EMA_KEYS if _is_state_dict(obj.get(key))), None)
+    extras = {k: v for k, v in obj.items() if k not in (container, ema_key)}
+    ema = _without_ddp_prefix(obj[ema_key]) if ema_key else None
+    return TrainingCheckpoint(path, _without_ddp_prefix(obj[container]), container, ema, extras)
+
+
+def _is_state_dict(obj) -> bool:
+    return isinstance(obj, dict) and bool(obj) and all(isinstance(k, str) and isinstance(v, Tensor) for k, v in obj.items())
+
+
+def _without_ddp_prefix(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A model saved from inside ``DistributedDataParallel`` names every tensor ``module.*``."""
+    if all(k.startswith("module.") for k in state):
+        return {k.removeprefix("module."): v for k, v in state.items()}
+    return state
 
 
 def _torch_load_reason(err: Exception) -> str:

@@ -1,8 +1,13 @@
+import argparse
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
 
 from deploykit.errors import CheckpointError
 from deploykit.nn import create_model, load_checkpoint, load_model, save_model
+from deploykit.nn.checkpoint import read_training_checkpoint
 
 
 def small(**kw):
@@ -28,15 +33,68 @@ def test_pt_state_dict_and_wrapped(tmp_path):
 
 
 class Payload:
+    """Unpickling it runs ``open(marker, "w")``, which creates the marker: visible proof that code ran."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
     def __reduce__(self):
-        return (print, ("code ran",))
+        return (open, (str(self.marker), "w"))
 
 
-def test_pt_with_pickled_code_is_refused(tmp_path):
-    torch.save({"w": torch.zeros(1), "obj": Payload()}, tmp_path / "evil.pt")
-    with pytest.raises(CheckpointError, match="weights_only.*Unsupported global.*print") as err:
-        load_checkpoint(tmp_path / "evil.pt")
-    assert "\n" not in str(err.value)
+@pytest.mark.parametrize("where", ["beside the weights", "inside the script's args"])
+def test_pt_with_pickled_code_is_refused_and_runs_nothing(tmp_path, where):
+    marker = tmp_path / "code-ran"
+    args = argparse.Namespace(lr=0.1, hook=Payload(marker)) if where != "beside the weights" else argparse.Namespace(lr=0.1)
+    extra = {"obj": Payload(marker)} if where == "beside the weights" else {}
+    torch.save({"model": {"w": torch.zeros(1)}, "args": args, **extra}, tmp_path / "evil.pth")
+    torch.load(tmp_path / "evil.pth", weights_only=False)  # control: a plain load runs the payload
+    assert marker.exists()
+    marker.unlink()
+    with pytest.raises(CheckpointError, match="weights_only.*Unsupported global: GLOBAL io.open ") as err:
+        load_checkpoint(tmp_path / "evil.pth")
+    assert "\n" not in str(err.value) and not marker.exists()
+
+
+def test_training_script_containers_give_the_trained_weights(tmp_path):
+    """DeiT's/GridPE's ``best_checkpoint.pth`` (Namespace args, EMA copy, optimizer, numpy accuracy),
+    the MoPE repository's ``model_state``, and a DDP model's ``module.`` names."""
+    model, ema = small(), small(encoding="rope-axial")
+    deit = {
+        "model": model.state_dict(),
+        "optimizer": {"state": {}, "param_groups": [{"lr": 0.1}]},
+        "lr_scheduler": {"last_epoch": 3},
+        "epoch": 3,
+        "model_ema": ema.state_dict(),
+        "scaler": {"scale": 65536.0},
+        "args": argparse.Namespace(model="deit_small_gridpe", input_size=224, output_dir=Path("out")),
+        "max_accuracy": np.float64(81.2),
+    }
+    torch.save(deit, tmp_path / "best_checkpoint.pth")
+    read = read_training_checkpoint(tmp_path / "best_checkpoint.pth")
+    assert read.container == "model" and read.args["input_size"] == 224 and read.extras["epoch"] == 3
+    assert read.weights.keys() == model.state_dict().keys() and torch.equal(read.weights["head.weight"], model.head.weight)
+    assert read.chosen(ema=True).keys() == ema.state_dict().keys()
+    assert load_checkpoint(tmp_path / "best_checkpoint.pth").keys() == model.state_dict().keys()  # the trained model, not the EMA
+
+    torch.save({"model_state": model.state_dict(), "optimizer_state": {}, "history": [1.0], "step": 10}, tmp_path / "mope.pt")
+    read = read_training_checkpoint(tmp_path / "mope.pt")
+    assert read.container == "model_state" and read.extras == {"optimizer_state": {}, "history": [1.0], "step": 10}
+    with pytest.raises(CheckpointError, match="holds no EMA weights .*drop --ema"):
+        read.chosen(ema=True)
+
+    torch.save({f"module.{k}": v for k, v in model.state_dict().items()}, tmp_path / "ddp.pth")
+    loaded = load_model(tmp_path / "ddp.pth", config=model.cfg)
+    assert torch.equal(loaded.head.weight, model.head.weight)
+
+
+def test_a_file_with_no_weights_where_they_should_be_is_named_in_one_line(tmp_path):
+    torch.save({"net": {"w": torch.zeros(1)}, "step": 1}, tmp_path / "other.pt")
+    with pytest.raises(CheckpointError, match=r"top-level keys are net, step; expected tensors, or the weights under one of model, "):
+        load_checkpoint(tmp_path / "other.pt")
+    torch.save([torch.zeros(1)], tmp_path / "list.pt")
+    with pytest.raises(CheckpointError, match="holds a list"):
+        load_checkpoint(tmp_path / "list.pt")
 
 
 def test_missing_corrupt_and_unknown_format(tmp_path):
