@@ -42,6 +42,7 @@ from deploykit.cli_serve import package, serve, serve_bench
 from deploykit.data import VALIDATION_NOISE, VALIDATION_REAL, VALIDATION_SEED
 from deploykit.errors import DeployKitError
 from deploykit.export import defaults as export_defaults
+from deploykit.importers import IMPORTERS
 from deploykit.profile import defaults as profile_defaults
 
 __all__ = ["cli", "main", "parse_counts"]
@@ -364,7 +365,8 @@ def profile(
 
 @cli.group("import")
 def import_group():
-    """Bring a trained model from another library in as a deploykit model directory."""
+    """Bring a trained model in as a deploykit model directory: from timm, or from a paper's own
+    training script (gridpe, mope, wepe)."""
 
 
 @import_group.command("timm")
@@ -393,6 +395,32 @@ def import_timm(name, weights, model_kwargs, options, output):
     model = convert(name, weights, options, **parse_model_kwargs(model_kwargs))
     save_model(model, output, metadata={"source": f"timm:{name}", "weights": str(weights or "pretrained")})
     render.done(render.console(), f"{output}  ({describe(model, name)})")
+
+
+def _paper_import_command(importer) -> None:
+    """``deploykit import <paper> CHECKPOINT -o DIR``: one command per official repository
+    (``deploykit.importers.IMPORTERS``), its options those the file does not hold."""
+
+    def run(checkpoint, ema, options, output, **assumed):
+        from deploykit.nn.checkpoint import save_model
+
+        imported = importer.convert(checkpoint, ema, options, **assumed)
+        save_model(imported.model, output, metadata={"source": imported.source, "ema": ema})
+        render.done(render.console(), f"{output}  ({imported.describe()})")
+
+    run.__doc__ = f"Import {importer.paper} from {importer.repository}'s training script: {importer.writes}, read as saved."
+    for assumption in reversed(importer.assumptions):
+        flag = "--" + assumption.name.replace("_", "-")
+        run = click.option(flag, assumption.name, default=assumption.default, show_default=True, help=assumption.help)(run)
+    run = output_option("Model directory to write (config.json + model.safetensors).")(run)
+    run = set_option(run)
+    run = click.option("--ema", is_flag=True, help="Take the file's EMA copy of the weights instead of the trained model's.")(run)
+    run = click.argument("checkpoint", type=click.Path(path_type=Path))(run)
+    import_group.command(importer.name)(run)
+
+
+for _importer in IMPORTERS.values():
+    _paper_import_command(_importer)
 
 
 @cli.command("inspect")

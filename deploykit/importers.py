@@ -1,0 +1,129 @@
+"""The papers' own checkpoints as deploykit models (``deploykit import gridpe|mope|wepe FILE``).
+
+Each paper's repository saves its trained model in a file of its own shape; an importer reads that
+file exactly as the official training script writes it (``read_training_checkpoint``: the
+container, the EMA copy, the script's ``args``), reads everything the file holds (depth from the
+block keys, heads where the weights say so, classes, ...) and asks only for what it does not hold
+(an ``Assumption``, with the official script's default, named in the output). The model it returns
+computes the official forward; ``save_model`` writes it as a model directory that ``export -c``,
+``validate``, ``profile`` and ``serve`` take with no ``config.json`` of the user's.
+
+An importer module provides ``convert(checkpoint: TrainingCheckpoint, ema: bool, **assumed) ->
+Imported``; ``IMPORTERS`` names them, and the CLI makes one ``deploykit import`` command of each.
+This module imports no PyTorch (the CLI builds its commands from it); ``convert`` does.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from deploykit.errors import ConfigError, unknown_choice
+
+if TYPE_CHECKING:
+    from deploykit.nn.factory import Model
+
+
+@dataclass(frozen=True)
+class Assumption:
+    """A value an importer needs that the file does not hold: the official script's default,
+    overridable as ``--<name>`` (underscores as hyphens)."""
+
+    name: str
+    default: Any
+    help: str
+
+
+@dataclass(frozen=True)
+class Importer:
+    """One paper's training-script checkpoints.
+
+    Attributes:
+        name: the ``deploykit import`` source (``gridpe``).
+        paper: the encoding and the trunk it trains, for help and output.
+        repository: the official repository (GitHub ``owner/name``).
+        writes: the script and the file it saves.
+        module: the module with ``convert``.
+        assumptions: what the file does not hold.
+    """
+
+    name: str
+    paper: str
+    repository: str
+    writes: str
+    module: str
+    assumptions: tuple[Assumption, ...] = ()
+
+    def convert(self, path: str | os.PathLike, ema: bool = False, options=(), **assumed: Any) -> Imported:
+        """Read ``path`` and build the model (``options``: ``key=value`` encoding options applied after)."""
+        known = {a.name for a in self.assumptions}
+        unknown = sorted(set(assumed) - known)
+        if unknown:
+            raise ConfigError(f"deploykit import {self.name} takes no option {unknown[0]!r}; it takes {', '.join(sorted(known)) or 'none'}")
+        from deploykit.nn.checkpoint import read_training_checkpoint, with_encoding_options
+
+        values = {a.name: assumed.get(a.name, a.default) for a in self.assumptions}
+        checkpoint = read_training_checkpoint(path)
+        imported = importlib.import_module(self.module).convert(checkpoint, ema, **values)
+        if options:
+            imported = imported.with_model(with_encoding_options(imported.model, options, str(path)))
+        return imported
+
+
+@dataclass(frozen=True)
+class Imported:
+    """An imported model and what was read from the file or assumed.
+
+    Attributes:
+        model: the deploykit model; its forward is the official forward.
+        source: ``"<importer>:<file>"`` (saved in the weights' metadata).
+        read: what the file said (``{"depth": 12, "heads": 6, ...}``).
+        assumed: the ``Assumption`` values used, since the file does not hold them.
+    """
+
+    model: Model
+    source: str
+    read: dict[str, Any] = field(default_factory=dict)
+    assumed: dict[str, Any] = field(default_factory=dict)
+
+    def with_model(self, model: Model) -> Imported:
+        return Imported(model, self.source, self.read, self.assumed)
+
+    def describe(self) -> str:
+        """One line: what was read and what was assumed."""
+        read = ", ".join(f"{k} {v}" for k, v in self.read.items())
+        assumed = ", ".join(f"{k}={v}" for k, v in self.assumed.items())
+        return read + (f"; not in the file, assumed: {assumed}" if assumed else "")
+
+
+# One entry per official repository; ``deploykit import --help`` lists them in this order.
+IMPORTERS: dict[str, Importer] = {
+    importer.name: importer
+    for importer in (
+        Importer(
+            "gridpe", "GridPE (DeiT-III trunk)", "BoyangL1/Gridpe", "VIT/deit/main.py's best_checkpoint.pth", "deploykit.nn.from_gridpe"
+        ),
+        Importer(
+            "mope",
+            "MoPE + EGA (causal language model)",
+            "AthanasiosZeris/energy-gated-attention",
+            "paper2_ega_mope/gpt_phase4_memfix.py's checkpoint",
+            "deploykit.nn.from_mope",
+        ),
+        Importer(
+            "wepe",
+            "WePE (ViT-Ti)",
+            "1131230221/Weierstrass-Elliptic-Function-Positional-Encoding",
+            "W_Ti.py's model.state_dict()",
+            "deploykit.nn.from_wepe",
+        ),
+    )
+}
+
+
+def get_importer(name: str) -> Importer:
+    if name not in IMPORTERS:
+        raise ConfigError(unknown_choice("import source", name, sorted(IMPORTERS)))
+    return IMPORTERS[name]
