@@ -173,7 +173,7 @@ def validate(
     export_dir, resolutions, backends, precision, inputs_path, num_random, num_real, seed, report, plugin_specs, allow_cpu_fallback
 ):
     """Compare exported graphs with the PyTorch float64 reference; exit 1 on failure."""
-    from deploykit._io import check_file_destination, write_json_atomic
+    from deploykit._io import check_file_destination, write_output_json
     from deploykit.backends.plugins import Plugins
     from deploykit.inputs import read_inputs
     from deploykit.validate import validate as run_validation
@@ -198,7 +198,7 @@ def validate(
         )
     render.validation(console, result)
     if report:
-        write_json_atomic(report, result.to_json())
+        write_output_json(report, result.to_json())
         render.say(console, f"report: {report}")
     result.raise_for_failure()
 
@@ -429,13 +429,15 @@ for _importer in IMPORTERS.values():
 def inspect_cmd(path, json_path):
     """Describe an exported graph (encoding, tables, precision plan, opset, custom ops, TensorRT-RTX's
     parse) or a built engine (fingerprint, profile shapes, layers and their precisions)."""
-    from deploykit._io import write_json_atomic
+    from deploykit._io import check_file_destination, write_output_json
     from deploykit.inspection import inspect_path
 
+    if json_path:
+        check_file_destination(json_path)
     info = inspect_path(path)
     render.inspection(info)
     if json_path:
-        write_json_atomic(json_path, info)
+        write_output_json(json_path, info)
 
 
 @cli.command("list")
