@@ -235,17 +235,29 @@ def staged_directory(dest: str | os.PathLike) -> Iterator[Path]:
     dest = Path(dest)
     if dest.exists() and not dest.is_dir():
         raise DeployKitError(f"cannot write {dest}: it exists and is not a directory")
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        stage = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".staging", dir=dest.parent))
-        os.chmod(stage, 0o777 & ~_umask())  # mkdtemp makes it private (0700)
-    except OSError as err:
-        raise DeployKitError(f"cannot write {dest}: {err.strerror or err}") from err
+    stage = directory_beside(dest, suffix=".staging")
     try:
         yield stage
         _swap_in(stage, dest)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+
+
+def directory_beside(dest: str | os.PathLike, suffix: str = "") -> Path:
+    """A new empty directory beside ``dest`` (to fill, then rename onto it), with the permissions a
+    plain ``mkdir`` would give (``mkdtemp`` makes it private, 0700, and a rename keeps that).
+
+    Raises:
+        DeployKitError: the directory beside ``dest`` cannot be written.
+    """
+    dest = Path(dest)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        made = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=suffix, dir=dest.parent))
+        os.chmod(made, 0o777 & ~_umask())
+    except OSError as err:
+        raise DeployKitError(f"cannot write {dest}: {err.strerror or err}") from err
+    return made
 
 
 def _swap_in(stage: Path, dest: Path) -> None:

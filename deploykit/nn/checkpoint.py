@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,11 +180,16 @@ def _without_ddp_prefix(state: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 def _torch_load_reason(err: Exception) -> str:
-    """The informative line of a ``torch.load`` error: for a refused pickle, which global it
-    refused (torch's first line only suggests loading unsafely)."""
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    refused = [line for line in lines if line.startswith("WeightsUnpickler error:")]
-    return (refused or lines or [type(err).__name__])[0]
+    """The informative part of a ``torch.load`` error: for a refused pickle, which global it
+    refused, without torch's advice (to allowlist the global, or to load with ``weights_only=False``:
+    both would run the file's code)."""
+    text = str(err)
+    refused = re.search(r"Unsupported global: GLOBAL (\S+) was not an allowed global", text)
+    if refused:
+        return f"Unsupported global: {refused.group(1)} (loading it would run code the file names; deploykit never does)"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    unpickler = [line for line in lines if line.startswith("WeightsUnpickler error:")]
+    return (unpickler or lines or [type(err).__name__])[0]
 
 
 def load_weights(model: Model, state_dict: dict[str, Tensor], source: str | os.PathLike, assign: bool = False) -> None:

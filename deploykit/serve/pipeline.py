@@ -261,7 +261,11 @@ class Pipeline:
         from deploykit.profile.choice import read_choice
 
         tag = resolution_tag(res)
-        choice = read_choice(self.export_dir, tag, self.batch_size) if backend == "auto" else None
+        try:
+            choice = read_choice(self.export_dir, tag, self.batch_size) if backend == "auto" else None
+        except DeployKitError as err:  # the choice is advice: serve without it, and say why
+            self._why[res] = f"profiled choice not taken: {err}"
+            return None
         if choice is None or choice.backend not in factories:
             return None
         gpu = [b for b in available_backends() if b in ("trt", "rtx", "ort-cuda")]

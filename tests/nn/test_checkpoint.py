@@ -51,9 +51,10 @@ def test_pt_with_pickled_code_is_refused_and_runs_nothing(tmp_path, where):
     torch.load(tmp_path / "evil.pth", weights_only=False)  # control: a plain load runs the payload
     assert marker.exists()
     marker.unlink()
-    with pytest.raises(CheckpointError, match="weights_only.*Unsupported global: GLOBAL io.open ") as err:
+    with pytest.raises(CheckpointError, match=r"weights_only=True: Unsupported global: io.open \(loading it would run code") as err:
         load_checkpoint(tmp_path / "evil.pth")
     assert "\n" not in str(err.value) and not marker.exists()
+    assert "weights_only=False" not in str(err.value) and "safe_globals" not in str(err.value)  # no advice to run it
 
 
 def test_training_script_containers_give_the_trained_weights(tmp_path):
