@@ -9,7 +9,8 @@ computes the official forward; ``save_model`` writes it as a model directory tha
 ``validate``, ``profile`` and ``serve`` take with no ``config.json`` of the user's.
 
 An importer module provides ``convert(checkpoint: TrainingCheckpoint, ema: bool, **assumed) ->
-Imported``; ``IMPORTERS`` names them, and the CLI makes one ``deploykit import`` command of each.
+Imported`` (both in ``deploykit.nn.checkpoint``, beside the converters, which import nothing from
+here); ``IMPORTERS`` names them, and the CLI makes one ``deploykit import`` command of each.
 This module imports no PyTorch (the CLI builds its commands from it); ``convert`` does.
 """
 
@@ -17,13 +18,13 @@ from __future__ import annotations
 
 import importlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from deploykit.errors import ConfigError, unknown_choice
 
 if TYPE_CHECKING:
-    from deploykit.nn.factory import Model
+    from deploykit.nn.checkpoint import Imported
 
 
 @dataclass(frozen=True)
@@ -70,32 +71,6 @@ class Importer:
         if options:
             imported = imported.with_model(with_encoding_options(imported.model, options, str(path)))
         return imported
-
-
-@dataclass(frozen=True)
-class Imported:
-    """An imported model and what was read from the file or assumed.
-
-    Attributes:
-        model: the deploykit model; its forward is the official forward.
-        source: ``"<importer>:<file>"`` (saved in the weights' metadata).
-        read: what the file said (``{"depth": 12, "heads": 6, ...}``).
-        assumed: the ``Assumption`` values used, since the file does not hold them.
-    """
-
-    model: Model
-    source: str
-    read: dict[str, Any] = field(default_factory=dict)
-    assumed: dict[str, Any] = field(default_factory=dict)
-
-    def with_model(self, model: Model) -> Imported:
-        return Imported(model, self.source, self.read, self.assumed)
-
-    def describe(self) -> str:
-        """One line: what was read and what was assumed."""
-        read = ", ".join(f"{k} {v}" for k, v in self.read.items())
-        assumed = ", ".join(f"{k}={v}" for k, v in self.assumed.items())
-        return read + (f"; not in the file, assumed: {assumed}" if assumed else "")
 
 
 # One entry per official repository; ``deploykit import --help`` lists them in this order.

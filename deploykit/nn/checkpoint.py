@@ -112,6 +112,33 @@ class TrainingCheckpoint:
         return vars(args) if hasattr(args, "__dict__") else dict(args) if isinstance(args, dict) else {}
 
 
+@dataclass(frozen=True)
+class Imported:
+    """An imported model and what was read from the file or assumed.
+
+    Attributes:
+        model: the deploykit model; its forward is the official forward.
+        source: ``"<importer>:<file>"`` (saved in the weights' metadata).
+        read: what the file said (``{"depth": 12, "heads": 6, ...}``).
+        assumed: what the file does not hold and the import took: the importer's ``Assumption``
+            values (``deploykit.importers``), or the training script's defaults.
+    """
+
+    model: Model
+    source: str
+    read: dict[str, Any] = dataclasses.field(default_factory=dict)
+    assumed: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def with_model(self, model: Model) -> Imported:
+        return Imported(model, self.source, self.read, self.assumed)
+
+    def describe(self) -> str:
+        """One line: what was read and what was assumed."""
+        read = ", ".join(f"{k} {v}" for k, v in self.read.items())
+        assumed = ", ".join(f"{k}={v}" for k, v in self.assumed.items())
+        return read + (f"; not in the file, assumed: {assumed}" if assumed else "")
+
+
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Tensor]:
     """Read a state dict from ``.safetensors`` or (weights only) ``.pt``/``.pth``/``.bin``: a bare
     state dict, or the trained weights of a training script's file (``read_training_checkpoint``).
