@@ -215,7 +215,7 @@ def test_cli_refuses_a_file_of_another_kind_in_one_line(tmp_path, deploykit_cli)
     assert not (tmp_path / "out").exists()
 
 
-def test_cli_import_names_what_it_read_and_assumed(tmp_path, deploykit_cli, capsys):
+def test_cli_import_names_what_it_read_and_assumed(tmp_path, deploykit_cli):
     code, err = deploykit_cli("import", "wepe", DATA / "best_wef_vit_ti.pth", "-o", tmp_path / "model", "--num-heads", 4, "--img-size", 64)
     assert code == 0, err
     assert "depth 2, embed_dim 32" in err and "not in the file, assumed: num_heads=4, img_size=64" in err
