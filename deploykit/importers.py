@@ -93,6 +93,10 @@ IMPORTERS: dict[str, Importer] = {
             "1131230221/Weierstrass-Elliptic-Function-Positional-Encoding",
             "W_Ti.py's model.state_dict()",
             "deploykit.nn.from_wepe",
+            (
+                Assumption("num_heads", 3, "Attention heads per block: nn.MultiheadAttention's weights do not say (W_Ti.py: 3)."),
+                Assumption("img_size", 224, "Training resolution, the model's default input: WePE holds no grid (W_Ti.py: 224)."),
+            ),
         ),
     )
 }

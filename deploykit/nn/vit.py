@@ -131,6 +131,8 @@ class ViTConfig:
             (prefix tokens excluded, as timm), or ``""`` (every token); ``None`` means ``token``
             with a class token, else ``avg``.
         fc_norm: the final LayerNorm comes after pooling (timm's ``fc_norm``) instead of before.
+        embed_norm: a LayerNorm on the patch tokens right after the embedding (timm's
+            ``PatchEmbed(norm_layer=...)``, ``patch_embed.norm``; the WePE authors' ``patch_norm``).
         init_values: LayerScale (``ls1``/``ls2``, DeiT-III, DINOv3) with this initial value;
             ``None`` means no LayerScale.
         mlp_layer: ``mlp`` (fc1, GELU, fc2) or ``swiglu`` (timm's ``SwiGLU``: SiLU(fc1_g) * fc1_x, fc2).
@@ -156,6 +158,7 @@ class ViTConfig:
     reg_tokens: int = 0
     global_pool: str | None = None
     fc_norm: bool = False
+    embed_norm: bool = False
     init_values: float | None = None
     mlp_layer: str = "mlp"
     mlp_hidden_dim: int | None = None
@@ -253,15 +256,17 @@ def list_models() -> list[str]:
 
 
 class PatchEmbed(nn.Module):
-    """Image ``[B, C, H, W]`` → tokens ``[B, (H/p)(W/p), D]`` by a stride-``p`` convolution."""
+    """Image ``[B, C, H, W]`` → tokens ``[B, (H/p)(W/p), D]`` by a stride-``p`` convolution, then
+    ``norm`` (timm's ``norm_layer``; an ``Identity``, which holds no keys, when there is none)."""
 
-    def __init__(self, patch_size: int, in_chans: int, embed_dim: int):
+    def __init__(self, patch_size: int, in_chans: int, embed_dim: int, norm: nn.Module | None = None):
         super().__init__()
         self.patch_size = patch_size
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
+        self.norm = norm if norm is not None else nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.proj(x).flatten(2).transpose(1, 2)
+        return self.norm(self.proj(x).flatten(2).transpose(1, 2))
 
 
 class Mlp(nn.Module):
@@ -356,7 +361,8 @@ class VisionTransformer(nn.Module):
     def __init__(self, cfg: ViTConfig):
         super().__init__()
         self.cfg = cfg
-        self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, cfg.embed_dim)
+        embed_norm = nn.LayerNorm(cfg.embed_dim, eps=cfg.norm_eps) if cfg.embed_norm else None
+        self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, cfg.embed_dim, embed_norm)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim)) if cfg.class_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, cfg.reg_tokens, cfg.embed_dim)) if cfg.reg_tokens else None
         native = cfg.img_size // cfg.patch_size

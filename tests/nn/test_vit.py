@@ -47,6 +47,8 @@ def reference_vit(sd, x, heads, depth, eps=1e-6):
     """ViT forward written from the state dict alone (class token, APE, token pooling)."""
     x = F.conv2d(x, sd["patch_embed.proj.weight"], sd["patch_embed.proj.bias"], stride=16)
     x = x.flatten(2).transpose(1, 2)
+    if "patch_embed.norm.weight" in sd:  # timm's PatchEmbed(norm_layer=...)
+        x = F.layer_norm(x, x.shape[-1:], sd["patch_embed.norm.weight"], sd["patch_embed.norm.bias"], eps)
     x = torch.cat([sd["cls_token"].expand(len(x), -1, -1), x], 1) + sd["pos_embed"]
     B, N, D = x.shape
     hd = D // heads
@@ -74,6 +76,21 @@ def test_timm_vit_small_state_dict_loads_and_matches_reference():
     x = torch.randn(2, 3, 224, 224, generator=g, dtype=F64)
     with torch.no_grad():
         torch.testing.assert_close(model(x), reference_vit(sd, x, heads=6, depth=12), atol=1e-10, rtol=1e-10)
+
+
+def test_embed_norm_is_timms_patch_embed_norm_and_absent_by_default():
+    shapes = timm_vit_small_patch16_224_shapes(depth=2)
+    shapes.update({"patch_embed.norm.weight": (384,), "patch_embed.norm.bias": (384,)})
+    g = torch.Generator().manual_seed(0)
+    sd = {k: torch.randn(s, generator=g, dtype=F64) * 0.05 for k, s in shapes.items()}
+    sd["patch_embed.norm.weight"] = sd["patch_embed.norm.weight"] + 1
+    model = create_model("vit_small_patch16", depth=2, embed_norm=True).to(F64).eval()
+    model.load_state_dict(sd, strict=True)
+    assert set(model.state_dict()) == set(shapes)
+    x = torch.randn(1, 3, 224, 224, generator=g, dtype=F64)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), reference_vit(sd, x, heads=6, depth=2), atol=1e-10, rtol=1e-10)
+    assert not any(k.startswith("patch_embed.norm") for k in create_model("vit_small_patch16", depth=2).state_dict())
 
 
 @pytest.mark.parametrize("encoding", ["ape", "rope-axial", "rope-mixed"])
@@ -182,3 +199,4 @@ def test_config_without_the_new_fields_means_the_old_trunk():
 
     cfg = ViTConfig.from_dict(old)
     assert (cfg.pool, cfg.num_prefix_tokens, cfg.hidden_dim, cfg.init_values, cfg.fc_norm) == ("avg", 0, 256, None, False)
+    assert cfg.embed_norm is False
