@@ -44,8 +44,7 @@ from deploykit.encodings import EncodingConfig
 from deploykit.encodings.ape import ApeConfig
 from deploykit.encodings.mope import MoPEConfig
 from deploykit.errors import CheckpointError, ConfigError
-from deploykit.importers import Imported
-from deploykit.nn.checkpoint import TrainingCheckpoint, load_weights
+from deploykit.nn.checkpoint import Imported, TrainingCheckpoint, load_weights
 from deploykit.nn.sequence import SequenceConfig, SequenceTransformer
 
 SCRIPT = "gpt_phase4_memfix.py"

@@ -42,8 +42,7 @@ from torch import Tensor
 from deploykit.encodings import get_config
 from deploykit.encodings.wepe import LEMNISCATE
 from deploykit.errors import CheckpointError, ConfigError
-from deploykit.importers import Imported
-from deploykit.nn.checkpoint import TrainingCheckpoint, load_weights
+from deploykit.nn.checkpoint import Imported, TrainingCheckpoint, load_weights
 from deploykit.nn.vit import VisionTransformer, ViTConfig
 
 # (official key, deploykit key) patterns: every key W_Ti.py's ImprovedViT_Ti saves, and only those.
