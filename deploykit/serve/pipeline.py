@@ -26,7 +26,9 @@ Threads: a pipeline may be called from several threads (a server's model instanc
 thread pool). A runner that does not declare itself ``thread_safe`` (an engine's execution
 context and buffers) is used by one thread at a time, behind a lock of its own.
 
-Limits: an image over ``ImageLimits`` (pixels, encoded bytes) is refused before it is decoded.
+Limits: an image over ``ImageLimits`` (pixels, encoded bytes) or over the decode-work limits of
+``deploykit.imaging`` (chunks, scans, frames) is refused before it is decoded; bytes that do not
+decode are one ``InputError``, whatever Pillow raised.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ import numpy as np
 from deploykit import imaging
 from deploykit._lazy import lazy_import
 from deploykit.answers import top_k
-from deploykit.errors import ConfigError, DeployKitError, InputError
+from deploykit.errors import ConfigError, DeployKitError, InputError, one_line
 from deploykit.export.manifest import OUTPUT_NAME, Manifest
 from deploykit.imaging import nearest_resolution
 from deploykit.resolutions import resolution_tag
@@ -97,10 +99,19 @@ def decode_image(item: ImageLike, limits: ImageLimits = ImageLimits()) -> np.nda
             return limits.decode(data)
         if hasattr(item, "convert") and hasattr(item, "size"):  # a PIL image, without importing PIL for the check
             limits.check(item.size[1], item.size[0])
-            return np.array(item.convert("RGB"))
+            return _pil_rgb(item)
     except imaging.ImageRejected as err:
         raise InputError(f"{item}: {err}" if isinstance(item, (str, os.PathLike)) else str(err)) from err
     raise InputError(f"unsupported image type {type(item).__name__}; expected a uint8 array, PIL image, bytes or path")
+
+
+def _pil_rgb(image) -> np.ndarray:
+    """A PIL image's pixels as RGB; an opened image decodes only here, and corrupt data raises
+    Pillow's ``SyntaxError``, ``EOFError``, ... : those are the image's ``ImageRejected``."""
+    try:
+        return np.array(image.convert("RGB"))
+    except Exception as err:
+        raise imaging.ImageRejected(f"cannot decode image: {one_line(err, 200) or type(err).__name__}") from err
 
 
 def _read_file(path: str | os.PathLike, max_bytes: int) -> bytes:

@@ -16,6 +16,7 @@ from deploykit.data import sample_images
 from deploykit.errors import ConfigError, DeployKitError, InputError, MissingDependencyError
 from deploykit.runtime import OnnxrtRunner
 from deploykit.serve import Pipeline, nearest_resolution
+from tests import image_bombs
 
 PIL = pytest.importorskip("PIL.Image", reason="pillow comes with the images extra")
 
@@ -248,3 +249,15 @@ def test_images_over_the_limits_are_refused_before_decoding(export_dir, tmp_path
         assert pipe(np.zeros((32, 40, 3), np.uint8)).resolution == (32, 32)  # at the limit: served
     with pytest.raises(ConfigError, match="max_pixels=0"):
         ImageLimits(max_pixels=0)
+
+
+def test_an_image_that_fails_to_decode_is_one_input_error(pipeline):
+    """Pillow raises ``SyntaxError`` on a PNG whose zTXt chunk names an unknown compression
+    (issue 41): in-process that is one ``InputError``, from bytes or from a lazily opened PIL image."""
+    png = image_bombs.encoded("PNG")
+    end = png.rindex(b"IEND") - 4
+    corrupt = png[:end] + image_bombs.png_chunk(b"zTXt", b"key\0\x01data") + png[end:]
+    for item in (corrupt, [png, corrupt], PIL.open(io.BytesIO(corrupt))):
+        with pytest.raises(InputError, match="^cannot decode image.*compression") as info:
+            pipeline(item)
+        assert "\n" not in str(info.value) and "/" not in str(info.value)
