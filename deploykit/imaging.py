@@ -72,6 +72,12 @@ _KEYS_A = -0.5  # bicubic convolution parameter used by torch's and Pillow's ant
 INTERPOLATIONS = ("bicubic", "bilinear")
 CROP_MODES = ("center", "squash", "border")
 DEFAULT_CROP_PCT = 0.875  # timm's DEFAULT_CROP_PCT
+# The largest magnitude a model input may have. Normalised pixels, (v - mean) / std for v in [0, 1],
+# lie within ±2.7 for ImageNet's mean and std and ±1 for CLIP's or 0.5/0.5; a tensor a client sends
+# instead of an image can hold anything, and a finite 3e38 overflows the first layer to NaN logits
+# (issue 41). 1e4 is over 3,000 times any real preprocessing's range, and keeps an fp32 patch
+# embedding's 768-term sums far from overflow.
+MAX_INPUT_MAGNITUDE = 1e4
 
 
 class ImageRejected(ValueError):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 import struct
 import zlib
 
@@ -19,7 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from deploykit import imaging
-from deploykit.serve.requests import MAX_JSON_DEPTH, RequestRejected, check_http_infer, client_message
+from deploykit.imaging import MAX_INPUT_MAGNITUDE
+from deploykit.serve.requests import MAX_JSON_DEPTH, RequestRejected, check_grpc_infer, check_http_infer, client_message
 
 PIL = pytest.importorskip("PIL.Image", reason="pillow comes with the images extra")
 # Pillow warns on opening a header over its own pixel budget; decode refuses those right after.
@@ -89,9 +91,37 @@ def _request(shape, values, binary: bool, datatype: str = "FP32") -> tuple[bytes
 @FUZZ
 @given(shapes, st.booleans(), st.sampled_from(["FP32", "FP16", "FP64"]), st.data())
 def test_well_formed_finite_requests_pass(shape, binary, datatype, data):
-    bound = {"FP16": 6e4, "FP32": 3e38, "FP64": 1e308}[datatype]
-    values = data.draw(st.lists(st.floats(-bound, bound), min_size=math.prod(shape), max_size=math.prod(shape)))
+    values = data.draw(st.lists(st.floats(-MAX_INPUT_MAGNITUDE, MAX_INPUT_MAGNITUDE), min_size=math.prod(shape), max_size=math.prod(shape)))
     assert outcome(*_request(shape, values, binary, datatype)) is None
+
+
+@FUZZ
+@given(shapes, st.booleans(), st.sampled_from(["FP16", "FP32", "FP64"]), st.data())
+def test_a_value_beyond_the_input_bound_anywhere_is_refused(shape, binary, datatype, data):
+    """A finite 3e38 overflowed the model to NaN logits, answered with a ranking (issue 41)."""
+    top = {"FP16": 6e4, "FP32": 3e38, "FP64": 1e308}[datatype]
+    count = math.prod(shape)
+    values = data.draw(st.lists(st.floats(-1e3, 1e3), min_size=count, max_size=count))
+    bad = data.draw(st.floats(MAX_INPUT_MAGNITUDE * 1.01, top)) * data.draw(st.sampled_from([1, -1]))
+    values[data.draw(st.integers(0, count - 1))] = bad
+    assert outcome(*_request(shape, values, binary, datatype)) == (
+        f"input images: 1 values beyond ±10000 in {datatype} data; send normalised pixels"
+    )
+
+
+def test_grpc_values_beyond_the_input_bound_are_refused():
+    """gRPC's raw and typed contents: the same bound as HTTP's."""
+    service_pb2 = pytest.importorskip("tritonclient.grpc.service_pb2", reason="needs tritonclient (serve extra)")
+    values = np.array([0.5, -3e38, 1.0], np.float32)
+    raw = service_pb2.ModelInferRequest(model_name="logits_32", raw_input_contents=[values.tobytes()])
+    raw.inputs.add(name="images", datatype="FP32", shape=[3])
+    typed = service_pb2.ModelInferRequest(model_name="logits_32")
+    typed.inputs.add(name="images", datatype="FP32", shape=[3]).contents.fp32_contents.extend(values.tolist())
+    for request in (raw, typed):
+        with pytest.raises(RequestRejected, match="^input images: 1 values beyond ±10000 in FP32 data"):
+            check_grpc_infer(request)
+    typed.inputs[0].contents.fp32_contents[1] = -1e4
+    check_grpc_infer(typed)
 
 
 @FUZZ
@@ -141,12 +171,17 @@ LIMITS = dict(max_pixels=4096, max_bytes=1 << 16, max_side=256, max_aspect=4.0)
 sizes = st.integers(0, 2**31 - 1) | st.integers(0, 300)
 
 
+PATH = re.compile(r"/\w+/|\.py\b|site-packages")
+
+
 def decoded_within_limits(data: bytes) -> None:
-    """``decode`` either refuses in one line or returns an image within every limit."""
+    """``decode`` either refuses in one line (short, no path) or returns an image within every
+    limit; any other exception fails the test."""
     try:
         image = imaging.decode(data, **LIMITS)
     except imaging.ImageRejected as err:
-        assert "\n" not in str(err)
+        message = str(err)
+        assert message and "\n" not in message and len(message) < 400 and not PATH.search(message), message
         return
     h, w = image.shape[:2]
     assert image.dtype == np.uint8 and image.shape[2] == 3

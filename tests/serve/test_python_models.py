@@ -1,7 +1,8 @@
 """deploykit's Triton Python-backend models, driven in-process with a batch as Triton's stub drives
 them (``python_backend.py``): ``classify`` of ``deploykit serve`` and the packaged repository's
 ``preprocess_<res>``. One client's image, however broken, fails that client's request alone
-(issue 41: a PNG with a corrupt chunk failed 24 of 100 valid requests batched beside it)."""
+(issue 41: a PNG with a corrupt chunk failed 24 of 100 valid requests batched beside it); a model
+answer holding NaN/Inf is refused, never ranked."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import re
 import numpy as np
 import pytest
 from python_backend import images_request, load_model
+from stand_in_runner import NanRowRunner
 
 import deploykit
 from tests import image_bombs
@@ -99,6 +101,18 @@ def test_classify_says_why_an_image_was_refused(pipeline, monkeypatch):
     needles = ["cannot decode image bytes: ", "cannot decode image bytes: ", "scans; this server takes at most", "animated (3 frames)"]
     for response, needle in zip(responses, needles):
         assert_client_error(response, needle)
+
+
+def test_a_nan_answer_is_refused_not_ranked_by_classify(export_dir, valid_images, monkeypatch):
+    """The model answers NaN for one image: its call fails (a model fault) and nothing is ranked."""
+    with deploykit.load(export_dir, factories={"ort": NanRowRunner}, top_k=3) as pipe:
+        responses = classify_model(pipe, monkeypatch).execute([images_request(data) for data in valid_images[:2]])
+    for response in responses:
+        assert response.has_error() and not response.output_tensors
+        message = response.error().message()
+        assert re.fullmatch(
+            r"logits_\d+ failed: the ort model at \d+ answered NaN/Inf for 1 of \d+ images \(first: 0\); not ranked", message
+        )
 
 
 @pytest.mark.parametrize("poison", POISONED)
