@@ -161,7 +161,7 @@ class Structure:
         format: Pillow's name of the format (``PNG``, ``JPEG``, ``WEBP``, ``BMP``).
         size: ``(height, width)`` from the header; None where the bytes end before it.
         chunks: PNG chunks, JPEG marker segments or WebP RIFF chunks (the walk stops past ``MAX_CHUNKS``).
-        scans: JPEG scans (SOS markers) before the end of the image.
+        scans: JPEG scans (SOS markers) before the end of the image (the walk stops past ``MAX_SCANS``).
         frames: frames an APNG (``acTL``) or a WebP animation (``ANMF`` chunks) holds; 1 when still.
         stray: bytes between a JPEG's header segments (before its first scan), where Pillow steps one at a time.
         compression: a BMP's compression (``uncompressed``, ``RLE8``, ...); empty for other formats.
@@ -208,7 +208,7 @@ def check_structure(structure: Structure, max_pixels: int = MAX_PIXELS, max_side
         kind = "marker segments" if name == "JPEG" else "chunks"
         raise ImageRejected(f"{name} image has more than {MAX_CHUNKS} {kind}; this server takes at most {MAX_CHUNKS}")
     if s.scans > MAX_SCANS:
-        raise ImageRejected(f"JPEG image has {s.scans} scans; this server takes at most {MAX_SCANS} (encoders write about 10)")
+        raise ImageRejected(f"JPEG image has more than {MAX_SCANS} scans; this server takes at most {MAX_SCANS} (encoders write about 10)")
     if s.stray > MAX_STRAY_BYTES:
         raise ImageRejected(
             f"JPEG image has {s.stray} stray bytes between its header segments; this server takes at most {MAX_STRAY_BYTES}"
@@ -251,7 +251,7 @@ def _jpeg_structure(data: bytes) -> Structure:
     """Marker segments from SOI to EOI (libjpeg reads no further), scans skipped by searching
     their entropy-coded data for the next marker."""
     size, segments, scans, stray, pos = None, 0, 0, 0, 2
-    while segments <= MAX_CHUNKS:
+    while segments <= MAX_CHUNKS and scans <= MAX_SCANS:  # past either limit the answer is known
         found = _JPEG_MARKER.search(data, pos)
         if found is None:
             break

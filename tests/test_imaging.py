@@ -185,7 +185,7 @@ def test_a_corrupt_chunk_is_refused_in_one_line_whatever_pillow_raises():
 BOMBS = {
     "progressive JPEG, one scan repeated": (
         lambda: image_bombs.progressive_jpeg(imaging.MAX_SCANS + 1),
-        f"^JPEG image has {imaging.MAX_SCANS + 1} scans; this server takes at most {imaging.MAX_SCANS}",
+        f"^JPEG image has more than {imaging.MAX_SCANS} scans; this server takes at most {imaging.MAX_SCANS}",
     ),
     "PNG of empty chunks": (lambda: image_bombs.png_with_chunks(imaging.MAX_CHUNKS), "^PNG image has more than 20000 chunks"),
     "JPEG of empty comments": (
