@@ -14,7 +14,8 @@ through these functions first, so Triton only sees well-formed, bounded, finite 
 * every input: a name, a known datatype, a shape of non-negative integers, and ``data`` (flat or
   nested along ``shape``) or binary data holding exactly ``prod(shape)`` elements;
 * floating-point inputs (FP16/FP32/FP64, JSON or binary, and gRPC's raw or typed contents) finite
-  at their own precision (``1e39`` is an FP32 infinity);
+  at their own precision (``1e39`` is an FP32 infinity) and within ``±MAX_INPUT_MAGNITUDE``
+  (``deploykit.imaging``: far beyond normalised pixels; 3e38 overflowed the model to NaN logits);
 * no shared-memory inputs (the region registration endpoints are not served).
 
 A refused request raises ``RequestRejected`` with one line for the client. Pure functions over
@@ -29,6 +30,8 @@ import math
 import re
 
 import numpy as np
+
+from deploykit.imaging import MAX_INPUT_MAGNITUDE
 
 MAX_JSON_DEPTH = 32  # a request is 3 deep ({"inputs": [{...}]}) plus its data's rank; 32 leaves room
 MAX_RANK = 16  # dimensions per input (Triton's own models here have 4)
@@ -214,6 +217,10 @@ def _check_finite(name: str, datatype: str, values: np.ndarray) -> None:
     bad = int(values.size - np.count_nonzero(np.isfinite(values)))
     if bad:
         raise RequestRejected(f"input {name}: {bad} NaN/Inf values in {datatype} data; send finite numbers")
+    # A finite 3e38 overflows the model to NaN logits, and Triton's batcher would run it beside other clients' inputs.
+    large = int(np.count_nonzero(np.abs(values) > MAX_INPUT_MAGNITUDE))
+    if large:
+        raise RequestRejected(f"input {name}: {large} values beyond ±{MAX_INPUT_MAGNITUDE:g} in {datatype} data; send normalised pixels")
 
 
 def check_grpc_infer(request) -> None:
