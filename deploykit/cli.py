@@ -408,7 +408,7 @@ def _paper_import_command(importer) -> None:
         save_model(imported.model, output, metadata={"source": imported.source, "ema": ema})
         render.done(render.console(), f"{output}  ({imported.describe()})")
 
-    run.__doc__ = f"Import {importer.paper} from {importer.repository}'s training script: {importer.writes}, read as saved."
+    run.__doc__ = f"Import {importer.paper}: {importer.writes}, read as saved ({importer.repository})."
     for assumption in reversed(importer.assumptions):
         flag = "--" + assumption.name.replace("_", "-")
         run = click.option(flag, assumption.name, default=assumption.default, show_default=True, help=assumption.help)(run)

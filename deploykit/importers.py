@@ -56,6 +56,9 @@ class Importer:
     writes: str
     module: str
     assumptions: tuple[Assumption, ...] = ()
+    # ``--set`` options go to ``convert`` (they shape the model the weights fill) instead of being
+    # applied to the model it returns.
+    takes_options: bool = False
 
     def convert(self, path: str | os.PathLike, ema: bool = False, options=(), **assumed: Any) -> Imported:
         """Read ``path`` and build the model (``options``: ``key=value`` encoding options applied after)."""
@@ -67,7 +70,10 @@ class Importer:
 
         values = {a.name: assumed.get(a.name, a.default) for a in self.assumptions}
         checkpoint = read_training_checkpoint(path)
-        imported = importlib.import_module(self.module).convert(checkpoint, ema, **values)
+        converter = importlib.import_module(self.module).convert
+        if self.takes_options:
+            return converter(checkpoint, ema, options=tuple(options), **values)
+        imported = converter(checkpoint, ema, **values)
         if options:
             imported = imported.with_model(with_encoding_options(imported.model, options, str(path)))
         return imported
@@ -97,6 +103,19 @@ IMPORTERS: dict[str, Importer] = {
                 Assumption("num_heads", 3, "Attention heads per block: nn.MultiheadAttention's weights do not say (W_Ti.py: 3)."),
                 Assumption("img_size", 224, "Training resolution, the model's default input: WePE holds no grid (W_Ti.py: 224)."),
             ),
+        ),
+        Importer(
+            "vit",
+            "a ViT or DeiT-III trained elsewhere with a deploykit encoding (SaPE², GeoPE, ...)",
+            "your own training code",
+            "a state dict in timm's ViT names plus the encoding's parameters, bare or in a training container",
+            "deploykit.nn.from_state_dict",
+            (
+                Assumption("model", "vit_small_patch16", "The size whose head count the weights take (a packed qkv does not record it)."),
+                Assumption("encoding", "ape", "The encoding the model was trained with; its options with --set (e.g. mode=k)."),
+                Assumption("img_size", 0, "Training resolution where no learned APE gives it (0: the size's own)."),
+            ),
+            takes_options=True,
         ),
     )
 }
