@@ -387,7 +387,7 @@ def import_group():
 @set_option
 @output_option("Model directory to write (config.json + model.safetensors).")
 def import_timm(name, weights, model_kwargs, options, output):
-    """Import timm model NAME (ViT, DeiT-III, RoPE-ViT, DINOv3) for export, validate, build, profile and serve."""
+    """Import timm model NAME (ViT, DeiT-III, RoPE-ViT, DINOv3, EVA-02) for export, validate, build, profile and serve."""
     from deploykit.nn.checkpoint import save_model
     from deploykit.nn.from_timm import describe, parse_model_kwargs
     from deploykit.nn.from_timm import import_timm as convert

@@ -1,4 +1,4 @@
-"""timm's ViT, DeiT-III, RoPE-ViT and DINOv3 models as deploykit models (``deploykit import timm``).
+"""timm's ViT, DeiT-III, RoPE-ViT, DINOv3 and EVA-02 models as deploykit models (``deploykit import timm``).
 
 A timm model is read module by module: every convention it uses becomes a field of the
 deploykit config (``ViTConfig`` and the encoding's config), and anything the trunk does not
@@ -21,11 +21,17 @@ DINOv3      ``Eva`` (``vit_*_dinov3*``)           ``rope-axial`` with ``coords="
                                                   ``pairs="halves"``; 4 registers, LayerScale,
                                                   SwiGLU, ``q_bias``/``v_bias`` → ``qkv.bias``;
                                                   no head: pooled features
+EVA-02      ``Eva`` (``eva02_*``, the CLIP        ``rope-axial`` with ``ref_grid`` (timm's
+            towers ``eva02_*_clip_*``)            ``ref_feat_shape``), ``axis_order="yx"``,
+                                                  θ 10⁴, + ``ape``; ``swiglu_packed`` (Ti/S,
+                                                  ``GluMlp``) or ``swiglu`` + ``mlp_norm``
+                                                  (B/L), ``attn_norm`` (CLIP), q/v biases
 ==========  ====================================  ===========================================
 
 Eva's names differ from timm's ``VisionTransformer`` (which deploykit's trunk keeps):
 ``gamma_1``/``gamma_2`` → ``ls1.gamma``/``ls2.gamma``, ``rope.freqs`` → ``pos_enc.freqs``,
-and ``q_bias`` + zero ``k_bias`` + ``v_bias`` → ``qkv.bias``.
+``q_bias`` + zero ``k_bias`` + ``v_bias`` → ``qkv.bias``, and EVA-02 B/L's ``q_proj``,
+``k_proj`` (no bias), ``v_proj`` → one ``qkv``.
 """
 
 from __future__ import annotations
@@ -157,7 +163,7 @@ def config_from_timm(model: nn.Module, name: str) -> ViTConfig:
     if reader is None:
         raise ConfigError(
             f"cannot import timm {name}: its class {type(model).__name__} is not supported; deploykit imports "
-            f"{' and '.join(c.__name__ for c in readers)} models (ViT, DeiT-III, RoPE-ViT, DINOv3)"
+            f"{' and '.join(c.__name__ for c in readers)} models (ViT, DeiT-III, RoPE-ViT, DINOv3, EVA-02)"
         )
     refuse = _Refusals(name, type(model).__name__)
     _check_trunk(model, refuse)
@@ -201,6 +207,20 @@ def _check_trunk(model: nn.Module, refuse: _Refusals) -> None:
 # Pre-norm blocks and attentions whose forward deploykit's Block reproduces (given the checks below).
 _BLOCKS = ("Block", "EvaBlock")
 _ATTENTIONS = ("Attention", "EvaAttention", "AttentionRope")
+# timm.layers MLP -> ViTConfig.mlp_layer
+_MLP_LAYERS = {"Mlp": "mlp", "SwiGLU": "swiglu", "GluMlp": "swiglu_packed"}
+
+
+def _separate_qkv(attn: nn.Module) -> bool:
+    """EVA-02 B/L's ``q_proj``/``k_proj``/``v_proj`` (k without bias), which fuse into one ``qkv``."""
+    projections = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj")]
+    return all(isinstance(m, nn.Linear) for m in projections) and attn.k_proj.bias is None
+
+
+def _has_qkv_bias(attn: nn.Module) -> bool:
+    """Biases on q and v: ``qkv.bias`` (ViT), Eva's ``q_bias``/``v_bias``, or ``q_proj``/``v_proj`` biases."""
+    q = attn.qkv if getattr(attn, "qkv", None) is not None else attn.q_proj
+    return q.bias is not None or getattr(attn, "q_bias", None) is not None
 
 
 def _check_block(block: nn.Module, embed_dim: int, refuse: _Refusals, layers) -> None:
@@ -209,16 +229,20 @@ def _check_block(block: nn.Module, embed_dim: int, refuse: _Refusals, layers) ->
     if type(block).__name__ not in _BLOCKS:
         return
     attn, mlp = block.attn, block.mlp
-    extra_norms = [getattr(attn, n, None) for n in ("q_norm", "k_norm", "norm")]
-    refuse.check(all(m is None or isinstance(m, nn.Identity) for m in extra_norms), "q/k or attention-output norms")
+    qk_norms = [getattr(attn, n, None) for n in ("q_norm", "k_norm")]
+    refuse.check(all(m is None or isinstance(m, nn.Identity) for m in qk_norms), "q/k norms")
     refuse.check(getattr(attn, "gate", None) is None, "gated attention")
-    refuse.check(getattr(attn, "qkv", None) is not None, "separate q/k/v projections")
+    refuse.check(getattr(attn, "qkv", None) is not None or _separate_qkv(attn), "separate q/k/v projections with a k bias")
     refuse.check(attn.head_dim * attn.num_heads == embed_dim, "an attention width other than embed_dim")
     refuse.check(attn.proj.bias is not None, "an attention projection without bias")
-    refuse.check(type(mlp) in (layers.Mlp, layers.SwiGLU), f"MLP {type(mlp).__name__}")
-    refuse.check(isinstance(getattr(mlp, "norm", nn.Identity()), nn.Identity), "a norm inside the MLP")
+    refuse.check(type(mlp) in [getattr(layers, name) for name in _MLP_LAYERS], f"MLP {type(mlp).__name__}")
+    refuse.check(all(m.bias is not None for m in mlp.modules() if isinstance(m, nn.Linear)), "MLP projections without bias")
     if type(mlp) is layers.Mlp:
         refuse.check(type(mlp.act) is nn.GELU and mlp.act.approximate == "none", f"MLP activation {mlp.act}")
+    else:  # SwiGLU, GluMlp: SiLU gate, first half of GluMlp's fc1 (gate_last=False, timm's SwiGLUPacked)
+        refuse.check(
+            type(mlp.act) is nn.SiLU and not getattr(mlp, "gate_last", False), f"{type(mlp).__name__} with {mlp.act} or the gate last"
+        )
     attn_scale, mlp_scale = _layer_scale(block)
     refuse.check(attn_scale is None or mlp_scale is not None, "LayerScale on the attention branch only")
 
@@ -237,8 +261,10 @@ def _trunk_fields(model: nn.Module) -> dict[str, Any]:
         num_heads=block.attn.num_heads,
         mlp_ratio=hidden / model.embed_dim,
         mlp_hidden_dim=hidden,
-        mlp_layer="swiglu" if type(block.mlp).__name__ == "SwiGLU" else "mlp",
-        qkv_bias=block.attn.qkv.bias is not None or getattr(block.attn, "q_bias", None) is not None,
+        mlp_layer=_MLP_LAYERS[type(block.mlp).__name__],
+        mlp_norm=not isinstance(block.mlp.norm, nn.Identity),  # EVA-02's sub-LNs (timm's scale_mlp, scale_attn_inner)
+        attn_norm=not isinstance(getattr(block.attn, "norm", nn.Identity()), nn.Identity),
+        qkv_bias=_has_qkv_bias(block.attn),
         class_token=model.cls_token is not None,
         reg_tokens=0 if model.reg_token is None else model.reg_token.shape[1],
         global_pool=model.global_pool,
@@ -299,16 +325,16 @@ def _eva_encoding(model: nn.Module, refuse: _Refusals) -> EncodingConfig | None:
     if isinstance(rope, layers.RotaryEmbeddingMixed):
         return get_config("rope-mixed", theta=float(rope.temperature), axis_order=_axis_order(rope.grid_indexing), **extra)
     if isinstance(rope, layers.RotaryEmbeddingCat):
-        refuse.check(
-            rope.grid_type == "index" and rope.ref_feat_shape is None and rope.grid_offset == 0,
-            f"RoPE grid {rope.grid_type!r} (offset {rope.grid_offset}, ref_feat_shape {rope.ref_feat_shape})",
-        )
+        refuse.check(rope.grid_type == "index" and rope.grid_offset == 0, f"RoPE grid {rope.grid_type!r} (offset {rope.grid_offset})")
         refuse.check(not rope.in_pixels, "pixel-frequency RoPE bands (in_pixels)")
+        # EVA-02: ref_feat_shape (rows, columns) rescales the index grid onto the pre-training one
+        ref_grid = tuple(int(n) for n in rope.ref_feat_shape) if rope.ref_feat_shape is not None else None
         return get_config(
             "rope-axial",
             theta=float(rope.temperature),
             axis_order=_axis_order(rope.grid_indexing),
             pairs="halves" if rope.rotate_half else "interleaved",
+            ref_grid=ref_grid,
             **extra,
         )
     if isinstance(rope, layers.RotaryEmbeddingDinoV3):
@@ -339,16 +365,19 @@ def _axis_order(grid_indexing: str) -> str:
 
 def state_dict_from_timm(state: dict[str, Tensor]) -> dict[str, Tensor]:
     """A timm ``VisionTransformer``/``Eva`` state dict under deploykit's names (timm
-    ``VisionTransformer``'s; see the module doc). Pure renaming: needs no timm."""
+    ``VisionTransformer``'s; see the module doc). Pure renaming and concatenation: needs no timm."""
     out = {}
     for key, value in state.items():
-        block, _, leaf = key.rpartition(".")
+        owner, _, leaf = key.rpartition(".")
+        parent, _, module = owner.rpartition(".")
         if leaf in ("gamma_1", "gamma_2"):
-            out[f"{block}.ls{leaf[-1]}.gamma"] = value
+            out[f"{owner}.ls{leaf[-1]}.gamma"] = value
         elif leaf == "q_bias":  # Eva's fused qkv: k has no bias (a zero buffer, not saved)
-            v_bias = state[f"{block}.v_bias"]
-            out[f"{block}.qkv.bias"] = torch.cat([value, torch.zeros_like(value), v_bias])
-        elif leaf != "v_bias":
+            out[f"{owner}.qkv.bias"] = torch.cat([value, torch.zeros_like(value), state[f"{owner}.v_bias"]])
+        elif module == "q_proj":  # EVA-02 B/L: separate projections, k without bias
+            k, v = state.get(f"{parent}.k_proj.{leaf}", torch.zeros_like(value)), state[f"{parent}.v_proj.{leaf}"]
+            out[f"{parent}.qkv.{leaf}"] = torch.cat([value, k, v])
+        elif leaf != "v_bias" and module not in ("k_proj", "v_proj"):
             out["pos_enc.freqs" if key == "rope.freqs" else key] = value
     return out
 

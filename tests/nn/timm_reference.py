@@ -10,6 +10,8 @@ key's CRC32), not from a framework RNG, so any machine and any torch version reb
 bit for bit from a key and a shape. Regenerate the JSON where timm imports::
 
     python tests/nn/timm_reference.py
+
+Recorded with timm 1.0.31 (each entry says which), torch 2.14.1 on CPU.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ import torch
 FIXTURE = Path(__file__).with_name("data") / "timm_reference.json"
 
 _TINY = dict(img_size=64, patch_size=8, embed_dim=32, num_heads=2, depth=2)
-# name -> timm.create_model kwargs; resolutions: native, non-square, larger.
+# EVA-02 keeps its patch size: a 4x4 grid at the native size, positions rescaled to its 16x16 reference grid.
+_EVA = dict(depth=2, num_classes=10, dynamic_img_size=True)
+# name -> timm.create_model kwargs; resolutions (``resolutions``): native, non-square, larger (, smaller).
 CASES: dict[str, dict] = {
     "vit_tiny_patch16_224": dict(_TINY, num_classes=10, dynamic_img_size=True),  # class token, APE
     "vit_medium_patch16_reg4_gap_256": dict(_TINY, num_classes=10, dynamic_img_size=True),  # registers, avg + fc_norm, LayerScale
@@ -34,8 +38,17 @@ CASES: dict[str, dict] = {
     "vit_small_patch16_rope_mixed_ape_224": dict(_TINY, num_classes=10, dynamic_img_size=True),  # mixed RoPE + APE
     "vit_small_patch16_dinov3_qkvb": dict(_TINY),  # DINOv3 RoPE, registers, q/v bias: pooled features
     "vit_small_plus_patch16_dinov3": dict(_TINY, global_pool="token"),  # SwiGLU, class-token features
+    "eva02_tiny_patch14_224": dict(_EVA, img_size=56),  # EVA-02 Ti's widths: packed SwiGLU, q/v biases, RoPE on the reference grid + APE
+    "eva02_base_patch14_224": dict(_EVA, img_size=56, embed_dim=64, num_heads=2),  # q/k/v projections, SwiGLU + sub-LayerNorm
+    "eva02_base_patch16_clip_224": dict(_EVA, img_size=64, embed_dim=64, num_heads=2),  # + attention sub-LayerNorm, class token
 }
 RESOLUTIONS = ((64, 64), (48, 80), (96, 96))
+_PATCH14 = ((56, 56), (42, 70), (84, 84), (42, 42))
+CASE_RESOLUTIONS = {
+    "eva02_tiny_patch14_224": _PATCH14,
+    "eva02_base_patch14_224": _PATCH14,
+    "eva02_base_patch16_clip_224": (*RESOLUTIONS, (48, 48)),
+}
 # The pretrained_cfg entries timm's eval transform reads (timm.data.resolve_data_config).
 PREPROCESSING_KEYS = ("mean", "std", "crop_pct", "crop_mode", "interpolation")
 BATCH = 2
@@ -71,6 +84,10 @@ def tag(resolution: tuple[int, int]) -> str:
     return "x".join(map(str, resolution))
 
 
+def resolutions(name: str) -> tuple[tuple[int, int], ...]:
+    return CASE_RESOLUTIONS.get(name, RESOLUTIONS)
+
+
 def read_fixture() -> dict:
     return json.loads(FIXTURE.read_text())
 
@@ -86,14 +103,14 @@ def timm_reference(name: str) -> dict:
     shapes = {k: list(v.shape) for k, v in model.state_dict().items()}
     model.load_state_dict(seeded_state_dict(shapes))
     with torch.no_grad():
-        outputs = {tag(r): model(probe_images(r)).tolist() for r in RESOLUTIONS}
+        outputs = {tag(r): model(probe_images(r)).tolist() for r in resolutions(name)}
     # What timm's own eval transform is built from: the pretrained_cfg entries and timm's resolution of them.
     pretrained_cfg = {k: model.pretrained_cfg.get(k) for k in PREPROCESSING_KEYS}
     data_config = {k: v for k, v in timm.data.resolve_data_config(model=model).items() if k in PREPROCESSING_KEYS}
     return dict(
         timm=timm.__version__,
         kwargs=kwargs,
-        config=config_from_timm(model, name).to_dict(),
+        config=json.loads(json.dumps(config_from_timm(model, name).to_dict())),
         shapes=shapes,
         outputs=outputs,
         pretrained_cfg=json.loads(json.dumps(pretrained_cfg)),
