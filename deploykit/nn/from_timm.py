@@ -32,14 +32,21 @@ Eva's names differ from timm's ``VisionTransformer`` (which deploykit's trunk ke
 ``gamma_1``/``gamma_2`` → ``ls1.gamma``/``ls2.gamma``, ``rope.freqs`` → ``pos_enc.freqs``,
 ``q_bias`` + zero ``k_bias`` + ``v_bias`` → ``qkv.bias``, and EVA-02 B/L's ``q_proj``,
 ``k_proj`` (no bias), ``v_proj`` → one ``qkv``.
+
+A checkpoint file is first read as timm reads it for that model: through the
+``checkpoint_filter_fn`` of its family (``timm_checkpoint``), so DINOv3 files in Meta's own
+layout and EVA's original names import as ``timm.create_model(..., pretrained=True)`` loads them.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import difflib
+import io
 import math
 import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -50,18 +57,23 @@ from deploykit._lazy import lazy_import
 from deploykit._terminal import quiet_logger
 from deploykit.encodings import EncodingConfig, encoding_name, get_config
 from deploykit.errors import CheckpointError, ConfigError
-from deploykit.nn.checkpoint import load_checkpoint, load_weights, with_encoding_options
+from deploykit.nn.checkpoint import load_weights, read_training_checkpoint, with_encoding_options
 from deploykit.nn.vit import VisionTransformer, ViTConfig
 
 
-def import_timm(name: str, weights: str | os.PathLike | None = None, options: Sequence[str] = (), **model_kwargs: Any) -> VisionTransformer:
+def import_timm(
+    name: str, weights: str | os.PathLike | None = None, options: Sequence[str] = (), ema: bool = False, **model_kwargs: Any
+) -> VisionTransformer:
     """A deploykit model equal to timm's ``name``.
 
     Args:
         name: a timm model name (``timm.list_models()``).
-        weights: a ``.safetensors`` or ``.pth``/``.pt`` state dict of that timm model (read with
-            ``weights_only=True``); ``None`` takes timm's pretrained weights from the hub.
+        weights: a ``.safetensors`` or ``.pth``/``.pt``/``.bin`` checkpoint (read with
+            ``weights_only=True``): what ``timm.create_model(name, pretrained=True,
+            pretrained_cfg_overlay=dict(file=weights))`` loads (``timm_checkpoint``); ``None``
+            takes timm's pretrained weights from the hub.
         options: ``key=value`` encoding options changed after the import (``antialias=false``).
+        ema: take the file's EMA copy of the weights (``model_ema``, ``state_dict_ema``).
         **model_kwargs: passed to ``timm.create_model`` (``num_classes``, ``global_pool``, or
             sizes such as ``depth``).
 
@@ -72,12 +84,14 @@ def import_timm(name: str, weights: str | os.PathLike | None = None, options: Se
             pretrained weights that cannot be downloaded.
         MissingDependencyError: timm is not installed or does not import.
     """
+    if ema and weights is None:
+        raise ConfigError("--ema takes the EMA copy of a checkpoint file: pass the file with --weights")
     source = timm_model(name, **model_kwargs)
     cfg = config_from_timm(source, name)  # refuses what deploykit does not map before any weights are read
     if weights is None:
         load_weights(source, pretrained_state_dict(name, **model_kwargs), f"timm's pretrained {name}")
     else:
-        load_weights(source, load_checkpoint(weights), weights)
+        load_weights(source, timm_checkpoint(weights, source, name, ema), weights)
     model = VisionTransformer(cfg)
     load_weights(model, state_dict_from_timm(source.state_dict()), f"converted from timm {name}")
     return with_encoding_options(model.eval(), options, f"timm {name}")
@@ -132,6 +146,57 @@ def pretrained_state_dict(name: str, **model_kwargs: Any) -> dict[str, Tensor]:
 
 def _first_line(err: BaseException) -> str:
     return next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+
+
+# ------------------------------------------------------------------------------ checkpoint files
+
+# What a timm model factory gives its family's ``checkpoint_filter_fn`` beyond the defaults, by
+# the timm module the model name is registered in: ``_create_deit`` moves DeiT-III's ``gamma_N``
+# into ``lsN.gamma``.
+_FILTER_OPTIONS = {"deit": dict(adapt_layer_scale=True)}
+
+
+def timm_checkpoint(path: str | os.PathLike, model: nn.Module, name: str, ema: bool = False) -> dict[str, Tensor]:
+    """The weights in the file at ``path`` as timm's ``name`` loads them with
+    ``pretrained_cfg_overlay=dict(file=path)``: read as a training script wrote them
+    (``read_training_checkpoint``: a container's weights, DDP's prefix), then passed through the
+    ``checkpoint_filter_fn`` of the model's family (the module of its class), as timm's factory
+    does. The filter maps DINOv3 in Meta's layout, EVA/EVA-02 and OpenCLIP names, OpenAI CLIP
+    and DINOv2 files onto timm's names, and resizes a patch embedding or ``pos_embed`` of another
+    size.
+
+    Raises:
+        CheckpointError: a file that cannot be read, q/v biases that the filter would drop, or a
+            file the filter fails on.
+    """
+    state = read_training_checkpoint(path).chosen(ema)
+    _check_qkv_biases_kept(state, model, name, path)
+    timm = lazy_import("timm")
+    options = next((opts for module, opts in _FILTER_OPTIONS.items() if timm.models.is_model_in_modules(name, [module])), {})
+    family = sys.modules[type(model).__module__]  # timm.models.vision_transformer, timm.models.eva
+    try:
+        # Eva's DINOv3 branch prints the error of a lookup it expects to fail (no q_bias): noise here.
+        with contextlib.redirect_stdout(io.StringIO()):
+            return family.checkpoint_filter_fn(state, model, **options)
+    except (KeyError, ValueError, RuntimeError, TypeError, AttributeError, IndexError) as err:
+        raise CheckpointError(f"timm's checkpoint filter for {name} cannot read {path} ({type(err).__name__}: {_first_line(err)})") from err
+
+
+def _check_qkv_biases_kept(state: dict[str, Tensor], model: nn.Module, name: str, path) -> None:
+    """Eva's filter drops a DINOv3 file's ``qkv.bias`` where the timm model has no qkv bias (its
+    ``vit_*_dinov3`` models: Meta's distilled B/L/H weights hold zero biases); biases that are not
+    zero would be lost without a word, so they are refused. Only the q and v thirds count: Meta
+    masks the k third (``bias_mask``), and timm's k bias is zero."""
+    params = {k for k, _ in model.named_parameters()}
+    biases = [k for k in state if k.startswith("blocks.") and k.endswith(".attn.qkv.bias")]  # Meta's names are timm's here
+    dropped = [k for k in biases if k not in params and k.replace("qkv.bias", "q_bias") not in params]
+    lost = [k for k in dropped if state[k].shape[-1] % 3 == 0 and any(part.any() for part in state[k].chunk(3, dim=-1)[::2])]
+    if lost:
+        more = f" (+{len(lost) - 1} more)" if len(lost) > 1 else ""
+        raise CheckpointError(
+            f"{path} holds non-zero q/v biases ({lost[0]}{more}) but timm {name} has no qkv bias; "
+            "import the variant with qkv bias (DINOv3: *_qkvb) or pass --model-kwargs qkv_bias=True"
+        )
 
 
 # ----------------------------------------------------------------------------------- configs

@@ -4,11 +4,13 @@ non-square one and a larger one (EVA-02: and a smaller one); graphs pass the lin
 TensorRT-RTX builds them.
 
 The first part runs everywhere against timm's recorded outputs (``timm_reference.py``: timm
-does not import beside CI's CPU torch); the second part runs timm itself, where it imports.
+does not import beside CI's CPU torch); the second part runs timm itself, where it imports:
+checkpoint files as timm reads them (DINOv3 in Meta's layout, training containers).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import numpy as np
@@ -17,6 +19,10 @@ import pytest
 import torch
 from timm_reference import (
     CASES,
+    META_CASES,
+    RESOLUTIONS,
+    meta_dinov3_state,
+    meta_reference,
     probe_images,
     read_fixture,
     resolutions,
@@ -38,6 +44,7 @@ from deploykit.validate import validate
 # torch.onnx's dynamo exporter trips a deprecation inside torch.utils._pytree; not ours to fix.
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
 REFERENCE = read_fixture()
+META = REFERENCE["dinov3_meta_format"]
 ROTATING = [n for n in CASES if REFERENCE[n]["config"]["encoding"]["name"].startswith("rope")]
 
 
@@ -227,6 +234,12 @@ def test_hub_retries_without_network_are_not_shown(tmp_path, deploykit_cli, monk
     assert hub.level == level and not (tmp_path / "out").exists()
 
 
+def test_ema_needs_a_file(tmp_path, deploykit_cli):
+    code, err = deploykit_cli("import", "timm", "vit_tiny_patch16_224", "--ema", "-o", tmp_path / "out")
+    assert code == 1 and err.count("\n") == 1 and "--ema takes the EMA copy of a checkpoint file" in err, err
+    assert not (tmp_path / "out").exists()
+
+
 # ------------------------------------------------------------------- with timm itself
 
 timm_required = pytest.mark.skipif(
@@ -244,8 +257,8 @@ def seeded_timm(name: str):
     return model
 
 
-def kwargs_args(name: str) -> list[str]:
-    return [a for k, v in CASES[name].items() for a in ("--model-kwargs", f"{k}={v!r}")]
+def kwargs_args(name: str, kwargs: dict | None = None) -> list[str]:
+    return [a for k, v in (kwargs or CASES[name]).items() for a in ("--model-kwargs", f"{k}={v!r}")]
 
 
 @timm_required
@@ -326,3 +339,63 @@ def test_pretrained_weights_without_hub_access_are_one_line(tmp_path, deploykit_
     code, err = deploykit_cli("import", "timm", "vit_tiny_patch16_224", "-o", tmp_path / "out")
     assert code == 1 and "cannot fetch timm's pretrained weights for vit_tiny_patch16_224" in err and "--weights" in err
     assert err.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+@timm_required
+@pytest.mark.parametrize("name", META_CASES)
+def test_recorded_meta_format_outputs_are_timms(name):
+    fresh, recorded = meta_reference(name), META[name]
+    assert fresh["shapes"] == recorded["shapes"]
+    for key, value in fresh["outputs"].items():
+        torch.testing.assert_close(torch.tensor(value), torch.tensor(recorded["outputs"][key]), atol=1e-5, rtol=0)
+
+
+def meta_state(name: str) -> dict[str, torch.Tensor]:
+    """The seeded weights of ``META_CASES[name]`` in Meta's DINOv3 layout."""
+    kwargs = META_CASES[name]
+    return meta_dinov3_state(seeded_state_dict(META[name]["shapes"]), kwargs["embed_dim"] // kwargs["num_heads"])
+
+
+def meta_file(path, name: str):
+    """``meta_state`` saved as a fine-tuning script's container (weights under ``model``, its args beside)."""
+    torch.save({"model": meta_state(name), "epoch": 9, "args": argparse.Namespace(lr=1e-4)}, path)
+    return path
+
+
+@timm_required
+@pytest.mark.parametrize("name", META_CASES)
+def test_dinov3_file_in_metas_layout_imports_as_timm_loads_it(tmp_path, deploykit_cli, name):
+    weights = meta_file(tmp_path / "dinov3_finetune.pth", name)
+    code, err = deploykit_cli("import", "timm", name, "-w", weights, *kwargs_args(name, META_CASES[name]), "-o", tmp_path / "m")
+    assert code == 0, err
+    model = load_model(tmp_path / "m")
+    for resolution in RESOLUTIONS:
+        with torch.no_grad():
+            out = model(probe_images(resolution))
+        torch.testing.assert_close(out, torch.tensor(META[name]["outputs"][tag(resolution)]), atol=1e-5, rtol=0)
+
+
+@timm_required
+def test_biases_timm_would_drop_are_refused_in_one_line(tmp_path, deploykit_cli):
+    # timm's DINOv3 filter drops qkv.bias for a model without q/v biases; these are not zero.
+    name = "vit_small_plus_patch16_dinov3_qkvb"
+    weights, args = meta_file(tmp_path / "dinov3.pth", name), kwargs_args(name, META_CASES[name])
+    code, err = deploykit_cli("import", "timm", "vit_small_plus_patch16_dinov3", "-w", weights, *args, "-o", tmp_path / "m")
+    assert code == 1 and err.count("\n") == 1, err
+    assert "non-zero q/v biases (blocks.0.attn.qkv.bias (+1 more))" in err and "qkv_bias=True" in err
+    assert not (tmp_path / "m").exists()
+    args += ["--model-kwargs", "qkv_bias=True"]  # the hint: the same model with q/v biases takes them
+    assert deploykit_cli("import", "timm", "vit_small_plus_patch16_dinov3", "-w", weights, *args, "-o", tmp_path / "m")[0] == 0
+
+
+@timm_required
+def test_ema_takes_the_files_ema_copy(tmp_path, deploykit_cli):
+    name = "vit_base_patch16_dinov3"
+    ema = meta_state(name)
+    torch.save({"model": dict(ema, **{"norm.weight": 2 * ema["norm.weight"]}), "model_ema": ema}, tmp_path / "ckpt.pth")
+    args = ["import", "timm", name, "-w", tmp_path / "ckpt.pth", *kwargs_args(name, META_CASES[name])]
+    assert deploykit_cli(*args, "--ema", "-o", tmp_path / "ema")[0] == 0 and deploykit_cli(*args, "-o", tmp_path / "model")[0] == 0
+    x, expected = probe_images(RESOLUTIONS[0]), torch.tensor(META[name]["outputs"][tag(RESOLUTIONS[0])])
+    with torch.no_grad():
+        torch.testing.assert_close(load_model(tmp_path / "ema")(x), expected, atol=1e-5, rtol=0)
+        assert (load_model(tmp_path / "model")(x) - expected).abs().max() > 1e-3
