@@ -375,8 +375,10 @@ def import_group():
     "--weights",
     "-w",
     default=None,
-    help="Local .safetensors or .pth state dict of that timm model (default: timm's pretrained weights from the hub).",
+    help="Local .safetensors/.pth checkpoint, read as timm reads it for that model (its checkpoint filter: e.g. DINOv3 in "
+    "Meta's format, EVA-02, OpenCLIP) and from training-script containers (default: timm's pretrained weights from the hub).",
 )
+@click.option("--ema", is_flag=True, help="Take the file's EMA copy of the weights instead of the trained model's.")
 @click.option(
     "--model-kwargs",
     "model_kwargs",
@@ -386,14 +388,14 @@ def import_group():
 )
 @set_option
 @output_option("Model directory to write (config.json + model.safetensors).")
-def import_timm(name, weights, model_kwargs, options, output):
-    """Import timm model NAME (ViT, DeiT-III, RoPE-ViT, DINOv3) for export, validate, build, profile and serve."""
+def import_timm(name, weights, ema, model_kwargs, options, output):
+    """Import timm model NAME (ViT, DeiT-III, RoPE-ViT, DINOv3, EVA-02) for export, validate, build, profile and serve."""
     from deploykit.nn.checkpoint import save_model
     from deploykit.nn.from_timm import describe, parse_model_kwargs
     from deploykit.nn.from_timm import import_timm as convert
 
-    model = convert(name, weights, options, **parse_model_kwargs(model_kwargs))
-    save_model(model, output, metadata={"source": f"timm:{name}", "weights": str(weights or "pretrained")})
+    model = convert(name, weights, options, ema, **parse_model_kwargs(model_kwargs))
+    save_model(model, output, metadata={"source": f"timm:{name}", "weights": str(weights or "pretrained"), "ema": ema})
     render.done(render.console(), f"{output}  ({describe(model, name)})")
 
 

@@ -171,6 +171,30 @@ def test_timm_trunk_options_keep_timm_names_and_pool_as_timm():
         torch.testing.assert_close(model(x), model.fc_norm(tokens[:, 4:].mean(1)))
 
 
+def test_eva02_trunk_options_keep_timm_names_and_compute_timms_forward():
+    """``swiglu_packed`` (timm's ``GluMlp``: the first half of ``fc1`` gates the second), and the
+    sub-LayerNorms ``mlp.norm`` (before fc2) and ``attn.norm`` (before proj), from the weights alone."""
+    torch.manual_seed(0)
+    options = dict(depth=1, img_size=32, embed_dim=32, num_heads=2, mlp_layer="swiglu_packed", mlp_hidden_dim=24)
+    model = create_model("vit_tiny_patch16", **options, mlp_norm=True, attn_norm=True).to(F64).eval()
+    for param in model.parameters():  # norms away from the identity, so that they count
+        torch.nn.init.normal_(param, std=0.3)
+    sd = {k.removeprefix("blocks.0."): v for k, v in model.state_dict().items() if k.startswith("blocks.0.")}
+    assert (sd["mlp.fc1.weight"].shape, sd["mlp.norm.weight"].shape, sd["attn.norm.weight"].shape) == ((48, 32), (24,), (32,))
+    x = torch.randn(2, 5, 32, dtype=F64)
+    gate, value = (x @ sd["mlp.fc1.weight"].T + sd["mlp.fc1.bias"]).split(24, dim=-1)
+    hidden = F.layer_norm(F.silu(gate) * value, (24,), sd["mlp.norm.weight"], sd["mlp.norm.bias"], 1e-6)
+    block = model.blocks[0]
+    with torch.no_grad():
+        torch.testing.assert_close(block.mlp(x), hidden @ sd["mlp.fc2.weight"].T + sd["mlp.fc2.bias"])
+        q, k, v = (x @ sd["attn.qkv.weight"].T + sd["attn.qkv.bias"]).reshape(2, 5, 3, 2, 16).permute(2, 0, 3, 1, 4)
+        heads = (torch.softmax(q @ k.transpose(-1, -2) / 4, -1) @ v).transpose(1, 2).reshape(2, 5, 32)
+        expected = F.layer_norm(heads, (32,), sd["attn.norm.weight"], sd["attn.norm.bias"], 1e-6) @ sd["attn.proj.weight"].T
+        torch.testing.assert_close(block.attn(x, model.pos_enc, {}, (2, 2)), expected + sd["attn.proj.bias"])
+    plain = create_model("vit_tiny_patch16", **options)  # the defaults add no module and no key
+    assert not any(".norm." in k for k in plain.state_dict()) and plain.cfg.to_dict()["mlp_norm"] is False
+
+
 def test_headless_per_token_features_and_refused_pools():
     model = create_model("vit_tiny_patch16", depth=1, img_size=32, num_classes=0, global_pool="").eval()
     with torch.no_grad():
