@@ -59,7 +59,7 @@ def convert(
         )
     cfg = dataclasses.replace(base, **read, encoding=options_applied(get_config(encoding), options))
     ape = _ape_grid(weights, cfg)
-    if ape is not None and hasattr(cfg.encoding, "no_embed_class"):
+    if ape is not None and "no_embed_class" in {f.name for f in dataclasses.fields(cfg.encoding)}:  # an encoding with timm's APE
         side, no_embed_class = ape
         cfg = dataclasses.replace(
             cfg, img_size=side * cfg.patch_size, encoding=dataclasses.replace(cfg.encoding, no_embed_class=no_embed_class)
@@ -107,6 +107,6 @@ def _ape_grid(weights: dict[str, Tensor], cfg: ViTConfig) -> tuple[int, bool] | 
 def _encoding_sizes(cfg: ViTConfig, weights: dict[str, Tensor]) -> ViTConfig:
     """Encoding options the weights fix: SaPE²'s table entries (``npos_max``)."""
     table = weights.get("pos_enc.blocks.0.sape_x.pos_emb")
-    if table is not None and getattr(cfg.encoding, "npos_max", "absent") is None:
+    if table is not None and cfg.encoding.npos_max is None:  # only SaPE² holds these tables
         return dataclasses.replace(cfg, encoding=dataclasses.replace(cfg.encoding, npos_max=table.shape[-1]))
     return cfg
