@@ -179,7 +179,7 @@ def _torch_training_checkpoint(path: Path) -> TrainingCheckpoint:
     except Exception as err:  # torch.load raises many types (UnpicklingError, RuntimeError, EOFError...)
         raise CheckpointError(f"cannot load {path} with weights_only=True: {_torch_load_reason(err)}") from err
     if _is_state_dict(obj):
-        return TrainingCheckpoint(path, _without_ddp_prefix(obj))
+        return TrainingCheckpoint(path, _without_wrapper_prefixes(obj))
     if not isinstance(obj, dict):
         raise CheckpointError(f"{path} does not hold a state dict of tensors: it holds a {type(obj).__name__}")
     container = next((key for key in WEIGHTS_KEYS if _is_state_dict(obj.get(key))), None)
@@ -191,18 +191,20 @@ def _torch_training_checkpoint(path: Path) -> TrainingCheckpoint:
         )
     ema_key = next((key for key in EMA_KEYS if _is_state_dict(obj.get(key))), None)
     extras = {k: v for k, v in obj.items() if k not in (container, ema_key)}
-    ema = _without_ddp_prefix(obj[ema_key]) if ema_key else None
-    return TrainingCheckpoint(path, _without_ddp_prefix(obj[container]), container, ema, extras)
+    ema = _without_wrapper_prefixes(obj[ema_key]) if ema_key else None
+    return TrainingCheckpoint(path, _without_wrapper_prefixes(obj[container]), container, ema, extras)
 
 
 def _is_state_dict(obj) -> bool:
     return isinstance(obj, dict) and bool(obj) and all(isinstance(k, str) and isinstance(v, Tensor) for k, v in obj.items())
 
 
-def _without_ddp_prefix(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """A model saved from inside ``DistributedDataParallel`` names every tensor ``module.*``."""
-    if all(k.startswith("module.") for k in state):
-        return {k.removeprefix("module."): v for k, v in state.items()}
+def _without_wrapper_prefixes(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A model saved from inside ``DistributedDataParallel`` names every tensor ``module.*``, one
+    saved after ``torch.compile`` ``_orig_mod.*`` (either or both, in that order)."""
+    for prefix in ("module.", "_orig_mod."):
+        if all(k.startswith(prefix) for k in state):
+            state = {k.removeprefix(prefix): v for k, v in state.items()}
     return state
 
 

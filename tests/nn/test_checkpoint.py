@@ -87,6 +87,8 @@ def test_training_script_containers_give_the_trained_weights(tmp_path):
     torch.save({f"module.{k}": v for k, v in model.state_dict().items()}, tmp_path / "ddp.pth")
     loaded = load_model(tmp_path / "ddp.pth", config=model.cfg)
     assert torch.equal(loaded.head.weight, model.head.weight)
+    torch.save({"model": {f"module._orig_mod.{k}": v for k, v in model.state_dict().items()}}, tmp_path / "compiled.pth")
+    assert load_checkpoint(tmp_path / "compiled.pth").keys() == model.state_dict().keys()  # DDP around torch.compile
 
 
 def test_a_file_with_no_weights_where_they_should_be_is_named_in_one_line(tmp_path):
