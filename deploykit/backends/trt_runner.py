@@ -5,7 +5,8 @@ buffers, stream, shapes, output allocation). Ours around it:
 
 * the device check before anything is loaded: no CUDA GPU, or one the flavour does not support
   (TensorRT-RTX runs on a few compute capabilities only, ``deploykit.backends.devices``), is one
-  line naming the backend to use instead; then the fingerprint and plugin checks
+  line naming the backend to use instead, and so is a TensorRT wheel built for a newer CUDA than
+  the driver runs (naming the wheel to install); then the fingerprint and plugin checks
   (``EngineFromPath``), and for TensorRT-RTX its own verdict on the engine's header;
 * feeds of any batch size (a batch above the engine's profile is split, one below a static
   engine's is zero-padded and the padding dropped), one call at a time per runner (an execution
@@ -31,7 +32,7 @@ import numpy as np
 
 from deploykit.backends._polygraphy import FLAVOUR_NAMES, TrtMessages, backend, import_trt
 from deploykit.backends.cuda_graphs import CudaGraphExecutor, io_names, rtx_graph_context
-from deploykit.backends.devices import Device, check_device, check_rtx_engine, probe_device
+from deploykit.backends.devices import Device, check_cuda_build, check_device, check_rtx_engine, probe_device
 from deploykit.backends.plugins import Plugins
 from deploykit.errors import DeployKitError, one_line
 from deploykit.runtime.base import Runner
@@ -64,6 +65,7 @@ class TrtRunner(Runner):
 
     def _activate(self) -> None:
         check_device(self.module, self.device_info or probe_device(self.device))  # before anything is read or loaded
+        check_cuda_build(self.module)  # a CUDA 13 wheel on an older driver fails on its first CUDA call, obscurely
         data = self.engine() if callable(self.engine) else self.engine
         trt, pg = import_trt(self.module), backend(self.module)
         runtime = trt.Runtime(pg.get_trt_logger())
