@@ -12,7 +12,9 @@ buffers, stream, shapes, output allocation). Ours around it:
   engine's is zero-padded and the padding dropped), one call at a time per runner (an execution
   context is not thread-safe);
 * CUDA graphs, which Polygraphy's runner does not do (``deploykit.backends.cuda_graphs``):
-  TensorRT-RTX captures them itself when its context is created for it; for TensorRT our
+  TensorRT-RTX captures them itself when its context is created for it (reported as used only
+  while that context reads the strategy back and TensorRT-RTX says each execution run so far
+  is capturable); for TensorRT our
   executor captures and replays (it needs a CUDA build of torch for its buffers; without one the
   runner runs plainly and ``cuda_graph_note`` says why);
 * TensorRT's own messages: every call runs inside ``TrtMessages``, so an error TensorRT logs
@@ -31,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from deploykit.backends._polygraphy import FLAVOUR_NAMES, TrtMessages, backend, import_trt
-from deploykit.backends.cuda_graphs import CudaGraphExecutor, io_names, rtx_graph_context
+from deploykit.backends.cuda_graphs import CudaGraphExecutor, io_names, rtx_capture_note, rtx_graph_context
 from deploykit.backends.devices import Device, check_cuda_build, check_device, check_rtx_engine, probe_device
 from deploykit.backends.plugins import Plugins
 from deploykit.errors import DeployKitError, one_line
@@ -93,7 +95,8 @@ class TrtRunner(Runner):
             return pg.TrtRunner(engine), "not requested"
         if self.module == "tensorrt_rtx":
             with self._tensorrt("cannot create an execution context with CUDA graphs"):
-                return pg.TrtRunner(rtx_graph_context(engine, trt)), ""
+                context, note = rtx_graph_context(engine, trt)
+            return pg.TrtRunner(context), note
         import torch
 
         if not torch.cuda.is_available():
@@ -166,7 +169,13 @@ class TrtRunner(Runner):
 
     def _run(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         with self._tensorrt("inference failed"):
-            return dict(self._state["executor"].infer(feed))
+            outputs = dict(self._state["executor"].infer(feed))
+        if self.module == "tensorrt_rtx" and self.cuda_graph and not self._state["note"]:
+            # TensorRT-RTX captures inside execute_async_v3 and says nothing of it: ask it, per shape run,
+            # whether it could (Polygraphy's runner holds the context and the stream it ran on).
+            executor, shape = self._state["executor"], tuple(next(iter(feed.values())).shape)
+            self._state["note"] = rtx_capture_note(executor.context, executor.stream.ptr, shape)
+        return outputs
 
     def _deactivate(self) -> None:
         executor = self._state.get("executor")
