@@ -23,7 +23,7 @@ from pathlib import Path
 
 from deploykit._io import write_json_atomic
 from deploykit.backends._polygraphy import import_trt
-from deploykit.backends.devices import Device, probe_device
+from deploykit.backends.devices import Device, check_rtx_targets, probe_device
 from deploykit.backends.plugins import Plugins, check_plugins
 from deploykit.backends.tensorrt import BuildOptions
 from deploykit.errors import DeployKitError, StaleEngineError
@@ -48,10 +48,11 @@ class Fingerprint:
         module: ``tensorrt`` or ``tensorrt_rtx``.
         trt_version: version of that module.
         cuda_driver: CUDA version the driver supports (``cuDriverGetVersion``), None without a
-            driver. None for TensorRT-RTX, whose engines are built ahead of time for every
-            supported compute capability (on a CPU too) and compiled for the GPU on first load:
-            whether one runs on this system is TensorRT-RTX's own answer from the engine's
-            header (``devices.check_rtx_engine``), not a comparison with the build machine.
+            driver. None for TensorRT-RTX, whose engines are built ahead of time (on a CPU too)
+            for the compute capabilities in ``build`` (``compute_capabilities``) and compiled for
+            the GPU on first load: whether one runs on this system is decided by those targets
+            (``devices.check_rtx_targets``) and TensorRT-RTX's own answer from the engine's
+            header (``devices.check_rtx_engine``), not by a comparison with the build machine.
         driver: NVIDIA driver version (NVML), None as for ``cuda_driver``.
         gpu: GPU name, None without a GPU, or for TensorRT-RTX.
         compute_capability: ``"8.9"``-style, None as for ``gpu``.
@@ -139,7 +140,10 @@ def build_settings(options: BuildOptions) -> dict:
     a range's sample shapes are in the fingerprint's profile shapes already, plugin libraries in
     its plugin hash, which does not depend on where they are)."""
     skip = ("timing_cache", "module", "sample_shapes", "plugin_libraries")
-    return {k: v for k, v in dataclasses.asdict(options).items() if k not in skip}
+    settings = {k: v for k, v in dataclasses.asdict(options).items() if k not in skip}
+    if not options.compute_capabilities:  # TensorRT's, and TensorRT-RTX fingerprints written before targets were set
+        del settings["compute_capabilities"]
+    return settings
 
 
 def current_fingerprint(
@@ -281,6 +285,9 @@ class EngineFromPath:
         hint = f"rebuild with: deploykit build {self.onnx_path.parent} --backend {BACKEND_TAGS[self.module]} --rebuild"
         record = read_fingerprint(fp_path)
         stored = record.fingerprint
+        if self.module == "tensorrt_rtx":  # before anything is loaded: an engine for other GPUs never runs here
+            device = probe_device() if self.device is None else self.device
+            check_rtx_targets(device, stored.build.get("compute_capabilities", ()), engine.name, hint)
         plugins = self.plugins if self.plugins is not None else self._installed(record)
         check_plugins(engine, stored.plugin_sha256, record.plugins, plugins, hint)
         try:

@@ -12,6 +12,7 @@ Polygraphy) is imported until a build is requested.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from typing import Any
 from deploykit._io import atomic_path
 from deploykit.backends import defaults
 from deploykit.backends._polygraphy import FLAVOUR_NAMES, TrtMessages, backend, check_trt_module, import_trt
+from deploykit.backends.devices import supported_text, supports
 from deploykit.errors import ExportError
 
 _MAX_OPT_LEVEL = 5
@@ -49,6 +51,9 @@ class BuildOptions:
         sample_shapes: For a graph with dynamic height/width (a resolution range), the input's
             per-sample shape (without the batch) at min, opt and max; ``None`` when only the
             batch is dynamic.
+        compute_capabilities: TensorRT-RTX only: the GPUs' compute capabilities (``"7.5"``) the
+            engine is built for, set on the builder config; empty keeps TensorRT-RTX's default,
+            which leaves Turing out (``deploykit.backends.devices.rtx_targets`` picks them).
     """
 
     module: str = "tensorrt"
@@ -60,6 +65,7 @@ class BuildOptions:
     timing_cache: str | None = None
     plugin_libraries: tuple[str, ...] = ()
     sample_shapes: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None = None
+    compute_capabilities: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Fail on construction, before minutes of building, rather than inside TensorRT.
@@ -71,6 +77,11 @@ class BuildOptions:
             raise ValueError(f"workspace_mib must be positive, got {self.workspace_mib}")
         if self.optimization_level is not None and not 0 <= self.optimization_level <= _MAX_OPT_LEVEL:
             raise ValueError(f"optimization_level must be in 0-{_MAX_OPT_LEVEL}, got {self.optimization_level}")
+        if self.compute_capabilities and self.module != "tensorrt_rtx":
+            raise ValueError("compute_capabilities are TensorRT-RTX's; a TensorRT engine is built for the GPU it is built on")
+        unsupported = [cc for cc in self.compute_capabilities if not supports("tensorrt_rtx", cc)]
+        if unsupported:
+            raise ValueError(f"TensorRT-RTX cannot build for compute capability {unsupported[0]} ({supported_text('tensorrt_rtx')})")
 
 
 class BuildProgress:
@@ -208,6 +219,29 @@ def _profiles(pg: ModuleType, network: Any, options: BuildOptions) -> list:
     return [profile] if len(profile) else []
 
 
+def _create_config(pg: ModuleType, opts: BuildOptions) -> Callable[..., Any]:
+    """Polygraphy's ``CreateConfig``, or for TensorRT-RTX targets ``CreateConfigRTX`` with them
+    (``(major, minor)`` pairs, set through ``IBuilderConfig.set_compute_capability``)."""
+    if not opts.compute_capabilities:
+        return pg.CreateConfig
+    from polygraphy.backend.tensorrt_rtx import CreateConfigRTX
+
+    pairs = [tuple(int(p) for p in cc.split(".")) for cc in opts.compute_capabilities]
+    return functools.partial(CreateConfigRTX, compute_capabilities=pairs)
+
+
+def _check_targets(trt: ModuleType, config: Any, targets: tuple[str, ...]) -> None:
+    """Refuse a build whose config does not hold exactly ``targets``: Polygraphy ignores what
+    ``set_compute_capability`` returns, and an engine built for other GPUs would be refused only
+    where it is loaded."""
+    if not targets:
+        return
+    held = [config.get_compute_capability(i) for i in range(config.num_compute_capabilities)]
+    wanted = [getattr(trt.ComputeCapability, "SM" + cc.replace(".", "")) for cc in targets]
+    if held != wanted:
+        raise ExportError(f"TensorRT-RTX did not take the compute capabilities {', '.join(targets)} (its config holds {held})")
+
+
 def _load_timing_cache(config: Any, path: Path) -> Any:
     """Replace the empty cache Polygraphy's ``CreateConfig`` sets with the one at ``path``.
 
@@ -293,12 +327,13 @@ class EngineFromOnnx:
         monitor = _make_monitor(trt, self.progress) if self.progress is not None and hasattr(trt, "IProgressMonitor") else None
         pools = {trt.MemoryPoolType.WORKSPACE: opts.workspace_mib << 20} if opts.workspace_mib is not None else None
         with messages.failing_as("TensorRT builder configuration failed"):
-            config = pg.CreateConfig(
+            config = _create_config(pg, opts)(
                 profiles=_profiles(pg, network, opts),
                 memory_pool_limits=pools,
                 builder_optimization_level=opts.optimization_level,
                 progress_monitor=monitor,
             )(builder, network)
+        _check_targets(trt, config, opts.compute_capabilities)
         cache_path = cache = None
         if opts.timing_cache is not None:
             if opts.module == "tensorrt" and hasattr(config, "create_timing_cache"):
