@@ -145,10 +145,7 @@ def build(
         names = ", ".join(s.describe() for s in plugins.python)
         _log.warning("TensorRT-RTX has no Python plugins: %s not loaded; custom ops run their ONNX function bodies", names)
         plugins = plugins.without_python()
-    options = dataclasses.replace(options, plugin_libraries=plugins.libraries)
     plans = [_plan(export_dir, entry, options, plugins, rebuild, device) for entry in entries]  # refuse before building
-    if not all(cached for *_, cached in plans):
-        plugins.load(module)
     results = []
     for path, entry_options, fingerprint, cached in plans:
         engine, fp_path = engine_paths(path, module)
@@ -156,9 +153,10 @@ def build(
         if not cached:
             if progress is not None:
                 progress.label = path.name
-            loader = EngineFromOnnx(path, entry_options, progress)
+            loader = EngineFromOnnx(path, entry_options, progress, plugins)
             save_engine(loader(), engine)
-            write_fingerprint(fp_path, fingerprint, sha256_file(engine), plugins, len(loader.plugin_nodes))
+            layers = len(loader.plugin_nodes)
+            write_fingerprint(fp_path, fingerprint, sha256_file(engine), plugins, layers, loader.embedded_plugin_layers)
         results.append(BuiltEngine(path.name, engine, fp_path, cached, time.perf_counter() - start))
     return results
 

@@ -147,7 +147,8 @@ def inspect_engine(path: Path) -> dict:
             matches_fingerprint=sha256_file(path) == record.engine_sha256,
             profile_shapes=record.fingerprint.shapes,
         )
-        module, installed = record.fingerprint.module, record.installed_plugins
+        # Plugins whose kernels the engine carries need loading no more than TensorRT needs them.
+        module, installed = record.fingerprint.module, [] if record.self_contained else record.installed_plugins
     if module is None:
         info["layers"] = {"note": "unknown TensorRT flavour (no fingerprint, and the name is not model_<res>.trt/.rtx.engine)"}
     else:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -25,6 +25,7 @@ from deploykit._io import atomic_path
 from deploykit.backends import defaults
 from deploykit.backends._polygraphy import FLAVOUR_NAMES, TrtMessages, backend, check_trt_module, import_trt
 from deploykit.backends.devices import supported_text, supports
+from deploykit.backends.plugins import Plugins
 from deploykit.errors import ExportError
 
 _MAX_OPT_LEVEL = 5
@@ -47,7 +48,6 @@ class BuildOptions:
         max_batch: Largest batch the engine accepts.
         timing_cache: Timing cache file, loaded if it exists and saved after the build.
             TensorRT only: it is a no-op in TensorRT-RTX and ignored there.
-        plugin_libraries: Shared libraries with plugin creators, loaded before parsing.
         sample_shapes: For a graph with dynamic height/width (a resolution range), the input's
             per-sample shape (without the batch) at min, opt and max; ``None`` when only the
             batch is dynamic.
@@ -63,7 +63,6 @@ class BuildOptions:
     opt_batch: int = defaults.ENGINE_BATCH
     max_batch: int = defaults.ENGINE_MAX_BATCH
     timing_cache: str | None = None
-    plugin_libraries: tuple[str, ...] = ()
     sample_shapes: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None = None
     compute_capabilities: tuple[str, ...] = ()
 
@@ -135,15 +134,11 @@ def _make_monitor(trt: ModuleType, progress: BuildProgress) -> Any:
 PLUGIN_LAYER_TYPES = ("PLUGIN", "PLUGIN_V2", "PLUGIN_V3")
 
 
-def registered_plugins(trt: ModuleType) -> set[tuple[str, str]]:
-    """``(namespace, name)`` of every plugin creator registered with TensorRT in this process."""
-    return {(c.plugin_namespace, c.name) for c in trt.get_plugin_registry().all_creators}
-
-
-def with_plugin_nodes(source: OnnxSource, registered: set[tuple[str, str]]) -> tuple[OnnxSource, list[str]]:
-    """``source`` as TensorRT's parser must see it for the registered plugins to be used
-    (``deploykit.export.plugin_nodes``), and the nodes that must become plugin layers; ``source``
-    itself when no custom op of the graph has a registered creator."""
+def with_plugin_nodes(source: OnnxSource, registered: Collection[tuple[str, str]]) -> tuple[OnnxSource, list[str]]:
+    """``source`` as TensorRT's parser must see it for the plugins ``registered`` (``(namespace,
+    name)``: those the build was given) to be used (``deploykit.export.plugin_nodes``), and the
+    nodes that must become plugin layers; ``source`` itself when no custom op of the graph is
+    among them."""
     import onnx
 
     from deploykit.export.plugin_nodes import custom_ops, mark_plugin_nodes
@@ -154,7 +149,7 @@ def with_plugin_nodes(source: OnnxSource, registered: set[tuple[str, str]]) -> t
         model = onnx.load_from_string(bytes(source)) if isinstance(source, (bytes, bytearray, memoryview)) else onnx.load(str(source))
     except Exception:  # not ONNX: let TensorRT's parser say so, in its words
         return source, []
-    if not custom_ops(model) & registered:
+    if not custom_ops(model) & set(registered):
         return source, []
     nodes = mark_plugin_nodes(model, registered)
     return model.SerializeToString(), nodes
@@ -163,6 +158,21 @@ def with_plugin_nodes(source: OnnxSource, registered: set[tuple[str, str]]) -> t
 def _plugin_layers(trt: ModuleType, network: Any) -> int:
     kinds = {getattr(trt.LayerType, name) for name in PLUGIN_LAYER_TYPES if hasattr(trt.LayerType, name)}
     return sum(network.get_layer(i).type in kinds for i in range(network.num_layers))
+
+
+def embedded_plugin_layers(trt: ModuleType, network: Any) -> int:
+    """Plugin layers whose plugin is the ahead-of-time build of a quickly deployable plugin
+    (``IPluginV3QuickAOTBuild``, what ``tensorrt.plugin`` makes for an ``@aot_impl``): TensorRT
+    embeds their compiled kernel in the engine and runs it itself, so the engine needs neither
+    the plugin nor Python to deserialize ("it does not require any Python modules or definitions
+    to be present at runtime ... the engine can be executed on the standard TRT runtime, as part
+    of any tool that is capable of deserializing and running the engine (like trtexec)":
+    NVIDIA/TensorRT samples/python/quickly_deployable_plugins; its ``_TemplateAOTPlugin`` has no
+    runtime capability of its own, unlike the JIT one). TensorRT-RTX has no such plugins."""
+    aot = getattr(trt, "IPluginV3QuickAOTBuild", None)
+    if aot is None:
+        return 0
+    return sum(isinstance(getattr(network.get_layer(i), "plugin", None), aot) for i in range(network.num_layers))
 
 
 def _parse(pg: ModuleType, trt: ModuleType, source: OnnxSource, messages: TrtMessages) -> tuple:
@@ -272,11 +282,13 @@ class EngineFromOnnx:
             returning either (evaluated when the engine is built).
         options: Build settings; defaults to ``BuildOptions()``.
         progress: Receives the builder's phases as they advance (shown by ``deploykit build``).
+        plugins: The plugins this build may use, loaded before parsing; none by default.
 
     After a call, ``plugin_nodes`` names the graph's nodes built as plugin layers: the custom
-    nodes whose op has a plugin creator registered (the plugins given load first), handed to the
-    parser marked for it (``with_plugin_nodes``). A marked node the parser does not turn into a
-    plugin layer fails the build.
+    nodes whose op has a creator among the plugins given (never one an earlier build or import
+    registered), handed to the parser marked for it (``with_plugin_nodes``). A marked node the
+    parser does not turn into a plugin layer fails the build. ``embedded_plugin_layers`` counts
+    the plugin layers whose kernel the engine carries (``embedded_plugin_layers``).
 
     Example:
         >>> engine = EngineFromOnnx("vit.onnx", BuildOptions(module="tensorrt_rtx"))()
@@ -287,11 +299,14 @@ class EngineFromOnnx:
         onnx_path_or_bytes: OnnxSource | Callable[[], OnnxSource],
         options: BuildOptions | None = None,
         progress: BuildProgress | None = None,
+        plugins: Plugins = Plugins(),
     ) -> None:
         self.onnx_path_or_bytes = onnx_path_or_bytes
         self.options = options if options is not None else BuildOptions()
         self.progress = progress
+        self.plugins = plugins
         self.plugin_nodes: list[str] = []
+        self.embedded_plugin_layers = 0
 
     def __call__(self) -> bytes:
         """Build the engine.
@@ -312,12 +327,10 @@ class EngineFromOnnx:
 
     def _build(self, pg: ModuleType, trt: ModuleType, source: OnnxSource, messages: TrtMessages) -> bytes:
         opts = self.options
-        missing = [lib for lib in opts.plugin_libraries if not Path(lib).is_file()]
-        if missing:
-            raise ExportError(f"plugin library {missing[0]} does not exist")
-        pg.LoadPlugins(plugins=list(opts.plugin_libraries))()  # before parsing: the parser maps nodes to their creators
-        source, self.plugin_nodes = with_plugin_nodes(source, registered_plugins(trt))
+        provided = self.plugins.load(opts.module)  # before parsing: the parser maps nodes to their creators
+        source, self.plugin_nodes = with_plugin_nodes(source, provided)
         builder, network, parser = _parse(pg, trt, source, messages)
+        self.embedded_plugin_layers = embedded_plugin_layers(trt, network)
         layers = _plugin_layers(trt, network)
         if layers < len(self.plugin_nodes):
             raise ExportError(

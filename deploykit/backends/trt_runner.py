@@ -204,19 +204,16 @@ def debug_engine_runner(
     The engine is built when the runner activates (after the engine beside ``onnx_path`` passed
     its checks: that one must be valid for a debug build of it to mean anything).
     """
-    from deploykit.backends.engine_cache import EngineFromPath, engine_paths, read_fingerprint
+    from deploykit.backends.engine_cache import EngineFromPath, engine_paths, installed_plugins, read_fingerprint
     from deploykit.backends.tensorrt import BuildOptions, EngineFromOnnx
 
     def build() -> bytes:
-        source = EngineFromPath(onnx_path, module, device, plugins)
-        source()  # refuses a stale engine; loads the plugins
-        stored = read_fingerprint(engine_paths(onnx_path, module)[1]).fingerprint
+        EngineFromPath(onnx_path, module, device, plugins)()  # refuses a stale engine
+        record = read_fingerprint(engine_paths(onnx_path, module)[1])
+        stored = record.fingerprint
         (shapes,) = stored.shapes.values()  # [min, opt, max] of the one input
         samples = tuple(tuple(s[1:]) for s in shapes)
-        libraries = plugins.libraries if plugins is not None else ()
-        options = BuildOptions(
-            module=module, **stored.build, plugin_libraries=libraries, sample_shapes=samples if len(set(samples)) > 1 else None
-        )
-        return EngineFromOnnx(marked, options)()
+        options = BuildOptions(module=module, **stored.build, sample_shapes=samples if len(set(samples)) > 1 else None)
+        return EngineFromOnnx(marked, options, plugins=plugins if plugins is not None else installed_plugins(record))()
 
     return TrtRunner(build, module=module, device_info=device)
