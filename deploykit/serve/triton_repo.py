@@ -408,7 +408,10 @@ def package_triton(
 
 def _readme(manifest: Manifest, notes: list[dict], opts: RepositoryOptions) -> str:
     libraries = sorted({name for n in notes for name in n["libraries"]})
-    load = f" --backend-config=tensorrt,plugins={';'.join(f'$PWD/{PLUGIN_DIR}/{name}' for name in libraries)}" if libraries else ""
+    # Triton's TensorRT backend takes several libraries as one ';'-separated value, quoted (its
+    # README: plugins="/path/plugin1.so;/path2/plugin2.so"): an unquoted ';' ends the shell command.
+    paths = ";".join(f"$PWD/{PLUGIN_DIR}/{name}" for name in libraries)
+    load = f' --backend-config=tensorrt,plugins="{paths}"' if libraries else ""
     lines = [
         "# Triton model repository (written by `deploykit package triton`)",
         "",

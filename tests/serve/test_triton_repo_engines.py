@@ -5,6 +5,7 @@ is not a ``tensorrt_plan`` and is said so, not copied."""
 
 from __future__ import annotations
 
+import shlex
 import shutil
 
 import pytest
@@ -106,7 +107,7 @@ def test_an_engine_with_python_plugin_layers_is_refused_and_one_with_a_library_c
     repo = package_triton(exp, tmp_path / "c", plugins=Plugins.resolve([library]))
     assert (repo / "plugins" / "libsape2_plugin.so").read_bytes() == library.read_bytes()
     readme = (repo / "README.md").read_text()
-    assert "tritonserver --model-repository=$PWD --backend-config=tensorrt,plugins=$PWD/plugins/libsape2_plugin.so" in readme
+    assert _tritonserver_args(readme)[2:] == ["--backend-config=tensorrt,plugins=$PWD/plugins/libsape2_plugin.so"]
     assert "needs `libsape2_plugin.so`" in readme
     # Plugins loaded at build but used by no layer: the engine needs nothing at load.
     _tensorrt_engine(exp / "model_32.onnx", plugins=Plugins.resolve(["sape2"]), plugin_layers=0)
@@ -128,6 +129,39 @@ def test_an_engine_whose_plugin_layers_carry_their_kernel_is_packaged_with_no_pl
         "copied from `model_32.trt.engine`" in readme
         and "its 2 plugin layer(s) carry their compiled kernel, so it needs no plugin" in readme
     )
+
+
+def _tritonserver_args(readme: str) -> list[str]:
+    """The README's ``tritonserver`` command as a POSIX shell splits it, after checking that the
+    shell sees one command (``;`` outside quotes ends one)."""
+    (line,) = [line.strip() for line in readme.splitlines() if line.strip().startswith("tritonserver ")]
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    tokens = list(lexer)
+    assert not [t for t in tokens if set(t) <= set(";&|<>()")], f"{line!r} is more than one shell command"
+    return tokens
+
+
+def test_two_plugin_libraries_are_loaded_by_one_tritonserver_command(export_dir, tmp_path):
+    """Item 7 of issue 42: the libraries were joined with an unquoted ';', which ends the shell
+    command there: tritonserver got the first library and the shell ran the second as a command."""
+    exp = shutil.copytree(export_dir, tmp_path / "exp")
+    libraries = []
+    for name in ("liba_plugin.so", "libb_plugin.so"):
+        (tmp_path / "libs").mkdir(exist_ok=True)
+        (tmp_path / "libs" / name).write_bytes(b"\x7fELF stand-in plugin library " + name.encode())
+        libraries.append(tmp_path / "libs" / name)
+    plugins = Plugins.resolve(libraries)
+    _tensorrt_engine(exp / "model_32.onnx", plugins=plugins, plugin_layers=2)
+    repo = package_triton(exp, tmp_path / "repo", plugins=plugins)
+    args = _tritonserver_args((repo / "README.md").read_text())
+    assert args[:2] == ["tritonserver", "--model-repository=$PWD"]
+    (config,) = args[2:]
+    backend, setting = config.removeprefix("--backend-config=").split(",", 1)
+    assert backend == "tensorrt" and setting.startswith("plugins=")
+    # Triton's TensorRT backend splits the value at ';' (its README: plugins="/path/plugin1.so;/path2/plugin2.so").
+    assert sorted(setting.removeprefix("plugins=").split(";")) == ["$PWD/plugins/liba_plugin.so", "$PWD/plugins/libb_plugin.so"]
+    assert sorted(p.name for p in (repo / "plugins").iterdir()) == ["liba_plugin.so", "libb_plugin.so"]
 
 
 def test_a_stale_or_fixed_batch_engine_is_refused(export_dir, tmp_path):
