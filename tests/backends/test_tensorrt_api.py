@@ -300,3 +300,45 @@ def test_tensorrt_rtx_judges_an_engine_from_its_header():
         DeployKitError, match=r"^the rtx engine is not valid on this system according to TensorRT-RTX \(malformed engine data\); rebuild"
     ):
         check_rtx_engine(runtime, b"not an engine" * 64, "the rtx engine")
+
+
+def test_concurrent_runners_each_hear_only_their_own_tensorrt_messages():
+    """Item 7 of issue 42: every open ``TrtMessages`` block collected every TensorRT message in the
+    process (a server's runners on their threads took each other's errors into their one-line
+    failures), and a warning one runner logged silenced the same warning of another (Polygraphy's
+    once-per-process filter). TensorRT-RTX's logger, through Polygraphy, on two threads whose steps
+    are ordered by events (no timing)."""
+    import threading
+
+    from deploykit.backends._polygraphy import TrtMessages, backend
+
+    trt_logger = backend("tensorrt_rtx").get_trt_logger()  # the one logger TensorRT writes to
+    warn, error = rtx.ILogger.Severity.WARNING, rtx.ILogger.Severity.ERROR
+    both_open, a_logged, b_logged = threading.Event(), threading.Event(), threading.Event()
+    heard = {}
+
+    def runner(name, mine, theirs_done, done):
+        with TrtMessages(f"runner {name}", log=None) as messages:
+            if name == "b":
+                both_open.set()
+            both_open.wait()
+            theirs_done.wait()  # a logs first, then b, each inside its own block, both open
+            trt_logger.log(warn, "engine uses a slow fallback kernel")  # the same warning on both runners
+            trt_logger.log(error, f"enqueue failed on runner {name}")
+            done.set()
+            mine.wait()  # both blocks stay open until both have logged
+        heard[name] = (messages.warnings, messages.errors)
+
+    a_start = threading.Event()
+    a_start.set()
+    threads = [
+        threading.Thread(target=runner, args=("a", b_logged, a_start, a_logged)),
+        threading.Thread(target=runner, args=("b", b_logged, a_logged, b_logged)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads)
+    for name in ("a", "b"):
+        assert heard[name] == (["engine uses a slow fallback kernel"], [f"enqueue failed on runner {name}"])
