@@ -44,12 +44,9 @@ def io_names(engine) -> list[str]:
 def rtx_graph_context(engine: Any, trt: Any) -> Any:
     """An execution context of a TensorRT-RTX engine that captures and replays a CUDA graph per
     input shape itself (``IRuntimeConfig.cuda_graph_strategy = WHOLE_GRAPH_CAPTURE``)."""
-    config = engine.create_runtime_config()
-    config.cuda_graph_strategy = trt.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE
-    context = engine.create_execution_context(config)
-    if not context:
-        raise DeployKitError("TensorRT-RTX could not create an execution context with CUDA graphs (TensorRT's errors are in the debug log)")
-    return context
+    from deploykit.backends.rtx_runtime import rtx_context
+
+    return rtx_context(engine, trt, cuda_graph=True)
 
 
 class TorchCudaDevice:

@@ -115,6 +115,13 @@ def engine_paths(onnx_path: str | os.PathLike, module: str) -> tuple[Path, Path]
     return stem.with_name(f"{stem.name}.{tag}.engine"), stem.with_name(f"{stem.name}.{tag}.json")
 
 
+def runtime_cache_path(onnx_path: str | os.PathLike) -> Path:
+    """Where TensorRT-RTX's runtime cache of the engine beside ``onnx_path`` is kept
+    (``model_224_fp16.rtx.runtime-cache``: the kernels it compiled for this GPU, ``rtx_runtime``)."""
+    stem = Path(onnx_path).with_suffix("")
+    return stem.with_name(f"{stem.name}.{BACKEND_TAGS['tensorrt_rtx']}.runtime-cache")
+
+
 def require_engine(onnx_path: str | os.PathLike, module: str) -> tuple[Path, Path]:
     """``engine_paths``, when the engine exists.
 
