@@ -5,7 +5,8 @@ packages installed in this environment that register under the entry-point group
 ``deploykit.plugins`` (deploykit's own SaPE² plugin is ``sape2``). Never from a path found in a
 file someone handed us (an engine's fingerprint) or from the working directory. An engine's
 fingerprint records the hash of the plugins it was built with; loading it with other plugins, or
-with none, is refused before anything is imported or loaded (``check_plugins``).
+with none, is refused before anything is imported or loaded (``check_plugins``), unless its
+plugin layers all carry their kernel, so that it needs none (``engine_cache.EngineRecord.self_contained``).
 
 Three kinds, one spec each (``Plugins.resolve``):
 
