@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deploykit.backends import defaults
-from deploykit.backends.devices import check_cuda_build
+from deploykit.backends.devices import check_cuda_build, probe_device, rtx_targets
 from deploykit.backends.engine_cache import (
     BACKEND_TAGS,
     ENGINE_MODULES,
@@ -96,6 +96,7 @@ def build(
     rebuild: bool = False,
     progress: BuildProgress | None = None,
     device: Device | None = None,
+    compute_capabilities: Sequence[str] = (),
 ) -> list[BuiltEngine]:
     """Build an engine for each graph ``deploykit export`` wrote to ``export_dir``.
 
@@ -115,12 +116,16 @@ def build(
         rebuild: replace engines whose fingerprint no longer matches instead of refusing.
         progress: receives the builder's phases (the CLI renders it).
         device: what ``probe_device()`` reports; probed when None (tests pass one in).
+        compute_capabilities: TensorRT-RTX only: the GPUs (``"7.5"``) to build for; default
+            every supported one but Turing, or on a Turing GPU 7.5 alone
+            (``deploykit.backends.devices.rtx_targets``).
 
     Returns:
         One ``BuiltEngine`` per graph, in manifest order.
 
     Raises:
-        ConfigError: unknown backend or bad batch sizes.
+        ConfigError: unknown backend, bad batch sizes, or compute capabilities TensorRT-RTX
+            does not build for (or asked of TensorRT).
         StaleEngineError: an existing engine does not match and ``rebuild`` is False.
         ExportError: a graph does not parse or build, or a plugin fails to load.
         DeployKitError: the TensorRT wheel is built for a newer CUDA than the driver runs.
@@ -136,15 +141,13 @@ def build(
         workspace_mib=workspace_mib,
         optimization_level=optimization_level,
     )
+    options = dataclasses.replace(options, compute_capabilities=_targets(module, compute_capabilities, device))
     entries = _select(Manifest.read(export_dir), precisions, resolutions)
     if module == "tensorrt_rtx" and plugins.python:
         names = ", ".join(s.describe() for s in plugins.python)
         _log.warning("TensorRT-RTX has no Python plugins: %s not loaded; custom ops run their ONNX function bodies", names)
         plugins = plugins.without_python()
-    options = dataclasses.replace(options, plugin_libraries=plugins.libraries)
     plans = [_plan(export_dir, entry, options, plugins, rebuild, device) for entry in entries]  # refuse before building
-    if not all(cached for *_, cached in plans):
-        plugins.load(module)
     results = []
     for path, entry_options, fingerprint, cached in plans:
         engine, fp_path = engine_paths(path, module)
@@ -152,11 +155,23 @@ def build(
         if not cached:
             if progress is not None:
                 progress.label = path.name
-            loader = EngineFromOnnx(path, entry_options, progress)
+            loader = EngineFromOnnx(path, entry_options, progress, plugins)
             save_engine(loader(), engine)
-            write_fingerprint(fp_path, fingerprint, sha256_file(engine), plugins, len(loader.plugin_nodes))
+            layers = len(loader.plugin_nodes)
+            write_fingerprint(fp_path, fingerprint, sha256_file(engine), plugins, layers, loader.embedded_plugin_layers)
         results.append(BuiltEngine(path.name, engine, fp_path, cached, time.perf_counter() - start))
     return results
+
+
+def _targets(module: str, asked: Sequence[str], device: Device | None) -> tuple[str, ...]:
+    """The compute capabilities a TensorRT-RTX engine is built for (none for TensorRT)."""
+    if module != "tensorrt_rtx":
+        if asked:
+            raise ConfigError(
+                "--compute-capability is TensorRT-RTX's (--backend rtx); a TensorRT engine is built for the GPU it is built on"
+            )
+        return ()
+    return rtx_targets(probe_device() if device is None else device, tuple(asked))
 
 
 def _select(manifest: Manifest, precisions, resolutions) -> list[GraphEntry]:

@@ -227,6 +227,13 @@ def validate(
 @click.option("--workspace", "workspace_mib", type=click.IntRange(min=1), default=None, help="Workspace limit in MiB.")
 @click.option("--opt-level", "optimization_level", type=click.IntRange(0, 5), default=None, help="Builder optimization level (default 3).")
 @plugins_option()
+@click.option(
+    "--compute-capability",
+    "compute_capabilities",
+    multiple=True,
+    help="rtx: a GPU's compute capability to build for (repeatable, e.g. 7.5 for Turing); "
+    "default every supported one but Turing, or on a Turing GPU 7.5 alone.",
+)
 @click.option("--rebuild", is_flag=True, help="Replace engines whose fingerprint no longer matches (otherwise refused).")
 def build(export_dir, backend, plugin_specs, **settings):
     """Build one TensorRT engine per exported graph, beside it, with a fingerprint (-v: every

@@ -147,7 +147,8 @@ def inspect_engine(path: Path) -> dict:
             matches_fingerprint=sha256_file(path) == record.engine_sha256,
             profile_shapes=record.fingerprint.shapes,
         )
-        module, installed = record.fingerprint.module, record.installed_plugins
+        # Plugins whose kernels the engine carries need loading no more than TensorRT needs them.
+        module, installed = record.fingerprint.module, [] if record.self_contained else record.installed_plugins
     if module is None:
         info["layers"] = {"note": "unknown TensorRT flavour (no fingerprint, and the name is not model_<res>.trt/.rtx.engine)"}
     else:
@@ -176,9 +177,18 @@ def _engine_layers(path: Path, module: str, installed_plugins=()) -> dict:
         layer = json.loads(inspector.get_layer_information(i, trt.LayerInformationFormat.JSON))
         if not isinstance(layer, dict):  # built without detailed profiling verbosity: the name only
             layer = {"Name": layer}
-        outputs = [o.get("Format/Datatype", "?") for o in layer.get("Outputs", [])]
+        outputs = [_precision(o) for o in layer.get("Outputs", [])]
         layers.append({"name": layer.get("Name", "?"), "type": layer.get("LayerType", "?"), "outputs": outputs})
     return {"count": engine.num_layers, "plugin_layers": sum("Plugin" in str(layer["type"]) for layer in layers), "layers": layers}
+
+
+def _precision(tensor: dict) -> str:
+    """A layer output's data type and format as the engine inspector's JSON gives them: TensorRT
+    11 (and TensorRT-RTX) split TensorRT 10's ``Format/Datatype`` into ``Datatype`` and
+    ``Format`` (joined here as Polygraphy's ``inspect model`` joins them); ``?`` when neither."""
+    if "Format/Datatype" in tensor:
+        return tensor["Format/Datatype"]
+    return " ".join(tensor[k] for k in ("Datatype", "Format") if tensor.get(k)) or "?"
 
 
 def render(info: dict, indent: int = 0) -> list[str]:

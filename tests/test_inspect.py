@@ -104,3 +104,37 @@ def test_cli_and_bad_paths(export_dir, tmp_path, capsys):
         assert code == 1 and stderr.startswith("error: ") and message in stderr and len(stderr.strip().splitlines()) == 1
     with pytest.raises(DeployKitError, match="inspect takes an ONNX graph"):
         inspect_path(export_dir)
+
+
+def test_engine_layers_read_the_inspector_json_of_tensorrt_11(tmp_path, monkeypatch):
+    """Item 7 of issue 42: TensorRT 11 (and TensorRT-RTX) split the inspector's per-tensor
+    ``Format/Datatype`` into ``Datatype`` and ``Format`` (NVIDIA's Polygraphy reads both; the 11.4
+    runtime library holds ``Datatype`` and no ``Format/Datatype``), so every output read "?". The
+    engine and its inspector are autospecs of TensorRT-RTX's classes."""
+    rtx = pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed")
+    from deploykit.backends._polygraphy import backend
+    from deploykit.inspection import _engine_layers
+    from tests.trt_api import strict_autospec
+
+    layers = [  # TensorRT 11's schema, then TensorRT 10's
+        {
+            "Name": "head",
+            "LayerType": "Gemm",
+            "Outputs": [{"Name": "logits", "Datatype": "Half", "Format": "Row major linear FP16 format (kLINEAR)"}],
+        },
+        {
+            "Name": "norm",
+            "LayerType": "Normalization",
+            "Outputs": [{"Name": "x", "Format/Datatype": "Row major linear FP32 format (kLINEAR)"}],
+        },
+    ]
+    inspector = strict_autospec(rtx.EngineInspector)
+    inspector.get_layer_information.side_effect = lambda index, fmt: json.dumps(layers[index])
+    engine = strict_autospec(rtx.ICudaEngine, num_layers=len(layers))
+    engine.create_engine_inspector.return_value = inspector
+    monkeypatch.setattr(backend("tensorrt_rtx"), "EngineFromBytes", lambda data: lambda: engine)
+    path = tmp_path / "model_32.rtx.engine"
+    path.write_bytes(b"engine")
+    head, norm = _engine_layers(path, "tensorrt_rtx")["layers"]
+    assert head["name"] == "head" and "Half" in head["outputs"][0] and "FP16" in head["outputs"][0]
+    assert norm["outputs"] == ["Row major linear FP32 format (kLINEAR)"]

@@ -49,6 +49,11 @@ def _signature(params: str) -> inspect.Signature:
         name = param.split(":")[0].split("=")[0].strip()
         has_default = re.search(r"\s=\s", param) is not None
         parameters.append(inspect.Parameter(name, kind, default=None if has_default else inspect.Parameter.empty))
+    # pybind11 lets a required parameter follow defaulted ones (add_scale_nd's channel_axis), which
+    # Python cannot say: those defaulted ones become required (strict rather than lax).
+    required = [i for i, p in enumerate(parameters) if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD and p.default is p.empty]
+    last = required[-1] if required else -1
+    parameters = [p.replace(default=p.empty) if i < last and p.kind == p.POSITIONAL_OR_KEYWORD else p for i, p in enumerate(parameters)]
     return inspect.Signature(parameters)
 
 

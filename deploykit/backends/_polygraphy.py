@@ -17,6 +17,13 @@ the calling thread: TensorRT calls the logger from its own threads, and I/O ther
 flush) has deadlocked TensorRT-RTX builds before (see git log of ``tensorrt.py``). Warnings are
 summarised once (a SaPE² build repeats one parser warning about a hundred times); every
 message is logged at DEBUG (``deploykit build -v`` shows them).
+
+TensorRT has one logger per process, so runners and builds working at the same time (a server's
+runners on their threads) share it. Each block sees only its own messages: a record goes to the
+block open on the thread that logged it (TensorRT logs a call's messages on the calling thread),
+and Polygraphy's once-per-process filter of repeated warnings is kept per thread, so one runner's
+warning never silences another's. A record from a thread with no block open cannot be told
+apart and goes to every open block.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import contextlib
 import logging
 import re
 import sys
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from types import ModuleType
@@ -103,15 +111,66 @@ def _route_messages() -> None:
     logging.getLogger(_POLYGRAPHY_LOGGER).propagate = False
 
 
-class _Collector(logging.Handler):
-    """Appends each record; no I/O, so it is safe on TensorRT's threads."""
+class _PerThreadOnce(threading.local):
+    """What Polygraphy's ``G_LOGGER.once_logged`` holds (the hashes of warnings logged with
+    ``LogMode.ONCE``, which it checks, adds to and we clear), kept per thread."""
+
+    def __init__(self) -> None:
+        self.seen: set[int] = set()
+
+    def __contains__(self, item: int) -> bool:
+        return item in self.seen
+
+    def add(self, item: int) -> None:
+        self.seen.add(item)
+
+    def clear(self) -> None:
+        self.seen.clear()
+
+
+class _Router(logging.Handler):
+    """Appends each record to the innermost block open on the thread that logged it (to every
+    open block when that thread has none); no I/O, so it is safe on TensorRT's threads."""
 
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
-        self.records: list[tuple[int, str]] = []
+        self.blocks: dict[int, list[list[tuple[int, str]]]] = {}  # thread -> its open blocks' records
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.records.append((record.levelno, record.getMessage()))
+        entry = (record.levelno, record.getMessage())
+        own = self.blocks.get(record.thread)
+        for stack in [own] if own else list(self.blocks.values()):
+            with contextlib.suppress(IndexError):  # another thread's block, closed meanwhile
+                stack[-1].append(entry)
+
+    def open_block(self) -> list[tuple[int, str]]:
+        records: list[tuple[int, str]] = []
+        self.blocks.setdefault(threading.get_ident(), []).append(records)
+        return records
+
+    def close_block(self, records: list[tuple[int, str]]) -> None:
+        stack = self.blocks[threading.get_ident()]
+        del stack[next(i for i, r in enumerate(stack) if r is records)]  # by identity: two empty lists are equal
+        if not stack:
+            del self.blocks[threading.get_ident()]
+
+
+_ATTACH = threading.Lock()  # two first blocks on two threads attach one router
+
+
+def _router() -> _Router:
+    """The one router on Polygraphy's logger, attached on first use (with the per-thread filter)."""
+    from polygraphy.logger import G_LOGGER
+
+    logger = logging.getLogger(_POLYGRAPHY_LOGGER)
+    with _ATTACH:
+        router = next((h for h in logger.handlers if isinstance(h, _Router)), None)
+        if router is None:
+            router = _Router()
+            logger.setLevel(logging.DEBUG)
+            logger.addHandler(router)
+            G_LOGGER.once_logged = _PerThreadOnce()
+    return router
 
 
 class TrtMessages:
@@ -130,31 +189,31 @@ class TrtMessages:
 
     def __init__(self, what: str, log: logging.Logger | None) -> None:
         self.what, self.log = what, log
-        self._collector = _Collector()
+        self._records: list[tuple[int, str]] = []
+        self._router: _Router | None = None
 
     def __enter__(self) -> TrtMessages:
         from polygraphy.logger import G_LOGGER
 
-        # Polygraphy passes each distinct TensorRT warning once per process (LogMode.ONCE, keyed
-        # in G_LOGGER.once_logged); a summary is per step, so a second build hears its warnings too.
+        self._router = _router()
+        # Polygraphy passes each distinct TensorRT warning once (LogMode.ONCE, per thread here);
+        # a summary is per step, so a second build on this thread hears its warnings too.
         G_LOGGER.once_logged.clear()
-        logger = logging.getLogger(_POLYGRAPHY_LOGGER)
-        logger.setLevel(logging.DEBUG)
-        logger.addHandler(self._collector)
+        self._records = self._router.open_block()
         return self
 
     def __exit__(self, *exc) -> None:
-        logging.getLogger(_POLYGRAPHY_LOGGER).removeHandler(self._collector)
+        self._router.close_block(self._records)
         if self.log is not None:
             self.forward()
 
     @property
     def errors(self) -> list[str]:
-        return [one_line(m) for level, m in self._collector.records if level >= logging.ERROR]
+        return [one_line(m) for level, m in self._records if level >= logging.ERROR]
 
     @property
     def warnings(self) -> list[str]:
-        return [m for level, m in self._collector.records if logging.WARNING <= level < logging.ERROR]
+        return [m for level, m in self._records if logging.WARNING <= level < logging.ERROR]
 
     @contextlib.contextmanager
     def failing_as(self, what: str, error: type[DeployKitError] = ExportError) -> Iterator[None]:
@@ -171,7 +230,7 @@ class TrtMessages:
     def forward(self) -> None:
         """Every message at DEBUG, then one WARNING line summarising the warnings (errors go into
         the caller's exception instead)."""
-        records, self._collector.records = self._collector.records, []
+        records, self._records[:] = list(self._records), []
         for _, message in records:
             self.log.debug("%s: %s", self.what, message)
         summary = summarise(m for level, m in records if logging.WARNING <= level < logging.ERROR)

@@ -45,19 +45,21 @@ def rtx_graph_context(engine: Any, trt: Any) -> tuple[Any, str]:
     """An execution context of a TensorRT-RTX engine that captures and replays a CUDA graph per
     input shape itself (``IRuntimeConfig.cuda_graph_strategy = WHOLE_GRAPH_CAPTURE``), and why it
     will not ("" when the context's own runtime config reads that strategy back)."""
-    config = engine.create_runtime_config()
-    config.cuda_graph_strategy = trt.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE
-    context = engine.create_execution_context(config)
-    if not context:
-        raise DeployKitError("TensorRT-RTX could not create an execution context with CUDA graphs (TensorRT's errors are in the debug log)")
-    # What the context runs with, not what was asked: the strategy as the context's config holds it.
+    from deploykit.backends.rtx_runtime import rtx_context
+
+    context = rtx_context(engine, trt, cuda_graph=True)
+    return context, rtx_graph_note(context, trt)
+
+
+def rtx_graph_note(context: Any, trt: Any) -> str:
+    """Why a TensorRT-RTX context asked for CUDA graphs will not capture them ("" when it will): the
+    strategy as the context's own runtime config holds it, not what was asked."""
     strategy = context.get_runtime_config().cuda_graph_strategy
     if strategy != trt.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE:
         return (
-            context,
-            f"TensorRT-RTX's execution context runs with cuda_graph_strategy {getattr(strategy, 'name', strategy)}, not WHOLE_GRAPH_CAPTURE",
+            f"TensorRT-RTX's execution context runs with cuda_graph_strategy {getattr(strategy, 'name', strategy)}, not WHOLE_GRAPH_CAPTURE"
         )
-    return context, ""
+    return ""
 
 
 def rtx_capture_note(context: Any, stream_ptr: int, shape: tuple[int, ...]) -> str:

@@ -29,6 +29,15 @@ R580 or newer, and ``trt-cu12`` / ``rtx-cu12`` the CUDA 12 ones (R525 or newer: 
 minor-version compatibility). ``check_cuda_build`` compares the installed wheel's CUDA major with
 the newest CUDA the driver runs (NVML) and, where the driver is older, says in one line what to
 install, before TensorRT fails on its first CUDA call.
+
+Which GPUs a TensorRT-RTX engine runs on is decided when it is built: the compute capabilities
+set on ``IBuilderConfig`` (``num_compute_capabilities``, ``set_compute_capability``). Without
+any, TensorRT-RTX builds for 8.0, 8.6, 8.9, 12.0 and later, never Turing: "To build engines for
+Turing devices, a compute capability of 7.5 needs to be specified through the API", and NVIDIA
+advises device-specific engines for Turing rather than portable ones that include it, which "can
+impact performance" (TensorRT-RTX docs, CPU-Only AOT and TensorRT-RTX Engines; support matrix
+1.x). So ``rtx_targets`` builds for every supported GPU but Turing, or, on a Turing GPU, for 7.5
+alone, and ``check_rtx_targets`` refuses an engine whose recorded targets miss the GPU present.
 """
 
 from __future__ import annotations
@@ -39,7 +48,7 @@ from dataclasses import dataclass
 
 from deploykit import _nvml
 from deploykit._nvml import driver_version
-from deploykit.errors import DeployKitError
+from deploykit.errors import ConfigError, DeployKitError, StaleEngineError
 
 # Engine flavour -> the compute capabilities it runs on: a set, or ("min", lowest).
 SUPPORTED_COMPUTE = {
@@ -47,6 +56,10 @@ SUPPORTED_COMPUTE = {
     # TensorRT-RTX support matrix 1.0-1.5: 7.5, 8.6, 8.9, 12.0; 12.1 (GB10) from 1.5.
     "tensorrt_rtx": ("set", {(7, 5), (8, 6), (8, 9), (12, 0), (12, 1)}),
 }
+# What a TensorRT-RTX engine is built for unless asked otherwise: every supported GPU but Turing.
+RTX_PORTABLE_TARGETS = ("8.6", "8.9", "12.0", "12.1")
+# What TensorRT-RTX builds for when no target is set (an engine whose fingerprint records none).
+RTX_DEFAULT_TARGETS = ("8.0", "8.6", "8.9", "12.0", "12.1")
 INSTEAD = {"tensorrt": "ort-cuda", "tensorrt_rtx": "trt"}  # the backend named when a GPU is refused
 TAGS = {"tensorrt": "trt", "tensorrt_rtx": "rtx"}
 
@@ -189,3 +202,38 @@ def check_cuda_build(module: str) -> None:
     problem = cuda_build_problem(module)
     if problem:
         raise DeployKitError(problem)
+
+
+def rtx_targets(device: Device, asked: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The compute capabilities a TensorRT-RTX engine is built for: ``asked`` when given, else
+    the GPU's own when only a device-specific engine runs on it (Turing, 7.5), else
+    ``RTX_PORTABLE_TARGETS``.
+
+    Raises:
+        ConfigError: an asked capability TensorRT-RTX does not run on.
+    """
+    unsupported = [cc for cc in asked if not supports("tensorrt_rtx", cc)]
+    if unsupported:
+        raise ConfigError(f"TensorRT-RTX cannot build for compute capability {unsupported[0]} ({supported_text('tensorrt_rtx')})")
+    if asked:
+        return tuple(dict.fromkeys(asked))
+    cc = device.compute_capability
+    if cc is not None and supports("tensorrt_rtx", cc) and cc not in RTX_PORTABLE_TARGETS:
+        return (cc,)
+    return RTX_PORTABLE_TARGETS
+
+
+def check_rtx_targets(device: Device, targets: list[str] | tuple[str, ...], what: str, hint: str) -> None:
+    """Refuse, in one line, a TensorRT-RTX engine built for ``targets`` (empty: TensorRT-RTX's
+    default, ``RTX_DEFAULT_TARGETS``) when the GPU here is not among them; nothing without a GPU.
+
+    Raises:
+        StaleEngineError: the GPU's compute capability is not one the engine was built for.
+    """
+    cc = device.compute_capability
+    built_for = tuple(targets) or RTX_DEFAULT_TARGETS
+    if cc is None or cc in built_for:
+        return
+    raise StaleEngineError(
+        f"{what} was built for compute capabilities {', '.join(built_for)}, not for the {device.gpu} here ({cc}); {hint}"
+    )

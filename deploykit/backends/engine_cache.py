@@ -9,7 +9,9 @@ that may be wrong or crash. Nothing here rebuilds or overwrites an engine, and n
 fingerprint file names is ever imported or loaded: plugins come from the caller, or are the
 installed plugin packages the fingerprint names by entry point (code already installed here,
 as ``--plugins sape2`` would load it), and either way are checked against the recorded hash
-(``deploykit.backends.plugins``).
+(``deploykit.backends.plugins``). Plugins are loaded only for an engine that needs them to
+deserialize: one whose plugin layers all carry their compiled kernel (ahead-of-time quickly
+deployable plugins, as SaPE²'s) needs nothing, as NVIDIA documents (``embedded_plugin_layers``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pathlib import Path
 
 from deploykit._io import write_json_atomic
 from deploykit.backends._polygraphy import import_trt
-from deploykit.backends.devices import Device, probe_device
+from deploykit.backends.devices import Device, check_rtx_targets, probe_device
 from deploykit.backends.plugins import Plugins, check_plugins
 from deploykit.backends.tensorrt import BuildOptions
 from deploykit.errors import DeployKitError, StaleEngineError
@@ -48,10 +50,11 @@ class Fingerprint:
         module: ``tensorrt`` or ``tensorrt_rtx``.
         trt_version: version of that module.
         cuda_driver: CUDA version the driver supports (``cuDriverGetVersion``), None without a
-            driver. None for TensorRT-RTX, whose engines are built ahead of time for every
-            supported compute capability (on a CPU too) and compiled for the GPU on first load:
-            whether one runs on this system is TensorRT-RTX's own answer from the engine's
-            header (``devices.check_rtx_engine``), not a comparison with the build machine.
+            driver. None for TensorRT-RTX, whose engines are built ahead of time (on a CPU too)
+            for the compute capabilities in ``build`` (``compute_capabilities``) and compiled for
+            the GPU on first load: whether one runs on this system is decided by those targets
+            (``devices.check_rtx_targets``) and TensorRT-RTX's own answer from the engine's
+            header (``devices.check_rtx_engine``), not by a comparison with the build machine.
         driver: NVIDIA driver version (NVML), None as for ``cuda_driver``.
         gpu: GPU name, None without a GPU, or for TensorRT-RTX.
         compute_capability: ``"8.9"``-style, None as for ``gpu``.
@@ -112,6 +115,13 @@ def engine_paths(onnx_path: str | os.PathLike, module: str) -> tuple[Path, Path]
     return stem.with_name(f"{stem.name}.{tag}.engine"), stem.with_name(f"{stem.name}.{tag}.json")
 
 
+def runtime_cache_path(onnx_path: str | os.PathLike) -> Path:
+    """Where TensorRT-RTX's runtime cache of the engine beside ``onnx_path`` is kept
+    (``model_224_fp16.rtx.runtime-cache``: the kernels it compiled for this GPU, ``rtx_runtime``)."""
+    stem = Path(onnx_path).with_suffix("")
+    return stem.with_name(f"{stem.name}.{BACKEND_TAGS['tensorrt_rtx']}.runtime-cache")
+
+
 def require_engine(onnx_path: str | os.PathLike, module: str) -> tuple[Path, Path]:
     """``engine_paths``, when the engine exists.
 
@@ -138,8 +148,11 @@ def build_settings(options: BuildOptions) -> dict:
     """The ``BuildOptions`` fields that change the engine (not where the timing cache lives;
     a range's sample shapes are in the fingerprint's profile shapes already, plugin libraries in
     its plugin hash, which does not depend on where they are)."""
-    skip = ("timing_cache", "module", "sample_shapes", "plugin_libraries")
-    return {k: v for k, v in dataclasses.asdict(options).items() if k not in skip}
+    skip = ("timing_cache", "module", "sample_shapes")
+    settings = {k: v for k, v in dataclasses.asdict(options).items() if k not in skip}
+    if not options.compute_capabilities:  # TensorRT's, and TensorRT-RTX fingerprints written before targets were set
+        del settings["compute_capabilities"]
+    return settings
 
 
 def current_fingerprint(
@@ -195,6 +208,9 @@ class EngineRecord:
             which a runner given no plugins loads again (installed code, checked by hash).
         plugin_layers: how many of the graph's nodes became plugin layers (0: the engine needs
             no plugin to run, whatever was loaded when it was built).
+        embedded_plugin_layers: how many of those carry their compiled kernel in the engine
+            (ahead-of-time quickly deployable plugins), which TensorRT runs with no plugin
+            registered (0 in records written before this was recorded: a plugin is loaded).
     """
 
     fingerprint: Fingerprint
@@ -202,19 +218,34 @@ class EngineRecord:
     plugins: list[str]
     installed_plugins: list[str]
     plugin_layers: int
+    embedded_plugin_layers: int = 0
+
+    @property
+    def self_contained(self) -> bool:
+        """Whether it has plugin layers and all of them carry their kernel, so it deserializes
+        with no plugin loaded (an engine without plugin layers is held to the plugins it was
+        built with, as before)."""
+        return 0 < self.plugin_layers == self.embedded_plugin_layers
 
 
 def write_fingerprint(
-    path: str | os.PathLike, fingerprint: Fingerprint, engine_sha256: str, plugins: Plugins = Plugins(), plugin_layers: int = 0
+    path: str | os.PathLike,
+    fingerprint: Fingerprint,
+    engine_sha256: str,
+    plugins: Plugins = Plugins(),
+    plugin_layers: int = 0,
+    embedded_plugin_layers: int = 0,
 ) -> None:
     """Store the fingerprint with the engine's own hash, where its plugins came from (named in
-    messages only: nothing is ever loaded from these paths) and how many plugin layers it has."""
+    messages only: nothing is ever loaded from these paths), how many plugin layers it has and
+    how many of those carry their kernel (``EngineRecord``)."""
     record = {
         "fingerprint": fingerprint.to_dict(),
         "engine_sha256": engine_sha256,
         "plugins": plugins.describe(),
         "installed_plugins": list(plugins.installed),
         "plugin_layers": plugin_layers,
+        "embedded_plugin_layers": embedded_plugin_layers,
     }
     write_json_atomic(path, record)
 
@@ -234,6 +265,7 @@ def read_fingerprint(path: str | os.PathLike) -> EngineRecord:
             [str(p) for p in record["plugins"]],
             [str(p) for p in record["installed_plugins"]],
             int(record["plugin_layers"]),
+            int(record.get("embedded_plugin_layers", 0)),
         )
     except FileNotFoundError:
         raise StaleEngineError(f"engine fingerprint {path} is missing; rebuild with deploykit build --rebuild") from None
@@ -258,7 +290,8 @@ class EngineFromPath:
             engine was built with (checked by hash before anything is imported or loaded). None:
             the installed plugin packages its fingerprint names (``sape2``), resolved by their
             entry points and checked the same way; a library or a directory is never loaded
-            unless given.
+            unless given. An engine whose plugin layers all carry their kernel
+            (``EngineRecord.self_contained``) loads none; plugins given for it are still checked.
     """
 
     def __init__(self, onnx_path: str | os.PathLike, module: str, device: Device | None = None, plugins: Plugins | None = None) -> None:
@@ -268,7 +301,7 @@ class EngineFromPath:
         self.plugins = plugins
 
     def __call__(self) -> bytes:
-        """The serialized engine, with its plugins loaded.
+        """The serialized engine, with the plugins it needs to deserialize loaded.
 
         Raises:
             DeployKitError: no engine was built for this graph and backend.
@@ -281,26 +314,36 @@ class EngineFromPath:
         hint = f"rebuild with: deploykit build {self.onnx_path.parent} --backend {BACKEND_TAGS[self.module]} --rebuild"
         record = read_fingerprint(fp_path)
         stored = record.fingerprint
-        plugins = self.plugins if self.plugins is not None else self._installed(record)
-        check_plugins(engine, stored.plugin_sha256, record.plugins, plugins, hint)
+        if self.module == "tensorrt_rtx":  # before anything is loaded: an engine for other GPUs never runs here
+            device = probe_device() if self.device is None else self.device
+            check_rtx_targets(device, stored.build.get("compute_capabilities", ()), engine.name, hint)
+        plugins = self.plugins
+        if plugins is None and not record.self_contained:
+            plugins = installed_plugins(record)
+        if plugins is not None:
+            check_plugins(engine, stored.plugin_sha256, record.plugins, plugins, hint)
         try:
             options = BuildOptions(module=self.module, **stored.build)
         except (TypeError, ValueError) as err:  # a fingerprint from another deploykit version, or edited
             raise StaleEngineError(f"{fp_path} records build settings this deploykit does not know ({err}); {hint}") from err
-        current = current_fingerprint(self.onnx_path, GraphMetadata.of_file(self.onnx_path), stored.shapes, options, plugins, self.device)
+        meta = GraphMetadata.of_file(self.onnx_path)
+        current = current_fingerprint(self.onnx_path, meta, stored.shapes, options, plugins or Plugins(), self.device)
+        if plugins is None:  # nothing to load: the sources it was built with are not needed here
+            current = dataclasses.replace(current, plugin_sha256=stored.plugin_sha256)
         check_fingerprint(engine, stored, current, hint)
         if sha256_file(engine) != record.engine_sha256:
             raise StaleEngineError(f"{engine} changed since it was built (sha256 differs from {fp_path.name}); {hint}")
-        plugins.load(self.module)  # before the runner deserializes: the engine's layers need their creators
+        if not record.self_contained:  # before the runner deserializes: plugin layers need their creators
+            plugins.load(self.module)
         return engine.read_bytes()
 
-    @staticmethod
-    def _installed(record: EngineRecord) -> Plugins:
-        """The installed packages the record names, when those are all it was built with (else
-        none, and ``check_plugins`` says which ones to pass)."""
-        if not record.installed_plugins or len(record.installed_plugins) != len(record.plugins):
-            return Plugins()
-        try:
-            return Plugins.resolve(record.installed_plugins)
-        except DeployKitError:  # not installed here: check_plugins names what to pass
-            return Plugins()
+
+def installed_plugins(record: EngineRecord) -> Plugins:
+    """The installed packages the record names, when those are all it was built with (else none,
+    and ``check_plugins`` says which ones to pass)."""
+    if not record.installed_plugins or len(record.installed_plugins) != len(record.plugins):
+        return Plugins()
+    try:
+        return Plugins.resolve(record.installed_plugins)
+    except DeployKitError:  # not installed here: check_plugins names what to pass
+        return Plugins()

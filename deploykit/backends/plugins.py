@@ -5,7 +5,8 @@ packages installed in this environment that register under the entry-point group
 ``deploykit.plugins`` (deploykit's own SaPE² plugin is ``sape2``). Never from a path found in a
 file someone handed us (an engine's fingerprint) or from the working directory. An engine's
 fingerprint records the hash of the plugins it was built with; loading it with other plugins, or
-with none, is refused before anything is imported or loaded (``check_plugins``).
+with none, is refused before anything is imported or loaded (``check_plugins``), unless its
+plugin layers all carry their kernel, so that it needs none (``engine_cache.EngineRecord.self_contained``).
 
 Three kinds, one spec each (``Plugins.resolve``):
 
@@ -16,6 +17,12 @@ Three kinds, one spec each (``Plugins.resolve``):
 * a shared library (``.so``), loaded with Polygraphy's ``LoadPlugins`` (``ctypes.CDLL``): its
   plugin creators register themselves on load, as ``trtexec --staticPlugins`` and Triton's
   ``--backend-config=tensorrt,plugins=`` load them, so an engine that needs it deserializes.
+
+A build uses only the plugins it was given: ``Plugins.load`` returns the plugin creators
+``(namespace, name)`` its sources registered, and only those ops are built as plugin layers,
+whatever else an earlier build or import registered in this process (TensorRT's registry is per
+process). What a source registered is what its first load added to the registry (remembered, as a
+source registers once per process), plus the ids its ``register()`` returns.
 """
 
 from __future__ import annotations
@@ -124,29 +131,66 @@ class Plugins:
         """Where each source came from (recorded beside a fingerprint, for messages only)."""
         return [s.describe() for s in self.sources]
 
-    def load(self, module: str) -> list[str]:
+    def load(self, module: str) -> frozenset[tuple[str, str]]:
         """Import the Python plugins (each once per process) and load the shared libraries.
 
         Args:
-            module: the TensorRT flavour the libraries are for (``tensorrt``, ``tensorrt_rtx``).
+            module: the TensorRT flavour they are for (``tensorrt``, ``tensorrt_rtx``).
 
         Returns:
-            The module names imported or already loaded.
+            ``(namespace, name)`` of the plugin creators these sources registered (in this call
+            or an earlier one): the ops a build given these plugins may build as plugin layers.
 
         Raises:
-            ExportError: a plugin fails to import or register, or a library fails to load.
+            ExportError: a plugin fails to import or register, or a library is missing or fails to load.
         """
-        names = []
-        for source in self.python:
-            names += _import_package(source) if source.kind == "package" else load_plugin_modules([source.path])
-        if self.libraries:
-            from deploykit.backends._polygraphy import backend
+        provided: set[tuple[str, str]] = set()
+        for source in self.sources:
+            before = registered_creators(module)
+            ids = _load_source(source, module)
+            key = (source.kind, source.path)
+            _PROVIDED[key] = _PROVIDED.get(key, frozenset()) | ids | (registered_creators(module) - before)
+            provided |= _PROVIDED[key]
+        return frozenset(provided)
 
-            try:
-                backend(module).LoadPlugins(plugins=list(self.libraries))()
-            except OSError as err:
-                raise ExportError(one_line(f"cannot load plugin library: {err}")) from err
-        return names
+
+# (kind, path) of each source loaded in this process -> the plugin creators its loading
+# registered. Process state, as TensorRT's registry is: a source registers on its first load only.
+_PROVIDED: dict[tuple[str, Path], frozenset[tuple[str, str]]] = {}
+
+
+def registered_creators(module: str) -> set[tuple[str, str]]:
+    """``(namespace, name)`` of every plugin creator registered with TensorRT flavour ``module`` in
+    this process; empty when the flavour is not installed (nothing can be registered with it)."""
+    from deploykit._lazy import is_available
+
+    if not is_available(module):
+        return set()
+    trt = importlib.import_module(module)
+    return {(c.plugin_namespace, c.name) for c in trt.get_plugin_registry().all_creators}
+
+
+def _load_source(source: PluginSource, module: str) -> frozenset[tuple[str, str]]:
+    """Load one source; the plugin ids (``namespace::name``) its ``register()`` returned."""
+    if source.kind == "package":
+        return _plugin_ids(_import_package(source))
+    if source.kind == "directory":
+        return frozenset().union(*(_plugin_ids(r) for r in _import_directory(source.path).values()))
+    if not source.path.is_file():
+        raise ExportError(f"plugin library {source.path} does not exist")
+    from deploykit.backends._polygraphy import backend
+
+    try:
+        backend(module).LoadPlugins(plugins=[str(source.path)])()
+    except OSError as err:
+        raise ExportError(one_line(f"cannot load plugin library: {err}")) from err
+    return frozenset()
+
+
+def _plugin_ids(returned) -> frozenset[tuple[str, str]]:
+    """``register()``'s ``"namespace::name"`` (one, or several), as ``(namespace, name)``."""
+    ids = [returned] if isinstance(returned, str) else returned if isinstance(returned, (list, tuple, set, frozenset)) else []
+    return frozenset(tuple(i.split("::", 1)) for i in ids if isinstance(i, str) and "::" in i)
 
 
 def _resolve_one(spec: str) -> PluginSource:
@@ -210,8 +254,7 @@ def _import_package(source: PluginSource) -> list[str]:
         module = importlib.import_module(name)
     except Exception as err:  # a plugin may raise anything; report it as one line
         raise ExportError(one_line(f"plugin {name} failed to import: {type(err).__name__}: {err}")) from err
-    _call_register(module, name)
-    return [name]
+    return _call_register(module, name)
 
 
 def load_plugin_modules(plugin_dirs: Iterable[str | os.PathLike]) -> list[str]:
@@ -229,20 +272,25 @@ def load_plugin_modules(plugin_dirs: Iterable[str | os.PathLike]) -> list[str]:
     Raises:
         ExportError: a directory does not exist or a plugin fails to import.
     """
-    names = []
-    for root in map(Path, plugin_dirs):
-        if not root.is_dir():
-            raise ExportError(f"plugin directory {root} does not exist")
-        for path in sorted(root.iterdir()):
-            init = path / "__init__.py" if path.is_dir() else path
-            if not init.is_file() or init.suffix != ".py" or path.name.startswith(("_", ".")):
-                continue
-            name = f"deploykit_plugins.{root.resolve().name}.{path.stem}"
-            names.append(name)
-            if name not in sys.modules:
-                _import_plugin(name, init, path)
-                _call_register(sys.modules[name], str(init))
-    return names
+    return [name for root in plugin_dirs for name in _import_directory(Path(root))]
+
+
+def _import_directory(root: Path) -> dict[str, object]:
+    """Import the plugins under ``root`` (``load_plugin_modules``): module name -> what its
+    ``register()`` returned when imported now (None when imported before)."""
+    if not root.is_dir():
+        raise ExportError(f"plugin directory {root} does not exist")
+    registered = {}
+    for path in sorted(root.iterdir()):
+        init = path / "__init__.py" if path.is_dir() else path
+        if not init.is_file() or init.suffix != ".py" or path.name.startswith(("_", ".")):
+            continue
+        name = f"deploykit_plugins.{root.resolve().name}.{path.stem}"
+        registered[name] = None
+        if name not in sys.modules:
+            _import_plugin(name, init, path)
+            registered[name] = _call_register(sys.modules[name], str(init))
+    return registered
 
 
 def _import_plugin(name: str, init: Path, path: Path) -> None:
@@ -257,14 +305,14 @@ def _import_plugin(name: str, init: Path, path: Path) -> None:
         raise ExportError(one_line(f"plugin {init} failed to import: {type(err).__name__}: {err}")) from err
 
 
-def _call_register(module, what: str) -> None:
-    """Call the plugin's ``register()``; ``what`` names it in the one-line error (its module, or
-    the file under a directory the user named)."""
+def _call_register(module, what: str):
+    """Call the plugin's ``register()`` and return what it returns (None without one); ``what``
+    names it in the one-line error (its module, or the file under a directory the user named)."""
     register = getattr(module, "register", None)
     if not callable(register):
-        return
+        return None
     try:
-        register()
+        return register()
     except Exception as err:
         raise ExportError(one_line(f"plugin {what} failed to register: {type(err).__name__}: {err}")) from err
 

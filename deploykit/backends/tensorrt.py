@@ -12,9 +12,10 @@ Polygraphy) is imported until a build is requested.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -23,6 +24,8 @@ from typing import Any
 from deploykit._io import atomic_path
 from deploykit.backends import defaults
 from deploykit.backends._polygraphy import FLAVOUR_NAMES, TrtMessages, backend, check_trt_module, import_trt
+from deploykit.backends.devices import supported_text, supports
+from deploykit.backends.plugins import Plugins
 from deploykit.errors import ExportError
 
 _MAX_OPT_LEVEL = 5
@@ -45,10 +48,12 @@ class BuildOptions:
         max_batch: Largest batch the engine accepts.
         timing_cache: Timing cache file, loaded if it exists and saved after the build.
             TensorRT only: it is a no-op in TensorRT-RTX and ignored there.
-        plugin_libraries: Shared libraries with plugin creators, loaded before parsing.
         sample_shapes: For a graph with dynamic height/width (a resolution range), the input's
             per-sample shape (without the batch) at min, opt and max; ``None`` when only the
             batch is dynamic.
+        compute_capabilities: TensorRT-RTX only: the GPUs' compute capabilities (``"7.5"``) the
+            engine is built for, set on the builder config; empty keeps TensorRT-RTX's default,
+            which leaves Turing out (``deploykit.backends.devices.rtx_targets`` picks them).
     """
 
     module: str = "tensorrt"
@@ -58,8 +63,8 @@ class BuildOptions:
     opt_batch: int = defaults.ENGINE_BATCH
     max_batch: int = defaults.ENGINE_MAX_BATCH
     timing_cache: str | None = None
-    plugin_libraries: tuple[str, ...] = ()
     sample_shapes: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None = None
+    compute_capabilities: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Fail on construction, before minutes of building, rather than inside TensorRT.
@@ -71,6 +76,11 @@ class BuildOptions:
             raise ValueError(f"workspace_mib must be positive, got {self.workspace_mib}")
         if self.optimization_level is not None and not 0 <= self.optimization_level <= _MAX_OPT_LEVEL:
             raise ValueError(f"optimization_level must be in 0-{_MAX_OPT_LEVEL}, got {self.optimization_level}")
+        if self.compute_capabilities and self.module != "tensorrt_rtx":
+            raise ValueError("compute_capabilities are TensorRT-RTX's; a TensorRT engine is built for the GPU it is built on")
+        unsupported = [cc for cc in self.compute_capabilities if not supports("tensorrt_rtx", cc)]
+        if unsupported:
+            raise ValueError(f"TensorRT-RTX cannot build for compute capability {unsupported[0]} ({supported_text('tensorrt_rtx')})")
 
 
 class BuildProgress:
@@ -124,15 +134,11 @@ def _make_monitor(trt: ModuleType, progress: BuildProgress) -> Any:
 PLUGIN_LAYER_TYPES = ("PLUGIN", "PLUGIN_V2", "PLUGIN_V3")
 
 
-def registered_plugins(trt: ModuleType) -> set[tuple[str, str]]:
-    """``(namespace, name)`` of every plugin creator registered with TensorRT in this process."""
-    return {(c.plugin_namespace, c.name) for c in trt.get_plugin_registry().all_creators}
-
-
-def with_plugin_nodes(source: OnnxSource, registered: set[tuple[str, str]]) -> tuple[OnnxSource, list[str]]:
-    """``source`` as TensorRT's parser must see it for the registered plugins to be used
-    (``deploykit.export.plugin_nodes``), and the nodes that must become plugin layers; ``source``
-    itself when no custom op of the graph has a registered creator."""
+def with_plugin_nodes(source: OnnxSource, registered: Collection[tuple[str, str]]) -> tuple[OnnxSource, list[str]]:
+    """``source`` as TensorRT's parser must see it for the plugins ``registered`` (``(namespace,
+    name)``: those the build was given) to be used (``deploykit.export.plugin_nodes``), and the
+    nodes that must become plugin layers; ``source`` itself when no custom op of the graph is
+    among them."""
     import onnx
 
     from deploykit.export.plugin_nodes import custom_ops, mark_plugin_nodes
@@ -143,7 +149,7 @@ def with_plugin_nodes(source: OnnxSource, registered: set[tuple[str, str]]) -> t
         model = onnx.load_from_string(bytes(source)) if isinstance(source, (bytes, bytearray, memoryview)) else onnx.load(str(source))
     except Exception:  # not ONNX: let TensorRT's parser say so, in its words
         return source, []
-    if not custom_ops(model) & registered:
+    if not custom_ops(model) & set(registered):
         return source, []
     nodes = mark_plugin_nodes(model, registered)
     return model.SerializeToString(), nodes
@@ -152,6 +158,21 @@ def with_plugin_nodes(source: OnnxSource, registered: set[tuple[str, str]]) -> t
 def _plugin_layers(trt: ModuleType, network: Any) -> int:
     kinds = {getattr(trt.LayerType, name) for name in PLUGIN_LAYER_TYPES if hasattr(trt.LayerType, name)}
     return sum(network.get_layer(i).type in kinds for i in range(network.num_layers))
+
+
+def embedded_plugin_layers(trt: ModuleType, network: Any) -> int:
+    """Plugin layers whose plugin is the ahead-of-time build of a quickly deployable plugin
+    (``IPluginV3QuickAOTBuild``, what ``tensorrt.plugin`` makes for an ``@aot_impl``): TensorRT
+    embeds their compiled kernel in the engine and runs it itself, so the engine needs neither
+    the plugin nor Python to deserialize ("it does not require any Python modules or definitions
+    to be present at runtime ... the engine can be executed on the standard TRT runtime, as part
+    of any tool that is capable of deserializing and running the engine (like trtexec)":
+    NVIDIA/TensorRT samples/python/quickly_deployable_plugins; its ``_TemplateAOTPlugin`` has no
+    runtime capability of its own, unlike the JIT one). TensorRT-RTX has no such plugins."""
+    aot = getattr(trt, "IPluginV3QuickAOTBuild", None)
+    if aot is None:
+        return 0
+    return sum(isinstance(getattr(network.get_layer(i), "plugin", None), aot) for i in range(network.num_layers))
 
 
 def _parse(pg: ModuleType, trt: ModuleType, source: OnnxSource, messages: TrtMessages) -> tuple:
@@ -208,6 +229,29 @@ def _profiles(pg: ModuleType, network: Any, options: BuildOptions) -> list:
     return [profile] if len(profile) else []
 
 
+def _create_config(pg: ModuleType, opts: BuildOptions) -> Callable[..., Any]:
+    """Polygraphy's ``CreateConfig``, or for TensorRT-RTX targets ``CreateConfigRTX`` with them
+    (``(major, minor)`` pairs, set through ``IBuilderConfig.set_compute_capability``)."""
+    if not opts.compute_capabilities:
+        return pg.CreateConfig
+    from polygraphy.backend.tensorrt_rtx import CreateConfigRTX
+
+    pairs = [tuple(int(p) for p in cc.split(".")) for cc in opts.compute_capabilities]
+    return functools.partial(CreateConfigRTX, compute_capabilities=pairs)
+
+
+def _check_targets(trt: ModuleType, config: Any, targets: tuple[str, ...]) -> None:
+    """Refuse a build whose config does not hold exactly ``targets``: Polygraphy ignores what
+    ``set_compute_capability`` returns, and an engine built for other GPUs would be refused only
+    where it is loaded."""
+    if not targets:
+        return
+    held = [config.get_compute_capability(i) for i in range(config.num_compute_capabilities)]
+    wanted = [getattr(trt.ComputeCapability, "SM" + cc.replace(".", "")) for cc in targets]
+    if held != wanted:
+        raise ExportError(f"TensorRT-RTX did not take the compute capabilities {', '.join(targets)} (its config holds {held})")
+
+
 def _load_timing_cache(config: Any, path: Path) -> Any:
     """Replace the empty cache Polygraphy's ``CreateConfig`` sets with the one at ``path``.
 
@@ -238,11 +282,13 @@ class EngineFromOnnx:
             returning either (evaluated when the engine is built).
         options: Build settings; defaults to ``BuildOptions()``.
         progress: Receives the builder's phases as they advance (shown by ``deploykit build``).
+        plugins: The plugins this build may use, loaded before parsing; none by default.
 
     After a call, ``plugin_nodes`` names the graph's nodes built as plugin layers: the custom
-    nodes whose op has a plugin creator registered (the plugins given load first), handed to the
-    parser marked for it (``with_plugin_nodes``). A marked node the parser does not turn into a
-    plugin layer fails the build.
+    nodes whose op has a creator among the plugins given (never one an earlier build or import
+    registered), handed to the parser marked for it (``with_plugin_nodes``). A marked node the
+    parser does not turn into a plugin layer fails the build. ``embedded_plugin_layers`` counts
+    the plugin layers whose kernel the engine carries (``embedded_plugin_layers``).
 
     Example:
         >>> engine = EngineFromOnnx("vit.onnx", BuildOptions(module="tensorrt_rtx"))()
@@ -253,11 +299,14 @@ class EngineFromOnnx:
         onnx_path_or_bytes: OnnxSource | Callable[[], OnnxSource],
         options: BuildOptions | None = None,
         progress: BuildProgress | None = None,
+        plugins: Plugins = Plugins(),
     ) -> None:
         self.onnx_path_or_bytes = onnx_path_or_bytes
         self.options = options if options is not None else BuildOptions()
         self.progress = progress
+        self.plugins = plugins
         self.plugin_nodes: list[str] = []
+        self.embedded_plugin_layers = 0
 
     def __call__(self) -> bytes:
         """Build the engine.
@@ -278,12 +327,10 @@ class EngineFromOnnx:
 
     def _build(self, pg: ModuleType, trt: ModuleType, source: OnnxSource, messages: TrtMessages) -> bytes:
         opts = self.options
-        missing = [lib for lib in opts.plugin_libraries if not Path(lib).is_file()]
-        if missing:
-            raise ExportError(f"plugin library {missing[0]} does not exist")
-        pg.LoadPlugins(plugins=list(opts.plugin_libraries))()  # before parsing: the parser maps nodes to their creators
-        source, self.plugin_nodes = with_plugin_nodes(source, registered_plugins(trt))
+        provided = self.plugins.load(opts.module)  # before parsing: the parser maps nodes to their creators
+        source, self.plugin_nodes = with_plugin_nodes(source, provided)
         builder, network, parser = _parse(pg, trt, source, messages)
+        self.embedded_plugin_layers = embedded_plugin_layers(trt, network)
         layers = _plugin_layers(trt, network)
         if layers < len(self.plugin_nodes):
             raise ExportError(
@@ -293,12 +340,13 @@ class EngineFromOnnx:
         monitor = _make_monitor(trt, self.progress) if self.progress is not None and hasattr(trt, "IProgressMonitor") else None
         pools = {trt.MemoryPoolType.WORKSPACE: opts.workspace_mib << 20} if opts.workspace_mib is not None else None
         with messages.failing_as("TensorRT builder configuration failed"):
-            config = pg.CreateConfig(
+            config = _create_config(pg, opts)(
                 profiles=_profiles(pg, network, opts),
                 memory_pool_limits=pools,
                 builder_optimization_level=opts.optimization_level,
                 progress_monitor=monitor,
             )(builder, network)
+        _check_targets(trt, config, opts.compute_capabilities)
         cache_path = cache = None
         if opts.timing_cache is not None:
             if opts.module == "tensorrt" and hasattr(config, "create_timing_cache"):

@@ -17,6 +17,9 @@ buffers, stream, shapes, output allocation). Ours around it:
   is capturable); for TensorRT our
   executor captures and replays (it needs a CUDA build of torch for its buffers; without one the
   runner runs plainly and ``cuda_graph_note`` says why);
+* TensorRT-RTX's runtime cache (``deploykit.backends.rtx_runtime``): the kernels it compiles
+  for the GPU, read from a file beside the engine and written back when the runner deactivates,
+  so the next process does not compile them again;
 * TensorRT's own messages: every call runs inside ``TrtMessages``, so an error TensorRT logs
   becomes the one-line ``DeployKitError`` of a failed call and its warnings reach the log.
 """
@@ -33,9 +36,10 @@ from typing import Any
 import numpy as np
 
 from deploykit.backends._polygraphy import FLAVOUR_NAMES, TrtMessages, backend, import_trt
-from deploykit.backends.cuda_graphs import CudaGraphExecutor, io_names, rtx_capture_note, rtx_graph_context
+from deploykit.backends.cuda_graphs import CudaGraphExecutor, io_names, rtx_capture_note, rtx_graph_note
 from deploykit.backends.devices import Device, check_cuda_build, check_device, check_rtx_engine, probe_device
 from deploykit.backends.plugins import Plugins
+from deploykit.backends.rtx_runtime import RuntimeCache, rtx_context
 from deploykit.errors import DeployKitError, one_line
 from deploykit.runtime.base import Runner
 
@@ -54,13 +58,22 @@ class TrtRunner(Runner):
         cuda_graph: replay each input shape's execution as a CUDA graph, when the engine allows it.
         device: CUDA device index.
         device_info: what ``probe_device(device)`` reports; probed when None (tests pass one in).
+        runtime_cache: TensorRT-RTX only: the file its runtime cache is kept in (read when the
+            runner activates, written when it deactivates); None keeps none.
     """
 
     def __init__(
-        self, engine: EngineSource, module: str = "tensorrt", cuda_graph: bool = False, device: int = 0, device_info: Device | None = None
+        self,
+        engine: EngineSource,
+        module: str = "tensorrt",
+        cuda_graph: bool = False,
+        device: int = 0,
+        device_info: Device | None = None,
+        runtime_cache: str | os.PathLike | None = None,
     ):
         super().__init__()
         self.engine, self.module, self.cuda_graph, self.device, self.device_info = engine, module, cuda_graph, device, device_info
+        self.runtime_cache = RuntimeCache(runtime_cache) if runtime_cache is not None and module == "tensorrt_rtx" else None
         self.name = {"tensorrt": "trt", "tensorrt_rtx": "rtx"}[module]
         self._state: dict[str, Any] = {}
         self._lock = threading.Lock()
@@ -91,12 +104,13 @@ class TrtRunner(Runner):
 
     def _executor(self, engine: Any, trt: Any, pg: Any) -> tuple[Any, str]:
         """What runs the engine, and why CUDA graphs are not used ("" when they are)."""
+        note = "" if self.cuda_graph else "not requested"
+        if self.module == "tensorrt_rtx" and (self.cuda_graph or self.runtime_cache is not None):
+            with self._tensorrt(f"cannot create an execution context{' with CUDA graphs' if self.cuda_graph else ''}"):
+                context = rtx_context(engine, trt, self.cuda_graph, self.runtime_cache)
+            return pg.TrtRunner(context), rtx_graph_note(context, trt) if self.cuda_graph else note
         if not self.cuda_graph:
-            return pg.TrtRunner(engine), "not requested"
-        if self.module == "tensorrt_rtx":
-            with self._tensorrt("cannot create an execution context with CUDA graphs"):
-                context, note = rtx_graph_context(engine, trt)
-            return pg.TrtRunner(context), note
+            return pg.TrtRunner(engine), note
         import torch
 
         if not torch.cuda.is_available():
@@ -182,6 +196,8 @@ class TrtRunner(Runner):
         if executor is not None and executor.is_active:
             executor.deactivate()
         self._state = {}
+        if self.runtime_cache is not None:  # what this process compiled, for the next one
+            self.runtime_cache.save()
 
 
 def _host_dtype(array: np.ndarray) -> np.dtype:
@@ -193,16 +209,18 @@ def engine_runner(
     onnx_path: str | os.PathLike, module: str, cuda_graph: bool = False, plugins: Plugins | None = None, device: Device | None = None
 ) -> TrtRunner:
     """A runner for the engine ``deploykit build`` wrote beside ``onnx_path`` (device, fingerprint
-    and plugins checked, plugins loaded before the engine is deserialized). ``plugins`` None: the
-    installed plugin packages the engine's fingerprint names (``EngineFromPath``).
+    and plugins checked, plugins loaded before the engine is deserialized; for TensorRT-RTX its
+    runtime cache kept beside it). ``plugins`` None: the installed plugin packages the engine's
+    fingerprint names (``EngineFromPath``).
 
     Raises:
         DeployKitError: no engine was built for ``onnx_path`` (at once; the rest when activated).
     """
-    from deploykit.backends.engine_cache import EngineFromPath, require_engine
+    from deploykit.backends.engine_cache import EngineFromPath, require_engine, runtime_cache_path
 
     require_engine(onnx_path, module)  # said first: whatever the machine, the engine is to be built
-    return TrtRunner(EngineFromPath(onnx_path, module, device, plugins), module=module, cuda_graph=cuda_graph, device_info=device)
+    source = EngineFromPath(onnx_path, module, device, plugins)
+    return TrtRunner(source, module=module, cuda_graph=cuda_graph, device_info=device, runtime_cache=runtime_cache_path(onnx_path))
 
 
 def debug_engine_runner(
@@ -215,19 +233,16 @@ def debug_engine_runner(
     The engine is built when the runner activates (after the engine beside ``onnx_path`` passed
     its checks: that one must be valid for a debug build of it to mean anything).
     """
-    from deploykit.backends.engine_cache import EngineFromPath, engine_paths, read_fingerprint
+    from deploykit.backends.engine_cache import EngineFromPath, engine_paths, installed_plugins, read_fingerprint
     from deploykit.backends.tensorrt import BuildOptions, EngineFromOnnx
 
     def build() -> bytes:
-        source = EngineFromPath(onnx_path, module, device, plugins)
-        source()  # refuses a stale engine; loads the plugins
-        stored = read_fingerprint(engine_paths(onnx_path, module)[1]).fingerprint
+        EngineFromPath(onnx_path, module, device, plugins)()  # refuses a stale engine
+        record = read_fingerprint(engine_paths(onnx_path, module)[1])
+        stored = record.fingerprint
         (shapes,) = stored.shapes.values()  # [min, opt, max] of the one input
         samples = tuple(tuple(s[1:]) for s in shapes)
-        libraries = plugins.libraries if plugins is not None else ()
-        options = BuildOptions(
-            module=module, **stored.build, plugin_libraries=libraries, sample_shapes=samples if len(set(samples)) > 1 else None
-        )
-        return EngineFromOnnx(marked, options)()
+        options = BuildOptions(module=module, **stored.build, sample_shapes=samples if len(set(samples)) > 1 else None)
+        return EngineFromOnnx(marked, options, plugins=plugins if plugins is not None else installed_plugins(record))()
 
     return TrtRunner(build, module=module, device_info=device)

@@ -27,9 +27,10 @@ CONFIG_FILE = "config.json"  # the reference model's config, as deploykit.nn.che
 # What ``deploykit build`` writes into an export directory, named here (export sits below build)
 # so that a re-export knows these files as deploykit's own: an engine and its fingerprint beside
 # each graph (``backends.engine_cache.engine_paths``: ``model_224.trt.engine``,
-# ``model_224.trt.json``, ``.rtx.`` for TensorRT-RTX) and the timing cache
+# ``model_224.trt.json``, ``.rtx.`` for TensorRT-RTX), TensorRT-RTX's runtime cache beside its
+# engine (``engine_cache.runtime_cache_path``, written by its runners) and the timing cache
 # (``build.TIMING_CACHE_FILE``). tests/export/test_export_lock.py checks that they agree.
-ENGINE_SUFFIXES = (".trt.engine", ".trt.json", ".rtx.engine", ".rtx.json")
+ENGINE_SUFFIXES = (".trt.engine", ".trt.json", ".rtx.engine", ".rtx.json", ".rtx.runtime-cache")
 BUILD_FILES = ("timing.cache",)
 # What ``deploykit profile DIR`` writes there: the fastest validated plan per resolution
 # (``deploykit.profile.choice``), which ``serve`` and ``load`` take; a re-export makes it stale.

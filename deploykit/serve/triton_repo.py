@@ -27,13 +27,17 @@ TensorRT-RTX engines (``model_<res>.rtx.engine``) are not copied: Triton's ``ten
 platform loads TensorRT engines only. When one is all that was built, the README and a warning
 say so and how to build the TensorRT engine instead.
 
-Plugins: an engine whose layers include plugins needs them where Triton deserializes it. Triton's
-TensorRT backend loads plugin shared libraries (``--backend-config=tensorrt,plugins=...``), not
-Python ones: an engine built with a Python plugin (``--plugins sape2``) is refused in one line
-naming the fix (build it without, so TensorRT inlines the op's ONNX body); plugin libraries,
-given again with ``plugins`` and checked against the engine's fingerprint, are copied into
-``plugins/`` with the server flag to load them in the README. The README also names the TensorRT
-version and GPU each engine was built with: Triton's container must carry that TensorRT.
+Plugins: an engine whose plugin layers all carry their compiled kernel (an ahead-of-time quickly
+deployable plugin, as deploykit's SaPE² plugin, ``--plugins sape2``) needs nothing where Triton
+deserializes it: NVIDIA documents that such an engine "does not require any Python modules or
+definitions to be present at runtime" and runs on the standard TensorRT runtime (trtexec), so it
+is packaged as it is. Other plugin layers need their plugin registered: Triton's TensorRT backend
+loads plugin shared libraries (``--backend-config=tensorrt,plugins="a.so;b.so"``), not Python,
+so an engine with layers of a Python plugin that runs Python at inference is refused in one line
+naming the fix; plugin libraries, given again with ``plugins`` and checked against the engine's
+fingerprint, are copied into ``plugins/`` with the server flag to load them in the README. The
+README also names the TensorRT version and GPU each engine was built with: Triton's container
+must carry that TensorRT.
 """
 
 from __future__ import annotations
@@ -225,6 +229,7 @@ class FoundEngines:
         built_with: ``TensorRT <version> on <GPU> (compute capability <cc>)``.
         libraries: plugin libraries the engine's plugin layers need (given, hash-checked).
         rtx_engine: a TensorRT-RTX engine beside the graph, None when not built.
+        embedded_plugin_layers: plugin layers that carry their kernel (they need no plugin in Triton).
     """
 
     engine: Path | None = None
@@ -232,13 +237,14 @@ class FoundEngines:
     built_with: str = ""
     libraries: tuple[Path, ...] = ()
     rtx_engine: Path | None = None
+    embedded_plugin_layers: int = 0
 
 
 def _find_engines(graph: Path, plugins) -> FoundEngines:
     """The engines ``deploykit build`` wrote beside ``graph``. A TensorRT engine must match its
-    fingerprint's hashes (the graph it was built from, and its own bytes), and an engine with
-    plugin layers the plugins it was built with, as libraries Triton can load; or packaging is
-    refused."""
+    fingerprint's hashes (the graph it was built from, and its own bytes), and an engine whose
+    plugin layers need their plugin at load the plugins it was built with, as libraries Triton
+    can load; or packaging is refused."""
     from deploykit.backends.engine_cache import engine_paths, read_fingerprint
     from deploykit.backends.plugins import check_plugins
     from deploykit.errors import StaleEngineError
@@ -257,18 +263,21 @@ def _find_engines(graph: Path, plugins) -> FoundEngines:
     if record.engine_sha256 != sha256_file(trt_engine):
         raise StaleEngineError(f"{trt_engine} changed since it was built; {hint}")
     libraries: tuple[Path, ...] = ()
-    if record.plugin_layers:
+    if record.plugin_layers and not record.self_contained:
         if record.installed_plugins or any(s.kind != "library" for s in plugins.sources):
             raise DeployKitError(
-                f"{trt_engine.name} runs {record.plugin_layers} layer(s) as TensorRT Python plugins ({', '.join(record.plugins)}), "
-                "which Triton's TensorRT backend cannot load (it loads plugin libraries); for Triton, rebuild it without --plugins "
-                f"(deploykit build {graph.parent} --backend trt --rebuild: TensorRT inlines the op's ONNX body), or serve it with deploykit serve"
+                f"{trt_engine.name} runs {record.plugin_layers - record.embedded_plugin_layers} layer(s) as TensorRT Python plugins "
+                f"({', '.join(record.plugins)}) that do not carry their kernel (run at inference, or recorded before deploykit "
+                "recorded it), which Triton's TensorRT backend cannot load (it loads plugin libraries); for Triton, rebuild it "
+                f"(deploykit build {graph.parent} --backend trt --rebuild: with an ahead-of-time plugin such as --plugins sape2 "
+                "the kernel is embedded; without --plugins TensorRT inlines the op's ONNX body), or serve it with deploykit serve"
             )
         check_plugins(trt_engine, stored.plugin_sha256, record.plugins, plugins, f"pass them to package triton with --plugins; {hint}")
         libraries = tuple(s.path for s in plugins.sources)
     (shapes,) = stored.shapes.values()  # the input's [min, opt, max]
     built_with = f"TensorRT {stored.trt_version} on {stored.gpu} (compute capability {stored.compute_capability})"
-    return FoundEngines(trt_engine, (shapes[0][0], shapes[2][0]), built_with, libraries, rtx_engine)
+    embedded = record.plugin_layers if record.self_contained else 0
+    return FoundEngines(trt_engine, (shapes[0][0], shapes[2][0]), built_with, libraries, rtx_engine, embedded)
 
 
 def _write_openvino_graph(graph: Path, dest: Path) -> None:
@@ -350,6 +359,7 @@ def _write_resolution(repo: Path, export_dir: Path, entry, config, opts: Reposit
         "engine": engine.name if engine else None,
         "built_with": found.built_with,
         "libraries": [library.name for library in found.libraries],
+        "embedded": found.embedded_plugin_layers,
         "rtx_engine": rtx_engine.name if rtx_engine and not engine else None,
     }
 
@@ -398,7 +408,10 @@ def package_triton(
 
 def _readme(manifest: Manifest, notes: list[dict], opts: RepositoryOptions) -> str:
     libraries = sorted({name for n in notes for name in n["libraries"]})
-    load = f" --backend-config=tensorrt,plugins={';'.join(f'$PWD/{PLUGIN_DIR}/{name}' for name in libraries)}" if libraries else ""
+    # Triton's TensorRT backend takes several libraries as one ';'-separated value, quoted (its
+    # README: plugins="/path/plugin1.so;/path2/plugin2.so"): an unquoted ';' ends the shell command.
+    paths = ";".join(f"$PWD/{PLUGIN_DIR}/{name}" for name in libraries)
+    load = f' --backend-config=tensorrt,plugins="{paths}"' if libraries else ""
     lines = [
         "# Triton model repository (written by `deploykit package triton`)",
         "",
@@ -425,6 +438,8 @@ def _readme(manifest: Manifest, notes: list[dict], opts: RepositoryOptions) -> s
         h, w = n["res"]
         if n["engine"]:
             needs = f"; needs `{', '.join(n['libraries'])}` (in `{PLUGIN_DIR}/`, loaded by the command above)" if n["libraries"] else ""
+            if n["embedded"]:
+                needs = f"; its {n['embedded']} plugin layer(s) carry their compiled kernel, so it needs no plugin"
             lines.append(
                 f"- `{n['trt']}/1/model.plan`: copied from `{n['engine']}` of the export directory, built with {n['built_with']}{needs}."
             )
@@ -445,12 +460,13 @@ def _readme(manifest: Manifest, notes: list[dict], opts: RepositoryOptions) -> s
         "## SaPE² plugin",
         "",
         "Graphs with SaPE² carry the custom op `deploykit::SaPE2Bias`, a model-local ONNX function. deploykit's plugin for it",
-        "is a TensorRT Python plugin (`deploykit build --plugins sape2`), which Triton's TensorRT backend cannot load, so",
-        "`package triton` refuses an engine built with it: for Triton, build the `_trt` engine without `--plugins`",
-        "(TensorRT then inlines the op's plain-ONNX body and the engine needs nothing at load). ONNX Runtime always runs",
-        "the function body, so the `_onnx` variants need no plugin. An engine built with a plugin library of your own",
-        "(`deploykit build --plugins lib.so`) is packaged with `--plugins lib.so`: the library is copied into `plugins/`",
-        "and loaded by the command at the top.",
+        "(`deploykit build --plugins sape2`) is a TensorRT quickly deployable plugin with an ahead-of-time implementation: its",
+        "kernel is compiled to PTX for the GPU the engine is built on and embedded in the engine, which then needs no plugin",
+        "library, Python or Triton where it is loaded (NVIDIA: such an engine runs on the standard TensorRT runtime, as in",
+        "trtexec), so Triton's TensorRT backend loads it as it is. Built without `--plugins`, TensorRT inlines the op's",
+        "plain-ONNX body. ONNX Runtime always runs the function body, so the `_onnx` variants need no plugin. An engine",
+        "built with a plugin library of your own (`deploykit build --plugins lib.so`) is packaged with `--plugins lib.so`:",
+        "the library is copied into `plugins/` and loaded by the command at the top.",
         f"This export's encoding: `{manifest.encoding}`"
         + (" (has the op)." if manifest.encoding.startswith("sape2") else " (no custom op)."),
     ]

@@ -229,7 +229,11 @@ def rtx_runner(monkeypatch):
     monkeypatch.setattr(pg, "TrtRunner", polygraphy_runner)
     monkeypatch.setattr(trt_runner, "check_rtx_engine", lambda runtime, data, what: None)
     gpu = Device("12.8", "570.1", "NVIDIA RTX 4090", "8.9")
-    return lambda cuda_graph: trt_runner.TrtRunner(b"engine", "tensorrt_rtx", cuda_graph=cuda_graph, device_info=gpu), engine, made
+    return (
+        lambda cuda_graph, **kw: trt_runner.TrtRunner(b"engine", "tensorrt_rtx", cuda_graph=cuda_graph, device_info=gpu, **kw),
+        engine,
+        made,
+    )
 
 
 def test_rtx_runner_with_cuda_graphs_hands_polygraphy_the_graph_capturing_context(rtx_runner):
@@ -267,6 +271,64 @@ def test_rtx_runner_reports_cuda_graphs_only_while_tensorrt_rtx_can_capture(rtx_
         context.is_stream_capturable.return_value = True
         runner.infer({"images": np.zeros((4, 3, 32, 32), np.float32)})
         assert not runner.cuda_graphs  # one execution that could not be captured is enough to say so
+
+
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_tensorrt_rtx_keeps_its_compiled_kernels_in_a_runtime_cache_beside_the_engine(rtx_runner, tmp_path, cuda_graph):
+    """Item 7 of issue 42: TensorRT-RTX compiles an engine's kernels when they first run; without
+    its runtime cache every process compiled them again. The cache is created from the context's
+    runtime config (with the CUDA-graph strategy when asked), filled from the file beside the
+    engine, and written back, whole or not at all, when the runner deactivates."""
+    make, engine, made = rtx_runner
+    config, cache = engine.create_runtime_config.return_value, strict_autospec(rtx.IRuntimeCache)
+    config.create_runtime_cache.return_value = cache
+    config.set_runtime_cache.return_value = True
+    cache.deserialize.return_value = True
+    cache.serialize.return_value = memoryview(b"kernels compiled by run 1 and run 2")  # IHostMemory is a buffer
+    path = tmp_path / "model_32.rtx.runtime-cache"
+    path.write_bytes(b"kernels compiled by run 1")
+    with make(cuda_graph=cuda_graph, runtime_cache=path) as runner:
+        cache.deserialize.assert_called_once_with(b"kernels compiled by run 1")
+        config.set_runtime_cache.assert_called_once_with(cache)
+        engine.create_execution_context.assert_called_once_with(config)
+        assert made[-1][0] is engine.create_execution_context.return_value  # Polygraphy runs that context
+        assert (config.cuda_graph_strategy == rtx.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE) is cuda_graph
+        assert runner.cuda_graphs is cuda_graph and path.read_bytes() == b"kernels compiled by run 1"
+    assert path.read_bytes() == b"kernels compiled by run 1 and run 2"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]  # no temporary file left beside it
+
+
+def test_a_runtime_cache_tensorrt_rtx_refuses_is_replaced(rtx_runner, tmp_path):
+    make, engine, _ = rtx_runner
+    config, cache = engine.create_runtime_config.return_value, strict_autospec(rtx.IRuntimeCache)
+    config.create_runtime_cache.return_value = cache
+    config.set_runtime_cache.return_value = True
+    cache.deserialize.return_value = False  # from another GPU, driver or TensorRT-RTX version
+    cache.serialize.return_value = memoryview(b"kernels for this GPU")
+    path = tmp_path / "model_32.rtx.runtime-cache"
+    path.write_bytes(b"kernels for another GPU")
+    with make(cuda_graph=False, runtime_cache=path):
+        config.set_runtime_cache.assert_called_once_with(cache)  # an empty cache, filled by this run
+    assert path.read_bytes() == b"kernels for this GPU"
+    path.unlink()
+    with make(cuda_graph=False, runtime_cache=path):
+        pass
+    assert path.read_bytes() == b"kernels for this GPU"  # none yet: made, not read
+
+
+def test_engine_runners_keep_the_runtime_cache_beside_the_engine(tmp_path):
+    from deploykit.backends.engine_cache import engine_paths
+    from deploykit.backends.trt_runner import engine_runner
+
+    onnx_path = tmp_path / "model_32_fp16.onnx"
+    engine = engine_paths(onnx_path, "tensorrt_rtx")[0]
+    engine.write_bytes(b"engine")
+    cache = engine_runner(onnx_path, "tensorrt_rtx").runtime_cache.path
+    assert (
+        cache.parent == engine.parent
+        and cache.name.startswith("model_32_fp16.rtx.")
+        and cache not in engine_paths(onnx_path, "tensorrt_rtx")
+    )
 
 
 def test_tensorrt_errors_reach_the_user_as_one_line(rtx_runner, caplog):
@@ -338,3 +400,45 @@ def test_tensorrt_rtx_judges_an_engine_from_its_header():
         DeployKitError, match=r"^the rtx engine is not valid on this system according to TensorRT-RTX \(malformed engine data\); rebuild"
     ):
         check_rtx_engine(runtime, b"not an engine" * 64, "the rtx engine")
+
+
+def test_concurrent_runners_each_hear_only_their_own_tensorrt_messages():
+    """Item 7 of issue 42: every open ``TrtMessages`` block collected every TensorRT message in the
+    process (a server's runners on their threads took each other's errors into their one-line
+    failures), and a warning one runner logged silenced the same warning of another (Polygraphy's
+    once-per-process filter). TensorRT-RTX's logger, through Polygraphy, on two threads whose steps
+    are ordered by events (no timing)."""
+    import threading
+
+    from deploykit.backends._polygraphy import TrtMessages, backend
+
+    trt_logger = backend("tensorrt_rtx").get_trt_logger()  # the one logger TensorRT writes to
+    warn, error = rtx.ILogger.Severity.WARNING, rtx.ILogger.Severity.ERROR
+    both_open, a_logged, b_logged = threading.Event(), threading.Event(), threading.Event()
+    heard = {}
+
+    def runner(name, mine, theirs_done, done):
+        with TrtMessages(f"runner {name}", log=None) as messages:
+            if name == "b":
+                both_open.set()
+            both_open.wait()
+            theirs_done.wait()  # a logs first, then b, each inside its own block, both open
+            trt_logger.log(warn, "engine uses a slow fallback kernel")  # the same warning on both runners
+            trt_logger.log(error, f"enqueue failed on runner {name}")
+            done.set()
+            mine.wait()  # both blocks stay open until both have logged
+        heard[name] = (messages.warnings, messages.errors)
+
+    a_start = threading.Event()
+    a_start.set()
+    threads = [
+        threading.Thread(target=runner, args=("a", b_logged, a_start, a_logged)),
+        threading.Thread(target=runner, args=("b", b_logged, a_logged, b_logged)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads)
+    for name in ("a", "b"):
+        assert heard[name] == (["engine uses a slow fallback kernel"], [f"enqueue failed on runner {name}"])

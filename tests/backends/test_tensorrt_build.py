@@ -15,6 +15,7 @@ import deploykit.backends.tensorrt as trt_backend
 from deploykit._lazy import is_available
 from deploykit.backends import _polygraphy
 from deploykit.backends._polygraphy import TRT_MODULES, import_trt
+from deploykit.backends.plugins import Plugins, PluginSource
 from deploykit.backends.tensorrt import BuildOptions, EngineFromOnnx, save_engine
 from deploykit.errors import ExportError, MissingDependencyError
 
@@ -109,9 +110,9 @@ def test_missing_onnx_file(tmp_path):
 
 
 def test_missing_plugin_library(onnx_path, tmp_path):
-    opts = BuildOptions(module="tensorrt_rtx", plugin_libraries=(str(tmp_path / "libnope.so"),))
+    gone = Plugins((PluginSource("library", tmp_path / "libnope.so"),))  # resolved, then deleted
     with pytest.raises(ExportError, match="plugin library .* does not exist"):
-        EngineFromOnnx(onnx_path, opts)()
+        EngineFromOnnx(onnx_path, RTX, plugins=gone)()
 
 
 def test_dynamic_non_batch_dim_rejected(tmp_path):

@@ -5,6 +5,7 @@ is not a ``tensorrt_plan`` and is said so, not copied."""
 
 from __future__ import annotations
 
+import shlex
 import shutil
 
 import pytest
@@ -26,7 +27,7 @@ def parse(path):
     return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
 
 
-def _tensorrt_engine(graph, batches=(1, 8, 16), data=b"serialized TensorRT engine", plugins=Plugins(), plugin_layers=0):
+def _tensorrt_engine(graph, batches=(1, 8, 16), data=b"serialized TensorRT engine", plugins=Plugins(), plugin_layers=0, embedded=0):
     """An engine file and fingerprint where ``deploykit build --backend trt`` puts them (TensorRT
     itself cannot be installed here, so the bytes are a stand-in)."""
     engine, fp_path = engine_paths(graph, "tensorrt")
@@ -46,7 +47,7 @@ def _tensorrt_engine(graph, batches=(1, 8, 16), data=b"serialized TensorRT engin
         compute_capability="8.9",
         plugin_sha256=plugins.sha256(),
     )
-    write_fingerprint(fp_path, fingerprint, sha256_file(engine), plugins, plugin_layers)
+    write_fingerprint(fp_path, fingerprint, sha256_file(engine), plugins, plugin_layers, embedded)
     return engine
 
 
@@ -86,13 +87,13 @@ def test_the_engine_build_wrote_is_packaged_and_the_batching_fits_it(export_dir,
 
 
 def test_an_engine_with_python_plugin_layers_is_refused_and_one_with_a_library_carries_it(export_dir, tmp_path):
-    """Triton's TensorRT backend loads plugin libraries only: an engine built with the Python SaPE²
-    plugin cannot deserialize there (defect 5); one built with a library gets the library, given
-    again and checked against the fingerprint, and the flag that loads it."""
+    """Triton's TensorRT backend loads plugin libraries only: an engine whose layers run a Python
+    plugin at inference cannot deserialize there (defect 5); one built with a library gets the
+    library, given again and checked against the fingerprint, and the flag that loads it."""
     exp = shutil.copytree(export_dir, tmp_path / "exp")
     _tensorrt_engine(exp / "model_32.onnx", plugins=Plugins.resolve(["sape2"]), plugin_layers=2)
     with pytest.raises(
-        DeployKitError, match=r"model_32.trt.engine runs 2 layer\(s\) as TensorRT Python plugins .*rebuild it without --plugins"
+        DeployKitError, match=r"model_32.trt.engine runs 2 layer\(s\) as TensorRT Python plugins .*do not carry their kernel.*--rebuild"
     ) as err:
         package_triton(exp, tmp_path / "a")
     assert "\n" not in str(err.value) and not (tmp_path / "a").exists()
@@ -106,11 +107,61 @@ def test_an_engine_with_python_plugin_layers_is_refused_and_one_with_a_library_c
     repo = package_triton(exp, tmp_path / "c", plugins=Plugins.resolve([library]))
     assert (repo / "plugins" / "libsape2_plugin.so").read_bytes() == library.read_bytes()
     readme = (repo / "README.md").read_text()
-    assert "tritonserver --model-repository=$PWD --backend-config=tensorrt,plugins=$PWD/plugins/libsape2_plugin.so" in readme
+    assert _tritonserver_args(readme)[2:] == ["--backend-config=tensorrt,plugins=$PWD/plugins/libsape2_plugin.so"]
     assert "needs `libsape2_plugin.so`" in readme
     # Plugins loaded at build but used by no layer: the engine needs nothing at load.
     _tensorrt_engine(exp / "model_32.onnx", plugins=Plugins.resolve(["sape2"]), plugin_layers=0)
     assert not (package_triton(exp, tmp_path / "d") / "plugins").exists()
+
+
+def test_an_engine_whose_plugin_layers_carry_their_kernel_is_packaged_with_no_plugin(export_dir, tmp_path):
+    """Issue 42, item 6: the SaPE² plugin is ahead-of-time (its kernel compiled into the engine),
+    and NVIDIA documents that such an engine needs no Python, Triton or plugin registration to
+    deserialize (it runs in trtexec), yet packaging refused it as a Python plugin."""
+    exp = shutil.copytree(export_dir, tmp_path / "exp")
+    engine = _tensorrt_engine(exp / "model_32.onnx", batches=(1, 4, 8), plugins=Plugins.resolve(["sape2"]), plugin_layers=2, embedded=2)
+    repo = package_triton(exp, tmp_path / "repo")
+    assert (repo / "vit_32_trt/1/model.plan").read_bytes() == engine.read_bytes()
+    assert not (repo / "plugins").exists()
+    readme = (repo / "README.md").read_text()
+    assert "tritonserver --model-repository=$PWD\n" in readme  # no plugin library to load
+    assert (
+        "copied from `model_32.trt.engine`" in readme
+        and "its 2 plugin layer(s) carry their compiled kernel, so it needs no plugin" in readme
+    )
+
+
+def _tritonserver_args(readme: str) -> list[str]:
+    """The README's ``tritonserver`` command as a POSIX shell splits it, after checking that the
+    shell sees one command (``;`` outside quotes ends one)."""
+    (line,) = [line.strip() for line in readme.splitlines() if line.strip().startswith("tritonserver ")]
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    tokens = list(lexer)
+    assert not [t for t in tokens if set(t) <= set(";&|<>()")], f"{line!r} is more than one shell command"
+    return tokens
+
+
+def test_two_plugin_libraries_are_loaded_by_one_tritonserver_command(export_dir, tmp_path):
+    """Item 7 of issue 42: the libraries were joined with an unquoted ';', which ends the shell
+    command there: tritonserver got the first library and the shell ran the second as a command."""
+    exp = shutil.copytree(export_dir, tmp_path / "exp")
+    libraries = []
+    for name in ("liba_plugin.so", "libb_plugin.so"):
+        (tmp_path / "libs").mkdir(exist_ok=True)
+        (tmp_path / "libs" / name).write_bytes(b"\x7fELF stand-in plugin library " + name.encode())
+        libraries.append(tmp_path / "libs" / name)
+    plugins = Plugins.resolve(libraries)
+    _tensorrt_engine(exp / "model_32.onnx", plugins=plugins, plugin_layers=2)
+    repo = package_triton(exp, tmp_path / "repo", plugins=plugins)
+    args = _tritonserver_args((repo / "README.md").read_text())
+    assert args[:2] == ["tritonserver", "--model-repository=$PWD"]
+    (config,) = args[2:]
+    backend, setting = config.removeprefix("--backend-config=").split(",", 1)
+    assert backend == "tensorrt" and setting.startswith("plugins=")
+    # Triton's TensorRT backend splits the value at ';' (its README: plugins="/path/plugin1.so;/path2/plugin2.so").
+    assert sorted(setting.removeprefix("plugins=").split(";")) == ["$PWD/plugins/liba_plugin.so", "$PWD/plugins/libb_plugin.so"]
+    assert sorted(p.name for p in (repo / "plugins").iterdir()) == ["liba_plugin.so", "libb_plugin.so"]
 
 
 def test_a_stale_or_fixed_batch_engine_is_refused(export_dir, tmp_path):
