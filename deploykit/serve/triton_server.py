@@ -60,7 +60,8 @@ from deploykit.errors import ConfigError, DeployKitError, InputError
 from deploykit.resolutions import resolution_tag
 from deploykit.serve import defaults
 from deploykit.serve.classifier import INPUT_NAME, ImageLimits
-from deploykit.serve.front import Front, FrontOptions, free_loopback_ports
+from deploykit.serve.door import free_loopback_ports
+from deploykit.serve.front import Front, FrontOptions
 from deploykit.serve.pipeline import Pipeline
 from deploykit.serve.triton_log import TritonLog
 from deploykit.serve.triton_repo import copy_python_model
