@@ -20,6 +20,9 @@ MAX_BATCH_SIZE = 32
 MAX_QUEUE_DELAY_US = 2000
 # Largest HTTP body or gRPC message the front accepts (Triton behind it never sees a larger one).
 MAX_REQUEST_BYTES = 64 * 2**20
+# Values one request's JSON may hold: Python makes an object of each (up to ~100 bytes); larger
+# tensors go as binary data (the KServe binary extension tritonclient uses by default).
+MAX_JSON_VALUES = 2**20
 DRAIN_TIMEOUT_S = 30.0
 
 # A packaged Triton repository: preferred batch sizes (also the CUDA-graph batch sizes).
