@@ -30,6 +30,7 @@ directly.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Iterable
@@ -46,6 +47,8 @@ __all__ = [
     "check_http_infer",
     "check_infer_headers",
     "client_message",
+    "holds_path",
+    "public_model_config",
 ]
 
 MAX_RANK = 16  # dimensions per input (Triton's own models here have 4)
@@ -301,20 +304,43 @@ def _varint(data: bytes, position: int) -> tuple[int, int]:
 _TRACEBACK = "Traceback (most recent call last)"
 _QUALIFIED = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)\w*: ")
 _PATH = re.compile(r"(?<![\w.:/])/(?:[^\s/'\"<>,;()\[\]]+/)+[^\s/'\"<>,;()\[\]]*")
+# An exception in a Python-backend model (``classify``) reaches Triton's answer as "Failed to process the
+# request(s) for model 'classify_0_0', message: " + pybind11's text: the exception, then "\n\nAt:\n" and its frames.
+_BACKEND_PREFIX = re.compile(r"^Failed to process the request\(s\) for model (?:instance )?'[^']*', message: ")
+_FRAMES = re.compile(r"\n\s*At:\s*\n.*", re.DOTALL)
+_PATH_ANYWHERE = re.compile(r"/[^\s/]+/")
 
 
 def client_message(message: str, fallback: str = "internal server error") -> str:
-    """What a client may see of a server-side error message: one line, no traceback, no path.
+    """What a client may see of a server-side error message: the exception's message, one line,
+    no traceback, no frame list, no path.
 
-    A Python traceback (PyTriton's answer to any exception of a bound function) becomes its
-    exception's message without the exception's module and class; file-system paths become
-    ``<path>``. The caller logs the original at debug level.
+    A Python traceback (PyTriton's answer to any exception of a bound function) becomes its last
+    line; a Python-backend error loses Triton's prefix and pybind11's frame list; either loses the
+    exception's module and class. File-system paths left become ``<path>``. The caller logs the
+    original at debug level.
     """
     text = str(message).strip()
     if _TRACEBACK in text:
         lines = [line.strip() for line in text.splitlines() if line.strip()]
-        text = _QUALIFIED.sub("", lines[-1]) if lines else ""
+        text = lines[-1] if lines else ""
+    text = _QUALIFIED.sub("", _FRAMES.sub("", _BACKEND_PREFIX.sub("", text)).strip())
     text = " ".join(_PATH.sub("<path>", text).split())
     if not text:
         return fallback
     return text if len(text) <= 300 else text[:297] + "..."
+
+
+def holds_path(text: str) -> bool:
+    """Whether ``text`` holds something like an absolute file-system path, alone or in a URL
+    (``/tmp/pytriton_workspace_x``, ``ipc:///tmp/...``)."""
+    return bool(_PATH_ANYWHERE.search(text))
+
+
+def public_model_config(config: object) -> object:
+    """A model config (Triton's JSON) as clients may see it: without the parameters whose value
+    holds a file-system path (PyTriton's ``workspace-path`` names its workspace directory)."""
+    if not isinstance(config, dict) or not isinstance(config.get("parameters"), dict):
+        return config
+    kept = {key: value for key, value in config["parameters"].items() if not holds_path(json.dumps(value))}
+    return {**config, "parameters": kept}

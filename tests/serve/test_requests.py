@@ -1,17 +1,18 @@
 """The front's request checks (``deploykit.serve.requests``, ``strict_json``) where Python and
-Triton could read one request two ways, and what checking costs in memory. Each case here passed
-the checks before (issue 41: the front checked one request and Triton ran another) or cost memory
-in proportion to the body."""
+Triton could read one request two ways, what checking costs in memory, and what clients see of
+server errors. Each case here passed the checks before (issue 41: the front checked one request
+and Triton ran another) or cost memory in proportion to the body."""
 
 from __future__ import annotations
 
 import json
+import traceback
 import tracemalloc
 
 import numpy as np
 import pytest
 
-from deploykit.serve.requests import RequestRejected, check_http_infer, check_infer_headers
+from deploykit.serve.requests import RequestRejected, check_http_infer, check_infer_headers, client_message, public_model_config
 
 
 def refusal(body: bytes, header_length: str | None = None, **limits) -> RequestRejected:
@@ -163,3 +164,34 @@ def test_checking_binary_data_costs_a_fraction_of_it():
     )
     body = head.encode() + raw
     assert _peak_bytes(lambda: check_http_infer(body, str(len(head)))) < len(raw) // 2
+
+
+PYTHON_BACKEND_ERROR = (
+    "Failed to process the request(s) for model 'classify_0_0', message: ValueError: the image header is cut short\n\n"
+    "At:\n  /tmp/pytriton_workspace_ab12/model_store/classify/1/model.py(57): execute\n"
+    "  /work/venv/lib/python3.11/site-packages/deploykit/imaging.py(120): decode\n"
+)
+
+
+def test_a_python_backend_error_reaches_clients_as_its_exception_message():
+    """Triton's Python backend sends the exception followed by pybind11's frame list ("At:")."""
+    assert client_message(PYTHON_BACKEND_ERROR) == "the image header is cut short"
+
+
+def test_a_pytriton_traceback_reaches_clients_as_its_exception_message():
+    try:
+        raise ValueError("images hold 1 NaN/Inf values; send finite numbers")
+    except ValueError:
+        text = traceback.format_exc()
+    assert "File " in text and client_message(text) == "images hold 1 NaN/Inf values; send finite numbers"
+
+
+def test_a_model_config_loses_the_parameters_holding_a_path():
+    config = {
+        "name": "logits_32",
+        "max_batch_size": 8,
+        "parameters": {"workspace-path": {"string_value": "/tmp/pytriton_workspace_ab12"}, "settings": {"string_value": '{"top_k": 5}'}},
+    }
+    public = public_model_config(config)
+    assert "/tmp" not in json.dumps(public)
+    assert public["parameters"] == {"settings": {"string_value": '{"top_k": 5}'}} and public["max_batch_size"] == 8
