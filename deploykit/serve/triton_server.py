@@ -97,6 +97,9 @@ class ServerOptions:
         classify_instances: ``classify`` model instances (processes decoding in parallel).
         max_request_bytes: largest HTTP request body / gRPC message the front accepts.
         drain_timeout_s: at shutdown, how long requests in flight are waited for.
+        header_timeout_s: longest an HTTP request head may take to arrive (the front cuts the
+            connection after it); also the gRPC handshake's deadline.
+        body_timeout_s: longest an HTTP request body may take to arrive (408, connection cut).
         verbosity: Triton's own log: -1 errors, 0 warnings and errors, 1 everything, 2 verbose.
     """
 
@@ -114,6 +117,8 @@ class ServerOptions:
     classify_instances: int = 2
     max_request_bytes: int = MAX_REQUEST_BYTES
     drain_timeout_s: float = defaults.DRAIN_TIMEOUT_S
+    header_timeout_s: float = defaults.HEADER_TIMEOUT_S
+    body_timeout_s: float = defaults.BODY_TIMEOUT_S
     verbosity: int = 0
 
     def __post_init__(self) -> None:
@@ -124,6 +129,8 @@ class ServerOptions:
             )
         if not self.drain_timeout_s >= 0:
             raise ConfigError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
+        if not (self.header_timeout_s > 0 and self.body_timeout_s > 0):
+            raise ConfigError(f"header_timeout_s and body_timeout_s must be > 0, got {self.header_timeout_s}, {self.body_timeout_s}")
         ports = (self.http_port, self.grpc_port, self.metrics_port)
         if len(set(ports)) != 3 or not all(0 < p < 65536 for p in ports):
             raise ConfigError(f"http, grpc and metrics ports must be three different ports in 1-65535, got {ports}")
@@ -281,6 +288,25 @@ def security_config():
     return triton.TritonSecurityConfig(restricted_endpoints=restricted)
 
 
+def front_options(options: ServerOptions, internal: tuple[int, int, int], token: str) -> FrontOptions:
+    """The front's options: the public ports and limits of ``options``, Triton's ``internal``
+    ports (HTTP, gRPC, metrics) and its access token."""
+    o = options
+    return FrontOptions(
+        o.host,
+        o.http_port,
+        o.grpc_port,
+        o.metrics_port,
+        *internal,
+        max_request_bytes=o.max_request_bytes,
+        drain_timeout_s=o.drain_timeout_s,
+        header_timeout_s=o.header_timeout_s,
+        body_timeout_s=o.body_timeout_s,
+        max_inflight_bytes=defaults.IN_FLIGHT_BODIES * o.max_request_bytes,
+        upstream_token=token,
+    )
+
+
 @dataclass(frozen=True)
 class ServerReady:
     """What a started server serves, for the caller to print.
@@ -336,14 +362,12 @@ class TritonServer:
             names.append(write_classify_model(workspace.model_store_path, self.pipeline, self.options))
             self._log.start()
             self._start()
-            o = self.options
-            self._front = Front(
-                FrontOptions(o.host, o.http_port, o.grpc_port, o.metrics_port, *internal, o.max_request_bytes, o.drain_timeout_s)
-            )
+            self._front = Front(front_options(self.options, internal, self._triton.get_access_token()))
             self._front.start()
         except BaseException:
             self.__exit__()
             raise
+        o = self.options
         self.ready = ServerReady(
             names, self.pipeline.describe_backends(), f"{o.host}:{o.http_port}", f"{o.host}:{o.grpc_port}", f"{o.host}:{o.metrics_port}"
         )
