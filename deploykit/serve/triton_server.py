@@ -188,14 +188,25 @@ def check_listen_addresses(options: ServerOptions) -> None:
 
 
 def _logits_fn(pipeline: Pipeline) -> Callable:
+    """The function bound to ``logits_<res>``: one batch merged from several requests.
+
+    A request with NaN/Inf values gets NaN logits and scores and classes -1; the other requests
+    of its batch get their answers. (The front refuses such requests with 400 before Triton; this
+    is for a local process that reached Triton itself. Raising would answer every request of the
+    batch with PyTriton's traceback and workspace paths: PyTriton has no error without one.)
+    """
     batch = lazy_import("pytriton.decorators").batch
 
     @batch
     def infer(images: np.ndarray) -> dict[str, np.ndarray]:
         if len(images) == 0:
             raise InputError("empty batch: send at least one image")
-        logits = pipeline.logits(images)
+        finite = np.isfinite(images.reshape(len(images), -1)).all(axis=1)
+        logits = np.full((len(images), pipeline.num_classes), np.nan, np.float32)
+        if finite.any():
+            logits[finite] = pipeline.logits(images if finite.all() else images[finite])
         classes, scores = top_k(logits, pipeline.top_k)
+        classes[~finite], scores[~finite] = -1, np.nan
         return {"logits": logits, "classes": classes, "scores": scores}
 
     return infer
@@ -281,11 +292,14 @@ def triton_config(options: ServerOptions, ports: tuple[int, int, int], log_file:
 
 
 def security_config():
-    """PyTriton's defaults, less ``statistics``: read-only counters any client may see. Model
-    control, shared memory, tracing and logging stay behind PyTriton's random access token."""
+    """Triton's endpoints behind PyTriton's random access token (Triton's restricted APIs: a
+    request without the ``triton-access-token`` header is answered 403 / UNAVAILABLE before Triton
+    parses it). The front adds the token to what it forwards. ``health`` stays open: PyTriton's
+    own readiness check at start (``ModelClient.wait_for_model``, 0.7 and main) sends no token,
+    and its endpoints read no body. The token is in tritonserver's command line, which local
+    users can read (README: Serving)."""
     triton = lazy_import("pytriton.triton")
-    restricted = [e for e in triton.DEFAULT_PROTECTED_ENDPOINTS if e != "statistics"]
-    return triton.TritonSecurityConfig(restricted_endpoints=restricted)
+    return triton.TritonSecurityConfig(restricted_endpoints=sorted(triton.VALID_TRITON_ENDPOINTS - {"health"}))
 
 
 def front_options(options: ServerOptions, internal: tuple[int, int, int], token: str) -> FrontOptions:
