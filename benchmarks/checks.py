@@ -33,23 +33,25 @@ class Checks:
         self.deadline = deadline
         self.on_item = on_item
 
-    def run(self, name: str, fn, skip: str | None = None):
-        """Run ``fn`` (returns details) unless ``skip`` says why not; never raises."""
+    def run(self, name: str, fn, skip: str | None = None, group: str | None = None):
+        """Run ``fn`` (returns details) unless ``skip`` says why not; never raises. ``group``
+        (``"engine"``) is recorded with the check, so a run can say how many of a kind ran."""
         if not skip and self.deadline is not None and time.perf_counter() > self.deadline:
             skip = "out of time: the run's --budget-s was spent before this check"
+        tag = {"group": group} if group else {}
         if skip:
-            self.add({"name": name, "status": "skipped", "reason": skip})
+            self.add({"name": name, **tag, "status": "skipped", "reason": skip})
             print(f"- {name}: skipped ({skip})", flush=True)
             return None
         start = time.perf_counter()
         try:
             details = fn()
-            item = {"name": name, "status": "passed", "details": details}
+            item = {"name": name, **tag, "status": "passed", "details": details}
         except Failed as err:
-            item = {"name": name, "status": "failed", "reason": str(err), "details": err.details}
+            item = {"name": name, **tag, "status": "failed", "reason": str(err), "details": err.details}
         except Exception as err:  # any failure of the path under test is a finding, not a crash of the run
             traceback.print_exc()
-            item = {"name": name, "status": "failed", "reason": one_line(f"{type(err).__name__}: {err}")}
+            item = {"name": name, **tag, "status": "failed", "reason": one_line(f"{type(err).__name__}: {err}")}
         item["seconds"] = round(time.perf_counter() - start, 2)
         self.add(item)
         print(f"{'✓' if item['status'] == 'passed' else '✗'} {name}" + (f": {item['reason']}" if "reason" in item else ""), flush=True)
@@ -63,3 +65,7 @@ class Checks:
 
     def counts(self) -> dict[str, int]:
         return {status: sum(c["status"] == status for c in self.items) for status in ("passed", "failed", "skipped")}
+
+    def ran(self, group: str) -> int:
+        """How many checks of ``group`` ran (passed or failed; not skipped)."""
+        return sum(c.get("group") == group and c["status"] != "skipped" for c in self.items)

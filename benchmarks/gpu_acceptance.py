@@ -15,11 +15,18 @@ the SaPE² TensorRT plugin, check the engine holds one plugin layer per SaPE² n
 it; with ``--plugin-library``, the same for an engine built with a plugin library; check the
 SaPE² Triton bias kernel and fused attention against the float64 reference.
 
-Each check is passed, failed (with the reason) or skipped (with the reason: no GPU, a package not
-installed, no tolerance for a plan); the exit code is 1 when any check failed. The CPU parts
-(export, ONNX Runtime validation, graph inspection, the TensorRT-RTX build) run anywhere, and CI
-runs them on a tiny model (tests/test_gpu_acceptance.py). Polygraphy drives one TensorRT flavour
-per process, so each flavour's engine checks run in a child process of this script (``--worker``).
+Each check is passed, failed (with the reason) or skipped (with the reason: no GPU, a GPU of a
+compute capability the flavour does not support (TensorRT-RTX: none of A100, H100/H200, B200), a
+package not installed, no tolerance for a plan, an encoding whose tables do not nest). Whether a
+GPU is here is the CUDA driver's answer (``deploykit.backends.devices``), not torch's: a CPU build
+of torch on a GPU host still runs the engine checks (Polygraphy allocates through CUDA itself).
+The report's summary and the last printed line say how many engine checks (an engine run on the
+GPU) ran. Exit code: 0 every check that ran passed; 1 a check failed; 2 a GPU is here but no
+engine check ran (engine packages absent, or no flavour supports the GPU), so nothing was accepted.
+The CPU parts (export, ONNX Runtime validation, graph inspection, the TensorRT-RTX build) run
+anywhere, and CI runs them on a tiny model (tests/test_gpu_acceptance.py). Polygraphy drives one
+TensorRT flavour per process, so each flavour's engine checks run in a child process of this
+script (``--worker``).
 
     python benchmarks/gpu_acceptance.py                      # on the GPU machine; ~minutes per encoding
     python benchmarks/gpu_acceptance.py --encodings ape,sape2 --out /tmp/acceptance.json
@@ -29,29 +36,47 @@ per process, so each flavour's engine checks run in a child process of this scri
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import torch
+from acceptance_serving import serving_check, tritonserver_check
 from checks import Checks, Failed
 
 from deploykit._io import write_json_atomic
 from deploykit._lazy import is_available
-from deploykit.errors import one_line
+from deploykit.backends.devices import Device, probe_device, supported_text, supports
 from deploykit.profile.environment import capture_environment, environment_line
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gpu_acceptance.json"
 FLAVOURS = {"rtx": "tensorrt_rtx", "trt": "tensorrt"}
-NO_GPU = None if torch.cuda.is_available() else "no CUDA GPU here (torch.cuda.is_available() is False)"
+ENGINE = "engine"  # the group of the checks that run an engine on the GPU (counted in the summary)
+NO_TORCH_CUDA = None if torch.cuda.is_available() else f"this torch ({torch.__version__}, CUDA {torch.version.cuda}) cannot use the GPU"
+
+
+def no_gpu(device: Device) -> str | None:
+    """Why nothing can run on a GPU here (the CUDA driver's answer), or None."""
+    return None if device.compute_capability else "no CUDA GPU here (the CUDA driver reports none)"
+
+
+def unsupported(flavour: str, device: Device) -> str | None:
+    """Why ``flavour`` does not run on this machine's GPU (its compute capability), or None (also
+    without a GPU: TensorRT-RTX still builds engines there)."""
+    module, cc = FLAVOURS[flavour], device.compute_capability
+    if cc is None or supports(module, cc):
+        return None
+    return f"{device.gpu} (compute capability {cc}) is not supported by {flavour}, which runs on {supported_text(module)}"
+
+
+def missing(flavour: str) -> str | None:
+    module = FLAVOURS[flavour]
+    return None if is_available(module) else f"{module} is not installed (pip install 'deploykit[{flavour}]')"
 
 
 def _report_validation(report) -> dict:
@@ -187,7 +212,14 @@ def run_worker(flavour: str, exported: dict[str, Path], args, work: Path) -> lis
     ]
     proc = subprocess.run(cmd, stdin=subprocess.DEVNULL)
     if not out.is_file():
-        return [{"name": f"{flavour} engine checks", "status": "failed", "reason": f"worker exited with {proc.returncode}, no report"}]
+        return [
+            {
+                "name": f"{flavour} engine checks",
+                "group": ENGINE,
+                "status": "failed",
+                "reason": f"worker exited with {proc.returncode}, no report",
+            }
+        ]
     return json.loads(out.read_text())
 
 
@@ -195,48 +227,67 @@ def run_worker(flavour: str, exported: dict[str, Path], args, work: Path) -> lis
 # one flavour's engine checks (in the worker)
 
 
-def engine_checks(flavour: str, exported: dict[str, Path], budget_s: float, checks: Checks, plugin_library: str | None = None) -> None:
+def engine_checks(
+    flavour: str, exported: dict[str, Path], budget_s: float, checks: Checks, device: Device, plugin_library: str | None = None
+) -> None:
+    """Build, validate, replay, profile and inspect ``flavour``'s engines of each export on ``device``
+    (what ``probe_device`` reports); each check skipped with the reason where it cannot run."""
     from deploykit.build import build
     from deploykit.export.manifest import Manifest
     from deploykit.export.precision import PLANS
 
-    module = FLAVOURS[flavour]
-    missing = None if is_available(module) else f"{module} is not installed (pip install 'deploykit[{flavour}]')"
+    cannot_build = missing(flavour) or unsupported(flavour, device)
+    cannot_run = cannot_build or no_gpu(device)
+    own_graphs = NO_TORCH_CUDA if flavour == "trt" else None  # TensorRT's CUDA graphs live in torch's buffers; RTX's in itself
     for encoding, out in exported.items():
-        checks.run(f"static-batch engine {flavour} {encoding}", static_engine_check(out, flavour), skip=missing or NO_GPU)
-        checks.run(f"resolution-range engine {flavour} {encoding}", range_engine_check(out, flavour), skip=missing or NO_GPU)
+        checks.run(f"static-batch engine {flavour} {encoding}", static_engine_check(out, flavour), skip=cannot_run, group=ENGINE)
+        checks.run(
+            f"resolution-range engine {flavour} {encoding}",
+            range_engine_check(out, flavour),
+            skip=range_skip(out) or cannot_run,
+            group=ENGINE,
+        )
         precisions = list(dict.fromkeys(g.precision for g in Manifest.read(out).graphs))
         built = checks.run(
             f"build {flavour} {encoding}",
             lambda out=out: {"engines": [e.engine.name for e in build(out, flavour, dynamic=True, batch=4, max_batch=8, rebuild=True)]},
-            skip=missing,
+            skip=cannot_build,
         )
-        cant_run = missing or (None if built else "the build failed") or NO_GPU
+        run_built = cannot_run or (None if built else "the build failed")
         for precision in precisions:
             checks.run(
                 f"validate {flavour} {encoding} {precision} at every profiled shape",
                 validate_check(out, flavour, precision),
-                skip=cant_run or no_tolerance(precision) or PLANS[precision].ort_only or None,
+                skip=run_built or no_tolerance(precision) or PLANS[precision].ort_only or None,
+                group=ENGINE,
             )
-        checks.run(f"cuda graphs match plain runs {flavour} {encoding}, shapes alternating", cuda_graph_check(out, flavour), skip=cant_run)
+        checks.run(
+            f"cuda graphs match plain runs {flavour} {encoding}, shapes alternating",
+            cuda_graph_check(out, flavour),
+            skip=run_built or own_graphs,
+            group=ENGINE,
+        )
         for graphs in (True, False):
             checks.run(
                 f"profile {flavour} {encoding} cuda graphs {'on' if graphs else 'off'}",
                 profile_check(out, flavour, graphs, budget_s),
-                skip=cant_run,
+                skip=run_built or (own_graphs if graphs else None),
+                group=ENGINE,
             )
-        checks.run(f"inspect engine {flavour} {encoding}", inspect_engine_check(out, flavour), skip=cant_run)
+        checks.run(f"inspect engine {flavour} {encoding}", inspect_engine_check(out, flavour), skip=run_built, group=ENGINE)
     if "sape2" in exported and flavour == "trt":  # TensorRT-RTX has no Python plugins
         checks.run(
             "sape2 with the TensorRT plugin",
             plugin_engine_check(exported["sape2"], flavour, ["sape2"]),
-            skip=missing or NO_GPU or (None if is_available("triton") else "triton is not installed (pip install 'deploykit[triton]')"),
+            skip=cannot_run or (None if is_available("triton") else "triton is not installed (pip install 'deploykit[triton]')"),
+            group=ENGINE,
         )
     for encoding, out in exported.items():
         checks.run(
             f"{encoding} with the plugin library {plugin_library} on {flavour}",
             plugin_engine_check(out, flavour, [plugin_library]),
-            skip=missing or NO_GPU or (None if plugin_library else "no --plugin-library given"),
+            skip=cannot_run or (None if plugin_library else "no --plugin-library given"),
+            group=ENGINE,
         )
 
 
@@ -258,9 +309,20 @@ def static_engine_check(out: Path, flavour: str):
     return check
 
 
+def range_skip(out: Path) -> str | None:
+    """Why no resolution-range graph can be made of this export: its encoding's tables do not nest
+    (resized or normalised to the grid, so each resolution needs its own), or None."""
+    from deploykit.export.bundle import load_reference
+    from deploykit.export.manifest import Manifest
+
+    if getattr(load_reference(out).pos_enc, "tables_nest", False):
+        return None
+    return f"{Manifest.read(out).encoding} tables do not nest over resolutions: a resolution range needs one graph per resolution"
+
+
 def range_engine_check(out: Path, flavour: str):
     """A graph over a resolution range (``export --resolution-range``) built and validated at its
-    min/opt/max; skipped for encodings whose tables do not nest."""
+    min/opt/max (for encodings whose tables nest: ``range_skip``)."""
     from deploykit.build import build
     from deploykit.errors import ExportError
     from deploykit.export import export
@@ -268,8 +330,6 @@ def range_engine_check(out: Path, flavour: str):
 
     def check():
         model = load_reference(out)
-        if not getattr(model.pos_enc, "tables_nest", False):
-            return {"skipped": f"{model.cfg.encoding} tables do not nest over resolutions"}
         patch, (h, w) = model.cfg.patch_size, model.default_shape
         low, high = (h, w), (2 * h, 2 * w)
         opt = tuple((a + b) // 2 // patch * patch for a, b in zip(low, high))
@@ -302,6 +362,7 @@ def cuda_graph_check(out: Path, flavour: str):
                 feed = {name: rng.standard_normal((batch, *shape), dtype=np.float32)}
                 got, want = graphs.infer(feed), plain.infer(feed)
                 worst = max(worst, max(float(np.abs(got[k] - want[k]).max()) for k in want))
+            # Read after the runs: the runner says whether its executions were (or could be) captured.
             details = {"batches": batches, "max_abs_diff": worst, "cuda_graphs": graphs.cuda_graphs, "note": graphs.cuda_graph_note}
         if not details["cuda_graphs"]:
             raise Failed(f"CUDA graphs not used: {details['note']}", details)
@@ -337,6 +398,11 @@ def profile_check(out: Path, flavour: str, cuda_graphs: bool, budget_s: float):
 
 
 def inspect_engine_check(out: Path, flavour: str):
+    """TensorRT's engine inspector on the built engine: it lists as many layers as the engine
+    has, at least one, and their names are the graph's (TensorRT names a layer after the ONNX
+    nodes it fused), so the list is this engine's and not an empty or foreign one."""
+    import onnx
+
     from deploykit.backends.engine_cache import engine_paths
     from deploykit.export.manifest import Manifest
     from deploykit.inspection import inspect_engine
@@ -346,8 +412,22 @@ def inspect_engine_check(out: Path, flavour: str):
         layers = inspect_engine(engine_paths(graph, FLAVOURS[flavour])[0])["layers"]
         if "count" not in layers:
             raise Failed(layers.get("note", "no layers"))
-        precisions = sorted({o for layer in layers["layers"] for o in layer["outputs"]})
-        return {"engine": graph.name, "layers": layers["count"], "output_formats": precisions}
+        names = [layer["name"] for layer in layers["layers"]]
+        nodes = [n.name for n in onnx.load(str(graph), load_external_data=False).graph.node if n.name]
+        named = sum(any(node in name for node in nodes) for name in names)
+        details = {
+            "engine": graph.name,
+            "layers": layers["count"],
+            "listed": len(names),
+            "named_after_graph_nodes": named,
+            "types": sorted({str(layer["type"]) for layer in layers["layers"]}),
+            "output_formats": sorted({o for layer in layers["layers"] for o in layer["outputs"]}),
+        }
+        if not names or len(names) != layers["count"]:
+            raise Failed(f"the inspector listed {len(names)} layer(s) of an engine of {layers['count']}", details)
+        if not named:
+            raise Failed("no layer is named after a node of the graph the engine was built from", details)
+        return details
 
     return check
 
@@ -407,148 +487,26 @@ def kernel_check() -> dict:
 
 
 # ----------------------------------------------------------------------------------------------
-# serving
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for sock in sockets:
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
-
-
-def serving_check(out: Path, backend: str, requests: int = 200, concurrency: int = 16):
-    """``deploykit serve --backend <engine>`` under ``concurrency`` concurrent requests: answers
-    equal ONNX Runtime's in-process answers (fp32 tolerance) and the server's own sequential ones."""
-
-    def check():
-        import tritonclient.http as httpclient
-
-        import deploykit
-        from deploykit.serve.triton_server import logits_model_name
-        from deploykit.validate import TOLERANCES, compare_logits
-
-        http, grpc, metrics = _free_ports(3)
-        cmd = [
-            sys.executable,
-            "-m",
-            "deploykit",
-            "serve",
-            str(out),
-            "--port",
-            str(http),
-            "--grpc-port",
-            str(grpc),
-            "--metrics-port",
-            str(metrics),
-            "--backend",
-            backend,
-        ]
-        log = out / f"serve-{backend}.log"
-        with open(log, "wb") as sink:
-            proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        try:
-            client = httpclient.InferenceServerClient(f"127.0.0.1:{http}", concurrency=concurrency)
-            _wait_ready(client, proc, log)
-            with deploykit.load(out, backend="ort") as pipeline:
-                resolution = pipeline.resolutions[0]
-                inputs = np.random.default_rng(0).standard_normal((requests, 3, *resolution), dtype=np.float32)
-                expected = pipeline.logits(inputs)
-
-            def call(i):
-                tensor = httpclient.InferInput("images", [1, 3, *resolution], "FP32")
-                tensor.set_data_from_numpy(inputs[i : i + 1])
-                return client.infer(logits_model_name(resolution), [tensor]).as_numpy("logits")[0]
-
-            sequential = np.stack([call(i) for i in range(requests)])
-            with ThreadPoolExecutor(concurrency) as pool:
-                concurrent = np.stack(list(pool.map(call, range(requests))))
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(120)
-        vs_ort = compare_logits(expected, concurrent, requests, TOLERANCES["fp32"])
-        vs_sequential = float(np.abs(concurrent - sequential).max())
-        details = {
-            "requests": requests,
-            "concurrency": concurrency,
-            "max_abs_vs_ort": vs_ort["max_abs"],
-            "top1_vs_ort": vs_ort["top1_agreement"],
-            "max_abs_concurrent_vs_sequential": vs_sequential,
-        }
-        if not vs_ort["passed"] or vs_sequential > TOLERANCES["fp32"].max_abs:
-            raise Failed("served answers differ", details)
-        return details
-
-    return check
-
-
-def tritonserver_check(out: Path):
-    """The repository ``deploykit package triton`` writes, loaded by a real ``tritonserver``
-    (the TensorRT engines the trt worker built, with a batch profile), answering one request per
-    model kind like ONNX Runtime in-process."""
-
-    def check():
-        import tritonclient.http as httpclient
-
-        import deploykit
-        from deploykit.serve.triton_repo import package_triton
-        from deploykit.validate import TOLERANCES, compare_logits
-
-        repo = package_triton(out, Path(tempfile.mkdtemp(prefix="triton_repo_")) / "repo")
-        http, grpc, metrics = _free_ports(3)
-        log = repo.parent / "tritonserver.log"
-        cmd = ["tritonserver", f"--model-repository={repo}", f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}"]
-        with open(log, "wb") as sink:
-            proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        try:
-            client = httpclient.InferenceServerClient(f"127.0.0.1:{http}")
-            _wait_ready(client, proc, log)
-            with deploykit.load(out, backend="ort") as pipeline:
-                resolution = pipeline.resolutions[0]
-                images = np.random.default_rng(0).standard_normal((1, 3, *resolution), dtype=np.float32)
-                expected = pipeline.logits(images)
-            tag = "x".join(map(str, resolution)) if resolution[0] != resolution[1] else str(resolution[0])
-            answers = {}
-            for model in (f"vit_{tag}_trt", f"vit_{tag}_onnx"):
-                tensor = httpclient.InferInput("images", [1, 3, *resolution], "FP32")
-                tensor.set_data_from_numpy(images)
-                answers[model] = compare_logits(expected, client.infer(model, [tensor]).as_numpy("logits"), 1, TOLERANCES["fp32"])
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(120)
-        if not all(a["passed"] for a in answers.values()):
-            raise Failed("tritonserver's answers differ from ONNX Runtime's", answers)
-        return {m: {"max_abs": a["max_abs"]} for m, a in answers.items()}
-
-    return check
-
-
-def _wait_ready(client, proc, log: Path, timeout_s: float = 600) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise Failed(f"deploykit serve exited with {proc.returncode}: {one_line(log.read_text()[-600:])}")
-        try:
-            if client.is_server_ready():
-                return
-        except Exception:  # still starting: connection refused
-            pass
-        time.sleep(0.5)
-    raise Failed(f"deploykit serve was not ready within {timeout_s:.0f} s")
-
-
-# ----------------------------------------------------------------------------------------------
 
 
 def worker_main(args) -> int:
     checks = Checks()
     exported = dict(item.split("=", 1) for item in args.items)
-    engine_checks(args.worker, {k: Path(v) for k, v in exported.items()}, args.budget, checks, args.plugin_library)
+    engine_checks(args.worker, {k: Path(v) for k, v in exported.items()}, args.budget, checks, probe_device(), args.plugin_library)
     write_json_atomic(args.out, checks.items)
     return 0
+
+
+def summary(checks: Checks, device: Device) -> tuple[dict, str, int]:
+    """The report's summary, the run's last line and its exit code (module docstring): a GPU here
+    with no engine check run is exit 2, whatever else passed."""
+    counts, ran = checks.counts(), checks.ran(ENGINE)
+    code = 1 if counts["failed"] else 2 if device.compute_capability and not ran else 0
+    where = f"on {device.gpu} (compute capability {device.compute_capability})" if device.compute_capability else "(no GPU here)"
+    line = f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped; {ran} engine check(s) ran {where}"
+    if code == 2:
+        line += "; a GPU is here but no engine check ran: nothing of the engine path was accepted (exit 2)"
+    return {**counts, "engine_checks_ran": ran}, line, code
 
 
 def main(argv=None) -> int:
@@ -575,41 +533,50 @@ def main(argv=None) -> int:
     if args.worker:
         return worker_main(args)
 
+    device = probe_device()
     environment = capture_environment(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     checks = Checks()
     work = Path(tempfile.mkdtemp(prefix="gpu_acceptance_"))
     exported = export_models(args, checks, work)
     cpu_checks(exported, checks)
     for flavour in FLAVOURS:
-        checks.items += run_worker(flavour, exported, args, work)
+        for item in run_worker(flavour, exported, args, work):
+            checks.add(item)
     serve_missing = None if is_available("tritonclient") else "tritonclient is not installed (pip install 'deploykit[serve]')"
-    for flavour, module in FLAVOURS.items():
-        engine_missing = None if is_available(module) else f"{module} is not installed"
+    for flavour in FLAVOURS:
         for encoding, out in exported.items():
             checks.run(
                 f"serve {flavour} {encoding} under concurrent load",
                 serving_check(out, flavour),
-                skip=engine_missing or NO_GPU or serve_missing,
+                skip=missing(flavour) or unsupported(flavour, device) or no_gpu(device) or serve_missing,
+                group=ENGINE,
             )
     no_tritonserver = None if shutil.which("tritonserver") else "no tritonserver binary on PATH"
     for encoding, out in exported.items():
-        checks.run(f"tritonserver loads the packaged {encoding} repository", tritonserver_check(out), skip=no_tritonserver or NO_GPU)
+        checks.run(
+            f"tritonserver loads the packaged {encoding} repository",
+            tritonserver_check(out),
+            skip=no_tritonserver or no_gpu(device),
+            group=ENGINE,
+        )
     checks.run(
         "sape2 Triton kernels against the float64 reference",
         kernel_check,
-        skip=NO_GPU or (None if is_available("triton") else "triton is not installed"),
+        skip=no_gpu(device) or NO_TORCH_CUDA or (None if is_available("triton") else "triton is not installed"),
     )
-    counts = checks.counts()
+    counts, line, code = summary(checks, device)
     report = {
         "device": environment_line(environment),
+        "gpu": dataclasses.asdict(device),  # the CUDA driver's answer (the device line is torch's)
         "summary": counts,
         "checks": checks.items,
         "environment": environment,
         "work_dir": str(work),
     }
     write_json_atomic(args.out, report)
-    print(f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped; wrote {args.out}")
-    return 1 if counts["failed"] else 0
+    print(f"wrote {args.out}")
+    print(line)
+    return code
 
 
 if __name__ == "__main__":

@@ -117,12 +117,13 @@ SHAPES = (
     KernelShape("224", 224, 15),
     KernelShape("384", 384, 25),
     KernelShape("512", 512, 33),
-    # A model whose tables reach 2048 px (grid 128), run at 384: its kernel takes 73,728 bytes of
-    # shared memory, as ViT-S at 2048 px does, at a size the float64 reference can check.
+    # A model whose tables reach 2048 px (grid 128), run at 384: in the hat form its kernel took
+    # 73,728 bytes of shared memory, as ViT-S at 2048 px does; at a size the float64 reference checks.
     KernelShape("384, tables for 2048 px", 384, 129),
 )
 GOAL_SHAPE = SHAPES[1]
 PROFILE_MODEL = "vit_base_patch16"
+GROUPS = ("kernels", "launches", "encodings", "profile")
 PROFILE_RESOLUTIONS = (224, 384, 512)
 
 
@@ -274,7 +275,7 @@ def plugin_launch_check(shape: KernelShape, io_dtype: str):
 
 def aot_compile_check(target_label: str = "sm_90 (a Hopper stand-in, no GPU needed)"):
     """CPU half of the launch checks: each shape's plugin kernel compiles for Hopper with exactly
-    the launch's parameters, and the shared memory of each is what the launch checks assume."""
+    the launch's parameters, within the 48 KiB of shared memory a launch gets without opting in."""
 
     def check():
         from triton.backends.compiler import GPUTarget
@@ -288,9 +289,9 @@ def aot_compile_check(target_label: str = "sm_90 (a Hopper stand-in, no GPU need
             rows.append({"shape": shape.label, **details})
         wrong = [r["shape"] for r in rows if r["parameters"] != LAUNCH_ARGS]
         above = [r["shape"] for r in rows if r["shared_mem"] > SHARED_MEM_OPT_IN]
-        if wrong or above != [SHAPES[-1].label]:
+        if wrong or above:
             raise Failed(
-                f"parameters other than {LAUNCH_ARGS}: {wrong}; above 48 KiB: {above} (expected only {SHAPES[-1].label!r})", {"rows": rows}
+                f"parameters other than {LAUNCH_ARGS}: {wrong}; above 48 KiB, which needs the launch to opt in: {above}", {"rows": rows}
             )
         return {"target": target_label, "rows": rows}
 
@@ -423,6 +424,7 @@ def main(argv=None) -> int:
     parser.add_argument("--budget-s", type=float, default=420, help="checks still to start after this many seconds are skipped")
     parser.add_argument("--iters", type=int, default=30, help="timed calls per kernel latency")
     parser.add_argument("--profile-seconds", type=float, default=0.5, help="profile's time per measurement")
+    parser.add_argument("--only", nargs="+", choices=GROUPS, default=list(GROUPS), help="run only these groups of checks")
     parser.add_argument("--launch-worker", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.launch_worker:
@@ -454,23 +456,28 @@ def main(argv=None) -> int:
 
     checks = Checks(deadline=start + args.budget_s, on_item=write)
     no_gpu = f"needs a CUDA GPU (dry run: {problem})" if problem else None
-    checks.run("sape2 plugin kernels compile for Hopper with the launch's parameters", aot_compile_check())
-    speed = {}
-    for shape in SHAPES:
-        found = checks.run(f"sape2 kernels @ {shape.label}", kernel_check(shape, args.iters), skip=no_gpu)
-        if found:
-            speed[shape.label] = found
-    checks.run(f"goal: bias kernel >= {GOAL_SPEEDUP_AT_384:g}x the reference @ {GOAL_SHAPE.label}", goal_check(speed), skip=no_gpu)
-    if no_gpu or time.perf_counter() > checks.deadline:
-        checks.run("sape2 plugin launches", None, skip=no_gpu)  # the deadline's reason where there is a GPU
-    else:
-        for item in run_launch_worker(checks.deadline - time.perf_counter()):
-            checks.add(item)
-    from deploykit.encodings import list_encodings
+    if "kernels" in args.only or "launches" in args.only:
+        checks.run("sape2 plugin kernels compile for Hopper with the launch's parameters", aot_compile_check())
+    if "kernels" in args.only:
+        speed = {}
+        for shape in SHAPES:
+            found = checks.run(f"sape2 kernels @ {shape.label}", kernel_check(shape, args.iters), skip=no_gpu)
+            if found:
+                speed[shape.label] = found
+        checks.run(f"goal: bias kernel >= {GOAL_SPEEDUP_AT_384:g}x the reference @ {GOAL_SHAPE.label}", goal_check(speed), skip=no_gpu)
+    if "launches" in args.only:
+        if no_gpu or time.perf_counter() > checks.deadline:
+            checks.run("sape2 plugin launches", None, skip=no_gpu)  # the deadline's reason where there is a GPU
+        else:
+            for item in run_launch_worker(checks.deadline - time.perf_counter()):
+                checks.add(item)
+    if "encodings" in args.only:
+        from deploykit.encodings import list_encodings
 
-    for encoding in list_encodings():
-        checks.run(f"encoding {encoding} on {device.type} against float64", encoding_check(encoding, device.type))
-    checks.run(f"profile torch cuda {PROFILE_MODEL}", profile_check(args.profile_seconds), skip=no_gpu)
+        for encoding in list_encodings():
+            checks.run(f"encoding {encoding} on {device.type} against float64", encoding_check(encoding, device.type))
+    if "profile" in args.only:
+        checks.run(f"profile torch cuda {PROFILE_MODEL}", profile_check(args.profile_seconds), skip=no_gpu)
     write(checks.items)
     counts = checks.counts()
     print(f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped in {report['wall_s']} s; wrote {args.out}")

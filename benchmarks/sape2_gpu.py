@@ -61,7 +61,7 @@ def bench(resolution: int, batch: int, iters: int, npos_max: int | None = None) 
     extra memory. ``npos_max``: the tables' entries (None: the grid's own, ``max(grid) + 1``); a
     table sized for a larger resolution costs the kernel more shared memory at the same grid."""
     from deploykit.plugins.sape2.fused import sape2_attention_triton
-    from deploykit.plugins.sape2.kernels import sape2_bias_triton
+    from deploykit.plugins.sape2.kernels import kernel_constants, sape2_bias_triton
 
     grid = (resolution // PATCH, resolution // PATCH)
     tokens = PREFIX + grid[0] * grid[1]
@@ -80,6 +80,12 @@ def bench(resolution: int, batch: int, iters: int, npos_max: int | None = None) 
         bias_err = (tri_bias()[:1].double() - exact).abs().max().item() / exact.abs().max().item()
         exact_attn = F.scaled_dot_product_attention(q1, k1, v1, attn_mask=exact * scale)
         attn_err = (fused()[:1].double() - exact_attn).abs().max().item()
+        # The interpolation's two forms (kernels.py), each checked and timed: the default is one.
+        forms = {}
+        for name, gather in (("hat", False), ("gather", True)):
+            form = lambda gather=gather: sape2_bias_triton(q, k, tx, ty, grid, scale, mode, PREFIX, gather)
+            err = (form()[:1].double() - exact).abs().max().item() / exact.abs().max().item()
+            forms[name] = {"bias_ms_p50": cuda_time(form, iters), "rel_err_vs_float64": err}
         timings = {
             name: cuda_time(fn, iters)
             for name, fn in [
@@ -108,6 +114,8 @@ def bench(resolution: int, batch: int, iters: int, npos_max: int | None = None) 
         "fused_attention_max_abs_err_vs_float64": attn_err,
         "latency_ms_p50": timings,
         "peak_extra_mib": memory,
+        "default_form": "gather" if kernel_constants(grid, PREFIX, HEAD_DIM, npos, scale, mode)["GATHER"] else "hat",
+        "forms": forms,
         "speedup_triton_bias_over_reference": timings["reference_bias"] / timings["triton_bias"],
         "speedup_fused_over_reference_attention": timings["reference_attention"] / timings["fused_attention"],
         "bias_mib_if_materialised": batch * HEADS * tokens**2 * 4 / 2**20,

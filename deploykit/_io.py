@@ -1,13 +1,22 @@
-"""Atomic writes: outputs appear complete or not at all, and never clobber on failure."""
+"""Atomic writes: outputs appear complete or not at all, and never clobber on failure.
+
+Two kinds of destination: files inside what deploykit owns (an export directory, a model
+directory: ``atomic_path``, which replaces a planted symlink rather than writing through it), and
+a file the user named on the command line (``output_file``: a symlink's target, a FIFO or a
+character device are written as the user asked; anything else that is not a regular file is
+refused; an existing file is replaced with a warning, never silently)."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import logging
 import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,9 +24,11 @@ from typing import Any
 
 from deploykit.errors import DeployKitError
 
+_log = logging.getLogger(__name__)
+
 
 @contextlib.contextmanager
-def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
+def atomic_path(dest: str | os.PathLike, mode: int | None = None) -> Iterator[Path]:
     """Yield a temporary path beside ``dest``; rename it onto ``dest`` only if the block succeeds.
 
     The temporary file lives in the destination directory so ``os.replace`` is an atomic rename
@@ -38,8 +49,9 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
-        # mkstemp makes the file private (0600); give it the permissions a plain open() would.
-        os.chmod(tmp_path, 0o666 & ~_umask())
+        # mkstemp makes the file private (0600); give it the permissions a plain open() would
+        # (or ``mode``: those of the file it replaces).
+        os.chmod(tmp_path, 0o666 & ~_umask() if mode is None else mode)
         try:
             os.replace(tmp_path, dest)
         except OSError as err:
@@ -49,13 +61,75 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
 
 
 def check_file_destination(dest: str | os.PathLike) -> None:
-    """Refuse, before any work, a destination for a file that is an existing directory.
+    """Refuse, before any work, a destination ``output_file`` would refuse after it.
 
     Raises:
-        DeployKitError: ``dest`` is a directory.
+        DeployKitError: ``dest`` is a directory, or (through a symlink or not) a socket or a block
+            device rather than a regular file, a FIFO or a character device.
     """
-    if Path(dest).is_dir():
+    _output_target(Path(dest))
+
+
+def _output_target(dest: Path) -> tuple[Path, os.stat_result | None]:
+    """Where the bytes for ``dest`` go (a symlink's final target; the link stays as the user made
+    it) and what is there now (None: nothing)."""
+    target = Path(os.path.realpath(dest))
+    try:
+        found = os.stat(target)
+    except FileNotFoundError:
+        return target, None
+    except OSError as err:
+        raise DeployKitError(f"cannot write {dest}: {err.strerror or err}") from err
+    if stat.S_ISDIR(found.st_mode):
         raise DeployKitError(f"cannot write {dest}: it is a directory; give a file name")
+    if not (stat.S_ISREG(found.st_mode) or stat.S_ISFIFO(found.st_mode) or stat.S_ISCHR(found.st_mode)):
+        kind = "socket" if stat.S_ISSOCK(found.st_mode) else "block device" if stat.S_ISBLK(found.st_mode) else "special file"
+        raise DeployKitError(f"cannot write {dest}: it is a {kind}; give a regular file, a FIFO or a character device")
+    return target, found
+
+
+@contextlib.contextmanager
+def output_file(dest: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path to write a file the user named (``--json``, ``--report``, ``--plot``...);
+    when the block succeeds its bytes go to ``dest``:
+
+    * a new name, or an existing regular file: replaced atomically (an existing file keeps its
+      permissions, and its replacement is logged as a warning: never silent);
+    * a symlink: the same, at its target; the link itself stays;
+    * a FIFO or a character device (``/dev/stdout``, a shell's ``>(...)``): written in place, never
+      replaced by a regular file.
+
+    Raises:
+        DeployKitError: a directory, socket or block device; or the write failed (``/dev/full``).
+    """
+    dest = Path(dest)
+    target, found = _output_target(dest)
+    if found is None or stat.S_ISREG(found.st_mode):
+        if found is not None:
+            _log.warning("replacing %s, which existed before this command", dest)
+        with atomic_path(target, None if found is None else stat.S_IMODE(found.st_mode)) as tmp:
+            yield tmp
+        return
+    with tempfile.TemporaryDirectory(prefix="deploykit-output-") as work:
+        tmp = Path(work) / dest.name
+        yield tmp
+        try:
+            with open(target, "wb") as stream:  # O_TRUNC means nothing to a FIFO or a device
+                stream.write(tmp.read_bytes())
+        except OSError as err:
+            raise DeployKitError(f"cannot write {dest}: {err.strerror or err}") from err
+
+
+def write_output_text(dest: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to a file the user named (``output_file``) and return the path."""
+    with output_file(dest) as tmp:
+        tmp.write_text(text)
+    return Path(dest)
+
+
+def write_output_json(dest: str | os.PathLike, obj: Any) -> Path:
+    """Serialise ``obj`` as indented JSON to a file the user named (``output_file``)."""
+    return write_output_text(dest, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
 @contextlib.contextmanager
@@ -76,9 +150,14 @@ def directory_lock(dest: str | os.PathLike) -> Iterator[None]:
     for _ in range(8):  # a holder that is just releasing removes the file we opened: open it again
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+            # O_NOFOLLOW: a symlink planted at the lock's name is refused, not followed and truncated.
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
         except OSError as err:
-            raise DeployKitError(f"cannot write {dest}: {err.strerror or err}") from err
+            planted = "is a symbolic link; remove it" if err.errno == errno.ELOOP else (err.strerror or str(err))
+            raise DeployKitError(f"cannot lock {dest}: {path} {planted}") from err
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise DeployKitError(f"cannot lock {dest}: {path} is not a regular file; remove it")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -156,17 +235,29 @@ def staged_directory(dest: str | os.PathLike) -> Iterator[Path]:
     dest = Path(dest)
     if dest.exists() and not dest.is_dir():
         raise DeployKitError(f"cannot write {dest}: it exists and is not a directory")
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        stage = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".staging", dir=dest.parent))
-        os.chmod(stage, 0o777 & ~_umask())  # mkdtemp makes it private (0700)
-    except OSError as err:
-        raise DeployKitError(f"cannot write {dest}: {err.strerror or err}") from err
+    stage = directory_beside(dest, suffix=".staging")
     try:
         yield stage
         _swap_in(stage, dest)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+
+
+def directory_beside(dest: str | os.PathLike, suffix: str = "") -> Path:
+    """A new empty directory beside ``dest`` (to fill, then rename onto it), with the permissions a
+    plain ``mkdir`` would give (``mkdtemp`` makes it private, 0700, and a rename keeps that).
+
+    Raises:
+        DeployKitError: the directory beside ``dest`` cannot be written.
+    """
+    dest = Path(dest)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        made = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=suffix, dir=dest.parent))
+        os.chmod(made, 0o777 & ~_umask())
+    except OSError as err:
+        raise DeployKitError(f"cannot write {dest}: {err.strerror or err}") from err
+    return made
 
 
 def _swap_in(stage: Path, dest: Path) -> None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deploykit.backends import defaults
+from deploykit.backends.devices import check_cuda_build
 from deploykit.backends.engine_cache import (
     BACKEND_TAGS,
     ENGINE_MODULES,
@@ -122,8 +123,10 @@ def build(
         ConfigError: unknown backend or bad batch sizes.
         StaleEngineError: an existing engine does not match and ``rebuild`` is False.
         ExportError: a graph does not parse or build, or a plugin fails to load.
+        DeployKitError: the TensorRT wheel is built for a newer CUDA than the driver runs.
     """
     module, export_dir = ENGINE_MODULES[check_backend(backend, ENGINE_MODULES)], Path(export_dir)
+    check_cuda_build(module)  # a builder on a driver older than its CUDA fails obscurely, minutes in
     options = build_options(
         module,
         export_dir,

@@ -173,7 +173,7 @@ def validate(
     export_dir, resolutions, backends, precision, inputs_path, num_random, num_real, seed, report, plugin_specs, allow_cpu_fallback
 ):
     """Compare exported graphs with the PyTorch float64 reference; exit 1 on failure."""
-    from deploykit._io import check_file_destination, write_json_atomic
+    from deploykit._io import check_file_destination, write_output_json
     from deploykit.backends.plugins import Plugins
     from deploykit.inputs import read_inputs
     from deploykit.validate import validate as run_validation
@@ -198,7 +198,7 @@ def validate(
         )
     render.validation(console, result)
     if report:
-        write_json_atomic(report, result.to_json())
+        write_output_json(report, result.to_json())
         render.say(console, f"report: {report}")
     result.raise_for_failure()
 
@@ -375,8 +375,10 @@ def import_group():
     "--weights",
     "-w",
     default=None,
-    help="Local .safetensors or .pth state dict of that timm model (default: timm's pretrained weights from the hub).",
+    help="Local .safetensors/.pth checkpoint, read as timm reads it for that model (its checkpoint filter: e.g. DINOv3 in "
+    "Meta's format, EVA-02, OpenCLIP) and from training-script containers (default: timm's pretrained weights from the hub).",
 )
+@click.option("--ema", is_flag=True, help="Take the file's EMA copy of the weights instead of the trained model's.")
 @click.option(
     "--model-kwargs",
     "model_kwargs",
@@ -386,14 +388,14 @@ def import_group():
 )
 @set_option
 @output_option("Model directory to write (config.json + model.safetensors).")
-def import_timm(name, weights, model_kwargs, options, output):
-    """Import timm model NAME (ViT, DeiT-III, RoPE-ViT, DINOv3) for export, validate, build, profile and serve."""
+def import_timm(name, weights, ema, model_kwargs, options, output):
+    """Import timm model NAME (ViT, DeiT-III, RoPE-ViT, DINOv3, EVA-02) for export, validate, build, profile and serve."""
     from deploykit.nn.checkpoint import save_model
     from deploykit.nn.from_timm import describe, parse_model_kwargs
     from deploykit.nn.from_timm import import_timm as convert
 
-    model = convert(name, weights, options, **parse_model_kwargs(model_kwargs))
-    save_model(model, output, metadata={"source": f"timm:{name}", "weights": str(weights or "pretrained")})
+    model = convert(name, weights, options, ema, **parse_model_kwargs(model_kwargs))
+    save_model(model, output, metadata={"source": f"timm:{name}", "weights": str(weights or "pretrained"), "ema": ema})
     render.done(render.console(), f"{output}  ({describe(model, name)})")
 
 
@@ -408,7 +410,7 @@ def _paper_import_command(importer) -> None:
         save_model(imported.model, output, metadata={"source": imported.source, "ema": ema})
         render.done(render.console(), f"{output}  ({imported.describe()})")
 
-    run.__doc__ = f"Import {importer.paper} from {importer.repository}'s training script: {importer.writes}, read as saved."
+    run.__doc__ = f"Import {importer.paper}: {importer.writes}, read as saved ({importer.repository})."
     for assumption in reversed(importer.assumptions):
         flag = "--" + assumption.name.replace("_", "-")
         run = click.option(flag, assumption.name, default=assumption.default, show_default=True, help=assumption.help)(run)
@@ -429,13 +431,15 @@ for _importer in IMPORTERS.values():
 def inspect_cmd(path, json_path):
     """Describe an exported graph (encoding, tables, precision plan, opset, custom ops, TensorRT-RTX's
     parse) or a built engine (fingerprint, profile shapes, layers and their precisions)."""
-    from deploykit._io import write_json_atomic
+    from deploykit._io import check_file_destination, write_output_json
     from deploykit.inspection import inspect_path
 
+    if json_path:
+        check_file_destination(json_path)
     info = inspect_path(path)
     render.inspection(info)
     if json_path:
-        write_json_atomic(json_path, info)
+        write_output_json(json_path, info)
 
 
 @cli.command("list")

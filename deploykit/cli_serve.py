@@ -124,9 +124,12 @@ def _serve_triton(export_dir, limits, *, port, drain_timeout, **settings):
 @json_option()
 def serve_bench(export_dir, concurrency, json_path, **settings):
     """Served (Triton, dynamic batching) vs in-process throughput and p50/p99 latency per concurrency."""
+    from deploykit._io import check_file_destination
     from deploykit.serve.bench import BenchOptions, bench_serving
 
     console = render.console()
+    if json_path:
+        check_file_destination(json_path)  # before the benchmark, not after it
     options = BenchOptions(concurrency=tuple(parse_counts(concurrency, "concurrency")), **settings)
     with render.steps(console, "serve-bench") as step:
         report = bench_serving(export_dir, options, progress=step)

@@ -7,6 +7,13 @@ One implementation for validation, profiling, the in-process pipeline and the Tr
 That is why this module depends on numpy and (lazily) Pillow only, and imports nothing from
 deploykit.
 
+Decoding is bounded before Pillow reads a byte: the encoded size, then the container walked
+without decompressing anything (``read_structure``) and checked (``check_structure``): the
+header's pixel count, sides and aspect ratio, and what multiplies decode work beyond the pixels:
+chunks and marker segments (``MAX_CHUNKS``), progressive JPEG scans (``MAX_SCANS``), stray bytes
+in a JPEG header (``MAX_STRAY_BYTES``), animation frames and RLE-compressed BMPs (refused). Any
+failure to decode is the image's ``ImageRejected``, in one line, whatever Pillow raised.
+
 Preprocessing is timm's eval transform (``timm.data.transforms_imagenet_eval``), with the
 settings a model records once (``Preprocessing``: from timm's ``pretrained_cfg`` at import, from
 ``config.json`` otherwise): resize so that the crop is ``crop_pct`` of the resized image
@@ -26,6 +33,8 @@ from __future__ import annotations
 
 import io
 import math
+import re
+import struct
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -44,11 +53,31 @@ MAX_ASPECT = 16.0
 # The formats Pillow may open: ``Image.open(formats=...)`` tries no other plugin, so an EPS upload
 # never reaches Ghostscript and a TIFF/ICNS/... never reaches its decoder.
 FORMATS = ("PNG", "JPEG", "WEBP", "BMP")
+# Decode work, bounded from the container before Pillow reads it: the pixel and byte budgets leave
+# room for multipliers (issue 41: a 961 KB progressive JPEG repeating one scan 10,000 times cost
+# 19-29 s of CPU). Pillow walks PNG chunks and a JPEG's header segments in Python (about 2.5 us
+# a chunk: 32 MiB of empty chunks is 7 s), and libjpeg passes over every block once per scan.
+# 20,000 chunks leave a 32 MiB PNG in libpng's 8 KiB IDAT chunks (4,096) room; libjpeg's own
+# progressions write 10 scans (YCbCr) or 18 (CMYK), other encoders about as many, so 64 refuses
+# no real encoder's file. Pillow skips stray bytes between a JPEG's header segments one at a
+# time, in Python (about 0.3 us each). Animated images are refused (a classifier takes one
+# still image, and an APNG or WebP animation's frames each cost a canvas); so are RLE BMPs,
+# which Pillow decodes in Python, pixel by pixel.
+MAX_CHUNKS = 20_000
+MAX_SCANS = 64
+MAX_STRAY_BYTES = 65_536
+_BMP_COMPRESSIONS = {0: "uncompressed", 1: "RLE8", 2: "RLE4", 3: "bitfields"}
 _KEYS_A = -0.5  # bicubic convolution parameter used by torch's and Pillow's antialiased resize
 # timm's names (``pretrained_cfg["interpolation"]``, ``["crop_mode"]``) this module implements.
 INTERPOLATIONS = ("bicubic", "bilinear")
 CROP_MODES = ("center", "squash", "border")
 DEFAULT_CROP_PCT = 0.875  # timm's DEFAULT_CROP_PCT
+# The largest magnitude a model input may have. Normalised pixels, (v - mean) / std for v in [0, 1],
+# lie within ±2.7 for ImageNet's mean and std and ±1 for CLIP's or 0.5/0.5; a tensor a client sends
+# instead of an image can hold anything, and a finite 3e38 overflows the first layer to NaN logits
+# (issue 41). 1e4 is over 3,000 times any real preprocessing's range, and keeps an fp32 patch
+# embedding's 768-term sums far from overflow.
+MAX_INPUT_MAGNITUDE = 1e4
 
 
 class ImageRejected(ValueError):
@@ -80,37 +109,213 @@ def decode(
     max_aspect: float = MAX_ASPECT,
     formats: Sequence[str] = FORMATS,
 ) -> np.ndarray:
-    """Encoded image bytes (PNG, JPEG, WebP, BMP) → ``[H, W, 3]`` uint8, size checked before decoding.
+    """Encoded image bytes (PNG, JPEG, WebP, BMP) → ``[H, W, 3]`` uint8, size and decode work
+    checked before decoding.
 
-    Pillow reads the header (format, width, height) on ``open`` and decodes pixels only on
-    ``convert``; the limits are checked in between, so an oversized image costs a header read.
-    Only ``formats`` are tried (Pillow's format names).
+    The container is walked first (``read_structure``: size, chunks, scans, frames, compression,
+    without decompressing anything) and checked (``check_structure``) before Pillow sees the
+    bytes. Pillow then reads the header on ``open`` and decodes pixels only on ``convert``; the
+    size is checked again in between. Only ``formats`` are tried (Pillow's format names). Any
+    failure is this image's ``ImageRejected``, one line: Pillow's decoders raise ``SyntaxError``,
+    ``EOFError``, ``struct.error``... on corrupt bytes, and a server must answer those as the
+    client's error without failing anything else.
 
     Raises:
-        ImageRejected: more than ``max_bytes``, not one of ``formats``, unreadable, or over a
-            size limit (``check_size``).
+        ImageRejected: more than ``max_bytes``, not one of ``formats``, unreadable, over a size
+            limit (``check_size``) or a decode-work limit (``check_structure``).
     """
     from PIL import Image
 
     if len(data) > max_bytes:
         raise ImageRejected(f"image is {len(data)} bytes; this server takes at most {max_bytes}")
     try:
+        structure = read_structure(data)
+        if structure is not None and structure.format in formats:
+            check_structure(structure, max_pixels, max_side, max_aspect)
         with Image.open(io.BytesIO(data), formats=list(formats)) as img:
             check_size(img.height, img.width, max_pixels, max_side, max_aspect)
             return np.array(img.convert("RGB"))  # a writable copy
+    except ImageRejected:
+        raise
     except Image.UnidentifiedImageError as err:
         raise ImageRejected(f"cannot decode image bytes: not a {', '.join(formats)} image") from err
     except Image.DecompressionBombError as err:  # Pillow's own header check, at twice its MAX_IMAGE_PIXELS
         raise ImageRejected(f"image is too large: {_first_line(err)}; this server takes at most {max_pixels} pixels") from err
-    except (OSError, ValueError) as err:
-        if isinstance(err, ImageRejected):
-            raise
+    except Exception as err:  # any other failure to decode these bytes is theirs (docstring)
         raise ImageRejected(f"cannot decode image bytes: {_first_line(err)}") from err
 
 
-def _first_line(err: BaseException) -> str:
+def _first_line(err: BaseException, limit: int = 200) -> str:
+    """The first line of ``err``'s message (its type when empty), cut at ``limit`` characters:
+    Pillow quotes client bytes in some messages (chunk names, keywords)."""
     text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
+    line = text.splitlines()[0] if text else type(err).__name__
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+@dataclass(frozen=True)
+class Structure:
+    """What an encoded image's container says, read before any pixel is decoded (``read_structure``).
+
+    Attributes:
+        format: Pillow's name of the format (``PNG``, ``JPEG``, ``WEBP``, ``BMP``).
+        size: ``(height, width)`` from the header; None where the bytes end before it.
+        chunks: PNG chunks, JPEG marker segments or WebP RIFF chunks (the walk stops past ``MAX_CHUNKS``).
+        scans: JPEG scans (SOS markers) before the end of the image (the walk stops past ``MAX_SCANS``).
+        frames: frames an APNG (``acTL``) or a WebP animation (``ANMF`` chunks) holds; 1 when still.
+        stray: bytes between a JPEG's header segments (before its first scan), where Pillow steps one at a time.
+        compression: a BMP's compression (``uncompressed``, ``RLE8``, ...); empty for other formats.
+    """
+
+    format: str
+    size: tuple[int, int] | None
+    chunks: int = 0
+    scans: int = 0
+    frames: int = 1
+    stray: int = 0
+    compression: str = ""
+
+
+def read_structure(data: bytes) -> Structure | None:
+    """Walk the container of PNG, JPEG, WebP or BMP ``data`` without decoding it; None for other bytes.
+
+    Linear in ``len(data)``, with at most ``MAX_CHUNKS + 1`` steps in Python: chunks are skipped
+    by their lengths, and a JPEG's entropy-coded data is searched for its next marker by ``re``.
+    Bytes that end early give what was read so far (Pillow then refuses them).
+    """
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return _png_structure(data)
+    if data.startswith(b"\xff\xd8\xff"):
+        return _jpeg_structure(data)
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return _webp_structure(data)
+    if data.startswith(b"BM"):
+        return _bmp_structure(data)
+    return None
+
+
+def check_structure(structure: Structure, max_pixels: int = MAX_PIXELS, max_side: int = MAX_SIDE, max_aspect: float = MAX_ASPECT) -> None:
+    """Refuse a container whose decoding would cost more than its pixels: the header's size over
+    the limits (``check_size``), too many chunks, scans or stray bytes, frames, or RLE (module constants).
+
+    Raises:
+        ImageRejected: naming the limit.
+    """
+    s, name = structure, structure.format
+    if s.size is not None:
+        check_size(*s.size, max_pixels, max_side, max_aspect)
+    if s.chunks > MAX_CHUNKS:
+        kind = "marker segments" if name == "JPEG" else "chunks"
+        raise ImageRejected(f"{name} image has more than {MAX_CHUNKS} {kind}; this server takes at most {MAX_CHUNKS}")
+    if s.scans > MAX_SCANS:
+        raise ImageRejected(f"JPEG image has more than {MAX_SCANS} scans; this server takes at most {MAX_SCANS} (encoders write about 10)")
+    if s.stray > MAX_STRAY_BYTES:
+        raise ImageRejected(
+            f"JPEG image has {s.stray} stray bytes between its header segments; this server takes at most {MAX_STRAY_BYTES}"
+        )
+    if s.frames > 1:
+        raise ImageRejected(f"{name} image is animated ({s.frames} frames); this server takes still images")
+    if s.compression.startswith("RLE"):
+        raise ImageRejected(f"BMP image is {s.compression}-compressed; this server takes uncompressed or bitfields BMP")
+
+
+def _png_structure(data: bytes) -> Structure:
+    """Chunks (4-byte length, type, data, CRC) from the signature to ``IEND``, as Pillow reads them."""
+    size, frames, chunks, pos = None, 1, 0, 8
+    while pos + 8 <= len(data) and chunks <= MAX_CHUNKS:
+        length, kind = struct.unpack_from(">I4s", data, pos)
+        chunks += 1
+        if kind in (b"IHDR", b"acTL") and length >= 8 and pos + 16 <= len(data):
+            first, second = struct.unpack_from(">II", data, pos + 8)
+            if kind == b"IHDR" and size is None:
+                size = (second, first)  # width, then height
+            elif kind == b"acTL":
+                frames = first  # num_frames, then num_plays
+        if kind == b"IEND":
+            break
+        pos += 12 + length
+    return Structure("PNG", size, chunks, frames=frames)
+
+
+# A marker, as libjpeg's next_marker finds it: 0xFF and a code (0x00 after 0xFF is stuffing; any
+# 0xFF fill bytes before are skipped). Two fixed bytes, never ``\xff+``: that backtracks over a
+# run of 0xFF bytes from each of its positions, quadratic in the run.
+_JPEG_MARKER = re.compile(rb"\xff([^\x00\xff])")
+# Where a scan's entropy-coded data ends: the first marker other than a restart marker (RST0-7).
+_JPEG_SCAN_END = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")
+_JPEG_STANDALONE = {0x01, *range(0xD0, 0xD9)}  # TEM, RST0-7, SOI: no length follows
+_JPEG_SOF = {*range(0xC0, 0xD0)} - {0xC4, 0xC8, 0xCC}  # frame headers (DHT, JPG and DAC excluded)
+
+
+def _jpeg_structure(data: bytes) -> Structure:
+    """Marker segments from SOI to EOI (libjpeg reads no further), scans skipped by searching
+    their entropy-coded data for the next marker."""
+    size, segments, scans, stray, pos = None, 0, 0, 0, 2
+    while segments <= MAX_CHUNKS and scans <= MAX_SCANS:  # past either limit the answer is known
+        found = _JPEG_MARKER.search(data, pos)
+        if found is None:
+            break
+        if scans == 0:
+            stray += found.start() - pos  # before the first scan, Pillow's parser steps over these one by one
+        marker, pos, segments = found[1][0], found.end(), segments + 1
+        if marker == 0xD9:  # EOI
+            break
+        if marker in _JPEG_STANDALONE:
+            continue
+        if pos + 2 > len(data):
+            break
+        if marker in _JPEG_SOF and size is None and pos + 7 <= len(data):
+            size = struct.unpack_from(">HH", data, pos + 3)  # after length and sample precision: lines, then samples per line
+        pos += int.from_bytes(data[pos : pos + 2], "big")
+        if marker == 0xDA:  # SOS: the scan header, then entropy-coded data up to the next marker
+            scans += 1
+            end = _JPEG_SCAN_END.search(data, pos)
+            if end is None:
+                break
+            pos = end.start()
+    return Structure("JPEG", size, segments, scans=scans, stray=stray)
+
+
+def _webp_structure(data: bytes) -> Structure:
+    """RIFF chunks (fourcc, little-endian size, data padded to even): the canvas from the first
+    (``VP8X``, ``VP8 `` or ``VP8L``), and the frames of an animation (``ANMF``)."""
+    size, chunks, frames, pos = None, 0, 0, 12
+    while pos + 8 <= len(data) and chunks <= MAX_CHUNKS:
+        fourcc, length = struct.unpack_from("<4sI", data, pos)
+        body, chunks = data[pos + 8 : pos + 8 + min(length, 10)], chunks + 1
+        if chunks == 1:
+            size = _webp_canvas(fourcc, body)
+        frames += fourcc == b"ANMF"
+        pos += 8 + length + (length & 1)
+    return Structure("WEBP", size, chunks, frames=max(frames, 1))
+
+
+def _webp_canvas(fourcc: bytes, body: bytes) -> tuple[int, int] | None:
+    """``(height, width)`` from the first chunk's first bytes, as libwebp reads them."""
+    if fourcc == b"VP8X" and len(body) >= 10:  # flags, reserved, then width - 1 and height - 1 (24 bits each)
+        return int.from_bytes(body[7:10], "little") + 1, int.from_bytes(body[4:7], "little") + 1
+    if fourcc == b"VP8 " and len(body) >= 10 and body[3:6] == b"\x9d\x01\x2a":  # frame tag, start code, 14-bit sizes
+        width, height = struct.unpack_from("<HH", body, 6)
+        return height & 0x3FFF, width & 0x3FFF
+    if fourcc == b"VP8L" and len(body) >= 5 and body[0] == 0x2F:  # signature, then 14-bit width - 1 and height - 1
+        bits = int.from_bytes(body[1:5], "little")
+        return ((bits >> 14) & 0x3FFF) + 1, (bits & 0x3FFF) + 1
+    return None
+
+
+def _bmp_structure(data: bytes) -> Structure:
+    """The info header after the 14-byte file header: size, and compression (BITMAPINFOHEADER and later)."""
+    if len(data) < 26:
+        return Structure("BMP", None)
+    header = int.from_bytes(data[14:18], "little")
+    if header == 12:  # BITMAPCOREHEADER: 16-bit sizes, never compressed
+        width, height = struct.unpack_from("<HH", data, 18)
+        return Structure("BMP", (height, width), compression=_BMP_COMPRESSIONS[0])
+    if header not in (40, 52, 56, 64, 108, 124):  # the info headers Pillow reads; it refuses others
+        return Structure("BMP", None)
+    width, height = struct.unpack_from("<Ii", data, 18)  # a negative height is a top-down bitmap
+    compression = int.from_bytes(data[30:34], "little") if len(data) >= 34 else 0
+    return Structure("BMP", (abs(height), width), compression=_BMP_COMPRESSIONS.get(compression, str(compression)))
 
 
 def nearest_resolution(size: tuple[int, int], resolutions: Sequence[tuple[int, int]]) -> tuple[int, int]:

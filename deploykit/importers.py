@@ -9,7 +9,8 @@ computes the official forward; ``save_model`` writes it as a model directory tha
 ``validate``, ``profile`` and ``serve`` take with no ``config.json`` of the user's.
 
 An importer module provides ``convert(checkpoint: TrainingCheckpoint, ema: bool, **assumed) ->
-Imported``; ``IMPORTERS`` names them, and the CLI makes one ``deploykit import`` command of each.
+Imported`` (both in ``deploykit.nn.checkpoint``, beside the converters, which import nothing from
+here); ``IMPORTERS`` names them, and the CLI makes one ``deploykit import`` command of each.
 This module imports no PyTorch (the CLI builds its commands from it); ``convert`` does.
 """
 
@@ -17,13 +18,13 @@ from __future__ import annotations
 
 import importlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from deploykit.errors import ConfigError, unknown_choice
 
 if TYPE_CHECKING:
-    from deploykit.nn.factory import Model
+    from deploykit.nn.checkpoint import Imported
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,9 @@ class Importer:
     writes: str
     module: str
     assumptions: tuple[Assumption, ...] = ()
+    # ``--set`` options go to ``convert`` (they shape the model the weights fill) instead of being
+    # applied to the model it returns.
+    takes_options: bool = False
 
     def convert(self, path: str | os.PathLike, ema: bool = False, options=(), **assumed: Any) -> Imported:
         """Read ``path`` and build the model (``options``: ``key=value`` encoding options applied after)."""
@@ -66,36 +70,13 @@ class Importer:
 
         values = {a.name: assumed.get(a.name, a.default) for a in self.assumptions}
         checkpoint = read_training_checkpoint(path)
-        imported = importlib.import_module(self.module).convert(checkpoint, ema, **values)
+        converter = importlib.import_module(self.module).convert
+        if self.takes_options:
+            return converter(checkpoint, ema, options=tuple(options), **values)
+        imported = converter(checkpoint, ema, **values)
         if options:
             imported = imported.with_model(with_encoding_options(imported.model, options, str(path)))
         return imported
-
-
-@dataclass(frozen=True)
-class Imported:
-    """An imported model and what was read from the file or assumed.
-
-    Attributes:
-        model: the deploykit model; its forward is the official forward.
-        source: ``"<importer>:<file>"`` (saved in the weights' metadata).
-        read: what the file said (``{"depth": 12, "heads": 6, ...}``).
-        assumed: the ``Assumption`` values used, since the file does not hold them.
-    """
-
-    model: Model
-    source: str
-    read: dict[str, Any] = field(default_factory=dict)
-    assumed: dict[str, Any] = field(default_factory=dict)
-
-    def with_model(self, model: Model) -> Imported:
-        return Imported(model, self.source, self.read, self.assumed)
-
-    def describe(self) -> str:
-        """One line: what was read and what was assumed."""
-        read = ", ".join(f"{k} {v}" for k, v in self.read.items())
-        assumed = ", ".join(f"{k}={v}" for k, v in self.assumed.items())
-        return read + (f"; not in the file, assumed: {assumed}" if assumed else "")
 
 
 # One entry per official repository; ``deploykit import --help`` lists them in this order.
@@ -118,6 +99,23 @@ IMPORTERS: dict[str, Importer] = {
             "1131230221/Weierstrass-Elliptic-Function-Positional-Encoding",
             "W_Ti.py's model.state_dict()",
             "deploykit.nn.from_wepe",
+            (
+                Assumption("num_heads", 3, "Attention heads per block: nn.MultiheadAttention's weights do not say (W_Ti.py: 3)."),
+                Assumption("img_size", 224, "Training resolution, the model's default input: WePE holds no grid (W_Ti.py: 224)."),
+            ),
+        ),
+        Importer(
+            "vit",
+            "a ViT or DeiT-III trained elsewhere with a deploykit encoding (SaPE², GeoPE, ...)",
+            "your own training code",
+            "a state dict in timm's ViT names plus the encoding's parameters, bare or in a training container",
+            "deploykit.nn.from_state_dict",
+            (
+                Assumption("model", "vit_small_patch16", "The size whose head count the weights take (a packed qkv does not record it)."),
+                Assumption("encoding", "ape", "The encoding the model was trained with; its options with --set (e.g. mode=k)."),
+                Assumption("img_size", 0, "Training resolution where no learned APE gives it (0: the size's own)."),
+            ),
+            takes_options=True,
         ),
     )
 }

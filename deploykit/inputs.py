@@ -253,10 +253,10 @@ def read_image(path: Path) -> np.ndarray:
                     f"{path}: a {image.mode} image (16-bit or float pixels); give 8-bit images, or preprocessed arrays in a .npy"
                 )
             return np.array(image.convert("RGB"))
-    except (OSError, ValueError, Image.DecompressionBombError) as err:  # UnidentifiedImageError is an OSError
-        if isinstance(err, InputError):
-            raise
-        raise InputError(f"{path}: cannot read it as an image ({one_line(err)})") from err
+    except InputError:
+        raise
+    except Exception as err:  # Pillow's decoders raise SyntaxError, EOFError, struct.error... on corrupt files
+        raise InputError(f"{path}: cannot read it as an image ({one_line(err, 200) or type(err).__name__})") from err
 
 
 def split(count: int, samples: int, held_out: int) -> tuple[list[int], list[int]]:

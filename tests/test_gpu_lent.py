@@ -53,8 +53,9 @@ def test_dry_run_compiles_the_plugin_kernel_and_checks_every_encoding_from_the_c
     rows = compiled["details"]["rows"]
     assert [r["parameters"] for r in rows] == [5] * len(rows)  # q, k, table_x, table_y, bias: what TensorRT passes
     assert all(r["ptx_target"] == "sm_90a" for r in rows)
-    # One shape needs the shared-memory opt-in the launch check exercises on silicon; the others fit without.
-    assert [r["shared_mem"] > 48 * 1024 for r in rows] == [False] * (len(rows) - 1) + [True]
+    # No instance needs the shared-memory opt-in a TensorRT AOT launch may not make (the hat form of
+    # the last shape took 72 KiB: a launch without the opt-in was refused on an H200).
+    assert all(r["shared_mem"] <= 48 * 1024 for r in rows) and rows[-1]["shape"] == "384, tables for 2048 px"
 
     for encoding in list_encodings():
         check = checks[f"encoding {encoding} on cpu against float64"]

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from deploykit import imaging
+from tests import image_bombs
 from tests.serve.serve_reference import torch_preprocess
 
 PIL = pytest.importorskip("PIL.Image", reason="pillow comes with the images extra")
@@ -94,7 +95,8 @@ def png_header_only(width: int, height: int) -> bytes:
 def test_oversized_image_is_refused_from_its_header():
     with pytest.raises(imaging.ImageRejected, match="12000x12000 = 144000000 pixels; this server takes at most 40000000"):
         imaging.decode(png_header_only(12000, 12000))
-    with pytest.raises(imaging.ImageRejected, match="too large.*at most 40000000 pixels"):  # past Pillow's own bomb check
+    # past Pillow's own bomb check (179 MP): refused from the header before Pillow opens it
+    with pytest.raises(imaging.ImageRejected, match="20000x20000 = 400000000 pixels; this server takes at most 40000000"):
         imaging.decode(png_header_only(20000, 20000))
     with pytest.raises(imaging.ImageRejected, match="cannot decode"):  # the same garbage, under the limit: decoding fails
         imaging.decode(png_header_only(100, 100))
@@ -167,3 +169,70 @@ def test_a_side_over_the_limit_is_refused_from_the_header():
         imaging.decode(png_header_only(17_000, 2_000), max_pixels=10**9)
     with pytest.raises(imaging.ImageRejected, match="at most 1000 pixels on a side"):
         imaging.decode(png_header_only(1_001, 100), max_side=1_000)
+
+
+def test_a_corrupt_chunk_is_refused_in_one_line_whatever_pillow_raises():
+    """Pillow raises ``SyntaxError`` decoding a PNG whose zTXt chunk after the pixels names an
+    unknown compression (issue 41: it escaped and failed a whole Triton batch)."""
+    png = image_bombs.encoded("PNG")
+    end = png.rindex(b"IEND") - 4
+    for kind in (b"zTXt", b"iCCP"):
+        with pytest.raises(imaging.ImageRejected, match="^cannot decode image bytes: .*compression") as info:
+            imaging.decode(png[:end] + image_bombs.png_chunk(kind, b"key\0\x01data") + png[end:])
+        assert "\n" not in str(info.value)
+
+
+BOMBS = {
+    "progressive JPEG, one scan repeated": (
+        lambda: image_bombs.progressive_jpeg(imaging.MAX_SCANS + 1),
+        f"^JPEG image has more than {imaging.MAX_SCANS} scans; this server takes at most {imaging.MAX_SCANS}",
+    ),
+    "PNG of empty chunks": (lambda: image_bombs.png_with_chunks(imaging.MAX_CHUNKS), "^PNG image has more than 20000 chunks"),
+    "JPEG of empty comments": (
+        lambda: image_bombs.jpeg_with_segments(imaging.MAX_CHUNKS),
+        "^JPEG image has more than 20000 marker segments",
+    ),
+    "JPEG padded between segments": (
+        lambda: image_bombs.jpeg_with_stray_bytes(imaging.MAX_STRAY_BYTES + 1),
+        f"^JPEG image has {imaging.MAX_STRAY_BYTES + 1} stray bytes between its header segments",
+    ),
+    "JPEG padded with fill bytes": (
+        lambda: image_bombs.jpeg_with_stray_bytes(2**20, b"\xff"),
+        f"^JPEG image has {2**20} stray bytes between its header segments",
+    ),
+    "WebP of empty chunks": (lambda: image_bombs.webp_with_chunks(imaging.MAX_CHUNKS), "^WEBP image has more than 20000 chunks"),
+    "APNG": (lambda: image_bombs.animated("PNG", 2), r"^PNG image is animated \(2 frames\); this server takes still images$"),
+    "animated WebP": (lambda: image_bombs.animated("WEBP", 3), r"^WEBP image is animated \(3 frames\)"),
+    "RLE BMP": (image_bombs.bmp_rle8, "^BMP image is RLE8-compressed"),
+    "WebP canvas over the pixel limit": (
+        lambda: b"RIFF\x16\0\0\0WEBPVP8X\x0a\0\0\0\0\0\0\0" + (9999).to_bytes(3, "little") * 2,
+        "^image is 10000x10000 = 100000000 pixels",
+    ),
+}
+
+
+@pytest.mark.parametrize("bomb", BOMBS)
+def test_decode_bombs_are_refused_before_pillow_reads_them(bomb, monkeypatch):
+    """Each multiplier of decode work is refused from the container's structure: Pillow never opens the bytes."""
+    opened = []
+    real_open = PIL.open
+    monkeypatch.setattr(PIL, "open", lambda *a, **k: opened.append(a) or real_open(*a, **k))
+    make, reason = BOMBS[bomb]
+    with pytest.raises(imaging.ImageRejected, match=reason):
+        imaging.decode(make())
+    assert opened == []
+
+
+@pytest.mark.parametrize(
+    "make, size",
+    [
+        (lambda: image_bombs.progressive_jpeg(imaging.MAX_SCANS), 48),
+        (lambda: image_bombs.encoded("JPEG", progressive=True), 48),  # libjpeg's own progression: 10 scans
+        (lambda: image_bombs.png_with_chunks(imaging.MAX_CHUNKS - 3), 48),  # with IHDR, IDAT and IEND: the limit
+        (lambda: image_bombs.jpeg_with_stray_bytes(imaging.MAX_STRAY_BYTES), 48),
+        (lambda: image_bombs.jpeg_with_stray_bytes(imaging.MAX_STRAY_BYTES, b"\xff"), 48),
+        (lambda: image_bombs.animated("WEBP", 1), 16),
+    ],
+)
+def test_images_at_the_decode_work_limits_decode(make, size):
+    assert imaging.decode(make()).shape == (size, size, 3)

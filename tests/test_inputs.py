@@ -11,6 +11,7 @@ import torch
 from deploykit.errors import InputError
 from deploykit.inputs import UserCalibration, read_inputs, split
 from deploykit.nn import create_model
+from tests import image_bombs
 from tests.serve.serve_reference import torch_preprocess
 from tests.test_cli import assert_one_line_error, run_cli
 
@@ -201,3 +202,14 @@ def test_validate_refuses_bad_inputs_in_one_line(good_export, tmp_path, capsys):
     np.save(tmp_path / "big.npy", np.zeros((2, 3, 64, 64), np.float32))
     code, _, err = run_cli(capsys, "validate", good_export, "--inputs", tmp_path / "big.npy")
     assert_one_line_error(code, err, "big.npy", "64x64, the model is at 32")
+
+
+def test_validate_refuses_a_corrupt_image_in_one_line(good_export, tmp_path, capsys):
+    """Pillow raises ``SyntaxError`` on a PNG whose zTXt chunk names an unknown compression: one
+    ``error:`` line naming the file, no traceback (issue 41)."""
+    png = image_bombs.encoded("PNG")
+    end = png.rindex(b"IEND") - 4
+    _save(tmp_path / "imgs" / "ok.png", _pixels(0))
+    (tmp_path / "imgs" / "bad.png").write_bytes(png[:end] + image_bombs.png_chunk(b"zTXt", b"key\0\x01data") + png[end:])
+    code, _, err = run_cli(capsys, "validate", good_export, "--inputs", tmp_path / "imgs")
+    assert_one_line_error(code, err, "bad.png: cannot read it as an image", "compression")

@@ -44,6 +44,9 @@ LAYERS = [
     ("kernels", ("deploykit.plugins",)),
     ("encodings", ("deploykit.encodings",)),
     ("nn", ("deploykit.nn",)),
+    # The table of the papers' importers (``deploykit import gridpe|mope|wepe``): torch-free, so the
+    # CLI builds its commands from it; each entry names its converter in nn, which imports nothing from here.
+    ("importers", ("deploykit.importers",)),
     # Running graphs, torch-free: the Runner interface, batched runs, ONNX Runtime's runners.
     # Below export, whose checks (calibration fallback, plan check) run graphs through it.
     ("runtime", ("deploykit.runtime",)),

@@ -344,3 +344,26 @@ def test_the_int8_plan_s_own_target_is_checked_again_on_the_user_s_held_out_data
     assert "quality_check" not in verdict
     record = dict(verdict, precision="int8", computes_in="bf16", lowered_despite_mark={})
     assert "its own target could not be checked again: the plan's held-out inputs (12 of the 24 arrays in" in not_default_because(record)
+
+
+def test_a_corrupt_choice_is_one_line_and_serve_goes_on_without_it(two_plans, tmp_path):
+    import deploykit
+    from deploykit.errors import DeployKitError
+
+    out = shutil.copytree(two_plans, tmp_path / "exp")
+    (out / CHOICE_FILE).write_text(json.dumps({"choices": {str(RES): [{"batch": 1}]}}))  # an entry missing its fields
+    with pytest.raises(DeployKitError, match=rf"{CHOICE_FILE} is unreadable .*; run deploykit profile again, or delete it$") as err:
+        read_choice(out, str(RES), 1)
+    assert "\n" not in str(err.value)
+    (out / CHOICE_FILE).write_text("{not json")
+    with deploykit.load(out) as pipe:
+        assert pipe.backends[(RES, RES)] == "ort"
+        assert f"profiled choice not taken: {out / CHOICE_FILE} is unreadable" in pipe.describe_backends()[0]
+
+
+def test_an_export_into_a_profiled_directory_replaces_the_choice_as_deploykits_own(two_plans, tmp_path):
+    from deploykit.export.bundle import foreign_files
+
+    out = shutil.copytree(two_plans, tmp_path / "exp")
+    _choose(out, "openvino", "fp16")
+    assert foreign_files(out) == []  # profile's choice is deploykit's file: a re-export may replace it

@@ -41,15 +41,32 @@ def io_names(engine) -> list[str]:
     return [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
 
 
-def rtx_graph_context(engine: Any, trt: Any) -> Any:
+def rtx_graph_context(engine: Any, trt: Any) -> tuple[Any, str]:
     """An execution context of a TensorRT-RTX engine that captures and replays a CUDA graph per
-    input shape itself (``IRuntimeConfig.cuda_graph_strategy = WHOLE_GRAPH_CAPTURE``)."""
+    input shape itself (``IRuntimeConfig.cuda_graph_strategy = WHOLE_GRAPH_CAPTURE``), and why it
+    will not ("" when the context's own runtime config reads that strategy back)."""
     config = engine.create_runtime_config()
     config.cuda_graph_strategy = trt.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE
     context = engine.create_execution_context(config)
     if not context:
         raise DeployKitError("TensorRT-RTX could not create an execution context with CUDA graphs (TensorRT's errors are in the debug log)")
-    return context
+    # What the context runs with, not what was asked: the strategy as the context's config holds it.
+    strategy = context.get_runtime_config().cuda_graph_strategy
+    if strategy != trt.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE:
+        return (
+            context,
+            f"TensorRT-RTX's execution context runs with cuda_graph_strategy {getattr(strategy, 'name', strategy)}, not WHOLE_GRAPH_CAPTURE",
+        )
+    return context, ""
+
+
+def rtx_capture_note(context: Any, stream_ptr: int, shape: tuple[int, ...]) -> str:
+    """Why TensorRT-RTX cannot capture the execution just run at ``shape`` on ``stream_ptr`` ("" when
+    it can): its own answer, ``IExecutionContext.is_stream_capturable`` (False for data-dependent
+    shapes or on-device control flow, TensorRT-RTX 1.2 release notes), which a capture needs."""
+    if context.is_stream_capturable(stream_ptr):
+        return ""
+    return f"TensorRT-RTX cannot capture the execution at input shape {list(shape)} into a CUDA graph (is_stream_capturable is False)"
 
 
 class TorchCudaDevice:

@@ -21,13 +21,23 @@ TensorRT-RTX is built for consumer and workstation GPUs: a data-centre GPU (A100
 9.0, B200 10.0) is refused with a pointer to ``trt``. TensorRT-RTX also answers, from an
 engine's header alone, whether that engine is valid on this system
 (``IRuntime.get_engine_validity``); ``check_rtx_engine`` asks it before deserializing.
+
+CUDA builds. Each TensorRT flavour ships one wheel per CUDA major (``tensorrt-cu12``,
+``tensorrt-cu13``, ``tensorrt-rtx-cu12``...); the ``tensorrt`` and ``tensorrt-rtx`` metapackages
+(deploykit's ``trt`` and ``rtx`` extras) install the CUDA 13 ones, which need an NVIDIA driver
+R580 or newer, and ``trt-cu12`` / ``rtx-cu12`` the CUDA 12 ones (R525 or newer: CUDA's
+minor-version compatibility). ``check_cuda_build`` compares the installed wheel's CUDA major with
+the newest CUDA the driver runs (NVML) and, where the driver is older, says in one line what to
+install, before TensorRT fails on its first CUDA call.
 """
 
 from __future__ import annotations
 
 import ctypes
+import re
 from dataclasses import dataclass
 
+from deploykit import _nvml
 from deploykit._nvml import driver_version
 from deploykit.errors import DeployKitError
 
@@ -39,6 +49,10 @@ SUPPORTED_COMPUTE = {
 }
 INSTEAD = {"tensorrt": "ort-cuda", "tensorrt_rtx": "trt"}  # the backend named when a GPU is refused
 TAGS = {"tensorrt": "trt", "tensorrt_rtx": "rtx"}
+
+# CUDA major of a TensorRT wheel -> the oldest driver branch that runs it (CUDA toolkit release
+# notes: 12.x from R525, 13.x from R580, by minor-version compatibility).
+MIN_DRIVER = {12: "R525", 13: "R580"}
 
 # IRuntime.get_engine_validity's diagnostics bits (TensorRT-RTX's EngineInvalidityDiagnostics, in
 # its declaration order; a malformed file answers 32, checked in tests).
@@ -125,3 +139,53 @@ def check_rtx_engine(runtime, data: bytes, what: str) -> None:
     raise DeployKitError(
         f"{what} is not valid on this system according to TensorRT-RTX ({', '.join(reasons)}); rebuild it here with deploykit build --backend rtx --rebuild"
     )
+
+
+def cuda_build(module: str) -> tuple[str, str, int] | None:
+    """The installed wheel that provides ``module`` (or its ``_bindings``), its version and the
+    CUDA major it was built for, read from its name (``tensorrt_rtx_cu13``); None when not installed
+    or the name carries no CUDA major."""
+    from importlib.metadata import PackageNotFoundError, packages_distributions, version
+
+    providers = packages_distributions()
+    for name in (*providers.get(module, ()), *providers.get(f"{module}_bindings", ())):
+        found = re.search(r"[-_]cu(\d+)(?:$|[-_])", name)
+        if found:
+            try:
+                return name, version(name), int(found.group(1))
+            except PackageNotFoundError:
+                continue
+    return None
+
+
+def cuda_build_problem(module: str) -> str | None:
+    """Why the installed ``module`` cannot run on this driver (a wheel for a newer CUDA than the
+    driver runs), with what to install instead; None when it can, or there is no driver to ask."""
+    runs = _nvml.cuda_driver_version()
+    build = cuda_build(module) if runs is not None else None
+    if build is None:
+        return None
+    wheel, version, major = build
+    driver_major = int(runs.split(".")[0])
+    if major <= driver_major:
+        return None
+    tag, needs = TAGS[module], MIN_DRIVER.get(major, f"for CUDA {major}")
+    said = f"{wheel} {version} is a CUDA {major} build (NVIDIA driver {needs} or newer), but this driver ({_nvml.driver_version()}) runs CUDA {runs} at most"
+    if driver_major in MIN_DRIVER:
+        # The metapackage too: left installed, it pulls the CUDA 13 wheel back on the next upgrade.
+        uninstall = f"pip uninstall {module} {wheel} {wheel}_bindings {wheel}_libs"
+        return (
+            f"{said}: {uninstall} and pip install 'deploykit[{tag}-cu{driver_major}]' (its CUDA {driver_major} build), or update the driver"
+        )
+    return f"{said}: update the driver to {needs} (or {MIN_DRIVER[min(MIN_DRIVER)]} and pip install 'deploykit[{tag}-cu{min(MIN_DRIVER)}]')"
+
+
+def check_cuda_build(module: str) -> None:
+    """Refuse, in one line naming what to install, a TensorRT wheel this driver cannot run.
+
+    Raises:
+        DeployKitError: the installed wheel is built for a newer CUDA than the driver runs.
+    """
+    problem = cuda_build_problem(module)
+    if problem:
+        raise DeployKitError(problem)

@@ -98,11 +98,12 @@ def available_backends() -> list[str]:
     """The registered backends whose prerequisites are present here: ``ort`` always; ``ort-cuda``
     when onnxruntime has its CUDA provider; ``openvino`` when it imports, ``openvino-bf16`` when
     the CPU also computes in bf16; ``trt``/``rtx`` when their package imports and the CUDA driver
-    reports a GPU the flavour supports (``deploykit.backends.devices``)."""
+    reports a GPU the flavour supports, with a driver that runs the installed wheel's CUDA
+    (``deploykit.backends.devices``)."""
     import onnxruntime as ort
 
     from deploykit._lazy import is_available
-    from deploykit.backends.devices import probe_device, supports
+    from deploykit.backends.devices import cuda_build_problem, probe_device, supports
 
     device = probe_device()
 
@@ -111,7 +112,8 @@ def available_backends() -> list[str]:
             return "CUDAExecutionProvider" in ort.get_available_providers()
         if name in ENGINE_MODULES:
             cc = device.compute_capability
-            return cc is not None and supports(ENGINE_MODULES[name], cc) and is_available(ENGINE_MODULES[name])
+            module = ENGINE_MODULES[name]
+            return cc is not None and supports(module, cc) and is_available(module) and cuda_build_problem(module) is None
         if name in ("openvino", "openvino-bf16"):
             return is_available("openvino") and (name == "openvino" or best_hint() == "bf16")
         return True

@@ -5,13 +5,16 @@ buffers, stream, shapes, output allocation). Ours around it:
 
 * the device check before anything is loaded: no CUDA GPU, or one the flavour does not support
   (TensorRT-RTX runs on a few compute capabilities only, ``deploykit.backends.devices``), is one
-  line naming the backend to use instead; then the fingerprint and plugin checks
+  line naming the backend to use instead, and so is a TensorRT wheel built for a newer CUDA than
+  the driver runs (naming the wheel to install); then the fingerprint and plugin checks
   (``EngineFromPath``), and for TensorRT-RTX its own verdict on the engine's header;
 * feeds of any batch size (a batch above the engine's profile is split, one below a static
   engine's is zero-padded and the padding dropped), one call at a time per runner (an execution
   context is not thread-safe);
 * CUDA graphs, which Polygraphy's runner does not do (``deploykit.backends.cuda_graphs``):
-  TensorRT-RTX captures them itself when its context is created for it; for TensorRT our
+  TensorRT-RTX captures them itself when its context is created for it (reported as used only
+  while that context reads the strategy back and TensorRT-RTX says each execution run so far
+  is capturable); for TensorRT our
   executor captures and replays (it needs a CUDA build of torch for its buffers; without one the
   runner runs plainly and ``cuda_graph_note`` says why);
 * TensorRT's own messages: every call runs inside ``TrtMessages``, so an error TensorRT logs
@@ -30,8 +33,8 @@ from typing import Any
 import numpy as np
 
 from deploykit.backends._polygraphy import FLAVOUR_NAMES, TrtMessages, backend, import_trt
-from deploykit.backends.cuda_graphs import CudaGraphExecutor, io_names, rtx_graph_context
-from deploykit.backends.devices import Device, check_device, check_rtx_engine, probe_device
+from deploykit.backends.cuda_graphs import CudaGraphExecutor, io_names, rtx_capture_note, rtx_graph_context
+from deploykit.backends.devices import Device, check_cuda_build, check_device, check_rtx_engine, probe_device
 from deploykit.backends.plugins import Plugins
 from deploykit.errors import DeployKitError, one_line
 from deploykit.runtime.base import Runner
@@ -64,6 +67,7 @@ class TrtRunner(Runner):
 
     def _activate(self) -> None:
         check_device(self.module, self.device_info or probe_device(self.device))  # before anything is read or loaded
+        check_cuda_build(self.module)  # a CUDA 13 wheel on an older driver fails on its first CUDA call, obscurely
         data = self.engine() if callable(self.engine) else self.engine
         trt, pg = import_trt(self.module), backend(self.module)
         runtime = trt.Runtime(pg.get_trt_logger())
@@ -91,7 +95,8 @@ class TrtRunner(Runner):
             return pg.TrtRunner(engine), "not requested"
         if self.module == "tensorrt_rtx":
             with self._tensorrt("cannot create an execution context with CUDA graphs"):
-                return pg.TrtRunner(rtx_graph_context(engine, trt)), ""
+                context, note = rtx_graph_context(engine, trt)
+            return pg.TrtRunner(context), note
         import torch
 
         if not torch.cuda.is_available():
@@ -164,7 +169,13 @@ class TrtRunner(Runner):
 
     def _run(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         with self._tensorrt("inference failed"):
-            return dict(self._state["executor"].infer(feed))
+            outputs = dict(self._state["executor"].infer(feed))
+        if self.module == "tensorrt_rtx" and self.cuda_graph and not self._state["note"]:
+            # TensorRT-RTX captures inside execute_async_v3 and says nothing of it: ask it, per shape run,
+            # whether it could (Polygraphy's runner holds the context and the stream it ran on).
+            executor, shape = self._state["executor"], tuple(next(iter(feed.values())).shape)
+            self._state["note"] = rtx_capture_note(executor.context, executor.stream.ptr, shape)
+        return outputs
 
     def _deactivate(self) -> None:
         executor = self._state.get("executor")

@@ -114,9 +114,16 @@ def _parse_value(key: str, text: str, annotation: Any) -> Any:
             return kind(text)
         except ValueError:
             pass
+    elif typing.get_origin(kind) is tuple:  # a grid as the command line writes one: 16x16 (or 16,16)
+        item = typing.get_args(kind)[0]
+        try:
+            return tuple(item(part) for part in text.replace(",", "x").split("x"))
+        except ValueError:
+            pass
     else:
         return kind(text)
-    raise ConfigError(f"option {key}={text!r} is not a valid {getattr(kind, '__name__', kind)}")
+    what = "grid (e.g. 16x16)" if typing.get_origin(kind) is tuple else getattr(kind, "__name__", kind)
+    raise ConfigError(f"option {key}={text!r} is not a valid {what}")
 
 
 def config_from_dict(data: Mapping[str, Any]) -> EncodingConfig:

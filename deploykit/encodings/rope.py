@@ -24,6 +24,10 @@ timm's conventions map onto the options (``deploykit import timm`` records them 
   ``axis_order="yx"`` (timm's ``grid_indexing="ij"``: the first d/4 angles follow the row),
   periods ``θ^(4j/d)`` read in turns (``angle_scale=2π``: angle ``2π c / period``) and
   ``pairs="halves"``. Its tables are normalised to the grid, so they do not nest.
+* EVA-02 (``eva02_*``, ``RotaryEmbeddingCat`` with ``ref_feat_shape``): integer coordinates
+  rescaled to the pre-training grid at every resolution (``ref_grid``: ``i · ref / n``, so the
+  native 224 px grid of 16 keeps integer positions and 448 px spans the same 0..16),
+  ``axis_order="yx"``, interleaved pairs, θ = 10000. Rescaled tables do not nest either.
 """
 
 from __future__ import annotations
@@ -72,6 +76,9 @@ class RopeConfig(EncodingConfig):
             follow: ``xy`` the column (timm ``grid_indexing="xy"``), ``yx`` the row (``"ij"``).
         angle_scale: angles are ``angle_scale · coordinate · θ^(-4j/d)``; 1 for the paper and
             RoPE-ViT, 2π for DINOv3, whose periods ``θ^(4j/d)`` count turns.
+        ref_grid: for ``index`` coordinates, the ``(rows, columns)`` patch grid positions are
+            measured in at every resolution: patch ``i`` of ``n`` sits at ``i · ref / n`` (EVA-02,
+            timm's ``ref_feat_shape``); ``None`` keeps integer indices. ``--set ref_grid=16x16``.
         ape: also a learned absolute embedding on the tokens (RoPE-ViT's ``_ape`` models).
         interpolation, antialias, no_embed_class: that APE's resize and layout, as
             ``deploykit.encodings.ape.ApeConfig``.
@@ -84,6 +91,7 @@ class RopeConfig(EncodingConfig):
     normalize_coords: str = "separate"
     axis_order: str = "xy"
     angle_scale: float = 1.0
+    ref_grid: tuple[int, int] | None = None
     ape: bool = False
     interpolation: str = "bicubic"
     antialias: bool = True
@@ -100,6 +108,13 @@ class RopeConfig(EncodingConfig):
         )
         if not self.angle_scale > 0:
             raise ValueError(f"angle_scale must be positive, got {self.angle_scale!r}")
+        if self.ref_grid is not None:
+            # config.json gives a list; the frozen config keeps a tuple (hashable, equal to the original)
+            object.__setattr__(self, "ref_grid", tuple(self.ref_grid))
+            if len(self.ref_grid) != 2 or not all(type(n) is int and n > 0 for n in self.ref_grid):
+                raise ValueError(f"ref_grid must be two positive integers (rows, columns), e.g. 16x16; got {self.ref_grid!r}")
+            if self.coords != "index":
+                raise ValueError(f"ref_grid rescales index coordinates; coords {self.coords!r} are already normalised to the grid")
 
 
 def rope_magnitudes(head_dim: int, theta: float) -> Tensor:
@@ -114,9 +129,11 @@ def rope_coordinates(grid: tuple[int, int], config: RopeConfig) -> tuple[Tensor,
     in the config's axis order and scaled by its ``angle_scale``.
 
     ``centered`` follows timm's ``_build_grid(grid_type="centered")``: ``(i + 0.5) / n``, then
-    ``2 c - 1``.
+    ``2 c - 1``; ``ref_grid`` its ``ref_feat_shape`` rescale of an index grid, ``i / n · ref``.
     """
     ys, xs = patch_coordinates(grid)
+    if config.ref_grid is not None:
+        ys, xs = ys / grid[0] * config.ref_grid[0], xs / grid[1] * config.ref_grid[1]
     if config.coords == "centered":
         sizes = {"separate": grid, "min": (min(grid),) * 2, "max": (max(grid),) * 2}[config.normalize_coords]
         ys, xs = 2 * (ys + 0.5) / sizes[0] - 1, 2 * (xs + 0.5) / sizes[1] - 1
@@ -243,8 +260,8 @@ class Rope2d(RotaryEncoding):
 
     @property
     def tables_nest(self) -> bool:
-        # rotations by integer patch coordinates, whatever the grid; centred ones and an APE are resized
-        return self.config.coords == "index" and not self.config.ape
+        # rotations by integer patch coordinates, whatever the grid; centred or rescaled ones and an APE are resized
+        return self.config.coords == "index" and self.config.ref_grid is None and not self.config.ape
 
     def tables(self, grid: tuple[int, int]) -> PETables:
         model = {"pos_embed": ape_table(self.pos_embed, self.dims, grid, self.config)} if self.config.ape else {}

@@ -52,6 +52,7 @@ CODE_OMEGA3 = math.log1p(math.exp(0.12))  # softplus(0.12) = 0.7549…, the auth
 _EVALUATIONS = ("exact", "lut")
 _SCALE_PARAMS = ("softplus", "exp")
 _EXP_CLAMP = (0.002, 0.8)  # the authors' clamp on exp-parameterised α_scale (spec §1.6)
+_OMEGA3_CLAMP = (0.02, 8.0)  # the authors' clamp on the learned ω3′ (spec §1.3, W_Ti.py)
 
 # The paper's ViT-Ti (Table 1, ablation §3.4, G.6): embed 192, patch 16, 224² → 14 × 14 patches.
 # Depth 12 and 3 heads are the authors' W_Ti.py values (spec §3); the paper states neither.
@@ -68,6 +69,8 @@ class WePEConfig(EncodingConfig):
         omega3_init: initial learned ω3′ = softplus(α_learn); default the code's softplus(0.12) (§7.4).
             The paper's "square start" is ``omega3_init = omega1``.
         learn_omega3: ω3′ is trained (paper); its gradient flows through the mapping via ℘′, ℘″.
+        clamp_omega3: ω3′ is clamped to [0.02, 8] after the softplus, as the authors' code does
+            (their checkpoints need it; off by default, the paper's plain softplus) (§1.3).
         lattice_tracks_omega3: ω3′ also deforms the lattice (paper) instead of only the mapping
             (code, released checkpoints; default) (§7.2). Needs ``learn_omega3=False``.
         alpha_u: horizontal mapping scale α_u; the paper gives none, the code uses 0.4 (§7.3).
@@ -88,6 +91,7 @@ class WePEConfig(EncodingConfig):
     lattice_omega3: float = LEMNISCATE
     omega3_init: float = CODE_OMEGA3
     learn_omega3: bool = True
+    clamp_omega3: bool = False
     lattice_tracks_omega3: bool = False
     alpha_u: float = 0.4
     alpha_v: float = 0.4
@@ -308,8 +312,10 @@ class WePE(PositionalEncoding):
         return F.softplus(raw) if self.config.alpha_scale_param == "softplus" else raw.exp().clamp(*_EXP_CLAMP)
 
     def omega3(self) -> Tensor:
-        """Learned imaginary half-period ω3′ = softplus(α_learn) (paper L160), float64."""
-        return F.softplus(self.omega3_raw.to(F64))
+        """Learned imaginary half-period ω3′ = softplus(α_learn) (paper L160), float64; clamped
+        as the authors' code with ``clamp_omega3``."""
+        omega3 = F.softplus(self.omega3_raw.to(F64))
+        return omega3.clamp(*_OMEGA3_CLAMP) if self.config.clamp_omega3 else omega3
 
     def raw_features(self, grid: tuple[int, int]) -> Tensor:
         """Pre-tanh features ``[H·W, 4]`` float64, exact or from the cached LUT (LUT: ω3′ detached)."""

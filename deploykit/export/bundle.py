@@ -57,6 +57,7 @@ from deploykit.export.int8_static import CalibrationOptions
 from deploykit.export.lint import check_graph
 from deploykit.export.manifest import (
     BUILD_FILES,
+    CHOICE_FILE,
     ENGINE_SUFFIXES,
     MANIFEST_FILE,
     GraphEntry,
@@ -231,9 +232,9 @@ def _destination(output_dir: Path) -> Path:
 def foreign_files(export_dir: Path) -> list[str]:
     """The entries of a previous export directory that deploykit did not write (directories with
     a trailing ``/``): anything but the manifest, the reference model, the graphs the manifest
-    names, the files ``deploykit build`` writes beside them (``ENGINE_SUFFIXES``, ``BUILD_FILES``)
-    and the temporary files of an interrupted atomic write. An unreadable manifest names no graph."""
-    ours = {MANIFEST_FILE, CONFIG_FILE, WEIGHTS_FILE, *BUILD_FILES}
+    names, the files ``deploykit build`` writes beside them (``ENGINE_SUFFIXES``, ``BUILD_FILES``),
+    ``deploykit profile``'s choice (``CHOICE_FILE``) and the temporary files of an interrupted atomic write. An unreadable manifest names no graph."""
+    ours = {MANIFEST_FILE, CONFIG_FILE, WEIGHTS_FILE, CHOICE_FILE, *BUILD_FILES}
     try:
         graphs = [g.file for g in Manifest.read(export_dir).graphs]
     except DeployKitError:

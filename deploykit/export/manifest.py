@@ -31,6 +31,9 @@ CONFIG_FILE = "config.json"  # the reference model's config, as deploykit.nn.che
 # (``build.TIMING_CACHE_FILE``). tests/export/test_export_lock.py checks that they agree.
 ENGINE_SUFFIXES = (".trt.engine", ".trt.json", ".rtx.engine", ".rtx.json")
 BUILD_FILES = ("timing.cache",)
+# What ``deploykit profile DIR`` writes there: the fastest validated plan per resolution
+# (``deploykit.profile.choice``), which ``serve`` and ``load`` take; a re-export makes it stale.
+CHOICE_FILE = "profile_choice.json"
 OUTPUT_NAME = "logits"  # every exported graph's output
 
 
@@ -141,7 +144,25 @@ class Manifest:
             raise DeployKitError(f"corrupt manifest {path}: {one_line(err, 200)}") from err
         for entry in manifest.graphs:
             confined_path(directory, entry.file)
+        _check_contents(manifest, path)
         return manifest
+
+
+def _check_contents(manifest: Manifest, path: Path) -> None:
+    """What a manifest names must be what deploykit writes: a registered encoding (its name reaches
+    reports and the packaged repository's README), and each graph once (else it is checked twice)."""
+    from deploykit.catalog import encodings
+
+    if manifest.encoding not in encodings():
+        raise DeployKitError(
+            f"corrupt manifest {path}: encoding {manifest.encoding[:80]!r} is not one deploykit has ({', '.join(encodings())})"
+        )
+    seen: dict = {}
+    for entry in manifest.graphs:
+        for key in (entry.file, (tuple(entry.resolution), entry.precision, entry.resolution_range)):
+            if key in seen:
+                raise DeployKitError(f"corrupt manifest {path}: it lists {_graph_label(entry)} ({entry.file}) twice")
+            seen[key] = entry
 
 
 def _graph_entry(data: dict) -> GraphEntry:

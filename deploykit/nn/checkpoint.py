@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,6 +112,33 @@ class TrainingCheckpoint:
         return vars(args) if hasattr(args, "__dict__") else dict(args) if isinstance(args, dict) else {}
 
 
+@dataclass(frozen=True)
+class Imported:
+    """An imported model and what was read from the file or assumed.
+
+    Attributes:
+        model: the deploykit model; its forward is the official forward.
+        source: ``"<importer>:<file>"`` (saved in the weights' metadata).
+        read: what the file said (``{"depth": 12, "heads": 6, ...}``).
+        assumed: what the file does not hold and the import took: the importer's ``Assumption``
+            values (``deploykit.importers``), or the training script's defaults.
+    """
+
+    model: Model
+    source: str
+    read: dict[str, Any] = dataclasses.field(default_factory=dict)
+    assumed: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def with_model(self, model: Model) -> Imported:
+        return Imported(model, self.source, self.read, self.assumed)
+
+    def describe(self) -> str:
+        """One line: what was read and what was assumed."""
+        read = ", ".join(f"{k} {v}" for k, v in self.read.items())
+        assumed = ", ".join(f"{k}={v}" for k, v in self.assumed.items())
+        return read + (f"; not in the file, assumed: {assumed}" if assumed else "")
+
+
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Tensor]:
     """Read a state dict from ``.safetensors`` or (weights only) ``.pt``/``.pth``/``.bin``: a bare
     state dict, or the trained weights of a training script's file (``read_training_checkpoint``).
@@ -151,7 +179,7 @@ def _torch_training_checkpoint(path: Path) -> TrainingCheckpoint:
     except Exception as err:  # torch.load raises many types (UnpicklingError, RuntimeError, EOFError...)
         raise CheckpointError(f"cannot load {path} with weights_only=True: {_torch_load_reason(err)}") from err
     if _is_state_dict(obj):
-        return TrainingCheckpoint(path, _without_ddp_prefix(obj))
+        return TrainingCheckpoint(path, _without_wrapper_prefixes(obj))
     if not isinstance(obj, dict):
         raise CheckpointError(f"{path} does not hold a state dict of tensors: it holds a {type(obj).__name__}")
     container = next((key for key in WEIGHTS_KEYS if _is_state_dict(obj.get(key))), None)
@@ -163,27 +191,34 @@ def _torch_training_checkpoint(path: Path) -> TrainingCheckpoint:
         )
     ema_key = next((key for key in EMA_KEYS if _is_state_dict(obj.get(key))), None)
     extras = {k: v for k, v in obj.items() if k not in (container, ema_key)}
-    ema = _without_ddp_prefix(obj[ema_key]) if ema_key else None
-    return TrainingCheckpoint(path, _without_ddp_prefix(obj[container]), container, ema, extras)
+    ema = _without_wrapper_prefixes(obj[ema_key]) if ema_key else None
+    return TrainingCheckpoint(path, _without_wrapper_prefixes(obj[container]), container, ema, extras)
 
 
 def _is_state_dict(obj) -> bool:
     return isinstance(obj, dict) and bool(obj) and all(isinstance(k, str) and isinstance(v, Tensor) for k, v in obj.items())
 
 
-def _without_ddp_prefix(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """A model saved from inside ``DistributedDataParallel`` names every tensor ``module.*``."""
-    if all(k.startswith("module.") for k in state):
-        return {k.removeprefix("module."): v for k, v in state.items()}
+def _without_wrapper_prefixes(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A model saved from inside ``DistributedDataParallel`` names every tensor ``module.*``, one
+    saved after ``torch.compile`` ``_orig_mod.*`` (either or both, in that order)."""
+    for prefix in ("module.", "_orig_mod."):
+        if all(k.startswith(prefix) for k in state):
+            state = {k.removeprefix(prefix): v for k, v in state.items()}
     return state
 
 
 def _torch_load_reason(err: Exception) -> str:
-    """The informative line of a ``torch.load`` error: for a refused pickle, which global it
-    refused (torch's first line only suggests loading unsafely)."""
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    refused = [line for line in lines if line.startswith("WeightsUnpickler error:")]
-    return (refused or lines or [type(err).__name__])[0]
+    """The informative part of a ``torch.load`` error: for a refused pickle, which global it
+    refused, without torch's advice (to allowlist the global, or to load with ``weights_only=False``:
+    both would run the file's code)."""
+    text = str(err)
+    refused = re.search(r"Unsupported global: GLOBAL (\S+) was not an allowed global", text)
+    if refused:
+        return f"Unsupported global: {refused.group(1)} (loading it would run code the file names; deploykit never does)"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    unpickler = [line for line in lines if line.startswith("WeightsUnpickler error:")]
+    return (unpickler or lines or [type(err).__name__])[0]
 
 
 def load_weights(model: Model, state_dict: dict[str, Tensor], source: str | os.PathLike, assign: bool = False) -> None:

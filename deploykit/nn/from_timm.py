@@ -1,4 +1,4 @@
-"""timm's ViT, DeiT-III, RoPE-ViT and DINOv3 models as deploykit models (``deploykit import timm``).
+"""timm's ViT, DeiT-III, RoPE-ViT, DINOv3 and EVA-02 models as deploykit models (``deploykit import timm``).
 
 A timm model is read module by module: every convention it uses becomes a field of the
 deploykit config (``ViTConfig`` and the encoding's config), and anything the trunk does not
@@ -21,19 +21,32 @@ DINOv3      ``Eva`` (``vit_*_dinov3*``)           ``rope-axial`` with ``coords="
                                                   ``pairs="halves"``; 4 registers, LayerScale,
                                                   SwiGLU, ``q_bias``/``v_bias`` → ``qkv.bias``;
                                                   no head: pooled features
+EVA-02      ``Eva`` (``eva02_*``, the CLIP        ``rope-axial`` with ``ref_grid`` (timm's
+            towers ``eva02_*_clip_*``)            ``ref_feat_shape``), ``axis_order="yx"``,
+                                                  θ 10⁴, + ``ape``; ``swiglu_packed`` (Ti/S,
+                                                  ``GluMlp``) or ``swiglu`` + ``mlp_norm``
+                                                  (B/L), ``attn_norm`` (CLIP), q/v biases
 ==========  ====================================  ===========================================
 
 Eva's names differ from timm's ``VisionTransformer`` (which deploykit's trunk keeps):
 ``gamma_1``/``gamma_2`` → ``ls1.gamma``/``ls2.gamma``, ``rope.freqs`` → ``pos_enc.freqs``,
-and ``q_bias`` + zero ``k_bias`` + ``v_bias`` → ``qkv.bias``.
+``q_bias`` + zero ``k_bias`` + ``v_bias`` → ``qkv.bias``, and EVA-02 B/L's ``q_proj``,
+``k_proj`` (no bias), ``v_proj`` → one ``qkv``.
+
+A checkpoint file is first read as timm reads it for that model: through the
+``checkpoint_filter_fn`` of its family (``timm_checkpoint``), so DINOv3 files in Meta's own
+layout and EVA's original names import as ``timm.create_model(..., pretrained=True)`` loads them.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import difflib
+import io
 import math
 import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,18 +57,23 @@ from deploykit._lazy import lazy_import
 from deploykit._terminal import quiet_logger
 from deploykit.encodings import EncodingConfig, encoding_name, get_config
 from deploykit.errors import CheckpointError, ConfigError
-from deploykit.nn.checkpoint import load_checkpoint, load_weights, with_encoding_options
+from deploykit.nn.checkpoint import load_weights, read_training_checkpoint, with_encoding_options
 from deploykit.nn.vit import VisionTransformer, ViTConfig
 
 
-def import_timm(name: str, weights: str | os.PathLike | None = None, options: Sequence[str] = (), **model_kwargs: Any) -> VisionTransformer:
+def import_timm(
+    name: str, weights: str | os.PathLike | None = None, options: Sequence[str] = (), ema: bool = False, **model_kwargs: Any
+) -> VisionTransformer:
     """A deploykit model equal to timm's ``name``.
 
     Args:
         name: a timm model name (``timm.list_models()``).
-        weights: a ``.safetensors`` or ``.pth``/``.pt`` state dict of that timm model (read with
-            ``weights_only=True``); ``None`` takes timm's pretrained weights from the hub.
+        weights: a ``.safetensors`` or ``.pth``/``.pt``/``.bin`` checkpoint (read with
+            ``weights_only=True``): what ``timm.create_model(name, pretrained=True,
+            pretrained_cfg_overlay=dict(file=weights))`` loads (``timm_checkpoint``); ``None``
+            takes timm's pretrained weights from the hub.
         options: ``key=value`` encoding options changed after the import (``antialias=false``).
+        ema: take the file's EMA copy of the weights (``model_ema``, ``state_dict_ema``).
         **model_kwargs: passed to ``timm.create_model`` (``num_classes``, ``global_pool``, or
             sizes such as ``depth``).
 
@@ -66,12 +84,14 @@ def import_timm(name: str, weights: str | os.PathLike | None = None, options: Se
             pretrained weights that cannot be downloaded.
         MissingDependencyError: timm is not installed or does not import.
     """
+    if ema and weights is None:
+        raise ConfigError("--ema takes the EMA copy of a checkpoint file: pass the file with --weights")
     source = timm_model(name, **model_kwargs)
     cfg = config_from_timm(source, name)  # refuses what deploykit does not map before any weights are read
     if weights is None:
         load_weights(source, pretrained_state_dict(name, **model_kwargs), f"timm's pretrained {name}")
     else:
-        load_weights(source, load_checkpoint(weights), weights)
+        load_weights(source, timm_checkpoint(weights, source, name, ema), weights)
     model = VisionTransformer(cfg)
     load_weights(model, state_dict_from_timm(source.state_dict()), f"converted from timm {name}")
     return with_encoding_options(model.eval(), options, f"timm {name}")
@@ -128,6 +148,57 @@ def _first_line(err: BaseException) -> str:
     return next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
 
 
+# ------------------------------------------------------------------------------ checkpoint files
+
+# What a timm model factory gives its family's ``checkpoint_filter_fn`` beyond the defaults, by
+# the timm module the model name is registered in: ``_create_deit`` moves DeiT-III's ``gamma_N``
+# into ``lsN.gamma``.
+_FILTER_OPTIONS = {"deit": dict(adapt_layer_scale=True)}
+
+
+def timm_checkpoint(path: str | os.PathLike, model: nn.Module, name: str, ema: bool = False) -> dict[str, Tensor]:
+    """The weights in the file at ``path`` as timm's ``name`` loads them with
+    ``pretrained_cfg_overlay=dict(file=path)``: read as a training script wrote them
+    (``read_training_checkpoint``: a container's weights, DDP's prefix), then passed through the
+    ``checkpoint_filter_fn`` of the model's family (the module of its class), as timm's factory
+    does. The filter maps DINOv3 in Meta's layout, EVA/EVA-02 and OpenCLIP names, OpenAI CLIP
+    and DINOv2 files onto timm's names, and resizes a patch embedding or ``pos_embed`` of another
+    size.
+
+    Raises:
+        CheckpointError: a file that cannot be read, q/v biases that the filter would drop, or a
+            file the filter fails on.
+    """
+    state = read_training_checkpoint(path).chosen(ema)
+    _check_qkv_biases_kept(state, model, name, path)
+    timm = lazy_import("timm")
+    options = next((opts for module, opts in _FILTER_OPTIONS.items() if timm.models.is_model_in_modules(name, [module])), {})
+    family = sys.modules[type(model).__module__]  # timm.models.vision_transformer, timm.models.eva
+    try:
+        # Eva's DINOv3 branch prints the error of a lookup it expects to fail (no q_bias): noise here.
+        with contextlib.redirect_stdout(io.StringIO()):
+            return family.checkpoint_filter_fn(state, model, **options)
+    except (KeyError, ValueError, RuntimeError, TypeError, AttributeError, IndexError) as err:
+        raise CheckpointError(f"timm's checkpoint filter for {name} cannot read {path} ({type(err).__name__}: {_first_line(err)})") from err
+
+
+def _check_qkv_biases_kept(state: dict[str, Tensor], model: nn.Module, name: str, path) -> None:
+    """Eva's filter drops a DINOv3 file's ``qkv.bias`` where the timm model has no qkv bias (its
+    ``vit_*_dinov3`` models: Meta's distilled B/L/H weights hold zero biases); biases that are not
+    zero would be lost without a word, so they are refused. Only the q and v thirds count: Meta
+    masks the k third (``bias_mask``), and timm's k bias is zero."""
+    params = {k for k, _ in model.named_parameters()}
+    biases = [k for k in state if k.startswith("blocks.") and k.endswith(".attn.qkv.bias")]  # Meta's names are timm's here
+    dropped = [k for k in biases if k not in params and k.replace("qkv.bias", "q_bias") not in params]
+    lost = [k for k in dropped if state[k].shape[-1] % 3 == 0 and any(part.any() for part in state[k].chunk(3, dim=-1)[::2])]
+    if lost:
+        more = f" (+{len(lost) - 1} more)" if len(lost) > 1 else ""
+        raise CheckpointError(
+            f"{path} holds non-zero q/v biases ({lost[0]}{more}) but timm {name} has no qkv bias; "
+            "import the variant with qkv bias (DINOv3: *_qkvb) or pass --model-kwargs qkv_bias=True"
+        )
+
+
 # ----------------------------------------------------------------------------------- configs
 
 
@@ -157,7 +228,7 @@ def config_from_timm(model: nn.Module, name: str) -> ViTConfig:
     if reader is None:
         raise ConfigError(
             f"cannot import timm {name}: its class {type(model).__name__} is not supported; deploykit imports "
-            f"{' and '.join(c.__name__ for c in readers)} models (ViT, DeiT-III, RoPE-ViT, DINOv3)"
+            f"{' and '.join(c.__name__ for c in readers)} models (ViT, DeiT-III, RoPE-ViT, DINOv3, EVA-02)"
         )
     refuse = _Refusals(name, type(model).__name__)
     _check_trunk(model, refuse)
@@ -201,6 +272,20 @@ def _check_trunk(model: nn.Module, refuse: _Refusals) -> None:
 # Pre-norm blocks and attentions whose forward deploykit's Block reproduces (given the checks below).
 _BLOCKS = ("Block", "EvaBlock")
 _ATTENTIONS = ("Attention", "EvaAttention", "AttentionRope")
+# timm.layers MLP -> ViTConfig.mlp_layer
+_MLP_LAYERS = {"Mlp": "mlp", "SwiGLU": "swiglu", "GluMlp": "swiglu_packed"}
+
+
+def _separate_qkv(attn: nn.Module) -> bool:
+    """EVA-02 B/L's ``q_proj``/``k_proj``/``v_proj`` (k without bias), which fuse into one ``qkv``."""
+    projections = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj")]
+    return all(isinstance(m, nn.Linear) for m in projections) and attn.k_proj.bias is None
+
+
+def _has_qkv_bias(attn: nn.Module) -> bool:
+    """Biases on q and v: ``qkv.bias`` (ViT), Eva's ``q_bias``/``v_bias``, or ``q_proj``/``v_proj`` biases."""
+    q = attn.qkv if getattr(attn, "qkv", None) is not None else attn.q_proj
+    return q.bias is not None or getattr(attn, "q_bias", None) is not None
 
 
 def _check_block(block: nn.Module, embed_dim: int, refuse: _Refusals, layers) -> None:
@@ -209,16 +294,20 @@ def _check_block(block: nn.Module, embed_dim: int, refuse: _Refusals, layers) ->
     if type(block).__name__ not in _BLOCKS:
         return
     attn, mlp = block.attn, block.mlp
-    extra_norms = [getattr(attn, n, None) for n in ("q_norm", "k_norm", "norm")]
-    refuse.check(all(m is None or isinstance(m, nn.Identity) for m in extra_norms), "q/k or attention-output norms")
+    qk_norms = [getattr(attn, n, None) for n in ("q_norm", "k_norm")]
+    refuse.check(all(m is None or isinstance(m, nn.Identity) for m in qk_norms), "q/k norms")
     refuse.check(getattr(attn, "gate", None) is None, "gated attention")
-    refuse.check(getattr(attn, "qkv", None) is not None, "separate q/k/v projections")
+    refuse.check(getattr(attn, "qkv", None) is not None or _separate_qkv(attn), "separate q/k/v projections with a k bias")
     refuse.check(attn.head_dim * attn.num_heads == embed_dim, "an attention width other than embed_dim")
     refuse.check(attn.proj.bias is not None, "an attention projection without bias")
-    refuse.check(type(mlp) in (layers.Mlp, layers.SwiGLU), f"MLP {type(mlp).__name__}")
-    refuse.check(isinstance(getattr(mlp, "norm", nn.Identity()), nn.Identity), "a norm inside the MLP")
+    refuse.check(type(mlp) in [getattr(layers, name) for name in _MLP_LAYERS], f"MLP {type(mlp).__name__}")
+    refuse.check(all(m.bias is not None for m in mlp.modules() if isinstance(m, nn.Linear)), "MLP projections without bias")
     if type(mlp) is layers.Mlp:
         refuse.check(type(mlp.act) is nn.GELU and mlp.act.approximate == "none", f"MLP activation {mlp.act}")
+    else:  # SwiGLU, GluMlp: SiLU gate, first half of GluMlp's fc1 (gate_last=False, timm's SwiGLUPacked)
+        refuse.check(
+            type(mlp.act) is nn.SiLU and not getattr(mlp, "gate_last", False), f"{type(mlp).__name__} with {mlp.act} or the gate last"
+        )
     attn_scale, mlp_scale = _layer_scale(block)
     refuse.check(attn_scale is None or mlp_scale is not None, "LayerScale on the attention branch only")
 
@@ -237,8 +326,10 @@ def _trunk_fields(model: nn.Module) -> dict[str, Any]:
         num_heads=block.attn.num_heads,
         mlp_ratio=hidden / model.embed_dim,
         mlp_hidden_dim=hidden,
-        mlp_layer="swiglu" if type(block.mlp).__name__ == "SwiGLU" else "mlp",
-        qkv_bias=block.attn.qkv.bias is not None or getattr(block.attn, "q_bias", None) is not None,
+        mlp_layer=_MLP_LAYERS[type(block.mlp).__name__],
+        mlp_norm=not isinstance(block.mlp.norm, nn.Identity),  # EVA-02's sub-LNs (timm's scale_mlp, scale_attn_inner)
+        attn_norm=not isinstance(getattr(block.attn, "norm", nn.Identity()), nn.Identity),
+        qkv_bias=_has_qkv_bias(block.attn),
         class_token=model.cls_token is not None,
         reg_tokens=0 if model.reg_token is None else model.reg_token.shape[1],
         global_pool=model.global_pool,
@@ -299,16 +390,16 @@ def _eva_encoding(model: nn.Module, refuse: _Refusals) -> EncodingConfig | None:
     if isinstance(rope, layers.RotaryEmbeddingMixed):
         return get_config("rope-mixed", theta=float(rope.temperature), axis_order=_axis_order(rope.grid_indexing), **extra)
     if isinstance(rope, layers.RotaryEmbeddingCat):
-        refuse.check(
-            rope.grid_type == "index" and rope.ref_feat_shape is None and rope.grid_offset == 0,
-            f"RoPE grid {rope.grid_type!r} (offset {rope.grid_offset}, ref_feat_shape {rope.ref_feat_shape})",
-        )
+        refuse.check(rope.grid_type == "index" and rope.grid_offset == 0, f"RoPE grid {rope.grid_type!r} (offset {rope.grid_offset})")
         refuse.check(not rope.in_pixels, "pixel-frequency RoPE bands (in_pixels)")
+        # EVA-02: ref_feat_shape (rows, columns) rescales the index grid onto the pre-training one
+        ref_grid = tuple(int(n) for n in rope.ref_feat_shape) if rope.ref_feat_shape is not None else None
         return get_config(
             "rope-axial",
             theta=float(rope.temperature),
             axis_order=_axis_order(rope.grid_indexing),
             pairs="halves" if rope.rotate_half else "interleaved",
+            ref_grid=ref_grid,
             **extra,
         )
     if isinstance(rope, layers.RotaryEmbeddingDinoV3):
@@ -339,16 +430,19 @@ def _axis_order(grid_indexing: str) -> str:
 
 def state_dict_from_timm(state: dict[str, Tensor]) -> dict[str, Tensor]:
     """A timm ``VisionTransformer``/``Eva`` state dict under deploykit's names (timm
-    ``VisionTransformer``'s; see the module doc). Pure renaming: needs no timm."""
+    ``VisionTransformer``'s; see the module doc). Pure renaming and concatenation: needs no timm."""
     out = {}
     for key, value in state.items():
-        block, _, leaf = key.rpartition(".")
+        owner, _, leaf = key.rpartition(".")
+        parent, _, module = owner.rpartition(".")
         if leaf in ("gamma_1", "gamma_2"):
-            out[f"{block}.ls{leaf[-1]}.gamma"] = value
+            out[f"{owner}.ls{leaf[-1]}.gamma"] = value
         elif leaf == "q_bias":  # Eva's fused qkv: k has no bias (a zero buffer, not saved)
-            v_bias = state[f"{block}.v_bias"]
-            out[f"{block}.qkv.bias"] = torch.cat([value, torch.zeros_like(value), v_bias])
-        elif leaf != "v_bias":
+            out[f"{owner}.qkv.bias"] = torch.cat([value, torch.zeros_like(value), state[f"{owner}.v_bias"]])
+        elif module == "q_proj":  # EVA-02 B/L: separate projections, k without bias
+            k, v = state.get(f"{parent}.k_proj.{leaf}", torch.zeros_like(value)), state[f"{parent}.v_proj.{leaf}"]
+            out[f"{parent}.qkv.{leaf}"] = torch.cat([value, k, v])
+        elif leaf != "v_bias" and module not in ("k_proj", "v_proj"):
             out["pos_enc.freqs" if key == "rope.freqs" else key] = value
     return out
 

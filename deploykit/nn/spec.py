@@ -133,7 +133,7 @@ def _batch_dim():
 
 def _block_gemms(batch: int, tokens: int, d: int, heads: int, hidden: int, fc1_count: int = 1) -> list[Gemm]:
     """One transformer block: qkv, q·kᵀ, softmax(.)·v, proj, fc1 (SwiGLU: two, gate and
-    value), fc2."""
+    value; packed SwiGLU's one GEMM of twice the width counts the same), fc2."""
     rows, head_dim = batch * tokens, d // heads
     return [
         (1, rows, d, 3 * d),  # qkv
@@ -188,7 +188,7 @@ class VitSpec(DeploySpec):
         cfg = self.cfg
         gh, gw = resolution[0] // cfg.patch_size, resolution[1] // cfg.patch_size
         tokens, d = gh * gw + cfg.num_prefix_tokens, cfg.embed_dim
-        block = _block_gemms(batch, tokens, d, cfg.num_heads, cfg.hidden_dim, 2 if cfg.mlp_layer == "swiglu" else 1)
+        block = _block_gemms(batch, tokens, d, cfg.num_heads, cfg.hidden_dim, 1 if cfg.mlp_layer == "mlp" else 2)
         patch = (1, batch * gh * gw, cfg.in_chans * cfg.patch_size**2, d)
         head = (1, batch, d, cfg.num_classes)
         return [patch, *block * cfg.depth, head]

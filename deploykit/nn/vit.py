@@ -2,7 +2,8 @@
 
 Names match timm's ``VisionTransformer`` (``patch_embed.proj``, ``cls_token``, ``reg_token``,
 ``pos_embed``, ``blocks.N.{norm1,attn.qkv,attn.proj,ls1.gamma,norm2,mlp.fc1,mlp.fc2,ls2.gamma}``,
-``norm``, ``fc_norm``, ``head``; timm's ``SwiGLU`` ``mlp.fc1_g``/``mlp.fc1_x``), so a timm
+``norm``, ``fc_norm``, ``head``; timm's ``SwiGLU`` ``mlp.fc1_g``/``mlp.fc1_x``, the sub-norms
+``attn.norm``/``mlp.norm``), so a timm
 state dict loads; modules a config does not use (LayerScale, registers, ``fc_norm``) hold no keys. The positional encoding lives in ``pos_enc``; keys it declares top-level (the
 APE's ``pos_embed``) are renamed on save/load so they keep timm's names.
 
@@ -131,9 +132,17 @@ class ViTConfig:
             (prefix tokens excluded, as timm), or ``""`` (every token); ``None`` means ``token``
             with a class token, else ``avg``.
         fc_norm: the final LayerNorm comes after pooling (timm's ``fc_norm``) instead of before.
+        embed_norm: a LayerNorm on the patch tokens right after the embedding (timm's
+            ``PatchEmbed(norm_layer=...)``, ``patch_embed.norm``; the WePE authors' ``patch_norm``).
         init_values: LayerScale (``ls1``/``ls2``, DeiT-III, DINOv3) with this initial value;
             ``None`` means no LayerScale.
-        mlp_layer: ``mlp`` (fc1, GELU, fc2) or ``swiglu`` (timm's ``SwiGLU``: SiLU(fc1_g) * fc1_x, fc2).
+        mlp_layer: ``mlp`` (fc1, GELU, fc2), ``swiglu`` (timm's ``SwiGLU``: SiLU(fc1_g) * fc1_x, fc2)
+            or ``swiglu_packed`` (timm's ``GluMlp`` as EVA-02 Ti/S use it: one fc1 whose first
+            half is the gate).
+        mlp_norm: a LayerNorm on the MLP's hidden units before fc2 (EVA-02 B/L's sub-LN, timm's
+            ``scale_mlp``/``scale_mlp_norm``: ``mlp.norm``).
+        attn_norm: a LayerNorm on the attention output before ``proj`` (EVA-02 CLIP's sub-LN,
+            timm's ``scale_attn_inner``/``scale_attn_norm``: ``attn.norm``).
         mlp_hidden_dim: the MLP's hidden width; ``None`` means ``int(embed_dim * mlp_ratio)``.
         mean, std: input normalisation the model expects (per channel, on [0, 1] pixels).
         dataset: the ``deploykit.zoo`` dataset the weights were trained on, if any; validation
@@ -156,9 +165,12 @@ class ViTConfig:
     reg_tokens: int = 0
     global_pool: str | None = None
     fc_norm: bool = False
+    embed_norm: bool = False
     init_values: float | None = None
     mlp_layer: str = "mlp"
     mlp_hidden_dim: int | None = None
+    mlp_norm: bool = False
+    attn_norm: bool = False
     norm_eps: float = 1e-6
     mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
     std: tuple[float, float, float] = (0.229, 0.224, 0.225)
@@ -233,7 +245,7 @@ class ViTConfig:
 
 
 POOLS = ("token", "avg", "max", "avgmax", "")
-MLP_LAYERS = ("mlp", "swiglu")
+MLP_LAYERS = ("mlp", "swiglu", "swiglu_packed")
 
 MODEL_CONFIGS: dict[str, dict[str, Any]] = {
     # Standard sizes at patch 16 (timm's vit_{tiny,small,base}_patch16_224).
@@ -253,40 +265,70 @@ def list_models() -> list[str]:
 
 
 class PatchEmbed(nn.Module):
-    """Image ``[B, C, H, W]`` → tokens ``[B, (H/p)(W/p), D]`` by a stride-``p`` convolution."""
+    """Image ``[B, C, H, W]`` → tokens ``[B, (H/p)(W/p), D]`` by a stride-``p`` convolution, then
+    ``norm`` (timm's ``norm_layer``; an ``Identity``, which holds no keys, when there is none)."""
 
-    def __init__(self, patch_size: int, in_chans: int, embed_dim: int):
+    def __init__(self, patch_size: int, in_chans: int, embed_dim: int, norm: nn.Module | None = None):
         super().__init__()
         self.patch_size = patch_size
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
+        self.norm = norm if norm is not None else nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.proj(x).flatten(2).transpose(1, 2)
+        return self.norm(self.proj(x).flatten(2).transpose(1, 2))
+
+
+def sub_norm(enabled: bool, width: int, eps: float) -> nn.Module:
+    """A LayerNorm inside a branch (``attn.norm``, ``mlp.norm``), or an Identity that holds no keys."""
+    return nn.LayerNorm(width, eps=eps) if enabled else nn.Identity()
 
 
 class Mlp(nn.Module):
-    def __init__(self, dim: int, hidden: int):
+    """``fc2(norm(GELU(fc1(x))))``; ``norm`` is a LayerNorm on the hidden units when asked, as timm's ``Mlp``."""
+
+    def __init__(self, dim: int, hidden: int, norm: bool = False, eps: float = 1e-6):
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden)
         self.act = nn.GELU()  # exact erf GELU, as timm
+        self.norm = sub_norm(norm, hidden, eps)
         self.fc2 = nn.Linear(hidden, dim)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(self.act(self.fc1(x)))
+        return self.fc2(self.norm(self.act(self.fc1(x))))
 
 
 class SwiGLU(nn.Module):
-    """timm's ``SwiGLU`` (split gate and value projections): ``fc2(SiLU(fc1_g(x)) * fc1_x(x))``."""
+    """timm's ``SwiGLU`` (split gate and value projections): ``fc2(norm(SiLU(fc1_g(x)) * fc1_x(x)))``."""
 
-    def __init__(self, dim: int, hidden: int):
+    def __init__(self, dim: int, hidden: int, norm: bool = False, eps: float = 1e-6):
         super().__init__()
         self.fc1_g = nn.Linear(dim, hidden)
         self.fc1_x = nn.Linear(dim, hidden)
         self.act = nn.SiLU()
+        self.norm = sub_norm(norm, hidden, eps)
         self.fc2 = nn.Linear(hidden, dim)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(self.act(self.fc1_g(x)) * self.fc1_x(x))
+        return self.fc2(self.norm(self.act(self.fc1_g(x)) * self.fc1_x(x)))
+
+
+class SwiGLUPacked(nn.Module):
+    """timm's ``GluMlp`` with SiLU and the gate first (EVA-02 Ti/S): one ``fc1`` ``[2h, D]`` whose
+    first ``h`` outputs gate the last ``h``: ``fc2(norm(SiLU(g) * x))`` with ``g, x = fc1(x)``."""
+
+    def __init__(self, dim: int, hidden: int, norm: bool = False, eps: float = 1e-6):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, 2 * hidden)
+        self.act = nn.SiLU()
+        self.norm = sub_norm(norm, hidden, eps)
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, value = self.fc1(x).chunk(2, dim=-1)
+        return self.fc2(self.norm(self.act(gate) * value))
+
+
+_MLPS = {"mlp": Mlp, "swiglu": SwiGLU, "swiglu_packed": SwiGLUPacked}
 
 
 class LayerScale(nn.Module):
@@ -304,11 +346,12 @@ class LayerScale(nn.Module):
 class Attention(nn.Module):
     """Multi-head self-attention with the encoding's q/k and logits hooks."""
 
-    def __init__(self, dim: int, num_heads: int, qkv_bias: bool):
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool, norm: bool = False, eps: float = 1e-6):
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.norm = sub_norm(norm, dim, eps)
         self.proj = nn.Linear(dim, dim)
 
     def forward(self, x: Tensor, pos_enc, tables: dict[str, Tensor], grid: tuple[int, int]) -> Tensor:
@@ -321,17 +364,17 @@ class Attention(nn.Module):
         if pos_enc.uses(Hook.LOGITS):
             bias = pos_enc.logits_bias(q, k, tables, grid)
         x = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
-        return self.proj(x.transpose(1, 2).reshape(B, N, C))
+        return self.proj(self.norm(x.transpose(1, 2).reshape(B, N, C)))
 
 
 class Block(nn.Module):
     def __init__(self, cfg: ViTConfig):
         super().__init__()
         self.norm1 = nn.LayerNorm(cfg.embed_dim, eps=cfg.norm_eps)
-        self.attn = Attention(cfg.embed_dim, cfg.num_heads, cfg.qkv_bias)
+        self.attn = Attention(cfg.embed_dim, cfg.num_heads, cfg.qkv_bias, cfg.attn_norm, cfg.norm_eps)
         self.ls1 = LayerScale(cfg.embed_dim, cfg.init_values) if cfg.init_values is not None else nn.Identity()
         self.norm2 = nn.LayerNorm(cfg.embed_dim, eps=cfg.norm_eps)
-        self.mlp = (SwiGLU if cfg.mlp_layer == "swiglu" else Mlp)(cfg.embed_dim, cfg.hidden_dim)
+        self.mlp = _MLPS[cfg.mlp_layer](cfg.embed_dim, cfg.hidden_dim, cfg.mlp_norm, cfg.norm_eps)
         self.ls2 = LayerScale(cfg.embed_dim, cfg.init_values) if cfg.init_values is not None else nn.Identity()
 
     def forward(self, x: Tensor, pos_enc, tables: dict[str, Tensor], grid: tuple[int, int]) -> Tensor:
@@ -356,7 +399,8 @@ class VisionTransformer(nn.Module):
     def __init__(self, cfg: ViTConfig):
         super().__init__()
         self.cfg = cfg
-        self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, cfg.embed_dim)
+        embed_norm = nn.LayerNorm(cfg.embed_dim, eps=cfg.norm_eps) if cfg.embed_norm else None
+        self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, cfg.embed_dim, embed_norm)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim)) if cfg.class_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, cfg.reg_tokens, cfg.embed_dim)) if cfg.reg_tokens else None
         native = cfg.img_size // cfg.patch_size

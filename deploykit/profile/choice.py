@@ -28,11 +28,12 @@ import torch
 
 from deploykit._io import write_json_atomic
 from deploykit.comparison import compare_logits, looser
+from deploykit.errors import DeployKitError, one_line
+from deploykit.export.manifest import CHOICE_FILE
 from deploykit.export.precision import PLANS
 from deploykit.profile.report import FP32, TORCH_BACKEND
 from deploykit.profile.timing import Budget, LatencyStats, measure
 
-CHOICE_FILE = "profile_choice.json"
 # Plans a CPU user picks for speed on ONNX Runtime (the cast plans fp16/bf16 are for GPUs).
 CPU_SPEED_PLANS = ("int8", "int8-dynamic", "int8-mha", "fp32-mha")
 # The float plan with attention fused: a reduced-precision plan slower than it is not worth its
@@ -288,11 +289,14 @@ def read_choice(export_dir: str | os.PathLike, resolution_tag: str, batch: int) 
     path = Path(export_dir) / CHOICE_FILE
     if not path.is_file():
         return None
-    entries = json.loads(path.read_text()).get("choices", {}).get(resolution_tag, [])
-    if not entries:
-        return None
-    entry = min(entries, key=lambda e: (abs(e["batch"] - batch), e["batch"]))
-    return Choice(**entry)
+    try:
+        entries = json.loads(path.read_text()).get("choices", {}).get(resolution_tag, [])
+        if not entries:
+            return None
+        entry = min(entries, key=lambda e: (abs(e["batch"] - batch), e["batch"]))
+        return Choice(**entry)
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError, KeyError, TypeError) as err:
+        raise DeployKitError(f"{path} is unreadable ({one_line(err, 120)}); run deploykit profile again, or delete it") from err
 
 
 def plans_slower_than_float(export_dir: str | os.PathLike, budget: Budget = QUICK_BUDGET, timer=None, model=None) -> list[str]:

@@ -8,7 +8,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from deploykit._io import atomic_path, write_text_atomic
+from deploykit._io import output_file, write_output_text
 from deploykit._lazy import lazy_import
 from deploykit.profile.report import RECORD_FIELDS, ProfileReport
 from deploykit.resolutions import parse_resolution
@@ -21,7 +21,7 @@ def write_csv(path: str | os.PathLike, records: Sequence[dict]) -> Path:
     writer = csv.DictWriter(buffer, fieldnames=[*RECORD_FIELDS, *extras], lineterminator="\n")
     writer.writeheader()
     writer.writerows({k: ("" if v is None else v) for k, v in r.items()} for r in records)
-    return write_text_atomic(path, buffer.getvalue())
+    return write_output_text(path, buffer.getvalue())
 
 
 def _pixels(tag: str) -> float:
@@ -60,7 +60,7 @@ def plot_latency(path: str | os.PathLike, records: Sequence[dict], title: str = 
         ax.set_yscale("log")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize="small")
-    with atomic_path(path) as tmp:
+    with output_file(path) as tmp:
         figure.savefig(tmp, format="png", dpi=110)
     return Path(path)
 

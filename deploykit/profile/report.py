@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from deploykit._io import write_json_atomic
+from deploykit._io import write_output_json
 from deploykit.profile.environment import environment_line
 from deploykit.profile.timing import LatencyStats
 
@@ -96,4 +96,4 @@ class ProfileReport:
         }
 
     def write_json(self, path: str | os.PathLike) -> Path:
-        return write_json_atomic(path, self.to_json())
+        return write_output_json(path, self.to_json())

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from deploykit._cpu import denormal_mode_kept, denormals_flushed
-from deploykit.errors import DeployKitError, listed
+from deploykit.errors import DeployKitError, listed, one_line
 from deploykit.runtime.base import Runner, run_rows
 
 CPU = "CPUExecutionProvider"
@@ -114,13 +114,37 @@ def check_placement(placement: Placement, backend: str, allow_cpu_fallback: bool
     )
 
 
+# The metadata key ``deploykit.export.metadata`` writes for a resolution-range graph (the on-disk
+# contract: ``"[[min_h, min_w], [max_h, max_w]]"``); runtime sits below export, so it reads the one key.
+_RANGE_KEY = "deploykit.resolution_range"
+
+
+def _smallest_declared(session) -> tuple[int, ...]:
+    """The smallest resolution of a resolution-range graph, () for any other graph. Its height and
+    width are symbolic in the graph; only the export's metadata says which sizes it takes."""
+    text = session.get_modelmeta().custom_metadata_map.get(_RANGE_KEY)
+    if text is None:
+        return ()
+    try:
+        low, _ = json.loads(text)
+        return tuple(int(d) for d in low)
+    except (TypeError, ValueError) as err:  # JSONDecodeError is a ValueError
+        raise DeployKitError(f"the graph's {_RANGE_KEY} metadata is not readable ({type(err).__name__}: {str(err)[:80]})") from err
+
+
 def _zero_feed(session) -> dict[str, np.ndarray]:
-    """One input of batch 1 (dynamic dims as 1) for each graph input, zeros."""
+    """One input of batch 1 for each graph input, zeros: dynamic dims as 1, except the trailing
+    (height, width) of a resolution-range graph, set to its smallest resolution."""
     types = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64, "tensor(int32)": np.int32}
-    return {
-        i.name: np.zeros([d if isinstance(d, int) and d > 0 else 1 for d in i.shape], types.get(i.type, np.float32))
-        for i in session.get_inputs()
-    }
+    low = _smallest_declared(session)
+    feed = {}
+    for i in session.get_inputs():
+        dims = [d if isinstance(d, int) and d > 0 else 1 for d in i.shape]
+        if low and len(dims) > len(low):
+            tail = i.shape[-len(low) :]
+            dims[-len(low) :] = [d if isinstance(d, int) and d > 0 else size for d, size in zip(tail, low)]
+        feed[i.name] = np.zeros(dims, types.get(i.type, np.float32))
+    return feed
 
 
 class OnnxrtRunner(Runner):
@@ -169,7 +193,7 @@ class OnnxrtRunner(Runner):
         return self._session.get_providers()[0] if self._session else "not active"
 
     def zero_feed(self) -> dict[str, np.ndarray]:
-        """One input of batch 1 for each graph input (dynamic dims as 1), zeros: enough to time a graph."""
+        """One input of batch 1 for each graph input, zeros, at a shape the graph takes (``_zero_feed``): enough to time a graph."""
         return _zero_feed(self._session)
 
     def output_names(self) -> list[str]:
@@ -216,12 +240,26 @@ class OnnxrtCudaRunner(OnnxrtRunner):
             try:
                 if not self._session.get_providers() or self._session.get_providers()[0] != CUDA:  # ORT drops CUDA when no GPU is usable
                     raise DeployKitError("ort-cuda: onnxruntime could not use the CUDA provider (no GPU, or a CUDA/cuDNN mismatch)")
-                self._session.run(None, _zero_feed(self._session))  # profiled: where each node runs
+                self._probe()
                 self.placement = profiled_placement(self._session.end_profiling())  # profiling stops here
                 self.placement_note = check_placement(self.placement, self.name, self.allow_cpu_fallback)
             except BaseException:
                 self._session = None
                 raise
+
+    def _probe(self) -> None:
+        """One profiled run (where each node runs), at a shape the graph takes; ONNX Runtime's
+        failure is one line, and its own log of it is silenced (the error says it)."""
+        import onnxruntime as ort
+
+        feed, options = _zero_feed(self._session), ort.RunOptions()
+        options.log_severity_level = 4  # fatal only
+        try:
+            self._session.run(None, feed, options)
+        except Exception as err:  # ORT raises its own InvalidArgument/Fail/RuntimeException types
+            raise DeployKitError(
+                one_line(f"{self.name}: ONNX Runtime could not run {self._label()} to see where its nodes run: {err}")
+            ) from err
 
     @property
     def details(self) -> dict:

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from deploykit._io import write_json_atomic
+from deploykit._io import write_output_json
 from deploykit._lazy import lazy_import
 from deploykit.errors import ConfigError, DeployKitError, unknown_choice
 from deploykit.resolutions import resolution_tag
@@ -119,7 +119,7 @@ class BenchReport:
         return asdict(self)
 
     def write_json(self, path: str | os.PathLike) -> Path:
-        return write_json_atomic(path, self.to_json())
+        return write_output_json(path, self.to_json())
 
     def summary(self) -> list[LevelSummary]:
         """The levels, typed: what a reader needs without the JSON's keys."""

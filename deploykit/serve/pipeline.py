@@ -26,7 +26,10 @@ Threads: a pipeline may be called from several threads (a server's model instanc
 thread pool). A runner that does not declare itself ``thread_safe`` (an engine's execution
 context and buffers) is used by one thread at a time, behind a lock of its own.
 
-Limits: an image over ``ImageLimits`` (pixels, encoded bytes) is refused before it is decoded.
+Limits: an image over ``ImageLimits`` (pixels, encoded bytes) or over the decode-work limits of
+``deploykit.imaging`` (chunks, scans, frames) is refused before it is decoded; bytes that do not
+decode are one ``InputError``, whatever Pillow raised. Inputs beyond ``±imaging.MAX_INPUT_MAGNITUDE``
+are refused, and so is an answer holding NaN/Inf (never ranked).
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ import numpy as np
 from deploykit import imaging
 from deploykit._lazy import lazy_import
 from deploykit.answers import top_k
-from deploykit.errors import ConfigError, DeployKitError, InputError
+from deploykit.errors import ConfigError, DeployKitError, InputError, one_line
 from deploykit.export.manifest import OUTPUT_NAME, Manifest
 from deploykit.imaging import nearest_resolution
 from deploykit.resolutions import resolution_tag
@@ -97,10 +100,19 @@ def decode_image(item: ImageLike, limits: ImageLimits = ImageLimits()) -> np.nda
             return limits.decode(data)
         if hasattr(item, "convert") and hasattr(item, "size"):  # a PIL image, without importing PIL for the check
             limits.check(item.size[1], item.size[0])
-            return np.array(item.convert("RGB"))
+            return _pil_rgb(item)
     except imaging.ImageRejected as err:
         raise InputError(f"{item}: {err}" if isinstance(item, (str, os.PathLike)) else str(err)) from err
     raise InputError(f"unsupported image type {type(item).__name__}; expected a uint8 array, PIL image, bytes or path")
+
+
+def _pil_rgb(image) -> np.ndarray:
+    """A PIL image's pixels as RGB; an opened image decodes only here, and corrupt data raises
+    Pillow's ``SyntaxError``, ``EOFError``, ... : those are the image's ``ImageRejected``."""
+    try:
+        return np.array(image.convert("RGB"))
+    except Exception as err:
+        raise imaging.ImageRejected(f"cannot decode image: {one_line(err, 200) or type(err).__name__}") from err
 
 
 def _read_file(path: str | os.PathLike, max_bytes: int) -> bytes:
@@ -261,7 +273,11 @@ class Pipeline:
         from deploykit.profile.choice import read_choice
 
         tag = resolution_tag(res)
-        choice = read_choice(self.export_dir, tag, self.batch_size) if backend == "auto" else None
+        try:
+            choice = read_choice(self.export_dir, tag, self.batch_size) if backend == "auto" else None
+        except DeployKitError as err:  # the choice is advice: serve without it, and say why
+            self._why[res] = f"profiled choice not taken: {err}"
+            return None
         if choice is None or choice.backend not in factories:
             return None
         gpu = [b for b in available_backends() if b in ("trt", "rtx", "ort-cuda")]
@@ -317,12 +333,19 @@ class Pipeline:
 
         Raises:
             InputError: wrong dtype, rank, channel count, a resolution that was not exported, or
-                NaN/Inf values (the logits would be NaN, and their ranking meaningless).
+                values that are NaN/Inf or beyond ``±imaging.MAX_INPUT_MAGNITUDE`` (the logits
+                would be NaN, and their ranking meaningless).
+            DeployKitError: the model answered NaN/Inf for some image (a model fault: the answer
+                is refused rather than ranked).
         """
         if images.dtype != np.float32 or images.ndim != 4 or images.shape[1] != self.config.in_chans:
             raise InputError(f"expected float32 [B, {self.config.in_chans}, H, W], got {images.dtype} {list(images.shape)}")
         if not np.isfinite(images).all():
             raise InputError(f"images hold {int(np.size(images) - np.isfinite(images).sum())} NaN/Inf values; send finite numbers")
+        bound = imaging.MAX_INPUT_MAGNITUDE
+        if images.size and float(np.abs(images).max()) > bound:
+            outside = int(np.count_nonzero(np.abs(images) > bound))
+            raise InputError(f"images hold {outside} values beyond ±{bound:g}; send normalised pixels")
         res = tuple(images.shape[-2:])
         runner = self.runners.get(res)
         if runner is None:
@@ -332,7 +355,14 @@ class Pipeline:
             parts = [
                 runner.infer({INPUT_NAME: images[i : i + self.batch_size]})[OUTPUT_NAME] for i in range(0, len(images), self.batch_size)
             ]
-        return np.concatenate(parts) if parts else np.zeros((0, self.num_classes), np.float32)
+        logits = np.concatenate(parts) if parts else np.zeros((0, self.num_classes), np.float32)
+        bad = np.flatnonzero(~np.isfinite(logits).all(axis=1))
+        if len(bad):
+            raise DeployKitError(
+                f"the {self.backends[res]} model at {resolution_tag(res)} answered NaN/Inf for {len(bad)} of {len(logits)} images "
+                f"(first: {bad[0]}); not ranked"
+            )
+        return logits
 
     def __call__(self, images: ImageLike | Sequence[ImageLike]) -> Prediction | list[Prediction]:
         """Classify one image or a list of images (a ``[N, H, W, C]`` uint8 array is N images).

@@ -19,8 +19,9 @@ well-formed, bounded, finite requests that it reads as they were checked:
   integers within the type's range, numbers for FP32/FP64, strings for BYTES; FP16 and BF16
   only as binary data), where Triton would answer 500 or cast silently;
 * floating-point inputs (FP16/BF16/FP32/FP64, JSON or binary, and gRPC's raw or typed contents)
-  finite at their own precision (``1e39`` is an FP32 infinity); checked in slices, no Python
-  object per element;
+  finite at their own precision (``1e39`` is an FP32 infinity) and within ``±MAX_INPUT_MAGNITUDE``
+  (``deploykit.imaging``: far beyond normalised pixels; 3e38 overflowed the model to NaN logits);
+  checked in slices, no Python object per element;
 * no shared-memory inputs (the region registration endpoints are not served).
 
 A refused request raises ``RequestRejected`` with one line for the client. Pure functions over
@@ -37,6 +38,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from deploykit.imaging import MAX_INPUT_MAGNITUDE
 from deploykit.serve.defaults import MAX_JSON_VALUES
 from deploykit.serve.strict_json import MAX_JSON_DEPTH, RequestRejected, read_json
 
@@ -70,12 +72,12 @@ DATATYPES = {
     "BYTES": 0,
 }
 INTEGER_TYPES = {name: np.iinfo(name.lower()) for name in DATATYPES if "INT" in name}
-# Bits of an IEEE float that are all ones for NaN and Inf (the exponent), read little-endian.
-FLOAT_BITS = {"FP16": ("<u2", 0x7C00), "BF16": ("<u2", 0x7F80), "FP32": ("<u4", 0x7F800000), "FP64": ("<u8", 0x7FF0000000000000)}
+# How binary float data is read: little-endian; BF16 as the top halves of float32s.
+FLOAT_LAYOUTS = {"FP16": "<f2", "BF16": "<u2", "FP32": "<f4", "FP64": "<f8"}
 # Largest magnitude a JSON number may have as FP32/FP64 data: Triton reads the text with RapidJSON's
 # normal precision, a few double ulps from Python's reading, so nothing is let near the edge.
 JSON_FLOAT_LIMITS = {"FP32": float(np.finfo(np.float32).max), "FP64": 1e308}
-SLICE = 1 << 20  # elements checked at once
+SLICE = 1 << 18  # elements checked at once: at most a few MiB of temporaries
 HEADER_LENGTH = "Inference-Header-Content-Length"  # KServe v2 binary extension: JSON, then raw tensors
 CONTENT_ENCODING = "Content-Encoding"
 _BYTE_COUNT = re.compile(r"[0-9]{1,10}")  # ASCII only: str.isdigit() takes "١٢", which atoi reads as 0
@@ -197,9 +199,9 @@ def _check_json_data(name: str, datatype: str, shape: list[int], data: object) -
     if datatype in JSON_FLOAT_LIMITS:
         if not kinds <= {int, float}:
             raise RequestRejected(f"input {name}: {datatype} data must be numbers")
-        bad = int(np.count_nonzero(np.abs(np.asarray(flat, dtype=np.float64)) > JSON_FLOAT_LIMITS[datatype]))
-        if bad:  # read_json refused NaN/Inf spelled out; these are finite doubles, infinite at this precision
-            raise RequestRejected(f"input {name}: {bad} NaN/Inf values in {datatype} data; send finite numbers")
+        magnitudes = np.abs(np.asarray(flat, dtype=np.float64))  # finite: read_json refused NaN/Inf spelled out
+        infinite_here = int(np.count_nonzero(magnitudes > JSON_FLOAT_LIMITS[datatype]))  # 1e39 is an FP32 infinity
+        _refuse_values(name, datatype, infinite_here, int(np.count_nonzero(magnitudes > MAX_INPUT_MAGNITUDE)))
 
 
 def check_raw(name: str, datatype: str, shape: list[int], raw: bytes | memoryview) -> None:
@@ -215,7 +217,7 @@ def check_raw(name: str, datatype: str, shape: list[int], raw: bytes | memoryvie
         return
     if len(raw) != count * itemsize:
         raise RequestRejected(f"input {name}: {len(raw)} bytes of {datatype} data, shape {shape} needs {count * itemsize}")
-    if datatype in FLOAT_BITS:
+    if datatype in FLOAT_LAYOUTS:
         _check_finite(name, datatype, raw)
 
 
@@ -232,13 +234,28 @@ def _check_bytes_elements(name: str, raw: bytes | memoryview, count: int) -> Non
 
 
 def _check_finite(name: str, datatype: str, raw: bytes | memoryview) -> None:
-    """No NaN/Inf among little-endian floats: their exponent bits are not all ones. A slice at a
-    time, so checking a 64 MiB tensor takes a few MiB."""
-    dtype, exponent = FLOAT_BITS[datatype]
-    bits, mask = np.frombuffer(raw, dtype=dtype), np.array(exponent, dtype=dtype)
-    bad = sum(int(np.count_nonzero((bits[i : i + SLICE] & mask) == mask)) for i in range(0, bits.size, SLICE))
-    if bad:
-        raise RequestRejected(f"input {name}: {bad} NaN/Inf values in {datatype} data; send finite numbers")
+    """No NaN/Inf, and nothing beyond ``±MAX_INPUT_MAGNITUDE``, among little-endian floats; a
+    slice at a time, so checking a 64 MiB tensor takes a few MiB (a BF16 tensor was widened to
+    4x its size)."""
+    everything = np.frombuffer(raw, dtype=FLOAT_LAYOUTS[datatype])
+    non_finite = large = 0
+    for start in range(0, everything.size, SLICE):
+        values = everything[start : start + SLICE]
+        if datatype == "BF16":  # bfloat16 is the top half of a float32
+            wide = values.astype(np.uint32)
+            wide <<= 16
+            values = wide.view(np.float32)
+        non_finite += values.size - int(np.count_nonzero(np.isfinite(values)))
+        large += int(np.count_nonzero(np.abs(values) > MAX_INPUT_MAGNITUDE))  # Inf counts here too; NaN does not
+    _refuse_values(name, datatype, non_finite, large)
+
+
+def _refuse_values(name: str, datatype: str, non_finite: int, large: int) -> None:
+    if non_finite:
+        raise RequestRejected(f"input {name}: {non_finite} NaN/Inf values in {datatype} data; send finite numbers")
+    # A finite 3e38 overflows the model to NaN logits, and Triton's batcher would run it beside other clients' inputs.
+    if large:
+        raise RequestRejected(f"input {name}: {large} values beyond ±{MAX_INPUT_MAGNITUDE:g} in {datatype} data; send normalised pixels")
 
 
 def check_grpc_infer(request) -> None:

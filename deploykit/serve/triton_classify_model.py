@@ -5,16 +5,21 @@ Written into the server's model repository as ``classify/1/model.py``, beside
 and preprocessing, so served and in-process answers come from the same pixels). Settings come
 from the ``settings`` JSON parameter of ``config.pbtxt`` (written by ``classify_config``).
 
-Per request: every image's size is read from its header and checked against the limits, then it
-is decoded, routed to the nearest exported resolution and preprocessed. A request with a bad
-image gets INVALID_ARGUMENT (HTTP 400) with one line and no traceback; the other requests of the
-same batch are answered. The images of all requests routed to one resolution go to
-``logits_<res>`` in one call (Triton's BLS), whose dynamic batcher merges them with other clients'.
+Per request: every image's size and decode work are read from its header and checked against the
+limits, then it is decoded, routed to the nearest exported resolution and preprocessed. Any
+failure there is that request's alone: INVALID_ARGUMENT (HTTP 400) with one line and no
+traceback or path (an ``ImageRejected`` says why; anything else names its exception type, and its
+traceback goes to Triton's log); the other requests of the same batch are answered. The images
+of all requests routed to one resolution go to ``logits_<res>`` in one call (Triton's BLS), whose
+dynamic batcher merges them with other clients'; a call that fails (the model answered NaN/Inf,
+which is never ranked) fails the requests whose images it carried, with its error's last line.
 """
 
 from __future__ import annotations
 
 import json
+import sys
+import traceback
 
 import numpy as np
 
@@ -39,12 +44,21 @@ class TritonPythonModel:
         for i, request in enumerate(requests):
             try:
                 prepared = [(i, j, *self._prepare(data)) for j, data in enumerate(self._items(request))]
-            except self.imaging.ImageRejected as err:  # the client's error: this request fails alone
-                errors[i], prepared = self.pb.TritonError(str(err), self.pb.TritonError.INVALID_ARG), []
+            except Exception as err:  # whatever went wrong with this request's images, it fails alone
+                errors[i], prepared = self._rejected(err), []
             images += prepared
             counts.append(len(prepared))
         results = self._classify(images, errors)
         return [self._response(i, counts[i], results, errors) for i in range(len(requests))]
+
+    def _rejected(self, err: Exception):
+        """The INVALID_ARGUMENT error of one request whose images could not be prepared."""
+        if isinstance(err, self.imaging.ImageRejected):
+            message = str(err)
+        else:  # not one of ours: its message may hold paths, so the client sees its type only
+            traceback.print_exception(err, file=sys.stderr)  # the stub's stderr is Triton's log
+            message = f"cannot prepare this request's images ({type(err).__name__})"
+        return self.pb.TritonError(message, self.pb.TritonError.INVALID_ARG)
 
     def _items(self, request) -> np.ndarray:
         items = self.pb.get_input_tensor_by_name(request, "image").as_numpy().reshape(-1)
@@ -64,14 +78,17 @@ class TritonPythonModel:
             routed = [entry for entry in images if entry[2] == res and entry[0] not in errors]
             for start in range(0, len(routed), self.max_batch_size):
                 chunk = routed[start : start + self.max_batch_size]
-                response = self.pb.InferenceRequest(
-                    model_name=self.models[res],
-                    inputs=[self.pb.Tensor("images", np.stack([x for *_, x in chunk]))],
-                    requested_output_names=["classes", "scores"],
-                ).exec()
-                if response.has_error():
-                    message = response.error().message().strip().splitlines()[0]  # a server-side fault: one line
-                    errors.update({i: self.pb.TritonError(f"{self.models[res]} failed: {message}") for i, *_ in chunk})
+                try:
+                    response = self.pb.InferenceRequest(
+                        model_name=self.models[res],
+                        inputs=[self.pb.Tensor("images", np.stack([x for *_, x in chunk]))],
+                        requested_output_names=["classes", "scores"],
+                    ).exec()
+                    failure = _last_line(response.error().message()) if response.has_error() else None
+                except Exception as err:  # a failed call fails its own requests, not the whole batch
+                    failure = type(err).__name__
+                if failure is not None:  # a server-side fault: one line
+                    errors.update({i: self.pb.TritonError(f"{self.models[res]} failed: {failure}") for i, *_ in chunk})
                     continue
                 classes = self.pb.get_output_tensor_by_name(response, "classes").as_numpy()
                 scores = self.pb.get_output_tensor_by_name(response, "scores").as_numpy()
@@ -85,3 +102,12 @@ class TritonPythonModel:
         rows = [results[i, j] for j in range(count)]
         names = ("classes", "scores", "resolution")
         return self.pb.InferenceResponse(output_tensors=[self.pb.Tensor(n, np.stack([r[k] for r in rows])) for k, n in enumerate(names)])
+
+
+def _last_line(message: str) -> str:
+    """What a failed ``logits_<res>`` call says: PyTriton answers a Python traceback, whose last
+    line is ``module.ExceptionType: message``; the message alone."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    last = lines[-1] if lines else "no message"
+    name, colon, rest = last.partition(": ")
+    return rest if colon and name.replace(".", "").replace("_", "").isalnum() else last

@@ -5,13 +5,17 @@ Copied verbatim into a generated model repository as ``preprocess_<res>/1/model.
 only, and preprocesses with the code the in-process pipeline and validation use: the served
 tensors equal ``deploykit.imaging.Preprocessing`` to float32 rounding. Settings come from the
 ``parameters`` of its ``config.pbtxt``: ``height``, ``width``, ``preprocessing`` (the model's, as
-``config.json`` records it), ``max_pixels``, ``max_bytes``. An image that is not one, or is over a limit (checked from its
-header, before decoding), gets INVALID_ARGUMENT with one line; the other requests are answered.
+``config.json`` records it), ``max_pixels``, ``max_bytes``. An image that is not one, or is over a
+limit (size and decode work, checked from its header before decoding), gets INVALID_ARGUMENT with
+one line; so does a request that fails in any other way, with its exception's type only (no path,
+no traceback: that goes to Triton's log). The other requests are answered.
 """
 
 from __future__ import annotations
 
 import json
+import sys
+import traceback
 
 import numpy as np
 
@@ -41,7 +45,12 @@ class TritonPythonModel:
                 items = pb_utils.get_input_tensor_by_name(request, "image").as_numpy().reshape(-1)
                 images = np.stack([self._preprocess(bytes(b)) for b in items])
                 responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("images", images)]))
-            except self.imaging.ImageRejected as err:
-                error = pb_utils.TritonError(str(err), pb_utils.TritonError.INVALID_ARG)
+            except Exception as err:
+                if isinstance(err, self.imaging.ImageRejected):
+                    message = str(err)
+                else:  # not one of ours: its message may hold paths, so the client sees its type only
+                    traceback.print_exception(err, file=sys.stderr)  # the stub's stderr is Triton's log
+                    message = f"cannot preprocess this request's images ({type(err).__name__})"
+                error = pb_utils.TritonError(message, pb_utils.TritonError.INVALID_ARG)
                 responses.append(pb_utils.InferenceResponse(error=error))
         return responses

@@ -43,11 +43,11 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from deploykit import imaging
+from deploykit._io import directory_beside
 from deploykit._lazy import lazy_import
 from deploykit.errors import ConfigError, DeployKitError, unknown_choice
 from deploykit.export.manifest import OUTPUT_NAME, Manifest
@@ -382,11 +382,7 @@ def package_triton(
     entries = [(entry, checked_graph(export_dir, entry, manifest.encoding)) for entry in manifest.graphs_at("fp32")]
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise DeployKitError(f"{output} already exists and is not an empty directory; choose another --output")
-    try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
-    except OSError as err:
-        raise DeployKitError(f"cannot write {output}: {err.strerror or err}") from err
+    tmp = directory_beside(output)
     try:
         notes = [_write_resolution(tmp, export_dir, entry, config, options, plugins or Plugins()) for entry, _ in entries]
         (tmp / "README.md").write_text(_readme(manifest, notes, options))

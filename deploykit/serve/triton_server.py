@@ -53,7 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
-from deploykit import _nvml
+from deploykit import _nvml, imaging
 from deploykit._lazy import lazy_import
 from deploykit.answers import top_k
 from deploykit.errors import ConfigError, DeployKitError, InputError
@@ -190,10 +190,11 @@ def check_listen_addresses(options: ServerOptions) -> None:
 def _logits_fn(pipeline: Pipeline) -> Callable:
     """The function bound to ``logits_<res>``: one batch merged from several requests.
 
-    A request with NaN/Inf values gets NaN logits and scores and classes -1; the other requests
-    of its batch get their answers. (The front refuses such requests with 400 before Triton; this
-    is for a local process that reached Triton itself. Raising would answer every request of the
-    batch with PyTriton's traceback and workspace paths: PyTriton has no error without one.)
+    A request with NaN/Inf values, or values beyond ``±imaging.MAX_INPUT_MAGNITUDE``, gets NaN
+    logits and scores and classes -1; the other requests of its batch get their answers. (The
+    front refuses such requests with 400 before Triton; this is for a local process that reached
+    Triton itself. Raising would answer every request of the batch with PyTriton's traceback and
+    workspace paths: PyTriton has no error without one.)
     """
     batch = lazy_import("pytriton.decorators").batch
 
@@ -201,12 +202,12 @@ def _logits_fn(pipeline: Pipeline) -> Callable:
     def infer(images: np.ndarray) -> dict[str, np.ndarray]:
         if len(images) == 0:
             raise InputError("empty batch: send at least one image")
-        finite = np.isfinite(images.reshape(len(images), -1)).all(axis=1)
+        usable = (np.abs(images.reshape(len(images), -1)) <= imaging.MAX_INPUT_MAGNITUDE).all(axis=1)  # NaN compares False
         logits = np.full((len(images), pipeline.num_classes), np.nan, np.float32)
-        if finite.any():
-            logits[finite] = pipeline.logits(images if finite.all() else images[finite])
+        if usable.any():
+            logits[usable] = pipeline.logits(images if usable.all() else images[usable])
         classes, scores = top_k(logits, pipeline.top_k)
-        classes[~finite], scores[~finite] = -1, np.nan
+        classes[~usable], scores[~usable] = -1, np.nan
         return {"logits": logits, "classes": classes, "scores": scores}
 
     return infer

@@ -36,6 +36,7 @@ def sape2_attention_kernel(
     BLOCK: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
+    GATHER: tl.constexpr,
     ATTN_SCALE: tl.constexpr,
     BIAS_SCALE: tl.constexpr,
 ):
@@ -58,7 +59,7 @@ def sape2_attention_kernel(
         kv_mask = in_range[:, None] & mask_d[None, :]
         k_j = tl.load(k_ptr + cols[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
         v_j = tl.load(v_ptr + cols[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-        bias = _bias_tile(q_ptr, k_ptr, table_x_ptr, table_y_ptr, rows, cols, H, W, P, D, M, SCALE, MODE, BLOCK, BLOCK_D, BLOCK_M)
+        bias = _bias_tile(q_ptr, k_ptr, table_x_ptr, table_y_ptr, rows, cols, H, W, P, D, M, SCALE, MODE, BLOCK, BLOCK_D, BLOCK_M, GATHER)
         scores = tl.dot(q_i, tl.trans(k_j), input_precision="ieee") * ATTN_SCALE + bias * BIAS_SCALE
         scores = tl.where(in_range[None, :], scores, float("-inf"))
         new_max = tl.maximum(running_max, tl.max(scores, axis=1))
@@ -75,14 +76,14 @@ def sape2_attention_kernel(
     )
 
 
-def sape2_attention_triton(q, k, v, table_x, table_y, grid, scale, mode, num_prefix_tokens, bias_divided_by_sqrt_d=True):
+def sape2_attention_triton(q, k, v, table_x, table_y, grid, scale, mode, num_prefix_tokens, bias_divided_by_sqrt_d=True, gather=None):
     """``softmax(q kᵀ/√d + c·bias) v`` ``[B, h, T, d]`` with ``c = 1/√d`` (Eq. 16) or 1, never
     materialising the ``[T, T]`` bias."""
     import torch
 
     B, h, T, D = q.shape
     out = torch.empty_like(q)
-    consts = kernel_constants(grid, num_prefix_tokens, D, table_x.shape[1], scale, mode)
+    consts = kernel_constants(grid, num_prefix_tokens, D, table_x.shape[1], scale, mode, gather)
     attn_scale = D**-0.5
     sape2_attention_kernel[(triton.cdiv(T, BLOCK), B * h)](
         q.contiguous(),

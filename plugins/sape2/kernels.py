@@ -9,9 +9,19 @@ sum of the gates (Eq. 10) is a running sum and every step needs only ``[BLOCK]``
     z_m   = Σ_p max(0, 1 − |min(p_m, M−1) − p|) · (c_t · E[:, p])   linear interpolation (Eq. 14)
     acc  += (z_m(rows) − z_m(cols))²                         direct distance (Eq. 15)
 
-The hat-function form of the interpolation equals the floor/ceil form exactly (spec §8.5 (b)) and
-needs no gather. All arithmetic is fp32 whatever the input dtype (spec §8.7); prefix rows and
-columns are written as 0. One launch with no workspace is what a TensorRT AOT plugin can run
+The interpolation has two forms, chosen per op instance at compile time (``GATHER``): the
+hat-function form, which equals the floor/ceil form exactly (spec §8.5 (b)) and needs no gather,
+projects every token on the whole table once per tile (``tl.dot``, the table in shared memory:
+``4·BLOCK_D·(BLOCK_M + BLOCK)`` bytes); the gather form reads the table's two columns at
+``floor(p)`` and ``floor(p) + 1`` for each token at each step, ``O(d)`` work whatever ``M``, and
+no table in shared memory. Tables of more than 16 entries (grids above 15 patches a side), or
+whose hat form would not fit, take the gather form (``HAT_MAX_BLOCK_M``: measured), so no instance needs more than the 48 KiB of shared memory
+a launch gets without opting in (``SHARED_MEM_OPT_IN``), which TensorRT's AOT launch may not do:
+on an H200, a launch of a 72 KiB instance without the opt-in was refused
+(``benchmarks/results/gpu-lent.json``).
+
+All arithmetic is fp32 whatever the input dtype (spec §8.7); prefix rows and columns are written
+as 0. One launch with no workspace is what a TensorRT AOT plugin can run
 (``trt_plugin.py``); the same kernel backs ``torch.ops.deploykit.sape2_bias`` on CUDA.
 
 Importing this module needs Triton (``pip install 'deploykit[triton]'``).
@@ -27,25 +37,43 @@ import triton.language as tl
 
 MODES = ("q", "k", "k_swap")  # the ``mode`` attribute, as deploykit.encodings.sape2.MODES
 BLOCK = 32  # token tile; rows and columns share it so a token's signature is computed identically
+# Dynamic shared memory a CUDA launch gets without raising the function's attribute first.
+SHARED_MEM_OPT_IN = 48 * 1024
 
 
 @triton.jit
-def _squared_axis_distance(a_ptr, b_ptr, c_ptr, table_ptr, tok_i, tok_j, ALONG_ROW, H, W, P, D, M, SCALE, BLOCK, BLOCK_D, BLOCK_M):
+def _interpolated(c, table_ptr, p, offs_d, mask_d, M):
+    """``c_t · E[:, p]`` linearly interpolated at real ``p`` in ``[0, M - 1]`` (Eq. 14), from the
+    two table columns around it: ``[BLOCK]``."""
+    lo = p.to(tl.int32)  # p >= 0: truncation is floor
+    frac = p - lo.to(tl.float32)
+    hi = tl.minimum(lo + 1, M - 1)
+    e_lo = tl.load(table_ptr + offs_d[None, :] * M + lo[:, None], mask=mask_d[None, :], other=0.0).to(tl.float32)
+    e_hi = tl.load(table_ptr + offs_d[None, :] * M + hi[:, None], mask=mask_d[None, :], other=0.0).to(tl.float32)
+    return tl.sum(c * ((1.0 - frac)[:, None] * e_lo + frac[:, None] * e_hi), axis=1)
+
+
+@triton.jit
+def _squared_axis_distance(a_ptr, b_ptr, c_ptr, table_ptr, tok_i, tok_j, ALONG_ROW, H, W, P, D, M, SCALE, BLOCK, BLOCK_D, BLOCK_M, GATHER):
     """``Σ_m (Z_i[m] − Z_j[m])²`` ``[BLOCK, BLOCK]`` for patch tokens ``tok_i``, ``tok_j`` (one axis:
     the row term when ``ALONG_ROW``). ``ALONG_ROW`` and the arguments after it are compile-time
     constants: the callers pass the kernels' ``tl.constexpr`` arguments (``kernel_constants``)."""
     offs_d = tl.arange(0, BLOCK_D)
     offs_m = tl.arange(0, BLOCK_M)
     mask_d = offs_d < D
-    table = tl.load(table_ptr + offs_d[:, None] * M + offs_m[None, :], mask=mask_d[:, None] & (offs_m[None, :] < M), other=0.0)
-    table = table.to(tl.float32)
     rows_i = (P + tok_i)[:, None] * D + offs_d[None, :]
     rows_j = (P + tok_j)[:, None] * D + offs_d[None, :]
     a_i = tl.load(a_ptr + rows_i, mask=mask_d[None, :], other=0.0).to(tl.float32)
     a_j = tl.load(a_ptr + rows_j, mask=mask_d[None, :], other=0.0).to(tl.float32)
-    # c_t · E[:, p] for every integer p (Eq. 13); ieee: no TF32 rounding of the projection.
-    zint_i = tl.dot(tl.load(c_ptr + rows_i, mask=mask_d[None, :], other=0.0).to(tl.float32), table, input_precision="ieee")
-    zint_j = tl.dot(tl.load(c_ptr + rows_j, mask=mask_d[None, :], other=0.0).to(tl.float32), table, input_precision="ieee")
+    if GATHER:
+        c_i = tl.load(c_ptr + rows_i, mask=mask_d[None, :], other=0.0).to(tl.float32)
+        c_j = tl.load(c_ptr + rows_j, mask=mask_d[None, :], other=0.0).to(tl.float32)
+    else:
+        table = tl.load(table_ptr + offs_d[:, None] * M + offs_m[None, :], mask=mask_d[:, None] & (offs_m[None, :] < M), other=0.0)
+        table = table.to(tl.float32)
+        # c_t · E[:, p] for every integer p (Eq. 13); ieee: no TF32 rounding of the projection.
+        zint_i = tl.dot(tl.load(c_ptr + rows_i, mask=mask_d[None, :], other=0.0).to(tl.float32), table, input_precision="ieee")
+        zint_j = tl.dot(tl.load(c_ptr + rows_j, mask=mask_d[None, :], other=0.0).to(tl.float32), table, input_precision="ieee")
     line_i = tok_i // W if ALONG_ROW else tok_i % W  # the token's row (row term) or column
     line_j = tok_j // W if ALONG_ROW else tok_j % W
     L: tl.constexpr = W if ALONG_ROW else H
@@ -61,15 +89,21 @@ def _squared_axis_distance(a_ptr, b_ptr, c_ptr, table_ptr, tok_i, tok_j, ALONG_R
         b_j = tl.load(b_ptr + (P + nb_j)[:, None] * D + offs_d[None, :], mask=mask_d[None, :], other=0.0).to(tl.float32)
         p_i += tl.sigmoid(SCALE * tl.sum(a_i * b_i, axis=1))
         p_j += tl.sigmoid(SCALE * tl.sum(a_j * b_j, axis=1))
-        hat_i = tl.maximum(1.0 - tl.abs(tl.minimum(p_i, M - 1.0)[:, None] - grid_p), 0.0)
-        hat_j = tl.maximum(1.0 - tl.abs(tl.minimum(p_j, M - 1.0)[:, None] - grid_p), 0.0)
-        diff = tl.sum(hat_i * zint_i, axis=1)[:, None] - tl.sum(hat_j * zint_j, axis=1)[None, :]
+        if GATHER:
+            z_i = _interpolated(c_i, table_ptr, tl.minimum(p_i, M - 1.0), offs_d, mask_d, M)
+            z_j = _interpolated(c_j, table_ptr, tl.minimum(p_j, M - 1.0), offs_d, mask_d, M)
+        else:
+            hat_i = tl.maximum(1.0 - tl.abs(tl.minimum(p_i, M - 1.0)[:, None] - grid_p), 0.0)
+            hat_j = tl.maximum(1.0 - tl.abs(tl.minimum(p_j, M - 1.0)[:, None] - grid_p), 0.0)
+            z_i = tl.sum(hat_i * zint_i, axis=1)
+            z_j = tl.sum(hat_j * zint_j, axis=1)
+        diff = z_i[:, None] - z_j[None, :]
         acc += diff * diff
     return acc
 
 
 @triton.jit
-def _bias_tile(q_ptr, k_ptr, table_x_ptr, table_y_ptr, rows, cols, H, W, P, D, M, SCALE, MODE, BLOCK, BLOCK_D, BLOCK_M):
+def _bias_tile(q_ptr, k_ptr, table_x_ptr, table_y_ptr, rows, cols, H, W, P, D, M, SCALE, MODE, BLOCK, BLOCK_D, BLOCK_M, GATHER):
     """The bias ``‖Zx_i − Zx_j‖ + ‖Zy_i − Zy_j‖`` ``[BLOCK, BLOCK]`` of token rows ``rows`` and
     columns ``cols`` of one batch·head's q, k; 0 where either is a prefix token or past the end.
 
@@ -91,8 +125,12 @@ def _bias_tile(q_ptr, k_ptr, table_x_ptr, table_y_ptr, rows, cols, H, W, P, D, M
         c_ptr = q_ptr
     else:
         c_ptr = k_ptr
-    sq_x = _squared_axis_distance(a_ptr, b_ptr, c_ptr, table_x_ptr, tok_i, tok_j, True, H, W, P, D, M, SCALE, BLOCK, BLOCK_D, BLOCK_M)
-    sq_y = _squared_axis_distance(a_ptr, b_ptr, c_ptr, table_y_ptr, tok_i, tok_j, False, H, W, P, D, M, SCALE, BLOCK, BLOCK_D, BLOCK_M)
+    sq_x = _squared_axis_distance(
+        a_ptr, b_ptr, c_ptr, table_x_ptr, tok_i, tok_j, True, H, W, P, D, M, SCALE, BLOCK, BLOCK_D, BLOCK_M, GATHER
+    )
+    sq_y = _squared_axis_distance(
+        a_ptr, b_ptr, c_ptr, table_y_ptr, tok_i, tok_j, False, H, W, P, D, M, SCALE, BLOCK, BLOCK_D, BLOCK_M, GATHER
+    )
     bias = tl.sqrt(sq_x) + tl.sqrt(sq_y)
     return tl.where(valid_i[:, None] & valid_j[None, :], bias, 0.0)  # prefix rows/columns: 0
 
@@ -114,6 +152,7 @@ def sape2_bias_kernel(
     BLOCK: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
+    GATHER: tl.constexpr,
 ):
     """Grid ``(cdiv(T, BLOCK), cdiv(T, BLOCK), B·h)``; q, k ``[B·h, T, D]``, tables ``[D, M]``, out ``[B·h, T, T]``.
 
@@ -126,13 +165,27 @@ def sape2_bias_kernel(
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     q_ptr += bh * T * D
     k_ptr += bh * T * D
-    bias = _bias_tile(q_ptr, k_ptr, table_x_ptr, table_y_ptr, rows, cols, H, W, P, D, M, SCALE, MODE, BLOCK, BLOCK_D, BLOCK_M)
+    bias = _bias_tile(q_ptr, k_ptr, table_x_ptr, table_y_ptr, rows, cols, H, W, P, D, M, SCALE, MODE, BLOCK, BLOCK_D, BLOCK_M, GATHER)
     out = out_ptr + bh * T * T + rows[:, None] * T + cols[None, :]
     tl.store(out, bias.to(out_ptr.dtype.element_ty), mask=(rows[:, None] < T) & (cols[None, :] < T))
 
 
-def kernel_constants(grid: tuple[int, int], num_prefix_tokens: int, head_dim: int, npos_max: int, scale: float, mode: int) -> dict:
-    """The compile-time arguments of ``sape2_bias_kernel`` for one op instance."""
+# The hat form's work per step grows with the padded table (``BLOCK_M``), and it keeps the table
+# and one operand in shared memory, ``4·BLOCK_D·(BLOCK_M + BLOCK)`` bytes (what Triton 3.6 allots,
+# checked by compiling in plugins/sape2/tests): past either bound the gather form is taken. On an
+# H200 (ViT-B heads, batch 8; benchmarks/results/gpu-lent-kernels.json) the hat form was 1.2x
+# faster with 16 entries (224 px) and slower from 32 on: 1.06x at 384 px, 5.4x at 512, 25x with
+# tables for 2048 px.
+HAT_MAX_BLOCK_M = 16
+
+
+def kernel_constants(
+    grid: tuple[int, int], num_prefix_tokens: int, head_dim: int, npos_max: int, scale: float, mode: int, gather: bool | None = None
+) -> dict:
+    """The compile-time arguments of ``sape2_bias_kernel`` for one op instance (``gather``: force
+    the interpolation's form; None: the hat form where it fits, ``HAT_MAX_BLOCK_M``)."""
+    block_m, block_d = max(16, triton.next_power_of_2(npos_max)), max(16, triton.next_power_of_2(head_dim))
+    hat_fits = block_m <= HAT_MAX_BLOCK_M and 4 * block_d * (block_m + BLOCK) <= SHARED_MEM_OPT_IN
     return dict(
         H=grid[0],
         W=grid[1],
@@ -142,8 +195,9 @@ def kernel_constants(grid: tuple[int, int], num_prefix_tokens: int, head_dim: in
         SCALE=float(scale),
         MODE=int(mode),
         BLOCK=BLOCK,
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_M=max(16, triton.next_power_of_2(npos_max)),
+        BLOCK_D=block_d,
+        BLOCK_M=block_m,
+        GATHER=not hat_fits if gather is None else bool(gather),
     )
 
 
@@ -151,14 +205,15 @@ def launch_grid(num_tokens: int, batch_heads: int) -> tuple[int, int, int]:
     return triton.cdiv(num_tokens, BLOCK), triton.cdiv(num_tokens, BLOCK), batch_heads
 
 
-def sape2_bias_triton(q, k, table_x, table_y, grid, scale, mode, num_prefix_tokens):
+def sape2_bias_triton(q, k, table_x, table_y, grid, scale, mode, num_prefix_tokens, gather: bool | None = None):
     """The bias ``[B, h, T, T]`` in q's dtype (torch tensors on a Triton device, or CPU under
-    ``TRITON_INTERPRET=1``); same contract as ``deploykit.encodings.sape2.sape2_bias``."""
+    ``TRITON_INTERPRET=1``); same contract as ``deploykit.encodings.sape2.sape2_bias``
+    (``gather``: the interpolation's form, as ``kernel_constants``)."""
     import torch
 
     B, h, T, D = q.shape
     out = torch.empty(B, h, T, T, dtype=q.dtype, device=q.device)
-    consts = kernel_constants(grid, num_prefix_tokens, D, table_x.shape[1], scale, mode)
+    consts = kernel_constants(grid, num_prefix_tokens, D, table_x.shape[1], scale, mode, gather)
     sape2_bias_kernel[launch_grid(T, B * h)](q.contiguous(), k.contiguous(), table_x.contiguous(), table_y.contiguous(), out, **consts)
     return out
 
@@ -277,10 +332,6 @@ class AotKernel:
     grid_y: int
     block_x: int
     shared_mem: int
-
-
-# Dynamic shared memory a CUDA launch gets without raising the function's attribute first.
-SHARED_MEM_OPT_IN = 48 * 1024
 
 
 def aot_kernel(io_dtype: str, constants: dict, target, ptx_version: int | None, num_args: int) -> AotKernel:

@@ -4,6 +4,7 @@ profiler, checked here on its CPU provider (no GPU in CI)."""
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
@@ -54,3 +55,56 @@ def test_ort_cuda_refuses_a_session_without_the_cuda_provider(good_export, monke
     with pytest.raises(DeployKitError, match=r"^ort-cuda: onnxruntime could not use the CUDA provider"):
         runner.activate()
     assert runner.placement is None and not runner.is_active
+
+
+@pytest.fixture(scope="module")
+def range_graph(tmp_path_factory):
+    """A graph over a resolution range (``export --resolution-range``): height and width symbolic,
+    the range only in the graph's ``deploykit.resolution_range`` metadata, its smallest 32x48."""
+    import torch
+
+    from deploykit.export import export
+    from deploykit.nn import create_model
+
+    torch.manual_seed(0)
+    model = create_model("vit_tiny_patch16", encoding="rope-mixed", depth=1, num_classes=10).eval()
+    out = tmp_path_factory.mktemp("range") / "exp"
+    manifest = export(model, [(48, 48)], out, resolution_range=((32, 48), (48, 48), (64, 64)))
+    (graph,) = [g for g in manifest.graphs if g.resolution_range is not None]
+    return out / graph.file
+
+
+@pytest.fixture
+def cuda_session_on_the_cpu(monkeypatch):
+    """ONNX Runtime told it has the CUDA provider, its sessions answering that they use it (they run
+    on the CPU): the ort-cuda runner's activation, placement probe included, runs without a GPU."""
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("onnxruntime-gpu is installed: a real CUDA session would be made")
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", CPU])
+    monkeypatch.setattr(ort.InferenceSession, "get_providers", lambda self: ["CUDAExecutionProvider", CPU])
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:Specified provider 'CUDAExecutionProvider':UserWarning")
+def test_ort_cuda_probes_a_resolution_range_graph_inside_its_range(range_graph, cuda_session_on_the_cpu):
+    """The probe feeds the range's smallest shape: a 1x1 image is outside it, and ONNX Runtime
+    refused the graph with its raw multi-line error (issue 42, item 3)."""
+    with OnnxrtCudaRunner(range_graph, allow_cpu_fallback=True) as runner:
+        placement = runner.details["node_placement"]
+        assert placement["providers"] == {CPU: sum(placement["providers"].values())} and placement["cpu_compute"]
+        (name,) = runner.input_names()
+        assert runner.zero_feed()[name].shape == (1, 3, 32, 48)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:Specified provider 'CUDAExecutionProvider':UserWarning")
+def test_an_onnx_runtime_error_in_the_placement_probe_is_one_line(range_graph, cuda_session_on_the_cpu, monkeypatch, capfd):
+    from deploykit.runtime import onnxrt
+
+    # A feed outside the graph's shapes, so ONNX Runtime itself fails the probe's run.
+    monkeypatch.setattr(onnxrt, "_zero_feed", lambda session: {"images": np.zeros((1, 3, 1, 1), np.float32)})
+    runner = OnnxrtCudaRunner(range_graph, allow_cpu_fallback=True)
+    with pytest.raises(DeployKitError, match=r"^ort-cuda: ONNX Runtime could not run .*model_32x48-64\.onnx") as err:
+        runner.activate()
+    assert "\n" not in str(err.value) and not runner.is_active
+    assert "onnxruntime" not in capfd.readouterr().err  # ONNX Runtime's own log of the failure is not printed besides

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from types import SimpleNamespace
 from unittest import mock
 
 import numpy as np
@@ -178,10 +179,18 @@ def test_tensorrt_rtx_captures_graphs_through_its_runtime_config():
     context = strict_autospec(rtx.IExecutionContext)
     engine.create_runtime_config.return_value = config
     engine.create_execution_context.return_value = context
-    assert rtx_graph_context(engine, rtx) is context
+    context.get_runtime_config.return_value = config  # the context holds the config it was made with
+    assert rtx_graph_context(engine, rtx) == (context, "")
     assert config.cuda_graph_strategy == rtx.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE
     engine.create_execution_context.assert_called_once_with(config)
     context.execute_async_v3.assert_not_called()  # nothing captured by us
+    # What the context runs with is said, not what was asked: a context whose config reads DISABLED.
+    context.get_runtime_config.return_value = disabled = strict_autospec(rtx.IRuntimeConfig)
+    disabled.cuda_graph_strategy = rtx.CudaGraphStrategy.DISABLED
+    assert rtx_graph_context(engine, rtx) == (
+        context,
+        "TensorRT-RTX's execution context runs with cuda_graph_strategy DISABLED, not WHOLE_GRAPH_CAPTURE",
+    )
     engine.create_execution_context.return_value = None
     with pytest.raises(DeployKitError, match="could not create an execution context with CUDA graphs"):
         rtx_graph_context(engine, rtx)
@@ -202,13 +211,17 @@ def rtx_runner(monkeypatch):
     engine.get_tensor_name.side_effect = ["images", "logits"].__getitem__
     engine.get_tensor_mode.side_effect = lambda n: rtx.TensorIOMode.INPUT if n == "images" else rtx.TensorIOMode.OUTPUT
     engine.get_tensor_profile_shape.return_value = [(1, 3, 32, 32), (4, 3, 32, 32), (8, 3, 32, 32)]
-    engine.create_runtime_config.return_value = strict_autospec(rtx.IRuntimeConfig)
-    engine.create_execution_context.return_value = strict_autospec(rtx.IExecutionContext)
+    engine.create_runtime_config.return_value = config = strict_autospec(rtx.IRuntimeConfig)
+    engine.create_execution_context.return_value = context = strict_autospec(rtx.IExecutionContext)
+    context.get_runtime_config.return_value = config  # the context holds the config it was made with
     made = []
 
     def polygraphy_runner(engine_or_context, *args, **kwargs):
         runner = mock.create_autospec(PolygraphyRunner, instance=True)
         runner.is_active = False
+        # What Polygraphy's activate() sets: the context it runs (made from an engine, or given) and its stream.
+        runner.context = engine_or_context if engine_or_context is context else engine.create_execution_context()
+        runner.stream = SimpleNamespace(ptr=11)
         made.append((engine_or_context, runner))
         return runner
 
@@ -229,6 +242,31 @@ def test_rtx_runner_with_cuda_graphs_hands_polygraphy_the_graph_capturing_contex
         polygraphy.activate.assert_called_once_with()
     with make(cuda_graph=False) as runner:
         assert made[-1][0] is engine and not runner.cuda_graphs and runner.cuda_graph_note == "not requested"
+
+
+def test_rtx_runner_reports_cuda_graphs_only_while_tensorrt_rtx_can_capture(rtx_runner):
+    """Issue 42: RTX CUDA graphs were reported as used whether or not TensorRT-RTX could capture.
+    TensorRT-RTX captures inside execute_async_v3 and reports nothing; after each execution the
+    runner asks it (is_stream_capturable, on the stream that execution ran on)."""
+    make, engine, made = rtx_runner
+    context = engine.create_execution_context.return_value
+    with make(cuda_graph=True) as runner:
+        polygraphy = made[-1][1]
+        polygraphy.infer.side_effect = lambda feed: {"logits": np.zeros((len(feed["images"]), 10), np.float32)}
+        context.is_stream_capturable.return_value = True
+        runner.infer({"images": np.zeros((4, 3, 32, 32), np.float32)})
+        context.is_stream_capturable.assert_called_with(11)
+        assert runner.cuda_graphs and runner.details["cuda_graph"] and runner.cuda_graph_note == ""
+        context.is_stream_capturable.return_value = False  # e.g. data-dependent shapes at this batch
+        runner.infer({"images": np.zeros((1, 3, 32, 32), np.float32)})
+        assert not runner.cuda_graphs and not runner.details["cuda_graph"]
+        assert (
+            runner.cuda_graph_note
+            == "TensorRT-RTX cannot capture the execution at input shape [1, 3, 32, 32] into a CUDA graph (is_stream_capturable is False)"
+        )
+        context.is_stream_capturable.return_value = True
+        runner.infer({"images": np.zeros((4, 3, 32, 32), np.float32)})
+        assert not runner.cuda_graphs  # one execution that could not be captured is enough to say so
 
 
 def test_tensorrt_errors_reach_the_user_as_one_line(rtx_runner, caplog):

@@ -1,3 +1,4 @@
+import json
 import math
 
 import pytest
@@ -141,9 +142,43 @@ def test_centered_coordinates_follow_dinov3():
     assert torch.allclose(longest[14, 4:], torch.full((4,), 2 * (y + 0.5) / 5 - 1, dtype=F64) * rope_magnitudes(16, 100.0))
 
 
+def test_reference_grid_measures_positions_in_its_units_at_every_resolution():
+    """timm's ref_feat_shape (EVA-02): patch i of n sits at i · ref / n, per axis, then the axial
+    angles as usual (here row first, as EVA-02's grid_indexing "ij")."""
+    cfg = get_config("rope-axial", theta=10000.0, axis_order="yx", ref_grid=(16, 12))
+    mag = rope_magnitudes(16, 10000.0)
+    for grid in [(4, 4), (3, 5), (8, 6)]:
+        angles = axial_angles(grid, 16, 10000.0, cfg)
+        y, x = grid[0] - 1, grid[1] - 1  # the last token
+        torch.testing.assert_close(angles[-1], torch.cat([y * 16 / grid[0] * mag, x * 12 / grid[1] * mag]), atol=1e-12, rtol=0)
+    # the reference grid itself keeps integer positions
+    torch.testing.assert_close(
+        axial_angles((16, 12), 16, 10000.0, cfg), axial_angles((16, 12), 16, 10000.0, get_config("rope-axial", axis_order="yx"))
+    )
+
+
+def test_reference_grid_is_an_option_of_every_rope():
+    from deploykit.encodings import config_from_dict, config_to_dict, parse_options
+
+    assert parse_options("rope-mixed", ["ref_grid=16x16"]) == {"ref_grid": (16, 16)}
+    assert parse_options("rope-axial", ["ref_grid=24,32", "ref_grid=none"]) == {"ref_grid": None}
+    saved = json.loads(json.dumps(config_to_dict(get_config("rope-axial", ref_grid=(16, 16)))))
+    assert saved["ref_grid"] == [16, 16] and config_from_dict(saved) == get_config("rope-axial", ref_grid=(16, 16))
+    with pytest.raises(ConfigError, match=r"option ref_grid='16xa' is not a valid grid \(e.g. 16x16\)"):
+        parse_options("rope-axial", ["ref_grid=16xa"])
+    with pytest.raises(ConfigError, match="ref_grid must be two positive integers"):
+        get_config("rope-axial", **parse_options("rope-axial", ["ref_grid=16"]))
+    for bad in [(16,), (0, 16), (16, 16, 16)]:
+        with pytest.raises(ConfigError, match="ref_grid must be two positive integers"):
+            get_config("rope-axial", ref_grid=bad)
+    with pytest.raises(ConfigError, match="ref_grid rescales index coordinates"):
+        get_config("rope-axial", ref_grid=(16, 16), coords="centered")
+
+
 def test_only_integer_coordinates_without_an_ape_nest():
     assert Rope2d(get_config("rope-axial"), DIMS).tables_nest
     assert not Rope2d(get_config("rope-axial", coords="centered"), DIMS).tables_nest
+    assert not Rope2d(get_config("rope-axial", ref_grid=(4, 4)), DIMS).tables_nest
     rope_ape = Rope2d(get_config("rope-mixed", ape=True, no_embed_class=True), DIMS)
     assert not rope_ape.tables_nest and rope_ape.pos_embed.shape == (1, 16, 32)
     table = rope_ape.tables((2, 3)).model["pos_embed"]

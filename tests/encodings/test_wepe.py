@@ -228,6 +228,19 @@ def test_config_options_and_errors():
     assert float(code.alpha_scale().detach()) == pytest.approx(0.15)
 
 
+def test_clamp_omega3_is_the_authors_bounds_and_off_by_default():
+    # W_Ti.py: ω3′ = softplus(α_learn).clamp(0.02, 8.0); a new model keeps the paper's plain softplus.
+    for raw, low, high in ((-6.0, 0.02, 0.02), (9.0, 8.0, 8.0), (0.125, 0.02, 8.0)):
+        softplus = math.log1p(math.exp(raw))  # raw values exact in float32, the parameter's dtype
+        plain, code = make(), make(clamp_omega3=True)
+        for enc in (plain, code):
+            with torch.no_grad():
+                enc.omega3_raw.fill_(raw)
+        assert float(code.omega3().detach()) == pytest.approx(min(max(softplus, low), high), rel=1e-12)
+        assert float(plain.omega3().detach()) == pytest.approx(softplus, rel=1e-12)
+    assert get_config("wepe").clamp_omega3 is False
+
+
 def test_scale_cls_flag():
     on, off = make(seed=3), make(seed=3, scale_cls=False)
     cls_on, cls_off = on.tables((2, 2)).model["pos_embed"][0, 0], off.tables((2, 2)).model["pos_embed"][0, 0]

@@ -138,3 +138,21 @@ def test_a_symlink_inside_the_export_is_fine(good_export, tmp_path):
     (export_dir / GRAPH).symlink_to(Path("graphs") / GRAPH)
     manifest = Manifest.read(export_dir)
     assert checked_graph(export_dir, manifest.graphs[0]) == export_dir / GRAPH
+
+
+@pytest.mark.parametrize("edit", ["unknown encoding", "graph listed twice"])
+def test_a_manifest_naming_what_deploykit_never_writes_is_refused_in_one_line(good_export, tmp_path, edit):
+    """An encoding name outside the registry (its text would reach reports and the packaged README),
+    and a graph listed twice (it would be validated twice) are corrupt manifests."""
+    export_dir = shutil.copytree(good_export, tmp_path / "export")
+    manifest = json.loads((export_dir / "manifest.json").read_text())
+    if edit == "unknown encoding":
+        manifest["encoding"] = "<script>alert(1)</script>"
+        expected = r"encoding '<script>alert\(1\)</script>' is not one deploykit has \(ape, "
+    else:
+        manifest["graphs"].append(dict(manifest["graphs"][0]))
+        expected = rf"it lists {RES} \({GRAPH}\) twice"
+    (export_dir / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DeployKitError, match=r"^corrupt manifest .*" + expected) as err:
+        Manifest.read(export_dir)
+    assert "\n" not in str(err.value)

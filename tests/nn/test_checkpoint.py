@@ -51,9 +51,10 @@ def test_pt_with_pickled_code_is_refused_and_runs_nothing(tmp_path, where):
     torch.load(tmp_path / "evil.pth", weights_only=False)  # control: a plain load runs the payload
     assert marker.exists()
     marker.unlink()
-    with pytest.raises(CheckpointError, match="weights_only.*Unsupported global: GLOBAL io.open ") as err:
+    with pytest.raises(CheckpointError, match=r"weights_only=True: Unsupported global: io.open \(loading it would run code") as err:
         load_checkpoint(tmp_path / "evil.pth")
     assert "\n" not in str(err.value) and not marker.exists()
+    assert "weights_only=False" not in str(err.value) and "safe_globals" not in str(err.value)  # no advice to run it
 
 
 def test_training_script_containers_give_the_trained_weights(tmp_path):
@@ -86,6 +87,8 @@ def test_training_script_containers_give_the_trained_weights(tmp_path):
     torch.save({f"module.{k}": v for k, v in model.state_dict().items()}, tmp_path / "ddp.pth")
     loaded = load_model(tmp_path / "ddp.pth", config=model.cfg)
     assert torch.equal(loaded.head.weight, model.head.weight)
+    torch.save({"model": {f"module._orig_mod.{k}": v for k, v in model.state_dict().items()}}, tmp_path / "compiled.pth")
+    assert load_checkpoint(tmp_path / "compiled.pth").keys() == model.state_dict().keys()  # DDP around torch.compile
 
 
 def test_a_file_with_no_weights_where_they_should_be_is_named_in_one_line(tmp_path):

@@ -1,20 +1,35 @@
-"""``deploykit import timm``: ViT, DeiT-III, RoPE-ViT and DINOv3 give timm's outputs, in PyTorch
-(≤ 1e-5, float32) and exported to ONNX Runtime (≤ 1e-4), at the native resolution, a non-square
-one and a larger one; graphs pass the lint and TensorRT-RTX builds them.
+"""``deploykit import timm``: ViT, DeiT-III, RoPE-ViT, DINOv3 and EVA-02 give timm's outputs, in
+PyTorch (≤ 1e-5, float32) and exported to ONNX Runtime (≤ 1e-4), at the native resolution, a
+non-square one and a larger one (EVA-02: and a smaller one); graphs pass the lint and
+TensorRT-RTX builds them.
 
 The first part runs everywhere against timm's recorded outputs (``timm_reference.py``: timm
-does not import beside CI's CPU torch); the second part runs timm itself, where it imports.
+does not import beside CI's CPU torch); the second part runs timm itself, where it imports:
+checkpoint files as timm reads them (DINOv3 in Meta's layout, training containers).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import numpy as np
 import onnx
 import pytest
 import torch
-from timm_reference import CASES, RESOLUTIONS, probe_images, read_fixture, seeded_state_dict, tag, timm_reference
+from timm_reference import (
+    CASES,
+    META_CASES,
+    RESOLUTIONS,
+    meta_dinov3_state,
+    meta_reference,
+    probe_images,
+    read_fixture,
+    resolutions,
+    seeded_state_dict,
+    tag,
+    timm_reference,
+)
 
 from deploykit._lazy import is_available
 from deploykit.cli import main
@@ -29,7 +44,7 @@ from deploykit.validate import validate
 # torch.onnx's dynamo exporter trips a deprecation inside torch.utils._pytree; not ours to fix.
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
 REFERENCE = read_fixture()
-EXPORTED = RESOLUTIONS[:2]  # native and non-square
+META = REFERENCE["dinov3_meta_format"]
 ROTATING = [n for n in CASES if REFERENCE[n]["config"]["encoding"]["name"].startswith("rope")]
 
 
@@ -46,10 +61,14 @@ def timm_output(name: str, resolution) -> torch.Tensor:
     return torch.tensor(REFERENCE[name]["outputs"][tag(resolution)])
 
 
+def exported_resolutions(name: str):
+    return resolutions(name)[:2]  # native and non-square
+
+
 @pytest.mark.parametrize("name", CASES)
 def test_pytorch_model_equals_timm_at_every_resolution(name):
     model = converted(name)
-    for resolution in RESOLUTIONS:
+    for resolution in resolutions(name):
         with torch.no_grad():
             out = model(probe_images(resolution))
         expected = timm_output(name, resolution)
@@ -63,6 +82,15 @@ def test_plain_bicubic_resize_would_not_match_timm():
     model = converted("vit_tiny_patch16_224", antialias=False)
     with torch.no_grad():
         assert (model(probe_images((96, 96))) - timm_output("vit_tiny_patch16_224", (96, 96))).abs().max() > 1e-3
+
+
+def test_eva02_positions_are_on_the_reference_grid_at_every_resolution():
+    # EVA-02's RoPE measures a 4x4 grid in units of its 16x16 pre-training grid, even at the native size.
+    name = "eva02_tiny_patch14_224"
+    model = converted(name, ref_grid=None)
+    for resolution in resolutions(name):
+        with torch.no_grad():
+            assert (model(probe_images(resolution)) - timm_output(name, resolution)).abs().max() > 1e-3
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -101,6 +129,22 @@ def test_conventions_are_recorded_in_the_config():
     assert (rope["name"], rope["axis_order"], rope["ape"], rope["no_embed_class"]) == ("rope-mixed", "xy", True, True)
     assert REFERENCE["deit3_small_patch16_224"]["config"]["encoding"]["no_embed_class"] is True
     assert REFERENCE["vit_medium_patch16_reg4_gap_256"]["config"]["fc_norm"] is True
+    eva = {n: REFERENCE[n]["config"] for n in CASES if n.startswith("eva02")}
+    rope = eva["eva02_tiny_patch14_224"]["encoding"]
+    assert (rope["name"], rope["ref_grid"], rope["axis_order"], rope["pairs"], rope["theta"]) == (
+        "rope-axial",
+        [16, 16],
+        "yx",
+        "interleaved",
+        1e4,
+    )
+    assert rope["ape"] is True and rope["no_embed_class"] is False
+    fields = ("mlp_layer", "mlp_norm", "attn_norm", "qkv_bias")
+    assert [tuple(c[f] for f in fields) for c in eva.values()] == [
+        ("swiglu_packed", False, False, True),
+        ("swiglu", True, False, True),
+        ("swiglu", True, True, True),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +155,7 @@ def exported(tmp_path_factory):
     def get(name):
         if name not in done:
             done[name] = tmp_path_factory.mktemp(name)
-            export(converted(name), list(EXPORTED), done[name])
+            export(converted(name), list(exported_resolutions(name)), done[name])
         return done[name]
 
     return get
@@ -121,7 +165,7 @@ def exported(tmp_path_factory):
 @pytest.mark.parametrize("name", CASES)
 def test_onnx_runtime_equals_timm(exported, name):
     out = exported(name)
-    for resolution in EXPORTED:
+    for resolution in exported_resolutions(name):
         path = out / f"model_{tag(resolution) if resolution[0] != resolution[1] else resolution[0]}.onnx"
         with OnnxrtRunner(path) as runner:
             actual = runner.infer({"images": probe_images(resolution).numpy()})["logits"]
@@ -132,7 +176,7 @@ def test_onnx_runtime_equals_timm(exported, name):
 # Each case costs an export of a ViT-S: the quick set checks the first, the whole suite all.
 @pytest.mark.parametrize("name", [ROTATING[0], *(pytest.param(n, marks=pytest.mark.slow) for n in ROTATING[1:])])
 def test_rotation_tables_are_fp32_initializers_without_control_flow(exported, name):
-    proto = onnx.load(str(exported(name) / "model_48x80.onnx"))
+    proto = onnx.load(str(exported(name) / f"model_{tag(exported_resolutions(name)[1])}.onnx"))
     tables = [t for t in proto.graph.initializer if t.name.startswith("pe_tables.")]
     assert tables and all(t.data_type == onnx.TensorProto.FLOAT for t in tables)
     ops = {n.op_type for n in proto.graph.node}
@@ -146,7 +190,7 @@ def test_tensorrt_rtx_builds_every_graph(exported, name):
     from deploykit.build import build
 
     results = build(exported(name), "rtx", optimization_level=0)
-    assert len(results) == len(EXPORTED) and all(r.engine.stat().st_size > 1000 for r in results)
+    assert len(results) == len(exported_resolutions(name)) and all(r.engine.stat().st_size > 1000 for r in results)
 
 
 def test_validate_compares_backbone_features(exported, capsys):
@@ -190,6 +234,12 @@ def test_hub_retries_without_network_are_not_shown(tmp_path, deploykit_cli, monk
     assert hub.level == level and not (tmp_path / "out").exists()
 
 
+def test_ema_needs_a_file(tmp_path, deploykit_cli):
+    code, err = deploykit_cli("import", "timm", "vit_tiny_patch16_224", "--ema", "-o", tmp_path / "out")
+    assert code == 1 and err.count("\n") == 1 and "--ema takes the EMA copy of a checkpoint file" in err, err
+    assert not (tmp_path / "out").exists()
+
+
 # ------------------------------------------------------------------- with timm itself
 
 timm_required = pytest.mark.skipif(
@@ -207,8 +257,8 @@ def seeded_timm(name: str):
     return model
 
 
-def kwargs_args(name: str) -> list[str]:
-    return [a for k, v in CASES[name].items() for a in ("--model-kwargs", f"{k}={v!r}")]
+def kwargs_args(name: str, kwargs: dict | None = None) -> list[str]:
+    return [a for k, v in (kwargs or CASES[name]).items() for a in ("--model-kwargs", f"{k}={v!r}")]
 
 
 @timm_required
@@ -222,16 +272,17 @@ def test_recorded_outputs_are_timms(name):
 
 
 @timm_required
-@pytest.mark.parametrize("name", ["deit3_small_patch16_224", "vit_small_patch16_dinov3_qkvb"])
+@pytest.mark.parametrize("name", ["eva02_tiny_patch14_224", "deit3_small_patch16_224", "vit_small_patch16_dinov3_qkvb"])
 def test_import_export_validate_from_the_command_line(tmp_path, deploykit_cli, name):
     timm_model = seeded_timm(name)
     weights = tmp_path / "seeded.pth"
     torch.save(timm_model.state_dict(), weights)
     model_dir, out = tmp_path / "imported", tmp_path / "export"
     assert deploykit_cli("import", "timm", name, "-w", weights, *kwargs_args(name), "-o", model_dir)[0] == 0
+    native, wide = exported_resolutions(name)
     with torch.no_grad():
-        torch.testing.assert_close(load_model(model_dir)(probe_images((48, 80))), timm_model(probe_images((48, 80))), atol=1e-5, rtol=0)
-    assert deploykit_cli("export", "-c", model_dir, "-r", "64", "-r", "48x80", "-o", out)[0] == 0
+        torch.testing.assert_close(load_model(model_dir)(probe_images(wide)), timm_model(probe_images(wide)), atol=1e-5, rtol=0)
+    assert deploykit_cli("export", "-c", model_dir, "-r", native[0], "-r", tag(wide), "-o", out)[0] == 0
     code, err = deploykit_cli("validate", out, "--num-random", "2", "--num-real", "2")
     assert code == 0 and "2/2 checks passed" in err
 
@@ -256,7 +307,7 @@ def test_set_changes_the_imported_encoding(tmp_path, deploykit_cli):
         ("resnet18", [], "class ResNet is not supported"),
         ("vit_base_patch16_clip_224", ["depth=1"], "not supported: a patch embedding without bias; a norm before the blocks (pre_norm)"),
         ("vit_base_patch16_siglip_224", ["depth=1"], "not supported: attention pooling (global_pool='map')"),
-        ("eva02_tiny_patch14_224", ["depth=1"], "not supported: MLP GluMlp; RoPE grid 'index' (offset 0.0, ref_feat_shape (16, 16))"),
+        ("eva02_enormous_patch14_clip_224", ["depth=1"], "not supported: EvaBlockPostNorm blocks"),
         ("vit_small_patch16_18x2_224", ["depth=1"], "not supported: ParallelThingsBlock blocks; attention variants"),
     ],
 )
@@ -288,3 +339,63 @@ def test_pretrained_weights_without_hub_access_are_one_line(tmp_path, deploykit_
     code, err = deploykit_cli("import", "timm", "vit_tiny_patch16_224", "-o", tmp_path / "out")
     assert code == 1 and "cannot fetch timm's pretrained weights for vit_tiny_patch16_224" in err and "--weights" in err
     assert err.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+@timm_required
+@pytest.mark.parametrize("name", META_CASES)
+def test_recorded_meta_format_outputs_are_timms(name):
+    fresh, recorded = meta_reference(name), META[name]
+    assert fresh["shapes"] == recorded["shapes"]
+    for key, value in fresh["outputs"].items():
+        torch.testing.assert_close(torch.tensor(value), torch.tensor(recorded["outputs"][key]), atol=1e-5, rtol=0)
+
+
+def meta_state(name: str) -> dict[str, torch.Tensor]:
+    """The seeded weights of ``META_CASES[name]`` in Meta's DINOv3 layout."""
+    kwargs = META_CASES[name]
+    return meta_dinov3_state(seeded_state_dict(META[name]["shapes"]), kwargs["embed_dim"] // kwargs["num_heads"])
+
+
+def meta_file(path, name: str):
+    """``meta_state`` saved as a fine-tuning script's container (weights under ``model``, its args beside)."""
+    torch.save({"model": meta_state(name), "epoch": 9, "args": argparse.Namespace(lr=1e-4)}, path)
+    return path
+
+
+@timm_required
+@pytest.mark.parametrize("name", META_CASES)
+def test_dinov3_file_in_metas_layout_imports_as_timm_loads_it(tmp_path, deploykit_cli, name):
+    weights = meta_file(tmp_path / "dinov3_finetune.pth", name)
+    code, err = deploykit_cli("import", "timm", name, "-w", weights, *kwargs_args(name, META_CASES[name]), "-o", tmp_path / "m")
+    assert code == 0, err
+    model = load_model(tmp_path / "m")
+    for resolution in RESOLUTIONS:
+        with torch.no_grad():
+            out = model(probe_images(resolution))
+        torch.testing.assert_close(out, torch.tensor(META[name]["outputs"][tag(resolution)]), atol=1e-5, rtol=0)
+
+
+@timm_required
+def test_biases_timm_would_drop_are_refused_in_one_line(tmp_path, deploykit_cli):
+    # timm's DINOv3 filter drops qkv.bias for a model without q/v biases; these are not zero.
+    name = "vit_small_plus_patch16_dinov3_qkvb"
+    weights, args = meta_file(tmp_path / "dinov3.pth", name), kwargs_args(name, META_CASES[name])
+    code, err = deploykit_cli("import", "timm", "vit_small_plus_patch16_dinov3", "-w", weights, *args, "-o", tmp_path / "m")
+    assert code == 1 and err.count("\n") == 1, err
+    assert "non-zero q/v biases (blocks.0.attn.qkv.bias (+1 more))" in err and "qkv_bias=True" in err
+    assert not (tmp_path / "m").exists()
+    args += ["--model-kwargs", "qkv_bias=True"]  # the hint: the same model with q/v biases takes them
+    assert deploykit_cli("import", "timm", "vit_small_plus_patch16_dinov3", "-w", weights, *args, "-o", tmp_path / "m")[0] == 0
+
+
+@timm_required
+def test_ema_takes_the_files_ema_copy(tmp_path, deploykit_cli):
+    name = "vit_base_patch16_dinov3"
+    ema = meta_state(name)
+    torch.save({"model": dict(ema, **{"norm.weight": 2 * ema["norm.weight"]}), "model_ema": ema}, tmp_path / "ckpt.pth")
+    args = ["import", "timm", name, "-w", tmp_path / "ckpt.pth", *kwargs_args(name, META_CASES[name])]
+    assert deploykit_cli(*args, "--ema", "-o", tmp_path / "ema")[0] == 0 and deploykit_cli(*args, "-o", tmp_path / "model")[0] == 0
+    x, expected = probe_images(RESOLUTIONS[0]), torch.tensor(META[name]["outputs"][tag(RESOLUTIONS[0])])
+    with torch.no_grad():
+        torch.testing.assert_close(load_model(tmp_path / "ema")(x), expected, atol=1e-5, rtol=0)
+        assert (load_model(tmp_path / "model")(x) - expected).abs().max() > 1e-3

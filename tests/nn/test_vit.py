@@ -47,6 +47,8 @@ def reference_vit(sd, x, heads, depth, eps=1e-6):
     """ViT forward written from the state dict alone (class token, APE, token pooling)."""
     x = F.conv2d(x, sd["patch_embed.proj.weight"], sd["patch_embed.proj.bias"], stride=16)
     x = x.flatten(2).transpose(1, 2)
+    if "patch_embed.norm.weight" in sd:  # timm's PatchEmbed(norm_layer=...)
+        x = F.layer_norm(x, x.shape[-1:], sd["patch_embed.norm.weight"], sd["patch_embed.norm.bias"], eps)
     x = torch.cat([sd["cls_token"].expand(len(x), -1, -1), x], 1) + sd["pos_embed"]
     B, N, D = x.shape
     hd = D // heads
@@ -74,6 +76,21 @@ def test_timm_vit_small_state_dict_loads_and_matches_reference():
     x = torch.randn(2, 3, 224, 224, generator=g, dtype=F64)
     with torch.no_grad():
         torch.testing.assert_close(model(x), reference_vit(sd, x, heads=6, depth=12), atol=1e-10, rtol=1e-10)
+
+
+def test_embed_norm_is_timms_patch_embed_norm_and_absent_by_default():
+    shapes = timm_vit_small_patch16_224_shapes(depth=2)
+    shapes.update({"patch_embed.norm.weight": (384,), "patch_embed.norm.bias": (384,)})
+    g = torch.Generator().manual_seed(0)
+    sd = {k: torch.randn(s, generator=g, dtype=F64) * 0.05 for k, s in shapes.items()}
+    sd["patch_embed.norm.weight"] = sd["patch_embed.norm.weight"] + 1
+    model = create_model("vit_small_patch16", depth=2, embed_norm=True).to(F64).eval()
+    model.load_state_dict(sd, strict=True)
+    assert set(model.state_dict()) == set(shapes)
+    x = torch.randn(1, 3, 224, 224, generator=g, dtype=F64)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), reference_vit(sd, x, heads=6, depth=2), atol=1e-10, rtol=1e-10)
+    assert not any(k.startswith("patch_embed.norm") for k in create_model("vit_small_patch16", depth=2).state_dict())
 
 
 @pytest.mark.parametrize("encoding", ["ape", "rope-axial", "rope-mixed"])
@@ -154,6 +171,30 @@ def test_timm_trunk_options_keep_timm_names_and_pool_as_timm():
         torch.testing.assert_close(model(x), model.fc_norm(tokens[:, 4:].mean(1)))
 
 
+def test_eva02_trunk_options_keep_timm_names_and_compute_timms_forward():
+    """``swiglu_packed`` (timm's ``GluMlp``: the first half of ``fc1`` gates the second), and the
+    sub-LayerNorms ``mlp.norm`` (before fc2) and ``attn.norm`` (before proj), from the weights alone."""
+    torch.manual_seed(0)
+    options = dict(depth=1, img_size=32, embed_dim=32, num_heads=2, mlp_layer="swiglu_packed", mlp_hidden_dim=24)
+    model = create_model("vit_tiny_patch16", **options, mlp_norm=True, attn_norm=True).to(F64).eval()
+    for param in model.parameters():  # norms away from the identity, so that they count
+        torch.nn.init.normal_(param, std=0.3)
+    sd = {k.removeprefix("blocks.0."): v for k, v in model.state_dict().items() if k.startswith("blocks.0.")}
+    assert (sd["mlp.fc1.weight"].shape, sd["mlp.norm.weight"].shape, sd["attn.norm.weight"].shape) == ((48, 32), (24,), (32,))
+    x = torch.randn(2, 5, 32, dtype=F64)
+    gate, value = (x @ sd["mlp.fc1.weight"].T + sd["mlp.fc1.bias"]).split(24, dim=-1)
+    hidden = F.layer_norm(F.silu(gate) * value, (24,), sd["mlp.norm.weight"], sd["mlp.norm.bias"], 1e-6)
+    block = model.blocks[0]
+    with torch.no_grad():
+        torch.testing.assert_close(block.mlp(x), hidden @ sd["mlp.fc2.weight"].T + sd["mlp.fc2.bias"])
+        q, k, v = (x @ sd["attn.qkv.weight"].T + sd["attn.qkv.bias"]).reshape(2, 5, 3, 2, 16).permute(2, 0, 3, 1, 4)
+        heads = (torch.softmax(q @ k.transpose(-1, -2) / 4, -1) @ v).transpose(1, 2).reshape(2, 5, 32)
+        expected = F.layer_norm(heads, (32,), sd["attn.norm.weight"], sd["attn.norm.bias"], 1e-6) @ sd["attn.proj.weight"].T
+        torch.testing.assert_close(block.attn(x, model.pos_enc, {}, (2, 2)), expected + sd["attn.proj.bias"])
+    plain = create_model("vit_tiny_patch16", **options)  # the defaults add no module and no key
+    assert not any(".norm." in k for k in plain.state_dict()) and plain.cfg.to_dict()["mlp_norm"] is False
+
+
 def test_headless_per_token_features_and_refused_pools():
     model = create_model("vit_tiny_patch16", depth=1, img_size=32, num_classes=0, global_pool="").eval()
     with torch.no_grad():
@@ -182,3 +223,4 @@ def test_config_without_the_new_fields_means_the_old_trunk():
 
     cfg = ViTConfig.from_dict(old)
     assert (cfg.pool, cfg.num_prefix_tokens, cfg.hidden_dim, cfg.init_values, cfg.fc_norm) == ("avg", 0, 256, None, False)
+    assert cfg.embed_norm is False

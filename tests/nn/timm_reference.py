@@ -10,11 +10,19 @@ key's CRC32), not from a framework RNG, so any machine and any torch version reb
 bit for bit from a key and a shape. Regenerate the JSON where timm imports::
 
     python tests/nn/timm_reference.py
+
+Recorded with timm 1.0.31 (each entry says which), torch 2.14.1 on CPU.
+
+``META_CASES`` are DINOv3 checkpoints in Meta's own layout (github.com/facebookresearch/dinov3),
+built here from the seeded weights by the inverse of the key mapping timm's DINOv3 filter
+documents (``timm.models.eva.checkpoint_filter_fn``), then loaded by timm itself as a file
+(``pretrained_cfg_overlay=dict(file=...)``), so timm's own filter reads them.
 """
 
 from __future__ import annotations
 
 import json
+import tempfile
 import zlib
 from pathlib import Path
 
@@ -24,7 +32,9 @@ import torch
 FIXTURE = Path(__file__).with_name("data") / "timm_reference.json"
 
 _TINY = dict(img_size=64, patch_size=8, embed_dim=32, num_heads=2, depth=2)
-# name -> timm.create_model kwargs; resolutions: native, non-square, larger.
+# EVA-02 keeps its patch size: a 4x4 grid at the native size, positions rescaled to its 16x16 reference grid.
+_EVA = dict(depth=2, num_classes=10, dynamic_img_size=True)
+# name -> timm.create_model kwargs; resolutions (``resolutions``): native, non-square, larger (, smaller).
 CASES: dict[str, dict] = {
     "vit_tiny_patch16_224": dict(_TINY, num_classes=10, dynamic_img_size=True),  # class token, APE
     "vit_medium_patch16_reg4_gap_256": dict(_TINY, num_classes=10, dynamic_img_size=True),  # registers, avg + fc_norm, LayerScale
@@ -34,8 +44,22 @@ CASES: dict[str, dict] = {
     "vit_small_patch16_rope_mixed_ape_224": dict(_TINY, num_classes=10, dynamic_img_size=True),  # mixed RoPE + APE
     "vit_small_patch16_dinov3_qkvb": dict(_TINY),  # DINOv3 RoPE, registers, q/v bias: pooled features
     "vit_small_plus_patch16_dinov3": dict(_TINY, global_pool="token"),  # SwiGLU, class-token features
+    "eva02_tiny_patch14_224": dict(_EVA, img_size=56),  # EVA-02 Ti's widths: packed SwiGLU, q/v biases, RoPE on the reference grid + APE
+    "eva02_base_patch14_224": dict(_EVA, img_size=56, embed_dim=64, num_heads=2),  # q/k/v projections, SwiGLU + sub-LayerNorm
+    "eva02_base_patch16_clip_224": dict(_EVA, img_size=64, embed_dim=64, num_heads=2),  # + attention sub-LayerNorm, class token
 }
 RESOLUTIONS = ((64, 64), (48, 80), (96, 96))
+_PATCH14 = ((56, 56), (42, 70), (84, 84), (42, 42))
+CASE_RESOLUTIONS = {
+    "eva02_tiny_patch14_224": _PATCH14,
+    "eva02_base_patch14_224": _PATCH14,
+    "eva02_base_patch16_clip_224": (*RESOLUTIONS, (48, 48)),
+}
+# DINOv3 files in Meta's layout: name -> timm.create_model kwargs (outputs at RESOLUTIONS).
+META_CASES: dict[str, dict] = {
+    "vit_base_patch16_dinov3": dict(_TINY),  # the README's example: Meta's zero qkv.bias, which timm's model has no place for
+    "vit_small_plus_patch16_dinov3_qkvb": dict(_TINY),  # SwiGLU as w1/w2/w3; q/v biases beside a k third Meta masks
+}
 # The pretrained_cfg entries timm's eval transform reads (timm.data.resolve_data_config).
 PREPROCESSING_KEYS = ("mean", "std", "crop_pct", "crop_mode", "interpolation")
 BATCH = 2
@@ -71,6 +95,40 @@ def tag(resolution: tuple[int, int]) -> str:
     return "x".join(map(str, resolution))
 
 
+def resolutions(name: str) -> tuple[tuple[int, int], ...]:
+    return CASE_RESOLUTIONS.get(name, RESOLUTIONS)
+
+
+def meta_dinov3_state(timm_state: dict[str, torch.Tensor], head_dim: int) -> dict[str, torch.Tensor]:
+    """A timm DINOv3 state dict as Meta's code saves it: ``storage_tokens``, ``ls1.gamma``,
+    ``qkv.bias`` with its ``bias_mask`` (the k third masked: junk here, which must not matter),
+    SwiGLU's ``w1``/``w2``/``w3``, and the ``mask_token`` and ``rope_embed.periods`` a
+    pre-training file holds. A model without q/v biases gets Meta's all-zero ``qkv.bias``."""
+    swiglu = {".mlp.fc1_g.": ".mlp.w1.", ".mlp.fc1_x.": ".mlp.w2.", ".mlp.fc2.": ".mlp.w3."}
+    out = {}
+    for key, value in timm_state.items():
+        owner, _, leaf = key.rpartition(".")
+        if key == "reg_token":
+            out["storage_tokens"] = value
+        elif leaf in ("gamma_1", "gamma_2"):
+            out[f"{owner}.ls{leaf[-1]}.gamma"] = value
+        elif leaf == "q_bias":
+            k_junk = 0.3 * hashed_uniform(value.shape, f"{owner}.k_bias").float()
+            out[f"{owner}.qkv.bias"] = torch.cat([value, k_junk, timm_state[f"{owner}.v_bias"]])
+        elif leaf != "v_bias":
+            block = key.split(".mlp.")[0]
+            is_swiglu = f"{block}.mlp.fc1_g.weight" in timm_state  # Meta's Mlp keeps fc1/fc2
+            out[next((key.replace(a, b) for a, b in swiglu.items() if is_swiglu and a in key), key)] = value
+        if key.endswith("attn.qkv.weight"):
+            width = value.shape[0] // 3
+            out[f"{owner}.bias_mask"] = torch.cat([torch.ones(width), torch.zeros(width), torch.ones(width)])
+            if f"{owner[: -len('qkv')]}q_bias" not in timm_state:
+                out[f"{owner}.bias"] = torch.zeros(3 * width)
+    out["mask_token"] = 0.3 * hashed_uniform((1, timm_state["cls_token"].shape[-1]), "mask_token").float()
+    out["rope_embed.periods"] = 100.0 ** (4 * torch.arange(head_dim // 4) / head_dim)
+    return out
+
+
 def read_fixture() -> dict:
     return json.loads(FIXTURE.read_text())
 
@@ -86,14 +144,14 @@ def timm_reference(name: str) -> dict:
     shapes = {k: list(v.shape) for k, v in model.state_dict().items()}
     model.load_state_dict(seeded_state_dict(shapes))
     with torch.no_grad():
-        outputs = {tag(r): model(probe_images(r)).tolist() for r in RESOLUTIONS}
+        outputs = {tag(r): model(probe_images(r)).tolist() for r in resolutions(name)}
     # What timm's own eval transform is built from: the pretrained_cfg entries and timm's resolution of them.
     pretrained_cfg = {k: model.pretrained_cfg.get(k) for k in PREPROCESSING_KEYS}
     data_config = {k: v for k, v in timm.data.resolve_data_config(model=model).items() if k in PREPROCESSING_KEYS}
     return dict(
         timm=timm.__version__,
         kwargs=kwargs,
-        config=config_from_timm(model, name).to_dict(),
+        config=json.loads(json.dumps(config_from_timm(model, name).to_dict())),
         shapes=shapes,
         outputs=outputs,
         pretrained_cfg=json.loads(json.dumps(pretrained_cfg)),
@@ -101,8 +159,29 @@ def timm_reference(name: str) -> dict:
     )
 
 
+def meta_reference(name: str) -> dict:
+    """timm's ``name`` loading the seeded weights from a file in Meta's DINOv3 layout, through
+    timm's own file loading and checkpoint filter, and its outputs (needs timm)."""
+    import timm
+
+    kwargs = META_CASES[name]
+    shapes = {k: list(v.shape) for k, v in timm.create_model(name, pretrained=False, **kwargs).state_dict().items()}
+    seeded = seeded_state_dict(shapes)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "dinov3.pth"
+        torch.save(meta_dinov3_state(seeded, kwargs["embed_dim"] // kwargs["num_heads"]), path)
+        model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=str(path)), **kwargs).eval()
+    # timm's filter took Meta's names back to the seeded weights: the layout above is the one it reads
+    loaded = model.state_dict()
+    assert loaded.keys() == seeded.keys() and all(torch.equal(loaded[k], v) for k, v in seeded.items())
+    with torch.no_grad():
+        outputs = {tag(r): model(probe_images(r)).tolist() for r in RESOLUTIONS}
+    return dict(timm=timm.__version__, kwargs=kwargs, shapes=shapes, outputs=outputs)
+
+
 if __name__ == "__main__":
     data = {name: timm_reference(name) for name in CASES}
+    data["dinov3_meta_format"] = {name: meta_reference(name) for name in META_CASES}
     FIXTURE.parent.mkdir(exist_ok=True)
     FIXTURE.write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {FIXTURE} ({FIXTURE.stat().st_size} bytes)")

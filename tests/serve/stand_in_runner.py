@@ -1,12 +1,15 @@
-"""A stand-in runner that detects overlapping calls: what an engine with one execution context,
-one set of device buffers and one stream must never see. It runs the real graph with ONNX
-Runtime (so answers can be compared) and holds each call open for a moment, so two threads
-that are allowed in at once do meet inside."""
+"""Stand-in runners over the real graph (ONNX Runtime, so answers can be compared): one detects
+overlapping calls, what an engine with one execution context, one set of device buffers and one
+stream must never see (it holds each call open for a moment, so two threads that are allowed in
+at once do meet inside); one answers NaN for the first image of every call, as a model that
+overflows would."""
 
 from __future__ import annotations
 
 import threading
 import time
+
+import numpy as np
 
 from deploykit.runtime.onnxrt import OnnxrtRunner
 
@@ -37,3 +40,15 @@ class OverlapDetectingRunner(OnnxrtRunner):
         finally:
             with self._guard:
                 self.inside -= 1
+
+
+class NanRowRunner(OnnxrtRunner):
+    """The real graph's logits, but NaN for the first image of every call."""
+
+    name = "nan-row"
+
+    def _infer(self, feed):
+        outputs = super()._infer(feed)
+        for logits in outputs.values():
+            logits[:1] = np.nan
+        return outputs

@@ -10,12 +10,14 @@ import sys
 import numpy as np
 import pytest
 from serve_reference import ort_logits, preprocessed, softmax_top_k
+from stand_in_runner import NanRowRunner
 
 import deploykit
 from deploykit.data import sample_images
 from deploykit.errors import ConfigError, DeployKitError, InputError, MissingDependencyError
 from deploykit.runtime import OnnxrtRunner
 from deploykit.serve import Pipeline, nearest_resolution
+from tests import image_bombs
 
 PIL = pytest.importorskip("PIL.Image", reason="pillow comes with the images extra")
 
@@ -248,3 +250,33 @@ def test_images_over_the_limits_are_refused_before_decoding(export_dir, tmp_path
         assert pipe(np.zeros((32, 40, 3), np.uint8)).resolution == (32, 32)  # at the limit: served
     with pytest.raises(ConfigError, match="max_pixels=0"):
         ImageLimits(max_pixels=0)
+
+
+def test_an_image_that_fails_to_decode_is_one_input_error(pipeline):
+    """Pillow raises ``SyntaxError`` on a PNG whose zTXt chunk names an unknown compression
+    (issue 41): in-process that is one ``InputError``, from bytes or from a lazily opened PIL image."""
+    png = image_bombs.encoded("PNG")
+    end = png.rindex(b"IEND") - 4
+    corrupt = png[:end] + image_bombs.png_chunk(b"zTXt", b"key\0\x01data") + png[end:]
+    for item in (corrupt, [png, corrupt], PIL.open(io.BytesIO(corrupt))):
+        with pytest.raises(InputError, match="^cannot decode image.*compression") as info:
+            pipeline(item)
+        assert "\n" not in str(info.value) and "/" not in str(info.value)
+
+
+def test_inputs_beyond_the_bound_are_refused_before_the_model_runs(pipeline):
+    """A finite 3e38 overflowed the model to NaN logits that were then ranked (issue 41)."""
+    x = np.zeros((2, 3, 32, 32), np.float32)
+    x[1, 0, 5, 5] = 3e38
+    with pytest.raises(InputError, match=r"^images hold 1 values beyond ±10000; send normalised pixels$"):
+        pipeline.logits(x)
+    x[1, 0, 5, 5] = -1e4  # at the bound: served
+    assert np.isfinite(pipeline.logits(x)).all()
+
+
+def test_a_nan_answer_is_refused_not_ranked(export_dir, images):
+    with Pipeline(export_dir, factories={"ort": NanRowRunner}) as pipe:
+        with pytest.raises(DeployKitError, match=r"^the ort model at 32 answered NaN/Inf for 1 of 2 images \(first: 0\); not ranked$"):
+            pipe.logits(np.zeros((2, 3, 32, 32), np.float32))
+        with pytest.raises(DeployKitError, match="answered NaN/Inf"):
+            pipe(images[2])

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -46,6 +47,14 @@ def repo(export_dir, tmp_path_factory) -> Path:
 
 def parse(path: Path):
     return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+
+
+def test_the_repository_is_readable_by_the_server_user_as_a_plain_mkdir_would_make_it(repo):
+    """Triton often runs as another user than the one who packaged: a 0700 repository (mkdtemp's
+    mode, kept by the rename) would be unreadable to it."""
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE(repo.stat().st_mode) == 0o777 & ~mask
 
 
 def test_layout_and_every_config_parses(repo):

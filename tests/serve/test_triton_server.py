@@ -30,6 +30,7 @@ from tritonclient.utils import InferenceServerException
 
 from deploykit.data import sample_images
 from deploykit.serve.pipeline import AUTO_PREFERENCE
+from tests import image_bombs
 
 MAX_BATCH = 8
 QUEUE_DELAY_US = 20_000  # long enough that concurrent requests reliably meet in the queue
@@ -434,6 +435,12 @@ def _nan_image(res=32) -> np.ndarray:
     return x
 
 
+def _corrupt_chunk_png() -> bytes:
+    png = image_bombs.encoded("PNG")
+    end = png.rindex(b"IEND") - 4
+    return png[:end] + image_bombs.png_chunk(b"zTXt", b"key\0\x01data") + png[end:]
+
+
 def _png_of(size, mode="RGB") -> bytes:
     buf = io.BytesIO()
     PIL.new(mode, size).save(buf, format="PNG")
@@ -475,6 +482,11 @@ def test_non_finite_inputs_are_the_clients_error(clients, protocol):
         infer(clients[protocol], "logits_32", _nan_image())
     assert str(info.value.status()) == {"http": "400", "grpc": "StatusCode.INVALID_ARGUMENT"}[protocol]
     assert info.value.message() == "input images: 1 NaN/Inf values in FP32 data; send finite numbers"
+    huge = _nan_image()
+    huge[0, 1, 2, 3] = 3e38  # finite, but it overflowed the model to NaN logits, answered with a ranking (issue 41)
+    with pytest.raises(InferenceServerException) as info:
+        infer(clients[protocol], "logits_32", huge)
+    assert info.value.message() == "input images: 1 values beyond ±10000 in FP32 data; send normalised pixels"
 
 
 HOSTILE_IMAGES = {
@@ -482,6 +494,12 @@ HOSTILE_IMAGES = {
     "gif": (b"GIF89a\x01\x00\x01\x00\x00\x00\x00;", "cannot decode image bytes: not a PNG, JPEG, WEBP, BMP image"),
     "extreme_aspect": (_png_of((10_000, 1), "L"), "image is 10000x1; this server takes an aspect ratio of at most 16:1"),
     "side_over_limit": (_png_header_only(16_385, 200), "image is 16385x200; this server takes at most 16384 pixels on a side"),
+    # issue 41: Pillow's SyntaxError on this PNG failed every request batched beside it
+    "corrupt_chunk": (_corrupt_chunk_png(), "cannot decode image bytes: Unknown compression method 1 in zTXt chunk"),
+    "scan_bomb": (
+        image_bombs.progressive_jpeg(1_000),
+        "JPEG image has more than 64 scans; this server takes at most 64 (encoders write about 10)",
+    ),
 }
 
 

@@ -18,10 +18,13 @@ def bias_errors():
     # (grid, prefix, head dim, M, dtype): non-square, prefix tokens, M < W (clamping), fp16 I/O,
     # and a grid whose tokens span two tiles with a partial last one.
     cases = [((3, 5), 1, 8, 4, torch.float32), ((4, 6), 2, 16, 7, torch.float16), ((6, 7), 0, 8, 8, torch.float32)]
-    for (grid, prefix, d, m, dtype), mode in [(c, mode) for c in cases for mode in range(len(MODES))]:
+    # Both forms of the interpolation (the hat over the whole table, the gather of two columns).
+    for (grid, prefix, d, m, dtype), mode, gather in [
+        (c, mode, gather) for c in cases for mode in range(len(MODES)) for gather in (False, True)
+    ]:
         q, k = (torch.randn(2, 2, prefix + grid[0] * grid[1], d, generator=g).to(dtype) for _ in range(2))
         tx, ty = (torch.randn(d, m, generator=g) for _ in range(2))
-        out = sape2_bias_triton(q, k, tx, ty, grid, 0.4, mode, prefix)
+        out = sape2_bias_triton(q, k, tx, ty, grid, 0.4, mode, prefix, gather)
         ref = sape2_bias_reference(*(t.double() for t in (q, k, tx, ty)), grid, 0.4, MODES[mode], prefix)
         results.append(
             dict(
@@ -29,6 +32,7 @@ def bias_errors():
                 prefix=prefix,
                 dtype=str(dtype),
                 mode=mode,
+                gather=gather,
                 out_dtype=str(out.dtype),
                 max_err=(out.double() - ref).abs().max().item(),
                 max_ref=ref.abs().max().item(),
@@ -45,10 +49,14 @@ def fused_errors():
 
     results = []
     g = torch.Generator().manual_seed(1)
-    for grid, prefix, d, m, divided in [((5, 7), 1, 16, 6, True), ((4, 4), 0, 8, 5, False)]:
+    for grid, prefix, d, m, divided, gather in [
+        ((5, 7), 1, 16, 6, True, False),
+        ((4, 4), 0, 8, 5, False, False),
+        ((5, 7), 1, 16, 6, True, True),
+    ]:
         q, k, v = (torch.randn(1, 2, prefix + grid[0] * grid[1], d, generator=g) for _ in range(3))
         tx, ty = (torch.randn(d, m, generator=g) for _ in range(2))
-        out = sape2_attention_triton(q, k, v, tx, ty, grid, 0.3, 1, prefix, divided)
+        out = sape2_attention_triton(q, k, v, tx, ty, grid, 0.3, 1, prefix, divided, gather)
         q64, k64, v64 = q.double(), k.double(), v.double()
         bias = sape2_bias_reference(q64, k64, tx.double(), ty.double(), grid, 0.3, "k", prefix)
         logits = q64 @ k64.transpose(-1, -2) * d**-0.5 + bias * (d**-0.5 if divided else 1.0)

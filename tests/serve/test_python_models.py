@@ -1,0 +1,158 @@
+"""deploykit's Triton Python-backend models, driven in-process with a batch as Triton's stub drives
+them (``python_backend.py``): ``classify`` of ``deploykit serve`` and the packaged repository's
+``preprocess_<res>``. One client's image, however broken, fails that client's request alone
+(issue 41: a PNG with a corrupt chunk failed 24 of 100 valid requests batched beside it); a model
+answer holding NaN/Inf is refused, never ranked."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+from python_backend import images_request, load_model
+from stand_in_runner import NanRowRunner
+
+import deploykit
+from tests import image_bombs
+
+PIL = pytest.importorskip("PIL.Image", reason="pillow comes with the images extra")
+pytest.importorskip("pytriton", reason="the classify model's BLS calls run PyTriton's batching (serve extra)")
+
+VALID = 12  # valid requests in each batch, the poisoned one in the middle
+PATH = re.compile(r"/\w+/|\.py\b|site-packages")
+
+
+def corrupt_chunk_png() -> bytes:
+    """A 48x48 PNG with a zTXt chunk after its image data whose compression method is unknown:
+    Pillow raises ``SyntaxError`` while decoding the pixels (issue 41, finding 1)."""
+    png = image_bombs.encoded("PNG")
+    end = png.rindex(b"IEND") - 4
+    return png[:end] + image_bombs.png_chunk(b"zTXt", b"key\0\x01data") + png[end:]
+
+
+POISONED = {
+    "corrupt chunk": corrupt_chunk_png,
+    "not an image": lambda: b"\x89PNG\r\n\x1a\n but no chunks",
+    "scan bomb": lambda: image_bombs.progressive_jpeg(1_000),
+    "animated": lambda: image_bombs.animated("WEBP", 3),
+}
+
+
+@pytest.fixture(scope="module")
+def pipeline(export_dir):
+    with deploykit.load(export_dir, backend="ort", top_k=3) as pipe:
+        yield pipe
+
+
+@pytest.fixture(scope="module")
+def valid_images() -> list[bytes]:
+    return [image_bombs.encoded("PNG", size, seed=i) for i, size in enumerate([(40, 40), (50, 70), (32, 32)] * (VALID // 3))]
+
+
+def classify_model(pipeline, monkeypatch):
+    from deploykit.serve.triton_server import CLASSIFY_MODEL_SOURCE, ServerOptions, classify_config
+
+    text = classify_config(pipeline, ServerOptions(top_k=3))
+    settings = json.loads(text.split("string_value: ", 1)[1].rsplit(" }", 2)[0])
+    return load_model(CLASSIFY_MODEL_SOURCE, {"parameters": {"settings": {"string_value": settings}}}, monkeypatch, pipeline)
+
+
+def preprocess_model(pipeline, monkeypatch, resolution=(32, 32)):
+    pytest.importorskip("tritonclient.grpc.model_config_pb2", reason="needs tritonclient (serve extra)")
+    from google.protobuf import json_format, text_format
+    from tritonclient.grpc import model_config_pb2
+
+    from deploykit.serve.triton_repo import PREPROCESS_MODEL_SOURCE, RepositoryOptions, preprocess_config
+
+    text = preprocess_config("preprocess_32", resolution, pipeline.config, RepositoryOptions())
+    config = json_format.MessageToDict(text_format.Parse(text, model_config_pb2.ModelConfig()), preserving_proto_field_name=True)
+    return load_model(PREPROCESS_MODEL_SOURCE, config, monkeypatch)
+
+
+def assert_client_error(response, needle: str):
+    assert response.has_error()
+    message = response.error().message()
+    assert response.error().code() == "INVALID_ARG" and needle in message, message
+    assert "\n" not in message and "Traceback" not in message and not PATH.search(message), message
+
+
+@pytest.mark.parametrize("poison", POISONED)
+def test_a_poisoned_request_fails_alone_in_a_classify_batch(pipeline, valid_images, monkeypatch, poison):
+    model = classify_model(pipeline, monkeypatch)
+    requests = [images_request(data) for data in valid_images]
+    requests.insert(VALID // 2, images_request(valid_images[0], POISONED[poison]()))  # a valid image beside it fails with it
+    responses = model.execute(requests)
+    assert len(responses) == VALID + 1
+    assert_client_error(responses.pop(VALID // 2), "")
+    failed = [r.error().message() for r in responses if r.has_error()]
+    assert failed == []
+    for data, response in zip(valid_images, responses):
+        expected = pipeline(data)
+        classes = {t.name: t.as_numpy() for t in response.output_tensors}
+        assert classes["classes"].tolist() == [list(expected.classes)]
+        assert classes["resolution"].tolist() == [list(expected.resolution)]
+
+
+def test_classify_says_why_an_image_was_refused(pipeline, monkeypatch):
+    model = classify_model(pipeline, monkeypatch)
+    responses = model.execute([images_request(data()) for data in POISONED.values()])
+    needles = ["cannot decode image bytes: ", "cannot decode image bytes: ", "scans; this server takes at most", "animated (3 frames)"]
+    for response, needle in zip(responses, needles):
+        assert_client_error(response, needle)
+
+
+def test_a_nan_answer_is_refused_not_ranked_by_classify(export_dir, valid_images, monkeypatch):
+    """The model answers NaN for one image: its call fails (a model fault) and nothing is ranked."""
+    with deploykit.load(export_dir, factories={"ort": NanRowRunner}, top_k=3) as pipe:
+        responses = classify_model(pipe, monkeypatch).execute([images_request(data) for data in valid_images[:2]])
+    for response in responses:
+        assert response.has_error() and not response.output_tensors
+        message = response.error().message()
+        assert re.fullmatch(
+            r"logits_\d+ failed: the ort model at \d+ answered NaN/Inf for 1 of \d+ images \(first: 0\); not ranked", message
+        )
+
+
+@pytest.mark.parametrize("poison", POISONED)
+def test_a_poisoned_request_fails_alone_in_a_preprocess_batch(pipeline, valid_images, monkeypatch, poison):
+    model = preprocess_model(pipeline, monkeypatch)
+    requests = [images_request(data) for data in valid_images[:4]]
+    requests.insert(2, images_request(POISONED[poison]()))
+    responses = model.execute(requests)
+    assert_client_error(responses.pop(2), "")
+    for data, response in zip(valid_images, responses):
+        assert not response.has_error()
+        expected = pipeline.preprocess(deploykit.imaging.decode(data), (32, 32))
+        np.testing.assert_array_equal(response.output_tensors[0].as_numpy(), expected[None])
+
+
+def test_any_failure_of_one_preprocess_request_is_that_requests_error(pipeline, monkeypatch, capsys):
+    """A request Triton should never send (no ``image`` input): its own error, naming the
+    exception's type only; the traceback goes to the stub's stderr (Triton's log)."""
+    from python_backend import Request
+
+    model = preprocess_model(pipeline, monkeypatch)
+    good = image_bombs.encoded("PNG", (40, 40))
+    responses = model.execute([images_request(good), Request({}), images_request(good)])
+    assert_client_error(responses[1], "cannot preprocess this request's images (AttributeError)")
+    assert not responses[0].has_error() and not responses[2].has_error()
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_classify_answers_the_others_when_preparing_one_request_fails(pipeline, monkeypatch):
+    """Preprocessing raising something of its own (not ``ImageRejected``) fails that request alone."""
+    model = classify_model(pipeline, monkeypatch)
+    real, poisoned = model._prepare, image_bombs.encoded("PNG", (33, 33))
+
+    def prepare(data):
+        if bytes(data) == poisoned:
+            raise MemoryError
+        return real(data)
+
+    monkeypatch.setattr(model, "_prepare", prepare)
+    requests = [images_request(image_bombs.encoded("PNG", (40, 40))), images_request(poisoned), images_request(image_bombs.encoded("PNG"))]
+    responses = model.execute(requests)
+    assert_client_error(responses[1], "cannot prepare this request's images (MemoryError)")
+    assert not responses[0].has_error() and not responses[2].has_error()
