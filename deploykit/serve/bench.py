@@ -40,7 +40,7 @@ from deploykit._lazy import lazy_import
 from deploykit.errors import ConfigError, DeployKitError, unknown_choice
 from deploykit.resolutions import resolution_tag
 from deploykit.serve import defaults
-from deploykit.serve.front import free_loopback_ports
+from deploykit.serve.door import free_loopback_ports
 from deploykit.serve.pipeline import Pipeline
 from deploykit.serve.triton_server import logits_model_name
 

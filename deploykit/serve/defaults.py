@@ -20,6 +20,15 @@ MAX_BATCH_SIZE = 32
 MAX_QUEUE_DELAY_US = 2000
 # Largest HTTP body or gRPC message the front accepts (Triton behind it never sees a larger one).
 MAX_REQUEST_BYTES = 64 * 2**20
+# Request bodies the front holds at once, in MAX_REQUEST_BYTES each (more: 503 with Retry-After).
+IN_FLIGHT_BODIES = 4
+# Values one request's JSON may hold: Python makes an object of each (up to ~100 bytes); larger
+# tensors go as binary data (the KServe binary extension tritonclient uses by default).
+MAX_JSON_VALUES = 2**20
+# The front's read deadlines: a request head from its first byte (or the connection's opening),
+# then its body.
+HEADER_TIMEOUT_S = 10.0
+BODY_TIMEOUT_S = 60.0
 DRAIN_TIMEOUT_S = 30.0
 
 # A packaged Triton repository: preferred batch sizes (also the CUDA-graph batch sizes).

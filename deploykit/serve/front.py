@@ -1,53 +1,70 @@
 """The bounded front of ``deploykit serve``: the only sockets clients reach.
 
-Triton listens on loopback ports of its own; this front listens on ``--host`` at the public HTTP,
-gRPC and metrics ports and passes on what it has checked (``requests.py``):
+Triton listens on loopback ports of its own, answering only requests that carry a random token
+(``triton_server.py``); this front listens on ``--host`` at the public HTTP, gRPC and metrics ports,
+adds the token, and passes on what it has checked (``requests.py``):
 
-* HTTP (aiohttp): bodies over ``max_request_bytes`` are refused (413) while being read, before any
-  parser sees them; ``POST .../infer`` bodies are checked and forwarded byte for byte; compressed
-  request bodies are refused (415: Triton would inflate them unbounded); only the KServe v2 read
+* HTTP (aiohttp): ``POST .../infer`` bodies are read as sent (aiohttp inflates nothing), counted
+  against ``max_request_bytes`` (413) and against ``max_inflight_bytes`` for every body held at
+  once (503 with ``Retry-After``) as they arrive, checked, and forwarded byte for byte with the
+  one header length that was checked; a ``Content-Encoding`` other than ``identity`` in any of
+  its headers is 415 (Triton would inflate the body unbounded). Only the KServe v2 read
   endpoints (health, metadata, readiness, config, statistics) and inference are forwarded,
-  everything else (model control, shared memory, tracing, logging) is 404 here.
+  everything else (model control, shared memory, tracing, logging) is 404 here. A model config
+  loses the parameters that hold a file-system path (PyTriton's workspace).
 * gRPC (grpcio): the same endpoints of ``inference.GRPCInferenceService``, unary calls only
   (``ModelStreamInfer`` is not served); messages over ``max_request_bytes`` are refused by grpc;
   each ``ModelInfer`` request is parsed and checked.
 * metrics: ``GET /metrics``.
 
+Deadlines (``connections.py``): a request head not complete ``header_timeout_s`` after it began
+(the connection opened, or its first byte arrived) and a body not read within ``body_timeout_s``
+cut the connection (the body with a 408); gRPC handshakes get ``header_timeout_s``.
+
 Errors Triton answers with 5xx / INTERNAL (PyTriton sends a Python traceback for any exception of
-a bound function) reach the client as one line without traceback or path
-(``requests.client_message``); the original goes to the ``deploykit`` log at debug level.
+a bound function) reach the client as the exception's message in one line without traceback,
+frame list or path (``requests.client_message``); the original goes to the ``deploykit`` log at
+debug level.
 
 Shutdown (``drain``): new HTTP requests get 503 and ``Connection: close``, gRPC calls UNAVAILABLE;
-requests already inside are answered, for at most ``drain_timeout_s``. Then the HTTP door closes
-without cutting anyone: closing a listening socket resets the connections in its accept queue
-(clients that connected but were never accepted), so the listeners first stop completing new
-handshakes (``refuse_new_connections``: a socket filter dropping SYNs; the client retransmits
-after a second and is refused by then), every queued connection is accepted and answered, and only
-then do the sockets close.
+bodies still arriving are cut (503: nothing of them reached Triton); requests already inside are
+answered, for at most ``drain_timeout_s``. Then the HTTP door closes without cutting anyone
+(``door.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
+import functools
+import json
 import logging
 import re
 import socket
-import struct
-import sys
 import threading
-from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from deploykit._lazy import lazy_import
 from deploykit.errors import DeployKitError
-from deploykit.serve.requests import HEADER_LENGTH, RequestRejected, check_grpc_infer, check_http_infer, client_message
+from deploykit.serve import defaults
+from deploykit.serve.connections import ByteBudget, HeldBytes, cut_slow_heads, timed_server_class
+from deploykit.serve.door import accept_queue_length, listening_sockets, refuse_new_connections
+from deploykit.serve.requests import (
+    HEADER_LENGTH,
+    RequestRejected,
+    check_grpc_infer,
+    check_http_infer,
+    check_infer_headers,
+    client_message,
+    holds_path,
+    public_model_config,
+)
 
 _log = logging.getLogger(__name__)
 
 MODEL = r"/v2/models/[A-Za-z0-9._-]+(?:/versions/[0-9]+)?"
 HTTP_READ = re.compile(rf"^/v2(?:/health/(?:live|ready))?$|^/v2/models/stats$|^{MODEL}(?:/ready|/config|/stats)?$")
 HTTP_INFER = re.compile(rf"^{MODEL}/infer$")
+HTTP_CONFIG = re.compile(rf"^{MODEL}/config$")
 GRPC_SERVICE = "/inference.GRPCInferenceService/"
 GRPC_METHODS = (
     "ServerLive",
@@ -59,100 +76,19 @@ GRPC_METHODS = (
     "ModelConfig",
     "ModelStatistics",
 )
-FORWARDED_HEADERS = ("Content-Type", HEADER_LENGTH)
+ANSWER_HEADERS = ("Content-Type", HEADER_LENGTH)
+# Triton's restricted-API header (PyTriton's TRITON_ACCESS_HEADER); over gRPC it carries Triton's prefix.
+TOKEN_HEADER = "triton-access-token"
+GRPC_TOKEN_KEY = "triton-grpc-protocol-" + TOKEN_HEADER
 SMALL_BODY = 64 * 1024  # checked on the event loop; larger bodies are parsed in a worker thread
+CHECKS_AT_ONCE = 2  # larger bodies checked at once: each may take up to ~100 B per JSON value
+LINGER_S = 10.0  # aiohttp's default
 DOOR_CLOSE_S = 2.0  # longest wait, once no new handshake completes, for queued and open connections
-
-
-def free_loopback_ports(count: int, exclude: Iterable[int] = ()) -> list[int]:
-    """``count`` distinct ports free on 127.0.0.1 right now, none of ``exclude`` (ports promised
-    to someone who has not bound them yet: tritonserver's own must not take the front's)."""
-    exclude = set(exclude)
-    sockets: list[socket.socket] = []
-    try:
-        while len(ports := [s.getsockname()[1] for s in sockets if s.getsockname()[1] not in exclude]) < count:
-            sockets.append(socket.socket())  # held bound until the end: no port is handed out twice
-            sockets[-1].bind(("127.0.0.1", 0))
-        return ports
-    finally:
-        for s in sockets:
-            s.close()
-
-
-def listening_sockets(host: str, port: int) -> list[socket.socket]:
-    """Bound TCP sockets for every address ``host`` resolves to, as asyncio's ``create_server``
-    makes them (``SO_REUSEADDR``; IPv6 sockets IPv6-only); the front owns them so that it can
-    close its door (``refuse_new_connections``)."""
-    sockets, seen = [], set()
-    try:
-        for family, kind, proto, _, address in socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE):
-            if address in seen:
-                continue
-            seen.add(address)
-            sock = socket.socket(family, kind, proto)
-            sockets.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            sock.bind(address)
-    except OSError:
-        for sock in sockets:
-            sock.close()
-        raise
-    return sockets
-
-
-class _SockFilter(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
-
-
-class _SockFprog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
-
-
-# Classic BPF run by Linux on each segment reaching the socket, from the TCP header on: a segment
-# whose flags are SYN without ACK (a new handshake) is dropped, anything else is kept.
-_DROP_SYN = (
-    (0x30, 0, 0, 13),  # ldb [13]          the TCP flags byte
-    (0x54, 0, 0, 0x12),  # and #(SYN|ACK)
-    (0x15, 0, 1, 0x02),  # jeq #SYN, drop, keep
-    (0x06, 0, 0, 0),  # drop: ret #0
-    (0x06, 0, 0, 0xFFFFFFFF),  # keep: ret #-1
-)
-_SO_ATTACH_FILTER = 26
-
-
-def refuse_new_connections(sock: socket.socket) -> bool:
-    """Stop ``sock`` (listening) from completing new TCP handshakes while those already queued
-    stay acceptable; a client connecting now is refused once the socket closes (its SYN is
-    retransmitted after about a second). Linux only.
-
-    Returns:
-        Whether the filter was attached (False where the platform has no socket filters).
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    program = (_SockFilter * len(_DROP_SYN))(*(_SockFilter(*op) for op in _DROP_SYN))
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, bytes(_SockFprog(len(_DROP_SYN), program)))
-    except OSError:
-        return False
-    return True
-
-
-def accept_queue_length(sock: socket.socket) -> int:
-    """Connections a listening socket has completed but not yet handed to ``accept`` (Linux's
-    ``tcpi_unacked`` of a listener); 0 where TCP_INFO is not available."""
-    try:
-        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
-    except (OSError, AttributeError):
-        return 0
-    return struct.unpack_from("I", info, 24)[0]  # after 8 one-byte fields and rto, ato, snd_mss, rcv_mss
 
 
 @dataclass(frozen=True)
 class FrontOptions:
-    """Where the front listens and what it forwards to.
+    """Where the front listens, what it forwards to, and its limits.
 
     Attributes:
         host: the public address (``--host``).
@@ -160,6 +96,13 @@ class FrontOptions:
         upstream_http, upstream_grpc, upstream_metrics: Triton's ports on 127.0.0.1.
         max_request_bytes: largest request body / gRPC message accepted.
         drain_timeout_s: longest wait for requests in flight at shutdown.
+        header_timeout_s: longest an HTTP request head may take to arrive, from its first byte
+            (or the connection's opening); also gRPC's handshake deadline.
+        body_timeout_s: longest an HTTP request body may take to arrive, once its head is in.
+        max_inflight_bytes: request-body bytes held at once across every connection.
+        max_json_values: most values one request's JSON may hold.
+        upstream_token: the token Triton asks of every request (its restricted APIs); empty:
+            none is sent.
     """
 
     host: str
@@ -171,6 +114,11 @@ class FrontOptions:
     upstream_metrics: int
     max_request_bytes: int
     drain_timeout_s: float
+    header_timeout_s: float = defaults.HEADER_TIMEOUT_S
+    body_timeout_s: float = defaults.BODY_TIMEOUT_S
+    max_inflight_bytes: int = defaults.IN_FLIGHT_BODIES * defaults.MAX_REQUEST_BYTES
+    max_json_values: int = defaults.MAX_JSON_VALUES
+    upstream_token: str = field(default="", repr=False)
 
 
 class Front:
@@ -181,7 +129,10 @@ class Front:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="deploykit-front", daemon=True)
         self._draining, self._inflight = False, 0
-        self._runners, self._grpc, self._channel, self._session = [], None, None, None
+        self._budget = ByteBudget(options.max_inflight_bytes)
+        self._stopping = asyncio.Event()  # set at drain: bodies still arriving are cut
+        self._checks = asyncio.Semaphore(CHECKS_AT_ONCE)  # bounds the memory of checks running at once
+        self._runners, self._grpc, self._channel, self._session, self._watchdog = [], None, None, None, None
         self._listeners: list[socket.socket] = []  # the HTTP and metrics sockets, which the front owns
 
     def start(self) -> None:
@@ -201,8 +152,14 @@ class Front:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
+    @property
+    def bytes_held(self) -> int:
+        """Request-body bytes the front holds now, across every connection."""
+        return self._budget.used
+
     def drain(self) -> int:
-        """Stop taking requests, answer those in flight (at most ``drain_timeout_s``), close.
+        """Stop taking requests, cut bodies still arriving, answer the requests in flight (at
+        most ``drain_timeout_s``), close.
 
         Returns:
             How many requests were still in flight when the wait ended (0: all answered).
@@ -222,23 +179,35 @@ class Front:
     # -- on the loop ------------------------------------------------------------------------------
 
     async def _start(self) -> None:
-        web, aiohttp, grpc = lazy_import("aiohttp.web"), lazy_import("aiohttp"), lazy_import("grpc")
+        web, aiohttp = lazy_import("aiohttp.web"), lazy_import("aiohttp")
         o = self.options
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False)
-        for port, upstream, handler in ((o.http_port, o.upstream_http, self._http), (o.metrics_port, o.upstream_metrics, self._metrics)):
-            app = web.Application(client_max_size=o.max_request_bytes)
-            app["upstream"] = f"http://127.0.0.1:{upstream}"
-            app.router.add_route("*", "/{tail:.*}", handler)
-            runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
+        server_class = timed_server_class()
+        for port, upstream, route in ((o.http_port, o.upstream_http, self._http), (o.metrics_port, o.upstream_metrics, self._metrics)):
+            handler = functools.partial(self._handle, route, f"http://127.0.0.1:{upstream}")
+            # auto_decompress=False: the body checked is the body as sent, whatever Content-Encoding says;
+            # lingering_time: the rest of a refused body is read (so the client reads the answer, not a
+            # reset) within the body deadline at most
+            server = server_class(handler, access_log=None, auto_decompress=False, lingering_time=min(LINGER_S, o.body_timeout_s))
+            runner = web.ServerRunner(server, handle_signals=False, shutdown_timeout=1.0)
             await runner.setup()
             self._runners.append(runner)
             for sock in listening_sockets(o.host, port):
                 self._listeners.append(sock)
-                await web.SockSite(runner, sock, shutdown_timeout=1.0).start()
+                await web.SockSite(runner, sock).start()
+        self._watchdog = asyncio.ensure_future(cut_slow_heads([runner.server for runner in self._runners], o.header_timeout_s))
+        await self._start_grpc()
+
+    async def _start_grpc(self) -> None:
+        grpc, o = lazy_import("grpc"), self.options
         upstream = [("grpc.max_send_message_length", o.max_request_bytes), ("grpc.max_receive_message_length", -1)]
         self._channel = grpc.aio.insecure_channel(f"127.0.0.1:{o.upstream_grpc}", options=upstream)
         self._grpc = grpc.aio.server(
-            options=[("grpc.max_receive_message_length", o.max_request_bytes), ("grpc.max_send_message_length", -1)]
+            options=[
+                ("grpc.max_receive_message_length", o.max_request_bytes),
+                ("grpc.max_send_message_length", -1),
+                ("grpc.server_handshake_timeout_ms", max(1, int(o.header_timeout_s * 1000))),
+            ]
         )
         self._grpc.add_generic_rpc_handlers((_GrpcHandler(self),))
         if self._grpc.add_insecure_port(f"{o.host}:{o.grpc_port}") == 0:
@@ -247,6 +216,7 @@ class Front:
 
     async def _drain(self) -> int:
         self._draining = True
+        self._stopping.set()  # bodies still arriving are cut: none of them reached Triton
         deadline = self._loop.time() + self.options.drain_timeout_s
         while self._inflight and self._loop.time() < deadline:
             await asyncio.sleep(0.02)
@@ -269,6 +239,8 @@ class Front:
             await asyncio.sleep(0.02)
 
     async def _close(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         for runner in self._runners:
             await runner.cleanup()
         self._runners = []
@@ -284,89 +256,147 @@ class Front:
     def _error(self, status: int, message: str, close: bool = False):
         web = lazy_import("aiohttp.web")
         response = web.json_response({"error": message}, status=status)
+        if status == 503:
+            response.headers["Retry-After"] = "1"
         if close:
             response.force_close()  # sends "Connection: close" and closes after the answer
         return response
 
-    async def _http(self, request):
+    async def _handle(self, route, upstream: str, request):
+        """Every HTTP request: refused while draining, else ``route``'s answer; the connection
+        knows when a handler has its request (``connections.TimedConnection``)."""
+        connection = request.protocol
         if self._draining:
             return self._error(503, "server is shutting down", close=True)
+        connection.taken(has_body=request.method == "POST" and bool(HTTP_INFER.match(request.path)))
         self._inflight += 1
+        held = HeldBytes(self._budget)
         try:
-            response = await self._forward_http(request)
+            response = await route(upstream, request, held)
         finally:
+            held.release()
             self._inflight -= 1
+            connection.answered()
         if self._draining:
             response.force_close()  # the client's next request finds the door closing: no keep-alive
         return response
 
-    async def _forward_http(self, request):
-        web = lazy_import("aiohttp.web")
-        body = None
+    async def _http(self, upstream: str, request, held: HeldBytes):
+        body = header_length = None
         if request.method == "POST" and HTTP_INFER.match(request.path):
-            if request.headers.get("Content-Encoding", "identity").lower() != "identity":
-                return self._error(415, "compressed request bodies are not served; send them uncompressed")
             try:
-                body = await request.read()
-            except web.HTTPRequestEntityTooLarge:
-                return self._error(413, f"request body over {self.options.max_request_bytes} bytes")
-            try:
-                if len(body) <= SMALL_BODY:
-                    check_http_infer(body, request.headers.get(HEADER_LENGTH))
-                else:
-                    await asyncio.to_thread(check_http_infer, body, request.headers.get(HEADER_LENGTH))
+                header_length = check_infer_headers(request.headers.items())
+                body = await self._read_body(request, held)
+                request.protocol.body_read()
+                await self._check(body, header_length)
             except RequestRejected as err:
-                return self._error(err.status, str(err))
+                return self._error(err.status, str(err), close=body is None)  # a body not read to its end: close
         elif not (request.method in ("GET", "HEAD") and HTTP_READ.match(request.path)):
-            return self._error(404, f"not served: {request.method} {request.path[:80]}")
-        return await self._upstream(request, body)
+            return self._error(404, f"not served: {request.method} {request.path[:80]}", close=request.body_exists)
+        return await self._upstream(upstream, request, body, header_length)
 
-    async def _metrics(self, request):
+    async def _metrics(self, upstream: str, request, held: HeldBytes):
         if request.method != "GET" or request.path != "/metrics":
-            return self._error(404, f"not served: {request.method} {request.path[:80]}")
-        return await self._upstream(request, None)
+            return self._error(404, f"not served: {request.method} {request.path[:80]}", close=request.body_exists)
+        return await self._upstream(upstream, request, None, None)
 
-    async def _upstream(self, request, body: bytes | None):
-        web, aiohttp = lazy_import("aiohttp.web"), lazy_import("aiohttp")
-        headers = {h: request.headers[h] for h in FORWARDED_HEADERS if h in request.headers} | {"Accept-Encoding": "identity"}
-        url = request.app["upstream"] + request.rel_url.raw_path_qs
+    async def _read_body(self, request, held: HeldBytes) -> bytearray:
+        """The whole body, within ``body_timeout_s``, cut at shutdown.
+
+        Raises:
+            RequestRejected: 413 over ``max_request_bytes``; 503 over the byte budget or at
+                shutdown; 408 past the deadline; 400 when the client cut it short.
+        """
+        web, o = lazy_import("aiohttp.web"), self.options
+        if request.content_length is not None and request.content_length > o.max_request_bytes:
+            raise RequestRejected(f"request body over {o.max_request_bytes} bytes", status=413)
+        reading = asyncio.ensure_future(self._collect(request.content, held))
+        stopping = asyncio.ensure_future(self._stopping.wait())
         try:
-            async with self._session.request(request.method, url, data=body, headers=headers) as answer:
+            await asyncio.wait({reading, stopping}, timeout=o.body_timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (reading, stopping):
+                task.cancel()
+            await asyncio.gather(reading, stopping, return_exceptions=True)
+        if reading.cancelled():
+            if self._stopping.is_set():
+                raise RequestRejected("server is shutting down", status=503)
+            raise RequestRejected(f"request body not received within {o.body_timeout_s:g} s", status=408)
+        try:
+            return reading.result()
+        except (web.RequestPayloadError, ConnectionError) as err:
+            raise RequestRejected(f"request body cut short: {err}") from None
+
+    async def _collect(self, content, held: HeldBytes) -> bytearray:
+        body, limit = bytearray(), self.options.max_request_bytes
+        async for chunk in content.iter_any():
+            if len(body) + len(chunk) > limit:
+                raise RequestRejected(f"request body over {limit} bytes", status=413)
+            if not held.take(len(chunk)):
+                raise RequestRejected(f"the server holds {self.options.max_inflight_bytes} bytes of request bodies; retry", status=503)
+            body += chunk
+        return body
+
+    async def _check(self, body: bytearray, header_length: str | None) -> None:
+        check = functools.partial(check_http_infer, body, header_length, self.options.max_json_values)
+        if len(body) <= SMALL_BODY:
+            check()
+            return
+        async with self._checks:
+            await asyncio.to_thread(check)
+
+    async def _upstream(self, upstream: str, request, body: bytearray | None, header_length: str | None):
+        web, aiohttp = lazy_import("aiohttp.web"), lazy_import("aiohttp")
+        headers = {"Accept-Encoding": "identity"}
+        if "Content-Type" in request.headers:
+            headers["Content-Type"] = request.headers["Content-Type"]
+        if header_length is not None:
+            headers[HEADER_LENGTH] = header_length
+        if self.options.upstream_token:
+            headers[TOKEN_HEADER] = self.options.upstream_token
+        try:
+            async with self._session.request(request.method, upstream + request.rel_url.raw_path_qs, data=body, headers=headers) as answer:
                 payload = await answer.read()
-                status, kept = answer.status, {h: answer.headers[h] for h in FORWARDED_HEADERS if h in answer.headers}
+                status, kept = answer.status, {h: answer.headers[h] for h in ANSWER_HEADERS if h in answer.headers}
         except aiohttp.ClientError as err:
             _log.debug("Triton did not answer %s %s: %r", request.method, request.path, err)
             return self._error(502, "the inference server did not answer")
         if status >= 500:
             _log.debug("Triton answered %s %s with %d: %s", request.method, request.path, status, payload[:4000])
             return self._error(status, client_message(_error_text(payload)))
+        if status == 200 and request.method == "GET" and HTTP_CONFIG.match(request.path):
+            payload = json.dumps(public_model_config(json.loads(payload))).encode()
         return web.Response(body=payload, status=status, headers=kept)
 
     async def _grpc_call(self, method: str, request: bytes, context):
         grpc = lazy_import("grpc")
+        if not self._budget.take(len(request)):
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"the server holds {self.options.max_inflight_bytes} bytes of requests; retry")
         self._inflight += 1
         try:
             if method.endswith("/ModelInfer"):
                 message = await asyncio.to_thread(_checked_grpc_infer, request)
                 if message:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
-            remaining = context.time_remaining()
+            token = self.options.upstream_token
             try:
-                return await self._channel.unary_unary(method)(request, timeout=remaining)
+                answer = await self._channel.unary_unary(method)(
+                    request, timeout=context.time_remaining(), metadata=((GRPC_TOKEN_KEY, token),) if token else None
+                )
             except grpc.aio.AioRpcError as err:
                 code, details = err.code(), err.details() or ""
                 if code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
                     _log.debug("Triton answered %s with %s: %s", method, code, details[:4000])
                     details = client_message(details)
                 await context.abort(code, details)
+            return _public_grpc_config(answer) if method.endswith("/ModelConfig") else answer
         finally:
             self._inflight -= 1
+            self._budget.give(len(request))
 
 
 def _error_text(payload: bytes) -> str:
     """The ``error`` of a KServe v2 JSON error body, else the body as text."""
-    import json
-
     try:
         return str(json.loads(payload)["error"])
     except (ValueError, KeyError, TypeError, RecursionError):
@@ -383,6 +413,15 @@ def _checked_grpc_infer(request: bytes) -> str | None:
     except Exception as err:  # protobuf's DecodeError (its module differs between protobuf builds)
         return f"malformed ModelInferRequest: {type(err).__name__}"
     return None
+
+
+def _public_grpc_config(answer: bytes) -> bytes:
+    """A serialized ``ModelConfigResponse`` without the parameters that hold a file-system path."""
+    service_pb2 = lazy_import("tritonclient.grpc.service_pb2")
+    response = service_pb2.ModelConfigResponse.FromString(answer)
+    for key in [key for key, value in response.config.parameters.items() if holds_path(value.string_value)]:
+        del response.config.parameters[key]
+    return response.SerializeToString()
 
 
 class _GrpcHandler:

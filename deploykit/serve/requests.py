@@ -6,16 +6,22 @@ process; malformed JSON and ``data`` not matching ``shape`` are answered 500; Na
 numbers. (Upstream bounded the input size in 2.5x, ``--http-max-input-size``, triton-inference-server/server#8174
 and #8432, and made parsing iterative in triton-inference-server/common#156, 2026; neither is in
 the binary PyTriton bundles.) ``deploykit serve``'s front (``front.py``) runs every request
-through these functions first, so Triton only sees well-formed, bounded, finite requests:
+through these functions first and forwards the bytes it checked, so Triton only sees
+well-formed, bounded, finite requests that it reads as they were checked:
 
-* JSON: Python's ``json`` (its C scanner raises ``RecursionError`` at the interpreter's recursion
-  limit instead of overflowing the stack), objects nested at most ``MAX_JSON_DEPTH`` deep, no
-  ``NaN``/``Infinity`` literals;
+* headers: no request body encoding but ``identity`` in any ``Content-Encoding`` header (415),
+  one ``Inference-Header-Content-Length`` of ASCII digits (Triton reads it with ``atoi``);
+* JSON: only what Python and RapidJSON read alike (``strict_json.py``: UTF-8, no duplicate keys,
+  64-bit integers, finite numbers, a bounded number of values and depth);
 * every input: a name, a known datatype, a shape of non-negative integers, and ``data`` (flat or
-  nested along ``shape``) or binary data holding exactly ``prod(shape)`` elements;
-* floating-point inputs (FP16/FP32/FP64, JSON or binary, and gRPC's raw or typed contents) finite
-  at their own precision (``1e39`` is an FP32 infinity) and within ``±MAX_INPUT_MAGNITUDE``
+  nested along ``shape``) or binary data holding exactly ``prod(shape)`` elements; JSON ``data``
+  of the type Triton reads for the datatype (``ReadDataFromJsonHelper``: booleans for BOOL,
+  integers within the type's range, numbers for FP32/FP64, strings for BYTES; FP16 and BF16
+  only as binary data), where Triton would answer 500 or cast silently;
+* floating-point inputs (FP16/BF16/FP32/FP64, JSON or binary, and gRPC's raw or typed contents)
+  finite at their own precision (``1e39`` is an FP32 infinity) and within ``±MAX_INPUT_MAGNITUDE``
   (``deploykit.imaging``: far beyond normalised pixels; 3e38 overflowed the model to NaN logits);
+  checked in slices, no Python object per element;
 * no shared-memory inputs (the region registration endpoints are not served).
 
 A refused request raises ``RequestRejected`` with one line for the client. Pure functions over
@@ -28,12 +34,25 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterable
 
 import numpy as np
 
 from deploykit.imaging import MAX_INPUT_MAGNITUDE
+from deploykit.serve.defaults import MAX_JSON_VALUES
+from deploykit.serve.strict_json import MAX_JSON_DEPTH, RequestRejected, read_json
 
-MAX_JSON_DEPTH = 32  # a request is 3 deep ({"inputs": [{...}]}) plus its data's rank; 32 leaves room
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "RequestRejected",
+    "check_grpc_infer",
+    "check_http_infer",
+    "check_infer_headers",
+    "client_message",
+    "holds_path",
+    "public_model_config",
+]
+
 MAX_RANK = 16  # dimensions per input (Triton's own models here have 4)
 # KServe v2 datatypes and their element sizes; BYTES elements are 4-byte-length-prefixed strings.
 DATATYPES = {
@@ -52,38 +71,66 @@ DATATYPES = {
     "BF16": 2,
     "BYTES": 0,
 }
-FLOAT_TYPES = {"FP16": np.float16, "FP32": np.float32, "FP64": np.float64}
+INTEGER_TYPES = {name: np.iinfo(name.lower()) for name in DATATYPES if "INT" in name}
+# How binary float data is read: little-endian; BF16 as the top halves of float32s.
+FLOAT_LAYOUTS = {"FP16": "<f2", "BF16": "<u2", "FP32": "<f4", "FP64": "<f8"}
+# Largest magnitude a JSON number may have as FP32/FP64 data: Triton reads the text with RapidJSON's
+# normal precision, a few double ulps from Python's reading, so nothing is let near the edge.
+JSON_FLOAT_LIMITS = {"FP32": float(np.finfo(np.float32).max), "FP64": 1e308}
+SLICE = 1 << 18  # elements checked at once: at most a few MiB of temporaries
 HEADER_LENGTH = "Inference-Header-Content-Length"  # KServe v2 binary extension: JSON, then raw tensors
+CONTENT_ENCODING = "Content-Encoding"
+_BYTE_COUNT = re.compile(r"[0-9]{1,10}")  # ASCII only: str.isdigit() takes "١٢", which atoi reads as 0
 
 
-class RequestRejected(ValueError):
-    """A request the server does not pass on: the client's error, one line.
+def check_infer_headers(headers: Iterable[tuple[str, str]]) -> str | None:
+    """Check the headers of ``POST /v2/models/<m>/infer`` that decide how Triton reads the body.
 
-    Attributes:
-        status: the HTTP status to answer with (400, or 413 for a body over the size limit).
+    Args:
+        headers: every ``(name, value)`` as sent, repeats included, in any order.
+
+    Returns:
+        The ``Inference-Header-Content-Length`` value, or None when not sent.
+
+    Raises:
+        RequestRejected: 415 for any ``Content-Encoding`` but ``identity`` (whatever the order or
+            count of those headers: the front reads the body as sent and Triton would inflate it
+            unbounded); 400 for more than one header length or one that is not ASCII digits.
     """
+    encodings, lengths = [], []
+    for name, value in headers:
+        if name.lower() == CONTENT_ENCODING.lower():
+            encodings += [token.strip().lower() for token in value.split(",")]
+        elif name.lower() == HEADER_LENGTH.lower():
+            lengths.append(value)
+    if any(token != "identity" for token in encodings):
+        raise RequestRejected("compressed request bodies are not served; send them uncompressed", status=415)
+    if len(lengths) > 1:
+        raise RequestRejected(f"{len(lengths)} {HEADER_LENGTH} headers; send one")
+    if lengths and not _BYTE_COUNT.fullmatch(lengths[0]):
+        raise RequestRejected(f"{HEADER_LENGTH} must be a byte count in ASCII digits, got {lengths[0][:40]!r}")
+    return lengths[0] if lengths else None
 
-    def __init__(self, message: str, status: int = 400):
-        super().__init__(message)
-        self.status = status
 
-
-def check_http_infer(body: bytes, header_length: str | None) -> None:
+def check_http_infer(body: bytes | bytearray, header_length: str | None, max_json_values: int = MAX_JSON_VALUES) -> None:
     """Check the body of ``POST /v2/models/<m>/infer`` (JSON, or JSON then binary tensors).
 
     Args:
         body: the whole request body (already bounded in size by the front).
         header_length: the ``Inference-Header-Content-Length`` header, if sent.
+        max_json_values: most values the JSON may hold (each becomes a Python object here).
 
     Raises:
         RequestRejected: anything the module docstring lists.
     """
     split = len(body)
     if header_length is not None:
-        if not header_length.isdigit() or int(header_length) > len(body):
-            raise RequestRejected(f"{HEADER_LENGTH} must be a byte count within the body ({len(body)} bytes), got {header_length[:40]!r}")
+        if not _BYTE_COUNT.fullmatch(header_length) or int(header_length) > len(body):
+            raise RequestRejected(
+                f"{HEADER_LENGTH} must be a byte count in ASCII digits within the body ({len(body)} bytes), got {header_length[:40]!r}"
+            )
         split = int(header_length)
-    request = parse_json(body[:split])
+    request = read_json(body if split == len(body) else body[:split], max_json_values)
     if not isinstance(request, dict) or not isinstance(request.get("inputs"), list) or not request["inputs"]:
         raise RequestRejected('the request must be a JSON object with a non-empty "inputs" list')
     binary, offset = memoryview(body)[split:], 0
@@ -106,47 +153,12 @@ def check_http_infer(body: bytes, header_length: str | None) -> None:
         raise RequestRejected(f"{len(binary) - offset} bytes after the last input's binary data")
 
 
-def parse_json(text: bytes) -> object:
-    """``json.loads`` with the limits of the module docstring.
-
-    Raises:
-        RequestRejected: not UTF-8 JSON, a ``NaN``/``Infinity`` literal, or nested too deeply.
-    """
-
-    def no_constants(name: str):
-        raise RequestRejected(f"non-finite number {name} in the request; send finite numbers")
-
-    try:
-        value = json.loads(text, parse_constant=no_constants)
-    except RecursionError:
-        raise RequestRejected(f"request JSON is nested too deeply (at most {MAX_JSON_DEPTH} levels)") from None
-    except UnicodeDecodeError as err:
-        raise RequestRejected(f"request JSON is not UTF-8 ({err.reason} at byte {err.start})") from None
-    except json.JSONDecodeError as err:
-        raise RequestRejected(f"malformed request JSON: {err.msg} at byte {err.pos}") from None
-    if _depth(value) > MAX_JSON_DEPTH:
-        raise RequestRejected(f"request JSON is nested too deeply (at most {MAX_JSON_DEPTH} levels)")
-    return value
-
-
-def _depth(value: object) -> int:
-    """Nesting depth of parsed JSON, iteratively (no recursion on client data)."""
-    deepest, todo = 0, [(value, 1)]
-    while todo:
-        item, depth = todo.pop()
-        if isinstance(item, (list, dict)):
-            deepest = max(deepest, depth)
-            if depth <= MAX_JSON_DEPTH:
-                todo += [(child, depth + 1) for child in (item.values() if isinstance(item, dict) else item)]
-    return deepest
-
-
 def _described(tensor: object) -> tuple[str, str, list[int]]:
     """An input's name, datatype and shape, each checked."""
     if not isinstance(tensor, dict) or not isinstance(tensor.get("name"), str):
         raise RequestRejected('each input must be an object with a "name"')
     name, datatype, shape = tensor["name"][:64], tensor.get("datatype"), tensor.get("shape")
-    if datatype not in DATATYPES:
+    if not isinstance(datatype, str) or datatype not in DATATYPES:
         raise RequestRejected(f"input {name}: unknown datatype {str(datatype)[:20]!r}; KServe v2 names one of {', '.join(DATATYPES)}")
     return name, datatype, check_shape(name, shape)
 
@@ -160,26 +172,36 @@ def check_shape(name: str, shape: object) -> list[int]:
 
 
 def _check_json_data(name: str, datatype: str, shape: list[int], data: object) -> None:
-    """``data`` flat or nested along ``shape``, with ``prod(shape)`` elements, finite floats."""
+    """``data`` flat or nested along ``shape``, ``prod(shape)`` elements of the JSON type Triton
+    reads for ``datatype``, integers within its range, floats finite at its precision."""
     if not isinstance(data, list):
         raise RequestRejected(f'input {name}: "data" (a list) or binary data is needed')
-    flat, todo = [], [data]
-    while todo:  # depth is bounded by parse_json
-        item = todo.pop()
-        if isinstance(item, list):
-            todo += reversed(item)
-        elif isinstance(item, dict):
+    if datatype in ("FP16", "BF16"):  # Triton's own answer, without the round trip
+        raise RequestRejected(f"input {name}: {datatype} data is not read from JSON; send it as binary data")
+    flat = data
+    while any(isinstance(v, (list, dict)) for v in flat):  # one level a pass, in order; read_json bounded the depth
+        if any(isinstance(v, dict) for v in flat):
             raise RequestRejected(f'input {name}: "data" holds an object; expected {datatype} values')
-        else:
-            flat.append(item)
+        flat = [x for v in flat for x in (v if isinstance(v, list) else (v,))]
     if len(flat) != math.prod(shape):
         raise RequestRejected(f"input {name}: data has {len(flat)} elements, shape {shape} needs {math.prod(shape)}")
-    if datatype in FLOAT_TYPES or datatype == "BF16":
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in flat):
+    if not flat:
+        return
+    kinds = {type(v) for v in flat}
+    if datatype == "BOOL" and kinds != {bool}:
+        raise RequestRejected(f"input {name}: BOOL data must be true/false")
+    if datatype == "BYTES" and kinds != {str}:
+        raise RequestRejected(f"input {name}: BYTES data must be strings")
+    if datatype in INTEGER_TYPES:
+        limits = INTEGER_TYPES[datatype]
+        if kinds != {int} or min(flat) < limits.min or max(flat) > limits.max:
+            raise RequestRejected(f"input {name}: {datatype} data must be integers in [{limits.min}, {limits.max}]")
+    if datatype in JSON_FLOAT_LIMITS:
+        if not kinds <= {int, float}:
             raise RequestRejected(f"input {name}: {datatype} data must be numbers")
-        with np.errstate(over="ignore"):
-            values = np.asarray(flat, dtype=FLOAT_TYPES.get(datatype, np.float32))
-        _check_finite(name, datatype, values)
+        magnitudes = np.abs(np.asarray(flat, dtype=np.float64))  # finite: read_json refused NaN/Inf spelled out
+        infinite_here = int(np.count_nonzero(magnitudes > JSON_FLOAT_LIMITS[datatype]))  # 1e39 is an FP32 infinity
+        _refuse_values(name, datatype, infinite_here, int(np.count_nonzero(magnitudes > MAX_INPUT_MAGNITUDE)))
 
 
 def check_raw(name: str, datatype: str, shape: list[int], raw: bytes | memoryview) -> None:
@@ -195,10 +217,8 @@ def check_raw(name: str, datatype: str, shape: list[int], raw: bytes | memoryvie
         return
     if len(raw) != count * itemsize:
         raise RequestRejected(f"input {name}: {len(raw)} bytes of {datatype} data, shape {shape} needs {count * itemsize}")
-    if datatype in FLOAT_TYPES:
-        _check_finite(name, datatype, np.frombuffer(raw, dtype=np.dtype(FLOAT_TYPES[datatype]).newbyteorder("<")))
-    elif datatype == "BF16":  # bfloat16 is the top half of a float32
-        _check_finite(name, datatype, (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32))
+    if datatype in FLOAT_LAYOUTS:
+        _check_finite(name, datatype, raw)
 
 
 def _check_bytes_elements(name: str, raw: bytes | memoryview, count: int) -> None:
@@ -213,12 +233,27 @@ def _check_bytes_elements(name: str, raw: bytes | memoryview, count: int) -> Non
         raise RequestRejected(f"input {name}: BYTES data does not hold {count} length-prefixed elements")
 
 
-def _check_finite(name: str, datatype: str, values: np.ndarray) -> None:
-    bad = int(values.size - np.count_nonzero(np.isfinite(values)))
-    if bad:
-        raise RequestRejected(f"input {name}: {bad} NaN/Inf values in {datatype} data; send finite numbers")
+def _check_finite(name: str, datatype: str, raw: bytes | memoryview) -> None:
+    """No NaN/Inf, and nothing beyond ``±MAX_INPUT_MAGNITUDE``, among little-endian floats; a
+    slice at a time, so checking a 64 MiB tensor takes a few MiB (a BF16 tensor was widened to
+    4x its size)."""
+    everything = np.frombuffer(raw, dtype=FLOAT_LAYOUTS[datatype])
+    non_finite = large = 0
+    for start in range(0, everything.size, SLICE):
+        values = everything[start : start + SLICE]
+        if datatype == "BF16":  # bfloat16 is the top half of a float32
+            wide = values.astype(np.uint32)
+            wide <<= 16
+            values = wide.view(np.float32)
+        non_finite += values.size - int(np.count_nonzero(np.isfinite(values)))
+        large += int(np.count_nonzero(np.abs(values) > MAX_INPUT_MAGNITUDE))  # Inf counts here too; NaN does not
+    _refuse_values(name, datatype, non_finite, large)
+
+
+def _refuse_values(name: str, datatype: str, non_finite: int, large: int) -> None:
+    if non_finite:
+        raise RequestRejected(f"input {name}: {non_finite} NaN/Inf values in {datatype} data; send finite numbers")
     # A finite 3e38 overflows the model to NaN logits, and Triton's batcher would run it beside other clients' inputs.
-    large = int(np.count_nonzero(np.abs(values) > MAX_INPUT_MAGNITUDE))
     if large:
         raise RequestRejected(f"input {name}: {large} values beyond ±{MAX_INPUT_MAGNITUDE:g} in {datatype} data; send normalised pixels")
 
@@ -245,32 +280,84 @@ def check_grpc_infer(request) -> None:
         if raw:
             check_raw(name, tensor.datatype, shape, raw[i])
             continue
-        contents = tensor.contents
-        typed = {"FP32": contents.fp32_contents, "FP64": contents.fp64_contents}.get(tensor.datatype)
-        if typed is not None:
-            values = np.asarray(typed, dtype=FLOAT_TYPES[tensor.datatype])
-            if values.size != math.prod(shape):
-                raise RequestRejected(f"input {name}: {values.size} {tensor.datatype} contents, shape {shape} needs {math.prod(shape)}")
-            _check_finite(name, tensor.datatype, values)
+        field = {"FP32": ("fp32_contents", 6), "FP64": ("fp64_contents", 7)}.get(tensor.datatype)
+        if field is not None:
+            count = len(getattr(tensor.contents, field[0]))
+            if count != math.prod(shape):
+                raise RequestRejected(f"input {name}: {count} {tensor.datatype} contents, shape {shape} needs {math.prod(shape)}")
+            _check_finite(name, tensor.datatype, _packed_field(tensor.contents.SerializeToString(), field[1]))
+
+
+def _packed_field(message: bytes, number: int) -> bytes:
+    """The payload of repeated scalar field ``number`` in a serialized protobuf message: protobuf
+    writes repeated scalars packed (one tag, one length, the values' bytes), so the values are
+    read with numpy instead of one Python float each."""
+    position = 0
+    while position < len(message):
+        tag, position = _varint(message, position)
+        wire = tag & 7
+        if wire == 2:
+            length, position = _varint(message, position)
+            if tag >> 3 == number:
+                return message[position : position + length]
+            position += length
+        elif wire == 0:
+            position = _varint(message, position)[1]
+        else:  # 1: 64-bit, 5: 32-bit (a re-serialized message has no groups)
+            position += 8 if wire == 1 else 4
+    return b""
+
+
+def _varint(data: bytes, position: int) -> tuple[int, int]:
+    value, shift = 0, 0
+    while True:
+        byte = data[position]
+        value |= (byte & 0x7F) << shift
+        position, shift = position + 1, shift + 7
+        if byte < 0x80:
+            return value, position
 
 
 _TRACEBACK = "Traceback (most recent call last)"
 _QUALIFIED = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)\w*: ")
 _PATH = re.compile(r"(?<![\w.:/])/(?:[^\s/'\"<>,;()\[\]]+/)+[^\s/'\"<>,;()\[\]]*")
+# An exception in a Python-backend model (``classify``) reaches Triton's answer as "Failed to process the
+# request(s) for model 'classify_0_0', message: " + pybind11's text: the exception, then "\n\nAt:\n" and its frames.
+_BACKEND_PREFIX = re.compile(r"^Failed to process the request\(s\) for model (?:instance )?'[^']*', message: ")
+_FRAMES = re.compile(r"\n\s*At:\s*\n.*", re.DOTALL)
+_PATH_ANYWHERE = re.compile(r"/[^\s/]+/")
 
 
 def client_message(message: str, fallback: str = "internal server error") -> str:
-    """What a client may see of a server-side error message: one line, no traceback, no path.
+    """What a client may see of a server-side error message: the exception's message, one line,
+    no traceback, no frame list, no path.
 
-    A Python traceback (PyTriton's answer to any exception of a bound function) becomes its
-    exception's message without the exception's module and class; file-system paths become
-    ``<path>``. The caller logs the original at debug level.
+    A Python traceback (PyTriton's answer to any exception of a bound function) becomes its last
+    line; a Python-backend error loses Triton's prefix and pybind11's frame list; either loses the
+    exception's module and class. File-system paths left become ``<path>``. The caller logs the
+    original at debug level.
     """
     text = str(message).strip()
     if _TRACEBACK in text:
         lines = [line.strip() for line in text.splitlines() if line.strip()]
-        text = _QUALIFIED.sub("", lines[-1]) if lines else ""
+        text = lines[-1] if lines else ""
+    text = _QUALIFIED.sub("", _FRAMES.sub("", _BACKEND_PREFIX.sub("", text)).strip())
     text = " ".join(_PATH.sub("<path>", text).split())
     if not text:
         return fallback
     return text if len(text) <= 300 else text[:297] + "..."
+
+
+def holds_path(text: str) -> bool:
+    """Whether ``text`` holds something like an absolute file-system path, alone or in a URL
+    (``/tmp/pytriton_workspace_x``, ``ipc:///tmp/...``)."""
+    return bool(_PATH_ANYWHERE.search(text))
+
+
+def public_model_config(config: object) -> object:
+    """A model config (Triton's JSON) as clients may see it: without the parameters whose value
+    holds a file-system path (PyTriton's ``workspace-path`` names its workspace directory)."""
+    if not isinstance(config, dict) or not isinstance(config.get("parameters"), dict):
+        return config
+    kept = {key: value for key, value in config["parameters"].items() if not holds_path(json.dumps(value))}
+    return {**config, "parameters": kept}

@@ -53,14 +53,15 @@ from pathlib import Path
 
 import numpy as np
 
-from deploykit import _nvml
+from deploykit import _nvml, imaging
 from deploykit._lazy import lazy_import
 from deploykit.answers import top_k
 from deploykit.errors import ConfigError, DeployKitError, InputError
 from deploykit.resolutions import resolution_tag
 from deploykit.serve import defaults
 from deploykit.serve.classifier import INPUT_NAME, ImageLimits
-from deploykit.serve.front import Front, FrontOptions, free_loopback_ports
+from deploykit.serve.door import free_loopback_ports
+from deploykit.serve.front import Front, FrontOptions
 from deploykit.serve.pipeline import Pipeline
 from deploykit.serve.triton_log import TritonLog
 from deploykit.serve.triton_repo import copy_python_model
@@ -96,6 +97,9 @@ class ServerOptions:
         classify_instances: ``classify`` model instances (processes decoding in parallel).
         max_request_bytes: largest HTTP request body / gRPC message the front accepts.
         drain_timeout_s: at shutdown, how long requests in flight are waited for.
+        header_timeout_s: longest an HTTP request head may take to arrive (the front cuts the
+            connection after it); also the gRPC handshake's deadline.
+        body_timeout_s: longest an HTTP request body may take to arrive (408, connection cut).
         verbosity: Triton's own log: -1 errors, 0 warnings and errors, 1 everything, 2 verbose.
     """
 
@@ -113,6 +117,8 @@ class ServerOptions:
     classify_instances: int = 2
     max_request_bytes: int = MAX_REQUEST_BYTES
     drain_timeout_s: float = defaults.DRAIN_TIMEOUT_S
+    header_timeout_s: float = defaults.HEADER_TIMEOUT_S
+    body_timeout_s: float = defaults.BODY_TIMEOUT_S
     verbosity: int = 0
 
     def __post_init__(self) -> None:
@@ -123,6 +129,8 @@ class ServerOptions:
             )
         if not self.drain_timeout_s >= 0:
             raise ConfigError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
+        if not (self.header_timeout_s > 0 and self.body_timeout_s > 0):
+            raise ConfigError(f"header_timeout_s and body_timeout_s must be > 0, got {self.header_timeout_s}, {self.body_timeout_s}")
         ports = (self.http_port, self.grpc_port, self.metrics_port)
         if len(set(ports)) != 3 or not all(0 < p < 65536 for p in ports):
             raise ConfigError(f"http, grpc and metrics ports must be three different ports in 1-65535, got {ports}")
@@ -180,14 +188,26 @@ def check_listen_addresses(options: ServerOptions) -> None:
 
 
 def _logits_fn(pipeline: Pipeline) -> Callable:
+    """The function bound to ``logits_<res>``: one batch merged from several requests.
+
+    A request with NaN/Inf values, or values beyond ``±imaging.MAX_INPUT_MAGNITUDE``, gets NaN
+    logits and scores and classes -1; the other requests of its batch get their answers. (The
+    front refuses such requests with 400 before Triton; this is for a local process that reached
+    Triton itself. Raising would answer every request of the batch with PyTriton's traceback and
+    workspace paths: PyTriton has no error without one.)
+    """
     batch = lazy_import("pytriton.decorators").batch
 
     @batch
     def infer(images: np.ndarray) -> dict[str, np.ndarray]:
         if len(images) == 0:
             raise InputError("empty batch: send at least one image")
-        logits = pipeline.logits(images)
+        usable = (np.abs(images.reshape(len(images), -1)) <= imaging.MAX_INPUT_MAGNITUDE).all(axis=1)  # NaN compares False
+        logits = np.full((len(images), pipeline.num_classes), np.nan, np.float32)
+        if usable.any():
+            logits[usable] = pipeline.logits(images if usable.all() else images[usable])
         classes, scores = top_k(logits, pipeline.top_k)
+        classes[~usable], scores[~usable] = -1, np.nan
         return {"logits": logits, "classes": classes, "scores": scores}
 
     return infer
@@ -273,11 +293,33 @@ def triton_config(options: ServerOptions, ports: tuple[int, int, int], log_file:
 
 
 def security_config():
-    """PyTriton's defaults, less ``statistics``: read-only counters any client may see. Model
-    control, shared memory, tracing and logging stay behind PyTriton's random access token."""
+    """Triton's endpoints behind PyTriton's random access token (Triton's restricted APIs: a
+    request without the ``triton-access-token`` header is answered 403 / UNAVAILABLE before Triton
+    parses it). The front adds the token to what it forwards. ``health`` stays open: PyTriton's
+    own readiness check at start (``ModelClient.wait_for_model``, 0.7 and main) sends no token,
+    and its endpoints read no body. The token is in tritonserver's command line, which local
+    users can read (README: Serving)."""
     triton = lazy_import("pytriton.triton")
-    restricted = [e for e in triton.DEFAULT_PROTECTED_ENDPOINTS if e != "statistics"]
-    return triton.TritonSecurityConfig(restricted_endpoints=restricted)
+    return triton.TritonSecurityConfig(restricted_endpoints=sorted(triton.VALID_TRITON_ENDPOINTS - {"health"}))
+
+
+def front_options(options: ServerOptions, internal: tuple[int, int, int], token: str) -> FrontOptions:
+    """The front's options: the public ports and limits of ``options``, Triton's ``internal``
+    ports (HTTP, gRPC, metrics) and its access token."""
+    o = options
+    return FrontOptions(
+        o.host,
+        o.http_port,
+        o.grpc_port,
+        o.metrics_port,
+        *internal,
+        max_request_bytes=o.max_request_bytes,
+        drain_timeout_s=o.drain_timeout_s,
+        header_timeout_s=o.header_timeout_s,
+        body_timeout_s=o.body_timeout_s,
+        max_inflight_bytes=defaults.IN_FLIGHT_BODIES * o.max_request_bytes,
+        upstream_token=token,
+    )
 
 
 @dataclass(frozen=True)
@@ -335,14 +377,12 @@ class TritonServer:
             names.append(write_classify_model(workspace.model_store_path, self.pipeline, self.options))
             self._log.start()
             self._start()
-            o = self.options
-            self._front = Front(
-                FrontOptions(o.host, o.http_port, o.grpc_port, o.metrics_port, *internal, o.max_request_bytes, o.drain_timeout_s)
-            )
+            self._front = Front(front_options(self.options, internal, self._triton.get_access_token()))
             self._front.start()
         except BaseException:
             self.__exit__()
             raise
+        o = self.options
         self.ready = ServerReady(
             names, self.pipeline.describe_backends(), f"{o.host}:{o.http_port}", f"{o.host}:{o.grpc_port}", f"{o.host}:{o.metrics_port}"
         )

@@ -35,6 +35,19 @@ def descendants(pid: int) -> list[int]:
     return sorted(set(found))
 
 
+def tritonserver_pid(pid: int) -> int:
+    """The one tritonserver process below ``pid``."""
+    found = [p for p in descendants(pid) if Path(f"/proc/{p}/comm").read_text().strip() == "tritonserver"]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def command_line_argument(pid: int, name: str) -> str:
+    """The value after ``name`` on a process's command line, as any local user can read it."""
+    arguments = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    return arguments[arguments.index(name) + 1]
+
+
 def _socket_inodes(pid: int) -> set[str]:
     inodes = set()
     for fd in Path(f"/proc/{pid}/fd").glob("*"):

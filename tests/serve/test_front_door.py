@@ -1,4 +1,4 @@
-"""How the serving front closes its door at shutdown (``deploykit.serve.front``): on a real
+"""How the serving front closes its door at shutdown (``deploykit.serve.door``): on a real
 loopback listener, a connection already queued survives and is served, a newcomer's handshake
 does not complete, and once the socket closes that newcomer is refused rather than reset."""
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from deploykit.serve.front import accept_queue_length, free_loopback_ports, listening_sockets, refuse_new_connections
+from deploykit.serve.door import accept_queue_length, free_loopback_ports, listening_sockets, refuse_new_connections
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="socket filters and TCP_INFO are Linux's")
 
@@ -61,7 +61,7 @@ def test_closed_door_keeps_the_queued_connection_and_refuses_the_newcomer(listen
 def test_free_ports_are_distinct_and_skip_the_ports_promised_elsewhere(monkeypatch):
     """tritonserver's own ports are picked before the front binds its public ones, so they must
     skip those: the kernel may hand a just-released public port out again."""
-    from deploykit.serve import front
+    from deploykit.serve import door
 
     handed = iter([5001, 5002, 5003, 5004])  # what bind(("127.0.0.1", 0)) returns, in turn
 
@@ -76,8 +76,8 @@ def test_free_ports_are_distinct_and_skip_the_ports_promised_elsewhere(monkeypat
         def close(self):
             pass
 
-    monkeypatch.setattr(front.socket, "socket", KernelPorts)
-    assert front.free_loopback_ports(2, exclude=[5001, 5003]) == [5002, 5004]
+    monkeypatch.setattr(door.socket, "socket", KernelPorts)
+    assert door.free_loopback_ports(2, exclude=[5001, 5003]) == [5002, 5004]
 
 
 def test_free_ports_on_the_real_loopback_are_free_and_distinct():

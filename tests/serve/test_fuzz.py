@@ -91,6 +91,7 @@ def _request(shape, values, binary: bool, datatype: str = "FP32") -> tuple[bytes
 @FUZZ
 @given(shapes, st.booleans(), st.sampled_from(["FP32", "FP16", "FP64"]), st.data())
 def test_well_formed_finite_requests_pass(shape, binary, datatype, data):
+    binary = binary or datatype == "FP16"  # Triton reads FP16 only as binary data
     values = data.draw(st.lists(st.floats(-MAX_INPUT_MAGNITUDE, MAX_INPUT_MAGNITUDE), min_size=math.prod(shape), max_size=math.prod(shape)))
     assert outcome(*_request(shape, values, binary, datatype)) is None
 
@@ -99,6 +100,7 @@ def test_well_formed_finite_requests_pass(shape, binary, datatype, data):
 @given(shapes, st.booleans(), st.sampled_from(["FP16", "FP32", "FP64"]), st.data())
 def test_a_value_beyond_the_input_bound_anywhere_is_refused(shape, binary, datatype, data):
     """A finite 3e38 overflowed the model to NaN logits, answered with a ranking (issue 41)."""
+    binary = binary or datatype == "FP16"  # Triton reads FP16 only as binary data
     top = {"FP16": 6e4, "FP32": 3e38, "FP64": 1e308}[datatype]
     count = math.prod(shape)
     values = data.draw(st.lists(st.floats(-1e3, 1e3), min_size=count, max_size=count))
@@ -345,3 +347,241 @@ def test_bmp_with_corrupt_header_fields(bmp, changes):
         size = struct.calcsize(fmt)
         raw[offset : offset + size] = (value % 2 ** (8 * size)).to_bytes(size, "little")
     decoded_within_limits(bytes(raw))
+
+
+# -- requests as Triton reads them (issue 41, part B) ----------------------------------------------
+# Bodies and headers a client controls: duplicate keys, number spellings, header orders and
+# repeats, encodings. Each is refused in one line (400/413/415), or passes as Triton reads it:
+# the same request whichever of duplicate keys counts (RapidJSON's FindMember takes the first),
+# numbers RapidJSON reads as Python does, data of the JSON type Triton's ReadDataFromJsonHelper
+# takes for the datatype, and the first of each header, read by atoi. The oracle below is that
+# reading, written from Triton 2.51's http_server.cc, not from deploykit's checks.
+
+import decimal
+import gzip
+
+from deploykit.serve.requests import check_infer_headers
+
+INTEGER_RANGES = {
+    "UINT8": (0, 2**8 - 1),
+    "UINT16": (0, 2**16 - 1),
+    "UINT32": (0, 2**32 - 1),
+    "UINT64": (0, 2**64 - 1),
+    "INT8": (-(2**7), 2**7 - 1),
+    "INT16": (-(2**15), 2**15 - 1),
+    "INT32": (-(2**31), 2**31 - 1),
+    "INT64": (-(2**63), 2**63 - 1),
+}
+FP32_MAX = float(np.finfo(np.float32).max)
+
+
+def _first_wins(pairs):
+    found = {}
+    for key, value in pairs:
+        found.setdefault(key, value)
+    return found
+
+
+def assert_triton_reads_it_alike(text: bytes) -> None:
+    """A request that passed: what Triton 2.51 reads of it is what Python read."""
+    tokens = []
+
+    def number(token: str):
+        tokens.append(token)
+        return decimal.Decimal(token)
+
+    decoded = text.decode("utf-8")  # RapidJSON reads bytes; only UTF-8 means the same to both
+    assert not decoded.startswith("\ufeff")
+    last = json.loads(decoded, parse_int=number, parse_float=number)  # Python: the last of duplicate keys
+    first = json.loads(decoded, object_pairs_hook=_first_wins, parse_int=number, parse_float=number)  # Triton: the first
+    assert first == last, "duplicate keys read two ways"
+    for token in tokens:
+        value = decimal.Decimal(token)
+        if "." not in token and "e" not in token.lower():
+            assert -(2**63) <= value <= 2**64 - 1, token  # else RapidJSON reads a rounded double
+        else:
+            mantissa, _, exponent = token.lower().partition("e")
+            assert not exponent or int(exponent) <= 308, token  # RapidJSON: kParseErrorNumberTooBig
+            assert math.isfinite(float(value)), token
+    for tensor in last["inputs"]:
+        if "data" not in tensor:
+            continue
+        datatype, flat, todo = tensor["datatype"], [], [tensor["data"]]
+        while todo:
+            item = todo.pop()
+            todo += reversed(item) if isinstance(item, list) else []
+            flat += [] if isinstance(item, list) else [item]
+        assert datatype not in ("FP16", "BF16"), "Triton reads FP16/BF16 only as binary data"
+        for v in flat:
+            if datatype == "BOOL":
+                assert isinstance(v, bool)
+            elif datatype == "BYTES":
+                assert isinstance(v, str)
+            elif datatype in INTEGER_RANGES:  # IsInt64/IsUint64, then a cast to the type
+                assert isinstance(v, decimal.Decimal) and v == v.to_integral_value() and "." not in str(v)
+                low, high = INTEGER_RANGES[datatype]
+                assert low <= v <= high, (datatype, v)
+            else:  # FP32/FP64: IsNumber, then a double cast to the type
+                assert isinstance(v, decimal.Decimal) and math.isfinite(float(v))
+                assert datatype != "FP32" or abs(float(v)) <= FP32_MAX
+
+
+def digits(low: int, high: int):
+    return st.text("0123456789", min_size=low, max_size=high)
+
+
+integers = st.builds(
+    lambda sign, whole: sign + whole,
+    st.sampled_from(["", "-"]),
+    st.just("0") | st.builds(lambda head, tail: head + tail, st.sampled_from("123456789"), digits(0, 3) | digits(15, 24)),
+)
+valid_numbers = st.builds(
+    lambda whole, fraction, exponent: whole + fraction + exponent,
+    integers,
+    st.just("") | digits(1, 20).map(lambda d: "." + d),
+    st.just("") | st.builds(lambda e, s, d: e + s + d, st.sampled_from("eE"), st.sampled_from(["", "+", "-"]), digits(1, 3)),
+)
+other_tokens = st.sampled_from(
+    ["NaN", "Infinity", "-Infinity", "Inf", "01", "+1", ".5", "1.", "1e", "0x10", "true", "false", '"1"', "null"]
+)
+number_lists = (
+    st.lists(integers, min_size=1, max_size=4)
+    | st.lists(valid_numbers, min_size=1, max_size=4)
+    | st.lists(valid_numbers | other_tokens, min_size=1, max_size=4)
+)
+DATATYPE_NAMES = ["BOOL", *INTEGER_RANGES, "FP16", "FP32", "FP64", "BF16", "BYTES"]
+
+
+def request_outcome(text: bytes, header_length: str | None = None) -> str | None:
+    """``outcome`` of the first block, and for a pass, Triton's reading checked."""
+    refused = outcome(text, header_length)
+    if refused is None:
+        assert_triton_reads_it_alike(text if header_length is None else text[: int(header_length)])
+    return refused
+
+
+@FUZZ
+@given(st.sampled_from(DATATYPE_NAMES), number_lists)
+def test_number_spellings_are_read_alike_or_refused(datatype, numbers):
+    data = ", ".join(numbers)
+    request_outcome(f'{{"inputs": [{{"name": "images", "datatype": "{datatype}", "shape": [{len(numbers)}], "data": [{data}]}}]}}'.encode())
+
+
+VALID_TENSORS = [  # members of one valid input
+    [("name", '"images"'), ("datatype", '"FP32"'), ("shape", "[1]"), ("data", "[0.5]")],
+    [("name", '"images"'), ("datatype", '"INT8"'), ("shape", "[2]"), ("data", "[1, -2]"), ("parameters", "{}")],
+    [("name", '"images"'), ("datatype", '"BOOL"'), ("shape", "[1, 1]"), ("data", "[[true]]")],
+]
+REPEATS = [  # another spelling of a member: with it, a key appears twice
+    ("name", '"other"'),
+    ("datatype", '"FP16"'),
+    ("datatype", '"UINT8"'),
+    ("shape", "[2]"),
+    ("data", "[1e39]"),
+    ("data", "[300]"),
+    ("data", "[0.5, 1.5]"),
+    ("parameters", '{"binary_data_size": 4}'),
+    ("parameters", '{"a": 1, "a": 2}'),
+]
+
+
+@FUZZ
+@given(
+    st.sampled_from(VALID_TENSORS),
+    st.lists(st.sampled_from(REPEATS), max_size=2),
+    st.lists(st.sampled_from(['"inputs": []', '"id": "1"', '"id": "2"', '"parameters": {}']), max_size=2),
+    st.data(),
+)
+def test_duplicate_keys_are_read_alike_or_refused(tensor, repeats, outer, data):
+    members = data.draw(st.permutations(tensor + repeats))
+    fields = ", ".join(f'"{key}": {value}' for key, value in members)
+    request = data.draw(st.permutations([f'"inputs": [{{{fields}}}]', *outer]))
+    request_outcome(("{" + ", ".join(request) + "}").encode())
+
+
+def _atoi(text: str) -> int:
+    """C's atoi as Triton's evhtp handler calls it: spaces, a sign, ASCII digits, then anything."""
+    stripped = text.lstrip(" \t\n\v\f\r")
+    sign = -1 if stripped[:1] == "-" else 1
+    stripped = stripped[1:] if stripped[:1] in "+-" else stripped
+    run = len(stripped) - len(stripped.lstrip("0123456789"))
+    return sign * int(stripped[:run]) if run and stripped[:run].isascii() else 0
+
+
+def _length_spelling(kind: str, length: int) -> str:
+    return {
+        "ascii": str(length),
+        "zeros": "00" + str(length),
+        "plus": "+" + str(length),
+        "suffix": f"{length}abc",
+        "arabic": str(length).translate(str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩")),
+        "fullwidth": str(length).translate(str.maketrans("0123456789", "０１２３４５６７８９")),
+        "other": str(length + 1),
+        "empty": "",
+    }[kind]
+
+
+ENCODINGS = ["identity", "IDENTITY", "gzip", "x-gzip", "deflate", "br", "", "identity, gzip", "gzip, identity", " identity"]
+LENGTHS = ["ascii", "zeros", "plus", "suffix", "arabic", "fullwidth", "other", "empty"]
+
+
+def _sent(lines: list[str], name: str) -> list[str]:
+    """The values of header ``name`` among ``lines``, as an HTTP parser reads them (spaces stripped)."""
+    return [line.split(":", 1)[1].strip() for line in lines if line.split(":", 1)[0] == name]
+
+
+@pytest.fixture(scope="module")
+def front_and_stub():
+    pytest.importorskip("aiohttp", reason="needs the serve extra")
+    pytest.importorskip("grpc", reason="needs the serve extra")
+    from stub_triton import front_before_stub
+
+    with front_before_stub() as (_, port, stub):
+        yield port, stub
+
+
+@FUZZ
+@given(
+    st.lists(st.sampled_from(ENCODINGS), max_size=3),
+    st.lists(st.sampled_from(LENGTHS), max_size=2),
+    st.booleans(),
+    st.permutations(range(6)),
+)
+def test_headers_in_any_order_and_number_are_read_alike_or_refused(front_and_stub, encodings, lengths, compress, order):
+    """A binary request (JSON, then a tensor) with Content-Encoding and header-length headers
+    drawn, repeated, in any order, the body gzipped or not: refused in one line, or forwarded as
+    sent with the one header length Triton reads as the client meant it."""
+    from stub_triton import infer_head, raw_request
+
+    port, stub = front_and_stub
+    head = json.dumps({"inputs": [{"name": "images", "datatype": "FP32", "shape": [2], "parameters": {"binary_data_size": 8}}]}).encode()
+    body = head + np.ones(2, np.float32).tobytes()
+    body = gzip.compress(body) if compress else body
+    drawn = [f"Content-Encoding: {e}" for e in encodings] + [
+        f"Inference-Header-Content-Length: {_length_spelling(k, len(head))}" for k in lengths
+    ]
+    drawn = [drawn[i] for i in order if i < len(drawn)] + drawn[len(order) :]
+    seen = len(stub.seen)
+    status, _, answer = raw_request(port, infer_head(len(body), *drawn), body)
+    if status in (400, 413, 415):
+        error = json.loads(answer)["error"]
+        assert error and "\n" not in error and len(stub.seen) == seen, error
+        return
+    assert status == 200, (status, answer[:300])
+    forwarded = stub.seen[-1]
+    sent_lengths, sent_codings = _sent(drawn, "Inference-Header-Content-Length"), _sent(drawn, "Content-Encoding")
+    assert forwarded.body == body and all(t.strip().lower() == "identity" for v in sent_codings for t in v.split(","))
+    assert not [n for n, _ in forwarded.headers if n.lower() == "content-encoding"]
+    forwarded_lengths = [v for n, v in forwarded.headers if n.lower() == "inference-header-content-length"]
+    assert len(sent_lengths) == len(forwarded_lengths) <= 1
+    if forwarded_lengths:  # Triton reads the first with atoi: the value the client wrote and the front checked
+        assert _atoi(sent_lengths[0]) == _atoi(forwarded_lengths[0]) == int(forwarded_lengths[0])
+        assert_triton_reads_it_alike(body[: int(forwarded_lengths[0])])
+
+
+def test_header_checks_take_every_repeat():
+    """The pure check behind the front, on the repeats aiohttp hands it: the last Content-Encoding
+    counts as much as the first (aiohttp's C parser inflated by the last)."""
+    for codings in (["identity", "gzip"], ["gzip", "identity"], ["identity", "identity, br"]):
+        with pytest.raises(RequestRejected):
+            check_infer_headers([("Content-Encoding", c) for c in codings])

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from serve_reference import ort_logits
-from server_process import descendants, free_ports, process_tree, stop, stop_leftovers, wait_until
+from server_process import free_ports, process_tree, stop, stop_leftovers, tritonserver_pid, wait_until
 
 pytest.importorskip("pytriton", reason="needs the serve extra: pip install 'deploykit[serve]'")
 pytest.importorskip("aiohttp", reason="needs the serve extra")
@@ -123,12 +123,6 @@ def test_sigterm_answers_every_request_in_flight_then_exits_0(plans_export_dir, 
     assert spanning, f"no request was in flight at the signal: {summary}"
     assert code == 0, err.read_text()[-3000:]
     assert "Traceback" not in err.read_text()
-
-
-def tritonserver_pid(pid: int) -> int:
-    found = [p for p in descendants(pid) if Path(f"/proc/{p}/comm").read_text().strip() == "tritonserver"]
-    assert len(found) == 1, found
-    return found[0]
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 from serve_reference import ort_logits, png, preprocessed, softmax_top_k, zoo_test_images
-from server_process import free_ports, listening_addresses, process_tree, stop
+from server_process import command_line_argument, free_ports, listening_addresses, process_tree, stop, tritonserver_pid
 
 pytest.importorskip("pytriton", reason="needs the serve extra: pip install 'deploykit[serve]'")
 httpclient = pytest.importorskip("tritonclient.http", reason="needs the serve extra")
@@ -622,3 +622,71 @@ def test_mixed_hostile_load_keeps_every_valid_answer(server, served_dir):
     print(f"mixed load: {counts}")
     assert counts["valid"] == counts["valid_equal"] == 200 and counts["hostile"] == counts["hostile_refused_4xx"] == 100, counts
     assert server["proc"].poll() is None and httpclient.InferenceServerClient(server["http"]).is_server_ready()
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton's own ports: reachable only through the front (issue 41: 8, 9)
+
+
+def _triton_argument(server, name: str) -> str:
+    return command_line_argument(tritonserver_pid(server["proc"].pid), name)
+
+
+def _triton_http_port(server) -> int:
+    return int(_triton_argument(server, "--http-port"))
+
+
+def _direct(port: int, method: str, path: str, body: bytes | None = None, headers: dict | None = None) -> tuple[int, str]:
+    import http.client
+
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        connection.request(method, path, body=body, headers=headers or {})
+        answer = connection.getresponse()
+        return answer.status, answer.read().decode("utf-8", "replace")
+    finally:
+        connection.close()
+
+
+def test_tritons_own_port_answers_only_health_without_the_fronts_token(server, clients):
+    """Any local process reached Triton's loopback ports: 400 KB of ``[`` killed it. Every Triton
+    endpoint but health (which PyTriton's own start-up check needs without a token) now wants the
+    front's token, and refuses before parsing the body; a model config there shows nothing."""
+    port = _triton_http_port(server)
+    assert _direct(port, "GET", "/v2/health/ready")[0] == 200
+    for path in ("/v2", "/v2/models/logits_32", "/v2/models/logits_32/config", "/v2/models/stats"):
+        assert _direct(port, "GET", path)[0] == 403, path
+    status, text = _direct(port, "POST", "/v2/models/logits_32/infer", b"[" * 400_000, {"Content-Type": "application/json"})
+    assert status == 403 and "restricted" in text, text[:300]
+    assert server["proc"].poll() is None and clients["http"].is_server_ready()
+
+
+def _token(server) -> str:
+    """The token as any local user can read it: "<apis>:triton-access-token=<token>"."""
+    return _triton_argument(server, "--http-restricted-api").rsplit("triton-access-token=", 1)[1]
+
+
+def test_a_nan_tensor_sent_to_triton_directly_spoils_only_its_own_answer(server, clients, served_dir):
+    """With the token (read from the process list, as a local user can), a NaN tensor sent to
+    Triton itself was answered with PyTriton's traceback and file paths, and so was every request
+    batched with it. Now its row gets NaN logits and classes -1, and the finite row its answer."""
+    x = np.concatenate([np.random.default_rng(6).standard_normal((1, 3, 32, 32), dtype=np.float32), _nan_image()])
+    # json.dumps spells the NaN "NaN", which RapidJSON reads (kParseNanAndInfFlag)
+    body = json.dumps({"inputs": [{"name": "images", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}).encode()
+    status, text = _direct(_triton_http_port(server), "POST", "/v2/models/logits_32/infer", body, {"triton-access-token": _token(server)})
+    assert status == 200 and "Traceback" not in text and "/" not in text, text[:2000]
+    outputs = {o["name"]: np.asarray(o["data"], dtype=np.float64).reshape(o["shape"]) for o in json.loads(text)["outputs"]}
+    np.testing.assert_allclose(outputs["logits"][0], ort_logits(served_dir, x[:1])[0], rtol=1e-5, atol=1e-6)
+    assert np.isnan(outputs["logits"][1]).all() and (outputs["classes"][1] == -1).all()
+    assert clients["http"].is_server_ready()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_model_configs_show_no_workspace_path(server, clients, protocol):
+    """PyTriton's model configs name its workspace (``workspace-path``), where the model store,
+    its sockets and Triton's log are; clients see the config without it."""
+    from pathlib import Path
+
+    workspace = Path(_triton_argument(server, "--model-repository")).parent
+    config = clients[protocol].get_model_config("logits_32", **({"as_json": True} if protocol == "grpc" else {}))
+    assert str(workspace) not in json.dumps(config) and int(dict(config.get("config", config))["max_batch_size"]) == MAX_BATCH, config

@@ -1,0 +1,198 @@
+"""The serving front before a stand-in Triton (``stub_triton.py``), over real loopback sockets:
+Triton gets the bytes that were checked and nothing compressed, the bodies held at once are
+bounded, slow clients are cut by deadlines the tests set small (each wait below is a bound
+against hangs, never a measurement), shutdown is not held by them, and clients see neither a
+frame list nor PyTriton's workspace path (issue 41: 3, 5, 7, 9)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+import threading
+
+import numpy as np
+import pytest
+from stub_triton import WORKSPACE, front_before_stub, infer_head, raw_request
+
+pytest.importorskip("aiohttp", reason="needs the serve extra")
+pytest.importorskip("grpc", reason="needs the serve extra")
+
+OK = json.dumps({"inputs": [{"name": "images", "datatype": "FP32", "shape": [1, 2], "data": [0.5, 1.5]}]}).encode()
+GUARD_S = 30
+
+
+def error_line(body: bytes) -> str:
+    error = json.loads(body)["error"]
+    assert error and "\n" not in error and "Traceback" not in error, error
+    return error
+
+
+def cut_within(sock: socket.socket, guard_s: float = GUARD_S) -> bool:
+    """Whether the server closes ``sock`` (after whatever it answers) before ``guard_s``."""
+    sock.settimeout(guard_s)
+    try:
+        while sock.recv(65536):
+            pass
+    except ConnectionResetError:
+        pass
+    except TimeoutError:
+        return False
+    return True
+
+
+def until(condition, guard_s: float = GUARD_S) -> None:
+    tick = threading.Event()
+    for _ in range(int(guard_s * 100)):
+        if condition():
+            return
+        tick.wait(0.01)
+    raise AssertionError(f"not reached within {guard_s} s")
+
+
+@pytest.fixture(scope="module")
+def front():
+    with front_before_stub() as started:
+        yield started
+
+
+@pytest.mark.parametrize(
+    "encodings", [["identity", "gzip"], ["gzip", "identity"], ["identity, gzip"], ["gzip"], ["GZip"], ["deflate"], ["identity", "br"]]
+)
+def test_a_compressed_body_is_refused_whatever_the_content_encoding_headers(front, encodings):
+    """The front checked the first Content-Encoding while aiohttp inflated by the last: 64 KB of
+    gzip became 63 MiB of JSON inside. Any non-identity coding, in any header, is 415."""
+    _, port, stub = front
+    seen = len(stub.seen)
+    packed = gzip.compress(OK)
+    status, _, body = raw_request(port, infer_head(len(packed), *[f"Content-Encoding: {e}" for e in encodings]), packed)
+    assert status == 415 and error_line(body).startswith("compressed request bodies are not served")
+    assert len(stub.seen) == seen
+
+
+def test_what_passes_is_forwarded_as_checked(front):
+    """Identity bodies pass byte for byte; Triton gets the one header length that was checked and
+    no Content-Encoding."""
+    _, port, stub = front
+    raw = np.ones(2, np.float32).tobytes()
+    head = json.dumps({"inputs": [{"name": "images", "datatype": "FP32", "shape": [2], "parameters": {"binary_data_size": 8}}]}).encode()
+    headers = ("Content-Encoding: identity", "Content-Encoding: IDENTITY", f"Inference-Header-Content-Length: {len(head)}")
+    status, _, _ = raw_request(port, infer_head(len(head) + 8, *headers), head + raw)
+    assert status == 200
+    forwarded = stub.seen[-1]
+    names = [name.lower() for name, _ in forwarded.headers]
+    assert forwarded.body == head + raw and "content-encoding" not in names
+    assert [v for n, v in forwarded.headers if n.lower() == "inference-header-content-length"] == [str(len(head))]
+
+
+@pytest.mark.parametrize("lengths", [["12", "12"], ["١٢"], ["0x1f"]])
+def test_header_lengths_triton_would_read_otherwise_are_refused(front, lengths):
+    _, port, stub = front
+    seen = len(stub.seen)
+    status, _, body = raw_request(port, infer_head(len(OK), *[f"Inference-Header-Content-Length: {v}" for v in lengths]), OK)
+    assert status == 400 and "Inference-Header-Content-Length" in error_line(body)
+    assert len(stub.seen) == seen
+
+
+def test_a_model_config_shows_no_workspace_path(front):
+    _, port, _ = front
+    status, _, body = raw_request(port, b"GET /v2/models/logits_32/config HTTP/1.1\r\nHost: 127.0.0.1")
+    assert status == 200 and WORKSPACE not in body.decode() and json.loads(body)["max_batch_size"] == 8
+
+
+def test_a_python_backend_error_reaches_the_client_as_its_message(front):
+    """Triton's answer for an exception in a Python-backend model: the message, then pybind11's frames."""
+    _, port, stub = front
+    error = "Failed to process the request(s) for model 'classify_0_0', message: ValueError: not an image\n\nAt:\n  /tmp/w/model.py(57): execute\n"
+    stub.answers["/v2/models/classify/infer"] = (500, {"error": error})
+    status, _, body = raw_request(port, infer_head(len(OK), path="/v2/models/classify/infer"), OK)
+    assert status == 500 and error_line(body) == "not an image"
+
+
+def test_triton_gets_the_token_and_clients_cannot_send_their_own():
+    with front_before_stub(upstream_token="s3cret") as (_, port, stub):
+        status, _, _ = raw_request(port, infer_head(len(OK), "triton-access-token: guessed"), OK)
+        read_status, _, _ = raw_request(port, b"GET /v2/health/ready HTTP/1.1\r\nHost: 127.0.0.1\r\ntriton-access-token: guessed")
+    assert status == read_status == 200
+    for forwarded in stub.seen:
+        assert [v for n, v in forwarded.headers if n.lower() == "triton-access-token"] == ["s3cret"]
+
+
+def test_bodies_held_at_once_are_bounded_across_connections():
+    """Nothing bounded the bytes of concurrent uploads. One client holds 70 kB of an unfinished
+    body; another's 40 kB would go over the 100 kB budget: 503 with Retry-After, and a retry after
+    the first is done passes."""
+    with front_before_stub(max_request_bytes=100_000, max_inflight_bytes=100_000, body_timeout_s=600) as (front, port, _):
+        body = b" " * 20_000 + OK + b" " * (80_000 - 20_000 - len(OK))  # valid JSON: spaces around it
+        holder = socket.create_connection(("127.0.0.1", port), timeout=GUARD_S)
+        holder.sendall(infer_head(len(body)) + b"\r\n\r\n" + body[:70_000])
+        until(lambda: front.bytes_held >= 70_000)  # the front holds them: a state, not a time
+        second = b" " * (40_000 - len(OK)) + OK
+        status, headers, answer = raw_request(port, infer_head(len(second)), second)
+        assert status == 503 and headers.get("Retry-After") == "1", answer
+        assert "retry" in error_line(answer)
+        holder.sendall(body[70_000:])
+        assert holder.recv(12).startswith(b"HTTP/1.1 200")
+        holder.close()
+        assert raw_request(port, infer_head(len(second)), second)[0] == 200
+
+
+def test_slow_request_heads_are_cut_and_valid_requests_answered():
+    """300 connections sending one byte every 10 s were held open for as long as their clients
+    liked. With a 0.5 s header deadline: a head not complete is cut, a connection that sends
+    nothing too, and a valid request on its own connection is answered meanwhile."""
+    with front_before_stub(header_timeout_s=0.5) as (front, port, _):
+        slow = [socket.create_connection(("127.0.0.1", port), timeout=GUARD_S) for _ in range(20)]
+        for i, sock in enumerate(slow[:15]):
+            sock.sendall(infer_head(len(OK))[: 10 + i])  # part of a head; the last five send nothing
+        assert raw_request(port, infer_head(len(OK)), OK)[0] == 200
+        assert all(cut_within(sock) for sock in slow)
+        grpc_slow = socket.create_connection(("127.0.0.1", front.options.grpc_port), timeout=GUARD_S)
+        grpc_slow.sendall(b"PRI * HTTP/2.0\r\n")  # part of HTTP/2's preface
+        assert cut_within(grpc_slow)
+
+
+def test_an_idle_keep_alive_connection_is_not_a_slow_head():
+    """Silence after an answer is idle, not slow: the next request on the connection, sent after
+    the header deadline has passed, is answered."""
+    with front_before_stub(header_timeout_s=0.2) as (_, port, _):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=GUARD_S)
+        for _ in range(2):
+            sock.sendall(infer_head(len(OK)) + b"\r\n\r\n" + OK)
+            assert sock.recv(12).startswith(b"HTTP/1.1 200")
+            sock.recv(65536)  # the rest of a small answer
+            threading.Event().wait(0.6)  # three header deadlines of silence
+        sock.close()
+
+
+def test_a_slow_body_is_cut_with_408():
+    with front_before_stub(body_timeout_s=0.5) as (_, port, stub):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=GUARD_S)
+        sock.sendall(infer_head(len(OK)) + b"\r\n\r\n" + OK[:10])
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 408") and b"request body not received within 0.5 s" in answer
+        assert not any(f.path.endswith("/infer") for f in stub.seen)
+
+
+def test_shutdown_is_not_held_by_slow_clients():
+    """SIGTERM waited the whole drain timeout (30 s) for 300 slow uploads. Bodies still arriving
+    are cut at once with 503 (none reached Triton) and slow heads once the door closes: drain
+    returns long before its 600 s timeout and the deadlines, also 600 s."""
+    limits = dict(drain_timeout_s=600, header_timeout_s=600, body_timeout_s=600)
+    with front_before_stub(**limits) as (front, port, _):
+        bodies = [socket.create_connection(("127.0.0.1", port), timeout=GUARD_S) for _ in range(10)]
+        heads = [socket.create_connection(("127.0.0.1", port), timeout=GUARD_S) for _ in range(10)]
+        for sock in bodies:
+            sock.sendall(infer_head(len(OK)) + b"\r\n\r\n" + OK[:5])
+        for sock in heads:
+            sock.sendall(infer_head(len(OK))[:20])
+        assert raw_request(port, infer_head(len(OK)), OK)[0] == 200  # every slow one is inside by now
+        drained = threading.Thread(target=front.drain, daemon=True)
+        drained.start()
+        drained.join(GUARD_S)
+        assert not drained.is_alive(), "drain waited for slow clients"
+        for sock in bodies:
+            assert sock.recv(12).startswith(b"HTTP/1.1 503")
+        assert all(cut_within(sock) for sock in bodies + heads)
