@@ -36,7 +36,7 @@ RUNNER_FACTORIES: dict[str, Callable[..., Runner]] = {
 BISECT_FACTORIES: dict[str, Callable[..., Runner]] = {
     "ort": lambda onnx_path, marked: OnnxrtRunner(marked),
     # The graph's own runner passed (or was allowed) the CPU-fallback check; bisecting only locates.
-    "ort-cuda": lambda onnx_path, marked: OnnxrtCudaRunner(marked, allow_cpu_fallback=True),
+    "ort-cuda": lambda onnx_path, marked: OnnxrtCudaRunner(marked, allow_cpu_fallback=True, range_low=range_low(onnx_path)),
     "openvino": lambda onnx_path, marked: OpenvinoRunner(marked),
     "openvino-bf16": lambda onnx_path, marked: OpenvinoBf16Runner(marked),
     **{tag: partial(debug_engine_runner, module=module) for tag, module in ENGINE_MODULES.items()},
@@ -81,8 +81,18 @@ def create_runner(
     if backend in ENGINE_MODULES:
         return RUNNER_FACTORIES[backend](onnx_path, plugins=plugins, cuda_graph=cuda_graph)
     if backend == "ort-cuda":
-        return RUNNER_FACTORIES[backend](onnx_path, allow_cpu_fallback=allow_cpu_fallback)
+        return RUNNER_FACTORIES[backend](onnx_path, allow_cpu_fallback=allow_cpu_fallback, range_low=range_low(onnx_path))
+    if backend == "ort":
+        return RUNNER_FACTORIES[backend](onnx_path, range_low=range_low(onnx_path))
     return RUNNER_FACTORIES[backend](onnx_path)
+
+
+def range_low(onnx_path: str | os.PathLike) -> tuple[int, ...] | None:
+    """The smallest resolution of a resolution-range graph (its export metadata), None for others."""
+    from deploykit.export.metadata import GraphMetadata
+
+    span = GraphMetadata.of_file(onnx_path).resolution_range
+    return tuple(span[0]) if span else None
 
 
 def create_bisect_runner(backend: str, onnx_path: str | os.PathLike, marked: bytes, *, plugins: Plugins | None = None) -> Runner | None:

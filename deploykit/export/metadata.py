@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,7 +95,16 @@ class GraphMetadata:
         Raises:
             DeployKitError: a ``deploykit.*`` value that cannot be read (names the key).
         """
-        props = {p.key: p.value for p in proto.metadata_props}
+        return cls.from_props({p.key: p.value for p in proto.metadata_props})
+
+    @classmethod
+    def from_props(cls, props: Mapping[str, str]) -> GraphMetadata:
+        """The record in a graph's metadata map (``onnx``'s ``metadata_props``, or ONNX Runtime's
+        ``custom_metadata_map`` of a loaded session).
+
+        Raises:
+            DeployKitError: a ``deploykit.*`` value that cannot be read (names the key).
+        """
         values = {}
         for f in dataclasses.fields(cls):
             key = PREFIX + f.name

@@ -114,29 +114,10 @@ def check_placement(placement: Placement, backend: str, allow_cpu_fallback: bool
     )
 
 
-# The metadata key ``deploykit.export.metadata`` writes for a resolution-range graph (the on-disk
-# contract: ``"[[min_h, min_w], [max_h, max_w]]"``); runtime sits below export, so it reads the one key.
-_RANGE_KEY = "deploykit.resolution_range"
-
-
-def _smallest_declared(session) -> tuple[int, ...]:
-    """The smallest resolution of a resolution-range graph, () for any other graph. Its height and
-    width are symbolic in the graph; only the export's metadata says which sizes it takes."""
-    text = session.get_modelmeta().custom_metadata_map.get(_RANGE_KEY)
-    if text is None:
-        return ()
-    try:
-        low, _ = json.loads(text)
-        return tuple(int(d) for d in low)
-    except (TypeError, ValueError) as err:  # JSONDecodeError is a ValueError
-        raise DeployKitError(f"the graph's {_RANGE_KEY} metadata is not readable ({type(err).__name__}: {str(err)[:80]})") from err
-
-
-def _zero_feed(session) -> dict[str, np.ndarray]:
+def _zero_feed(session, low: tuple[int, ...] | None = None) -> dict[str, np.ndarray]:
     """One input of batch 1 for each graph input, zeros: dynamic dims as 1, except the trailing
-    (height, width) of a resolution-range graph, set to its smallest resolution."""
+    (height, width) of a resolution-range graph, set to ``low``, its smallest resolution."""
     types = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64, "tensor(int32)": np.int32}
-    low = _smallest_declared(session)
     feed = {}
     for i in session.get_inputs():
         dims = [d if isinstance(d, int) and d > 0 else 1 for d in i.shape]
@@ -154,6 +135,9 @@ class OnnxrtRunner(Runner):
         model: path to a ``.onnx`` file, or its bytes.
         providers: execution providers in priority order; default ``default_providers()``.
         intra_op_threads: 0 lets ONNX Runtime choose (one per physical core).
+        range_low: the smallest ``(height, width)`` of a resolution-range graph, whose height and
+            width are symbolic: where ``zero_feed`` (and ort-cuda's placement probe) run it. Only
+            the export's metadata says it; the backends' registry reads it there.
     """
 
     name = "ort"
@@ -161,11 +145,18 @@ class OnnxrtRunner(Runner):
     # callers need no lock (benchmarks/ort_lock.py measures what one would cost).
     thread_safe = True
 
-    def __init__(self, model: str | os.PathLike | bytes, providers: Sequence[str] | None = None, intra_op_threads: int = 0):
+    def __init__(
+        self,
+        model: str | os.PathLike | bytes,
+        providers: Sequence[str] | None = None,
+        intra_op_threads: int = 0,
+        range_low: tuple[int, ...] | None = None,
+    ):
         super().__init__()
         self.model = model
         self.providers = list(providers) if providers else None
         self.intra_op_threads = intra_op_threads
+        self.range_low = tuple(range_low) if range_low else None
         self._session = None
 
     def _activate(self, options=None) -> None:
@@ -194,7 +185,7 @@ class OnnxrtRunner(Runner):
 
     def zero_feed(self) -> dict[str, np.ndarray]:
         """One input of batch 1 for each graph input, zeros, at a shape the graph takes (``_zero_feed``): enough to time a graph."""
-        return _zero_feed(self._session)
+        return _zero_feed(self._session, self.range_low)
 
     def output_names(self) -> list[str]:
         return [o.name for o in self._session.get_outputs()]
@@ -218,12 +209,19 @@ class OnnxrtCudaRunner(OnnxrtRunner):
         model: path to a ``.onnx`` file, or its bytes.
         intra_op_threads: 0 lets ONNX Runtime choose.
         allow_cpu_fallback: accept compute nodes on the CPU (``details`` still names them).
+        range_low: as ``OnnxrtRunner``'s: where the placement probe runs a resolution-range graph.
     """
 
     name = "ort-cuda"
 
-    def __init__(self, model: str | os.PathLike | bytes, intra_op_threads: int = 0, allow_cpu_fallback: bool = False):
-        super().__init__(model, providers=[CUDA], intra_op_threads=intra_op_threads)
+    def __init__(
+        self,
+        model: str | os.PathLike | bytes,
+        intra_op_threads: int = 0,
+        allow_cpu_fallback: bool = False,
+        range_low: tuple[int, ...] | None = None,
+    ):
+        super().__init__(model, providers=[CUDA], intra_op_threads=intra_op_threads, range_low=range_low)
         self.allow_cpu_fallback = allow_cpu_fallback
         self.placement: Placement | None = None
         self.placement_note = ""
@@ -252,7 +250,7 @@ class OnnxrtCudaRunner(OnnxrtRunner):
         failure is one line, and its own log of it is silenced (the error says it)."""
         import onnxruntime as ort
 
-        feed, options = _zero_feed(self._session), ort.RunOptions()
+        feed, options = _zero_feed(self._session, self.range_low), ort.RunOptions()
         options.log_severity_level = 4  # fatal only
         try:
             self._session.run(None, feed, options)

@@ -88,8 +88,11 @@ def cuda_session_on_the_cpu(monkeypatch):
 @pytest.mark.filterwarnings("ignore:Specified provider 'CUDAExecutionProvider':UserWarning")
 def test_ort_cuda_probes_a_resolution_range_graph_inside_its_range(range_graph, cuda_session_on_the_cpu):
     """The probe feeds the range's smallest shape: a 1x1 image is outside it, and ONNX Runtime
-    refused the graph with its raw multi-line error (issue 42, item 3)."""
-    with OnnxrtCudaRunner(range_graph, allow_cpu_fallback=True) as runner:
+    refused the graph with its raw multi-line error (issue 42, item 3). The registry reads the range
+    from the export's metadata, as every command opens its runners."""
+    from deploykit.backends.registry import create_runner
+
+    with create_runner("ort-cuda", range_graph, allow_cpu_fallback=True) as runner:
         placement = runner.details["node_placement"]
         assert placement["providers"] == {CPU: sum(placement["providers"].values())} and placement["cpu_compute"]
         (name,) = runner.input_names()
@@ -102,7 +105,7 @@ def test_an_onnx_runtime_error_in_the_placement_probe_is_one_line(range_graph, c
     from deploykit.runtime import onnxrt
 
     # A feed outside the graph's shapes, so ONNX Runtime itself fails the probe's run.
-    monkeypatch.setattr(onnxrt, "_zero_feed", lambda session: {"images": np.zeros((1, 3, 1, 1), np.float32)})
+    monkeypatch.setattr(onnxrt, "_zero_feed", lambda session, low=None: {"images": np.zeros((1, 3, 1, 1), np.float32)})
     runner = OnnxrtCudaRunner(range_graph, allow_cpu_fallback=True)
     with pytest.raises(DeployKitError, match=r"^ort-cuda: ONNX Runtime could not run .*model_32x48-64\.onnx") as err:
         runner.activate()
