@@ -129,7 +129,7 @@ def write_output_text(dest: str | os.PathLike, text: str) -> Path:
 
 def write_output_json(dest: str | os.PathLike, obj: Any) -> Path:
     """Serialise ``obj`` as indented JSON to a file the user named (``output_file``)."""
-    return write_output_text(dest, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    return write_output_text(dest, _json_text(obj))
 
 
 @contextlib.contextmanager
@@ -293,4 +293,9 @@ def write_text_atomic(dest: str | os.PathLike, text: str) -> Path:
 
 def write_json_atomic(dest: str | os.PathLike, obj: Any) -> Path:
     """Serialise ``obj`` as indented JSON to ``dest`` atomically and return the path."""
-    return write_text_atomic(dest, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    return write_text_atomic(dest, _json_text(obj))
+
+
+def _json_text(obj: Any) -> str:
+    """What every JSON file deploykit writes holds: indented, keys in the order given, a final newline."""
+    return json.dumps(obj, indent=2, sort_keys=False) + "\n"
