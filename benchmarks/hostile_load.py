@@ -307,7 +307,8 @@ class SlowClients:
 def run_load(spec: LoadSpec, started, stop, results) -> None:
     """The hostile process: every kind of ``build_kinds`` and the slow clients until ``stop`` is
     set; ``started`` is set once every kind has been answered once and the slow connections are
-    open; then the tally goes to ``results`` (a queue).
+    open; then the tally goes to ``results`` (a queue), with this process's CPU seconds from
+    ``started`` on.
 
     ``started``, ``stop``: multiprocessing events; ``results``: a multiprocessing queue."""
     kinds = build_kinds(spec)
@@ -324,11 +325,12 @@ def run_load(spec: LoadSpec, started, stop, results) -> None:
         thread.start()
     barrier.wait()
     started.set()
+    cpu_start = time.process_time()
     stop.wait()
     halt.set()
     for thread in threads:
         thread.join(TIMEOUT_S)
-    results.put(summarize(kinds, tally))
+    results.put(dict(kinds=summarize(kinds, tally), cpu_s=time.process_time() - cpu_start))
 
 
 def summarize(kinds: list[Kind], tally: Tally) -> list[dict]:

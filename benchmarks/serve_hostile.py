@@ -205,6 +205,53 @@ def run_phase(server, requests: list[ValidRequest], model: str) -> list[Served]:
         return list(pool.map(one, requests))
 
 
+@dataclass(frozen=True)
+class Phase:
+    """One phase: every valid request's answer, the wall time, and the CPU seconds spent meanwhile
+    by each of the server's processes (``cpu_seconds``), this client and the whole machine."""
+
+    served: list[Served]
+    wall_s: float
+    cpu_s: dict[str, float]
+
+
+def timed_phase(server, requests: list[ValidRequest], model: str) -> Phase:
+    before, start = cpu_seconds(server.proc.pid), time.perf_counter()
+    served = run_phase(server, requests, model)
+    wall_s, after = time.perf_counter() - start, cpu_seconds(server.proc.pid)
+    return Phase(served, wall_s, {role: round(after[role] - before.get(role, 0.0), 2) for role in after})
+
+
+def cpu_seconds(server_pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) spent so far by the server's processes, by role, by this
+    process (the valid client, during a phase) and by every core of the machine (``/proc/stat``)."""
+    tick, seconds, todo = os.sysconf("SC_CLK_TCK"), {}, [server_pid]
+    while todo:
+        pid = todo.pop()
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            todo += [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
+        except OSError:
+            continue  # exited meanwhile
+        role = _role(command)
+        seconds[role] = seconds.get(role, 0.0) + (int(stat[11]) + int(stat[12])) / tick  # utime, stime
+    seconds["benchmark client (valid requests)"] = time.process_time()
+    busy = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    seconds["machine, all cores busy"] = (sum(busy) - busy[3] - busy[4]) / tick  # all but idle and iowait
+    return seconds
+
+
+def _role(command: str) -> str:
+    if command.split(" ", 1)[0].endswith("tritonserver"):
+        return "tritonserver"
+    if "triton_python_backend_stub" in command:
+        return "classify instances" if "/classify/" in command else "PyTriton's logits stubs"
+    if "deploykit serve" in command:
+        return "deploykit serve (front, PyTriton, ONNX Runtime)"
+    return "PyTriton's logits stubs"  # the stubs' multiprocessing helpers
+
+
 def latency_ms(samples_ns: list[int]) -> dict:
     from deploykit.profile.timing import LatencyStats
 
@@ -212,15 +259,17 @@ def latency_ms(samples_ns: list[int]) -> dict:
     return {k: round(getattr(stats, f"{k}_ms"), 2) for k in ("p50", "p90", "p99", "max")}
 
 
-def phase_summary(requests: list[ValidRequest], served: list[Served], expected: list[dict], wall_s: float) -> dict:
-    """Counts and latency of one phase, overall and per kind and protocol."""
+def phase_summary(requests: list[ValidRequest], phase: Phase, expected: list[dict]) -> dict:
+    """Counts and latency of one phase, overall and per kind and protocol, and its CPU seconds."""
+    served = phase.served
     summary = dict(
         valid=len(served),
         answered=sum(s.outputs is not None for s in served),
         equal=sum(equal(s, e) for s, e in zip(served, expected)),
         latency_ms=latency_ms([s.latency_ns for s in served]),
-        wall_s=round(wall_s, 1),
+        wall_s=round(phase.wall_s, 1),
         refused=sorted({s.outcome for s in served if s.outputs is None}),
+        cpu_s=phase.cpu_s,
     )
     groups: dict[str, list[int]] = {}
     for request, s in zip(requests, served):
@@ -229,8 +278,8 @@ def phase_summary(requests: list[ValidRequest], served: list[Served], expected: 
     return summary
 
 
-def hostile_phase(server, requests: list[ValidRequest], spec: LoadSpec, model: str) -> tuple[list[Served], float, list[dict]]:
-    """``run_phase`` while ``run_load`` sends every hostile kind from a process of its own."""
+def hostile_phase(server, requests: list[ValidRequest], spec: LoadSpec, model: str) -> tuple[Phase, list[dict]]:
+    """``timed_phase`` while ``run_load`` sends every hostile kind from a process of its own."""
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: none of this one's threads or locks
     started, stop, results = context.Event(), context.Event(), context.Queue()
     load = context.Process(target=run_load, args=(spec, started, stop, results), daemon=True)
@@ -238,15 +287,14 @@ def hostile_phase(server, requests: list[ValidRequest], spec: LoadSpec, model: s
     try:
         if not started.wait(300):
             raise RuntimeError("the hostile load did not start within 300 s")
-        start = time.perf_counter()
-        served = run_phase(server, requests, model)
-        wall_s = time.perf_counter() - start
+        phase = timed_phase(server, requests, model)
         stop.set()
-        records = results.get(timeout=600)
+        hostile = results.get(timeout=600)
     finally:
         stop.set()
         load.join(60)
-    return served, wall_s, records
+    phase.cpu_s["hostile load process"] = round(hostile["cpu_s"], 2)
+    return phase, hostile["kinds"]
 
 
 def slowest(requests: list[ValidRequest], served: list[Served], count: int = SLOWEST) -> list[dict]:
@@ -277,8 +325,7 @@ def bound(quiet: dict, hostile: dict, worst: dict, instances: int) -> dict:
 
 
 def serve_and_load(export_dir: Path, res: tuple[int, int], requests: list[ValidRequest], worst_bytes: bytes, quick: bool, work: Path):
-    """Start the server, run both phases; ``(quiet, hostile, hostile records, server settings)``,
-    each phase ``(served, wall seconds)``."""
+    """Start the server, run both phases; ``(quiet, hostile, hostile kinds' records, server settings)``."""
     from deploykit.serve.bench import BenchOptions, ServerProcess
     from deploykit.serve.triton_server import ServerOptions, logits_model_name
 
@@ -287,10 +334,9 @@ def serve_and_load(export_dir: Path, res: tuple[int, int], requests: list[ValidR
     try:
         server.wait_ready()
         run_phase(server, requests[: 4 * CONCURRENCY], model)  # untimed: connections, thread pools and sessions settle
-        start = time.perf_counter()
-        quiet = run_phase(server, requests, model), time.perf_counter() - start
+        quiet = timed_phase(server, requests, model)
         spec = LoadSpec(server.http, server.grpc, model, res, worst_bytes, worst_senders=instances, at_limits=not quick)
-        *hostile, records = hostile_phase(server, requests, spec, model)
+        hostile, records = hostile_phase(server, requests, spec, model)
     finally:
         server.stop()
     settings = dict(
@@ -301,7 +347,7 @@ def serve_and_load(export_dir: Path, res: tuple[int, int], requests: list[ValidR
         header_timeout_s=defaults.HEADER_TIMEOUT_S,
         usable_cores=len(os.sched_getaffinity(0)),
     )
-    return quiet, tuple(hostile), records, settings
+    return quiet, hostile, records, settings
 
 
 def measure(quick: bool, count: int) -> dict:
@@ -319,11 +365,8 @@ def measure(quick: bool, count: int) -> dict:
             expected = expected_answers(pipeline, requests)
             worst = worst_prepare(pipeline, worst_bytes)
         print(f"worst accepted image: {worst['width']}x{worst['height']}, {worst['prepare_cpu_s']} s CPU to prepare", flush=True)
-        (quiet_served, quiet_s), (hostile_served, hostile_s), records, settings = serve_and_load(
-            export_dir, res, requests, worst_bytes, quick, Path(tmp)
-        )
-    quiet = phase_summary(requests, quiet_served, expected, quiet_s)
-    hostile = phase_summary(requests, hostile_served, expected, hostile_s)
+        quiet_phase, hostile_phase, records, settings = serve_and_load(export_dir, res, requests, worst_bytes, quick, Path(tmp))
+    quiet, hostile = phase_summary(requests, quiet_phase, expected), phase_summary(requests, hostile_phase, expected)
     verdict = bound(quiet, hostile, worst, settings["classify_instances"])
     report(quiet, hostile, records, verdict)
     return dict(
@@ -341,7 +384,7 @@ def measure(quick: bool, count: int) -> dict:
         phases=dict(quiet=quiet, hostile=hostile),
         hostile_kinds=records,
         hostile_all_answered_as_expected=all(r["as_expected"] == r["sent"] for r in records if not r["kind"].startswith("slow")),
-        slowest_under_hostile=slowest(requests, hostile_served),
+        slowest_under_hostile=slowest(requests, hostile_phase.served),
         bound=verdict,
     )
 
