@@ -1,14 +1,15 @@
 """One client cannot hurt another (issue 41): valid requests' latency and answers under a bounded
 mixed load of every hostile kind, against ``deploykit serve`` on 127.0.0.1.
 
-    python benchmarks/serve_hostile.py            # 8000 valid requests a phase, the worst accepted image at the limits
+    python benchmarks/serve_hostile.py            # 400 valid requests a phase (hostile: at least 60 s), the worst accepted image at the limits
     python benchmarks/serve_hostile.py --quick    # smoke: 24 a phase, the worst image's builder at 1 MP
 
 The zoo's default model (``models/shapes-ape``) is exported at its own resolution and served by
 ``deploykit serve`` with its defaults (``ServerProcess``: ONNX Runtime, free loopback ports). The
 valid requests cycle through ``classify`` over HTTP and gRPC (PNGs of the zoo's test images at
 four sizes) and ``logits_<res>`` over HTTP and gRPC (those images preprocessed), ``CONCURRENCY``
-at once, each timed by ``perf_counter_ns`` around its client call. Two phases send the same list:
+at once, each timed by ``perf_counter_ns`` around its client call. Two phases send the same list
+(the hostile one, in full mode, again from the first until ``MIN_HOSTILE_S`` have passed):
 
 quiet
     the valid requests alone (after an untimed warm-up);
@@ -31,14 +32,14 @@ most ``quiet p99 + K x T``, where
   image (``imaging.decode``, routing, preprocessing: ``triton_classify_model._prepare``), the
   median of three runs before the server starts;
 * ``K`` is the server's ``classify`` instance count (``ServerOptions.classify_instances``, 2),
-  which is also how many threads send that image (each with one in flight), so that the attack
-  can keep every decoding instance busy. An instance prepares the requests of one Triton batch
-  one after another and answers them together, so a valid ``classify`` request waits for the
-  worst images prepared before its answer on its instance. At most K are in the server at once:
-  either they are all in the batch it joins, or it waits for an instance to free (holding at
-  most K - 1 of them, the others elsewhere) and joins a batch holding at most those resent
-  meanwhile; either way at most K worst prepares stand before its answer. ``logits_<res>``
-  requests never pass through ``classify``: only CPU contention reaches them.
+  which is also how many threads send that image, each with one in flight: at most K are in the
+  server at once, enough to keep every decoding instance busy. An instance prepares the requests
+  of one Triton batch one after another and answers them together. A valid ``classify`` request
+  that finds an instance free (or one running only valid requests, which frees first) waits for
+  the worst images batched with it: at most K. One that finds every instance preparing a worst
+  image (one each) waits for the first to finish (T), then for at most the one image that
+  instance's sender resent into its batch (T): 2T <= K x T. ``logits_<res>`` requests never pass
+  through ``classify``: only CPU contention reaches them.
 
 The bound assumes a decoding instance keeps a core (this machine's usable cores are recorded):
 where the cores are fewer than the instances plus the rest of the load, the decodes share them
@@ -51,13 +52,13 @@ from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import math
 import multiprocessing
 import os
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,7 +71,8 @@ from deploykit import imaging
 from deploykit.serve import defaults
 
 CONCURRENCY = 4
-REQUESTS, QUICK_REQUESTS = 8000, 24  # 8000: the hostile phase outlasts many worst-image decodes and slow-loris deadlines
+REQUESTS, QUICK_REQUESTS = 400, 24
+MIN_HOSTILE_S = 60.0  # the hostile phase outlasts many worst-image decodes and slow-loris deadlines (full mode)
 IMAGE_SIZES = (48, 40, 64, 30)  # the zoo's test images, rendered at these sizes
 WORST_CASE = "png rgba16 paeth adam7"  # decode_bounds.py's worst accepted image
 RTOL, ATOL = 1e-5, 1e-6
@@ -191,39 +193,47 @@ def worst_prepare(pipeline, data: bytes, runs: int = 3) -> dict:
     )
 
 
-def run_phase(server, requests: list[ValidRequest], model: str) -> list[Served]:
-    """Send every request once, ``CONCURRENCY`` at a time, each thread with its own clients."""
-    local = threading.local()
+def run_phase(server, requests: list[ValidRequest], model: str, min_s: float = 0.0) -> list[Served]:
+    """Send the requests in turn, ``CONCURRENCY`` at a time (each thread with its own clients),
+    every one once and then, until ``min_s`` seconds have passed, again from the first."""
+    count, answers, start = itertools.count(), {}, time.perf_counter()
 
-    def one(request: ValidRequest) -> Served:
-        if not hasattr(local, "clients"):
-            local.clients = Clients(server.http, server.grpc)
-        name, array = request.input
-        start = time.perf_counter_ns()
-        outcome, result = local.clients.call(request.protocol, "classify" if request.kind == "classify" else model, name, array)
-        latency = time.perf_counter_ns() - start
-        outputs = None if result is None else {n: result.as_numpy(n) for n in OUTPUTS[request.kind]}
-        return Served(outcome, latency, outputs)
+    def send() -> None:
+        clients = Clients(server.http, server.grpc)
+        while (i := next(count)) < len(requests) or time.perf_counter() - start < min_s:
+            request = requests[i % len(requests)]
+            name, array = request.input
+            sent = time.perf_counter_ns()
+            outcome, result = clients.call(request.protocol, "classify" if request.kind == "classify" else model, name, array)
+            latency = time.perf_counter_ns() - sent
+            answers[i] = Served(outcome, latency, None if result is None else {n: result.as_numpy(n) for n in OUTPUTS[request.kind]})
 
-    with ThreadPoolExecutor(CONCURRENCY) as pool:
-        return list(pool.map(one, requests))
+    threads = [threading.Thread(target=send) for _ in range(CONCURRENCY)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return [answers[i] for i in range(len(answers))]
 
 
 @dataclass(frozen=True)
 class Phase:
-    """One phase: every valid request's answer, the wall time, and the CPU seconds spent meanwhile
-    by each of the server's processes (``cpu_seconds``), this client and the whole machine."""
+    """One phase: the requests sent in order and their answers, the wall time, and the CPU
+    seconds spent meanwhile by each of the server's processes (``cpu_seconds``), this client and
+    the whole machine."""
 
+    requests: list[ValidRequest]
     served: list[Served]
     wall_s: float
     cpu_s: dict[str, float]
 
 
-def timed_phase(server, requests: list[ValidRequest], model: str) -> Phase:
+def timed_phase(server, requests: list[ValidRequest], model: str, min_s: float = 0.0) -> Phase:
     before, start = cpu_seconds(server.proc.pid), time.perf_counter()
-    served = run_phase(server, requests, model)
+    served = run_phase(server, requests, model, min_s)
     wall_s, after = time.perf_counter() - start, cpu_seconds(server.proc.pid)
-    return Phase(served, wall_s, {role: round(after[role] - before.get(role, 0.0), 2) for role in after})
+    sent = [requests[i % len(requests)] for i in range(len(served))]
+    return Phase(sent, served, wall_s, {role: round(after[role] - before.get(role, 0.0), 2) for role in after})
 
 
 def cpu_seconds(server_pid: int) -> dict[str, float]:
@@ -263,9 +273,9 @@ def latency_ms(samples_ns: list[int]) -> dict:
     return {k: round(getattr(stats, f"{k}_ms"), 2) for k in ("p50", "p90", "p99", "max")}
 
 
-def phase_summary(requests: list[ValidRequest], phase: Phase, expected: dict[tuple[str, int], dict]) -> dict:
+def phase_summary(phase: Phase, expected: dict[tuple[str, int], dict]) -> dict:
     """Counts and latency of one phase, overall and per kind and protocol, and its CPU seconds."""
-    served = phase.served
+    requests, served = phase.requests, phase.served
     summary = dict(
         valid=len(served),
         answered=sum(s.outputs is not None for s in served),
@@ -283,7 +293,7 @@ def phase_summary(requests: list[ValidRequest], phase: Phase, expected: dict[tup
     return summary
 
 
-def hostile_phase(server, requests: list[ValidRequest], spec: LoadSpec, model: str) -> tuple[Phase, list[dict]]:
+def hostile_phase(server, requests: list[ValidRequest], spec: LoadSpec, model: str, min_s: float) -> tuple[Phase, list[dict]]:
     """``timed_phase`` while ``run_load`` sends every hostile kind from a process of its own."""
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: none of this one's threads or locks
     started, stop, results = context.Event(), context.Event(), context.Queue()
@@ -292,7 +302,7 @@ def hostile_phase(server, requests: list[ValidRequest], spec: LoadSpec, model: s
     try:
         if not started.wait(300):
             raise RuntimeError("the hostile load did not start within 300 s")
-        phase = timed_phase(server, requests, model)
+        phase = timed_phase(server, requests, model, min_s)
         stop.set()
         hostile = results.get(timeout=600)
     finally:
@@ -302,7 +312,8 @@ def hostile_phase(server, requests: list[ValidRequest], spec: LoadSpec, model: s
     return phase, hostile["kinds"]
 
 
-def slowest(requests: list[ValidRequest], served: list[Served], count: int = SLOWEST) -> list[dict]:
+def slowest(phase: Phase, count: int = SLOWEST) -> list[dict]:
+    requests, served = phase.requests, phase.served
     order = sorted(range(len(served)), key=lambda i: -served[i].latency_ns)[:count]
     return [
         dict(index=i, request=f"{requests[i].kind} {requests[i].protocol}", latency_ms=round(served[i].latency_ns / 1e6, 1)) for i in order
@@ -341,7 +352,7 @@ def serve_and_load(export_dir: Path, res: tuple[int, int], requests: list[ValidR
         run_phase(server, requests[: 4 * CONCURRENCY], model)  # untimed: connections, thread pools and sessions settle
         quiet = timed_phase(server, requests, model)
         spec = LoadSpec(server.http, server.grpc, model, res, worst_bytes, worst_senders=instances, at_limits=not quick)
-        hostile, records = hostile_phase(server, requests, spec, model)
+        hostile, records = hostile_phase(server, requests, spec, model, 0.0 if quick else MIN_HOSTILE_S)
     finally:
         server.stop()
     settings = dict(
@@ -371,7 +382,7 @@ def measure(quick: bool, count: int) -> dict:
             worst = worst_prepare(pipeline, worst_bytes)
         print(f"worst accepted image: {worst['width']}x{worst['height']}, {worst['prepare_cpu_s']} s CPU to prepare", flush=True)
         quiet_phase, hostile_phase, records, settings = serve_and_load(export_dir, res, requests, worst_bytes, quick, Path(tmp))
-    quiet, hostile = phase_summary(requests, quiet_phase, expected), phase_summary(requests, hostile_phase, expected)
+    quiet, hostile = phase_summary(quiet_phase, expected), phase_summary(hostile_phase, expected)
     verdict = bound(quiet, hostile, worst, settings["classify_instances"])
     report(quiet, hostile, records, verdict)
     return dict(
@@ -389,7 +400,7 @@ def measure(quick: bool, count: int) -> dict:
         phases=dict(quiet=quiet, hostile=hostile),
         hostile_kinds=records,
         hostile_all_answered_as_expected=all(r["as_expected"] == r["sent"] for r in records if not r["kind"].startswith("slow")),
-        slowest_under_hostile=slowest(requests, hostile_phase.served),
+        slowest_under_hostile=slowest(hostile_phase),
         bound=verdict,
     )
 
