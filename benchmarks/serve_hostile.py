@@ -381,8 +381,8 @@ def measure(quick: bool, count: int) -> dict:
             expected = expected_answers(pipeline, requests)
             worst = worst_prepare(pipeline, worst_bytes)
         print(f"worst accepted image: {worst['width']}x{worst['height']}, {worst['prepare_cpu_s']} s CPU to prepare", flush=True)
-        quiet_phase, hostile_phase, records, settings = serve_and_load(export_dir, res, requests, worst_bytes, quick, Path(tmp))
-    quiet, hostile = phase_summary(quiet_phase, expected), phase_summary(hostile_phase, expected)
+        quiet_run, hostile_run, records, settings = serve_and_load(export_dir, res, requests, worst_bytes, quick, Path(tmp))
+    quiet, hostile = phase_summary(quiet_run, expected), phase_summary(hostile_run, expected)
     verdict = bound(quiet, hostile, worst, settings["classify_instances"])
     report(quiet, hostile, records, verdict)
     return dict(
@@ -400,7 +400,7 @@ def measure(quick: bool, count: int) -> dict:
         phases=dict(quiet=quiet, hostile=hostile),
         hostile_kinds=records,
         hostile_all_answered_as_expected=all(r["as_expected"] == r["sent"] for r in records if not r["kind"].startswith("slow")),
-        slowest_under_hostile=slowest(hostile_phase),
+        slowest_under_hostile=slowest(hostile_run),
         bound=verdict,
     )
 
