@@ -66,3 +66,21 @@ def test_openvino_qkv_times_both_forms_of_every_openvino_lane(tmp_path):
     assert {"openvino f32", "openvino default"} <= set(lanes), sorted(lanes)
     assert all(r["packed_p50_ms"] > 0 and r["three_products_p50_ms"] > 0 for r in records)
     assert lanes["openvino f32"]["max_abs_output_difference"] <= 1e-5  # the same products under the f32 hint
+
+
+@pytest.mark.slow
+def test_serve_hostile_checks_every_valid_answer_under_every_hostile_kind(tmp_path):
+    pytest.importorskip("pytriton", reason="needs the serve extra: pip install 'deploykit[serve]'")
+    _run("serve_hostile.py", "--output-dir", str(tmp_path))
+    result = json.loads((tmp_path / "serve-hostile-quick.json").read_text())
+    quiet, hostile = result["phases"]["quiet"], result["phases"]["hostile"]
+    assert quiet["valid"] == quiet["equal"] == hostile["valid"] == hostile["equal"] == 24, (quiet, hostile)
+    kinds = {r["kind"]: r for r in result["hostile_kinds"]}
+    wanted = {"jpeg of 1000 scans", "png of 20000 chunks", "apng", "rle8 bmp", "png with a corrupt zTXt chunk", "worst accepted image"}
+    wanted |= {"nan tensor", "3e38 tensor", "gzip body, identity then gzip", "json with a key twice", "non-ascii header length"}
+    assert wanted | {"slow http head", "slow grpc handshake"} <= set(kinds), sorted(kinds)
+    assert all(r["sent"] > 0 for r in kinds.values()) and result["hostile_all_answered_as_expected"], result["hostile_kinds"]
+    # The bound is computed from this run's own numbers; on a busy machine it may not be met (a smoke, not the measurement).
+    bound = result["bound"]
+    assert bound["bound_ms"] == pytest.approx(bound["quiet_p99_ms"] + bound["K"] * bound["T_ms"], abs=0.2)
+    assert bound["answers_equal"] and bound["K"] == result["server"]["classify_instances"] >= 1 and result["environment_line"]
