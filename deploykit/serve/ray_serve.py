@@ -23,11 +23,13 @@ import asyncio
 import os
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from deploykit._lazy import lazy_import
 from deploykit.errors import ConfigError
+from deploykit.export.manifest import Manifest
 from deploykit.serve import defaults
-from deploykit.serve.classifier import ImageLimits
+from deploykit.serve.classifier import ImageLimits, read_image_config
 
 
 @dataclass(frozen=True)
@@ -140,9 +142,12 @@ def serve_ray(export_dir: str | os.PathLike, options: RayOptions = RayOptions(),
 
     Raises:
         MissingDependencyError: Ray Serve is not installed (``pip install 'deploykit[ray]'``).
+        DeployKitError: not an export directory of an image classifier (a sequence model's, say).
     """
     ray = lazy_import("ray")
     serve = lazy_import("ray.serve")
+    # What the replicas would refuse one by one, inside Ray's logs: refused here, in one line.
+    read_image_config(Path(export_dir), Manifest.read(export_dir))
     if not address:
         # A local cluster's processes inherit this environment. Serve's proxy gets 5 s to report
         # ready (10 s for health checks); on a busy machine it misses that, and the controller

@@ -48,7 +48,7 @@ class _StopAtInit(Exception):
     pass
 
 
-def test_a_local_cluster_gives_the_serve_proxy_a_generous_readiness_bound(monkeypatch):
+def test_a_local_cluster_gives_the_serve_proxy_a_generous_readiness_bound(monkeypatch, export_dir):
     """``serve --ray`` without an address starts a local cluster whose processes inherit the
     environment at ``ray.init``: the proxy bounds are set there, and a user's own setting wins."""
     import ray
@@ -63,12 +63,27 @@ def test_a_local_cluster_gives_the_serve_proxy_a_generous_readiness_bound(monkey
     monkeypatch.delenv(PROXY_CHECK_TIMEOUTS[0], raising=False)
     monkeypatch.setenv(PROXY_CHECK_TIMEOUTS[1], "7")
     with pytest.raises(_StopAtInit):
-        serve_ray("unused")
+        serve_ray(export_dir)
     assert seen == [{PROXY_CHECK_TIMEOUTS[0]: str(PROXY_CHECK_TIMEOUT_S), PROXY_CHECK_TIMEOUTS[1]: "7"}]
     monkeypatch.delenv(PROXY_CHECK_TIMEOUTS[0])
     with pytest.raises(_StopAtInit):  # a cluster of the user's: its processes are already running
-        serve_ray("unused", address="ray://example:10001")
+        serve_ray(export_dir, address="ray://example:10001")
     assert seen[-1][PROXY_CHECK_TIMEOUTS[0]] is None
+
+
+def test_a_sequence_models_export_is_refused_in_one_line_before_ray_starts(monkeypatch, tmp_path):
+    """The replicas would each refuse it inside Ray's logs, and the user would see a Ray traceback."""
+    import ray
+
+    from deploykit.errors import ConfigError
+    from deploykit.export import export
+    from deploykit.nn import create_model
+
+    export(create_model("seq_tiny_ega", depth=1).eval(), [(8,)], tmp_path / "seq")
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("Ray started"))
+    with pytest.raises(ConfigError, match="holds a sequence model; serving takes image classifiers") as err:
+        serve_ray(tmp_path / "seq")
+    assert "\n" not in str(err.value)
 
 
 @pytest.mark.slow
