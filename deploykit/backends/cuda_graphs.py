@@ -5,7 +5,8 @@ Two flavours, two mechanisms:
 * TensorRT-RTX compiles kernels lazily per input shape, so capturing its ``execute_async_v3``
   from outside may record a compilation; it captures graphs itself when the execution context is
   created with an ``IRuntimeConfig`` whose ``cuda_graph_strategy`` is ``WHOLE_GRAPH_CAPTURE``
-  (``rtx_graph_context``). Polygraphy's runner then runs that context as any other.
+  (``rtx_runtime.rtx_context``; ``rtx_graph_note`` reads back what it runs with). Polygraphy's
+  runner then runs that context as any other.
 * TensorRT has no such strategy and no ``is_stream_capturable`` (only TensorRT-RTX's context has
   it): the application captures ``execute_async_v3`` into a CUDA graph itself, as TensorRT's
   developer guide describes and ``trtexec --useCudaGraph`` does. Polygraphy's ``TrtRunner``
@@ -39,16 +40,6 @@ CAPTURE_REFUSED = "execute_async_v3 failed while being captured into a CUDA grap
 def io_names(engine) -> list[str]:
     """The engine's input and output tensor names, in TensorRT's order."""
     return [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
-
-
-def rtx_graph_context(engine: Any, trt: Any) -> tuple[Any, str]:
-    """An execution context of a TensorRT-RTX engine that captures and replays a CUDA graph per
-    input shape itself (``IRuntimeConfig.cuda_graph_strategy = WHOLE_GRAPH_CAPTURE``), and why it
-    will not ("" when the context's own runtime config reads that strategy back)."""
-    from deploykit.backends.rtx_runtime import rtx_context
-
-    context = rtx_context(engine, trt, cuda_graph=True)
-    return context, rtx_graph_note(context, trt)
 
 
 def rtx_graph_note(context: Any, trt: Any) -> str:

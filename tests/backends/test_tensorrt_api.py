@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from deploykit.backends import cuda_graphs
-from deploykit.backends.cuda_graphs import CAPTURE_REFUSED, CudaGraphExecutor, rtx_graph_context
+from deploykit.backends.cuda_graphs import CAPTURE_REFUSED, CudaGraphExecutor, rtx_graph_note
+from deploykit.backends.rtx_runtime import rtx_context
 from deploykit.errors import DeployKitError
 from tests.trt_api import strict_autospec
 
@@ -180,20 +181,20 @@ def test_tensorrt_rtx_captures_graphs_through_its_runtime_config():
     engine.create_runtime_config.return_value = config
     engine.create_execution_context.return_value = context
     context.get_runtime_config.return_value = config  # the context holds the config it was made with
-    assert rtx_graph_context(engine, rtx) == (context, "")
+    assert rtx_context(engine, rtx, cuda_graph=True) is context and rtx_graph_note(context, rtx) == ""
     assert config.cuda_graph_strategy == rtx.CudaGraphStrategy.WHOLE_GRAPH_CAPTURE
     engine.create_execution_context.assert_called_once_with(config)
     context.execute_async_v3.assert_not_called()  # nothing captured by us
     # What the context runs with is said, not what was asked: a context whose config reads DISABLED.
     context.get_runtime_config.return_value = disabled = strict_autospec(rtx.IRuntimeConfig)
     disabled.cuda_graph_strategy = rtx.CudaGraphStrategy.DISABLED
-    assert rtx_graph_context(engine, rtx) == (
-        context,
-        "TensorRT-RTX's execution context runs with cuda_graph_strategy DISABLED, not WHOLE_GRAPH_CAPTURE",
+    assert rtx_context(engine, rtx, cuda_graph=True) is context
+    assert (
+        rtx_graph_note(context, rtx) == "TensorRT-RTX's execution context runs with cuda_graph_strategy DISABLED, not WHOLE_GRAPH_CAPTURE"
     )
     engine.create_execution_context.return_value = None
     with pytest.raises(DeployKitError, match="could not create an execution context with CUDA graphs"):
-        rtx_graph_context(engine, rtx)
+        rtx_context(engine, rtx, cuda_graph=True)
 
 
 @pytest.fixture
