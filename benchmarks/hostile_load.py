@@ -43,7 +43,9 @@ from deploykit import imaging
 from deploykit.serve.defaults import MAX_JSON_VALUES
 
 sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))  # image_bombs.py: the tests' decode bombs
+sys.path.append(str(Path(__file__).resolve().parents[1] / "tests" / "serve"))  # stub_triton.py: the front's tests' raw sender
 import image_bombs
+import stub_triton
 
 PAUSE_S = 0.1  # after each answer, per cheap kind
 TRICKLE_S = 1.0  # one byte per slow connection per second
@@ -121,19 +123,13 @@ class Clients:
 
 
 def raw_request(port: int, head: bytes, body: bytes) -> str:
-    """Send ``head`` (request line and headers) and ``body`` as given, on a connection of its own."""
+    """Send ``head`` (request line and headers) and ``body`` as given, on a connection of its own
+    (the front's tests' sender), and say how it was answered."""
     import http.client
 
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S) as sock:
-            try:
-                sock.sendall(head + b"\r\n\r\n" + body)
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # answered and closed before the whole body went: the answer is still there to read
-            answer = http.client.HTTPResponse(sock)
-            answer.begin()
-            answer.read()
-            return f"http {answer.status}"
+        status, _, _ = stub_triton.raw_request(port, head, body, TIMEOUT_S)
+        return f"http {status}"
     except (OSError, http.client.HTTPException) as err:
         return f"error {type(err).__name__}"
 
