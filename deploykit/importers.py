@@ -39,7 +39,8 @@ class Assumption:
 
 @dataclass(frozen=True)
 class Importer:
-    """One paper's training-script checkpoints.
+    """One source of checkpoints: a paper's training script, or (``vit``) any code that saves a
+    timm-named ViT.
 
     Attributes:
         name: the ``deploykit import`` source (``gridpe``).
@@ -61,7 +62,8 @@ class Importer:
     takes_options: bool = False
 
     def convert(self, path: str | os.PathLike, ema: bool = False, options=(), **assumed: Any) -> Imported:
-        """Read ``path`` and build the model (``options``: ``key=value`` encoding options applied after)."""
+        """Read ``path`` and build the model (``options``: ``key=value`` encoding options, applied to the
+        model the converter returns, or given to the converter when it ``takes_options``)."""
         known = {a.name for a in self.assumptions}
         unknown = sorted(set(assumed) - known)
         if unknown:

@@ -84,7 +84,8 @@ class TrainingCheckpoint:
 
     Attributes:
         path: the file.
-        weights: the trained model's state dict (``module.`` prefixes of DDP removed).
+        weights: the trained model's state dict (DDP's ``module.`` and torch.compile's ``_orig_mod.``
+            prefixes removed).
         container: the key the weights were under (``model``, ``model_state``, ...); None when the
             file is the state dict itself.
         ema: the EMA copy's state dict, when the file holds one.
@@ -130,7 +131,7 @@ class Imported:
     assumed: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def with_model(self, model: Model) -> Imported:
-        return Imported(model, self.source, self.read, self.assumed)
+        return dataclasses.replace(self, model=model)
 
     def describe(self) -> str:
         """One line: what was read and what was assumed."""
