@@ -18,12 +18,18 @@ _SIZE_TABLES = {"nn/vit.py": "MODEL_CONFIGS", "nn/sequence.py": "SEQUENCE_CONFIG
 
 def encodings() -> list[str]:
     """Every registered encoding name, sorted (``deploykit.encodings.list_encodings()``)."""
+    return list(_encodings(_PACKAGE))
+
+
+@functools.cache
+def _encodings(package: Path) -> tuple[str, ...]:
+    # Read once per package directory: every manifest read checks its encoding against these (about 8 ms a walk).
     names = []
-    for source in sorted((_PACKAGE / "encodings").glob("*.py")):
+    for source in sorted((package / "encodings").glob("*.py")):
         for node in ast.walk(_tree(source)):
             if isinstance(node, ast.ClassDef):
                 names += [_first_string(d) for d in node.decorator_list if _calls(d, "register_encoding")]
-    return sorted(names)
+    return tuple(sorted(names))
 
 
 def models() -> list[str]:

@@ -233,7 +233,8 @@ def foreign_files(export_dir: Path) -> list[str]:
     """The entries of a previous export directory that deploykit did not write (directories with
     a trailing ``/``): anything but the manifest, the reference model, the graphs the manifest
     names, the files ``deploykit build`` writes beside them (``ENGINE_SUFFIXES``, ``BUILD_FILES``),
-    ``deploykit profile``'s choice (``CHOICE_FILE``) and the temporary files of an interrupted atomic write. An unreadable manifest names no graph."""
+    ``deploykit profile``'s choice (``CHOICE_FILE``) and the temporary files of an interrupted
+    atomic write. An unreadable manifest names no graph."""
     ours = {MANIFEST_FILE, CONFIG_FILE, WEIGHTS_FILE, CHOICE_FILE, *BUILD_FILES}
     try:
         graphs = [g.file for g in Manifest.read(export_dir).graphs]
