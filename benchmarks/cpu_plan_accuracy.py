@@ -33,6 +33,8 @@ import torch
 from cpu_backends import usable_lanes  # benchmarks/ is on sys.path when run as a script
 
 from deploykit._io import write_json_atomic
+from deploykit.backends.base import run_batched
+from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.backends.openvino import OpenvinoBf16Runner, OpenvinoRunner
 from deploykit.data import normalise
 from deploykit.datasets import get_dataset
@@ -43,8 +45,6 @@ from deploykit.export.bundle import planned_graphs
 from deploykit.export.int8_static import CalibrationOptions
 from deploykit.nn import load_model
 from deploykit.profile.environment import capture_environment
-from deploykit.runtime import run_batched
-from deploykit.runtime.onnxrt import OnnxrtRunner
 from deploykit.zoo.cards import eval_resolutions
 from deploykit.zoo.registry import DEFAULT_ZOO_MODEL, EVAL_SCALES, list_zoo, model_dir
 

@@ -183,7 +183,7 @@ def cpu_checks(exported: dict[str, Path], checks: Checks) -> None:
 
 def placement_check(graph: Path):
     """Where ONNX Runtime's CUDA provider session runs each node: compute on the CPU fails."""
-    from deploykit.runtime.onnxrt import OnnxrtCudaRunner
+    from deploykit.backends.onnxrt import OnnxrtCudaRunner
 
     def check():
         with OnnxrtCudaRunner(graph, allow_cpu_fallback=True) as runner:

@@ -24,7 +24,9 @@ import onnx
 
 from deploykit._terminal import counter
 from deploykit.backends import TorchRunner, registry
+from deploykit.backends.base import Runner, run_batched, run_exact_batches
 from deploykit.backends.defaults import RUNNER
+from deploykit.backends.onnxrt import with_outputs
 from deploykit.backends.plugins import Plugins
 from deploykit.comparison import Tolerance, compare_logits, first_divergent, looser
 from deploykit.data import VALIDATION_NOISE, VALIDATION_REAL, VALIDATION_SEED, VALIDATION_SPLIT, check_real_count, validation_inputs
@@ -40,7 +42,6 @@ from deploykit.inputs import InputData
 from deploykit.nn.checkpoint import WEIGHTS_FILE
 from deploykit.nn.factory import Model
 from deploykit.resolutions import resolution_tag
-from deploykit.runtime import Runner, run_batched, run_exact_batches, with_outputs
 
 # Each precision plan's pass/fail thresholds (deploykit.export.precision.PLANS says why).
 TOLERANCES = {name: plan.tolerance for name, plan in PLANS.items()}
@@ -107,7 +108,7 @@ class ValidationReport:
 
 def marked_graph(onnx_path: Path) -> tuple[bytes, list[str]]:
     """The graph with its recorded block outputs (``deploykit.block_outputs`` metadata) also
-    marked as graph outputs (``runtime.with_outputs``, as the int8 plan check marks them), and
+    marked as graph outputs (``backends.onnxrt.with_outputs``, as the int8 plan check marks them), and
     their names; ``(b"", [])`` when none were recorded."""
     proto = onnx.load(str(onnx_path))
     names = list(GraphMetadata.of(proto).block_outputs)

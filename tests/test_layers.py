@@ -47,9 +47,10 @@ LAYERS = [
     # The table of the papers' importers (``deploykit import gridpe|mope|wepe``): torch-free, so the
     # CLI builds its commands from it; each entry names its converter in nn, which imports nothing from here.
     ("importers", ("deploykit.importers",)),
-    # Running graphs, torch-free: the Runner interface, batched runs, ONNX Runtime's runners.
-    # Below export, whose checks (calibration fallback, plan check) run graphs through it.
-    ("runtime", ("deploykit.runtime",)),
+    # Running graphs, torch-free: the Runner interface and batched runs, ONNX Runtime's runners.
+    # In the backends' folder with every other runner, but below export, whose checks
+    # (calibration fallback, plan check) run graphs through them.
+    ("runners", ("deploykit.backends.base", "deploykit.backends.onnxrt")),
     ("export", ("deploykit.export",)),
     ("backends", ("deploykit.backends",)),
     # What uses exported graphs and runners: checks, engines, timing (with what a timing ran on,
@@ -157,9 +158,10 @@ def _cycles(graph: dict[str, set[str]]) -> list[str]:
 
 def _package(name: str) -> str:
     """The package a module belongs to: ``deploykit.export`` for ``deploykit.export.int8_static``; a
-    module directly under ``deploykit`` is a package of its own."""
-    parts = name.split(".")
-    return ".".join(parts[:2])
+    module directly under ``deploykit`` is a package of its own, and so is a module ``LAYERS`` lists
+    by itself below its package's layer (the runners under ``deploykit.backends``)."""
+    own = [prefix for _, prefixes in LAYERS for prefix in prefixes if prefix.count(".") > 1 and (name + ".").startswith(prefix + ".")]
+    return max(own, key=len) if own else ".".join(name.split(".")[:2])
 
 
 def test_no_package_cycle():

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from deploykit.backends import registry
+from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.export import export
 from deploykit.nn import create_model
 from deploykit.profile import Budget, Subject, profile
-from deploykit.runtime import OnnxrtRunner
 from tests.test_cli import run_cli
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")

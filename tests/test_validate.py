@@ -10,10 +10,10 @@ import torch
 from onnx import numpy_helper
 
 from deploykit.backends import registry
+from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.encodings import list_encodings
 from deploykit.errors import ConfigError, DeployKitError, ValidationError
 from deploykit.export.manifest import MANIFEST_FILE, sha256_file
-from deploykit.runtime import OnnxrtRunner
 from deploykit.validate import TOLERANCES, compare_logits, validate
 from tests.encoding_params import EXPORT_RESOLUTIONS
 

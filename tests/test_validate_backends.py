@@ -17,6 +17,7 @@ import torch
 from onnx import numpy_helper
 
 from deploykit.backends import registry
+from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.errors import ExportError
 from deploykit.export import export
 from deploykit.export.bundle import load_reference
@@ -24,7 +25,6 @@ from deploykit.export.int8_check import check_plan
 from deploykit.export.manifest import MANIFEST_FILE, Manifest, sha256_file
 from deploykit.export.precision import PLANS
 from deploykit.nn import create_model
-from deploykit.runtime import OnnxrtRunner
 from deploykit.validate import first_divergent_block, marked_graph, validate
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")

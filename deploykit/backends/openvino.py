@@ -32,8 +32,8 @@ from typing import NamedTuple
 import numpy as np
 
 from deploykit._lazy import lazy_import
+from deploykit.backends.base import Runner
 from deploykit.errors import DeployKitError, one_line, unknown_choice
-from deploykit.runtime.base import Runner
 
 # The runtime-info key deploykit marks a node to keep in f32 with (a string entry: OpenVINO 2026.4's
 # CPU plugin does not read it; ``with_typed_marks`` turns the marks into the attribute it reads).

@@ -16,13 +16,13 @@ import os
 from collections.abc import Callable, Iterable
 from functools import partial
 
+from deploykit.backends.base import Runner
 from deploykit.backends.engine_cache import ENGINE_MODULES
+from deploykit.backends.onnxrt import OnnxrtCudaRunner, OnnxrtRunner
 from deploykit.backends.openvino import OpenvinoBf16Runner, OpenvinoRunner, best_hint
 from deploykit.backends.plugins import Plugins
 from deploykit.backends.trt_runner import debug_engine_runner, engine_runner
 from deploykit.errors import ConfigError, unknown_choice
-from deploykit.runtime.base import Runner
-from deploykit.runtime.onnxrt import OnnxrtCudaRunner, OnnxrtRunner
 
 RUNNER_FACTORIES: dict[str, Callable[..., Runner]] = {
     "ort": OnnxrtRunner,

@@ -8,9 +8,9 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+from deploykit.backends.base import Runner
 from deploykit.errors import DeployKitError
 from deploykit.nn.factory import Model
-from deploykit.runtime.base import Runner
 
 
 class TorchRunner(Runner):

@@ -36,12 +36,12 @@ from typing import Any
 import numpy as np
 
 from deploykit.backends._polygraphy import FLAVOUR_NAMES, TrtMessages, backend, import_trt
+from deploykit.backends.base import Runner
 from deploykit.backends.cuda_graphs import CudaGraphExecutor, io_names, rtx_capture_note, rtx_graph_note
 from deploykit.backends.devices import Device, check_cuda_build, check_device, check_rtx_engine, probe_device
 from deploykit.backends.plugins import Plugins
 from deploykit.backends.rtx_runtime import RuntimeCache, rtx_context
 from deploykit.errors import DeployKitError, one_line
-from deploykit.runtime.base import Runner
 
 EngineSource = bytes | Callable[[], bytes]
 

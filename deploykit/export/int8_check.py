@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from deploykit.backends.onnxrt import run_graph
 from deploykit.comparison import Tolerance, compare_logits, first_divergent
 from deploykit.errors import ExportError, InputError, listed
 from deploykit.export import names, sensitivity
 from deploykit.export.int8_selection import QUANTIZED_OP_TYPES
 from deploykit.export.metadata import GraphMetadata
-from deploykit.runtime import run_graph
 
 
 def describe_plan(details: dict) -> list[str]:

@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
+from deploykit.backends.base import run_rows
+from deploykit.backends.onnxrt import cpu_runner, with_outputs
 from deploykit.comparison import output_rows, row_cosines
 from deploykit.export.int8_selection import QUANTIZED_OP_TYPES
-from deploykit.runtime import cpu_runner, run_rows, with_outputs
 
 # Inputs per ORT call of the sensitivity pass (nodes × inputs each): activations stay at a batch's.
 _SENSITIVITY_BATCH = 16
@@ -43,7 +44,7 @@ _log = logging.getLogger(__name__)
 class QualityTarget:
     """What the quantized graph must keep of the fp32 graph's outputs on held-out inputs.
 
-    Rows are what ``deploykit.runtime.run_graph`` returns: one per image for a classifier or a pooled
+    Rows are what ``deploykit.backends.onnxrt.run_graph`` returns: one per image for a classifier or a pooled
     features model, one per token for a model returning every token.
 
     A classifier's agreement is judged twice, and both must reach ``min_agreement``: counted (the

@@ -55,8 +55,8 @@ class References:
 
     def at(self, model, resolution) -> tuple[np.ndarray, np.ndarray]:
         from deploykit.backends import TorchRunner
+        from deploykit.backends.base import run_batched
         from deploykit.data import validation_inputs
-        from deploykit.runtime import run_batched
 
         key = (id(model), tuple(resolution))
         if key not in self._cache:
@@ -78,10 +78,10 @@ class References:
         import onnx
 
         from deploykit.backends import TorchRunner
+        from deploykit.backends.base import run_rows
         from deploykit.export.int8_check import recorded_target
         from deploykit.export.metadata import GraphMetadata
         from deploykit.export.onnx_export import rows_per_call
-        from deploykit.runtime import run_rows
 
         key = ("quality", id(model), tuple(resolution), str(graph))
         if key not in self._cache:
@@ -109,7 +109,7 @@ def check_target(target, model, resolution, precision: str, references: Referenc
     encoding op, which rules it out as a default anyway. Where its held-out inputs cannot be drawn
     again, ``quality_unchecked`` says why.
     """
-    from deploykit.runtime import run_batched
+    from deploykit.backends.base import run_batched
 
     runner = target.runner
     tolerance = PLANS[precision].tolerance
@@ -125,8 +125,8 @@ def check_target(target, model, resolution, precision: str, references: Referenc
     if runner.computes_in and PLANS[precision].calibrated and verdict["validated"] and not lowered:
         # The plan's calibration was checked at export with its float remainder in f32; this runner
         # lowers that remainder itself, so the plan is held to its own target again, as it runs here.
+        from deploykit.backends.base import run_rows
         from deploykit.errors import DeployKitError
-        from deploykit.runtime import run_rows
 
         if progress:
             progress(f"checking the {precision} plan's own target on its held-out inputs, float remainder in {runner.computes_in}")
@@ -307,9 +307,9 @@ def plans_slower_than_float(export_dir: str | os.PathLike, budget: Budget = QUIC
     Given the exported ``model``, the graphs are timed on one of the real inputs ``profile`` times
     on (``targets.real_rows``, which says why), else on zeros: export and profile should not
     disagree because their inputs differ."""
+    from deploykit.backends.onnxrt import CPU, OnnxrtRunner
     from deploykit.export.manifest import Manifest, checked_graph
     from deploykit.resolutions import resolution_tag
-    from deploykit.runtime.onnxrt import CPU, OnnxrtRunner
 
     directory = Path(export_dir)
     manifest = Manifest.read(directory)

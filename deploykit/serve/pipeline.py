@@ -49,11 +49,11 @@ import numpy as np
 from deploykit import imaging
 from deploykit._lazy import lazy_import
 from deploykit.answers import top_k
+from deploykit.backends.base import Runner
 from deploykit.errors import ConfigError, DeployKitError, InputError, one_line
 from deploykit.export.manifest import OUTPUT_NAME, Manifest
 from deploykit.imaging import nearest_resolution
 from deploykit.resolutions import resolution_tag
-from deploykit.runtime.base import Runner
 from deploykit.serve.classifier import INPUT_NAME, ImageLimits, read_image_config
 
 AUTO_PREFERENCE = ("trt", "rtx", "ort")

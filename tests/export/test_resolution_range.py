@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from deploykit.backends import registry
+from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.errors import ExportError, ResolutionError
 from deploykit.export import export, onnx_from_model
 from deploykit.export.manifest import Manifest
 from deploykit.nn import create_model
-from deploykit.runtime import OnnxrtRunner
 from deploykit.validate import validate
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")

@@ -10,11 +10,11 @@ import onnxruntime as ort
 import pytest
 import torch
 
+from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.export import onnx_from_model, rewrite
 from deploykit.export.onnx_export import DEFAULT_OPSET
 from deploykit.export.rewrite import rewrite_for_runtimes
 from deploykit.nn import create_model
-from deploykit.runtime import OnnxrtRunner
 
 
 @pytest.fixture(scope="module")

@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from deploykit._cpu import denormal_mode_kept, denormals_flushed
+from deploykit.backends.base import Runner, run_rows
 from deploykit.errors import DeployKitError, listed, one_line
-from deploykit.runtime.base import Runner, run_rows
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
