@@ -133,9 +133,9 @@ def time_lanes(model, planned: dict[str, bytes], resolution: int, batch: int, bu
                 # OpenVINO: what it computes in and (bf16 hint) the encoding ops it ran below f32, and the
                 # rest: with the plan, what profile's not_default_because reads
                 **{
-                    key: runners[lane].details[key]
+                    key: runners[lane].info.to_dict()[key]
                     for key in ("computes_in", "lowered_despite_mark", "lowered_elsewhere")
-                    if key in runners[lane].details
+                    if key in runners[lane].info.to_dict()
                 },
             )
             for lane in runners

@@ -89,7 +89,7 @@ def measure_model(name: str, limit: int | None, scales=SCALES, calibration: Cali
                 predicted = run_batched(runner, x, BATCH)["logits"].argmax(-1)
                 provider = runner.provider  # what ran it: known while active only
                 # OpenVINO under bf16: the encoding ops it ran below f32 anyway (profile refuses such a run)
-                lowered = {k: runner.details[k] for k in ("lowered_despite_mark", "lowered_elsewhere") if k in runner.details}
+                lowered = {k: v for k, v in runner.info.to_dict().items() if k in ("lowered_despite_mark", "lowered_elsewhere")}
             finally:
                 runner.deactivate()
             agreement = float(np.mean(predicted == reference))

@@ -187,7 +187,7 @@ def placement_check(graph: Path):
 
     def check():
         with OnnxrtCudaRunner(graph, allow_cpu_fallback=True) as runner:
-            details = runner.details
+            details = runner.info.to_dict()
         if details["node_placement"]["cpu_compute"]:
             raise Failed(details["placement_note"], details)
         return details

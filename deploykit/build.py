@@ -27,8 +27,6 @@ from pathlib import Path
 from deploykit.backends import defaults
 from deploykit.backends.devices import check_cuda_build, probe_device, rtx_targets
 from deploykit.backends.engine_cache import (
-    BACKEND_TAGS,
-    ENGINE_MODULES,
     Device,
     check_fingerprint,
     current_fingerprint,
@@ -39,6 +37,7 @@ from deploykit.backends.engine_cache import (
 )
 from deploykit.backends.plugins import Plugins
 from deploykit.backends.registry import check_backend
+from deploykit.backends.table import engine_flavours, flavour
 from deploykit.backends.tensorrt import BuildOptions, BuildProgress, EngineFromOnnx, save_engine
 from deploykit.errors import ConfigError, StaleEngineError
 from deploykit.export.manifest import GraphEntry, Manifest, checked_graph, sha256_file
@@ -69,7 +68,7 @@ def build_options(
         raise ConfigError(f"need 1 <= batch <= max batch, got batch {batch}, max batch {max_batch}")
     low, high = (1, max_batch) if dynamic else (batch, batch)
     # TensorRT-RTX tunes at run time: a timing cache does nothing there.
-    cache = str(export_dir / TIMING_CACHE_FILE) if module == "tensorrt" else None
+    cache = str(export_dir / TIMING_CACHE_FILE) if flavour(module).timing_cache else None
     return BuildOptions(
         module=module,
         workspace_mib=workspace_mib,
@@ -130,7 +129,9 @@ def build(
         ExportError: a graph does not parse or build, or a plugin fails to load.
         DeployKitError: the TensorRT wheel is built for a newer CUDA than the driver runs.
     """
-    module, export_dir = ENGINE_MODULES[check_backend(backend, ENGINE_MODULES)], Path(export_dir)
+    engines = engine_flavours()
+    made_by, export_dir = engines[check_backend(backend, engines)], Path(export_dir)
+    module = made_by.module
     check_cuda_build(module)  # a builder on a driver older than its CUDA fails obscurely, minutes in
     options = build_options(
         module,
@@ -143,9 +144,9 @@ def build(
     )
     options = dataclasses.replace(options, compute_capabilities=_targets(module, compute_capabilities, device))
     entries = _select(Manifest.read(export_dir), precisions, resolutions)
-    if module == "tensorrt_rtx" and plugins.python:
+    if not made_by.python_plugins and plugins.python:
         names = ", ".join(s.describe() for s in plugins.python)
-        _log.warning("TensorRT-RTX has no Python plugins: %s not loaded; custom ops run their ONNX function bodies", names)
+        _log.warning("%s has no Python plugins: %s not loaded; custom ops run their ONNX function bodies", made_by.title, names)
         plugins = plugins.without_python()
     plans = [_plan(export_dir, entry, options, plugins, rebuild, device) for entry in entries]  # refuse before building
     results = []
@@ -164,8 +165,8 @@ def build(
 
 
 def _targets(module: str, asked: Sequence[str], device: Device | None) -> tuple[str, ...]:
-    """The compute capabilities a TensorRT-RTX engine is built for (none for TensorRT)."""
-    if module != "tensorrt_rtx":
+    """The compute capabilities a portable (TensorRT-RTX) engine is built for (none for TensorRT)."""
+    if not flavour(module).portable:
         if asked:
             raise ConfigError(
                 "--compute-capability is TensorRT-RTX's (--backend rtx); a TensorRT engine is built for the GPU it is built on"
@@ -201,7 +202,7 @@ def _plan(export_dir: Path, entry: GraphEntry, options: BuildOptions, plugins: P
     engine, fp_path = engine_paths(path, options.module)
     if not engine.exists() or rebuild:
         return path, options, fingerprint, False
-    tag = BACKEND_TAGS[options.module]
+    tag = options.flavour.tag
     hint = f"pass --rebuild to replace it (deploykit build {export_dir} --backend {tag} --rebuild)"
     try:
         record = read_fingerprint(fp_path)

@@ -125,7 +125,8 @@ def _openvino_read(path: Path) -> dict:
 
 def inspect_engine(path: Path) -> dict:
     """Fingerprint, profile shapes and (with a GPU) layers and their precisions of one engine."""
-    from deploykit.backends.engine_cache import ENGINE_MODULES, read_fingerprint
+    from deploykit.backends.engine_cache import read_fingerprint
+    from deploykit.backends.table import engine_flavours
     from deploykit.errors import StaleEngineError
 
     info: dict = {"kind": "engine", "path": str(path), "bytes": path.stat().st_size}
@@ -136,7 +137,7 @@ def inspect_engine(path: Path) -> dict:
         info["fingerprint"] = None
         info["note"] = str(err)
         tag = path.suffixes[-2].lstrip(".") if len(path.suffixes) > 1 else ""
-        module = ENGINE_MODULES.get(tag)
+        module = engine_flavours()[tag].module if tag in engine_flavours() else None
     else:
         from deploykit.export.manifest import sha256_file
 

@@ -9,7 +9,7 @@ features by the same max abs and cosine; it has no top-k. When a check
 fails, block outputs are compared one by one (recorded at export, so only those tensors are
 marked as outputs: fusion elsewhere is untouched) to name the first transformer block that
 diverges, in the backend that failed: ONNX Runtime with the same providers, or a debug engine
-built from the marked graph with the failing engine's settings (``registry.BISECT_FACTORIES``).
+built from the marked graph with the failing engine's settings (``registry.create_bisect_runner``).
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def first_divergent_block(
     inputs: np.ndarray,
     tolerance: Tolerance,
     batch_size: int = 4,
-    backend: str = "ort",
+    backend: str = RUNNER,
     plugins: Plugins | None = None,
     num_real: int = 0,
 ) -> str | None:
@@ -168,7 +168,7 @@ def validate(
     Args:
         export_dir: an export directory (``manifest.json``, reference weights, graphs).
         resolutions: which exported resolutions; default all.
-        backends: names from ``deploykit.backends.registry.RUNNER_FACTORIES``.
+        backends: graph or engine backends of the table (``deploykit.backends.table``).
         precision: which precision plan's graphs to check, with its tolerance from ``TOLERANCES``.
         num_random, num_real: seeded-noise and real inputs per resolution (bundled images or
             text, the zoo's test split, or the first ``num_real`` of ``inputs``).
@@ -232,8 +232,9 @@ def validate(
                 for resolution, batch in _checks(entry, runner, batch_size):
                     checked, _ = reference_at(resolution)
                     outputs.append((resolution, batch, run_exact_batches(runner, checked, batch)["logits"]))
-                profiled, provider, placement = bool(runner.profiled_shapes), runner.provider, runner.details.get("node_placement")
-                hint = runner.details.get("precision_hint", "")
+                profiled, info = bool(runner.profiled_shapes), runner.info
+                placement = info.placement.to_dict()["node_placement"] if info.placement else None
+                hint = info.precision.hint if info.precision else ""
                 judged = tolerance if runner.computes_in is None else looser(tolerance, PLANS[runner.computes_in].tolerance)
             for resolution, batch, actual in outputs:
                 checked, reference = reference_at(resolution)
@@ -254,7 +255,7 @@ def validate(
                     profiled=profiled,
                     graph=entry.file,
                     range_graph=entry.resolution_range is not None,
-                    provider=provider,
+                    provider=info.provider,
                     node_placement=placement,
                     precision_hint=hint,
                     inputs=used,

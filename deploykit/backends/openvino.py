@@ -3,7 +3,7 @@
 OpenVINO's CPU plugin picks the type its float ops compute in from ``INFERENCE_PRECISION_HINT``;
 left unset, it computes in bf16 on CPUs with AVX512-BF16 or AMX and in f32 elsewhere, so the same
 call would mean two different things on two machines. deploykit always sets the hint and every
-report records it (``details["precision_hint"]``):
+report records it (the runner's ``info.precision``):
 
 * ``f32``: what the graph says (an fp16/bf16 plan's casts and an int8 plan's Q/DQ pairs stay as
   written); judged by the graph's own plan tolerance.
@@ -32,7 +32,7 @@ from typing import NamedTuple
 import numpy as np
 
 from deploykit._lazy import lazy_import
-from deploykit.backends.base import Runner
+from deploykit.backends.base import CpuPrecision, RunInfo, Runner
 from deploykit.errors import DeployKitError, one_line, unknown_choice
 
 # The runtime-info key deploykit marks a node to keep in f32 with (a string entry: OpenVINO 2026.4's
@@ -137,18 +137,16 @@ class OpenvinoRunner(Runner):
         return f"OpenVINO {ov.get_version().split('-')[0]} CPU, INFERENCE_PRECISION_HINT {self.resolved_hint}"
 
     @property
-    def details(self) -> dict:
-        return {
-            "provider": self.provider,
-            "precision_hint": self.resolved_hint,
-            "computes_in": self.computes_in,  # set: the runner lowers the graph's float remainder itself
-            "kept_fp32": self.kept_fp32,
-            "lowered_despite_mark": self.lowered_despite_mark,
-            "lowered_elsewhere": self.lowered_elsewhere,
-            "int8_weights": f"{self.narrowed_weights} narrowed to 7 bits (no VNNI: 8-bit products would saturate)"
+    def info(self) -> RunInfo:
+        weights = (
+            f"{self.narrowed_weights} narrowed to 7 bits (no VNNI: 8-bit products would saturate)"
             if self.narrowed_weights
-            else "as exported",
-        }
+            else "as exported"
+        )
+        precision = CpuPrecision(
+            self.resolved_hint, self.computes_in, self.kept_fp32, self.lowered_despite_mark, self.lowered_elsewhere, weights
+        )
+        return RunInfo(self.provider, precision=precision)
 
     def runtime_precisions(self) -> dict[str, str]:
         """Compiled node name → the precision the CPU plugin runs it in (its execution graph)."""

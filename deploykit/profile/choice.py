@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from deploykit._io import write_json_atomic
+from deploykit.backends.table import BASELINE
 from deploykit.comparison import compare_logits, looser
 from deploykit.errors import DeployKitError, one_line
 from deploykit.export.manifest import CHOICE_FILE
@@ -121,7 +122,7 @@ def check_target(target, model, resolution, precision: str, references: Referenc
     per_input = int(np.prod(reference.shape[1:-1], dtype=np.int64))
     metrics = compare_logits(rows(reference), rows(actual), NUM_REAL * per_input, tolerance, top_k=model.output_kind == "logits")
     verdict = {"validated": metrics["passed"], "validation_failures": metrics["failures"]}
-    lowered = runner.details.get("lowered_despite_mark")
+    lowered = runner.info.precision.lowered_despite_mark if runner.info.precision else None
     if runner.computes_in and PLANS[precision].calibrated and verdict["validated"] and not lowered:
         # The plan's calibration was checked at export with its float remainder in f32; this runner
         # lowers that remainder itself, so the plan is held to its own target again, as it runs here.
@@ -198,8 +199,11 @@ def mark_fastest(records: list[dict]) -> list[dict]:
 
 
 def choice_lines(records: list[dict]) -> list[str]:
-    """One line per cell: its fastest validated (backend, plan), and its ratio to ORT fp32 there."""
-    ort = {(r["encoding"], r["resolution"], r["batch"]): r["p50_ms"] for r in records if r["backend"] == "ort" and r["precision"] == FP32}
+    """One line per cell: its fastest validated (backend, plan), and its ratio to the baseline
+    backend's fp32 there (ONNX Runtime's: the runner every machine has)."""
+    ort = {
+        (r["encoding"], r["resolution"], r["batch"]): r["p50_ms"] for r in records if r["backend"] == BASELINE and r["precision"] == FP32
+    }
     lines = []
     for r in records:
         if r.get("fastest_validated"):
@@ -338,7 +342,7 @@ def plans_slower_than_float(export_dir: str | os.PathLike, budget: Budget = QUIC
             records.append(
                 {
                     "precision": graph.precision,
-                    "backend": "ort",
+                    "backend": BASELINE,  # ONNX Runtime's CPU provider
                     "p50_ms": ms,
                     "ratio_vs_fp32": ms / p50[0],
                     "encoding": manifest.encoding,

@@ -94,7 +94,7 @@ def profile(
         models: a model, a ``Subject`` (model + exported graphs), or several with different encodings.
         resolutions: ``(height, width)`` pairs, multiples of the patch size.
         batches: batch sizes.
-        backends: ``"torch"`` and/or names from ``deploykit.backends.registry.RUNNER_FACTORIES``.
+        backends: names from the table of backends (``deploykit.backends.table``), ``torch`` included.
         precisions: precision plans the ONNX runners time, interleaved: an export directory's, or,
             for a model given as such (and the APE twin, in its plans that need no calibration),
             the graphs ``deploykit.export.export`` writes into a temporary directory for this run,

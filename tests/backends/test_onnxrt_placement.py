@@ -93,8 +93,8 @@ def test_ort_cuda_probes_a_resolution_range_graph_inside_its_range(range_graph, 
     from deploykit.backends.registry import create_runner
 
     with create_runner("ort-cuda", range_graph, allow_cpu_fallback=True) as runner:
-        placement = runner.details["node_placement"]
-        assert placement["providers"] == {CPU: sum(placement["providers"].values())} and placement["cpu_compute"]
+        placement = runner.info.placement.placement
+        assert placement.providers == {CPU: sum(placement.providers.values())} and placement.cpu_compute
         (name,) = runner.input_names()
         assert runner.zero_feed()[name].shape == (1, 3, 32, 48)
 
