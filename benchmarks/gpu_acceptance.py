@@ -52,10 +52,11 @@ from checks import Checks, Failed
 from deploykit._io import write_json_atomic
 from deploykit._lazy import is_available
 from deploykit.backends.devices import Device, probe_device, supported_text, supports
+from deploykit.backends.table import engine_flavours
 from deploykit.profile.environment import capture_environment, environment_line
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gpu_acceptance.json"
-FLAVOURS = {"rtx": "tensorrt_rtx", "trt": "tensorrt"}
+FLAVOURS = {tag: flavour.module for tag, flavour in reversed(engine_flavours().items())}  # TensorRT-RTX first
 ENGINE = "engine"  # the group of the checks that run an engine on the GPU (counted in the summary)
 NO_TORCH_CUDA = None if torch.cuda.is_available() else f"this torch ({torch.__version__}, CUDA {torch.version.cuda}) cannot use the GPU"
 

@@ -84,12 +84,13 @@ def _value_info(value) -> dict:
 def _rtx_parse(path: Path) -> dict:
     """What TensorRT-RTX's ONNX parser makes of the graph (through Polygraphy's loader)."""
     from deploykit._lazy import is_available
+    from deploykit.backends.table import TENSORRT_RTX
 
-    if not is_available("tensorrt_rtx"):
-        return {"parsed": None, "note": "tensorrt_rtx is not installed (pip install 'deploykit[rtx]')"}
+    if not is_available(TENSORRT_RTX.module):
+        return {"parsed": None, "note": f"{TENSORRT_RTX.module} is not installed (pip install 'deploykit[{TENSORRT_RTX.tag}]')"}
     from deploykit.backends._polygraphy import TrtMessages, backend, summarise
 
-    pg = backend("tensorrt_rtx")
+    pg = backend(TENSORRT_RTX.module)
     with TrtMessages("TensorRT-RTX parse", log=None) as messages:
         try:
             with messages.failing_as("TensorRT-RTX could not parse the graph"):

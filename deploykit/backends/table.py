@@ -143,24 +143,60 @@ class Backend:
         return None if self.unavailable is None else resolve(self.unavailable)(self)
 
 
-_REGISTRY = "deploykit.backends.registry"
+_REGISTRY = "deploykit.backends.registry"  # the factories and availability checks, imported on first use
+
+
+def _engine(flavour: Flavour, auto_rank: int) -> Backend:
+    return Backend(
+        flavour.tag,
+        runs=ENGINE,
+        device=GPU,
+        runner=f"{_REGISTRY}:engine_runner",
+        bisect=f"{_REGISTRY}:engine_bisect_runner",
+        unavailable=f"{_REGISTRY}:engine_unusable",
+        flavour=flavour,
+        auto_rank=auto_rank,
+    )
+
 
 BACKENDS: tuple[Backend, ...] = (
-    Backend("torch", MODEL, ANY, runner="deploykit.backends.torch_runner:TorchRunner"),
-    Backend("ort", GRAPH, CPU, f"{_REGISTRY}:onnxrt_runner", f"{_REGISTRY}:onnxrt_bisect_runner", auto_rank=2, everywhere=True),
+    Backend("torch", runs=MODEL, device=ANY, runner="deploykit.backends.torch_runner:TorchRunner"),
     Backend(
-        "ort-cuda", GRAPH, GPU, f"{_REGISTRY}:onnxrt_cuda_runner", f"{_REGISTRY}:onnxrt_cuda_bisect_runner", f"{_REGISTRY}:no_cuda_provider"
+        "ort",
+        runs=GRAPH,
+        device=CPU,
+        runner=f"{_REGISTRY}:onnxrt_runner",
+        bisect=f"{_REGISTRY}:onnxrt_bisect_runner",
+        auto_rank=2,
+        everywhere=True,
     ),
-    Backend("openvino", GRAPH, CPU, f"{_REGISTRY}:openvino_runner", f"{_REGISTRY}:openvino_bisect_runner", f"{_REGISTRY}:no_openvino"),
     Backend(
-        "openvino-bf16", GRAPH, CPU, f"{_REGISTRY}:openvino_bf16_runner", f"{_REGISTRY}:openvino_bf16_bisect_runner", f"{_REGISTRY}:no_bf16"
+        "ort-cuda",
+        runs=GRAPH,
+        device=GPU,
+        runner=f"{_REGISTRY}:onnxrt_cuda_runner",
+        bisect=f"{_REGISTRY}:onnxrt_cuda_bisect_runner",
+        unavailable=f"{_REGISTRY}:no_cuda_provider",
     ),
-    *(
-        Backend(
-            f.tag, ENGINE, GPU, f"{_REGISTRY}:engine_runner", f"{_REGISTRY}:engine_bisect_runner", f"{_REGISTRY}:engine_unusable", f, rank
-        )
-        for rank, f in enumerate(FLAVOURS)
+    Backend(
+        "openvino",
+        runs=GRAPH,
+        device=CPU,
+        runner=f"{_REGISTRY}:openvino_runner",
+        bisect=f"{_REGISTRY}:openvino_bisect_runner",
+        unavailable=f"{_REGISTRY}:no_openvino",
     ),
+    Backend(
+        "openvino-bf16",
+        runs=GRAPH,
+        device=CPU,
+        runner=f"{_REGISTRY}:openvino_bf16_runner",
+        bisect=f"{_REGISTRY}:openvino_bf16_bisect_runner",
+        unavailable=f"{_REGISTRY}:no_bf16",
+    ),
+    # auto: TensorRT, then TensorRT-RTX, then ONNX Runtime on the CPU
+    _engine(TENSORRT, auto_rank=0),
+    _engine(TENSORRT_RTX, auto_rank=1),
 )
 
 
