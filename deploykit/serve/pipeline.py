@@ -288,12 +288,15 @@ class Pipeline:
             graph = checked_graph(self.export_dir, manifest.graph(res, choice.precision), manifest.encoding)
             if sha256_file(graph) != choice.graph_sha256:
                 raise DeployKitError(f"{graph.name} changed since deploykit profile chose it; profile again")
-            runner = factories[choice.backend](graph)
+            # streams only where profile measured them paying (``deploykit.profile.streams``)
+            runner = factories[choice.backend](graph, streams=choice.streams) if choice.streams > 1 else factories[choice.backend](graph)
             runner.activate()
         except DeployKitError as err:
             self._why[res] = f"profiled choice {choice.backend} {choice.precision} not taken: {err}"
             return None
         why = f"fastest validated plan at batch {choice.batch} in deploykit profile ({choice.p50_ms:.2f} ms p50)"
+        if choice.streams > 1:
+            why += f"; {choice.streams} inference streams, {choice.streams_gain:.2f}x one stream's throughput under concurrent calls"
         return choice.backend, runner, choice.precision, why
 
     @property
@@ -319,6 +322,11 @@ class Pipeline:
             f"skipped {name} at {', '.join(tags)}: {why}" for (name, why), tags in skipped.items()
         ]
 
+    def parallel_calls(self, resolution: tuple[int, int]) -> int:
+        """How many calls the runner of ``resolution`` runs at once (its inference streams): what a
+        server gives it in concurrent model instances."""
+        return self.runners[resolution].parallel_calls
+
     def route(self, size: tuple[int, int]) -> tuple[int, int]:
         """The exported resolution for an image of ``(height, width)`` (module rule)."""
         return nearest_resolution(size, self.resolutions)
@@ -340,12 +348,17 @@ class Pipeline:
         """
         if images.dtype != np.float32 or images.ndim != 4 or images.shape[1] != self.config.in_chans:
             raise InputError(f"expected float32 [B, {self.config.in_chans}, H, W], got {images.dtype} {list(images.shape)}")
-        if not np.isfinite(images).all():
-            raise InputError(f"images hold {int(np.size(images) - np.isfinite(images).sum())} NaN/Inf values; send finite numbers")
         bound = imaging.MAX_INPUT_MAGNITUDE
-        if images.size and float(np.abs(images).max()) > bound:
+        if images.size and not float(np.abs(images).max()) <= bound:  # one pass: NaN compares False too
+            if not np.isfinite(images).all():
+                raise InputError(f"images hold {int(np.size(images) - np.isfinite(images).sum())} NaN/Inf values; send finite numbers")
             outside = int(np.count_nonzero(np.abs(images) > bound))
             raise InputError(f"images hold {outside} values beyond ±{bound:g}; send normalised pixels")
+        return self.checked_logits(images)
+
+    def checked_logits(self, images: np.ndarray) -> np.ndarray:
+        """``logits`` of a batch whose dtype, rank and values the caller has checked already (a
+        server's batch function checks them per request)."""
         res = tuple(images.shape[-2:])
         runner = self.runners.get(res)
         if runner is None:

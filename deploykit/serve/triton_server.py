@@ -203,9 +203,12 @@ def _logits_fn(pipeline: Pipeline) -> Callable:
         if len(images) == 0:
             raise InputError("empty batch: send at least one image")
         usable = (np.abs(images.reshape(len(images), -1)) <= imaging.MAX_INPUT_MAGNITUDE).all(axis=1)  # NaN compares False
-        logits = np.full((len(images), pipeline.num_classes), np.nan, np.float32)
-        if usable.any():
-            logits[usable] = pipeline.logits(images if usable.all() else images[usable])
+        if usable.all():  # the common case: the answer is the runner's own array, no copy into another
+            logits = pipeline.checked_logits(images)
+        else:
+            logits = np.full((len(images), pipeline.num_classes), np.nan, np.float32)
+            if usable.any():
+                logits[usable] = pipeline.checked_logits(images[usable])
         classes, scores = top_k(logits, pipeline.top_k)
         classes[~usable], scores[~usable] = -1, np.nan
         return {"logits": logits, "classes": classes, "scores": scores}
@@ -222,7 +225,9 @@ def bind_logits_models(triton, pipeline: Pipeline, options: ServerOptions) -> li
         name = logits_model_name(res)
         triton.bind(
             model_name=name,
-            infer_func=_logits_fn(pipeline),
+            # one model instance per call the runner runs at once (its inference streams): PyTriton runs
+            # a list of functions as instances in parallel, and the batcher hands each its own batch
+            infer_func=[_logits_fn(pipeline) for _ in range(pipeline.parallel_calls(res))],
             inputs=[mc.Tensor(name=INPUT_NAME, dtype=np.float32, shape=(pipeline.config.in_chans, *res))],
             outputs=[
                 mc.Tensor(name="logits", dtype=np.float32, shape=(pipeline.num_classes,)),
