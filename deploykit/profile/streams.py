@@ -40,25 +40,27 @@ def concurrent_throughput(runner, feed: dict[str, np.ndarray], concurrency: int,
     back to back for ``duration_s`` (one untimed call per thread first)."""
     rows = len(next(iter(feed.values())))
     counts = [0] * concurrency
-    start = threading.Barrier(concurrency + 1)
-    deadline = [0.0]
+    window: list[float] = []  # [start, deadline], set as the last caller finishes warming up
+
+    def open_window() -> None:
+        now = time.perf_counter()
+        window[:] = [now, now + duration_s]
+
+    start = threading.Barrier(concurrency, action=open_window)
 
     def call(slot: int) -> None:
         runner.infer(feed)  # warm-up: first-call allocations
         start.wait()
-        while time.perf_counter() < deadline[0]:
+        while time.perf_counter() < window[1]:
             runner.infer(feed)
             counts[slot] += 1
 
     threads = [threading.Thread(target=call, args=(i,), daemon=True) for i in range(concurrency)]
     for thread in threads:
         thread.start()
-    began = time.perf_counter()
-    deadline[0] = began + duration_s
-    start.wait()
     for thread in threads:
         thread.join()
-    return sum(counts) * rows / (time.perf_counter() - began)
+    return sum(counts) * rows / (time.perf_counter() - window[0])
 
 
 def pick_streams(throughput: dict[int, float], margin: float = GAIN_MARGIN) -> tuple[int, float]:
