@@ -8,8 +8,11 @@ batch merged). Models served from one export directory:
 ``logits_<res>`` (one per exported resolution, e.g. ``logits_224``, ``logits_384x256``)
     input ``images`` FP32 ``[B, 3, H, W]`` (preprocessed); outputs ``logits`` FP32
     ``[B, classes]``, ``classes`` INT64 ``[B, k]`` and ``scores`` FP32 ``[B, k]`` (softmax,
-    best first). Dynamic batching merges concurrent requests up to ``max_batch_size``. Bound
-    through PyTriton to the pipeline's runners, in this process.
+    best first). Dynamic batching merges the requests queued while the model is busy, up to
+    ``max_batch_size``, and waits for none by default (``max_queue_delay_us`` 0: a request alone
+    runs at once). Bound through PyTriton to the pipeline's runners, in this process, with one
+    model instance per call the runner runs at once (its inference streams, chosen by ``deploykit
+    profile``), so that many batches run in parallel.
 ``classify``
     input ``image`` BYTES ``[B, 1]`` (encoded PNG/JPEG/...); outputs ``classes``, ``scores``
     and ``resolution`` INT64 ``[B, 2]`` (where each image was routed). A Triton Python-backend
