@@ -33,12 +33,8 @@ def plot_bench(report: BenchReport, path: str | os.PathLike) -> Path:
             ax.plot(xs, [s.p99_ms for s in stats], marker="^", linestyle="--", color=p50.get_color(), label=f"{side_label} p99")
             for x, s, level in zip(xs, stats, levels):
                 ax.annotate(f"{level.load.value:g}", (x, s.p99_ms), textcoords="offset points", xytext=(3, 3), fontsize="x-small")
-        ax.set(
-            xlabel="throughput (requests/s)",
-            ylabel="latency (ms)",
-            title=f"serve-bench, {kind} levels (each point labelled with its level)",
-        )
-        ax.set_yscale("log")
+        title = f"serve-bench, {kind} levels (each point labelled with its level)"
+        ax.set(xlabel="throughput (requests/s)", ylabel="latency (ms)", yscale="log", title=title)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize="small")
     with output_file(path) as tmp:

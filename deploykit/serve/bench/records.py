@@ -9,6 +9,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -136,17 +137,30 @@ class ModelStats:
         return {**asdict(self), "mean_batch": self.mean_batch}
 
 
+class Load(Protocol):
+    """What a level's load says of itself (``loadgen.Concurrency``, ``loadgen.RequestRate``)."""
+
+    kind: str
+    value: float
+
+    def label(self) -> str: ...
+
+    def run_label(self) -> str: ...
+
+    def to_json(self) -> dict: ...
+
+
 @dataclass(frozen=True)
 class Level:
     """One load level, both sides measured under the same load.
 
     Attributes:
-        load: a ``Concurrency`` or a ``RequestRate`` (``deploykit.serve.bench.loadgen``).
+        load: closed loop (``Concurrency``) or open loop (``RequestRate``), from ``loadgen``.
         models: Triton's per-model statistics over the served side (empty when serving on Ray).
         mean_merged_batch: the served model's inferences per execution (None on Ray).
     """
 
-    load: object
+    load: Load
     in_process: SideStats
     served: SideStats
     models: tuple[ModelStats, ...] = ()
