@@ -8,7 +8,7 @@ function bound to the model (``_logits_fn``: the batch checks, the runner, top-k
 alone. Each layer is the difference of two of these means:
 
     front             = client via front - client straight to Triton
-    client + HTTP/2   = client straight to Triton - Triton's request time (success)
+    client + gRPC     = client straight to Triton - Triton's four phases below
     Triton queue      = Triton's queue time
     Triton in/out     = compute_input + compute_output (tensors into and out of the model)
     PyTriton hop      = compute_infer - bound function - runner (Triton's Python stub → our process and back)
@@ -35,6 +35,8 @@ from deploykit._io import write_json_atomic
 from deploykit.export import export
 from deploykit.nn import create_model
 from deploykit.profile.environment import capture_environment, environment_line
+from deploykit.serve.bench.records import ModelStats
+from deploykit.serve.bench.triton_stats import model_stats_delta, snapshot
 from deploykit.serve.door import free_loopback_ports
 from deploykit.serve.front import GRPC_TOKEN_KEY
 from deploykit.serve.pipeline import Pipeline
@@ -67,8 +69,9 @@ class TimedPipeline(Pipeline):
             self.spans_ns.append(time.perf_counter_ns() - start)
 
 
-def served(grpc, url: str, model: str, inputs: np.ndarray, headers: dict | None = None) -> tuple[float, dict[str, float]]:
-    """Client mean ms through ``url``, and Triton's own breakdown of exactly those requests."""
+def served(grpc, url: str, stats_url: str, model: str, inputs: np.ndarray, headers: dict | None = None) -> tuple[float, ModelStats]:
+    """Client mean ms through ``url``, and Triton's own breakdown of exactly those requests (read
+    through ``stats_url``)."""
     client = grpc.InferenceServerClient(url)
 
     def call(x):
@@ -77,17 +80,10 @@ def served(grpc, url: str, model: str, inputs: np.ndarray, headers: dict | None 
         return client.infer(model, [tensor], headers=headers).as_numpy("logits")
 
     call(inputs[:1])  # warm: the channel, Triton's first execution
-    admin = grpc.InferenceServerClient(url)
-    before = triton_stats_ms_total(admin, model, headers)
+    before = snapshot(stats_url)
     client_ms = mean_ms(call, inputs)
-    after = triton_stats_ms_total(admin, model, headers)
-    count = len(inputs) + 1  # mean_ms's untimed call
-    return client_ms, {key: (after[key] - before[key]) / count for key in after}
-
-
-def triton_stats_ms_total(client, model: str, headers: dict | None) -> dict[str, float]:
-    stats = client.get_inference_statistics(model, headers=headers, as_json=True)["model_stats"][0]["inference_stats"]
-    return {key: int(value.get("ns", 0)) / 1e6 for key, value in stats.items() if key != "fail"}
+    (stats,) = [m for m in model_stats_delta(before, snapshot(stats_url)) if m.model == model]
+    return client_ms, stats
 
 
 def breakdown(export_dir: Path, resolution: tuple[int, int], requests: int) -> dict:
@@ -107,16 +103,18 @@ def breakdown(export_dir: Path, resolution: tuple[int, int], requests: int) -> d
         with TritonServer(pipeline, options) as server:
             front = server._front.options
             token = {GRPC_TOKEN_KEY: server._triton.get_access_token()}
-            via_front, _ = served(grpc, f"127.0.0.1:{grpc_port}", model, inputs)
+            public = f"127.0.0.1:{grpc_port}"
+            via_front, _ = served(grpc, public, public, model, inputs)
             pipeline.spans_ns = []
-            direct, triton = served(grpc, f"127.0.0.1:{front.upstream_grpc}", model, inputs, token)
+            direct, triton = served(grpc, f"127.0.0.1:{front.upstream_grpc}", public, model, inputs, token)
             served_runner_ms = float(np.mean(pipeline.spans_ns)) / 1e6
+    inside = triton.queue_ms + triton.compute_input_ms + triton.compute_infer_ms + triton.compute_output_ms
     layers = {
         "front": via_front - direct,
-        "client + gRPC": direct - triton["success"],
-        "Triton queue": triton["queue"],
-        "Triton tensors in/out": triton["compute_input"] + triton["compute_output"],
-        "PyTriton hop": triton["compute_infer"] - function_ms - served_runner_ms,
+        "client + gRPC + Triton's request handling": direct - inside,
+        "Triton queue": triton.queue_ms,
+        "Triton tensors in/out": triton.compute_input_ms + triton.compute_output_ms,
+        "PyTriton hop": triton.compute_infer_ms - function_ms - served_runner_ms,
         "bound function (checks, top-k)": function_ms,
         "runner (served)": served_runner_ms,
     }
@@ -124,7 +122,7 @@ def breakdown(export_dir: Path, resolution: tuple[int, int], requests: int) -> d
         "client_via_front_ms": via_front,
         "client_to_triton_ms": direct,
         "in_process_runner_ms": runner_ms,
-        "triton_ms": triton,
+        "triton_ms": triton.to_json(),
         "layers_ms": layers,
     }
 
