@@ -198,6 +198,9 @@ class Pipeline:
         factories: backend name → runner factory; default ``deploykit.backends.registry.RUNNER_FACTORIES``.
         plugins: for the engine backends of the default factories, the plugins the engines were
             built with (``Plugins``); None: the installed plugin packages each engine names.
+        streams: inference streams of the runners that have them (ONNX Runtime, OpenVINO:
+            ``deploykit.runtime.streams``); None: what ``deploykit profile`` measured for its
+            choice, else 1.
 
     Raises:
         DeployKitError: not an export directory, a graph changed since export, or no backend runs.
@@ -206,7 +209,7 @@ class Pipeline:
     @classmethod
     def for_server(cls, export_dir: str | os.PathLike, options) -> Pipeline:
         """The pipeline a serving front runs, from the fields its options share
-        (``ServerOptions``, ``RayOptions``): precision, backend, top-k, batch size, image limits."""
+        (``ServerOptions``, ``RayOptions``): precision, backend, top-k, batch size, image limits, streams."""
         return cls(
             export_dir,
             precision=options.precision,
@@ -214,6 +217,7 @@ class Pipeline:
             top_k=options.top_k,
             batch_size=options.max_batch_size,
             limits=options.limits,
+            streams=options.streams,
         )
 
     def __init__(
@@ -227,16 +231,22 @@ class Pipeline:
         limits: ImageLimits = ImageLimits(),
         factories: Mapping[str, RunnerFactory] | None = None,
         plugins=None,
+        streams: int | None = None,
     ):
         from deploykit.backends.engine_cache import ENGINE_MODULES
         from deploykit.backends.registry import RUNNER_FACTORIES
         from deploykit.export.manifest import checked_graph
         from deploykit.export.precision import check_precision
+        from deploykit.profile.streams import STREAM_BACKENDS
+        from deploykit.runtime.streams import check_streams
 
         if factories is None:
             factories = {name: partial(f, plugins=plugins) if name in ENGINE_MODULES else f for name, f in RUNNER_FACTORIES.items()}
         if top_k < 1 or batch_size < 1:
             raise ConfigError(f"top_k and batch_size must be >= 1, got {top_k} and {batch_size}")
+        self.streams = streams if streams is None else check_streams(streams)
+        if streams is not None and streams > 1:
+            factories = {name: partial(f, streams=streams) if name in STREAM_BACKENDS else f for name, f in factories.items()}
         self.export_dir = Path(export_dir)
         self.top_k, self.batch_size, self.limits = top_k, batch_size, limits
         self.precision = check_precision(precision or "fp32").name
@@ -291,15 +301,18 @@ class Pipeline:
             graph = checked_graph(self.export_dir, manifest.graph(res, choice.precision), manifest.encoding)
             if sha256_file(graph) != choice.graph_sha256:
                 raise DeployKitError(f"{graph.name} changed since deploykit profile chose it; profile again")
-            # streams only where profile measured them paying (``deploykit.profile.streams``)
-            runner = factories[choice.backend](graph, streams=choice.streams) if choice.streams > 1 else factories[choice.backend](graph)
+            # streams asked for, else only where profile measured them paying (``deploykit.profile.streams``)
+            if self.streams is None and choice.streams > 1:
+                runner = factories[choice.backend](graph, streams=choice.streams)
+            else:
+                runner = factories[choice.backend](graph)
             runner.activate()
         except DeployKitError as err:
             self._why[res] = f"profiled choice {choice.backend} {choice.precision} not taken: {err}"
             return None
         why = f"fastest validated plan at batch {choice.batch} in deploykit profile ({choice.p50_ms:.2f} ms p50)"
-        if choice.streams > 1:
-            why += f"; {choice.streams} inference streams, {choice.streams_gain:.2f}x one stream's throughput under concurrent calls"
+        if self.streams is None and choice.streams > 1:
+            why += f"; its streams answered {choice.streams_gain:.2f}x one stream's images under concurrent calls"
         return choice.backend, runner, choice.precision, why
 
     @property
@@ -317,6 +330,8 @@ class Pipeline:
         skipped: dict[tuple[str, str], list[str]] = {}
         for res in self.resolutions:
             plan = "" if self.plans.get(res, "fp32") == "fp32" else f" {self.plans[res]}"
+            if self.runners[res].parallel_calls > 1:
+                plan += f" with {self.runners[res].parallel_calls} inference streams"
             why = f" ({self._why[res]})" if res in self._why else ""
             chosen.setdefault(f"{self.backends[res]}{plan}", []).append(resolution_tag(res) + why)
             for name, reason in self.skipped[res].items():

@@ -104,6 +104,8 @@ class ServerOptions:
             connection after it); also the gRPC handshake's deadline.
         body_timeout_s: longest an HTTP request body may take to arrive (408, connection cut).
         verbosity: Triton's own log: -1 errors, 0 warnings and errors, 1 everything, 2 verbose.
+        streams: inference streams of the CPU runners (``Pipeline``); None: what ``deploykit
+            profile`` measured, else 1. Each ``logits_<res>`` model gets one instance per stream.
     """
 
     host: str = defaults.HOST
@@ -123,6 +125,7 @@ class ServerOptions:
     header_timeout_s: float = defaults.HEADER_TIMEOUT_S
     body_timeout_s: float = defaults.BODY_TIMEOUT_S
     verbosity: int = 0
+    streams: int | None = None
 
     def __post_init__(self) -> None:
         if min(self.max_batch_size, self.top_k, self.classify_instances, self.max_request_bytes) < 1 or self.max_queue_delay_us < 0:

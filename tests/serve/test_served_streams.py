@@ -52,8 +52,21 @@ def test_serve_opens_the_chosen_plan_with_its_streams_and_says_so(export_dir, tm
         assert pipe.backends[(32, 32)] == "openvino" and pipe.parallel_calls((32, 32)) == 2
         assert one_stream.parallel_calls((32, 32)) == 1
         (line,) = pipe.describe_backends()
-        assert "2 inference streams, 1.50x one stream's throughput under concurrent calls" in line
+        assert line.startswith("backend openvino with 2 inference streams at 32 (fastest validated plan")
+        assert "its streams answered 1.50x one stream's images under concurrent calls" in line
         assert pipe(image).classes == one_stream(image).classes
+
+
+@TWO_CORES
+def test_streams_asked_for_override_the_choice_and_reach_an_explicit_backend(export_dir, tmp_path):
+    out = shutil.copytree(export_dir, tmp_path / "exp")
+    _choose_openvino(out, streams=2)
+    with deploykit.load(out, streams=1) as pipe:  # the choice's plan, on one stream
+        assert pipe.backends[(32, 32)] == "openvino" and pipe.parallel_calls((32, 32)) == 1
+        assert "streams" not in pipe.describe_backends()[0]
+    with deploykit.load(export_dir, backend="ort", streams=2) as pipe:
+        assert pipe.parallel_calls((48, 48)) == 2
+        assert pipe.describe_backends() == ["backend ort with 2 inference streams at 32, 48"]
 
 
 @TWO_CORES
