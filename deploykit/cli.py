@@ -319,11 +319,12 @@ def profile(
     **settings,
 ):
     """Latency per backend × encoding × resolution × batch, and the encoding's cost against APE."""
-    from deploykit import profile as prof
     from deploykit._io import check_file_destination
     from deploykit._lazy import lazy_import
     from deploykit.backends.plugins import Plugins
     from deploykit.errors import ConfigError
+    from deploykit.profile import Budget, Subject
+    from deploykit.profile import profile as run_profile
     from deploykit.profile.choice import write_choice
     from deploykit.profile.output import plot_latency, write_csv
     from deploykit.zoo.resolve import resolve_model
@@ -337,17 +338,17 @@ def profile(
         lazy_import("matplotlib")
     if export_dir:
         # Every plan it holds unless told: the choice serve takes is the fastest of those timed.
-        subject, label = prof.Subject.from_export_dir(export_dir, precisions or None), str(export_dir)
+        subject, label = Subject.from_export_dir(export_dir, precisions or None), str(export_dir)
     else:
         model, label = resolve_model(checkpoint=checkpoint, encoding=encoding, model_name=model_name)
-        subject = prof.Subject(model)
+        subject = Subject(model)
     with render.steps(console, "profile") as step:
-        report = prof.profile(
+        report = run_profile(
             subject,
             resolutions=list(resolutions) or subject.resolutions or [subject.model.default_shape],
             batches=list(batches),
             backends=[b.strip() for value in backends for b in value.split(",")],
-            budget=prof.Budget(duration_s=duration, iterations=iterations, warmup=warmup, rounds=rounds),
+            budget=Budget(duration_s=duration, iterations=iterations, warmup=warmup, rounds=rounds),
             precisions=precisions or subject.precisions or ("fp32",),
             compare_ape=not no_ape_baseline,
             end_to_end=not no_end_to_end,
