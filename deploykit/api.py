@@ -267,7 +267,10 @@ def profile(
             temporary directory for the run).
         resolutions: default the export's resolutions, or the model's own ``img_size``.
         precisions: plans to time side by side; default every plan in the export directory, else fp32.
-        duration_s, iterations, warmup, rounds: the measurement budget (``deploykit.profile.Budget``'s defaults).
+        duration_s: seconds of timed calls per measurement; default ``deploykit.profile.Budget``'s.
+        iterations: exactly this many timed calls per measurement instead (overrides ``duration_s``).
+        warmup: untimed calls before each measurement.
+        rounds: interleave the encodings in this many rounds (shared machines).
         write_choice: write the choice into the export directory (``profile_choice.json``).
         **options: ``deploykit.profile.profile``'s keywords (``batches``, ``backends``, ``device``,
             ``compare_ape``, ``end_to_end``, ``progress``, ...).
