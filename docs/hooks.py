@@ -45,6 +45,12 @@ def benchmark_results() -> str:
     return "\n".join([head, "## Latency against resolution\n", *plots, render(RESULTS), rest.split(END, 1)[1]])
 
 
+def cpu_backends_table() -> str:
+    from benchmarks.make_readme import cpu_backends_table as table
+
+    return "\n".join(table(json.loads((RESULTS / "cpu-backends.json").read_text()))) + "\n"
+
+
 def precision_plans() -> str:
     from deploykit.export.precision import PLANS
 
@@ -74,7 +80,13 @@ def tests(relative: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-GENERATORS = {"benchmark-results": benchmark_results, "precision-plans": precision_plans, "examples": examples, "tests": tests}
+GENERATORS = {
+    "benchmark-results": benchmark_results,
+    "cpu-backends-table": cpu_backends_table,
+    "precision-plans": precision_plans,
+    "examples": examples,
+    "tests": tests,
+}
 
 
 def on_config(config):
