@@ -174,14 +174,12 @@ def validate(
 ):
     """Compare exported graphs with the PyTorch float64 reference; exit 1 on failure."""
     from deploykit._io import check_file_destination, write_output_json
+    from deploykit.api import validate as run_validation
     from deploykit.backends.plugins import Plugins
-    from deploykit.inputs import read_inputs
-    from deploykit.validate import validate as run_validation
 
     console = render.console()
     if report:
         check_file_destination(report)  # before the work, not after it
-    data = read_inputs(inputs_path) if inputs_path else None
     with render.steps(console, "validate") as step:
         result = run_validation(
             export_dir,
@@ -189,8 +187,8 @@ def validate(
             backends=backends,
             precision=precision,
             num_random=num_random,
-            num_real=num_real if num_real is not None else (len(data) if data else VALIDATION_REAL),
-            inputs=data,
+            num_real=num_real,  # None: every input given, else the bundled set (deploykit.api.validate)
+            inputs=inputs_path,
             seed=seed,
             progress=step,
             plugins=Plugins.resolve(plugin_specs) if plugin_specs else None,
