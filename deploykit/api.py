@@ -94,6 +94,7 @@ def export(
     calibration: CalibrationOptions | None = None,
     force: bool = False,
     progress: Callable[[str], None] | None = None,
+    source: str | None = None,
 ) -> ExportResult:
     """Export a model to one ONNX graph per resolution and precision plan (``deploykit export``).
 
@@ -106,22 +107,24 @@ def export(
             model's own ``img_size``, or none when ``resolution_range`` is given.
         precisions: plans written beside fp32 (``fp16``, ``bf16``, ``int8``, ``int8-dynamic``, ...).
         resolution_range: ``(min, opt, max)``: also one graph for any resolution in that range.
-        opset: ONNX opset; default ``deploykit.export.DEFAULT_OPSET``.
+        opset: ONNX opset; default ``deploykit.export.defaults.DEFAULT_OPSET``.
         calibration: INT8 calibration (``CalibrationOptions``: data, samples, method, targets).
         force: delete files in ``output_dir`` that deploykit did not write instead of refusing.
         progress: called with one line per step.
+        source: where the model came from, for the manifest; default the checkpoint or zoo
+            entry it was read from, or ``"python"`` for a model given as such.
 
     Raises:
         DeployKitError: a bad model, resolution, precision, opset or destination; a failed export.
     """
-    from deploykit.export import DEFAULT_OPSET
     from deploykit.export import export as export_model
+    from deploykit.export.defaults import DEFAULT_OPSET
     from deploykit.export.int8_static import CalibrationOptions
     from deploykit.zoo.resolve import resolve_model
 
-    source = "python"
     if model is None or isinstance(model, str | os.PathLike):
-        model, source = resolve_model(checkpoint=None if model is None else Path(model))
+        model, read_from = resolve_model(checkpoint=None if model is None else Path(model))
+        source = source or read_from
     shapes = list(resolutions) if resolutions is not None else ([] if resolution_range else [model.default_shape])
     manifest = export_model(
         model,
@@ -129,7 +132,7 @@ def export(
         output_dir,
         opset=DEFAULT_OPSET if opset is None else opset,
         precisions=tuple(precisions),
-        source=source,
+        source=source or "python",
         progress=progress,
         resolution_range=resolution_range,
         calibration=calibration or CalibrationOptions(),

@@ -92,7 +92,7 @@ def cli():
 )
 def export(encoding, model_name, checkpoint, resolutions, output, opset, precisions, resolution_range, options, force, **int8):
     """Export a model to one ONNX graph per resolution, tables baked in, graph linted."""
-    from deploykit.export import export as export_model
+    from deploykit.api import export as export_model
     from deploykit.profile.choice import CPU_SPEED_PLANS, plans_slower_than_float
     from deploykit.zoo.resolve import resolve_model
 
@@ -101,16 +101,16 @@ def export(encoding, model_name, checkpoint, resolutions, output, opset, precisi
     with render.steps(console, "export") as step:
         manifest = export_model(
             model,
-            resolutions or ([] if resolution_range else [model.default_shape]),
             output,
-            opset=export_defaults.DEFAULT_OPSET if opset is None else opset,
+            resolutions=resolutions or None,  # None: the model's own, unless a range is given
+            opset=opset,
             precisions=precisions,  # fp32 is always written; these go beside it
             source=source,
             progress=step,
             resolution_range=resolution_range,
             calibration=_calibration(**int8),
             force=force,
-        )
+        ).manifest
     render.exported(console, output, manifest)
     if any(p in CPU_SPEED_PLANS for p in precisions):
         with render.steps(console, "export") as step:
