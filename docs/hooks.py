@@ -8,6 +8,7 @@ no number or plot in the documentation is copied by hand.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import re
 import sys
@@ -59,6 +60,19 @@ def precision_plans() -> str:
     return "\n".join(rows) + "\n"
 
 
+def plan_tolerances() -> str:
+    """Each plan's thresholds, the fields a plan sets away from its criterion's defaults."""
+    from deploykit.export.precision import PLANS
+
+    rows = ["| plan | passes when |", "|---|---|"]
+    for plan in PLANS.values():
+        tolerance = plan.tolerance
+        defaults = {f.name: f.default for f in dataclasses.fields(tolerance)}
+        shown = {name: value for name, value in dataclasses.asdict(tolerance).items() if value not in (None, defaults[name])}
+        rows.append(f"| `{plan.name}` | {', '.join(f'`{name}` {value}' for name, value in shown.items())} |")
+    return "\n".join(rows) + "\n"
+
+
 def examples() -> str:
     """One section per script in ``examples/``: its header docstring and how to run it."""
     parts = []
@@ -84,6 +98,7 @@ GENERATORS = {
     "benchmark-results": benchmark_results,
     "cpu-backends-table": cpu_backends_table,
     "precision-plans": precision_plans,
+    "plan-tolerances": plan_tolerances,
     "examples": examples,
     "tests": tests,
 }
