@@ -105,3 +105,32 @@ def test_the_site_builds_strict(tmp_path):
     assert (site / "reference" / "cli" / "index.html").read_text().count("deploykit validate") > 0
     plots = sorted(p.name for p in (site / "benchmarks").glob("*.png"))  # drawn from the results files
     assert plots and all(name in (site / "benchmarks" / "index.html").read_text() for name in plots)
+
+
+def _named_in_the_docs(pattern: str) -> set[tuple[str, str]]:
+    return {(str(page.relative_to(ROOT)), name) for page in PAGES for name in re.findall(pattern, page.read_text(encoding="utf-8"))}
+
+
+def test_every_file_the_docs_name_exists():
+    """A moved or renamed module, script or results file shows up here, not as a dead pointer."""
+    named = _named_in_the_docs(r"`((?:deploykit|benchmarks|tests|plugins|examples|models)/[\w./-]*\w)(?=[`\s:)])")
+    missing = [(page, path) for page, path in named if not (ROOT / path).exists() and not path.startswith("deploykit/plugins")]
+    assert sorted(missing) == []
+
+
+def test_every_python_name_the_docs_give_resolves():
+    """``deploykit.x.y`` in the text is importable (a metadata key such as ``deploykit.quantization``,
+    whose first part is no module of the package, is not a Python name)."""
+    import pkgutil
+
+    import deploykit
+
+    modules = {info.name for info in pkgutil.iter_modules(deploykit.__path__)} | set(deploykit.__all__)
+    unresolved = []
+    for page, name in _named_in_the_docs(r"\b(deploykit(?:\.[A-Za-z_]\w*)+)"):
+        if name.split(".")[1] in modules:
+            try:
+                pkgutil.resolve_name(name)
+            except (ImportError, AttributeError) as err:
+                unresolved.append((page, name, str(err)))
+    assert sorted(unresolved) == []
