@@ -66,12 +66,14 @@ LAYERS = [
         ),
     ),
     ("serve", ("deploykit.serve",)),
+    # ``import deploykit``'s workflow: one thin function per step, over every layer below.
+    ("api", ("deploykit.api",)),
     # The command, what its commands share (option types and groups, -q/-v, the error line) and
     # what they print.
     ("cli", ("deploykit.cli", "deploykit.cli_options", "deploykit.cli_render", "deploykit.cli_serve", "deploykit.__main__")),
 ]
-# The package root only holds ``__version__`` and the facade ``deploykit.load`` (imported on
-# first use): anything may import it, and its lazy import of the pipeline is the public API.
+# The package root only holds ``__version__`` and the facade of ``deploykit.api``'s names (imported
+# on first use): anything may import it, and its lazy import of the workflow is the public API.
 ROOT = "deploykit"
 
 
