@@ -325,6 +325,7 @@ def profile(
     from deploykit.profile import profile as run_profile
     from deploykit.profile.choice import write_choice
     from deploykit.profile.output import plot_latency, write_csv
+    from deploykit.profile.streams import with_measured_streams
     from deploykit.zoo.resolve import resolve_model
 
     console = render.console()
@@ -358,6 +359,8 @@ def profile(
         )
     render.profiled(console, report, title=f"deploykit profile: {label}")
     if export_dir and (written := write_choice(export_dir, report.records, subject.encoding, subject.graph_hashes())):
+        with render.steps(console, "profile") as step:
+            with_measured_streams(export_dir, step)  # throughput mode: the streams each chosen plan is served with
         render.wrote(console, written, "deploykit serve takes each resolution's fastest validated plan from it")
     writers = (
         (json_path, report.write_json),

@@ -43,6 +43,13 @@ __all__ = ["package", "serve", "serve_bench"]
     "[default: fp32, or on a CPU the fastest validated plan deploykit profile chose for the directory]."
 )
 @defaulted("--top-k", default=serve_defaults.TOP_K, help="Classes returned per image.")
+@click.option(
+    "--streams",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Inference streams of the CPU runners (ONNX Runtime, OpenVINO), each serving one request at a time in parallel "
+    "[default: what deploykit profile measured for its choice, else 1].",
+)
 @image_limit_options
 @defaulted(
     "--max-request-bytes",

@@ -19,8 +19,10 @@ report records it (``details["precision_hint"]``):
   Judged by the bf16 plan's tolerance.
 * ``None`` (benchmarks only): OpenVINO's own default, recorded as the precision it resolved to.
 
-``PERFORMANCE_HINT`` is ``LATENCY`` (one stream over all cores): deploykit calls ``infer`` one
-batch at a time.
+``PERFORMANCE_HINT`` is ``LATENCY`` (one stream over all cores) by default. With ``streams`` > 1 it
+is ``THROUGHPUT`` with that many ``NUM_STREAMS`` (OpenVINO caps it at the cores it has), and the
+runner keeps one infer request per stream (``OPTIMAL_NUMBER_OF_INFER_REQUESTS``) in a pool, so
+concurrent ``infer`` calls run in parallel, each on its own stream (``deploykit.runtime.streams``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import numpy as np
 from deploykit._lazy import lazy_import
 from deploykit.errors import DeployKitError, one_line, unknown_choice
 from deploykit.runtime.base import Runner
+from deploykit.runtime.streams import ExecutorPool, check_streams
 
 # The runtime-info key deploykit marks a node to keep in f32 with (a string entry: OpenVINO 2026.4's
 # CPU plugin does not read it; ``with_typed_marks`` turns the marks into the attribute it reads).
@@ -60,18 +63,19 @@ class OpenvinoRunner(Runner):
         precision_hint: ``"f32"``, ``"bf16"`` (refused on a CPU without BF16), or None for
             OpenVINO's own default (recorded as what it resolved to).
         threads: ``INFERENCE_NUM_THREADS``; 0 lets OpenVINO choose (one per physical core).
+        streams: inference streams (module docstring); 1 is the latency hint.
     """
 
     name = "openvino"
-    # One infer request per runner: OpenVINO's requests are not for concurrent calls.
-    thread_safe = False
+    # Each call takes an infer request of its own from the pool (one per stream).
+    thread_safe = True
 
-    def __init__(self, model: str | os.PathLike | bytes, precision_hint: str | None = "f32", threads: int = 0):
+    def __init__(self, model: str | os.PathLike | bytes, precision_hint: str | None = "f32", threads: int = 0, streams: int = 1):
         super().__init__()
         if precision_hint is not None and precision_hint not in HINTS:
             raise DeployKitError(unknown_choice("OpenVINO precision hint", precision_hint, HINTS))
-        self.model, self.precision_hint, self.threads = model, precision_hint, threads
-        self._compiled = self._request = None
+        self.model, self.precision_hint, self.threads, self.streams = model, precision_hint, threads, check_streams(streams)
+        self._compiled = self._requests = None
         self._inputs: list[str] = []
         self._outputs: list[str] = []
         self.kept_fp32 = 0  # nodes marked to stay in f32 under a bf16 hint
@@ -106,12 +110,13 @@ class OpenvinoRunner(Runner):
                 self.lowered_despite_mark, self.lowered_elsewhere = lowered_below_f32(marked, encoding_ops, self._compiled)
         except RuntimeError as err:  # OpenVINO raises RuntimeError (its ov::Exception) for unreadable or unsupported graphs
             raise DeployKitError(one_line(f"openvino cannot load {self._label()}: {err}")) from err
-        self._request = self._compiled.create_infer_request()
+        count = int(self._compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
+        self._requests = ExecutorPool([self._compiled.create_infer_request() for _ in range(max(1, count))])
         self._inputs = [port.get_any_name() for port in self._compiled.inputs]
         self._outputs = [port.get_any_name() for port in self._compiled.outputs]
 
     def _config(self) -> dict:
-        config = {"PERFORMANCE_HINT": "LATENCY"}
+        config = {"PERFORMANCE_HINT": "LATENCY"} if self.streams == 1 else {"PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": self.streams}
         if self.precision_hint is not None:
             config["INFERENCE_PRECISION_HINT"] = self.precision_hint
         if self.threads:
@@ -137,10 +142,16 @@ class OpenvinoRunner(Runner):
         return f"OpenVINO {ov.get_version().split('-')[0]} CPU, INFERENCE_PRECISION_HINT {self.resolved_hint}"
 
     @property
+    def parallel_calls(self) -> int:
+        """How many ``infer`` calls run at once (its infer requests); 1 before activation."""
+        return self._requests.size if self._requests else 1
+
+    @property
     def details(self) -> dict:
         return {
             "provider": self.provider,
             "precision_hint": self.resolved_hint,
+            "streams": int(self._compiled.get_property("NUM_STREAMS")) if self._compiled else self.streams,
             "computes_in": self.computes_in,  # set: the runner lowers the graph's float remainder itself
             "kept_fp32": self.kept_fp32,
             "lowered_despite_mark": self.lowered_despite_mark,
@@ -157,11 +168,15 @@ class OpenvinoRunner(Runner):
         }
 
     def _infer(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        self._request.infer({name: np.ascontiguousarray(feed[name]) for name in self._inputs})
-        return {name: self._request.get_tensor(name).data.copy() for name in self._outputs}
+        inputs = {name: np.ascontiguousarray(feed[name]) for name in self._inputs}
+        with self._requests.take() as request:
+            # share_inputs: the request reads the caller's arrays in place instead of copying them in;
+            # the outputs are copied out, as the request's own buffers serve its next call.
+            request.infer(inputs, share_inputs=True)
+            return {name: request.get_tensor(name).data.copy() for name in self._outputs}
 
     def _deactivate(self) -> None:
-        self._compiled = self._request = None
+        self._compiled = self._requests = None
 
 
 class OpenvinoBf16Runner(OpenvinoRunner):
@@ -170,8 +185,8 @@ class OpenvinoBf16Runner(OpenvinoRunner):
     name = "openvino-bf16"
     computes_in = "bf16"
 
-    def __init__(self, model: str | os.PathLike | bytes, threads: int = 0):
-        super().__init__(model, precision_hint="bf16", threads=threads)
+    def __init__(self, model: str | os.PathLike | bytes, threads: int = 0, streams: int = 1):
+        super().__init__(model, precision_hint="bf16", threads=threads, streams=streams)
 
 
 def int8_saturates() -> bool:

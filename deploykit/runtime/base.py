@@ -71,6 +71,12 @@ class Runner:
         return self.name
 
     @property
+    def parallel_calls(self) -> int:
+        """How many ``infer`` calls this runner runs at once when called from that many threads
+        (its inference streams, ``deploykit.runtime.streams``); 1 for most runners."""
+        return 1
+
+    @property
     def details(self) -> dict:
         """What reports record about how this runner ran: ``provider``; engine runners add
         whether CUDA graphs were replayed."""
