@@ -1,4 +1,4 @@
-"""Runtime-fusion rewrites: the exported graph lets ONNX Runtime fuse GELU and the linear biases."""
+"""ONNX Runtime's rule set: the exported graph lets ONNX Runtime fuse GELU and the linear biases."""
 
 from collections import Counter
 from unittest import mock
@@ -10,9 +10,10 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from deploykit.export import onnx_from_model, rewrite
+from deploykit.export import onnx_from_model
 from deploykit.export.onnx_export import DEFAULT_OPSET
-from deploykit.export.rewrite import rewrite_for_runtimes
+from deploykit.graph import RuleSet
+from deploykit.graph.ort import ONNXRUNTIME
 from deploykit.nn import create_model
 from deploykit.runtime import OnnxrtRunner
 
@@ -51,7 +52,7 @@ def test_rewrite_keeps_values_and_block_scopes(model):
     proto = onnx_from_model(model, (64, 64))
     program = torch.onnx.export(model, (torch.zeros(2, 3, 64, 64),), dynamo=True, opset_version=DEFAULT_OPSET, optimize=True, verbose=False)
     plain = program.model_proto
-    assert rewrite_for_runtimes(ir.from_proto(plain)) == 2 + 2 * 4  # GELUs + 3-D linear layers (the head's is 2-D)
+    assert ONNXRUNTIME.apply(ir.from_proto(plain)) == 2 + 2 * 4  # GELUs + 3-D linear layers (the head's is 2-D)
     x = np.random.default_rng(0).standard_normal((2, 3, 64, 64)).astype(np.float32)
     with OnnxrtRunner(proto.SerializeToString()) as rewritten, OnnxrtRunner(plain.SerializeToString()) as original:
         a = rewritten.infer({rewritten.input_names()[0]: x})
@@ -72,13 +73,10 @@ def test_key_swap_is_one_transpose_and_keeps_every_bit(model):
     """torch.onnx swaps k's last two axes by flattening, a 3-D Transpose and a reshape back, with
     the shapes read from k at run time; the graph does it with one Transpose instead, and ONNX
     Runtime's outputs stay identical to the bit."""
-    original_rules = rewrite._rules
-
-    def without_key_swap():
-        return type(original_rules())([r for r in original_rules().rules if r.name != "KeySwapAsOneTranspose"])
+    without_key_swap = RuleSet("onnxruntime", lambda: [r for r in ONNXRUNTIME.rules() if r.name != "KeySwapAsOneTranspose"])
 
     proto = onnx_from_model(model, (64, 64))
-    with mock.patch.object(rewrite, "_rules", without_key_swap):
+    with mock.patch("deploykit.export.onnx_export.ONNXRUNTIME", without_key_swap):
         spelled_out = onnx_from_model(model, (64, 64))
     shapes = Counter(n.op_type for n in spelled_out.graph.node)["Shape"], Counter(n.op_type for n in proto.graph.node)["Shape"]
     assert shapes == (shapes[1] + 2, shapes[1])  # one shape read per block's attention is gone
