@@ -27,9 +27,10 @@ from deploykit.graph.rules import RuleSet, constant_ints, optional_input, plain_
 def _flattened_int8_linear(op, x, flat_shape, q_scale, q_zero, dq_scale, dq_zero, weight, back_shape):
     # ONNX Runtime's form of a quantized [B, N, K] linear: rows flattened to [B·N, K], a
     # per-tensor Q/DQ pair, one Gemm, and a reshape back to tokens.
-    rows = op.Reshape(x, flat_shape)
-    quantized = op.DequantizeLinear(op.QuantizeLinear(rows, q_scale, q_zero), dq_scale, dq_zero)
-    product = op.Gemm(quantized, weight, optional_input("bias"), _outputs=["product"])
+    rows = op.Reshape(x, flat_shape, _outputs=["rows"])
+    quantized = op.QuantizeLinear(rows, q_scale, q_zero, _outputs=["quantized"])
+    dequantized = op.DequantizeLinear(quantized, dq_scale, dq_zero, _outputs=["dequantized"])
+    product = op.Gemm(dequantized, weight, optional_input("bias"), _outputs=["product"])
     return op.Reshape(product, back_shape)
 
 
@@ -47,19 +48,29 @@ def _keeps_token_axis(context, x, flat_shape, q_scale, dq_scale, weight, back_sh
     )
 
 
-def _linear_with_token_axis(op, x, flat_shape, q_scale, q_zero, dq_scale, dq_zero, weight, back_shape, bias=None, **_):
+def _linear_with_token_axis(
+    op, x, flat_shape, q_scale, q_zero, dq_scale, dq_zero, weight, back_shape, rows, quantized, dequantized, product, bias=None, **_
+):
     # OpenVINO 2026.4's low-precision ``ReshapeTransformation`` moves a per-channel dequantization
     # through the reshape after the product as if channels were axis 1: with a dynamic batch and
     # more tokens than channels on a layer without bias it fails to compile (ViT-S at 384 px: 577
     # tokens, 384 channels), or with the tokens a whole multiple of the channels it scales tokens
     # by channel scales. As a MatMul over [B, N, K] the scale stays on the last axis; a reshape
-    # back to more axes (qkv's [B, N, 3, h, d]) keeps every axis before the channels.
+    # back to more axes (qkv's [B, N, 3, h, d]) keeps every axis before the channels. The tensors
+    # kept keep their names: a bf16 hint's fp32 marks are given by name.
     dims, back = static_dims(x), constant_ints(back_shape)
-    rows = x if len(dims) == 2 else op.Reshape(x, op.Constant(value_ints=[0, 0, math.prod(dims[1:])]))
-    out = op.MatMul(op.DequantizeLinear(op.QuantizeLinear(rows, q_scale, q_zero), dq_scale, dq_zero), weight)
+    tokens = x if len(dims) == 2 else _named(op.Reshape(x, op.Constant(value_ints=[0, 0, math.prod(dims[1:])])), rows)
+    tokens = _named(op.DequantizeLinear(_named(op.QuantizeLinear(tokens, q_scale, q_zero), quantized), dq_scale, dq_zero), dequantized)
+    out = op.MatMul(tokens, weight)
     if bias is not None:
         out = op.Add(out, bias)
-    return out if back == [-1, dims[0], _columns(weight)] else op.Reshape(out, back_shape)
+    return out if back == [-1, dims[0], _columns(weight)] else op.Reshape(_named(out, product), back_shape)
+
+
+def _named(value, like):
+    """``value`` under the name of the tensor it stands for."""
+    value.name = like.name
+    return value
 
 
 def _packed_qkv(op, x, weight, bias, shape):
@@ -107,7 +118,9 @@ def _three_products(op, x, weight, shape, product, form, bias=None, **_):
             out = op.MatMul(x, part_weight)
             out.producer().name = f"{tag}_part{i}"
             out = out if part_bias is None else op.Add(out, part_bias)
-        parts.append(op.Transpose(op.Reshape(out, per_part), perm=[0, 2, 1, 3]))
+        part = op.Transpose(op.Reshape(out, per_part), perm=[0, 2, 1, 3])
+        part.producer().name = f"{tag}_part{i}_heads"
+        parts.append(part)
     return tuple(parts)
 
 

@@ -383,12 +383,11 @@ def test_seven_bit_weights_keep_openvino_s_int8_products_from_saturating():
     exact products of the narrowed weights. On a VNNI CPU it runs the weights as exported, exactly."""
     from onnx import numpy_helper
 
-    from deploykit.backends.openvino import int8_saturates, weights_in_seven_bits
+    from deploykit.backends.openvino import int8_saturates
+    from deploykit.graph.openvino import prepare_for_openvino
 
     proto = flattened_int8_linear(tokens=10, features=8, channels=4, bias=False, weight_limit=127)
-    narrowed = onnx.ModelProto()
-    narrowed.CopyFrom(proto)
-    assert weights_in_seven_bits(narrowed) == 1 and weights_in_seven_bits(narrowed) == 0  # once: then within 7 bits
+    narrowed = prepare_for_openvino(proto, seven_bit_weights=True).proto  # how narrowing works: tests/graph
     x = np.random.default_rng(1).uniform(-6, 6, (2, 10, 8)).astype(np.float32)
 
     def exact(graph) -> np.ndarray:
