@@ -86,3 +86,53 @@ def test_key_swap_is_one_transpose_and_keeps_every_bit(model):
         a = rewritten.infer({rewritten.input_names()[0]: x})
         b = original.infer({original.input_names()[0]: x})
     np.testing.assert_array_equal(next(iter(a.values())), next(iter(b.values())))
+
+
+def _gelu_and_linear() -> onnx.ModelProto:
+    """GELU as torch.onnx writes it, then a [B, 4, 6] linear layer as MatMul + bias Add."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    constants = {
+        "sqrt2": np.array(np.sqrt(2.0), np.float32),
+        "one": np.array(1.0, np.float32),
+        "half": np.array(0.5, np.float32),
+        "w": rng.standard_normal((6, 3)).astype(np.float32),
+        "b": rng.standard_normal(3).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("Div", ["x", "sqrt2"], ["scaled"]),
+        helper.make_node("Erf", ["scaled"], ["erf"]),
+        helper.make_node("Add", ["erf", "one"], ["shifted"]),
+        helper.make_node("Mul", ["half", "shifted"], ["halved"]),
+        helper.make_node("Mul", ["x", "halved"], ["gelu"]),
+        helper.make_node("MatMul", ["gelu", "w"], ["product"]),
+        helper.make_node("Add", ["product", "b"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "gelu_linear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4, 3])],
+        [numpy_helper.from_array(value, name) for name, value in constants.items()],
+        # the exporter records shapes: the linear rule reads the static token and feature axes
+        value_info=[helper.make_tensor_value_info("gelu", TensorProto.FLOAT, ["batch", 4, 6])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_rule_set_respells_gelu_and_a_3d_linear_with_the_same_values():
+    proto = _gelu_and_linear()
+    model = ir.from_proto(proto)
+    assert ONNXRUNTIME.apply(model) == 2
+    rewritten = ir.to_proto(model)
+    ops = [n.op_type for n in rewritten.graph.node if n.op_type != "Constant"]
+    assert ops == ["Mul", "Div", "Erf", "Add", "Mul", "Reshape", "Gemm", "Reshape"]  # (x · 0.5) · (1 + erf(x/√2)), one Gemm
+    x = np.random.default_rng(1).standard_normal((2, 4, 6)).astype(np.float32)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    run = [
+        ort.InferenceSession(p.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        for p in (proto, rewritten)
+    ]
+    np.testing.assert_allclose(run[1], run[0], rtol=1e-6, atol=1e-6)
