@@ -2,20 +2,22 @@
 
 Each rule keeps the graph's values and changes only its spelling to the one a runtime runs
 best; node metadata (the exporter's name scopes that validation and quantization read) is carried
-to the replacement nodes by the rewriter. Torch-free: export applies ``ONNXRUNTIME`` before
-folding, the dynamic quantizer its rules before ONNX Runtime's quantizer reads the graph, and the
-OpenVINO runner ``prepare_for_openvino`` when it loads a graph.
+to the replacement nodes by the rewriter. Torch-free.
 
-=====================  =============================================  ==============================
-rule set               what it spells differently                     applied
-=====================  =============================================  ==============================
-``ONNXRUNTIME``        fusable GELU, 3-D linears as 2-D ``Gemm``,     at export (the file is the form
-                       the key transpose as one ``Transpose``         Triton's ONNX Runtime, TensorRT
-                                                                      and fingerprints read)
-``DYNAMIC_QUANTIZER``  selected ``Gemm`` as ``MatMul`` + ``Add``      before ``quantize_dynamic``
-``OPENVINO``           int8 linears with their token axis, packed     when OpenVINO loads a graph
-                       qkv as three products, 7-bit int8 weights
-=====================  =============================================  ==============================
+==============================================  ===========================================  ================================
+rule set                                        what it spells differently                   applied
+==============================================  ===========================================  ================================
+``ort.ONNXRUNTIME``                             fusable GELU, 3-D linears as 2-D ``Gemm``,   at export, before folding: the
+                                                the key transpose as one ``Transpose``       file is ONNX Runtime's form
+``dynamic_quantizer.dynamic_quantizer_rules``   the selected ``Gemm`` as ``MatMul`` + bias   before ONNX Runtime's
+                                                                                             ``quantize_dynamic`` reads it
+``openvino.TOKEN_AXIS``, ``THREE_PRODUCTS``     int8 linears over [B, N, K], packed qkv as   when the OpenVINO runner loads
+                                                three products (and 7-bit int8 weights)      a graph (``prepare_for_openvino``)
+==============================================  ===========================================  ================================
+
+ONNX Runtime's spelling is the exported file's because the file is also what Triton's ONNX
+Runtime backend loads as it is, what TensorRT parses, and what the export's fingerprints and
+int8 calibration hash; the other two take the linears back to their own spelling when they read it.
 """
 
 from deploykit.graph.rules import RuleSet
