@@ -92,6 +92,7 @@ def _packed_qkv(op, x, weight, bias, shape):
 
 
 def _splits_in_three(context, weight, shape, product, form, bias=None, **_) -> bool:
+    # Heads split from constant weights: a float weight, or an int8 one with per-channel scales.
     dims = constant_ints(shape)
     if dims is None or len(dims) != 5 or dims[2] != 3 or 0 in dims or min(dims[3:]) < 1 or not _no_allowzero(context):
         return False
@@ -110,14 +111,11 @@ def _three_products(op, x, weight, shape, product, form, bias=None, **_):
     tag = product.producer().name or product.name
     parts = []
     for i in range(3):
-        part_weight, part_bias = _third(op, weight, i), None if bias is None else _third(op, bias, i)
-        if form == "gemm":
-            out = op.Gemm(x, part_weight, *([part_bias] if part_bias is not None else []))
-            out.producer().name = f"{tag}_part{i}"
-        else:
-            out = op.MatMul(x, part_weight)
-            out.producer().name = f"{tag}_part{i}"
-            out = out if part_bias is None else op.Add(out, part_bias)
+        part_weight, part_bias = _third(op, weight, i), [] if bias is None else [_third(op, bias, i)]
+        out = op.Gemm(x, part_weight, *part_bias) if form == "gemm" else op.MatMul(x, part_weight)
+        out.producer().name = f"{tag}_part{i}"
+        if form != "gemm" and part_bias:
+            out = op.Add(out, *part_bias)
         part = op.Transpose(op.Reshape(out, per_part), perm=[0, 2, 1, 3])
         part.producer().name = f"{tag}_part{i}_heads"
         parts.append(part)
