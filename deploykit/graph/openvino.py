@@ -73,9 +73,9 @@ def _named(value, like):
     return value
 
 
-def _packed_qkv(op, x, weight, bias, shape):
+def _packed_qkv_part(op, x, weight, bias, shape, start, end):
     # timm's Attention as exported: one product to 3·h·d channels, reshaped to [B, N, 3, h, d],
-    # permuted to [3, B, h, N, d] and unbound into q, k and v.
+    # permuted to [3, B, h, N, d], and part ``start`` (q, k or v) taken by Slice + Squeeze.
     from onnxscript.rewriter import pattern
 
     product = pattern.OrValue(
@@ -88,38 +88,37 @@ def _packed_qkv(op, x, weight, bias, shape):
         tag_values=["gemm", "matmul", "matmul"],
     )
     heads = op.Transpose(op.Reshape(product, shape), perm=[2, 0, 3, 1, 4])
-    return tuple(op.Squeeze(op.Slice(heads, [i], [i + 1], [0]), [0]) for i in range(3))
+    return op.Squeeze(op.Slice(heads, start, end, [0]), [0])
 
 
-def _splits_in_three(context, weight, shape, product, form, bias=None, **_) -> bool:
+def _splits_in_three(context, weight, shape, product, form, start, end, bias=None, **_) -> bool:
     # Heads split from constant weights: a float weight, or an int8 one with per-channel scales.
-    dims = constant_ints(shape)
+    dims, first, last = constant_ints(shape), constant_ints(start), constant_ints(end)
     if dims is None or len(dims) != 5 or dims[2] != 3 or 0 in dims or min(dims[3:]) < 1 or not _no_allowzero(context):
         return False
     channels = 3 * dims[3] * dims[4]
     biased = bias is None or (_constant(bias) is not None and _constant(bias).shape == (channels,))
-    return biased and _weight_thirds_exist(weight, channels) and (form != "gemm" or plain_gemm(product.producer()))
+    part = first is not None and len(first) == 1 and first[0] in (0, 1, 2) and last == [first[0] + 1]
+    return part and biased and _weight_thirds_exist(weight, channels) and (form != "gemm" or plain_gemm(product.producer()))
 
 
-def _three_products(op, x, weight, shape, product, form, bias=None, **_):
+def _one_of_three_products(op, x, weight, shape, product, form, start, bias=None, **_):
     # OpenVINO 2026.4 runs the 5-D permute as a standalone Transpose (9-10% of ViT-S/16's time at
     # 384 px, batch 8) but folds a per-tensor [0, 2, 1, 3] transpose into its fused attention
     # (``benchmarks/openvino_qkv.py``). Each output channel is the same dot product over the same
-    # weights, and an int8 weight keeps its per-channel scales.
+    # weights, and an int8 weight keeps its per-channel scales. The packed product goes once its
+    # three parts are rewritten (the rule leaves matched nodes for ``prepare_for_openvino``'s sweep).
     batch, tokens, _, heads, width = constant_ints(shape)
-    per_part = op.Constant(value_ints=[batch, tokens, heads, width])
-    tag = product.producer().name or product.name
-    parts = []
-    for i in range(3):
-        part_weight, part_bias = _third(op, weight, i), [] if bias is None else [_third(op, bias, i)]
-        out = op.Gemm(x, part_weight, *part_bias) if form == "gemm" else op.MatMul(x, part_weight)
-        out.producer().name = f"{tag}_part{i}"
-        if form != "gemm" and part_bias:
-            out = op.Add(out, *part_bias)
-        part = op.Transpose(op.Reshape(out, per_part), perm=[0, 2, 1, 3])
-        part.producer().name = f"{tag}_part{i}_heads"
-        parts.append(part)
-    return tuple(parts)
+    (i,) = constant_ints(start)
+    tag = f"{product.producer().name or product.name}_part{i}"
+    part_weight, part_bias = _third(op, weight, i), [] if bias is None else [_third(op, bias, i)]
+    out = op.MatMul(x, part_weight) if form == "matmul" else op.Gemm(x, part_weight, *part_bias)
+    out.producer().name = tag
+    if form == "matmul" and part_bias:
+        out = op.Add(out, *part_bias)
+    part = op.Transpose(op.Reshape(out, op.Constant(value_ints=[batch, tokens, heads, width])), perm=[0, 2, 1, 3])
+    part.producer().name = f"{tag}_heads"
+    return part
 
 
 def _constant(value) -> np.ndarray | None:
@@ -175,7 +174,9 @@ def _token_axis_rules() -> list:
 def _three_products_rules() -> list:
     from onnxscript.rewriter import pattern
 
-    return [pattern.RewriteRule(_packed_qkv, _three_products, _splits_in_three, name="QkvAsThreeProducts")]
+    # Matched nodes stay (``remove_nodes=False``): q, k and v share the packed product, so each
+    # part is one match with one output, not one match with three (a search over node triples).
+    return [pattern.RewriteRule(_packed_qkv_part, _one_of_three_products, _splits_in_three, name="QkvAsThreeProducts", remove_nodes=False)]
 
 
 TOKEN_AXIS = RuleSet("openvino: int8 linear layers over [B, N, K]", _token_axis_rules)
@@ -243,7 +244,7 @@ def prepare_for_openvino(proto: onnx.ModelProto, seven_bit_weights: bool = False
     model = ir.from_proto(proto)
     rewritten = TOKEN_AXIS.apply(model)
     rewritten += THREE_PRODUCTS.apply(model)
-    if rewritten:  # what the rules replaced goes before the weights are counted
+    if rewritten:  # what the rules replaced goes (the packed qkv products too) before the weights are counted
         onnx_ir.passes.common.RemoveUnusedNodesPass()(model)
     narrowed = weights_in_seven_bits(model) if seven_bit_weights else 0
     if rewritten or narrowed:
