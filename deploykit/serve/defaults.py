@@ -43,3 +43,9 @@ BENCH_REQUESTS = 256
 BENCH_BACKEND = RUNNER
 BENCH_CLIENT = "auto"
 BENCH_CLIENTS = ("auto", "perf_analyzer", "builtin")
+# The open loop (--rate): Poisson arrivals as AIPerf's default, seeded; at most this many
+# unanswered requests (perf_analyzer's --max-threads plays that part), so a slow server cannot
+# exhaust the client.
+BENCH_SCHEDULE = "poisson"
+BENCH_SCHEDULES = ("poisson", "constant")
+BENCH_MAX_OUTSTANDING = 64
