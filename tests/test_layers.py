@@ -47,6 +47,9 @@ LAYERS = [
     # The table of the papers' importers (``deploykit import gridpe|mope|wepe``): torch-free, so the
     # CLI builds its commands from it; each entry names its converter in nn, which imports nothing from here.
     ("importers", ("deploykit.importers",)),
+    # Graph rewrites, torch-free (onnx_ir, onnxscript's rewriter): one rule set per runtime. Below
+    # the runners that apply theirs when they load a graph and the export that applies ONNX Runtime's.
+    ("graph", ("deploykit.graph",)),
     # Running graphs, torch-free: the Runner interface, batched runs, ONNX Runtime's runners.
     # Below export, whose checks (calibration fallback, plan check) run graphs through it.
     ("runtime", ("deploykit.runtime",)),
