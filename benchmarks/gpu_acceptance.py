@@ -375,16 +375,17 @@ def cuda_graph_check(out: Path, flavour: str):
 
 
 def profile_check(out: Path, flavour: str, cuda_graphs: bool, budget_s: float):
-    from deploykit import profile as prof
+    from deploykit.profile import Budget, Subject
+    from deploykit.profile import profile as run_profile
 
     def check():
-        subject = prof.Subject.from_export_dir(out)
-        report = prof.profile(
+        subject = Subject.from_export_dir(out)
+        report = run_profile(
             subject,
             resolutions=list(subject.graphs),
             batches=[1, 8],
             backends=[flavour],
-            budget=prof.Budget(duration_s=budget_s),
+            budget=Budget(duration_s=budget_s),
             cuda_graphs=cuda_graphs,
         )
         rows = [

@@ -5,7 +5,7 @@
 
 deploykit's graphs compute qkv as one product, reshaped to ``[B, N, 3, h, d]`` and permuted to
 ``[3, B, h, N, d]``; OpenVINO runs that permute on its own. ``openvino_source`` hands OpenVINO
-three products instead (``qkv_as_three_products``), whose per-tensor transposes it folds into its
+three products instead (``deploykit.graph.openvino.THREE_PRODUCTS``), whose per-tensor transposes it folds into its
 attention kernel. Two variants of every OpenVINO lane (f32 hint, OpenVINO's default, bf16 hint)
 on the same plan, the same real inputs, interleaved round by round: ``three products`` (the
 runner as it is) and ``packed`` (the same runner with the rewrite switched off). Recorded: each
@@ -26,13 +26,14 @@ import numpy as np
 import torch
 from results_file import write_results
 
-import deploykit.backends.openvino as openvino_backend
+import deploykit.graph.openvino as openvino_rules
 from deploykit.backends.openvino import OpenvinoBf16Runner, OpenvinoRunner
 from deploykit.backends.registry import available_backends
 from deploykit.data import validation_inputs
 from deploykit.export import onnx_from_model
 from deploykit.export.bundle import planned_graphs
 from deploykit.export.int8_static import CalibrationOptions
+from deploykit.graph import RuleSet
 from deploykit.nn import create_model
 from deploykit.profile.timing import Budget, LatencyStats, measure
 from deploykit.zoo.resolve import resolve_model
@@ -49,7 +50,7 @@ LANES = {
 def _activated(factory, graph: bytes, packed: bool):
     runner = factory(graph)
     if packed:  # the runner as it was: OpenVINO reads qkv as one product and the 5-D permute
-        with mock.patch.object(openvino_backend, "qkv_as_three_products", lambda proto: 0):
+        with mock.patch.object(openvino_rules, "THREE_PRODUCTS", RuleSet("packed qkv", list)):
             runner.activate()
     else:
         runner.activate()

@@ -25,7 +25,7 @@ from deploykit.export import export
 from deploykit.nn import create_model
 from deploykit.profile.environment import capture_environment
 from deploykit.serve import Pipeline
-from deploykit.serve.bench import run_level
+from deploykit.serve.bench.loadgen import Concurrency
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -60,10 +60,10 @@ def main() -> None:
                 stats = {name: [] for name in pipes}
                 for _ in range(args.rounds):
                     for name, pipe in pipes.items():
-                        run_level(pipe.logits, inputs[: 2 * concurrency], concurrency)  # untimed: pools settle
-                        stats[name].append(run_level(pipe.logits, inputs, concurrency))
+                        Concurrency(concurrency).run(pipe.logits, inputs[: 2 * concurrency], "warm-up")  # untimed: pools settle
+                        stats[name].append(Concurrency(concurrency).run(pipe.logits, inputs, "in-process"))
                 median = {
-                    name: {k: float(np.median([s[k] for s in runs])) for k in ("throughput_rps", "p50_ms", "p99_ms")}
+                    name: {k: float(np.median([getattr(s, k) for s in runs])) for k in ("throughput_rps", "p50_ms", "p99_ms")}
                     for name, runs in stats.items()
                 }
                 ratio = median["concurrent"]["throughput_rps"] / median["locked"]["throughput_rps"]

@@ -92,7 +92,7 @@ def cli():
 )
 def export(encoding, model_name, checkpoint, resolutions, output, opset, precisions, resolution_range, options, force, **int8):
     """Export a model to one ONNX graph per resolution, tables baked in, graph linted."""
-    from deploykit.export import export as export_model
+    from deploykit.api import export as export_model
     from deploykit.profile.choice import CPU_SPEED_PLANS, plans_slower_than_float
     from deploykit.zoo.resolve import resolve_model
 
@@ -101,16 +101,16 @@ def export(encoding, model_name, checkpoint, resolutions, output, opset, precisi
     with render.steps(console, "export") as step:
         manifest = export_model(
             model,
-            resolutions or ([] if resolution_range else [model.default_shape]),
             output,
-            opset=export_defaults.DEFAULT_OPSET if opset is None else opset,
+            resolutions=resolutions or None,  # None: the model's own, unless a range is given
+            opset=opset,
             precisions=precisions,  # fp32 is always written; these go beside it
             source=source,
             progress=step,
             resolution_range=resolution_range,
             calibration=_calibration(**int8),
             force=force,
-        )
+        ).manifest
     render.exported(console, output, manifest)
     if any(p in CPU_SPEED_PLANS for p in precisions):
         with render.steps(console, "export") as step:
@@ -174,14 +174,12 @@ def validate(
 ):
     """Compare exported graphs with the PyTorch float64 reference; exit 1 on failure."""
     from deploykit._io import check_file_destination, write_output_json
+    from deploykit.api import validate as run_validation
     from deploykit.backends.plugins import Plugins
-    from deploykit.inputs import read_inputs
-    from deploykit.validate import validate as run_validation
 
     console = render.console()
     if report:
         check_file_destination(report)  # before the work, not after it
-    data = read_inputs(inputs_path) if inputs_path else None
     with render.steps(console, "validate") as step:
         result = run_validation(
             export_dir,
@@ -189,8 +187,8 @@ def validate(
             backends=backends,
             precision=precision,
             num_random=num_random,
-            num_real=num_real if num_real is not None else (len(data) if data else VALIDATION_REAL),
-            inputs=data,
+            num_real=num_real,  # None: every input given, else the bundled set (deploykit.api.validate)
+            inputs=inputs_path,
             seed=seed,
             progress=step,
             plugins=Plugins.resolve(plugin_specs) if plugin_specs else None,
@@ -319,13 +317,15 @@ def profile(
     **settings,
 ):
     """Latency per backend × encoding × resolution × batch, and the encoding's cost against APE."""
-    from deploykit import profile as prof
     from deploykit._io import check_file_destination
     from deploykit._lazy import lazy_import
     from deploykit.backends.plugins import Plugins
     from deploykit.errors import ConfigError
+    from deploykit.profile import Budget, Subject
+    from deploykit.profile import profile as run_profile
     from deploykit.profile.choice import write_choice
     from deploykit.profile.output import plot_latency, write_csv
+    from deploykit.profile.streams import with_measured_streams
     from deploykit.zoo.resolve import resolve_model
 
     console = render.console()
@@ -337,17 +337,17 @@ def profile(
         lazy_import("matplotlib")
     if export_dir:
         # Every plan it holds unless told: the choice serve takes is the fastest of those timed.
-        subject, label = prof.Subject.from_export_dir(export_dir, precisions or None), str(export_dir)
+        subject, label = Subject.from_export_dir(export_dir, precisions or None), str(export_dir)
     else:
         model, label = resolve_model(checkpoint=checkpoint, encoding=encoding, model_name=model_name)
-        subject = prof.Subject(model)
+        subject = Subject(model)
     with render.steps(console, "profile") as step:
-        report = prof.profile(
+        report = run_profile(
             subject,
             resolutions=list(resolutions) or subject.resolutions or [subject.model.default_shape],
             batches=list(batches),
             backends=[b.strip() for value in backends for b in value.split(",")],
-            budget=prof.Budget(duration_s=duration, iterations=iterations, warmup=warmup, rounds=rounds),
+            budget=Budget(duration_s=duration, iterations=iterations, warmup=warmup, rounds=rounds),
             precisions=precisions or subject.precisions or ("fp32",),
             compare_ape=not no_ape_baseline,
             end_to_end=not no_end_to_end,
@@ -359,6 +359,8 @@ def profile(
         )
     render.profiled(console, report, title=f"deploykit profile: {label}")
     if export_dir and (written := write_choice(export_dir, report.records, subject.encoding, subject.graph_hashes())):
+        with render.steps(console, "profile") as step:
+            with_measured_streams(export_dir, step)  # throughput mode: the streams each chosen plan is served with
         render.wrote(console, written, "deploykit serve takes each resolution's fastest validated plan from it")
     writers = (
         (json_path, report.write_json),

@@ -143,15 +143,32 @@ def serving_on_ray(out, backends: Iterable[str], host: str, port: int) -> None:
 
 
 def bench(report) -> None:
-    """One stdout line per concurrency level of a ``BenchReport``."""
-    for level in report.summary():
+    """Per level of a ``BenchReport``: one stdout line for both sides, then one line per Triton
+    model (its share of the served time), then the p99 searches."""
+    for level in report.levels:
         local, served = level.in_process, level.served
+        batch = "" if level.mean_merged_batch is None else f", mean merged batch {level.mean_merged_batch:.1f}"
+        open_loop = f", dropped {served.dropped}, late {served.late}" if level.load.kind == "rate" else ""
         click.echo(
-            f"concurrency {level.concurrency:>3}: in-process {local.throughput_rps:.1f} req/s, p50 {local.p50_ms:.2f} ms, "
+            f"{level.load.label()}: in-process {local.throughput_rps:.1f} req/s, p50 {local.p50_ms:.2f} ms, "
             f"p99 {local.p99_ms:.2f} ms | served {served.throughput_rps:.1f} req/s, p50 {served.p50_ms:.2f} ms, "
-            f"p99 {served.p99_ms:.2f} ms, mean merged batch {level.mean_merged_batch:.1f} | "
-            f"served/in-process {level.served_vs_in_process:.2f}"
+            f"p99 {served.p99_ms:.2f} ms{batch}{open_loop} | served/in-process {level.served_vs_in_process:.2f}"
         )
+        for m in level.models:
+            click.echo(
+                f"    triton {m.model}: {m.requests} requests in {m.executions} executions (mean batch {m.mean_batch:.1f}); "
+                f"per request: queue {m.queue_ms:.2f} ms, input {m.compute_input_ms:.2f} ms, "
+                f"infer {m.compute_infer_ms:.2f} ms, output {m.compute_output_ms:.2f} ms"
+            )
+    for search in report.searches:
+        side = search.side.replace("_", "-")
+        found = search.result.best
+        answer = (
+            f"none: p99 beyond {search.result.limit_ms:g} ms at the lowest {search.kind}"
+            if found is None
+            else f"{search.kind} {found:g} ({search.best_throughput_rps:.1f} req/s)"
+        )
+        click.echo(f"largest {search.kind} with p99 <= {search.result.limit_ms:g} ms, {side}: {answer}")
 
 
 def repository(out, repo: Path) -> None:

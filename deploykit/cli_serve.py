@@ -20,6 +20,7 @@ from deploykit.cli_options import (
     json_option,
     output_option,
     parse_counts,
+    path_option,
     plugins_option,
     precision_option,
     verbosity,
@@ -42,6 +43,13 @@ __all__ = ["package", "serve", "serve_bench"]
     "[default: fp32, or on a CPU the fastest validated plan deploykit profile chose for the directory]."
 )
 @defaulted("--top-k", default=serve_defaults.TOP_K, help="Classes returned per image.")
+@click.option(
+    "--streams",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Inference streams of the CPU runners (ONNX Runtime, OpenVINO), each serving one request at a time in parallel "
+    "[default: what deploykit profile measured for its choice, else 1].",
+)
 @image_limit_options
 @defaulted(
     "--max-request-bytes",
@@ -109,7 +117,29 @@ def _serve_triton(export_dir, limits, *, port, drain_timeout, **settings):
     "--concurrency",
     multiple=True,
     default=(",".join(map(str, serve_defaults.BENCH_CONCURRENCY)),),
-    help="Levels, comma-separated or repeated.",
+    help="Closed-loop levels, comma-separated or repeated (not run by default when --rate is given).",
+)
+@click.option(
+    "--rate", "rates", multiple=True, help="Open-loop levels in requests/s, comma-separated or repeated: sent on schedule, answered or not."
+)
+@defaulted(
+    "--schedule",
+    type=click.Choice(serve_defaults.BENCH_SCHEDULES),
+    default=serve_defaults.BENCH_SCHEDULE,
+    help="The open loop's send times.",
+)
+@defaulted("--seed", default=0, help="Seed of the Poisson schedule.")
+@defaulted(
+    "--max-outstanding",
+    type=click.IntRange(min=1),
+    default=serve_defaults.BENCH_MAX_OUTSTANDING,
+    help="Open loop: most unanswered requests; one due beyond that is dropped and counted.",
+)
+@click.option(
+    "--p99-ms",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Also search, per side, the largest rate (or concurrency without --rate) whose p99 stays within this many ms.",
 )
 @defaulted("--requests", default=serve_defaults.BENCH_REQUESTS, help="Requests per level and side.")
 @click.option("--resolution", "-r", type=Resolution(), default=None, help="Exported resolution to load (default: the first).")
@@ -121,21 +151,44 @@ def _serve_triton(export_dir, limits, *, port, drain_timeout, **settings):
     default=serve_defaults.BENCH_CLIENT,
     help="Load generator of the served side: Triton's perf_analyzer when installed, else our own.",
 )
+@click.option("--ray", is_flag=True, help="Measure serve --ray (Ray Serve, one PNG per HTTP request) instead of Triton.")
+@defaulted("--replicas", default=serve_defaults.RAY_REPLICAS, help="Ray Serve replicas (with --ray).")
 @json_option()
-def serve_bench(export_dir, concurrency, json_path, **settings):
-    """Served (Triton, dynamic batching) vs in-process throughput and p50/p99 latency per concurrency."""
+@path_option("--aiperf", "aiperf_dir", default=None, help="Directory for AIPerf's profile_export_aiperf.json/.csv, per side and level.")
+@path_option("--plot", "plot_path", default=None, help="Throughput against p50/p99 latency PNG (needs matplotlib).")
+@click.pass_context
+def serve_bench(ctx, export_dir, concurrency, rates, json_path, aiperf_dir, plot_path, **settings):
+    """Served (Triton, dynamic batching, or Ray Serve) vs in-process throughput and p50/p99 latency
+    per concurrency (closed loop) and per request rate (open loop)."""
+    from click.core import ParameterSource
+
     from deploykit._io import check_file_destination
+    from deploykit._lazy import lazy_import
     from deploykit.serve.bench import BenchOptions, bench_serving
+    from deploykit.serve.bench.aiperf import check_aiperf_dir, write_aiperf
+    from deploykit.serve.bench.plot import plot_bench
 
     console = render.console()
-    if json_path:
-        check_file_destination(json_path)  # before the benchmark, not after it
-    options = BenchOptions(concurrency=tuple(parse_counts(concurrency, "concurrency")), **settings)
+    for path in filter(None, (json_path, plot_path)):  # before the benchmark, not after it
+        check_file_destination(path)
+    if aiperf_dir:
+        check_aiperf_dir(aiperf_dir)
+    if plot_path:
+        lazy_import("matplotlib")
+    if rates and ctx.get_parameter_source("concurrency") is ParameterSource.DEFAULT:
+        concurrency = ()
+    options = BenchOptions(
+        concurrency=tuple(parse_counts(concurrency, "concurrency")), rates=tuple(map(float, parse_counts(rates, "rate"))), **settings
+    )
     with render.steps(console, "serve-bench") as step:
         report = bench_serving(export_dir, options, progress=step)
     render.bench(report)
     if json_path:
         render.wrote(console, report.write_json(json_path))
+    if aiperf_dir:
+        render.wrote(console, write_aiperf(report, aiperf_dir))
+    if plot_path:
+        render.wrote(console, plot_bench(report, plot_path))
 
 
 @click.group(cls=Group)

@@ -108,7 +108,8 @@ def _openvino_read(path: Path) -> dict:
 
     if not is_available("openvino"):
         return {"read": None, "note": "openvino is not installed (pip install 'deploykit[openvino]')"}
-    from deploykit.backends.openvino import keep_fp32, openvino_source
+    from deploykit.backends.openvino import openvino_source
+    from deploykit.backends.openvino_marks import keep_fp32
 
     try:
         source = openvino_source(path, "bf16")

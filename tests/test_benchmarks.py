@@ -84,3 +84,14 @@ def test_serve_hostile_checks_every_valid_answer_under_every_hostile_kind(tmp_pa
     bound = result["bound"]
     assert bound["bound_ms"] == pytest.approx(bound["quiet_p99_ms"] + bound["K"] * bound["T_ms"], abs=0.2)
     assert bound["answers_equal"] and bound["K"] == result["server"]["classify_instances"] >= 1 and result["environment_line"]
+
+
+@pytest.mark.slow
+def test_serve_overhead_splits_a_served_request_into_its_layers(tmp_path):
+    pytest.importorskip("pytriton", reason="needs the serve extra")
+    _run("serve_overhead.py", "--output", str(tmp_path / "r.json"))
+    result = json.loads((tmp_path / "r.json").read_text())
+    layers = result["layers_ms"]
+    assert {"front", "Triton queue", "PyTriton hop", "runner (served)"} <= set(layers), sorted(layers)
+    assert layers["runner (served)"] > 0 and result["client_via_front_ms"] > layers["runner (served)"]
+    assert result["triton_ms"]["requests"] == 31 and result["environment_line"]  # 30 timed, 1 warm-up

@@ -47,10 +47,13 @@ LAYERS = [
     # The table of the papers' importers (``deploykit import gridpe|mope|wepe``): torch-free, so the
     # CLI builds its commands from it; each entry names its converter in nn, which imports nothing from here.
     ("importers", ("deploykit.importers",)),
-    # Running graphs, torch-free: the Runner interface and batched runs, ONNX Runtime's runners.
-    # In the backends' folder with every other runner, but below export, whose checks
-    # (calibration fallback, plan check) run graphs through them.
-    ("runners", ("deploykit.backends.base", "deploykit.backends.onnxrt")),
+    # Graph rewrites, torch-free (onnx_ir, onnxscript's rewriter): one rule set per runtime. Below
+    # the runners that apply theirs when they load a graph and the export that applies ONNX Runtime's.
+    ("graph", ("deploykit.graph",)),
+    # Running graphs, torch-free: the Runner interface and batched runs, ONNX Runtime's runners and
+    # their inference streams. In the backends' folder with every other runner, but below export,
+    # whose checks (calibration fallback, plan check) run graphs through them.
+    ("runners", ("deploykit.backends.base", "deploykit.backends.onnxrt", "deploykit.backends.streams")),
     ("export", ("deploykit.export",)),
     ("backends", ("deploykit.backends",)),
     # What uses exported graphs and runners: checks, engines, timing (with what a timing ran on,
@@ -67,12 +70,14 @@ LAYERS = [
         ),
     ),
     ("serve", ("deploykit.serve",)),
+    # ``import deploykit``'s workflow: one thin function per step, over every layer below.
+    ("api", ("deploykit.api",)),
     # The command, what its commands share (option types and groups, -q/-v, the error line) and
     # what they print.
     ("cli", ("deploykit.cli", "deploykit.cli_options", "deploykit.cli_render", "deploykit.cli_serve", "deploykit.__main__")),
 ]
-# The package root only holds ``__version__`` and the facade ``deploykit.load`` (imported on
-# first use): anything may import it, and its lazy import of the pipeline is the public API.
+# The package root only holds ``__version__`` and the facade of ``deploykit.api``'s names (imported
+# on first use): anything may import it, and its lazy import of the workflow is the public API.
 ROOT = "deploykit"
 
 

@@ -6,6 +6,7 @@ preprocessing is not deploykit's default."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import io
 import json
@@ -17,7 +18,6 @@ import pytest
 import torch
 
 import deploykit
-import deploykit.validate
 from deploykit import imaging
 from deploykit.export import export, int8_static
 from deploykit.export.int8_static import CalibrationOptions
@@ -25,6 +25,9 @@ from deploykit.inputs import UserCalibration, read_inputs
 from deploykit.nn import create_model
 from deploykit.validate import validate
 from tests.serve.serve_reference import torch_preprocess
+
+# ``deploykit.validate`` is the step function; the module is imported by its full name.
+validate_module = importlib.import_module("deploykit.validate")
 
 PIL = pytest.importorskip("PIL.Image", reason="pillow comes with the images extra")
 SETTINGS = dict(crop_pct=0.95, crop_mode="squash", interpolation="bilinear", mean=(0.5, 0.4, 0.3), std=(0.2, 0.25, 0.3))
@@ -76,9 +79,9 @@ def test_calibration_validation_and_serving_see_the_same_tensor(exported, image_
     np.testing.assert_allclose(calibrated[0], expected, rtol=0, atol=1e-6)
 
     real_inputs = []
-    original = deploykit.validate.validation_inputs
+    original = validate_module.validation_inputs
     monkeypatch.setattr(
-        deploykit.validate, "validation_inputs", lambda *a, real=None, **k: real_inputs.append(real) or original(*a, real=real, **k)
+        validate_module, "validation_inputs", lambda *a, real=None, **k: real_inputs.append(real) or original(*a, real=real, **k)
     )
     report = validate(out, precision="int8", num_random=1, num_real=2, inputs=read_inputs(folder))
     assert report and report.records[0].inputs["count"] == 2

@@ -252,12 +252,12 @@ class _PlanTimer:
 def test_export_says_in_one_line_where_a_cpu_plan_is_slower_than_fp32(capsys, ckpt_dir, tmp_path, monkeypatch):
     """The export command times its CPU plans against fp32 after writing them (the clock replaced,
     the graphs run): a plan 1.5x slower gets one note; at equal times nothing is said."""
-    import deploykit.profile.timing
+    from deploykit.profile import timing
     from deploykit.profile.choice import plans_slower_than_float
     from tests.test_cli import run_cli
 
     slow = _PlanTimer(1.5)
-    monkeypatch.setattr(deploykit.profile.timing, "CpuTimer", lambda: slow)
+    monkeypatch.setattr(timing, "CpuTimer", lambda: slow)
     out = tmp_path / "out"
     code, _, err = run_cli(
         capsys,

@@ -1,5 +1,5 @@
 """ruff (lint and format, configured in pyproject.toml) is clean on the package, its plugins, the tests and
-the benchmarks; the test command runs it, so a style regression fails CI with ruff's own report."""
+the benchmarks, the examples and the docs hooks; the test command runs it, so a style regression fails CI with ruff's own report."""
 
 import subprocess
 import sys
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PATHS = ["deploykit", "plugins", "tests", "benchmarks"]
+PATHS = ["deploykit", "plugins", "tests", "benchmarks", "examples", "docs/hooks.py"]
 
 
 @pytest.mark.parametrize("command", [["check"], ["format", "--check"]], ids=["lint", "format"])

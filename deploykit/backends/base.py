@@ -68,10 +68,12 @@ class NodePlacement:
 
 @dataclass(frozen=True)
 class CpuPrecision:
-    """What a runner that takes a precision hint (OpenVINO) computed float ops in.
+    """What a runner that takes a precision hint (OpenVINO) computed float ops in, and on how
+    many inference streams.
 
     Attributes:
         hint: the precision the hint resolved to (``f32``, ``bf16``).
+        streams: its inference streams (``NUM_STREAMS``).
         computes_in: the plan it lowers a graph's float remainder to itself (None: as written).
         kept_fp32: nodes marked to stay in f32 under a bf16 hint.
         lowered_despite_mark: layer type -> compiled nodes running an encoding op below f32
@@ -81,6 +83,7 @@ class CpuPrecision:
     """
 
     hint: str
+    streams: int
     computes_in: str | None
     kept_fp32: int
     lowered_despite_mark: dict[str, int]
@@ -90,6 +93,7 @@ class CpuPrecision:
     def to_dict(self) -> dict:
         return {
             "precision_hint": self.hint,
+            "streams": self.streams,
             "computes_in": self.computes_in,
             "kept_fp32": self.kept_fp32,
             "lowered_despite_mark": dict(self.lowered_despite_mark),
@@ -178,6 +182,12 @@ class Runner:
         """What executes the model (ONNX Runtime's execution provider, the TensorRT flavour and
         version, ...), for reports; meaningful once active."""
         return self.name
+
+    @property
+    def parallel_calls(self) -> int:
+        """How many ``infer`` calls this runner runs at once when called from that many threads
+        (its inference streams, ``deploykit.backends.streams``); 1 for most runners."""
+        return 1
 
     @property
     def info(self) -> RunInfo:

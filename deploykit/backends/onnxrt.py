@@ -15,6 +15,7 @@ but an int64 shape, naming them, unless ``allow_cpu_fallback``. ``placement`` (a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -26,6 +27,7 @@ import numpy as np
 
 from deploykit._cpu import denormal_mode_kept, denormals_flushed
 from deploykit.backends.base import NodePlacement, Placement, RunInfo, Runner, run_rows
+from deploykit.backends.streams import ExecutorPool, check_streams, threads_per_stream
 from deploykit.errors import DeployKitError, listed, one_line
 
 CPU = "CPUExecutionProvider"
@@ -120,6 +122,9 @@ class OnnxrtRunner(Runner):
         range_low: the smallest ``(height, width)`` of a resolution-range graph, whose height and
             width are symbolic: where ``zero_feed`` (and ort-cuda's placement probe) run it. Only
             the export's metadata says it; the backends' registry reads it there.
+        streams: sessions of the graph, each with this machine's cores split between them
+            (``intra_op_threads`` each, unless set), so that concurrent calls run in parallel
+            instead of sharing one thread pool (``deploykit.backends.streams``).
     """
 
     name = "ort"
@@ -133,28 +138,41 @@ class OnnxrtRunner(Runner):
         providers: Sequence[str] | None = None,
         intra_op_threads: int = 0,
         range_low: tuple[int, ...] | None = None,
+        streams: int = 1,
     ):
         super().__init__()
         self.model = model
         self.providers = list(providers) if providers else None
-        self.intra_op_threads = intra_op_threads
+        self.streams = check_streams(streams)
+        self.intra_op_threads = intra_op_threads or (threads_per_stream(streams) if streams > 1 else 0)
         self.range_low = tuple(range_low) if range_low else None
-        self._session = None
+        self._session = self._sessions = None
 
     def _activate(self, options=None) -> None:
-        import onnxruntime as ort
-
         source = self.model if isinstance(self.model, bytes) else str(self.model)
         try:
-            with denormal_mode_kept():
-                self._session = ort.InferenceSession(
-                    source, sess_options=options or session_options(self.intra_op_threads), providers=self.providers or default_providers()
-                )
+            self._session = self._new_session(source, options)
+            # the other streams' sessions: the same graph and options, a thread pool each
+            extra = [self._new_session(source, options) for _ in range(self.streams - 1)]
         except Exception as err:  # ORT raises its own Fail/InvalidGraph/NoSuchFile types
             raise DeployKitError(f"onnxruntime cannot load {self._label()}: {str(err).splitlines()[0]}") from err
+        self._sessions = ExecutorPool([self._session, *extra]) if extra else None
+        self._outputs = [o.name for o in self._session.get_outputs()]
+
+    def _new_session(self, source, options):
+        import onnxruntime as ort
+
+        with denormal_mode_kept():
+            return ort.InferenceSession(
+                source, sess_options=options or session_options(self.intra_op_threads), providers=self.providers or default_providers()
+            )
 
     def _label(self) -> str:
         return "model bytes" if isinstance(self.model, bytes) else str(self.model)
+
+    @property
+    def parallel_calls(self) -> int:
+        return self._sessions.size if self._sessions else 1
 
     def input_names(self) -> list[str]:
         return [i.name for i in self._session.get_inputs()] if self._session else super().input_names()
@@ -173,14 +191,17 @@ class OnnxrtRunner(Runner):
         return [o.name for o in self._session.get_outputs()]
 
     def _infer(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        names = self.output_names()
+        names = self._outputs
         feed = {k: np.ascontiguousarray(v) for k, v in feed.items()}
-        with denormals_flushed():  # the calling thread runs part of every kernel (session_options)
-            outputs = self._session.run(names, feed)
+        # One session is thread-safe (callers need no lock), but concurrent calls on it share its
+        # thread pool; with streams, each call takes a session of its own.
+        with self._sessions.take() if self._sessions else contextlib.nullcontext(self._session) as session:
+            with denormals_flushed():  # the calling thread runs part of every kernel (session_options)
+                outputs = session.run(names, feed)
         return dict(zip(names, outputs))
 
     def _deactivate(self) -> None:
-        self._session = None
+        self._session = self._sessions = None
 
 
 class OnnxrtCudaRunner(OnnxrtRunner):

@@ -35,11 +35,13 @@ class RunnerOptions:
             plugin packages its fingerprint names.
         cuda_graph: for engine backends, replay CUDA graphs where the engine allows it.
         allow_cpu_fallback: for ``ort-cuda``, accept nodes ONNX Runtime runs on the CPU.
+        streams: for the backends that have them (``Backend.streams``), the inference streams.
     """
 
     plugins: Plugins | None = None
     cuda_graph: bool = False
     allow_cpu_fallback: bool = False
+    streams: int = 1
 
 
 def check_backend(name: str, choices: list[str] | None = None) -> str:
@@ -68,18 +70,19 @@ def create_runner(
     plugins: Plugins | None = None,
     cuda_graph: bool = False,
     allow_cpu_fallback: bool = False,
+    streams: int = 1,
 ) -> Runner:
     """The runner for ``backend`` on one exported graph (not yet activated).
 
     Args:
         backend: a graph or engine backend of the table.
         onnx_path: the exported graph (an engine backend runs the engine built beside it).
-        plugins, cuda_graph, allow_cpu_fallback: as ``RunnerOptions``.
+        plugins, cuda_graph, allow_cpu_fallback, streams: as ``RunnerOptions``.
 
     Raises:
         ConfigError: unknown backend name.
     """
-    options = RunnerOptions(plugins, cuda_graph, allow_cpu_fallback)
+    options = RunnerOptions(plugins, cuda_graph, allow_cpu_fallback, streams)
     found = _descriptor(backend)
     return table.resolve(found.runner)(found, onnx_path, options)
 
@@ -111,7 +114,7 @@ def range_low(onnx_path: str | os.PathLike) -> tuple[int, ...] | None:
 def onnxrt_runner(backend: table.Backend, onnx_path, options: RunnerOptions) -> Runner:
     from deploykit.backends.onnxrt import OnnxrtRunner
 
-    return OnnxrtRunner(onnx_path, range_low=range_low(onnx_path))
+    return OnnxrtRunner(onnx_path, range_low=range_low(onnx_path), streams=options.streams)
 
 
 def onnxrt_bisect_runner(backend: table.Backend, onnx_path, marked: bytes, options: RunnerOptions) -> Runner:
@@ -134,7 +137,7 @@ def onnxrt_cuda_bisect_runner(backend: table.Backend, onnx_path, marked: bytes, 
 
 
 def openvino_runner(backend: table.Backend, onnx_path, options: RunnerOptions) -> Runner:
-    return OpenvinoRunner(onnx_path)
+    return OpenvinoRunner(onnx_path, streams=options.streams)
 
 
 def openvino_bisect_runner(backend: table.Backend, onnx_path, marked: bytes, options: RunnerOptions) -> Runner:
@@ -142,7 +145,7 @@ def openvino_bisect_runner(backend: table.Backend, onnx_path, marked: bytes, opt
 
 
 def openvino_bf16_runner(backend: table.Backend, onnx_path, options: RunnerOptions) -> Runner:
-    return OpenvinoBf16Runner(onnx_path)
+    return OpenvinoBf16Runner(onnx_path, streams=options.streams)
 
 
 def openvino_bf16_bisect_runner(backend: table.Backend, onnx_path, marked: bytes, options: RunnerOptions) -> Runner:

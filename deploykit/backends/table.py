@@ -125,6 +125,8 @@ class Backend:
         auto_rank: its place in ``auto``'s order (lowest first); None: ``auto`` never takes it.
         everywhere: the runner every machine has: ``validate``'s default and the baseline
             ``profile``'s ratios are taken against.
+        streams: its runner runs several calls at once on inference streams when asked
+            (``deploykit.backends.streams``), which ``profile`` measures and ``serve`` takes.
     """
 
     name: str
@@ -136,6 +138,7 @@ class Backend:
     flavour: Flavour | None = None
     auto_rank: int | None = None
     everywhere: bool = False
+    streams: bool = False
 
     def why_unavailable(self) -> str | None:
         """Why this backend cannot run here (a missing package, no GPU, a GPU it does not
@@ -169,6 +172,7 @@ BACKENDS: tuple[Backend, ...] = (
         bisect=f"{_REGISTRY}:onnxrt_bisect_runner",
         auto_rank=2,
         everywhere=True,
+        streams=True,
     ),
     Backend(
         "ort-cuda",
@@ -185,6 +189,7 @@ BACKENDS: tuple[Backend, ...] = (
         runner=f"{_REGISTRY}:openvino_runner",
         bisect=f"{_REGISTRY}:openvino_bisect_runner",
         unavailable=f"{_REGISTRY}:no_openvino",
+        streams=True,
     ),
     Backend(
         "openvino-bf16",
@@ -193,6 +198,7 @@ BACKENDS: tuple[Backend, ...] = (
         runner=f"{_REGISTRY}:openvino_bf16_runner",
         bisect=f"{_REGISTRY}:openvino_bf16_bisect_runner",
         unavailable=f"{_REGISTRY}:no_bf16",
+        streams=True,
     ),
     # auto: TensorRT, then TensorRT-RTX, then ONNX Runtime on the CPU
     _engine(TENSORRT, auto_rank=0),
@@ -226,6 +232,11 @@ def find(name: str) -> Backend | None:
 def auto_order() -> list[str]:
     """What ``auto`` tries, first to last."""
     return [b.name for b in sorted((b for b in BACKENDS if b.auto_rank is not None), key=lambda b: b.auto_rank)]
+
+
+def stream_names() -> list[str]:
+    """The backends whose runners take inference streams."""
+    return [b.name for b in BACKENDS if b.streams]
 
 
 def gpu_names() -> list[str]:

@@ -16,6 +16,7 @@ from deploykit.errors import ExportError
 from deploykit.export import names
 from deploykit.export.int8_selection import select_nodes, with_plan_record
 from deploykit.export.lint import check_scales
+from deploykit.graph.dynamic_quantizer import dynamic_quantizer_rules
 
 
 def quantize_dynamic_int8(proto: onnx.ModelProto) -> onnx.ModelProto:
@@ -25,14 +26,16 @@ def quantize_dynamic_int8(proto: onnx.ModelProto) -> onnx.ModelProto:
     Attention products stay float: both inputs are activations, and a per-call range for each
     is what ``DynamicQuantizeLinear`` costs twice over.
     """
+    import onnx_ir as ir
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     selection = select_nodes(proto, attention=False)
-    unfolded = _gemm_as_matmul(proto, set(selection.quantize))
+    unfolded = ir.from_proto(proto)
+    dynamic_quantizer_rules(set(selection.quantize)).apply(unfolded)
     # The quantizer logs "consider pre-processing" advice on the root logger.
     with tempfile.TemporaryDirectory(prefix="deploykit-int8-") as tmp, quiet_logger(""):
         source, target = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
-        onnx.save_model(unfolded, str(source))
+        onnx.save_model(ir.to_proto(unfolded), str(source))  # model-local functions (SaPE2Bias) come along
         try:
             quantize_dynamic(
                 str(source),
@@ -49,24 +52,3 @@ def quantize_dynamic_int8(proto: onnx.ModelProto) -> onnx.ModelProto:
         out = onnx.load_model(str(target))
     check_scales(out)
     return with_plan_record(out, proto, {"plan": "int8-dynamic", "attention_int8": False, **selection.summary(names.module_paths(proto))})
-
-
-def _gemm_as_matmul(proto: onnx.ModelProto, nodes: set[str]) -> onnx.ModelProto:
-    """Each named ``Gemm(a, W, b)`` (no transposes, unit alpha/beta) → ``MatMul(a, W)`` + ``Add(·, b)``,
-    keeping the node's name on the MatMul so the selection still finds it."""
-    import onnx_graphsurgeon as gs
-
-    graph = gs.import_onnx(proto)
-    for node in [n for n in graph.nodes if n.op == "Gemm" and n.name in nodes]:
-        if any(node.attrs.get(k, d) != d for k, d in (("transA", 0), ("transB", 0), ("alpha", 1.0), ("beta", 1.0))):
-            continue  # our exporter writes plain Gemms; anything else stays as it is
-        a, w, *bias = node.inputs
-        out = node.outputs[0]
-        node.outputs.clear()
-        product = gs.Variable(f"{out.name}.matmul", dtype=out.dtype)
-        graph.nodes.append(gs.Node("MatMul", node.name, inputs=[a, w], outputs=[product if bias else out]))
-        if bias:
-            graph.nodes.append(gs.Node("Add", f"{node.name}.bias", inputs=[product, bias[0]], outputs=[out]))
-        node.inputs.clear()
-    graph.cleanup().toposort()
-    return gs.export_onnx(graph)  # model-local functions (SaPE2Bias) come along

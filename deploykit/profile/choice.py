@@ -255,13 +255,17 @@ def slower_lines(records: list[dict], margin: float = 1.0) -> list[str]:
 
 @dataclass(frozen=True)
 class Choice:
-    """The plan ``profile`` measured fastest among the validated ones, for one resolution and batch."""
+    """The plan ``profile`` measured fastest among the validated ones, for one resolution and batch,
+    and the inference streams it is served with: more than 1 only where ``deploykit.profile.streams``
+    measured them raising its throughput under concurrent calls by ``streams_gain``."""
 
     backend: str
     precision: str
     batch: int
     p50_ms: float
     graph_sha256: str
+    streams: int = 1
+    streams_gain: float = 1.0
 
 
 def write_choice(export_dir: str | os.PathLike, records: list[dict], encoding: str, graphs: dict) -> Path | None:

@@ -1,8 +1,10 @@
 """What bounds the front's HTTP connections in time and memory (``front.py``).
 
-* ``ByteBudget``: request-body bytes held at once, across every connection. A body is counted as
-  its bytes arrive, so a slow client holds only what it sent; one that would go over the budget
-  is answered 503 with ``Retry-After``.
+* ``ByteBudget``: request-body bytes held at once, across every connection, and by any one
+  connection (``per_holder``: an HTTP/1.1 connection holds one body at a time, but a gRPC
+  connection multiplexes calls, so one client could otherwise hold the whole budget and leave
+  everyone else 503). A body is counted as its bytes arrive, so a slow client holds only what it
+  sent; one that would go over either limit is answered 503 with ``Retry-After``.
 * ``TimedConnection``: aiohttp's connection handler, noting when the head of a request began
   (the connection opened, or the first byte after an answer arrived) and whether the front's
   handler has taken it; ``cut_slow_heads`` closes the connections whose head is still not
@@ -21,20 +23,34 @@ from deploykit._lazy import lazy_import
 
 
 class ByteBudget:
-    """Request-body bytes held at once; used on the front's event loop only (no lock)."""
+    """Request-body bytes held at once, in all and by each holder (a connection); used on the
+    front's event loop only (no lock).
 
-    def __init__(self, limit: int):
-        self.limit, self.used = limit, 0
+    Args:
+        limit: most bytes held at once in all.
+        per_holder: most bytes one holder may hold at once; default ``limit``.
+    """
 
-    def take(self, count: int) -> bool:
-        """Count ``count`` more bytes in, unless that goes over the limit."""
-        if self.used + count > self.limit:
+    def __init__(self, limit: int, per_holder: int | None = None):
+        self.limit, self.per_holder, self.used = limit, per_holder or limit, 0
+        self._held: dict[object, int] = {}
+
+    def take(self, count: int, holder: object = None) -> bool:
+        """Count ``count`` more bytes in for ``holder``, unless that goes over either limit."""
+        mine = self._held.get(holder, 0) + count
+        if self.used + count > self.limit or (holder is not None and mine > self.per_holder):
             return False
         self.used += count
+        if holder is not None:
+            self._held[holder] = mine
         return True
 
-    def give(self, count: int) -> None:
+    def give(self, count: int, holder: object = None) -> None:
         self.used -= count
+        if holder is not None:
+            left = self._held.pop(holder) - count
+            if left:
+                self._held[holder] = left
 
 
 class HeldBytes:

@@ -17,7 +17,9 @@ RAY_REPLICAS = 2
 
 # Triton's dynamic batching, for the server, the benchmark's server and a packaged repository.
 MAX_BATCH_SIZE = 32
-MAX_QUEUE_DELAY_US = 2000
+# No wait to fill a batch: a request alone runs at once, and the batcher still merges every request
+# queued while the model instances were busy (Triton's dynamic batcher with a zero delay).
+MAX_QUEUE_DELAY_US = 0
 # Largest HTTP body or gRPC message the front accepts (Triton behind it never sees a larger one).
 MAX_REQUEST_BYTES = 64 * 2**20
 # Request bodies the front holds at once, in MAX_REQUEST_BYTES each (more: 503 with Retry-After).
@@ -43,3 +45,9 @@ BENCH_REQUESTS = 256
 BENCH_BACKEND = RUNNER
 BENCH_CLIENT = "auto"
 BENCH_CLIENTS = ("auto", "perf_analyzer", "builtin")
+# The open loop (--rate): Poisson arrivals as AIPerf's default, seeded; at most this many
+# unanswered requests (perf_analyzer's --max-threads plays that part), so a slow server cannot
+# exhaust the client.
+BENCH_SCHEDULE = "poisson"
+BENCH_SCHEDULES = ("poisson", "constant")
+BENCH_MAX_OUTSTANDING = 64

@@ -14,7 +14,9 @@ adds the token, and passes on what it has checked (``requests.py``):
   loses the parameters that hold a file-system path (PyTriton's workspace).
 * gRPC (grpcio): the same endpoints of ``inference.GRPCInferenceService``, unary calls only
   (``ModelStreamInfer`` is not served); messages over ``max_request_bytes`` are refused by grpc;
-  each ``ModelInfer`` request is parsed and checked.
+  the messages of calls in flight count against ``max_inflight_bytes``, and those of one
+  connection against ``max_request_bytes`` (a fair share: UNAVAILABLE beyond either); each
+  ``ModelInfer`` request is parsed and checked.
 * metrics: ``GET /metrics``.
 
 Deadlines (``connections.py``): a request head not complete ``header_timeout_s`` after it began
@@ -129,7 +131,8 @@ class Front:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="deploykit-front", daemon=True)
         self._draining, self._inflight = False, 0
-        self._budget = ByteBudget(options.max_inflight_bytes)
+        # a fair share: no one connection holds more than one largest request's bytes at once
+        self._budget = ByteBudget(options.max_inflight_bytes, per_holder=options.max_request_bytes)
         self._stopping = asyncio.Event()  # set at drain: bodies still arriving are cut
         self._checks = asyncio.Semaphore(CHECKS_AT_ONCE)  # bounds the memory of checks running at once
         self._runners, self._grpc, self._channel, self._session, self._watchdog = [], None, None, None, None
@@ -370,8 +373,13 @@ class Front:
 
     async def _grpc_call(self, method: str, request: bytes, context):
         grpc = lazy_import("grpc")
-        if not self._budget.take(len(request)):
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"the server holds {self.options.max_inflight_bytes} bytes of requests; retry")
+        connection = context.peer()  # the client's address and port: one per connection
+        if not self._budget.take(len(request), connection):
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"the server holds {self.options.max_inflight_bytes} bytes of requests in all, "
+                f"at most {self.options.max_request_bytes} per connection; retry",
+            )
         self._inflight += 1
         try:
             if method.endswith("/ModelInfer"):
@@ -392,7 +400,7 @@ class Front:
             return _public_grpc_config(answer) if method.endswith("/ModelConfig") else answer
         finally:
             self._inflight -= 1
-            self._budget.give(len(request))
+            self._budget.give(len(request), connection)
 
 
 def _error_text(payload: bytes) -> str:

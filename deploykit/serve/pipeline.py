@@ -21,11 +21,14 @@ library). Any other value names one backend from the mapping, with no fallback. 
 backend usable) and with no ``precision`` asked for, ``auto`` first takes the plan ``deploykit
 profile EXPORT_DIR`` measured fastest among the validated ones for that resolution at the batch
 nearest ``batch_size`` (``deploykit.profile.choice``: e.g. OpenVINO on the int8 graph), when its
-graph is unchanged since; ``describe_backends`` says which it took and why.
+graph is unchanged since, with the inference streams profile measured raising its throughput under
+concurrent calls (``deploykit.profile.streams``); ``describe_backends`` says which it took and why.
 
 Threads: a pipeline may be called from several threads (a server's model instances, Ray's
 thread pool). A runner that does not declare itself ``thread_safe`` (an engine's execution
-context and buffers) is used by one thread at a time, behind a lock of its own.
+context and buffers) is used by one thread at a time, behind a lock of its own; a runner with
+several streams runs as many calls at once (``parallel_calls``), which a server gives as many
+model instances.
 
 Limits: an image over ``ImageLimits`` (pixels, encoded bytes) or over the decode-work limits of
 ``deploykit.imaging`` (chunks, scans, frames) is refused before it is decoded; bytes that do not
@@ -199,6 +202,9 @@ class Pipeline:
             for every backend of the table that runs a graph or an engine.
         plugins: for the engine backends of the default factories, the plugins the engines were
             built with (``Plugins``); None: the installed plugin packages each engine names.
+        streams: inference streams of the runners that have them (ONNX Runtime, OpenVINO:
+            ``deploykit.backends.streams``); None: what ``deploykit profile`` measured for its
+            choice, else 1.
 
     Raises:
         DeployKitError: not an export directory, a graph changed since export, or no backend runs.
@@ -207,7 +213,7 @@ class Pipeline:
     @classmethod
     def for_server(cls, export_dir: str | os.PathLike, options) -> Pipeline:
         """The pipeline a serving front runs, from the fields its options share
-        (``ServerOptions``, ``RayOptions``): precision, backend, top-k, batch size, image limits."""
+        (``ServerOptions``, ``RayOptions``): precision, backend, top-k, batch size, image limits, streams."""
         return cls(
             export_dir,
             precision=options.precision,
@@ -215,6 +221,7 @@ class Pipeline:
             top_k=options.top_k,
             batch_size=options.max_batch_size,
             limits=options.limits,
+            streams=options.streams,
         )
 
     def __init__(
@@ -228,16 +235,22 @@ class Pipeline:
         limits: ImageLimits = ImageLimits(),
         factories: Mapping[str, RunnerFactory] | None = None,
         plugins=None,
+        streams: int | None = None,
     ):
         from deploykit.backends.registry import create_runner
+        from deploykit.backends.streams import check_streams
         from deploykit.backends.table import ENGINE, GRAPH, names
         from deploykit.export.manifest import checked_graph
         from deploykit.export.precision import check_precision
+        from deploykit.profile.streams import STREAM_BACKENDS
 
         if factories is None:
             factories = {name: partial(create_runner, name, plugins=plugins) for name in names((GRAPH, ENGINE))}
         if top_k < 1 or batch_size < 1:
             raise ConfigError(f"top_k and batch_size must be >= 1, got {top_k} and {batch_size}")
+        self.streams = streams if streams is None else check_streams(streams)
+        if streams is not None and streams > 1:
+            factories = {name: partial(f, streams=streams) if name in STREAM_BACKENDS else f for name, f in factories.items()}
         self.export_dir = Path(export_dir)
         self.top_k, self.batch_size, self.limits = top_k, batch_size, limits
         self.precision = check_precision(precision or "fp32").name
@@ -292,12 +305,18 @@ class Pipeline:
             graph = checked_graph(self.export_dir, manifest.graph(res, choice.precision), manifest.encoding)
             if sha256_file(graph) != choice.graph_sha256:
                 raise DeployKitError(f"{graph.name} changed since deploykit profile chose it; profile again")
-            runner = factories[choice.backend](graph)
+            # streams asked for, else only where profile measured them paying (``deploykit.profile.streams``)
+            if self.streams is None and choice.streams > 1:
+                runner = factories[choice.backend](graph, streams=choice.streams)
+            else:
+                runner = factories[choice.backend](graph)
             runner.activate()
         except DeployKitError as err:
             self._why[res] = f"profiled choice {choice.backend} {choice.precision} not taken: {err}"
             return None
         why = f"fastest validated plan at batch {choice.batch} in deploykit profile ({choice.p50_ms:.2f} ms p50)"
+        if self.streams is None and choice.streams > 1:
+            why += f"; its streams answered {choice.streams_gain:.2f}x one stream's images under concurrent calls"
         return choice.backend, runner, choice.precision, why
 
     @property
@@ -315,6 +334,8 @@ class Pipeline:
         skipped: dict[tuple[str, str], list[str]] = {}
         for res in self.resolutions:
             plan = "" if self.plans.get(res, "fp32") == "fp32" else f" {self.plans[res]}"
+            if self.runners[res].parallel_calls > 1:
+                plan += f" with {self.runners[res].parallel_calls} inference streams"
             why = f" ({self._why[res]})" if res in self._why else ""
             chosen.setdefault(f"{self.backends[res]}{plan}", []).append(resolution_tag(res) + why)
             for name, reason in self.skipped[res].items():
@@ -322,6 +343,11 @@ class Pipeline:
         return [f"backend {name} at {', '.join(tags)}" for name, tags in chosen.items()] + [
             f"skipped {name} at {', '.join(tags)}: {why}" for (name, why), tags in skipped.items()
         ]
+
+    def parallel_calls(self, resolution: tuple[int, int]) -> int:
+        """How many calls the runner of ``resolution`` runs at once (its inference streams): what a
+        server gives it in concurrent model instances."""
+        return self.runners[resolution].parallel_calls
 
     def route(self, size: tuple[int, int]) -> tuple[int, int]:
         """The exported resolution for an image of ``(height, width)`` (module rule)."""
@@ -344,12 +370,17 @@ class Pipeline:
         """
         if images.dtype != np.float32 or images.ndim != 4 or images.shape[1] != self.config.in_chans:
             raise InputError(f"expected float32 [B, {self.config.in_chans}, H, W], got {images.dtype} {list(images.shape)}")
-        if not np.isfinite(images).all():
-            raise InputError(f"images hold {int(np.size(images) - np.isfinite(images).sum())} NaN/Inf values; send finite numbers")
         bound = imaging.MAX_INPUT_MAGNITUDE
-        if images.size and float(np.abs(images).max()) > bound:
+        if images.size and not float(np.abs(images).max()) <= bound:  # one pass: NaN compares False too
+            if not np.isfinite(images).all():
+                raise InputError(f"images hold {int(np.size(images) - np.isfinite(images).sum())} NaN/Inf values; send finite numbers")
             outside = int(np.count_nonzero(np.abs(images) > bound))
             raise InputError(f"images hold {outside} values beyond ±{bound:g}; send normalised pixels")
+        return self.checked_logits(images)
+
+    def checked_logits(self, images: np.ndarray) -> np.ndarray:
+        """``logits`` of a batch whose dtype, rank and values the caller has checked already (a
+        server's batch function checks them per request)."""
         res = tuple(images.shape[-2:])
         runner = self.runners.get(res)
         if runner is None:
@@ -359,7 +390,10 @@ class Pipeline:
             parts = [
                 runner.infer({INPUT_NAME: images[i : i + self.batch_size]})[OUTPUT_NAME] for i in range(0, len(images), self.batch_size)
             ]
-        logits = np.concatenate(parts) if parts else np.zeros((0, self.num_classes), np.float32)
+        if len(parts) == 1:  # one runner call: its array as it is, not a copy
+            logits = parts[0]
+        else:
+            logits = np.concatenate(parts) if parts else np.zeros((0, self.num_classes), np.float32)
         bad = np.flatnonzero(~np.isfinite(logits).all(axis=1))
         if len(bad):
             raise DeployKitError(

@@ -44,6 +44,7 @@ class RayOptions:
         ray_actor_options: per-replica resources (``{"num_cpus": 1}``, custom resources, ...).
         host, port: where Ray Serve's HTTP proxy listens.
         limits: the largest image a replica decodes (pixels, encoded bytes).
+        streams: inference streams of each replica's CPU runners, as in ``Pipeline``.
     """
 
     num_replicas: int = defaults.RAY_REPLICAS
@@ -57,6 +58,7 @@ class RayOptions:
     host: str = defaults.HOST
     port: int = defaults.HTTP_PORT
     limits: ImageLimits = field(default_factory=ImageLimits)
+    streams: int | None = None
 
     def __post_init__(self) -> None:
         if self.num_replicas < 1 or self.max_batch_size < 1 or self.batch_wait_timeout_s < 0:

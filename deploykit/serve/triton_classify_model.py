@@ -6,7 +6,9 @@ and preprocessing, so served and in-process answers come from the same pixels). 
 from the ``settings`` JSON parameter of ``config.pbtxt`` (written by ``classify_config``).
 
 Per request: every image's size and decode work are read from its header and checked against the
-limits, then it is decoded, routed to the nearest exported resolution and preprocessed. Any
+limits, then it is decoded, routed to the nearest exported resolution and preprocessed. The images
+of a batch are prepared in parallel, on a pool of threads (Pillow's decoders and resizes release the
+GIL), so a valid image does not wait behind the decode of a worst-case one before it. Any
 failure there is that request's alone: INVALID_ARGUMENT (HTTP 400) with one line and no
 traceback or path (an ``ImageRejected`` says why; anything else names its exception type, and its
 traceback goes to Triton's log); the other requests of the same batch are answered. The images
@@ -18,10 +20,14 @@ which is never ranked) fails the requests whose images it carried, with its erro
 from __future__ import annotations
 
 import json
+import os
 import sys
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+
+DECODE_THREADS = 4
 
 
 class TritonPythonModel:
@@ -38,16 +44,29 @@ class TritonPythonModel:
         self.preprocessing = self.imaging.Preprocessing(**settings["preprocessing"])
         self.limits = [settings[k] for k in ("max_pixels", "max_bytes", "max_side", "max_aspect")]
         self.max_batch_size = settings["max_batch_size"]
+        # decoding threads: one per core, and at least a few, so that a worst-case image does not hold
+        # the others even on one core (the OS shares it between them); no more than a batch holds
+        threads = min(self.max_batch_size, max(DECODE_THREADS, os.cpu_count() or 1))
+        self.decoders = ThreadPoolExecutor(threads, thread_name_prefix="classify-decode")
+
+    def finalize(self) -> None:
+        self.decoders.shutdown(wait=False, cancel_futures=True)
 
     def execute(self, requests):
-        errors, images, counts = {}, [], []  # request index -> TritonError; (request, item, resolution, [3, h, w])
+        errors, pending = {}, []  # request index -> TritonError; (request, [futures of its images])
         for i, request in enumerate(requests):
             try:
-                prepared = [(i, j, *self._prepare(data)) for j, data in enumerate(self._items(request))]
+                pending.append((i, [self.decoders.submit(self._prepare, data) for data in self._items(request)]))
+            except Exception as err:  # a request without its images fails alone
+                errors[i] = self._rejected(err)
+        images, counts = [], [0] * len(requests)  # (request, item, resolution, [3, h, w])
+        for i, futures in pending:
+            try:
+                prepared = [(i, j, *future.result()) for j, future in enumerate(futures)]
             except Exception as err:  # whatever went wrong with this request's images, it fails alone
                 errors[i], prepared = self._rejected(err), []
             images += prepared
-            counts.append(len(prepared))
+            counts[i] = len(prepared)
         results = self._classify(images, errors)
         return [self._response(i, counts[i], results, errors) for i in range(len(requests))]
 

@@ -8,8 +8,11 @@ batch merged). Models served from one export directory:
 ``logits_<res>`` (one per exported resolution, e.g. ``logits_224``, ``logits_384x256``)
     input ``images`` FP32 ``[B, 3, H, W]`` (preprocessed); outputs ``logits`` FP32
     ``[B, classes]``, ``classes`` INT64 ``[B, k]`` and ``scores`` FP32 ``[B, k]`` (softmax,
-    best first). Dynamic batching merges concurrent requests up to ``max_batch_size``. Bound
-    through PyTriton to the pipeline's runners, in this process.
+    best first). Dynamic batching merges the requests queued while the model is busy, up to
+    ``max_batch_size``, and waits for none by default (``max_queue_delay_us`` 0: a request alone
+    runs at once). Bound through PyTriton to the pipeline's runners, in this process, with one
+    model instance per call the runner runs at once (its inference streams, chosen by ``deploykit
+    profile``), so that many batches run in parallel.
 ``classify``
     input ``image`` BYTES ``[B, 1]`` (encoded PNG/JPEG/...); outputs ``classes``, ``scores``
     and ``resolution`` INT64 ``[B, 2]`` (where each image was routed). A Triton Python-backend
@@ -101,6 +104,8 @@ class ServerOptions:
             connection after it); also the gRPC handshake's deadline.
         body_timeout_s: longest an HTTP request body may take to arrive (408, connection cut).
         verbosity: Triton's own log: -1 errors, 0 warnings and errors, 1 everything, 2 verbose.
+        streams: inference streams of the CPU runners (``Pipeline``); None: what ``deploykit
+            profile`` measured, else 1. Each ``logits_<res>`` model gets one instance per stream.
     """
 
     host: str = defaults.HOST
@@ -120,6 +125,7 @@ class ServerOptions:
     header_timeout_s: float = defaults.HEADER_TIMEOUT_S
     body_timeout_s: float = defaults.BODY_TIMEOUT_S
     verbosity: int = 0
+    streams: int | None = None
 
     def __post_init__(self) -> None:
         if min(self.max_batch_size, self.top_k, self.classify_instances, self.max_request_bytes) < 1 or self.max_queue_delay_us < 0:
@@ -203,9 +209,12 @@ def _logits_fn(pipeline: Pipeline) -> Callable:
         if len(images) == 0:
             raise InputError("empty batch: send at least one image")
         usable = (np.abs(images.reshape(len(images), -1)) <= imaging.MAX_INPUT_MAGNITUDE).all(axis=1)  # NaN compares False
-        logits = np.full((len(images), pipeline.num_classes), np.nan, np.float32)
-        if usable.any():
-            logits[usable] = pipeline.logits(images if usable.all() else images[usable])
+        if usable.all():  # the common case: the answer is the runner's own array, no copy into another
+            logits = pipeline.checked_logits(images)
+        else:
+            logits = np.full((len(images), pipeline.num_classes), np.nan, np.float32)
+            if usable.any():
+                logits[usable] = pipeline.checked_logits(images[usable])
         classes, scores = top_k(logits, pipeline.top_k)
         classes[~usable], scores[~usable] = -1, np.nan
         return {"logits": logits, "classes": classes, "scores": scores}
@@ -222,7 +231,9 @@ def bind_logits_models(triton, pipeline: Pipeline, options: ServerOptions) -> li
         name = logits_model_name(res)
         triton.bind(
             model_name=name,
-            infer_func=_logits_fn(pipeline),
+            # one model instance per call the runner runs at once (its inference streams): PyTriton runs
+            # a list of functions as instances in parallel, and the batcher hands each its own batch
+            infer_func=[_logits_fn(pipeline) for _ in range(pipeline.parallel_calls(res))],
             inputs=[mc.Tensor(name=INPUT_NAME, dtype=np.float32, shape=(pipeline.config.in_chans, *res))],
             outputs=[
                 mc.Tensor(name="logits", dtype=np.float32, shape=(pipeline.num_classes,)),

@@ -19,13 +19,15 @@ import onnx
 import torch
 
 from deploykit.backends import registry
-from deploykit.backends.openvino import KEEP_FP32, OpenvinoRunner, best_hint, keep_fp32, openvino_source, ops_computing
+from deploykit.backends.openvino import OpenvinoRunner, best_hint, openvino_source
+from deploykit.backends.openvino_marks import KEEP_FP32, keep_fp32, ops_computing
 from deploykit.encodings import list_encodings
 from deploykit.errors import DeployKitError, MissingDependencyError
 from deploykit.export.manifest import MANIFEST_FILE, sha256_file
 from deploykit.export.precision import PLANS, fp32_tensors
 from deploykit.validate import validate
 from tests.encoding_params import EXPORT_BASE, EXPORT_PLANS
+from tests.small_graphs import flattened_int8_linear
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
 BASE = EXPORT_BASE
@@ -341,41 +343,6 @@ def test_missing_openvino_names_the_extra(monkeypatch, good_export):
         OpenvinoRunner(good_export / "model_32.onnx").activate()
 
 
-def _flattened_int8_linear(tokens: int, features: int, channels: int, bias: bool, weight_limit: int = 63) -> onnx.ModelProto:
-    """One linear layer as deploykit exports it quantized: [B, N, K] flattened to [B·N, K],
-    per-tensor Q/DQ, a Gemm on per-channel int8 weights, reshaped back to [B, N, C]. Weights
-    within ±63 by default, so no CPU's int8 products saturate."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(0)
-    constants = {
-        "flat": np.array([-1, features], np.int64),
-        "back": np.array([-1, tokens, channels], np.int64),
-        "x_scale": np.array(0.05, np.float32),
-        "x_zero": np.array(0, np.int8),
-        "w": rng.integers(-weight_limit, weight_limit + 1, (features, channels)).astype(np.int8),
-        "w_scale": (0.01 * 2.0 ** np.arange(channels)).astype(np.float32),
-        "w_zero": np.zeros(channels, np.int8),
-        "bias": rng.standard_normal(channels).astype(np.float32),
-    }
-    nodes = [
-        helper.make_node("Reshape", ["x", "flat"], ["x_flat"]),
-        helper.make_node("QuantizeLinear", ["x_flat", "x_scale", "x_zero"], ["x_q"]),
-        helper.make_node("DequantizeLinear", ["x_q", "x_scale", "x_zero"], ["x_dq"]),
-        helper.make_node("DequantizeLinear", ["w", "w_scale", "w_zero"], ["w_dq"], axis=1),
-        helper.make_node("Gemm", ["x_dq", "w_dq", "bias"][: 3 if bias else 2], ["y_flat"]),
-        helper.make_node("Reshape", ["y_flat", "back"], ["y"]),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "linear",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", tokens, features])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", tokens, channels])],
-        [numpy_helper.from_array(value, name) for name, value in constants.items()],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-
-
 @pytest.mark.parametrize(("tokens", "bias"), [(10, False), (12, False), (12, True), (3, False)])
 def test_quantized_linear_layers_run_in_openvino_as_exported(tokens, bias):
     """OpenVINO 2026.4 moves a per-channel dequantization through the reshape back to tokens as
@@ -384,7 +351,7 @@ def test_quantized_linear_layers_run_in_openvino_as_exported(tokens, bias):
     is given keeps the token axis, and computes what ONNX Runtime computes on the file."""
     import onnxruntime as ort
 
-    proto = _flattened_int8_linear(tokens, features=8, channels=4, bias=bias)
+    proto = flattened_int8_linear(tokens, features=8, channels=4, bias=bias)
     x = np.random.default_rng(1).uniform(-6, 6, (2, tokens, 8)).astype(np.float32)
     expected = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     source = openvino_source(proto.SerializeToString()).graph
@@ -416,12 +383,11 @@ def test_seven_bit_weights_keep_openvino_s_int8_products_from_saturating():
     exact products of the narrowed weights. On a VNNI CPU it runs the weights as exported, exactly."""
     from onnx import numpy_helper
 
-    from deploykit.backends.openvino import int8_saturates, weights_in_seven_bits
+    from deploykit.backends.openvino import int8_saturates
+    from deploykit.graph.openvino import prepare_for_openvino
 
-    proto = _flattened_int8_linear(tokens=10, features=8, channels=4, bias=False, weight_limit=127)
-    narrowed = onnx.ModelProto()
-    narrowed.CopyFrom(proto)
-    assert weights_in_seven_bits(narrowed) == 1 and weights_in_seven_bits(narrowed) == 0  # once: then within 7 bits
+    proto = flattened_int8_linear(tokens=10, features=8, channels=4, bias=False, weight_limit=127)
+    narrowed = prepare_for_openvino(proto, seven_bit_weights=True).proto  # how narrowing works: tests/graph
     x = np.random.default_rng(1).uniform(-6, 6, (2, 10, 8)).astype(np.float32)
 
     def exact(graph) -> np.ndarray:

@@ -196,3 +196,32 @@ def test_shutdown_is_not_held_by_slow_clients():
         for sock in bodies:
             assert sock.recv(12).startswith(b"HTTP/1.1 503")
         assert all(cut_within(sock) for sock in bodies + heads)
+
+
+def test_one_grpc_connection_holds_at_most_one_largest_request_s_bytes():
+    """A gRPC connection multiplexes calls, so one client could hold the whole budget and leave
+    everyone else UNAVAILABLE. Triton here accepts and never answers (a silent listener), so the
+    calls stay in flight: a second 60 kB call on the same connection is over its 100 kB share,
+    while the same call from another connection gets past the budget (and waits for Triton)."""
+    import grpc
+
+    with front_before_stub(max_request_bytes=100_000, max_inflight_bytes=1_000_000) as (front, _, _):
+        silent = socket.create_server(("127.0.0.1", front.options.upstream_grpc))
+        method = "/inference.GRPCInferenceService/ServerLive"  # forwarded as sent, unparsed
+        first_client = grpc.insecure_channel(f"127.0.0.1:{front.options.grpc_port}")
+        # a connection of its own (grpc shares one between channels of a process unless told not to)
+        other_client = grpc.insecure_channel(f"127.0.0.1:{front.options.grpc_port}", options=[("grpc.use_local_subchannel_pool", 1)])
+        try:
+            held = first_client.unary_unary(method).future(b"\0" * 60_000, timeout=GUARD_S)
+            until(lambda: front.bytes_held >= 60_000)
+            with pytest.raises(grpc.RpcError) as refused:
+                first_client.unary_unary(method)(b"\0" * 60_000, timeout=GUARD_S)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE and "per connection" in refused.value.details()
+            with pytest.raises(grpc.RpcError) as waited:
+                other_client.unary_unary(method)(b"\0" * 60_000, timeout=2)
+            assert waited.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED  # let in: Triton never answered it
+            held.cancel()
+        finally:
+            first_client.close()
+            other_client.close()
+            silent.close()

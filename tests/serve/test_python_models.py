@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 
 import numpy as np
 import pytest
@@ -156,3 +157,25 @@ def test_classify_answers_the_others_when_preparing_one_request_fails(pipeline, 
     responses = model.execute(requests)
     assert_client_error(responses[1], "cannot prepare this request's images (MemoryError)")
     assert not responses[0].has_error() and not responses[2].has_error()
+
+
+def test_a_slow_image_does_not_hold_the_decode_of_the_others_in_its_batch(pipeline, monkeypatch):
+    """The first image's decode cannot finish until the last one's has run (a stub decoder): the
+    batch is answered only if its images are prepared at the same time, not one after another."""
+    model = classify_model(pipeline, monkeypatch)
+    real, slow, fast = model._prepare, image_bombs.encoded("PNG", (40, 40)), image_bombs.encoded("PNG", (32, 32))
+    others_done = threading.Event()
+
+    def prepare(data):
+        if bytes(data) == slow:
+            if not others_done.wait(30):
+                raise TimeoutError("the slow image was decoded alone: the others waited behind it")
+        else:
+            others_done.set()
+        return real(data)
+
+    monkeypatch.setattr(model, "_prepare", prepare)
+    responses = model.execute([images_request(slow), images_request(fast)])
+    assert [r.has_error() for r in responses] == [False, False], [r.error().message() for r in responses if r.has_error()]
+    assert [t.as_numpy().tolist() for t in responses[1].output_tensors if t.name == "resolution"] == [[[32, 32]]]
+    model.finalize()

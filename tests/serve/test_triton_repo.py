@@ -25,6 +25,7 @@ from deploykit.cli import main
 from deploykit.data import sample_images
 from deploykit.errors import DeployKitError
 from deploykit.imaging import Preprocessing
+from deploykit.serve import defaults
 from deploykit.serve.triton_repo import RepositoryOptions, package_triton
 from tests.test_imaging import png_header_only
 
@@ -97,7 +98,7 @@ def test_inference_models(repo, export_dir, tag):
         assert [(i.name, i.data_type, list(i.dims)) for i in config.input] == [("images", model_config_pb2.TYPE_FP32, [3, res, res])]
         assert [(o.name, list(o.dims)) for o in config.output] == [("logits", [10])]
         assert list(config.dynamic_batching.preferred_batch_size) == [4]
-        assert config.dynamic_batching.max_queue_delay_microseconds == 2000
+        assert config.dynamic_batching.max_queue_delay_microseconds == defaults.MAX_QUEUE_DELAY_US
         assert config.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
         assert [w.batch_size for w in config.model_warmup] == [1, 4]
         assert all(w.inputs["images"].zero_data and list(w.inputs["images"].dims) == [3, res, res] for w in config.model_warmup)

@@ -1,4 +1,4 @@
-"""Graph rewrites that let runtimes fuse what the exporter spells out op by op.
+"""ONNX Runtime's rule set: the spelling its fusions recognise for what the exporter writes op by op.
 
 Each rule keeps the graph in plain ONNX ops (TensorRT, TensorRT-RTX and ONNX Runtime all parse
 the result) and computes the same values; it only changes the spelling to the one a runtime's
@@ -13,6 +13,8 @@ Runtime's outputs identical to the bit and took ViT-S/16 at 224, batch 1, from 6
 from __future__ import annotations
 
 import math
+
+from deploykit.graph.rules import RuleSet
 
 _SQRT2 = math.sqrt(2.0)
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1  # the open slice bounds torch.onnx writes
@@ -94,23 +96,18 @@ def _key_swapped(op, key, **_):
     return op.Transpose(key, perm=[*range(rank - 2), rank - 1, rank - 2])
 
 
-def _rules():
+def _rules() -> list:
     from onnxscript.rewriter import pattern
 
-    return pattern.RewriteRuleSet(
-        [
-            pattern.RewriteRule(_erf_gelu_as_exported, _erf_gelu_as_fused, name="ErfGeluForOrtFusion"),
-            pattern.RewriteRule(_linear_3d, _linear_as_gemm, _linear_3d_is_static, name="Linear3dAsGemm"),
-            pattern.RewriteRule(_key_swapped_through_3d, _key_swapped, _key_swap_is_exact, name="KeySwapAsOneTranspose"),
-        ]
-    )
+    return [
+        pattern.RewriteRule(_erf_gelu_as_exported, _erf_gelu_as_fused, name="ErfGeluForOrtFusion"),
+        pattern.RewriteRule(_linear_3d, _linear_as_gemm, _linear_3d_is_static, name="Linear3dAsGemm"),
+        pattern.RewriteRule(_key_swapped_through_3d, _key_swapped, _key_swap_is_exact, name="KeySwapAsOneTranspose"),
+    ]
 
 
-def rewrite_for_runtimes(model) -> int:
-    """Apply the rules in place to an ``onnx_ir`` model; return how many places changed.
-
-    Run it before constant folding (the replacements add small Constant nodes). Node metadata,
-    including the exporter's name scopes that validation uses to find block outputs, is carried
-    to the replacement nodes by the rewriter.
-    """
-    return _rules().apply_to_model(model)
+# Applied by the export, before constant folding (the replacements add small Constant nodes): the
+# written file is ONNX Runtime's form, the one Triton's ONNX Runtime backend loads as it is and
+# TensorRT parses. OpenVINO and the dynamic quantizer take the linears back to their own spelling
+# (``deploykit.graph.openvino``, ``deploykit.graph.dynamic_quantizer``).
+ONNXRUNTIME = RuleSet("onnxruntime", _rules)

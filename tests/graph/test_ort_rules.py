@@ -1,4 +1,4 @@
-"""Runtime-fusion rewrites: the exported graph lets ONNX Runtime fuse GELU and the linear biases."""
+"""ONNX Runtime's rule set: the exported graph lets ONNX Runtime fuse GELU and the linear biases."""
 
 from collections import Counter
 from unittest import mock
@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from deploykit.backends.onnxrt import OnnxrtRunner
-from deploykit.export import onnx_from_model, rewrite
+from deploykit.export import onnx_from_model
 from deploykit.export.onnx_export import DEFAULT_OPSET
-from deploykit.export.rewrite import rewrite_for_runtimes
+from deploykit.graph import RuleSet
+from deploykit.graph.ort import ONNXRUNTIME
 from deploykit.nn import create_model
 
 
@@ -51,7 +52,7 @@ def test_rewrite_keeps_values_and_block_scopes(model):
     proto = onnx_from_model(model, (64, 64))
     program = torch.onnx.export(model, (torch.zeros(2, 3, 64, 64),), dynamo=True, opset_version=DEFAULT_OPSET, optimize=True, verbose=False)
     plain = program.model_proto
-    assert rewrite_for_runtimes(ir.from_proto(plain)) == 2 + 2 * 4  # GELUs + 3-D linear layers (the head's is 2-D)
+    assert ONNXRUNTIME.apply(ir.from_proto(plain)) == 2 + 2 * 4  # GELUs + 3-D linear layers (the head's is 2-D)
     x = np.random.default_rng(0).standard_normal((2, 3, 64, 64)).astype(np.float32)
     with OnnxrtRunner(proto.SerializeToString()) as rewritten, OnnxrtRunner(plain.SerializeToString()) as original:
         a = rewritten.infer({rewritten.input_names()[0]: x})
@@ -72,13 +73,10 @@ def test_key_swap_is_one_transpose_and_keeps_every_bit(model):
     """torch.onnx swaps k's last two axes by flattening, a 3-D Transpose and a reshape back, with
     the shapes read from k at run time; the graph does it with one Transpose instead, and ONNX
     Runtime's outputs stay identical to the bit."""
-    original_rules = rewrite._rules
-
-    def without_key_swap():
-        return type(original_rules())([r for r in original_rules().rules if r.name != "KeySwapAsOneTranspose"])
+    without_key_swap = RuleSet("onnxruntime", lambda: [r for r in ONNXRUNTIME.rules() if r.name != "KeySwapAsOneTranspose"])
 
     proto = onnx_from_model(model, (64, 64))
-    with mock.patch.object(rewrite, "_rules", without_key_swap):
+    with mock.patch("deploykit.export.onnx_export.ONNXRUNTIME", without_key_swap):
         spelled_out = onnx_from_model(model, (64, 64))
     shapes = Counter(n.op_type for n in spelled_out.graph.node)["Shape"], Counter(n.op_type for n in proto.graph.node)["Shape"]
     assert shapes == (shapes[1] + 2, shapes[1])  # one shape read per block's attention is gone
@@ -88,3 +86,53 @@ def test_key_swap_is_one_transpose_and_keeps_every_bit(model):
         a = rewritten.infer({rewritten.input_names()[0]: x})
         b = original.infer({original.input_names()[0]: x})
     np.testing.assert_array_equal(next(iter(a.values())), next(iter(b.values())))
+
+
+def _gelu_and_linear() -> onnx.ModelProto:
+    """GELU as torch.onnx writes it, then a [B, 4, 6] linear layer as MatMul + bias Add."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    constants = {
+        "sqrt2": np.array(np.sqrt(2.0), np.float32),
+        "one": np.array(1.0, np.float32),
+        "half": np.array(0.5, np.float32),
+        "w": rng.standard_normal((6, 3)).astype(np.float32),
+        "b": rng.standard_normal(3).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("Div", ["x", "sqrt2"], ["scaled"]),
+        helper.make_node("Erf", ["scaled"], ["erf"]),
+        helper.make_node("Add", ["erf", "one"], ["shifted"]),
+        helper.make_node("Mul", ["half", "shifted"], ["halved"]),
+        helper.make_node("Mul", ["x", "halved"], ["gelu"]),
+        helper.make_node("MatMul", ["gelu", "w"], ["product"]),
+        helper.make_node("Add", ["product", "b"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "gelu_linear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4, 3])],
+        [numpy_helper.from_array(value, name) for name, value in constants.items()],
+        # the exporter records shapes: the linear rule reads the static token and feature axes
+        value_info=[helper.make_tensor_value_info("gelu", TensorProto.FLOAT, ["batch", 4, 6])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_rule_set_respells_gelu_and_a_3d_linear_with_the_same_values():
+    proto = _gelu_and_linear()
+    model = ir.from_proto(proto)
+    assert ONNXRUNTIME.apply(model) == 2
+    rewritten = ir.to_proto(model)
+    ops = [n.op_type for n in rewritten.graph.node if n.op_type != "Constant"]
+    assert ops == ["Mul", "Div", "Erf", "Add", "Mul", "Reshape", "Gemm", "Reshape"]  # (x · 0.5) · (1 + erf(x/√2)), one Gemm
+    x = np.random.default_rng(1).standard_normal((2, 4, 6)).astype(np.float32)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    run = [
+        ort.InferenceSession(p.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        for p in (proto, rewritten)
+    ]
+    np.testing.assert_allclose(run[1], run[0], rtol=1e-6, atol=1e-6)

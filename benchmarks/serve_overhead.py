@@ -1,0 +1,155 @@
+"""Where a served request's time goes at concurrency 1, from the client's socket to the runner.
+
+One ``deploykit serve`` (Triton via PyTriton, behind the bounded front) in this process; one
+client sends ``--requests`` images one after another to ``logits_<res>`` over gRPC, first through
+the front (the public port), then straight to Triton's own loopback port (with its access token),
+and reads Triton's per-model statistics for each. The same images also run in process through the
+function bound to the model (``_logits_fn``: the batch checks, the runner, top-k) and the runner
+alone. Each layer is the difference of two of these means:
+
+    front             = client via front - client straight to Triton
+    client + gRPC     = client straight to Triton - Triton's four phases below
+    Triton queue      = Triton's queue time
+    Triton in/out     = compute_input + compute_output (tensors into and out of the model)
+    PyTriton hop      = compute_infer - bound function - runner (Triton's Python stub → our process and back)
+    bound function    = _logits_fn - runner, in process (checks, top-k, PyTriton's @batch)
+    runner            = a perf_counter_ns span around each runner call the server makes
+
+    .venv/bin/python benchmarks/serve_overhead.py [--depth 12] [--resolution 224] [--requests 200] [--quick]
+
+Writes ``benchmarks/results/serve_overhead.json``. Run it on a quiet machine: the client, the
+front, Triton and the model share its cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from deploykit._io import write_json_atomic
+from deploykit.export import export
+from deploykit.nn import create_model
+from deploykit.profile.environment import capture_environment, environment_line
+from deploykit.serve.bench.records import ModelStats
+from deploykit.serve.bench.triton_stats import model_stats_delta, snapshot
+from deploykit.serve.door import free_loopback_ports
+from deploykit.serve.front import GRPC_TOKEN_KEY
+from deploykit.serve.pipeline import Pipeline
+from deploykit.serve.triton_server import ServerOptions, TritonServer, _logits_fn, logits_model_name
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def mean_ms(call, inputs: np.ndarray) -> float:
+    """Mean milliseconds of ``call(row)`` over every row of ``inputs`` (one untimed call first)."""
+    call(inputs[:1])
+    samples = []
+    for i in range(len(inputs)):
+        start = time.perf_counter_ns()
+        call(inputs[i : i + 1])
+        samples.append(time.perf_counter_ns() - start)
+    return float(np.mean(samples)) / 1e6
+
+
+class TimedPipeline(Pipeline):
+    """The pipeline with a ``perf_counter_ns`` span around each runner call, as the server makes them."""
+
+    spans_ns: list[int]
+
+    def checked_logits(self, images: np.ndarray) -> np.ndarray:
+        start = time.perf_counter_ns()
+        try:
+            return super().checked_logits(images)
+        finally:
+            self.spans_ns.append(time.perf_counter_ns() - start)
+
+
+def served(grpc, url: str, stats_url: str, model: str, inputs: np.ndarray, headers: dict | None = None) -> tuple[float, ModelStats]:
+    """Client mean ms through ``url``, and Triton's own breakdown of exactly those requests (read
+    through ``stats_url``)."""
+    client = grpc.InferenceServerClient(url)
+
+    def call(x):
+        tensor = grpc.InferInput("images", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)
+        return client.infer(model, [tensor], headers=headers).as_numpy("logits")
+
+    call(inputs[:1])  # warm: the channel, Triton's first execution
+    before = snapshot(stats_url)
+    client_ms = mean_ms(call, inputs)
+    (stats,) = [m for m in model_stats_delta(before, snapshot(stats_url)) if m.model == model]
+    return client_ms, stats
+
+
+def breakdown(export_dir: Path, resolution: tuple[int, int], requests: int) -> dict:
+    import tritonclient.grpc as grpc
+    from pytriton.proxy.types import Request
+
+    inputs = np.random.default_rng(0).standard_normal((requests, 3, *resolution)).astype(np.float32)
+    http, grpc_port, metrics = free_loopback_ports(3)
+    options = ServerOptions(http_port=http, grpc_port=grpc_port, metrics_port=metrics, max_batch_size=8)
+    model = logits_model_name(resolution)
+    with TimedPipeline.for_server(export_dir, options) as pipeline:
+        pipeline.spans_ns = []
+        runner_ms = mean_ms(pipeline.checked_logits, inputs)
+        bound = _logits_fn(pipeline)
+        # what the bound function adds to the runner: its checks, top-k and PyTriton's @batch
+        function_ms = mean_ms(lambda x: bound([Request(data={"images": x})]), inputs) - runner_ms
+        with TritonServer(pipeline, options) as server:
+            front = server._front.options
+            token = {GRPC_TOKEN_KEY: server._triton.get_access_token()}
+            public = f"127.0.0.1:{grpc_port}"
+            via_front, _ = served(grpc, public, public, model, inputs)
+            pipeline.spans_ns = []
+            direct, triton = served(grpc, f"127.0.0.1:{front.upstream_grpc}", public, model, inputs, token)
+            served_runner_ms = float(np.mean(pipeline.spans_ns)) / 1e6
+    inside = triton.queue_ms + triton.compute_input_ms + triton.compute_infer_ms + triton.compute_output_ms
+    layers = {
+        "front": via_front - direct,
+        "client + gRPC + Triton's request handling": direct - inside,
+        "Triton queue": triton.queue_ms,
+        "Triton tensors in/out": triton.compute_input_ms + triton.compute_output_ms,
+        "PyTriton hop": triton.compute_infer_ms - function_ms - served_runner_ms,
+        "bound function (checks, top-k)": function_ms,
+        "runner (served)": served_runner_ms,
+    }
+    return {
+        "client_via_front_ms": via_front,
+        "client_to_triton_ms": direct,
+        "in_process_runner_ms": runner_ms,
+        "triton_ms": triton.to_json(),
+        "layers_ms": layers,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--depth", type=int, default=12, help="ViT-Tiny/16 depth (12 = the full model)")
+    parser.add_argument("--resolution", type=int, default=224)
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--output", type=Path, default=RESULTS / "serve_overhead.json")
+    parser.add_argument("--quick", action="store_true", help="depth 1 at 32 px, 30 requests: that it runs, not what it measures")
+    args = parser.parse_args()
+    if args.quick:
+        args.depth, args.resolution, args.requests = 1, 32, 30
+    torch.manual_seed(0)
+    res = (args.resolution, args.resolution)
+    model = create_model("vit_tiny_patch16", encoding="ape", depth=args.depth, img_size=args.resolution, num_classes=10).eval()
+    with tempfile.TemporaryDirectory(prefix="serve_overhead_") as work:
+        export(model, [res], Path(work) / "export")
+        result = breakdown(Path(work) / "export", res, args.requests)
+    environment = capture_environment(torch.device("cpu"))
+    result.update(environment_line=environment_line(environment), model=f"vit_tiny_patch16 depth {args.depth}, ape, {res[0]} px")
+    for name, ms in result["layers_ms"].items():
+        print(f"{name:>32}: {ms:7.3f} ms")
+    print(f"{'client via front':>32}: {result['client_via_front_ms']:7.3f} ms")
+    print(f"wrote {write_json_atomic(args.output, result)}")
+
+
+if __name__ == "__main__":
+    main()

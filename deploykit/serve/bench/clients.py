@@ -1,0 +1,74 @@
+"""What loads the served side: our own clients (gRPC to Triton, HTTP to Ray Serve), each a
+``call(item)`` the load generators drive, or Triton's ``perf_analyzer`` as a child process."""
+
+from __future__ import annotations
+
+import csv
+import http.client
+import subprocess
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from deploykit._lazy import lazy_import
+from deploykit.errors import DeployKitError
+from deploykit.serve.bench.records import LatencyMs, SideStats
+
+
+class GrpcClient:
+    """Our loopback Triton client: one gRPC channel per thread, so requests do not queue behind
+    each other's HTTP/2 stream."""
+
+    def __init__(self, url: str, model: str):
+        self.grpc, self.url, self.model = lazy_import("tritonclient.grpc"), url, model
+        self.local = threading.local()
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if not hasattr(self.local, "client"):
+            self.local.client = self.grpc.InferenceServerClient(self.url)
+        tensor = self.grpc.InferInput("images", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)
+        return self.local.client.infer(self.model, [tensor]).as_numpy("logits")
+
+
+class HttpImageClient:
+    """Our client of ``deploykit serve --ray``: ``POST /`` with one encoded image as the body,
+    one keep-alive connection per thread; any answer but 200 fails the request."""
+
+    def __init__(self, host: str, port: int, timeout_s: float = 60.0):
+        self.host, self.port, self.timeout_s = host, port, timeout_s
+        self.local = threading.local()
+
+    def __call__(self, image: bytes) -> bytes:
+        if not hasattr(self.local, "connection"):
+            self.local.connection = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+        connection = self.local.connection
+        try:
+            connection.request("POST", "/", body=image, headers={"Content-Type": "application/octet-stream"})
+            response = connection.getresponse()
+            body = response.read()
+        except (OSError, http.client.HTTPException):
+            connection.close()  # the next request opens a fresh one
+            raise
+        if response.status != 200:
+            raise DeployKitError(f"http://{self.host}:{self.port}/ answered {response.status}: {body[:200].decode(errors='replace')}")
+        return body
+
+
+def perf_analyzer_level(executable: str, url: str, model: str, load, requests: int, workdir: Path) -> SideStats:
+    """One level measured by Triton's ``perf_analyzer`` over gRPC (a count window of
+    ``requests``), at ``load``'s concurrency or request rate; its CSV gives latencies in µs."""
+    report = workdir / f"perf_{load.run_label()}.csv"
+    command = [executable, "-m", model, "-u", url, "-i", "grpc", *load.perf_analyzer_args()]
+    command += ["--measurement-mode", "count_windows", "--measurement-request-count", str(requests), "-f", str(report)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise DeployKitError(f"perf_analyzer failed at {load.label().strip()}: {tail[0]}")
+    with open(report, newline="") as f:
+        row = next(csv.DictReader(f))
+    ms = {f"p{p}": float(row[f"p{p} latency"]) / 1e3 for p in (50, 90, 95, 99)}
+    if "Avg latency" in row:
+        ms["avg"] = float(row["Avg latency"]) / 1e3
+    return SideStats(LatencyMs(count=requests, **ms), float(row["Inferences/Second"]), "perf_analyzer", sent=requests)

@@ -1,0 +1,127 @@
+"""MkDocs hooks: the pages' generated parts, made from the code and the committed results at build time.
+
+A page asks for a part with a marker line, ``<!-- generate: NAME -->``; ``GENERATORS`` maps each
+name to the function that writes it. Figures are PNG files added to the build (``on_files``), so
+no number or plot in the documentation is copied by hand.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+from mkdocs.structure.files import File
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+MARKER = re.compile(r"^<!-- generate: ([a-z-]+)(?: (\S+))? -->$", re.M)
+SWEEP_MODES = ("full", "quick")
+
+
+def _sweeps() -> list[Path]:
+    """Profile sweeps (``benchmarks/sweep.py``): the results files that hold profile records."""
+    # <device>-<mode>-<model>.json; the A/B files beside them (more dashes) compare variants in tables only.
+    found = [p for p in sorted(RESULTS.glob("*-*-*.json")) if len(p.stem.split("-")) == 3]
+    return [p for p in found if json.loads(p.read_text()).get("mode") in SWEEP_MODES]
+
+
+def _plot_name(path: Path) -> str:
+    return f"benchmarks/{path.stem}.png"
+
+
+def benchmark_results() -> str:
+    """``benchmarks/README.md`` with its tables rendered again from the results files, and a
+    latency-vs-resolution plot of each profile sweep."""
+    from benchmarks.make_readme import BEGIN, END, render
+
+    text = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
+    head, rest = text.split(BEGIN, 1)
+    head = head.split("\n", 1)[1]  # the page has its own title
+    plots = [f"![{p.stem}]({_plot_name(p)})\n\n_`benchmarks/results/{p.name}`_\n" for p in _sweeps()]
+    return "\n".join([head, "## Latency against resolution\n", *plots, render(RESULTS), rest.split(END, 1)[1]])
+
+
+def cpu_backends_table() -> str:
+    from benchmarks.make_readme import cpu_backends_table as table
+
+    return "\n".join(table(json.loads((RESULTS / "cpu-backends.json").read_text()))) + "\n"
+
+
+def precision_plans() -> str:
+    from deploykit.export.precision import PLANS
+
+    rows = ["| plan | what it changes | TensorRT builds it |", "|---|---|---|"]
+    rows += [f"| `{p.name}` | {p.summary} | {'no: ' + p.ort_only if p.ort_only else 'yes'} |" for p in PLANS.values()]
+    return "\n".join(rows) + "\n"
+
+
+def plan_tolerances() -> str:
+    """Each plan's thresholds, the fields a plan sets away from its criterion's defaults."""
+    from deploykit.export.precision import PLANS
+
+    rows = ["| plan | passes when |", "|---|---|"]
+    for plan in PLANS.values():
+        tolerance = plan.tolerance
+        defaults = {f.name: f.default for f in dataclasses.fields(tolerance)}
+        shown = {name: value for name, value in dataclasses.asdict(tolerance).items() if value not in (None, defaults[name])}
+        rows.append(f"| `{plan.name}` | {', '.join(f'`{name}` {value}' for name, value in shown.items())} |")
+    return "\n".join(rows) + "\n"
+
+
+def examples() -> str:
+    """One section per script in ``examples/``: its header docstring and how to run it."""
+    parts = []
+    for script in sorted((ROOT / "examples").glob("*.py")):
+        doc = ast.get_docstring(ast.parse(script.read_text(encoding="utf-8"))) or ""
+        title, _, body = doc.partition("\n")
+        parts += [f"## `{script.name}`: {title}", "", body.strip(), "", f"```text\npython examples/{script.name} --help\n```", ""]
+    return "\n".join(parts)
+
+
+def tests(relative: str) -> str:
+    """One line per test of ``tests/<relative>``: its name as a sentence and its docstring's first line."""
+    path = ROOT / "tests" / relative
+    lines = [f"From `tests/{relative}`:", ""]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+            doc = (ast.get_docstring(node) or "").split("\n\n")[0].replace("\n", " ")
+            lines.append(f"- {node.name.removeprefix('test_').replace('_', ' ')}" + (f": {doc}" if doc else ""))
+    return "\n".join(lines) + "\n"
+
+
+GENERATORS = {
+    "benchmark-results": benchmark_results,
+    "cpu-backends-table": cpu_backends_table,
+    "precision-plans": precision_plans,
+    "plan-tolerances": plan_tolerances,
+    "examples": examples,
+    "tests": tests,
+}
+
+
+def on_config(config):
+    # benchmarks/ and deploykit/ of this checkout (MkDocs restores sys.path after loading a hook).
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    return config
+
+
+def on_files(files, config):
+    """Add each sweep's plot, drawn from its results file, to the build."""
+    from deploykit.profile.output import plot_latency
+
+    with tempfile.TemporaryDirectory() as work:
+        for path in _sweeps():
+            records = json.loads(path.read_text())["records"]
+            png = plot_latency(Path(work) / f"{path.stem}.png", records, title=path.stem)
+            files.append(File.generated(config, _plot_name(path), content=png.read_bytes()))
+    return files
+
+
+def on_page_markdown(markdown, page, config, files):
+    return MARKER.sub(lambda match: GENERATORS[match.group(1)](*filter(None, match.groups()[1:])), markdown)

@@ -1,0 +1,114 @@
+"""Inference streams (``deploykit.backends.streams``): a runner with several streams answers what one
+stream answers, and runs concurrent calls at once, each on an executor of its own; profile keeps
+streams only where they raise throughput."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from deploykit.backends.onnxrt import OnnxrtRunner
+from deploykit.backends.streams import ExecutorPool, check_streams, threads_per_stream, usable_cores
+from deploykit.errors import ConfigError
+from deploykit.profile.streams import pick_streams
+
+TWO_CORES = pytest.mark.skipif(usable_cores() < 2, reason="two streams need two cores (OpenVINO caps streams at the cores)")
+
+
+def _graph() -> bytes:
+    """``logits = images @ w``: [B, 16] float32 → [B, 5]."""
+    weights = np.random.default_rng(0).standard_normal((16, 5)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["images", "w"], ["logits"])],
+        "tiny",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["batch", 16])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 5])],
+        [onnx.numpy_helper.from_array(weights, "w")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def _openvino(streams: int):
+    pytest.importorskip("openvino", reason="the openvino extra is not installed")
+    from deploykit.backends.openvino import OpenvinoRunner
+
+    return OpenvinoRunner(_graph(), streams=streams)
+
+
+FEED = {"images": np.random.default_rng(1).standard_normal((3, 16)).astype(np.float32)}
+
+
+@TWO_CORES
+def test_openvino_with_streams_answers_as_one_stream_does_on_a_request_per_call():
+    with _openvino(1) as one, _openvino(2) as two:
+        assert one.parallel_calls == 1 and two.parallel_calls == 2
+        assert one.info.precision.streams == 1 and two.info.precision.streams == 2
+        np.testing.assert_array_equal(two.infer(FEED)["logits"], one.infer(FEED)["logits"])
+        # two calls at once: each holds an infer request of its own while the other runs
+        held, answers, together = [], [], threading.Barrier(2, timeout=10)
+
+        def call():
+            with two._requests.take() as request:
+                together.wait()  # both inside: a pool of one request would never let the second in
+                held.append(id(request))
+                request.infer(FEED, share_inputs=True)
+                answers.append(request.get_tensor("logits").data.copy())
+
+        threads = [threading.Thread(target=call) for _ in range(2)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        assert len(set(held)) == 2 and len(answers) == 2
+        for answer in answers:
+            np.testing.assert_array_equal(answer, one.infer(FEED)["logits"])
+
+
+@TWO_CORES
+def test_concurrent_infer_calls_on_openvino_streams_all_answer_right():
+    with _openvino(2) as runner:
+        expected = runner.infer(FEED)["logits"]
+        results, start = [], threading.Barrier(4, timeout=10)
+
+        def call():
+            start.wait()
+            results.append(runner.infer(FEED)["logits"])
+
+        threads = [threading.Thread(target=call) for _ in range(4)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        assert len(results) == 4 and all(np.array_equal(r, expected) for r in results)
+
+
+def test_onnxruntime_streams_are_sessions_with_the_cores_split():
+    with OnnxrtRunner(_graph(), providers=["CPUExecutionProvider"]) as one, OnnxrtRunner(_graph(), streams=2) as two:
+        assert one.parallel_calls == 1 and two.parallel_calls == 2
+        assert two._sessions.size == 2 and two.intra_op_threads == threads_per_stream(2)
+        assert {s.get_session_options().intra_op_num_threads for s in [two._session]} == {threads_per_stream(2)}
+        np.testing.assert_array_equal(two.infer(FEED)["logits"], one.infer(FEED)["logits"])
+
+
+def test_a_pool_lets_in_as_many_callers_as_it_holds_executors():
+    pool = ExecutorPool(["a", "b"])
+    with pool.take() as first, pool.take() as second:
+        assert {first, second} == {"a", "b"}
+    one, inside = ExecutorPool(["only"]), threading.Event()
+    with one.take():
+        waiter = threading.Thread(target=lambda: one.take().__enter__() and inside.set(), daemon=True)
+        waiter.start()
+        assert not inside.wait(0.2)  # the only executor is out: the second caller waits
+    assert inside.wait(10)  # and gets it once it is back
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_a_stream_count_below_one_is_refused(bad):
+    with pytest.raises(ConfigError, match="streams must be an integer >= 1"):
+        check_streams(bad)
+
+
+def test_streams_are_kept_only_for_a_clear_throughput_gain():
+    assert pick_streams({1: 100.0, 2: 180.0}) == (2, 1.8)
+    assert pick_streams({1: 100.0, 2: 105.0}) == (1, 1.0)  # within the margin: the latency setting
+    assert pick_streams({1: 100.0, 2: 90.0}) == (1, 1.0)

@@ -1,0 +1,83 @@
+"""Throughput mode as served: ``deploykit profile``'s measured stream count is recorded in the
+choice, the pipeline opens the chosen runner with it and says so, and the server gives each
+resolution's model as many instances as its runner runs calls at once."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from unittest import mock
+
+import numpy as np
+import pytest
+
+import deploykit
+from deploykit.backends.streams import usable_cores
+from deploykit.export.manifest import CHOICE_FILE, Manifest, sha256_file
+from deploykit.profile.choice import Choice, read_choice
+from deploykit.profile.streams import with_measured_streams
+from deploykit.resolutions import resolution_tag
+
+pytest.importorskip("openvino", reason="the openvino extra is not installed")
+TWO_CORES = pytest.mark.skipif(usable_cores() < 2, reason="two streams need two cores (OpenVINO caps streams at the cores)")
+
+
+def _choose_openvino(export_dir, streams: int = 1) -> None:
+    """A choice file naming OpenVINO on the fp32 graphs at every resolution, as profile writes it."""
+    manifest = Manifest.read(export_dir)
+    choices = {
+        resolution_tag(g.resolution): [Choice("openvino", "fp32", 1, 1.0, sha256_file(export_dir / g.file), streams, 1.5).__dict__]
+        for g in manifest.graphs_at("fp32")
+    }
+    (export_dir / CHOICE_FILE).write_text(json.dumps({"choices": choices}))
+
+
+def test_profile_records_the_measured_streams_in_the_choice(export_dir, tmp_path):
+    out = shutil.copytree(export_dir, tmp_path / "exp")
+    _choose_openvino(out)
+    assert with_measured_streams(out, round_s=0.05) == out / CHOICE_FILE
+    for tag in ("32", "48"):
+        choice = read_choice(out, tag, 1)
+        assert choice.backend == "openvino" and choice.streams >= 1
+        assert (choice.streams == 1) == (choice.streams_gain == 1.0)  # more streams only with their measured gain
+        assert choice.streams == 1 or choice.streams_gain >= 1.1
+
+
+@TWO_CORES
+def test_serve_opens_the_chosen_plan_with_its_streams_and_says_so(export_dir, tmp_path):
+    out = shutil.copytree(export_dir, tmp_path / "exp")
+    _choose_openvino(out, streams=2)
+    image = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    with deploykit.load(out) as pipe, deploykit.load(export_dir, backend="openvino") as one_stream:
+        assert pipe.backends[(32, 32)] == "openvino" and pipe.parallel_calls((32, 32)) == 2
+        assert one_stream.parallel_calls((32, 32)) == 1
+        (line,) = pipe.describe_backends()
+        assert line.startswith("backend openvino with 2 inference streams at 32 (fastest validated plan")
+        assert "its streams answered 1.50x one stream's images under concurrent calls" in line
+        assert pipe(image).classes == one_stream(image).classes
+
+
+@TWO_CORES
+def test_streams_asked_for_override_the_choice_and_reach_an_explicit_backend(export_dir, tmp_path):
+    out = shutil.copytree(export_dir, tmp_path / "exp")
+    _choose_openvino(out, streams=2)
+    with deploykit.load(out, streams=1) as pipe:  # the choice's plan, on one stream
+        assert pipe.backends[(32, 32)] == "openvino" and pipe.parallel_calls((32, 32)) == 1
+        assert "streams" not in pipe.describe_backends()[0]
+    with deploykit.load(export_dir, backend="ort", streams=2) as pipe:
+        assert pipe.parallel_calls((48, 48)) == 2
+        assert pipe.describe_backends() == ["backend ort with 2 inference streams at 32, 48"]
+
+
+@TWO_CORES
+def test_the_server_binds_one_model_instance_per_stream(export_dir, tmp_path):
+    pytriton = pytest.importorskip("pytriton.triton", reason="needs PyTriton (serve extra)")
+    from deploykit.serve.triton_server import ServerOptions, bind_logits_models
+
+    out = shutil.copytree(export_dir, tmp_path / "exp")
+    _choose_openvino(out, streams=2)
+    triton = mock.create_autospec(pytriton.Triton, instance=True)
+    with deploykit.load(out) as pipe:
+        names = bind_logits_models(triton, pipe, ServerOptions())
+    assert names == ["logits_32", "logits_48"]
+    assert [len(call.kwargs["infer_func"]) for call in triton.bind.call_args_list] == [2, 2]

@@ -1,0 +1,136 @@
+"""The README and the documentation site stay true: the site builds with ``--strict`` (no broken
+link, missing page or API reference that no longer resolves), every code block runs or says why
+not, and every ``deploykit`` command written anywhere in them parses."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import click
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+FENCE = re.compile(r"(?:^<!-- not run: (?P<reason>.+?) -->\n)?^```(?P<lang>bash|python)\n(?P<code>.*?)^```$", re.M | re.S)
+# What the quick start's shell block shortens: profile's timings (the commands are the README's, the budget a test's).
+SHORT_PROFILE = ["--duration", "0.05", "--warmup", "1", "--rounds", "1", "--no-end-to-end"]
+
+
+def _blocks(lang: str) -> list[tuple[str, str, str | None]]:
+    """``(page:line, code, reason it is not run or None)`` of every ``lang`` block."""
+    found = []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for match in FENCE.finditer(text):
+            if match["lang"] == lang:
+                where = f"{page.relative_to(ROOT)}:{text[: match.start('code')].count(chr(10)) + 1}"
+                found.append((where, match["code"], match["reason"]))
+    return found
+
+
+def _deploykit_commands(code: str) -> list[list[str]]:
+    """The argument lists of every ``deploykit`` call in a shell block (``a && deploykit b`` included)."""
+    commands = []
+    for line in code.splitlines():
+        for part in line.split("&&"):
+            words = shlex.split(part, comments=True)
+            if words and Path(words[0]).name == "deploykit":
+                commands.append(words[1:])
+    return commands
+
+
+def _parse(args: list[str]) -> None:
+    """Parse a command line as ``deploykit`` would, down to its subcommand, without running it."""
+    from deploykit.cli import cli
+
+    command, name, parent = cli, "deploykit", None
+    while True:
+        ctx = command.make_context(name, list(args), parent=parent)
+        if not isinstance(command, click.Group):
+            return
+        name, command, args = command.resolve_command(ctx, [*ctx._protected_args, *ctx.args])
+        parent = ctx
+
+
+SHELL = [pytest.param(code, id=where) for where, code, _ in _blocks("bash")]
+
+
+@pytest.mark.parametrize("code", SHELL)
+def test_every_deploykit_command_in_the_docs_parses(code):
+    for args in _deploykit_commands(code):
+        try:
+            _parse(args)
+        except click.ClickException as err:
+            pytest.fail(f"deploykit {shlex.join(args)}: {err.format_message()}")
+
+
+def test_every_shell_block_runs_or_says_why_not():
+    unmarked = [where for where, _, reason in _blocks("bash") if reason is None]
+    assert unmarked == [], "mark each with <!-- not run: REASON --> or make it run on a tiny model"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where, code", [pytest.param(w, c, id=w) for w, c, reason in _blocks("python") if reason is None])
+def test_python_block_runs(where, code, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, where, "exec"), {"__name__": "__docs__"})
+
+
+@pytest.mark.slow
+def test_the_readme_quick_start_runs_up_to_serving(tmp_path, monkeypatch, deploykit_cli):
+    """The README's shell quick start on the zoo's default model, every line but ``serve`` (it runs until stopped)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = next(m["code"] for m in FENCE.finditer(text) if "deploykit serve" in m["code"])
+    commands = [args for args in _deploykit_commands(block) if args[0] != "serve"]
+    assert [args[0] for args in commands] == ["export", "validate", "profile"]
+    monkeypatch.chdir(tmp_path)
+    for args in commands:
+        code, err = deploykit_cli(*args, *(SHORT_PROFILE if args[0] == "profile" else []))
+        assert code == 0, (args, err)
+    assert (tmp_path / "out" / "default" / "profile_choice.json").is_file()
+
+
+@pytest.mark.slow
+def test_the_site_builds_strict(tmp_path):
+    """``mkdocs build --strict``: every warning (a broken link, a page not in nav, a docstring
+    reference that no longer resolves, a generated table whose results file is gone) fails."""
+    from mkdocs.commands.build import build
+    from mkdocs.config import load_config
+
+    config = load_config(str(ROOT / "mkdocs.yml"), site_dir=str(tmp_path / "site"), strict=True)
+    build(config)
+    site = tmp_path / "site"
+    assert (site / "reference" / "cli" / "index.html").read_text().count("deploykit validate") > 0
+    plots = sorted(p.name for p in (site / "benchmarks").glob("*.png"))  # drawn from the results files
+    assert plots and all(name in (site / "benchmarks" / "index.html").read_text() for name in plots)
+
+
+def _named_in_the_docs(pattern: str) -> set[tuple[str, str]]:
+    return {(str(page.relative_to(ROOT)), name) for page in PAGES for name in re.findall(pattern, page.read_text(encoding="utf-8"))}
+
+
+def test_every_file_the_docs_name_exists():
+    """A moved or renamed module, script or results file shows up here, not as a dead pointer."""
+    named = _named_in_the_docs(r"`((?:deploykit|benchmarks|tests|plugins|examples|models)/[\w./-]*\w)(?=[`\s:)])")
+    missing = [(page, path) for page, path in named if not (ROOT / path).exists() and not path.startswith("deploykit/plugins")]
+    assert sorted(missing) == []
+
+
+def test_every_python_name_the_docs_give_resolves():
+    """``deploykit.x.y`` in the text is importable (a metadata key such as ``deploykit.quantization``,
+    whose first part is no module of the package, is not a Python name)."""
+    import pkgutil
+
+    import deploykit
+
+    modules = {info.name for info in pkgutil.iter_modules(deploykit.__path__)} | set(deploykit.__all__)
+    unresolved = []
+    for page, name in _named_in_the_docs(r"\b(deploykit(?:\.[A-Za-z_]\w*)+)"):
+        if name.split(".")[1] in modules:
+            try:
+                pkgutil.resolve_name(name)
+            except (ImportError, AttributeError) as err:
+                unresolved.append((page, name, str(err)))
+    assert sorted(unresolved) == []
