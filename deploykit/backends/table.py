@@ -149,7 +149,20 @@ class Backend:
 _REGISTRY = "deploykit.backends.registry"  # the factories and availability checks, imported on first use
 
 
-def _engine(flavour: Flavour, auto_rank: int) -> Backend:
+def _runs_graphs(name: str, device: str, factories: str, unavailable: str | None = None, **fields) -> Backend:
+    """A graph backend whose factories are the registry's ``<factories>_runner`` and ``<factories>_bisect_runner``."""
+    return Backend(
+        name,
+        runs=GRAPH,
+        device=device,
+        runner=f"{_REGISTRY}:{factories}_runner",
+        bisect=f"{_REGISTRY}:{factories}_bisect_runner",
+        unavailable=None if unavailable is None else f"{_REGISTRY}:{unavailable}",
+        **fields,
+    )
+
+
+def _runs_engines(flavour: Flavour, auto_rank: int) -> Backend:
     return Backend(
         flavour.tag,
         runs=ENGINE,
@@ -164,45 +177,13 @@ def _engine(flavour: Flavour, auto_rank: int) -> Backend:
 
 BACKENDS: tuple[Backend, ...] = (
     Backend("torch", runs=MODEL, device=ANY, runner="deploykit.backends.torch_runner:TorchRunner"),
-    Backend(
-        "ort",
-        runs=GRAPH,
-        device=CPU,
-        runner=f"{_REGISTRY}:onnxrt_runner",
-        bisect=f"{_REGISTRY}:onnxrt_bisect_runner",
-        auto_rank=2,
-        everywhere=True,
-        streams=True,
-    ),
-    Backend(
-        "ort-cuda",
-        runs=GRAPH,
-        device=GPU,
-        runner=f"{_REGISTRY}:onnxrt_cuda_runner",
-        bisect=f"{_REGISTRY}:onnxrt_cuda_bisect_runner",
-        unavailable=f"{_REGISTRY}:no_cuda_provider",
-    ),
-    Backend(
-        "openvino",
-        runs=GRAPH,
-        device=CPU,
-        runner=f"{_REGISTRY}:openvino_runner",
-        bisect=f"{_REGISTRY}:openvino_bisect_runner",
-        unavailable=f"{_REGISTRY}:no_openvino",
-        streams=True,
-    ),
-    Backend(
-        "openvino-bf16",
-        runs=GRAPH,
-        device=CPU,
-        runner=f"{_REGISTRY}:openvino_bf16_runner",
-        bisect=f"{_REGISTRY}:openvino_bf16_bisect_runner",
-        unavailable=f"{_REGISTRY}:no_bf16",
-        streams=True,
-    ),
+    _runs_graphs("ort", CPU, "onnxrt", auto_rank=2, everywhere=True, streams=True),
+    _runs_graphs("ort-cuda", GPU, "onnxrt_cuda", unavailable="no_cuda_provider"),
+    _runs_graphs("openvino", CPU, "openvino", unavailable="no_openvino", streams=True),
+    _runs_graphs("openvino-bf16", CPU, "openvino_bf16", unavailable="no_bf16", streams=True),
     # auto: TensorRT, then TensorRT-RTX, then ONNX Runtime on the CPU
-    _engine(TENSORRT, auto_rank=0),
-    _engine(TENSORRT_RTX, auto_rank=1),
+    _runs_engines(TENSORRT, auto_rank=0),
+    _runs_engines(TENSORRT_RTX, auto_rank=1),
 )
 
 
