@@ -1,7 +1,7 @@
 """Images in: decoding with limits, resolution routing, and the preprocessing every deploykit path uses.
 
 One implementation for validation, profiling, the in-process pipeline and the Triton models:
-``deploykit.data.preprocess`` calls ``preprocess`` here, and ``deploykit serve`` /
+``deploykit.inputs.builtin.preprocess`` calls ``preprocess`` here, and ``deploykit serve`` /
 ``deploykit package triton`` copy this file beside their Triton Python models (as
 ``deploykit_imaging.py``), so a served model sees exactly the pixels the validated one saw.
 That is why this module depends on numpy and (lazily) Pillow only, and imports nothing from

@@ -27,7 +27,6 @@ from deploykit.backends import TorchRunner, registry
 from deploykit.backends.defaults import RUNNER
 from deploykit.backends.plugins import Plugins
 from deploykit.comparison import Tolerance, compare_logits, first_divergent, looser
-from deploykit.data import VALIDATION_NOISE, VALIDATION_REAL, VALIDATION_SEED, VALIDATION_SPLIT, check_real_count, validation_inputs
 from deploykit.errors import ConfigError, ValidationError
 from deploykit.export.bundle import load_reference
 from deploykit.export.manifest import Manifest
@@ -36,7 +35,15 @@ from deploykit.export.manifest import checked_config as _checked_config
 from deploykit.export.manifest import checked_graph as _checked_graph
 from deploykit.export.metadata import GraphMetadata
 from deploykit.export.precision import PLANS, check_precision
-from deploykit.inputs import InputData
+from deploykit.inputs.builtin import (
+    VALIDATION_NOISE,
+    VALIDATION_REAL,
+    VALIDATION_SEED,
+    VALIDATION_SPLIT,
+    check_real_count,
+    validation_inputs,
+)
+from deploykit.inputs.user import InputData
 from deploykit.nn.checkpoint import WEIGHTS_FILE
 from deploykit.nn.factory import Model
 from deploykit.resolutions import resolution_tag

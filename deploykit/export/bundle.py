@@ -50,7 +50,6 @@ import torch
 
 from deploykit._io import clear_stale_stages, directory_lock, staged_directory, write_json_atomic
 from deploykit._terminal import counter
-from deploykit.data import CALIBRATION_SPLIT, HELD_OUT_SPLIT, check_real_count
 from deploykit.encodings import config_to_dict
 from deploykit.errors import DeployKitError, ExportError
 from deploykit.export.int8_static import CalibrationOptions
@@ -78,6 +77,7 @@ from deploykit.export.onnx_export import (
     save_onnx,
 )
 from deploykit.export.precision import PLANS, apply_precision, apply_precision_to_base, check_precision
+from deploykit.inputs.builtin import CALIBRATION_SPLIT, HELD_OUT_SPLIT, check_real_count
 from deploykit.nn.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_model, save_model
 from deploykit.nn.factory import Model
 from deploykit.nn.spec import deploy_spec
@@ -169,7 +169,7 @@ def export(
         resolution_range: ``(min, opt, max)``: also write one graph taking any resolution in
             that range (``onnx_from_model``'s ``resolution_range``), tuned for ``opt``.
         calibration: how INT8 plans are calibrated and checked, and on what inputs (its ``data``;
-            by default ``deploykit.data.DefaultCalibration``; a range graph is calibrated at ``opt``). A plan that fails its
+            by default ``deploykit.inputs.builtin.DefaultCalibration``; a range graph is calibrated at ``opt``). A plan that fails its
             tolerance on held-out inputs is refused, and nothing is written.
         force: delete the files of a previous ``output_dir`` that deploykit did not write
             (``foreign_files``; each is named in a warning) instead of refusing the export.
@@ -289,7 +289,7 @@ def planned_graph(
     proto: onnx.ModelProto, model: Model, resolution, precision: str, options: CalibrationOptions = CalibrationOptions(), progress=None
 ) -> onnx.ModelProto:
     """``proto`` (the fp32 graph of ``model`` at ``resolution``) under one precision plan; a
-    quantized plan is calibrated on ``options.data`` (default ``deploykit.data.DefaultCalibration``)
+    quantized plan is calibrated on ``options.data`` (default ``deploykit.inputs.builtin.DefaultCalibration``)
     and checked on held-out inputs from it against the fp32 graph.
 
     Raises:
@@ -349,7 +349,7 @@ class _QuantizedPlans:
     def _read(self, precision: str) -> tuple:
         """The calibration inputs, the held-out inputs, the data's record and the fp32 outputs on
         the held-out inputs (the fallback's target and every plan's check share them)."""
-        from deploykit.data import DefaultCalibration
+        from deploykit.inputs.builtin import DefaultCalibration
 
         if self._data is None:
             options, say = self.options, self._say(precision)

@@ -28,9 +28,9 @@ import numpy as np
 import torch
 
 from deploykit import imaging
-from deploykit.data import encode_chars, random_inputs, random_token_inputs, sample_text
 from deploykit.encodings import EncodingConfig, Hook
 from deploykit.errors import ExportError
+from deploykit.inputs.builtin import encode_chars, random_inputs, random_token_inputs, sample_text
 from deploykit.nn.sequence import SequenceConfig, SequenceTransformer
 from deploykit.nn.vit import VisionTransformer, ViTConfig
 

@@ -26,7 +26,6 @@ from torch import Tensor, nn
 
 from deploykit import imaging
 from deploykit._fields import FLOAT32_TINY, Range, check_values, dataclass_values, show
-from deploykit.datasets import DATASETS
 from deploykit.encodings import (
     EncodingConfig,
     Hook,
@@ -40,6 +39,7 @@ from deploykit.encodings import (
     gridpe,
 )
 from deploykit.errors import ConfigError, ResolutionError, unknown_choice
+from deploykit.inputs.datasets import DATASETS
 
 # Bounds on a config's numbers, checked before anything is allocated (``deploykit._fields``). The
 # sizes reach far past any published ViT (ViT-22B: width 6144, depth 48, 48 heads) and stop long

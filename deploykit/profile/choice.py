@@ -55,7 +55,7 @@ class References:
 
     def at(self, model, resolution) -> tuple[np.ndarray, np.ndarray]:
         from deploykit.backends import TorchRunner
-        from deploykit.data import validation_inputs
+        from deploykit.inputs.builtin import validation_inputs
         from deploykit.runtime import run_batched
 
         key = (id(model), tuple(resolution))

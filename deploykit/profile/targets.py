@@ -192,8 +192,8 @@ def real_rows(model: Model, resolution) -> np.ndarray | None:
     2.3x slower on standard-normal noise than on images: float32 denormals, which the runner now
     flushes (``deploykit._cpu``); flushed, both took 49-52 ms. None without the ``images`` extra
     (a model with no dataset)."""
-    from deploykit.data import VALIDATION_REAL, validation_inputs
     from deploykit.errors import MissingDependencyError
+    from deploykit.inputs.builtin import VALIDATION_REAL, validation_inputs
 
     try:
         return validation_inputs(model, tuple(resolution), 0, VALIDATION_REAL)

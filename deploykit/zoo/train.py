@@ -18,10 +18,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from deploykit.data import normalise
-from deploykit.datasets import ShapeRelations, get_dataset
 from deploykit.encodings import get_config
 from deploykit.errors import ConfigError
+from deploykit.inputs.builtin import normalise
+from deploykit.inputs.datasets import ShapeRelations, get_dataset
 from deploykit.nn.checkpoint import WEIGHTS_FILE, save_model
 from deploykit.nn.factory import Model, create_model
 from deploykit.zoo.registry import BASE_MODEL, ZooEntry, get_entry, model_dir

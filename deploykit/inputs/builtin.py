@@ -4,7 +4,7 @@ ship inside a package, seeded noise, a zoo model's own dataset, text for sequenc
 Real images come from scikit-image's bundled samples (installed with the ``images`` extra), so
 nothing is downloaded and top-1 agreement is measured on natural-image statistics. They are
 preprocessed as the model's config says (``ViTConfig.preprocessing``: the one preprocessing of
-``deploykit.imaging``, which serving applies too). A user's own inputs: ``deploykit.inputs``.
+``deploykit.imaging``, which serving applies too). A user's own inputs: ``deploykit.inputs.user``.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def random_token_inputs(count: int, length: int, vocab_size: int, seed: int = 0)
 def dataset_inputs(dataset: str, resolution: tuple[int, int], mean, std, count: int, split: str = "test") -> np.ndarray:
     """``[count, 3, H, W]`` float32: the first ``count`` images of a ``deploykit.zoo`` dataset's
     ``split``, rendered at ``resolution`` and normalised."""
-    from deploykit.datasets import get_dataset
+    from deploykit.inputs.datasets import get_dataset
 
     return normalise(get_dataset(dataset).images(split, range(count), resolution), mean, std)
 
@@ -107,7 +107,7 @@ def validation_inputs(
 
     Raises:
         ConfigError: more real inputs than exist (``check_real_count``; the user's own are
-            counted by ``deploykit.inputs``).
+            counted by ``deploykit.inputs.user``).
     """
     if real is None:
         check_real_count(model, num_real, VALIDATION_SPLIT, "--num-real")
@@ -140,7 +140,7 @@ def real_input_limit(model, split: str) -> tuple[int | None, str]:
     if model.input_name == "tokens":
         return None, "windows of the bundled text"
     if model.cfg.dataset:
-        from deploykit.datasets import get_dataset
+        from deploykit.inputs.datasets import get_dataset
 
         return get_dataset(model.cfg.dataset).size(split), f"images in {model.cfg.dataset}'s {split} split"
     if split == VALIDATION_SPLIT:

@@ -19,7 +19,7 @@ Bad data is refused in one line naming the file: an empty folder, a file that do
 an image that is not 8-bit (16-bit or float pixels), arrays of the wrong rank, channel count,
 size or dtype, or holding NaN/Inf.
 
-numpy and Pillow only, like ``deploykit.data``: the model is read through its ``input_name``
+numpy and Pillow only, like ``deploykit.inputs.builtin``: the model is read through its ``input_name``
 and ``cfg`` (``in_chans``, ``preprocessing``, ``vocab_size``).
 """
 
