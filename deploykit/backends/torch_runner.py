@@ -66,10 +66,10 @@ class TorchRunner(Runner):
             if self.shape is not None and tuple(shape) != self.shape:
                 raise DeployKitError(f"torch runner baked for input shape {self.shape}, got {tuple(shape)}")
             tables = self._tables if self.shape is not None else self._tables_for(shape)
-            features = self._model.forward_features(x, tables)
-            out = {"logits": self._model.forward_head(features[-1]).cpu().numpy()}
+            states = self._model.hidden_states(x, tables)
+            out = {"logits": self._model.forward_head(self._model.norm(states[-1])).cpu().numpy()}
             if self.return_blocks:
-                out.update({f"blocks.{i}": f.cpu().numpy() for i, f in enumerate(features[1:])})
+                out.update({f"blocks.{i}": f.cpu().numpy() for i, f in enumerate(states[1:])})
         return out
 
     def input_names(self) -> list[str]:

@@ -13,14 +13,14 @@ from deploykit.errors import ConfigError, unknown_choice
 from deploykit.nn.sequence import ARCHITECTURE as SEQUENCE
 from deploykit.nn.sequence import SEQUENCE_CONFIGS, SequenceConfig, SequenceTransformer, create_sequence_model
 from deploykit.nn.spec import deploy_spec
-from deploykit.nn.vit import MODEL_CONFIGS, VisionTransformer, ViTConfig
-from deploykit.nn.vit import create_model as create_vit
+from deploykit.nn.vit import MODEL_CONFIGS, VisionTransformer, ViTConfig, create_vit_model
 
 Model = VisionTransformer | SequenceTransformer
 ModelConfig = ViTConfig | SequenceConfig
 
 
 def list_models() -> list[str]:
+    """Every named model of either architecture, sorted."""
     return sorted([*MODEL_CONFIGS, *SEQUENCE_CONFIGS])
 
 
@@ -29,7 +29,7 @@ def create_model(name: str, *, encoding: str | EncodingConfig | None = None, **o
     if name in SEQUENCE_CONFIGS:
         return create_sequence_model(name, encoding=encoding, **overrides)
     if name in MODEL_CONFIGS:
-        return create_vit(name, encoding=encoding or "ape", **overrides)
+        return create_vit_model(name, encoding=encoding or "ape", **overrides)
     raise ConfigError(unknown_choice("model", name, list_models()))
 
 

@@ -178,7 +178,7 @@ class SequenceTransformer(nn.Module):
     """Causal language model ``tokens [B, T] int64 → logits [B, T, vocab]``.
 
     Shares the ViT trunk's deployment interface (``input_name``, ``default_shape``,
-    ``check_shape``, ``shape_of``, ``shape_tables``, ``forward_features``, ``forward_head``), so
+    ``check_shape``, ``shape_of``, ``shape_tables``, ``hidden_states``, ``forward_head``), so
     export, validation and profiling treat a sequence length like a resolution.
     """
 
@@ -248,9 +248,13 @@ class SequenceTransformer(nn.Module):
         return self.forward_with_tables(tokens, tables)
 
     def forward_with_tables(self, tokens: Tensor, tables: PETables) -> Tensor:
-        return self.forward_head(self.forward_features(tokens, tables)[-1])
+        return self.forward_head(self.forward_features(tokens, tables))
 
-    def forward_features(self, tokens: Tensor, tables: PETables) -> list[Tensor]:
+    def forward_features(self, tokens: Tensor, tables: PETables) -> Tensor:
+        """The final normed hidden states ``[B, T, d]``."""
+        return self.norm(self.hidden_states(tokens, tables)[-1])
+
+    def hidden_states(self, tokens: Tensor, tables: PETables) -> list[Tensor]:
         """Hidden states after the embedding and after every block: ``depth + 1`` × ``[B, T, d]``."""
         x = self.drop(self.token_embed(tokens) + tables.model["pos_embed"])
         outputs = [x]
@@ -261,7 +265,7 @@ class SequenceTransformer(nn.Module):
         return outputs
 
     def forward_head(self, x: Tensor) -> Tensor:
-        return F.linear(self.norm(x), self.token_embed.weight)  # tied LM head
+        return F.linear(x, self.token_embed.weight)  # tied LM head
 
 
 def create_sequence_model(name: str, *, encoding: str | EncodingConfig | None = None, **overrides: Any) -> SequenceTransformer:

@@ -260,10 +260,6 @@ MODEL_CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
-def list_models() -> list[str]:
-    return sorted(MODEL_CONFIGS)
-
-
 class PatchEmbed(nn.Module):
     """Image ``[B, C, H, W]`` → tokens ``[B, (H/p)(W/p), D]`` by a stride-``p`` convolution, then
     ``norm`` (timm's ``norm_layer``; an ``Identity``, which holds no keys, when there is none)."""
@@ -472,10 +468,15 @@ class VisionTransformer(nn.Module):
         return self.forward_with_tables(x, self.tables(self.grid(*x.shape[-2:]), x.dtype, x.device))
 
     def forward_with_tables(self, x: Tensor, tables: PETables) -> Tensor:
-        return self.forward_head(self.forward_features(x, tables)[-1])
+        return self.forward_head(self.forward_features(x, tables))
 
-    def forward_features(self, x: Tensor, tables: PETables) -> list[Tensor]:
-        """Token sequences after the embedding and after every block: ``depth + 1`` × ``[B, P + N, D]``."""
+    def forward_features(self, x: Tensor, tables: PETables) -> Tensor:
+        """The final normed tokens ``[B, P + N, D]``, as timm's ``forward_features``."""
+        return self.norm(self.hidden_states(x, tables)[-1])
+
+    def hidden_states(self, x: Tensor, tables: PETables) -> list[Tensor]:
+        """Token sequences after the embedding and after every block: ``depth + 1`` × ``[B, P + N, D]``
+        (what validation compares block by block to find the first that diverges)."""
         grid = self.grid(*x.shape[-2:])
         x = self.patch_embed(x)
         prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
@@ -490,9 +491,9 @@ class VisionTransformer(nn.Module):
         return outputs
 
     def forward_head(self, x: Tensor) -> Tensor:
-        """Final norm, pooling (timm's ``global_pool_nlc``), ``fc_norm``, head: ``[B, P + N, D]`` →
-        ``[B, classes]`` (or ``[B, D]`` / ``[B, P + N, D]`` features without a head)."""
-        return self.head(self.fc_norm(self.pool(self.norm(x))))
+        """Pooling (timm's ``global_pool_nlc``), ``fc_norm``, head, as timm's ``forward_head``: normed
+        tokens ``[B, P + N, D]`` → ``[B, classes]`` (or ``[B, D]`` / ``[B, P + N, D]`` features without a head)."""
+        return self.head(self.fc_norm(self.pool(x)))
 
     def pool(self, x: Tensor) -> Tensor:
         pool = self.cfg.pool
@@ -525,11 +526,11 @@ def _from_timm_names(module, state_dict, prefix, *args):
             state_dict[prefix + ours] = state_dict.pop(prefix + timm_name)
 
 
-def create_model(name: str = "vit_tiny_patch16", *, encoding: str | EncodingConfig = "ape", **overrides: Any) -> VisionTransformer:
-    """Build a model from a named size and an encoding.
+def create_vit_model(name: str, *, encoding: str | EncodingConfig = "ape", **overrides: Any) -> VisionTransformer:
+    """Build a ViT from a named size and an encoding (``deploykit.nn.create_model`` picks the architecture).
 
     Args:
-        name: one of ``list_models()``.
+        name: one of ``MODEL_CONFIGS``.
         encoding: a registry name or a config from ``deploykit.encodings.get_config``.
         **overrides: any ``ViTConfig`` field (``num_classes``, ``img_size``, ...).
 
@@ -537,7 +538,7 @@ def create_model(name: str = "vit_tiny_patch16", *, encoding: str | EncodingConf
         ConfigError: unknown model or encoding name, or an invalid field.
     """
     if name not in MODEL_CONFIGS:
-        raise ConfigError(unknown_choice("model", name, list_models()))
+        raise ConfigError(unknown_choice("model", name, sorted(MODEL_CONFIGS)))
     enc = get_config(encoding) if isinstance(encoding, str) else encoding
     try:
         cfg = ViTConfig(**{**MODEL_CONFIGS[name], **overrides, "encoding": enc})
