@@ -92,7 +92,7 @@ Job = tuple[tuple[int, ...], tuple[tuple[int, ...], tuple[int, ...]] | None]
 
 
 @dataclass(frozen=True)
-class ExportPlan:
+class ExportRequest:
     """What one export writes: a graph per job and precision plan, at one opset, INT8 plans
     calibrated as ``calibration`` says."""
 
@@ -110,8 +110,8 @@ class ExportPlan:
         opset: int,
         resolution_range=None,
         calibration: CalibrationOptions = CalibrationOptions(),
-    ) -> ExportPlan:
-        """The plan, every part checked before any work (``ResolutionError``, ``ExportError`` or
+    ) -> ExportRequest:
+        """The request, every part checked before any work (``ResolutionError``, ``ExportError`` or
         ``ConfigError`` in one line): shapes the model takes at a size a graph can hold, a
         valid range, known precision plans, a supported opset, no more calibration and held-out
         inputs than the model's data holds."""
@@ -182,7 +182,7 @@ def export(
             writing ``output_dir``; files deploykit did not write there (without ``force``);
             weights that are not finite; a failed export or lint.
     """
-    plan = ExportPlan.checked(model, resolutions, precisions, opset, resolution_range, calibration)
+    request = ExportRequest.checked(model, resolutions, precisions, opset, resolution_range, calibration)
     check_finite_weights(model)
     output_dir = _destination(Path(output_dir))
     say = progress or (lambda message: None)
@@ -192,7 +192,7 @@ def export(
         _check_foreign_files(_destination(output_dir), force)
         with staged_directory(output_dir) as stage:
             weights_sha256 = _write_reference(model, stage)
-            graphs = _write_graphs(model, plan, stage, say)
+            graphs = _write_graphs(model, request, stage, say)
             graphs += _keep_previous(output_dir, stage, weights_sha256, graphs)
             manifest = _write_manifest(stage, model, weights_sha256, source, graphs)
     return manifest
@@ -270,13 +270,13 @@ def _write_reference(model: Model, stage: Path) -> str:
     return sha256_file(stage / WEIGHTS_FILE)
 
 
-def _write_graphs(model: Model, plan: ExportPlan, stage: Path, say: Callable[[str], None]) -> list[GraphEntry]:
+def _write_graphs(model: Model, request: ExportRequest, stage: Path, say: Callable[[str], None]) -> list[GraphEntry]:
     """Step: one graph per job and precision plan, each entry read back from the graph written."""
     entries = []
-    for resolution, span in plan.jobs:
+    for resolution, span in request.jobs:
         say(f"exporting {resolution_tag(resolution) if span is None else range_tag(span)}")
-        proto = onnx_from_model(model, resolution, plan.opset, resolution_range=span)
-        for precision, planned in planned_graphs(proto, model, resolution, plan.precisions, plan.calibration, say):
+        proto = onnx_from_model(model, resolution, request.opset, resolution_range=span)
+        for precision, planned in planned_graphs(proto, model, resolution, request.precisions, request.calibration, say):
             if precision != "fp32":
                 check_graph(planned)  # the casts must leave a valid, strictly typed graph
             name = graph_file_name(resolution, precision, span)
@@ -339,7 +339,7 @@ class _QuantizedPlans:
 
     def __init__(self, proto: onnx.ModelProto, model: Model, resolution, options: CalibrationOptions, progress):
         self.proto, self.model, self.resolution, self.options, self.progress = proto, model, resolution, options, progress
-        self.logits = model.output_kind == "logits"  # a headless backbone's features: judged by cosine, not answers
+        self.logits = deploy_spec(model).answers_top_k
         self.batch = rows_per_call(model, resolution)
         self._data: tuple | None = None
 

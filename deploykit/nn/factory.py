@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from deploykit.catalog import SEQUENCE_ARCHITECTURE
 from deploykit.encodings import EncodingConfig
 from deploykit.errors import ConfigError, unknown_choice
-from deploykit.nn.sequence import ARCHITECTURE as SEQUENCE
 from deploykit.nn.sequence import SEQUENCE_CONFIGS, SequenceConfig, SequenceTransformer, create_sequence_model
 from deploykit.nn.spec import deploy_spec
 from deploykit.nn.vit import MODEL_CONFIGS, VisionTransformer, ViTConfig, create_vit_model
@@ -37,7 +37,7 @@ def config_from_dict(data: dict[str, Any]) -> ModelConfig:
     """Read a ``config.json`` dict of either architecture."""
     if not isinstance(data, dict):
         raise ConfigError(f"a model config is a JSON object, got {type(data).__name__}")
-    if data.get("architecture", "vit") == SEQUENCE:
+    if data.get("architecture", "vit") == SEQUENCE_ARCHITECTURE:
         return SequenceConfig.from_dict(data)
     return ViTConfig.from_dict(data)
 

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from deploykit import imaging
 from deploykit._fields import FLOAT32_TINY, Range, check_values, dataclass_values, show
+from deploykit.catalog import IMAGES_INPUT
 from deploykit.encodings import (
     EncodingConfig,
     Hook,
@@ -40,6 +41,7 @@ from deploykit.encodings import (
 )
 from deploykit.errors import ConfigError, ResolutionError, unknown_choice
 from deploykit.inputs.datasets import DATASETS
+from deploykit.inputs.kinds import ImageInput
 
 # Bounds on a config's numbers, checked before anything is allocated (``deploykit._fields``). The
 # sizes reach far past any published ViT (ViT-22B: width 6144, depth 48, 48 heads) and stop long
@@ -381,7 +383,7 @@ class Block(nn.Module):
 class VisionTransformer(nn.Module):
     """ViT classifier taking any resolution that is a multiple of the patch size.
 
-    The deployment interface shared with ``SequenceTransformer`` (``input_name``,
+    The deployment interface shared with ``SequenceTransformer`` (``input_name``, ``input_kind``,
     ``default_shape``, ``check_shape``, ``shape_of``, ``shape_tables``) lets export, validation
     and profiling treat both alike; a shape here is ``(height, width)``. What differs between
     the architectures (inputs, FLOPs, preprocessing) is in ``deploykit.nn.spec``.
@@ -390,7 +392,7 @@ class VisionTransformer(nn.Module):
         cfg: architecture and encoding.
     """
 
-    input_name: ClassVar[str] = "images"
+    input_name: ClassVar[str] = IMAGES_INPUT
 
     def __init__(self, cfg: ViTConfig):
         super().__init__()
@@ -438,10 +440,10 @@ class VisionTransformer(nn.Module):
         return (self.cfg.img_size, self.cfg.img_size)
 
     @property
-    def output_kind(self) -> str:
-        """``logits`` for a classifier; ``features`` for a backbone without a head (``num_classes=0``),
-        whose outputs validation compares by cosine and max abs rather than top-k."""
-        return "logits" if self.cfg.num_classes else "features"
+    def input_kind(self) -> ImageInput:
+        """What the model takes, for making and checking its inputs (``deploykit.inputs.kinds``)."""
+        cfg = self.cfg
+        return ImageInput(cfg.in_chans, cfg.preprocessing, cfg.dataset, cfg.mean, cfg.std)
 
     def check_shape(self, shape: tuple[int, int]) -> tuple[int, int]:
         """The resolution itself, once checked against the patch size (``ResolutionError`` if not)."""

@@ -37,9 +37,11 @@ import numpy as np
 
 from deploykit._io import write_output_json
 from deploykit._lazy import lazy_import
+from deploykit.catalog import OUTPUT_NAME
 from deploykit.errors import ConfigError, DeployKitError, unknown_choice
 from deploykit.resolutions import resolution_tag
 from deploykit.serve import defaults
+from deploykit.serve.classifier import INPUT_NAME
 from deploykit.serve.door import free_loopback_ports
 from deploykit.serve.pipeline import Pipeline
 from deploykit.serve.triton_server import logits_model_name
@@ -177,9 +179,9 @@ class GrpcClient:
     def __call__(self, x: np.ndarray) -> np.ndarray:
         if not hasattr(self.local, "client"):
             self.local.client = self.grpc.InferenceServerClient(self.url)
-        tensor = self.grpc.InferInput("images", list(x.shape), "FP32")
+        tensor = self.grpc.InferInput(INPUT_NAME, list(x.shape), "FP32")
         tensor.set_data_from_numpy(x)
-        return self.local.client.infer(self.model, [tensor]).as_numpy("logits")
+        return self.local.client.infer(self.model, [tensor]).as_numpy(OUTPUT_NAME)
 
     def counts(self) -> tuple[int, int]:
         """Triton's ``(inference_count, execution_count)`` of the model so far."""

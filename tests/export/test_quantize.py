@@ -13,11 +13,11 @@ import torch
 from onnx import TensorProto, numpy_helper
 
 import deploykit.inputs.builtin
+from deploykit.catalog import TABLE_PREFIXES
 from deploykit.encodings import list_encodings
 from deploykit.errors import ConfigError, ExportError
 from deploykit.export import export
 from deploykit.export.int8_static import CalibrationOptions
-from deploykit.export.lint import TABLE_PREFIXES
 from deploykit.export.manifest import Manifest
 from deploykit.export.metadata import GraphMetadata
 from deploykit.export.sensitivity import QualityTarget

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from deploykit.errors import ConfigError, ResolutionError
 from deploykit.nn import create_model
+from deploykit.nn.spec import deploy_spec
 
 F64 = torch.float64
 
@@ -162,7 +163,7 @@ def test_timm_trunk_options_keep_timm_names_and_pool_as_timm():
     } <= keys
     assert not any(k.startswith(("head.", "norm.")) or k == "blocks.0.mlp.fc1.weight" for k in keys)
     assert model.state_dict()["blocks.0.mlp.fc2.weight"].shape == (192, 100)
-    assert model.output_kind == "features"
+    assert not deploy_spec(model).answers_top_k
     x = torch.randn(2, 3, 32, 48)
     with torch.no_grad():
         tokens = model.hidden_states(x, model.tables((2, 3), x.dtype))[-1]
