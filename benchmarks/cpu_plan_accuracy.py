@@ -34,13 +34,13 @@ from cpu_backends import usable_lanes  # benchmarks/ is on sys.path when run as 
 
 from deploykit._io import write_json_atomic
 from deploykit.backends.openvino import OpenvinoBf16Runner, OpenvinoRunner
-from deploykit.data import normalise
-from deploykit.datasets import get_dataset
 from deploykit.encodings import encoding_name
 from deploykit.errors import DeployKitError
 from deploykit.export import onnx_from_model
 from deploykit.export.bundle import planned_graphs
 from deploykit.export.int8_static import CalibrationOptions
+from deploykit.inputs.builtin import normalise
+from deploykit.inputs.datasets import get_dataset
 from deploykit.nn import load_model
 from deploykit.profile.environment import capture_environment
 from deploykit.runtime import run_batched

@@ -309,7 +309,7 @@ def test_the_int8_plan_s_own_target_is_checked_again_on_the_user_s_held_out_data
     the bundled images at the default target); once the arrays changed, the check is refused and
     the run is not a default choice, saying why."""
     from deploykit.errors import InputError
-    from deploykit.inputs import UserCalibration, read_inputs
+    from deploykit.inputs.user import UserCalibration, read_inputs
     from deploykit.profile.choice import References, check_target, not_default_because
     from deploykit.profile.targets import RunnerTarget
     from deploykit.runtime.onnxrt import OnnxrtRunner

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from deploykit.catalog import IMAGES_INPUT
 from deploykit.comparison import output_rows
 from deploykit.errors import DeployKitError
 
@@ -62,7 +63,7 @@ class Runner:
         return self._infer(feed)
 
     def input_names(self) -> list[str]:
-        return ["images"]
+        return [IMAGES_INPUT]
 
     @property
     def provider(self) -> str:

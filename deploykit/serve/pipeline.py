@@ -52,8 +52,9 @@ import numpy as np
 from deploykit import imaging
 from deploykit._lazy import lazy_import
 from deploykit.answers import top_k
+from deploykit.catalog import OUTPUT_NAME
 from deploykit.errors import ConfigError, DeployKitError, InputError, one_line
-from deploykit.export.manifest import OUTPUT_NAME, Manifest
+from deploykit.export.manifest import Manifest
 from deploykit.imaging import nearest_resolution
 from deploykit.resolutions import resolution_tag
 from deploykit.runtime.base import Runner

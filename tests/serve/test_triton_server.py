@@ -28,7 +28,7 @@ grpcclient = pytest.importorskip("tritonclient.grpc", reason="needs the serve ex
 PIL = pytest.importorskip("PIL.Image", reason="needs pillow")
 from tritonclient.utils import InferenceServerException
 
-from deploykit.data import sample_images
+from deploykit.inputs.builtin import sample_images
 from deploykit.serve.pipeline import AUTO_PREFERENCE
 from tests import image_bombs
 
