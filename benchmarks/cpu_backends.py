@@ -36,11 +36,11 @@ from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.backends.openvino import OpenvinoBf16Runner, OpenvinoRunner, cpu_capabilities
 from deploykit.backends.registry import available_backends
 from deploykit.comparison import row_cosines
-from deploykit.data import validation_inputs
 from deploykit.errors import DeployKitError
 from deploykit.export import onnx_from_model
 from deploykit.export.bundle import planned_graphs
 from deploykit.export.int8_static import CalibrationOptions
+from deploykit.inputs.builtin import validation_inputs
 from deploykit.nn import create_model, load_model
 from deploykit.profile import Budget, LatencyStats, measure
 from deploykit.profile.environment import capture_environment

@@ -36,13 +36,13 @@ from deploykit._io import write_json_atomic
 from deploykit.backends.base import run_batched
 from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.backends.openvino import OpenvinoBf16Runner, OpenvinoRunner
-from deploykit.data import normalise
-from deploykit.datasets import get_dataset
 from deploykit.encodings import encoding_name
 from deploykit.errors import DeployKitError
 from deploykit.export import onnx_from_model
 from deploykit.export.bundle import planned_graphs
 from deploykit.export.int8_static import CalibrationOptions
+from deploykit.inputs.builtin import normalise
+from deploykit.inputs.datasets import get_dataset
 from deploykit.nn import load_model
 from deploykit.profile.environment import capture_environment
 from deploykit.zoo.cards import eval_resolutions

@@ -304,7 +304,7 @@ def encoding_check(encoding: str, device: str):
     def check():
         from deploykit.backends import TorchRunner
         from deploykit.comparison import compare_logits
-        from deploykit.data import validation_inputs
+        from deploykit.inputs.builtin import validation_inputs
         from deploykit.validate import TOLERANCES
         from deploykit.zoo.resolve import resolve_model
 

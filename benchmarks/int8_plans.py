@@ -33,11 +33,11 @@ import torch
 
 from deploykit._io import write_json_atomic
 from deploykit.backends.onnxrt import run_graph
-from deploykit.data import normalise, validation_inputs
 from deploykit.encodings import encoding_name, list_encodings
 from deploykit.export import onnx_from_model
 from deploykit.export.bundle import planned_graphs
 from deploykit.export.int8_static import Calibration, CalibrationOptions, quantize_static_int8
+from deploykit.inputs.builtin import normalise, validation_inputs
 from deploykit.nn import create_model
 from deploykit.profile import Budget, LatencyStats, measure
 from deploykit.profile.environment import capture_environment
@@ -78,7 +78,7 @@ def speed(args) -> None:
 def _variants(model, resolution, only: list[str] | None = None) -> dict:
     """Plan name -> serialized graph: the plans as ``export`` writes them, and ``int8+attn``
     (with ``only``: fp32 and those)."""
-    from deploykit.data import calibration_inputs
+    from deploykit.inputs.builtin import calibration_inputs
 
     wanted = lambda name: only is None or name == "fp32" or name in only
     fp32 = onnx_from_model(model, resolution)
@@ -123,8 +123,8 @@ def _time_variants(variants: dict, model, model_name, encoding, resolution, batc
 
 
 def attention(args) -> None:
-    from deploykit.data import calibration_inputs
-    from deploykit.datasets import get_dataset
+    from deploykit.inputs.builtin import calibration_inputs
+    from deploykit.inputs.datasets import get_dataset
     from deploykit.nn.checkpoint import load_model
     from deploykit.zoo.cards import eval_resolutions
     from deploykit.zoo.registry import list_zoo, model_dir

@@ -29,11 +29,11 @@ from results_file import write_results
 import deploykit.graph.openvino as openvino_rules
 from deploykit.backends.openvino import OpenvinoBf16Runner, OpenvinoRunner
 from deploykit.backends.registry import available_backends
-from deploykit.data import validation_inputs
 from deploykit.export import onnx_from_model
 from deploykit.export.bundle import planned_graphs
 from deploykit.export.int8_static import CalibrationOptions
 from deploykit.graph import RuleSet
+from deploykit.inputs.builtin import validation_inputs
 from deploykit.nn import create_model
 from deploykit.profile.timing import Budget, LatencyStats, measure
 from deploykit.zoo.resolve import resolve_model

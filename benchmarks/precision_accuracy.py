@@ -36,10 +36,10 @@ from onnx import TensorProto, helper, numpy_helper
 import deploykit
 from deploykit.backends import TorchRunner
 from deploykit.backends.base import run_batched
-from deploykit.data import random_inputs, real_inputs
 from deploykit.encodings import list_encodings
 from deploykit.export import onnx_from_model
 from deploykit.export.precision import PRECISIONS, apply_precision
+from deploykit.inputs.builtin import random_inputs, real_inputs
 from deploykit.nn.checkpoint import DEFAULT_MODEL, default_model
 from deploykit.validate import TOLERANCES, compare_logits
 

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from deploykit._io import write_json_atomic
+from deploykit.backends.streams import machine_streams
 from deploykit.export import export
 from deploykit.export.manifest import Manifest
 from deploykit.nn import create_model
@@ -120,6 +121,9 @@ def main() -> None:
     parser.add_argument("--resolution", type=int, default=224)
     parser.add_argument("--rates", default="25,50,100", help="open-loop levels, requests/s")
     parser.add_argument("--p99-ms", type=float, default=100.0, help="the p99 search's limit")
+    parser.add_argument(
+        "--openvino-streams", type=int, default=machine_streams(), help="the OpenVINO plan's inference streams (throughput mode)"
+    )
     parser.add_argument("--app-seconds", type=int, default=15, help="benchmark_app's run, per precision")
     parser.add_argument("--output", type=Path, default=RESULTS / "serve_cpu.json")
     args = parser.parse_args()
@@ -133,8 +137,11 @@ def main() -> None:
         export(model, [res], export_dir)
         onnx = export_dir / Manifest.read(export_dir).graph(res).file
         ort = bench_serving(export_dir, BenchOptions(requests=args.requests, resolution=res, rates=rates, p99_ms=args.p99_ms), print)
-        print("OpenVINO plan, concurrency 8 and 32", flush=True)
-        openvino = bench_serving(export_dir, BenchOptions(concurrency=(8, 32), requests=args.requests, resolution=res, backend="openvino"))
+        print(f"OpenVINO plan with {args.openvino_streams} inference streams, concurrency 8 and 32", flush=True)
+        ov_options = BenchOptions(
+            concurrency=(8, 32), requests=args.requests, resolution=res, backend="openvino", streams=args.openvino_streams
+        )
+        openvino = bench_serving(export_dir, ov_options, print)
         apps = [run_benchmark_app(onnx, 1, res, args.app_seconds, precision) for precision in ("f32", None)]
     verdicts = goals(ort, openvino, apps[0])
     result = {

@@ -124,7 +124,7 @@ def valid_requests(pipeline, count: int) -> list[ValidRequest]:
     """``count`` requests cycling classify/logits over HTTP/gRPC through the zoo's test images."""
     from PIL import Image
 
-    from deploykit.datasets import get_dataset
+    from deploykit.inputs.datasets import get_dataset
 
     dataset, images = get_dataset("shape-relations"), []
     for size in IMAGE_SIZES:

@@ -4,10 +4,9 @@ And ``denormals_flushed``: the calling thread's floating-point mode for CPU infe
 
 Why denormals matter here: a trained ViT's attention can be so peaked that softmax writes
 probabilities below float32's normal range (1.2e-38). On x86 every product with such a value
-takes a microcode assist, 60x the normal cost: on 16 held-out images of the default zoo model at
-384 px, ONNX Runtime's fp32 graph took 49-543 ms per image (an ``attn @ v`` up to 226 ms instead
-of 3.6), and 48-51 ms with denormals flushed, with bit-identical outputs
-(``benchmarks/denormals.py``).
+takes a microcode assist, many times the normal cost; on held-out images of the default zoo model,
+flushing them makes ONNX Runtime's fp32 graph several times faster per image with bit-identical
+outputs (``benchmarks/results/denormals.json``, from ``benchmarks/denormals.py``).
 """
 
 from __future__ import annotations

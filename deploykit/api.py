@@ -167,8 +167,8 @@ def validate(
         The report: ``bool(report)`` is True when every check passed.
     """
     from deploykit.backends.defaults import RUNNER
-    from deploykit.data import VALIDATION_REAL
-    from deploykit.inputs import read_inputs
+    from deploykit.inputs.builtin import VALIDATION_REAL
+    from deploykit.inputs.user import read_inputs
     from deploykit.validate import validate as run_validation
 
     data = read_inputs(inputs) if inputs is not None else None

@@ -148,9 +148,9 @@ def build(
         names = ", ".join(s.describe() for s in plugins.python)
         _log.warning("%s has no Python plugins: %s not loaded; custom ops run their ONNX function bodies", made_by.title, names)
         plugins = plugins.without_python()
-    plans = [_plan(export_dir, entry, options, plugins, rebuild, device) for entry in entries]  # refuse before building
+    builds = [_prepare_build(export_dir, entry, options, plugins, rebuild, device) for entry in entries]  # refuse before building
     results = []
-    for path, entry_options, fingerprint, cached in plans:
+    for path, entry_options, fingerprint, cached in builds:
         engine, fp_path = engine_paths(path, module)
         start = time.perf_counter()
         if not cached:
@@ -187,7 +187,7 @@ def _select(manifest: Manifest, precisions, resolutions) -> list[GraphEntry]:
     return [g for p in precisions for g in manifest.graphs_at(p, ranges=True)]
 
 
-def _plan(export_dir: Path, entry: GraphEntry, options: BuildOptions, plugins: Plugins, rebuild: bool, device):
+def _prepare_build(export_dir: Path, entry: GraphEntry, options: BuildOptions, plugins: Plugins, rebuild: bool, device):
     """``(graph path, its build options, fingerprint, reuse existing engine?)``; raises if a stale
     engine is in the way."""
     path = checked_graph(export_dir, entry)

@@ -1,9 +1,14 @@
-"""What deploykit offers, by name, without importing PyTorch: for ``deploykit list``.
+"""deploykit's names, without importing PyTorch: what it offers (for ``deploykit list``) and what
+its graphs are made of.
 
-Names are defined once, where the things are: ``@register_encoding("name", ...)`` in each encoding
-module, the size tables ``MODEL_CONFIGS`` (``deploykit.nn.vit``) and ``SEQUENCE_CONFIGS``
+What it offers is defined where the things are: ``@register_encoding("name", ...)`` in each
+encoding module, the size tables ``MODEL_CONFIGS`` (``deploykit.nn.vit``) and ``SEQUENCE_CONFIGS``
 (``deploykit.nn.sequence``). Those modules need PyTorch to import (a second or two), so the names
 are read from their source instead: the decorators' first argument and the tables' literal keys.
+
+The names of an exported graph are a contract between the models that trace it (``deploykit.nn``,
+whose ``DeploySpec`` hands them to export), the checks that read it and what feeds it without
+PyTorch (runners, serving, Triton's model configs), so they are defined here, once.
 """
 
 from __future__ import annotations
@@ -11,6 +16,18 @@ from __future__ import annotations
 import ast
 import functools
 from pathlib import Path
+
+# A model's one graph input, by architecture: a ViT's images ``[N, C, H, W]`` float32, a sequence
+# model's token ids ``[N, T]`` int64.
+IMAGES_INPUT = "images"
+TOKENS_INPUT = "tokens"
+OUTPUT_NAME = "logits"  # every graph's one output (a headless backbone's features too)
+# ``config.json``'s ``architecture`` of a sequence model (absent: a ViT).
+SEQUENCE_ARCHITECTURE = "sequence_transformer"
+# Initializer-name prefixes of positional tables: export bakes them under ``pe_tables.``
+# (``BakedModel.pe_tables``); ``pos_embed`` is timm's learned APE.
+TABLE_PREFIX = "pe_tables."
+TABLE_PREFIXES = (TABLE_PREFIX, "pos_embed")
 
 _PACKAGE = Path(__file__).parent
 _SIZE_TABLES = {"nn/vit.py": "MODEL_CONFIGS", "nn/sequence.py": "SEQUENCE_CONFIGS"}
@@ -23,7 +40,7 @@ def encodings() -> list[str]:
 
 @functools.cache
 def _encodings(package: Path) -> tuple[str, ...]:
-    # Read once per package directory: every manifest read checks its encoding against these (about 8 ms a walk).
+    # Read once per package directory: every manifest read checks its encoding against these, and a walk parses every encoding module.
     names = []
     for source in sorted((package / "encodings").glob("*.py")):
         for node in ast.walk(_tree(source)):

@@ -39,10 +39,10 @@ from deploykit.cli_options import (
     zoo_root_option,
 )
 from deploykit.cli_serve import package, serve, serve_bench
-from deploykit.data import VALIDATION_NOISE, VALIDATION_REAL, VALIDATION_SEED
 from deploykit.errors import DeployKitError
 from deploykit.export import defaults as export_defaults
 from deploykit.importers import IMPORTERS
+from deploykit.inputs.builtin import VALIDATION_NOISE, VALIDATION_REAL, VALIDATION_SEED
 from deploykit.profile import defaults as profile_defaults
 
 __all__ = ["cli", "main", "parse_counts"]
@@ -122,7 +122,7 @@ def export(encoding, model_name, checkpoint, resolutions, output, opset, precisi
 def _calibration(calibration_data, calibration_samples, calibration_method, min_agreement, held_out, int8_attention, **rest):
     """``int8_options`` → ``CalibrationOptions``."""
     from deploykit.export.int8_static import CalibrationOptions
-    from deploykit.inputs import UserCalibration, read_inputs
+    from deploykit.inputs.user import UserCalibration, read_inputs
 
     return CalibrationOptions(
         samples=calibration_samples,

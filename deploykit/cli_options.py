@@ -4,7 +4,7 @@ counts as comma lists, one form for every error, and the option groups several c
 
 Defaults the library also applies are read from its torch-free constants (the ``defaults``
 modules of ``deploykit.export``, ``deploykit.backends``, ``deploykit.profile`` and
-``deploykit.serve``; ``deploykit.data`` for validation's inputs, ``deploykit.imaging`` for image
+``deploykit.serve``; ``deploykit.inputs.builtin`` for validation's inputs, ``deploykit.imaging`` for image
 limits), never restated as literals, so ``--help`` shows what the library does.
 
 Exit codes: a command line click cannot parse (an unknown command or option, a missing argument,

@@ -30,6 +30,15 @@ from deploykit.serve import defaults as serve_defaults
 __all__ = ["package", "serve", "serve_bench"]
 
 
+streams_option = click.option(
+    "--streams",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Inference streams of the CPU runners (ONNX Runtime, OpenVINO), each serving one request at a time in parallel "
+    "[default: what deploykit profile measured for its choice, else 1].",
+)
+
+
 @click.command(cls=Command)
 @EXPORT_DIR
 @defaulted("--host", default=serve_defaults.HOST, help="Address every endpoint binds to.")
@@ -43,13 +52,7 @@ __all__ = ["package", "serve", "serve_bench"]
     "[default: fp32, or on a CPU the fastest validated plan deploykit profile chose for the directory]."
 )
 @defaulted("--top-k", default=serve_defaults.TOP_K, help="Classes returned per image.")
-@click.option(
-    "--streams",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Inference streams of the CPU runners (ONNX Runtime, OpenVINO), each serving one request at a time in parallel "
-    "[default: what deploykit profile measured for its choice, else 1].",
-)
+@streams_option
 @image_limit_options
 @defaulted(
     "--max-request-bytes",
@@ -151,6 +154,7 @@ def _serve_triton(export_dir, limits, *, port, drain_timeout, **settings):
     default=serve_defaults.BENCH_CLIENT,
     help="Load generator of the served side: Triton's perf_analyzer when installed, else our own.",
 )
+@streams_option
 @click.option("--ray", is_flag=True, help="Measure serve --ray (Ray Serve, one PNG per HTTP request) instead of Triton.")
 @defaulted("--replicas", default=serve_defaults.RAY_REPLICAS, help="Ray Serve replicas (with --ray).")
 @json_option()

@@ -1,7 +1,7 @@
 """Images in: decoding with limits, resolution routing, and the preprocessing every deploykit path uses.
 
 One implementation for validation, profiling, the in-process pipeline and the Triton models:
-``deploykit.data.preprocess`` calls ``preprocess`` here, and ``deploykit serve`` /
+``deploykit.inputs.builtin.preprocess`` calls ``preprocess`` here, and ``deploykit serve`` /
 ``deploykit package triton`` copy this file beside their Triton Python models (as
 ``deploykit_imaging.py``), so a served model sees exactly the pixels the validated one saw.
 That is why this module depends on numpy and (lazily) Pillow only, and imports nothing from
@@ -54,13 +54,14 @@ MAX_ASPECT = 16.0
 # never reaches Ghostscript and a TIFF/ICNS/... never reaches its decoder.
 FORMATS = ("PNG", "JPEG", "WEBP", "BMP")
 # Decode work, bounded from the container before Pillow reads it: the pixel and byte budgets leave
-# room for multipliers (issue 41: a 961 KB progressive JPEG repeating one scan 10,000 times cost
-# 19-29 s of CPU). Pillow walks PNG chunks and a JPEG's header segments in Python (about 2.5 us
-# a chunk: 32 MiB of empty chunks is 7 s), and libjpeg passes over every block once per scan.
+# room for multipliers: libjpeg passes over every block once per scan, so a small progressive JPEG
+# repeating one scan thousands of times costs far more CPU than its pixels, and Pillow walks PNG
+# chunks and a JPEG's header segments in Python (``benchmarks/results/decode-bounds.json`` times
+# files at these limits).
 # 20,000 chunks leave a 32 MiB PNG in libpng's 8 KiB IDAT chunks (4,096) room; libjpeg's own
 # progressions write 10 scans (YCbCr) or 18 (CMYK), other encoders about as many, so 64 refuses
 # no real encoder's file. Pillow skips stray bytes between a JPEG's header segments one at a
-# time, in Python (about 0.3 us each). Animated images are refused (a classifier takes one
+# time, in Python. Animated images are refused (a classifier takes one
 # still image, and an APNG or WebP animation's frames each cost a canvas); so are RLE BMPs,
 # which Pillow decodes in Python, pixel by pixel.
 MAX_CHUNKS = 20_000
@@ -74,8 +75,8 @@ CROP_MODES = ("center", "squash", "border")
 DEFAULT_CROP_PCT = 0.875  # timm's DEFAULT_CROP_PCT
 # The largest magnitude a model input may have. Normalised pixels, (v - mean) / std for v in [0, 1],
 # lie within ±2.7 for ImageNet's mean and std and ±1 for CLIP's or 0.5/0.5; a tensor a client sends
-# instead of an image can hold anything, and a finite 3e38 overflows the first layer to NaN logits
-# (issue 41). 1e4 is over 3,000 times any real preprocessing's range, and keeps an fp32 patch
+# instead of an image can hold anything, and a finite 3e38 overflows the first layer to NaN logits.
+# 1e4 is over 3,000 times any real preprocessing's range, and keeps an fp32 patch
 # embedding's 768-term sums far from overflow.
 MAX_INPUT_MAGNITUDE = 1e4
 

@@ -17,11 +17,11 @@ import os
 from collections import Counter
 from pathlib import Path
 
+from deploykit.catalog import TABLE_PREFIX
 from deploykit.errors import DeployKitError, one_line
 
 GRAPH_SUFFIXES = (".onnx",)
 ENGINE_SUFFIXES = (".engine", ".plan")
-_TABLE_PREFIX = "pe_tables"
 
 
 def inspect_path(path: str | os.PathLike) -> dict:
@@ -52,7 +52,7 @@ def inspect_graph(path: Path) -> dict:
     except Exception as err:  # protobuf's DecodeError and friends: not a model
         raise DeployKitError(one_line(f"{path} is not a readable ONNX graph: {err}")) from err
     meta = GraphMetadata.of(proto)
-    tables = [i for i in proto.graph.initializer if i.name.startswith(_TABLE_PREFIX)]
+    tables = [i for i in proto.graph.initializer if i.name.startswith(TABLE_PREFIX)]
     custom = Counter(f"{n.domain}::{n.op_type}" for n in proto.graph.node if n.domain not in ("", "ai.onnx"))
     return {
         "kind": "graph",

@@ -4,7 +4,7 @@ The reference is the saved model run in float64. For every backend × resolution
 holds max/mean absolute error, max relative error, worst per-sample cosine similarity, top-1 and
 top-5 agreement on the real inputs (images, or text for a sequence model), NaN/Inf counts and pass/fail against the precision's
 tolerance, and which execution provider ran (ONNX Runtime drops CUDA silently). A backbone
-without a classifier (``output_kind == "features"``, e.g. an imported DINOv3) is compared on its
+without a classifier (``DeploySpec.answers_top_k`` false, e.g. an imported DINOv3) is compared on its
 features by the same max abs and cosine; it has no top-k. When a check
 fails, block outputs are compared one by one (recorded at export, so only those tensors are
 marked as outputs: fusion elsewhere is untouched) to name the first transformer block that
@@ -28,8 +28,8 @@ from deploykit.backends.base import Runner, run_batched, run_exact_batches
 from deploykit.backends.defaults import RUNNER
 from deploykit.backends.onnxrt import with_outputs
 from deploykit.backends.plugins import Plugins
+from deploykit.catalog import OUTPUT_NAME
 from deploykit.comparison import Tolerance, compare_logits, first_divergent, looser
-from deploykit.data import VALIDATION_NOISE, VALIDATION_REAL, VALIDATION_SEED, VALIDATION_SPLIT, check_real_count, validation_inputs
 from deploykit.errors import ConfigError, ValidationError
 from deploykit.export.bundle import load_reference
 from deploykit.export.manifest import Manifest
@@ -38,9 +38,18 @@ from deploykit.export.manifest import checked_config as _checked_config
 from deploykit.export.manifest import checked_graph as _checked_graph
 from deploykit.export.metadata import GraphMetadata
 from deploykit.export.precision import PLANS, check_precision
-from deploykit.inputs import InputData
+from deploykit.inputs.builtin import (
+    VALIDATION_NOISE,
+    VALIDATION_REAL,
+    VALIDATION_SEED,
+    VALIDATION_SPLIT,
+    check_real_count,
+    validation_inputs,
+)
+from deploykit.inputs.user import InputData
 from deploykit.nn.checkpoint import WEIGHTS_FILE
 from deploykit.nn.factory import Model
+from deploykit.nn.spec import block_paths, deploy_spec
 from deploykit.resolutions import resolution_tag
 
 # Each precision plan's pass/fail thresholds (deploykit.export.precision.PLANS says why).
@@ -144,8 +153,9 @@ def first_divergent_block(
         actual = run_batched(runner, inputs, batch_size)
     with TorchRunner(model, return_blocks=True) as reference_runner:
         reference = run_batched(reference_runner, inputs, batch_size)
-    block = first_divergent([reference[f"blocks.{i}"] for i in range(len(names))], [actual[n] for n in names], tolerance, num_real)
-    return "head" if block is None else f"blocks.{block}"
+    paths = block_paths(model)
+    block = first_divergent([reference[path] for path in paths], [actual[n] for n in names], tolerance, num_real)
+    return "head" if block is None else paths[block]
 
 
 def validate(
@@ -216,7 +226,7 @@ def validate(
             batch = validation_inputs(model, resolution, num_random, num_real, seed, real=real)
             tick = counter(progress, f"PyTorch reference at {resolution_tag(resolution)}", len(batch), "inputs")
             with TorchRunner(model) as runner:
-                references[resolution] = batch, run_batched(runner, batch, batch_size, tick)["logits"]
+                references[resolution] = batch, run_batched(runner, batch, batch_size, tick)[OUTPUT_NAME]
         return references[resolution]
 
     used = None if inputs is None else inputs.record(range(num_real))
@@ -231,7 +241,7 @@ def validate(
             with registry.create_runner(backend, path, plugins=plugins, allow_cpu_fallback=allow_cpu_fallback) as runner:
                 for resolution, batch in _checks(entry, runner, batch_size):
                     checked, _ = reference_at(resolution)
-                    outputs.append((resolution, batch, run_exact_batches(runner, checked, batch)["logits"]))
+                    outputs.append((resolution, batch, run_exact_batches(runner, checked, batch)[OUTPUT_NAME]))
                 profiled, info = bool(runner.profiled_shapes), runner.info
                 placement = info.placement.to_dict()["node_placement"] if info.placement else None
                 hint = info.precision.hint if info.precision else ""
@@ -242,7 +252,7 @@ def validate(
                     *_per_prediction(reference, actual),
                     num_real * _predictions_per_input(reference),
                     judged,
-                    top_k=model.output_kind == "logits",
+                    top_k=deploy_spec(model).answers_top_k,
                 )
                 record = Record(
                     backend,

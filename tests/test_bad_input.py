@@ -190,7 +190,7 @@ def test_validate_more_real_inputs_than_exist_is_refused_before_any_run(capsys, 
 
 
 def test_real_input_limits_follow_the_models_data():
-    from deploykit.data import check_real_count
+    from deploykit.inputs.builtin import check_real_count
 
     zoo_like = small_model()
     zoo_like.cfg = dataclasses.replace(zoo_like.cfg, dataset="shape-relations")

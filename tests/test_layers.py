@@ -16,8 +16,8 @@ LAYERS = [
     # Imports nothing above itself: errors, atomic writes, the lazy importer, NVML, CLI rendering
     # helpers, /proc/cpuinfo, the check of config values (the encodings' and the models' configs share it),
     # comparison metrics (numpy), image decoding (numpy + Pillow), resolution strings,
-    # the torch-free catalog of names, model inputs (numpy: noise, sample images, the zoo's data;
-    # a user's own folders, lists and arrays) and the rendered datasets the zoo trains on (which
+    # the torch-free catalog of names, and model inputs (numpy: noise, sample images, the zoo's data;
+    # a user's own folders, lists and arrays; the rendered datasets the zoo trains on, which
     # model configs name and validation draws from).
     (
         "infrastructure",
@@ -34,9 +34,7 @@ LAYERS = [
             "deploykit.imaging",
             "deploykit.resolutions",
             "deploykit.catalog",
-            "deploykit.data",
             "deploykit.inputs",
-            "deploykit.datasets",
         ),
     ),
     # GPU kernels and TensorRT plugins: imported by the encodings' own ops (SaPE²'s CUDA kernel),

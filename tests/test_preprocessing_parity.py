@@ -21,7 +21,7 @@ import deploykit
 from deploykit import imaging
 from deploykit.export import export, int8_static
 from deploykit.export.int8_static import CalibrationOptions
-from deploykit.inputs import UserCalibration, read_inputs
+from deploykit.inputs.user import UserCalibration, read_inputs
 from deploykit.nn import create_model
 from deploykit.validate import validate
 from tests.serve.serve_reference import torch_preprocess

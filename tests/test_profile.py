@@ -447,7 +447,7 @@ def test_sequence_model_profiles_lengths_against_its_ape_twin():
 def test_kernels_are_timed_on_validate_s_real_inputs_filling_the_batch():
     """Seeded noise ran ONNX Runtime's fp32 graph 2.3x slower than images on a Xeon, so profile
     times real inputs: validate's (a zoo model's test split), repeated when the batch is larger."""
-    from deploykit.data import VALIDATION_REAL, validation_inputs
+    from deploykit.inputs.builtin import VALIDATION_REAL, validation_inputs
     from deploykit.nn import load_model
     from deploykit.profile.targets import inputs, real_rows
     from deploykit.zoo.registry import DEFAULT_ZOO_MODEL, model_dir

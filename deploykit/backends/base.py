@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from deploykit.catalog import IMAGES_INPUT
 from deploykit.comparison import output_rows
 from deploykit.errors import DeployKitError
 
@@ -175,7 +176,7 @@ class Runner:
         return self._infer(feed)
 
     def input_names(self) -> list[str]:
-        return ["images"]
+        return [IMAGES_INPUT]
 
     @property
     def provider(self) -> str:

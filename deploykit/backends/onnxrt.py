@@ -44,13 +44,14 @@ def default_providers() -> list[str]:
 
 
 def session_options(intra_op_threads: int = 0):
-    """Session options tuned for ViTs: sequential execution (parallel mode is ~2x slower for a
-    chain of GEMMs on small machines), full graph optimisation, denormals flushed to zero in
-    ONNX Runtime's own threads (the runner flushes the calling thread, which computes too).
+    """Session options tuned for ViTs: sequential execution (parallel mode is slower for a chain
+    of GEMMs on small machines: ``benchmarks/results/tune-ort-vit_small_patch16-ape-224.json``),
+    full graph optimisation, denormals flushed to zero in ONNX Runtime's own threads (the runner
+    flushes the calling thread, which computes too).
 
-    Flushed, because a peaked softmax writes float32 denormals and every product with one is
-    ~60x slower on x86 (``deploykit._cpu``): the default model's fp32 graph at 384 px ran
-    3.4x faster on real images, its outputs bit-identical."""
+    Flushed, because a peaked softmax writes float32 denormals and every product with one takes a
+    slow path on x86 (``deploykit._cpu``; ``benchmarks/results/denormals.json``), while the outputs
+    stay bit-identical."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()

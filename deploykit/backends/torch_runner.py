@@ -9,8 +9,10 @@ import numpy as np
 import torch
 
 from deploykit.backends.base import Runner
+from deploykit.catalog import OUTPUT_NAME
 from deploykit.errors import DeployKitError
 from deploykit.nn.factory import Model
+from deploykit.nn.spec import block_paths
 
 
 class TorchRunner(Runner):
@@ -19,7 +21,8 @@ class TorchRunner(Runner):
     Args:
         model: the model (copied to ``dtype`` and ``device``; the caller's model is not modified).
         dtype: ``torch.float64`` for reference checks, ``torch.float32`` for timing.
-        return_blocks: also return every block's output as ``blocks.<i>`` (for bisection).
+        return_blocks: also return every block's output under its module path (``nn.spec.block_paths``:
+            ``blocks.<i>``), for bisection.
         device: where the copy runs; inputs go there and outputs come back as host arrays, so
             timing ``infer`` includes the copies, as it does for every other runner.
         shape: bake the positional tables once for this input shape (``(height, width)`` or
@@ -66,10 +69,10 @@ class TorchRunner(Runner):
             if self.shape is not None and tuple(shape) != self.shape:
                 raise DeployKitError(f"torch runner baked for input shape {self.shape}, got {tuple(shape)}")
             tables = self._tables if self.shape is not None else self._tables_for(shape)
-            features = self._model.forward_features(x, tables)
-            out = {"logits": self._model.forward_head(features[-1]).cpu().numpy()}
+            states = self._model.hidden_states(x, tables)
+            out = {OUTPUT_NAME: self._model.forward_head(self._model.norm(states[-1])).cpu().numpy()}
             if self.return_blocks:
-                out.update({f"blocks.{i}": f.cpu().numpy() for i, f in enumerate(features[1:])})
+                out.update({path: f.cpu().numpy() for path, f in zip(block_paths(self._model), states[1:])})
         return out
 
     def input_names(self) -> list[str]:

@@ -11,7 +11,7 @@ __getattr__, __dir__, __all__ = lazy_exports(
     {
         ".bundle": ["export", "load_reference"],
         ".lint": ["LintIssue", "check_graph", "lint_graph"],
-        ".manifest": ["MANIFEST_FILE", "OUTPUT_NAME", "GraphEntry", "Manifest"],
+        ".manifest": ["MANIFEST_FILE", "GraphEntry", "Manifest"],
         ".onnx_export": ["DEFAULT_OPSET", "BakedModel", "onnx_from_model", "save_onnx"],
     },
 )

@@ -51,7 +51,6 @@ import torch
 from deploykit._io import clear_stale_stages, directory_lock, staged_directory, write_json_atomic
 from deploykit._terminal import counter
 from deploykit.backends.onnxrt import run_graph
-from deploykit.data import CALIBRATION_SPLIT, HELD_OUT_SPLIT, check_real_count
 from deploykit.encodings import config_to_dict
 from deploykit.errors import DeployKitError, ExportError
 from deploykit.export.int8_static import CalibrationOptions
@@ -79,6 +78,7 @@ from deploykit.export.onnx_export import (
     save_onnx,
 )
 from deploykit.export.precision import PLANS, apply_precision, apply_precision_to_base, check_precision
+from deploykit.inputs.builtin import CALIBRATION_SPLIT, HELD_OUT_SPLIT, check_real_count
 from deploykit.nn.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_model, save_model
 from deploykit.nn.factory import Model
 from deploykit.nn.spec import deploy_spec
@@ -92,7 +92,7 @@ Job = tuple[tuple[int, ...], tuple[tuple[int, ...], tuple[int, ...]] | None]
 
 
 @dataclass(frozen=True)
-class ExportPlan:
+class ExportRequest:
     """What one export writes: a graph per job and precision plan, at one opset, INT8 plans
     calibrated as ``calibration`` says."""
 
@@ -110,8 +110,8 @@ class ExportPlan:
         opset: int,
         resolution_range=None,
         calibration: CalibrationOptions = CalibrationOptions(),
-    ) -> ExportPlan:
-        """The plan, every part checked before any work (``ResolutionError``, ``ExportError`` or
+    ) -> ExportRequest:
+        """The request, every part checked before any work (``ResolutionError``, ``ExportError`` or
         ``ConfigError`` in one line): shapes the model takes at a size a graph can hold, a
         valid range, known precision plans, a supported opset, no more calibration and held-out
         inputs than the model's data holds."""
@@ -169,7 +169,7 @@ def export(
         resolution_range: ``(min, opt, max)``: also write one graph taking any resolution in
             that range (``onnx_from_model``'s ``resolution_range``), tuned for ``opt``.
         calibration: how INT8 plans are calibrated and checked, and on what inputs (its ``data``;
-            by default ``deploykit.data.DefaultCalibration``; a range graph is calibrated at ``opt``). A plan that fails its
+            by default ``deploykit.inputs.builtin.DefaultCalibration``; a range graph is calibrated at ``opt``). A plan that fails its
             tolerance on held-out inputs is refused, and nothing is written.
         force: delete the files of a previous ``output_dir`` that deploykit did not write
             (``foreign_files``; each is named in a warning) instead of refusing the export.
@@ -182,7 +182,7 @@ def export(
             writing ``output_dir``; files deploykit did not write there (without ``force``);
             weights that are not finite; a failed export or lint.
     """
-    plan = ExportPlan.checked(model, resolutions, precisions, opset, resolution_range, calibration)
+    request = ExportRequest.checked(model, resolutions, precisions, opset, resolution_range, calibration)
     check_finite_weights(model)
     output_dir = _destination(Path(output_dir))
     say = progress or (lambda message: None)
@@ -192,7 +192,7 @@ def export(
         _check_foreign_files(_destination(output_dir), force)
         with staged_directory(output_dir) as stage:
             weights_sha256 = _write_reference(model, stage)
-            graphs = _write_graphs(model, plan, stage, say)
+            graphs = _write_graphs(model, request, stage, say)
             graphs += _keep_previous(output_dir, stage, weights_sha256, graphs)
             manifest = _write_manifest(stage, model, weights_sha256, source, graphs)
     return manifest
@@ -270,13 +270,13 @@ def _write_reference(model: Model, stage: Path) -> str:
     return sha256_file(stage / WEIGHTS_FILE)
 
 
-def _write_graphs(model: Model, plan: ExportPlan, stage: Path, say: Callable[[str], None]) -> list[GraphEntry]:
+def _write_graphs(model: Model, request: ExportRequest, stage: Path, say: Callable[[str], None]) -> list[GraphEntry]:
     """Step: one graph per job and precision plan, each entry read back from the graph written."""
     entries = []
-    for resolution, span in plan.jobs:
+    for resolution, span in request.jobs:
         say(f"exporting {resolution_tag(resolution) if span is None else range_tag(span)}")
-        proto = onnx_from_model(model, resolution, plan.opset, resolution_range=span)
-        for precision, planned in planned_graphs(proto, model, resolution, plan.precisions, plan.calibration, say):
+        proto = onnx_from_model(model, resolution, request.opset, resolution_range=span)
+        for precision, planned in planned_graphs(proto, model, resolution, request.precisions, request.calibration, say):
             if precision != "fp32":
                 check_graph(planned)  # the casts must leave a valid, strictly typed graph
             name = graph_file_name(resolution, precision, span)
@@ -289,7 +289,7 @@ def planned_graph(
     proto: onnx.ModelProto, model: Model, resolution, precision: str, options: CalibrationOptions = CalibrationOptions(), progress=None
 ) -> onnx.ModelProto:
     """``proto`` (the fp32 graph of ``model`` at ``resolution``) under one precision plan; a
-    quantized plan is calibrated on ``options.data`` (default ``deploykit.data.DefaultCalibration``)
+    quantized plan is calibrated on ``options.data`` (default ``deploykit.inputs.builtin.DefaultCalibration``)
     and checked on held-out inputs from it against the fp32 graph.
 
     Raises:
@@ -339,7 +339,7 @@ class _QuantizedPlans:
 
     def __init__(self, proto: onnx.ModelProto, model: Model, resolution, options: CalibrationOptions, progress):
         self.proto, self.model, self.resolution, self.options, self.progress = proto, model, resolution, options, progress
-        self.logits = model.output_kind == "logits"  # a headless backbone's features: judged by cosine, not answers
+        self.logits = deploy_spec(model).answers_top_k
         self.batch = rows_per_call(model, resolution)
         self._data: tuple | None = None
 
@@ -349,7 +349,7 @@ class _QuantizedPlans:
     def _read(self, precision: str) -> tuple:
         """The calibration inputs, the held-out inputs, the data's record and the fp32 outputs on
         the held-out inputs (the fallback's target and every plan's check share them)."""
-        from deploykit.data import DefaultCalibration
+        from deploykit.inputs.builtin import DefaultCalibration
 
         if self._data is None:
             options, say = self.options, self._say(precision)

@@ -134,9 +134,9 @@ def recorded_target(model, shape: tuple[int, ...], details: dict | None):
         InputError: the held-out inputs drawn again differ from the export's (the user's data
             moved or changed since).
     """
-    from deploykit.data import DefaultCalibration
     from deploykit.export.int8_static import CalibrationOptions
-    from deploykit.inputs import UserCalibration, read_inputs
+    from deploykit.inputs.builtin import DefaultCalibration
+    from deploykit.inputs.user import UserCalibration, read_inputs
 
     goal = ((details or {}).get("agreement") or {}).get("target")
     recorded = (details or {}).get("inputs", {}).get("held_out")

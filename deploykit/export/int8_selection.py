@@ -29,8 +29,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from deploykit.catalog import TABLE_PREFIXES
 from deploykit.export import names
-from deploykit.export.lint import TABLE_PREFIXES
 from deploykit.export.metadata import GraphMetadata, copy_metadata
 
 QUANTIZED_OP_TYPES = ("MatMul", "Gemm", "Conv")

@@ -51,7 +51,7 @@ _REPORTED = 5
 
 class CalibrationSource(Protocol):
     """Where a plan's inputs come from: the caller hands them in (``deploykit.inputs.UserCalibration``
-    for ``--calibration-data``, ``deploykit.data.DefaultCalibration`` otherwise)."""
+    for ``--calibration-data``, ``deploykit.inputs.builtin.DefaultCalibration`` otherwise)."""
 
     def check(self, model, shapes: Sequence[tuple[int, ...]]) -> None:
         """Refuse, before any work, inputs the model cannot take at ``shapes`` (``InputError``)."""
@@ -89,7 +89,7 @@ class CalibrationOptions:
             or the pooled feature) with fp32 to aim for; None: not judged.
         max_relative_error: features models: mean ``‖y − y_fp32‖ / ‖y_fp32‖`` per row to aim
             for; None: not judged.
-        data: the inputs (``CalibrationSource``); None: ``deploykit.data.DefaultCalibration``.
+        data: the inputs (``CalibrationSource``); None: ``deploykit.inputs.builtin.DefaultCalibration``.
     """
 
     samples: int = defaults.CALIBRATION_SAMPLES

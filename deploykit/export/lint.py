@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
+from deploykit.catalog import TABLE_PREFIXES
 from deploykit.errors import ExportError, listed
 
 # TensorRT builds data-dependent control flow poorly (or not at all); the ViT forward pass
@@ -27,8 +28,6 @@ _COMPLEX_TYPES = frozenset({TensorProto.COMPLEX64, TensorProto.COMPLEX128})
 _HALF_TYPES = frozenset({TensorProto.FLOAT16, TensorProto.BFLOAT16})
 # Random ops give a new value per run, so constant inputs do not make them foldable.
 _NONDETERMINISTIC_OPS = frozenset({"RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"})
-# Initializer-name prefixes of positional tables (baked under ``pe_tables.``; timm's APE name).
-TABLE_PREFIXES = ("pe_tables.", "pos_embed")
 # Checker/shape-inference messages carry multi-line context; keep findings readable.
 _MAX_MESSAGE_CHARS = 300
 

@@ -35,7 +35,6 @@ BUILD_FILES = ("timing.cache",)
 # What ``deploykit profile DIR`` writes there: the fastest validated plan per resolution
 # (``deploykit.profile.choice``), which ``serve`` and ``load`` take; a re-export makes it stale.
 CHOICE_FILE = "profile_choice.json"
-OUTPUT_NAME = "logits"  # every exported graph's output
 
 
 def graph_opset(proto: onnx.ModelProto) -> int:

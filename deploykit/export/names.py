@@ -20,8 +20,9 @@ import onnx
 from deploykit.errors import ConfigError
 
 SCOPES_KEY = "pkg.torch.onnx.name_scopes"
-# BakedModel / RangeBakedModel hold the trained trunk as ``model``.
-_TRUNK = "model"
+# BakedModel / RangeBakedModel hold the trained trunk as ``model``: the exporter's scope of every
+# trunk module is ``model.`` and its path in ``named_modules()``.
+TRUNK_SCOPE = "model"
 
 
 def node_scopes(node: onnx.NodeProto) -> list[str]:
@@ -35,8 +36,14 @@ def node_scopes(node: onnx.NodeProto) -> list[str]:
 def module_path(node: onnx.NodeProto) -> str:
     """``blocks.7.mlp.fc2``: the deepest PyTorch module ``node`` was traced in (``""`` when the
     graph carries no scopes, or the node belongs to no submodule)."""
-    modules = [s for s in node_scopes(node)[:-1] if s == _TRUNK or s.startswith(_TRUNK + ".")]
-    return modules[-1][len(_TRUNK) + 1 :] if modules else ""
+    modules = [s for s in node_scopes(node)[:-1] if s == TRUNK_SCOPE or s.startswith(TRUNK_SCOPE + ".")]
+    return modules[-1][len(TRUNK_SCOPE) + 1 :] if modules else ""
+
+
+def trunk_scope(path: str) -> str:
+    """The exporter's scope of the trunk's module at ``path`` (``blocks.0`` → ``model.blocks.0``):
+    the inverse of ``module_path``."""
+    return f"{TRUNK_SCOPE}.{path}"
 
 
 def module_paths(proto: onnx.ModelProto) -> dict[str, str]:

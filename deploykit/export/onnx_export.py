@@ -20,6 +20,7 @@ import io
 import math
 import os
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import onnx
@@ -36,11 +37,11 @@ from deploykit.export.defaults import DEFAULT_OPSET, SUPPORTED_OPSETS
 from deploykit.export.lint import check_graph
 from deploykit.export.manifest import graph_opset
 from deploykit.export.metadata import GraphMetadata
-from deploykit.export.names import node_scopes
+from deploykit.export.names import node_scopes, trunk_scope
 from deploykit.export.qk_channels import with_contiguous_qk_channels
 from deploykit.graph.ort import ONNXRUNTIME
 from deploykit.nn.factory import Model
-from deploykit.nn.spec import deploy_spec
+from deploykit.nn.spec import block_paths, deploy_spec
 from deploykit.resolutions import resolution_tag
 
 # TensorRT's ITensor: "the volume of the tensor must be less than 2^31 elements". Every graph
@@ -114,7 +115,7 @@ class BakedModel(nn.Module):
 
     def __init__(self, model: Model, resolution: tuple[int, ...]):
         super().__init__()
-        self.model = model
+        self.model = model  # its name is the scope every trunk node is traced in (names.TRUNK_SCOPE)
         self.resolution = resolution
         with torch.no_grad():
             # Built in float64 on the host, stored in fp32 (never fp16).
@@ -309,19 +310,21 @@ def _interrupted(err: BaseException) -> bool:
     return False
 
 
-def block_output_names(proto: onnx.ModelProto, depth: int, scope: str = "model.blocks") -> list[str]:
+def block_output_names(proto: onnx.ModelProto, scopes: Sequence[str]) -> list[str]:
     """Tensor names of each transformer block's output, found from the exporter's scope metadata.
 
-    A block's output is the tensor produced inside scope ``<scope>.<i>`` and consumed outside it.
-    Recorded at export so validation can compare block by block without re-exporting.
+    A block's output is the tensor produced inside its scope (``scopes``, in block order:
+    ``model.blocks.<i>``) and consumed outside it. Recorded at export so validation can compare
+    block by block without re-exporting.
     """
+    scopes = list(scopes)
     producers: dict[str, str] = {}  # tensor -> block scope that produced it
     for node in proto.graph.node:
-        block = _block_scope(node, scope)
+        block = _block_scope(node, scopes)
         for out in node.output:
             producers[out] = block
     outputs: dict[str, str] = {}
-    consumers = [(node, _block_scope(node, scope)) for node in proto.graph.node]
+    consumers = [(node, _block_scope(node, scopes)) for node in proto.graph.node]
     graph_outputs = {o.name for o in proto.graph.output}
     for node, block in consumers:
         for name in node.input:
@@ -331,13 +334,13 @@ def block_output_names(proto: onnx.ModelProto, depth: int, scope: str = "model.b
     for name in graph_outputs:
         if producers.get(name):
             outputs[producers[name]] = name
-    names = [outputs.get(f"{scope}.{i}") for i in range(depth)]
+    names = [outputs.get(scope) for scope in scopes]
     return [n for n in names if n] if all(names) else []
 
 
-def _block_scope(node: onnx.NodeProto, scope: str) -> str:
-    """``model.blocks.<i>`` when the node belongs to a block, else ``""``."""
-    return next((s for s in node_scopes(node) if s.startswith(scope + ".") and s.count(".") == scope.count(".") + 1), "")
+def _block_scope(node: onnx.NodeProto, scopes: Sequence[str]) -> str:
+    """The scope of the block the node belongs to, else ``""``."""
+    return next((s for s in node_scopes(node) if s in scopes), "")
 
 
 def _describe(model: Model, resolution: tuple[int, ...], resolution_range, qk_order, proto: onnx.ModelProto) -> GraphMetadata:
@@ -351,9 +354,9 @@ def _describe(model: Model, resolution: tuple[int, ...], resolution_range, qk_or
         resolution=tuple(resolution),
         resolution_range=None if resolution_range is None else tuple(tuple(r) for r in resolution_range),
         patch_size=deploy_spec(model).patch_size,
-        block_outputs=tuple(block_output_names(proto, model.cfg.depth)),
-        # Name scopes (``BakedModel`` holds the trunk as ``model``) that quantized plans keep float.
-        float_modules=tuple(sorted(f"model.{name}" for name, module in model.named_modules() if isinstance(module, KeepsFloat))),
+        block_outputs=tuple(block_output_names(proto, [trunk_scope(path) for path in block_paths(model)])),
+        # Name scopes that quantized plans keep float.
+        float_modules=tuple(sorted(trunk_scope(name) for name, module in model.named_modules() if isinstance(module, KeepsFloat))),
         qk_channel_order=None if qk_order is None else tuple(int(i) for i in qk_order),
     )
 

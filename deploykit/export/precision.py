@@ -38,14 +38,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import onnx
 from onnx import TensorProto
 
+from deploykit.catalog import TABLE_PREFIXES
 from deploykit.comparison import Tolerance
 from deploykit.errors import ConfigError, unknown_choice
 from deploykit.export.defaults import PLAN_NAMES
-from deploykit.export.lint import TABLE_PREFIXES
 from deploykit.export.metadata import GraphMetadata
 
 if TYPE_CHECKING:
-    import onnx_ir as ir  # imported where used: it costs 0.7 s, and most users of PLANS never plan
+    import onnx_ir as ir  # imported where used: it is slow to import, and most users of PLANS never write a plan
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ def _as_exported(proto: onnx.ModelProto, _: PlanInputs) -> onnx.ModelProto:
 
 def _cast_plan(low: int) -> Callable[[onnx.ModelProto, PlanInputs], onnx.ModelProto]:
     def write(proto: onnx.ModelProto, _: PlanInputs) -> onnx.ModelProto:
-        return _Plan(proto, low).rewrite()  # a new model: onnx_ir reads ``proto`` without changing it
+        return _CastPass(proto, low).rewrite()  # a new model: onnx_ir reads ``proto`` without changing it
 
     return write
 
@@ -281,21 +281,21 @@ def fp32_tensors(proto: onnx.ModelProto, low: int = TensorProto.BFLOAT16) -> Fp3
         proto: an exported graph, of any plan (its float nodes are classified as the cast plan would).
         low: ``TensorProto.BFLOAT16`` or ``FLOAT16``.
     """
-    plan = _Plan(proto, low)
-    low_nodes = plan._classify()
-    kept = [node for node in plan.graph if node not in low_nodes]
+    cast_pass = _CastPass(proto, low)
+    low_nodes = cast_pass._classify()
+    kept = [node for node in cast_pass.graph if node not in low_nodes]
     encoding = []
     for node in kept:
-        floats = [v for v in node.inputs if v in plan.floats]
+        floats = [v for v in node.inputs if v in cast_pass.floats]
         own = node.op_type in FP32_OPS or node.domain not in _STANDARD_DOMAINS or any(v.name.startswith(TABLE_PREFIXES) for v in floats)
         computes = node.op_type not in LOW_PRECISION_OPS and any(not v.is_initializer() for v in floats)
         if own or computes:
             encoding.append(node)
-    outputs = lambda nodes: {value.name for node in nodes for value in node.outputs if value in plan.floats}
+    outputs = lambda nodes: {value.name for node in nodes for value in node.outputs if value in cast_pass.floats}
     return Fp32Tensors(outputs(kept), outputs(encoding))
 
 
-class _Plan:
+class _CastPass:
     """One pass over a topologically sorted graph, on onnx_ir: classify each node, then insert the casts.
 
     A value's type is the type it is stored in: the pass changes it as it lowers the value's

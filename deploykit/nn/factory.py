@@ -8,19 +8,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from deploykit.catalog import SEQUENCE_ARCHITECTURE
 from deploykit.encodings import EncodingConfig
 from deploykit.errors import ConfigError, unknown_choice
-from deploykit.nn.sequence import ARCHITECTURE as SEQUENCE
 from deploykit.nn.sequence import SEQUENCE_CONFIGS, SequenceConfig, SequenceTransformer, create_sequence_model
 from deploykit.nn.spec import deploy_spec
-from deploykit.nn.vit import MODEL_CONFIGS, VisionTransformer, ViTConfig
-from deploykit.nn.vit import create_model as create_vit
+from deploykit.nn.vit import MODEL_CONFIGS, VisionTransformer, ViTConfig, create_vit_model
 
 Model = VisionTransformer | SequenceTransformer
 ModelConfig = ViTConfig | SequenceConfig
 
 
 def list_models() -> list[str]:
+    """Every named model of either architecture, sorted."""
     return sorted([*MODEL_CONFIGS, *SEQUENCE_CONFIGS])
 
 
@@ -29,7 +29,7 @@ def create_model(name: str, *, encoding: str | EncodingConfig | None = None, **o
     if name in SEQUENCE_CONFIGS:
         return create_sequence_model(name, encoding=encoding, **overrides)
     if name in MODEL_CONFIGS:
-        return create_vit(name, encoding=encoding or "ape", **overrides)
+        return create_vit_model(name, encoding=encoding or "ape", **overrides)
     raise ConfigError(unknown_choice("model", name, list_models()))
 
 
@@ -37,7 +37,7 @@ def config_from_dict(data: dict[str, Any]) -> ModelConfig:
     """Read a ``config.json`` dict of either architecture."""
     if not isinstance(data, dict):
         raise ConfigError(f"a model config is a JSON object, got {type(data).__name__}")
-    if data.get("architecture", "vit") == SEQUENCE:
+    if data.get("architecture", "vit") == SEQUENCE_ARCHITECTURE:
         return SequenceConfig.from_dict(data)
     return ViTConfig.from_dict(data)
 

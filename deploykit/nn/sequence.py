@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from deploykit._fields import Range
+from deploykit.catalog import SEQUENCE_ARCHITECTURE, TOKENS_INPUT
 from deploykit.encodings import EncodingConfig, PETables, config_to_dict, get_config
 from deploykit.encodings.ape import ApeConfig
 from deploykit.encodings.mope import (
@@ -42,9 +43,9 @@ from deploykit.encodings.mope import (
     ega_weights_train,
 )
 from deploykit.errors import ConfigError, ResolutionError, unknown_choice
+from deploykit.inputs.kinds import TokenInput
 from deploykit.nn.vit import TRUNK_RANGES, Mlp, check_config, check_fields, encoding_from_dict
 
-ARCHITECTURE = "sequence_transformer"
 _ATTENTIONS = ("dot", "ega")
 # Bounds on the config's numbers (``deploykit._fields``), as the ViT's (``TRUNK_RANGES``).
 SEQUENCE_RANGES = {
@@ -86,7 +87,7 @@ class SequenceConfig:
     norm_eps: float = 1e-5
     encoding: EncodingConfig = field(default_factory=lambda: MoPEConfig(origin="corner"))
 
-    architecture: ClassVar[str] = ARCHITECTURE
+    architecture: ClassVar[str] = SEQUENCE_ARCHITECTURE
     # What config.json must say (check_fields); the rest default to the authors' script.
     required: ClassVar[tuple[str, ...]] = ("vocab_size", "context", "embed_dim", "depth", "num_heads", "attention", "causal", "encoding")
 
@@ -99,7 +100,7 @@ class SequenceConfig:
             raise ConfigError(f"sequence models support the mope and ape encodings, got {type(self.encoding).__name__}")
 
     def to_dict(self) -> dict[str, Any]:
-        data = {"architecture": ARCHITECTURE, **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}}
+        data = {"architecture": SEQUENCE_ARCHITECTURE, **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}}
         data["encoding"] = config_to_dict(self.encoding)
         return data
 
@@ -177,13 +178,12 @@ class SequenceBlock(nn.Module):
 class SequenceTransformer(nn.Module):
     """Causal language model ``tokens [B, T] int64 → logits [B, T, vocab]``.
 
-    Shares the ViT trunk's deployment interface (``input_name``, ``default_shape``,
-    ``check_shape``, ``shape_of``, ``shape_tables``, ``forward_features``, ``forward_head``), so
+    Shares the ViT trunk's deployment interface (``input_name``, ``input_kind``, ``default_shape``,
+    ``check_shape``, ``shape_of``, ``shape_tables``, ``hidden_states``, ``forward_head``), so
     export, validation and profiling treat a sequence length like a resolution.
     """
 
-    input_name: ClassVar[str] = "tokens"
-    output_kind: ClassVar[str] = "logits"  # next-token logits, compared by top-k
+    input_name: ClassVar[str] = TOKENS_INPUT
 
     def __init__(self, cfg: SequenceConfig):
         super().__init__()
@@ -209,6 +209,11 @@ class SequenceTransformer(nn.Module):
                 nn.init.zeros_(m.bias)
         if self.pos_embed is not None:
             nn.init.normal_(self.pos_embed, std=0.02)
+
+    @property
+    def input_kind(self) -> TokenInput:
+        """What the model takes, for making and checking its inputs (``deploykit.inputs.kinds``)."""
+        return TokenInput(self.cfg.vocab_size)
 
     @property
     def default_shape(self) -> tuple[int]:
@@ -248,9 +253,13 @@ class SequenceTransformer(nn.Module):
         return self.forward_with_tables(tokens, tables)
 
     def forward_with_tables(self, tokens: Tensor, tables: PETables) -> Tensor:
-        return self.forward_head(self.forward_features(tokens, tables)[-1])
+        return self.forward_head(self.forward_features(tokens, tables))
 
-    def forward_features(self, tokens: Tensor, tables: PETables) -> list[Tensor]:
+    def forward_features(self, tokens: Tensor, tables: PETables) -> Tensor:
+        """The final normed hidden states ``[B, T, d]``."""
+        return self.norm(self.hidden_states(tokens, tables)[-1])
+
+    def hidden_states(self, tokens: Tensor, tables: PETables) -> list[Tensor]:
         """Hidden states after the embedding and after every block: ``depth + 1`` × ``[B, T, d]``."""
         x = self.drop(self.token_embed(tokens) + tables.model["pos_embed"])
         outputs = [x]
@@ -261,7 +270,7 @@ class SequenceTransformer(nn.Module):
         return outputs
 
     def forward_head(self, x: Tensor) -> Tensor:
-        return F.linear(self.norm(x), self.token_embed.weight)  # tied LM head
+        return F.linear(x, self.token_embed.weight)  # tied LM head
 
 
 def create_sequence_model(name: str, *, encoding: str | EncodingConfig | None = None, **overrides: Any) -> SequenceTransformer:

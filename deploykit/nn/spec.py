@@ -11,7 +11,9 @@ positional step profiled alone. Every family is one of two architectures: the Vi
 EGA or dot attention).
 
 ``deploy_spec`` is the one place that tells the architectures apart by type; code outside this
-module asks the spec (``tests/nn/test_spec.py`` holds the package to that).
+module asks the spec, or takes what the model hands over (``input_kind``), and never compares a
+graph name (``deploykit.catalog``) to choose what to do (``tests/nn/test_spec.py`` holds the
+package to both).
 """
 
 from __future__ import annotations
@@ -28,13 +30,13 @@ import numpy as np
 import torch
 
 from deploykit import imaging
-from deploykit.data import encode_chars, random_inputs, random_token_inputs, sample_text
+from deploykit.catalog import OUTPUT_NAME
 from deploykit.encodings import EncodingConfig, Hook
 from deploykit.errors import ExportError
+from deploykit.inputs.builtin import encode_chars, random_inputs, random_token_inputs, sample_text
 from deploykit.nn.sequence import SequenceConfig, SequenceTransformer
 from deploykit.nn.vit import VisionTransformer, ViTConfig
 
-OUTPUT_NAME = "logits"  # every graph's one output (deploykit.export.manifest.OUTPUT_NAME is the same name)
 BATCH_AXIS = "batch"
 MAX_BATCH = 4096  # the largest batch an exported graph declares
 # End-to-end image inputs: seeded uint8 frames of a common camera size (preprocessing cost
@@ -113,6 +115,13 @@ class DeploySpec(ABC):
     def prepare(self, raw, resolution: tuple[int, ...]) -> np.ndarray:
         """One raw input (``raw_inputs``) as one row of the model's input."""
 
+    @property
+    def answers_top_k(self) -> bool:
+        """Whether the output is logits whose top-k are the model's answers (compared by agreement);
+        a backbone without a head (``num_classes=0``) outputs features, compared by cosine and max
+        abs alone."""
+        return True
+
     def ranked_logits(self, logits: np.ndarray) -> np.ndarray:
         """``[batch, classes]`` logits an answer is the top-k of."""
         return logits
@@ -125,6 +134,13 @@ class DeploySpec(ABC):
     @abstractmethod
     def positional_step(self, model, resolution: tuple[int, ...], batch: int, device: torch.device) -> Callable[[], object]:
         """The positional step alone, on random activations (``profile``'s ``pe_step``)."""
+
+
+def block_paths(model: torch.nn.Module) -> list[str]:
+    """The module paths of a trunk's blocks, in order (``blocks.<i>``, timm's names): how export
+    scopes and the PyTorch runner name each block's output."""
+    paths = {id(module): name for name, module in model.named_modules()}
+    return [paths[id(block)] for block in model.blocks]
 
 
 def _batch_dim():
@@ -156,6 +172,10 @@ class VitSpec(DeploySpec):
 
     def build(self) -> VisionTransformer:
         return VisionTransformer(self.cfg)
+
+    @property
+    def answers_top_k(self) -> bool:
+        return bool(self.cfg.num_classes)
 
     @property
     def patch_size(self) -> int:

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from deploykit import imaging
 from deploykit._fields import FLOAT32_TINY, Range, check_values, dataclass_values, show
-from deploykit.datasets import DATASETS
+from deploykit.catalog import IMAGES_INPUT
 from deploykit.encodings import (
     EncodingConfig,
     Hook,
@@ -40,6 +40,8 @@ from deploykit.encodings import (
     gridpe,
 )
 from deploykit.errors import ConfigError, ResolutionError, unknown_choice
+from deploykit.inputs.datasets import DATASETS
+from deploykit.inputs.kinds import ImageInput
 
 # Bounds on a config's numbers, checked before anything is allocated (``deploykit._fields``). The
 # sizes reach far past any published ViT (ViT-22B: width 6144, depth 48, 48 heads) and stop long
@@ -260,10 +262,6 @@ MODEL_CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
-def list_models() -> list[str]:
-    return sorted(MODEL_CONFIGS)
-
-
 class PatchEmbed(nn.Module):
     """Image ``[B, C, H, W]`` → tokens ``[B, (H/p)(W/p), D]`` by a stride-``p`` convolution, then
     ``norm`` (timm's ``norm_layer``; an ``Identity``, which holds no keys, when there is none)."""
@@ -385,7 +383,7 @@ class Block(nn.Module):
 class VisionTransformer(nn.Module):
     """ViT classifier taking any resolution that is a multiple of the patch size.
 
-    The deployment interface shared with ``SequenceTransformer`` (``input_name``,
+    The deployment interface shared with ``SequenceTransformer`` (``input_name``, ``input_kind``,
     ``default_shape``, ``check_shape``, ``shape_of``, ``shape_tables``) lets export, validation
     and profiling treat both alike; a shape here is ``(height, width)``. What differs between
     the architectures (inputs, FLOPs, preprocessing) is in ``deploykit.nn.spec``.
@@ -394,7 +392,7 @@ class VisionTransformer(nn.Module):
         cfg: architecture and encoding.
     """
 
-    input_name: ClassVar[str] = "images"
+    input_name: ClassVar[str] = IMAGES_INPUT
 
     def __init__(self, cfg: ViTConfig):
         super().__init__()
@@ -442,10 +440,10 @@ class VisionTransformer(nn.Module):
         return (self.cfg.img_size, self.cfg.img_size)
 
     @property
-    def output_kind(self) -> str:
-        """``logits`` for a classifier; ``features`` for a backbone without a head (``num_classes=0``),
-        whose outputs validation compares by cosine and max abs rather than top-k."""
-        return "logits" if self.cfg.num_classes else "features"
+    def input_kind(self) -> ImageInput:
+        """What the model takes, for making and checking its inputs (``deploykit.inputs.kinds``)."""
+        cfg = self.cfg
+        return ImageInput(cfg.in_chans, cfg.preprocessing, cfg.dataset, cfg.mean, cfg.std)
 
     def check_shape(self, shape: tuple[int, int]) -> tuple[int, int]:
         """The resolution itself, once checked against the patch size (``ResolutionError`` if not)."""
@@ -472,10 +470,15 @@ class VisionTransformer(nn.Module):
         return self.forward_with_tables(x, self.tables(self.grid(*x.shape[-2:]), x.dtype, x.device))
 
     def forward_with_tables(self, x: Tensor, tables: PETables) -> Tensor:
-        return self.forward_head(self.forward_features(x, tables)[-1])
+        return self.forward_head(self.forward_features(x, tables))
 
-    def forward_features(self, x: Tensor, tables: PETables) -> list[Tensor]:
-        """Token sequences after the embedding and after every block: ``depth + 1`` × ``[B, P + N, D]``."""
+    def forward_features(self, x: Tensor, tables: PETables) -> Tensor:
+        """The final normed tokens ``[B, P + N, D]``, as timm's ``forward_features``."""
+        return self.norm(self.hidden_states(x, tables)[-1])
+
+    def hidden_states(self, x: Tensor, tables: PETables) -> list[Tensor]:
+        """Token sequences after the embedding and after every block: ``depth + 1`` × ``[B, P + N, D]``
+        (what validation compares block by block to find the first that diverges)."""
         grid = self.grid(*x.shape[-2:])
         x = self.patch_embed(x)
         prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
@@ -490,9 +493,9 @@ class VisionTransformer(nn.Module):
         return outputs
 
     def forward_head(self, x: Tensor) -> Tensor:
-        """Final norm, pooling (timm's ``global_pool_nlc``), ``fc_norm``, head: ``[B, P + N, D]`` →
-        ``[B, classes]`` (or ``[B, D]`` / ``[B, P + N, D]`` features without a head)."""
-        return self.head(self.fc_norm(self.pool(self.norm(x))))
+        """Pooling (timm's ``global_pool_nlc``), ``fc_norm``, head, as timm's ``forward_head``: normed
+        tokens ``[B, P + N, D]`` → ``[B, classes]`` (or ``[B, D]`` / ``[B, P + N, D]`` features without a head)."""
+        return self.head(self.fc_norm(self.pool(x)))
 
     def pool(self, x: Tensor) -> Tensor:
         pool = self.cfg.pool
@@ -525,11 +528,11 @@ def _from_timm_names(module, state_dict, prefix, *args):
             state_dict[prefix + ours] = state_dict.pop(prefix + timm_name)
 
 
-def create_model(name: str = "vit_tiny_patch16", *, encoding: str | EncodingConfig = "ape", **overrides: Any) -> VisionTransformer:
-    """Build a model from a named size and an encoding.
+def create_vit_model(name: str, *, encoding: str | EncodingConfig = "ape", **overrides: Any) -> VisionTransformer:
+    """Build a ViT from a named size and an encoding (``deploykit.nn.create_model`` picks the architecture).
 
     Args:
-        name: one of ``list_models()``.
+        name: one of ``MODEL_CONFIGS``.
         encoding: a registry name or a config from ``deploykit.encodings.get_config``.
         **overrides: any ``ViTConfig`` field (``num_classes``, ``img_size``, ...).
 
@@ -537,7 +540,7 @@ def create_model(name: str = "vit_tiny_patch16", *, encoding: str | EncodingConf
         ConfigError: unknown model or encoding name, or an invalid field.
     """
     if name not in MODEL_CONFIGS:
-        raise ConfigError(unknown_choice("model", name, list_models()))
+        raise ConfigError(unknown_choice("model", name, sorted(MODEL_CONFIGS)))
     enc = get_config(encoding) if isinstance(encoding, str) else encoding
     try:
         cfg = ViTConfig(**{**MODEL_CONFIGS[name], **overrides, "encoding": enc})

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from deploykit.answers import top_k
+from deploykit.catalog import OUTPUT_NAME
 from deploykit.encodings import encoding_name, get_config
 from deploykit.errors import ConfigError, DeployKitError
 from deploykit.export.bundle import load_reference
@@ -134,7 +135,7 @@ class RunnerTarget:
         return lambda: self.runner.infer(feed)
 
     def infer_host(self, inputs: np.ndarray) -> np.ndarray:
-        return self.runner.infer({self.input_name: inputs})["logits"]
+        return self.runner.infer({self.input_name: inputs})[OUTPUT_NAME]
 
     def details(self) -> dict:
         """What ran, as the record's fields (after measuring: an engine runner captures its CUDA
@@ -188,12 +189,11 @@ def open_target(backend: str, subject: Subject, resolution: tuple[int, int], pre
 def real_rows(model: Model, resolution) -> np.ndarray | None:
     """The real inputs kernels are timed on, once per resolution: validate's (a zoo model's test
     split, else the bundled images or text), so a kernel whose speed depends on its values is timed
-    on values it will see. On an Intel Xeon, ONNX Runtime ran the default model's fp32 graph at 384
-    2.3x slower on standard-normal noise than on images: float32 denormals, which the runner now
-    flushes (``deploykit._cpu``); flushed, both took 49-52 ms. None without the ``images`` extra
-    (a model with no dataset)."""
-    from deploykit.data import VALIDATION_REAL, validation_inputs
+    on values it will see (noise and images differ in how many float32 denormals they produce,
+    which the runner flushes: ``deploykit._cpu``, ``benchmarks/results/denormals.json``). None
+    without the ``images`` extra (a model with no dataset)."""
     from deploykit.errors import MissingDependencyError
+    from deploykit.inputs.builtin import VALIDATION_REAL, validation_inputs
 
     try:
         return validation_inputs(model, tuple(resolution), 0, VALIDATION_REAL)

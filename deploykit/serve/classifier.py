@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deploykit import imaging
+from deploykit.catalog import IMAGES_INPUT, SEQUENCE_ARCHITECTURE
 from deploykit.errors import ConfigError
 from deploykit.export.manifest import Manifest, checked_config
 
-INPUT_NAME = "images"  # the ViT graphs' input: serving is for image classifiers
-SEQUENCE_ARCHITECTURE = "sequence_transformer"  # deploykit.nn.sequence.ARCHITECTURE
+INPUT_NAME = IMAGES_INPUT  # serving is for image classifiers
 
 
 @dataclass(frozen=True)

@@ -55,8 +55,9 @@ from deploykit._lazy import lazy_import
 from deploykit.answers import top_k
 from deploykit.backends.base import Runner
 from deploykit.backends.table import auto_order, gpu_names
+from deploykit.catalog import OUTPUT_NAME
 from deploykit.errors import ConfigError, DeployKitError, InputError, one_line
-from deploykit.export.manifest import OUTPUT_NAME, Manifest
+from deploykit.export.manifest import Manifest
 from deploykit.imaging import nearest_resolution
 from deploykit.resolutions import resolution_tag
 from deploykit.serve.classifier import INPUT_NAME, ImageLimits, read_image_config

@@ -53,8 +53,9 @@ from pathlib import Path
 from deploykit import imaging
 from deploykit._io import directory_beside
 from deploykit._lazy import lazy_import
+from deploykit.catalog import OUTPUT_NAME
 from deploykit.errors import ConfigError, DeployKitError, unknown_choice
-from deploykit.export.manifest import OUTPUT_NAME, Manifest
+from deploykit.export.manifest import Manifest
 from deploykit.resolutions import resolution_tag
 from deploykit.serve import defaults
 from deploykit.serve.classifier import INPUT_NAME, ImageLimits, read_image_config

@@ -59,6 +59,7 @@ import numpy as np
 from deploykit import _nvml, imaging
 from deploykit._lazy import lazy_import
 from deploykit.answers import top_k
+from deploykit.catalog import OUTPUT_NAME
 from deploykit.errors import ConfigError, DeployKitError, InputError
 from deploykit.resolutions import resolution_tag
 from deploykit.serve import defaults
@@ -217,7 +218,7 @@ def _logits_fn(pipeline: Pipeline) -> Callable:
                 logits[usable] = pipeline.checked_logits(images[usable])
         classes, scores = top_k(logits, pipeline.top_k)
         classes[~usable], scores[~usable] = -1, np.nan
-        return {"logits": logits, "classes": classes, "scores": scores}
+        return {OUTPUT_NAME: logits, "classes": classes, "scores": scores}
 
     return infer
 
@@ -236,7 +237,7 @@ def bind_logits_models(triton, pipeline: Pipeline, options: ServerOptions) -> li
             infer_func=[_logits_fn(pipeline) for _ in range(pipeline.parallel_calls(res))],
             inputs=[mc.Tensor(name=INPUT_NAME, dtype=np.float32, shape=(pipeline.config.in_chans, *res))],
             outputs=[
-                mc.Tensor(name="logits", dtype=np.float32, shape=(pipeline.num_classes,)),
+                mc.Tensor(name=OUTPUT_NAME, dtype=np.float32, shape=(pipeline.num_classes,)),
                 mc.Tensor(name="classes", dtype=np.int64, shape=(k,)),
                 mc.Tensor(name="scores", dtype=np.float32, shape=(k,)),
             ],

@@ -70,8 +70,8 @@ def _entry(encoding: str, name: str | None = None, **options: Any) -> ZooEntry:
 ZOO: dict[str, ZooEntry] = {
     e.name: e
     for e in (
-        # Trained when deploykit resized the APE by plain bicubic; the cards' 1.5× and 2× rows
-        # were measured so. The config records it (timm's antialiased resize is the default now).
+        # Trained with the APE resized by plain bicubic, so its cards' 1.5× and 2× rows are
+        # measured that way; the config records it (timm's antialiased resize is the default).
         _entry("ape", antialias=False),
         _entry("rope-axial"),
         _entry("rope-mixed"),

@@ -18,10 +18,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from deploykit.data import normalise
-from deploykit.datasets import ShapeRelations, get_dataset
 from deploykit.encodings import get_config
 from deploykit.errors import ConfigError
+from deploykit.inputs.builtin import normalise
+from deploykit.inputs.datasets import ShapeRelations, get_dataset
 from deploykit.nn.checkpoint import WEIGHTS_FILE, save_model
 from deploykit.nn.factory import Model, create_model
 from deploykit.zoo.registry import BASE_MODEL, ZooEntry, get_entry, model_dir
@@ -87,8 +87,8 @@ def train(
         steps: override the entry's step count (short runs for tests).
         progress: called as ``progress(step, total, metrics)`` after every step.
         threads: torch intra-op threads while training (restored after). One thread is the
-            fastest on a shared 2-core machine (2 threads ran 3× slower per step beside other
-            jobs) and keeps float reductions in one order.
+            fastest on a shared 2-core machine (two threads contend with the other jobs) and keeps
+            float reductions in one order.
         force: replace a trained model already in ``root/name`` (refused otherwise, before training).
 
     Raises:

@@ -12,16 +12,16 @@ import pytest
 import torch
 from onnx import TensorProto, numpy_helper
 
-import deploykit.data
-from deploykit.datasets import ShapeRelations
+import deploykit.inputs.builtin
+from deploykit.catalog import TABLE_PREFIXES
 from deploykit.encodings import list_encodings
 from deploykit.errors import ConfigError, ExportError
 from deploykit.export import export
 from deploykit.export.int8_static import CalibrationOptions
-from deploykit.export.lint import TABLE_PREFIXES
 from deploykit.export.manifest import Manifest
 from deploykit.export.metadata import GraphMetadata
 from deploykit.export.sensitivity import QualityTarget
+from deploykit.inputs.datasets import ShapeRelations
 from deploykit.nn import create_model
 from deploykit.nn.checkpoint import load_model
 from deploykit.zoo.registry import DEFAULT_ZOO_MODEL, model_dir
@@ -149,7 +149,7 @@ def test_calibration_and_the_plan_check_never_read_the_test_split(tmp_path, monk
 
 
 def test_nan_calibration_is_refused_with_nodes_named_and_nothing_written(tmp_path, monkeypatch):
-    real = deploykit.data.calibration_inputs
+    real = deploykit.inputs.builtin.calibration_inputs
 
     def poisoned(model, shape, count, held_out=False):
         inputs, source = real(model, shape, count, held_out)
@@ -157,7 +157,7 @@ def test_nan_calibration_is_refused_with_nodes_named_and_nothing_written(tmp_pat
             inputs[0, 0, 0, 0] = np.nan
         return inputs, source
 
-    monkeypatch.setattr(deploykit.data, "calibration_inputs", poisoned)
+    monkeypatch.setattr(deploykit.inputs.builtin, "calibration_inputs", poisoned)
     out = tmp_path / "x"
     with pytest.raises(ExportError, match=r"NaN/Inf ranges at patch_embed\.proj \(node_\S+\)") as err:
         export(_model("ape"), [RES], out, precisions=["fp32", "int8"], calibration=QUICK)
@@ -254,7 +254,9 @@ def test_int8_mha_is_the_int8_plan_with_its_float_attention_fused(tmp_path, monk
 
         return call
 
-    monkeypatch.setattr(deploykit.data.DefaultCalibration, "inputs", counted("inputs", deploykit.data.DefaultCalibration.inputs))
+    monkeypatch.setattr(
+        deploykit.inputs.builtin.DefaultCalibration, "inputs", counted("inputs", deploykit.inputs.builtin.DefaultCalibration.inputs)
+    )
     monkeypatch.setattr(int8_static, "quantize_static_int8", counted("calibration", int8_static.quantize_static_int8))
     model = load_model(model_dir(DEFAULT_ZOO_MODEL))
     options = CalibrationOptions(samples=32, held_out=64)
@@ -269,7 +271,7 @@ def test_int8_mha_is_the_int8_plan_with_its_float_attention_fused(tmp_path, monk
     assert ops.count("QuantizeLinear") == [n.op_type for n in int8.graph.node].count("QuantizeLinear") > 0
     assert GraphMetadata.of(fused).quantization["kept_float"] == GraphMetadata.of(int8).quantization["kept_float"]
     assert GraphMetadata.of(fused).precision == "int8-mha"
-    inputs = deploykit.data.dataset_inputs(model.cfg.dataset, (48, 48), model.cfg.mean, model.cfg.std, 16)
+    inputs = deploykit.inputs.builtin.dataset_inputs(model.cfg.dataset, (48, 48), model.cfg.mean, model.cfg.std, 16)
     # Equal but for summation order (which can move a value across an int8 rounding step downstream).
     a, b = run_graph(fused, inputs), run_graph(int8, inputs)
     assert (
@@ -367,7 +369,7 @@ def test_the_fallback_finds_the_planted_matmul_names_it_and_meets_the_target(tmp
     from deploykit.backends.onnxrt import run_graph
     from deploykit.export import int8_check, int8_static, onnx_export
     from deploykit.export.int8_check import describe_plan
-    from deploykit.inputs import InputData, UserCalibration
+    from deploykit.inputs.user import InputData, UserCalibration
 
     checked = []
     check_plan = int8_check.check_plan

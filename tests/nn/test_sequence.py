@@ -118,7 +118,7 @@ def test_config_rejects_other_encodings_and_attentions():
 
 
 def test_real_token_inputs_are_text_in_the_char_vocabulary():
-    from deploykit.data import CHAR_VOCAB, real_token_inputs
+    from deploykit.inputs.builtin import CHAR_VOCAB, real_token_inputs
 
     tokens = real_token_inputs(300, 65, count=3)
     assert tokens.shape == (3, 300) and tokens.dtype == np.int64

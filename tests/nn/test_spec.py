@@ -1,5 +1,6 @@
 """``DeploySpec``: one per architecture, the only place that tells the architectures apart, and
-agreeing with the graphs export writes."""
+agreeing with the graphs export writes; the names a graph is made of, defined once
+(``deploykit.catalog``) and never branched on outside the spec."""
 
 from __future__ import annotations
 
@@ -11,12 +12,17 @@ import pytest
 import torch
 from onnx import helper
 
+from deploykit import catalog
+from deploykit.backends import TorchRunner
+from deploykit.catalog import OUTPUT_NAME, TABLE_PREFIX
 from deploykit.errors import ExportError
-from deploykit.export.manifest import OUTPUT_NAME, Manifest
-from deploykit.export.onnx_export import onnx_from_model
+from deploykit.export.manifest import Manifest
+from deploykit.export.metadata import GraphMetadata
+from deploykit.export.names import TRUNK_SCOPE
+from deploykit.export.onnx_export import BakedModel, onnx_from_model
 from deploykit.nn import create_model, load_model
 from deploykit.nn.factory import build_model
-from deploykit.nn.spec import BATCH_AXIS, SPECS, SequenceSpec, VitSpec, deploy_spec
+from deploykit.nn.spec import BATCH_AXIS, SPECS, SequenceSpec, VitSpec, block_paths, deploy_spec
 
 PACKAGE = Path(__file__).resolve().parents[2] / "deploykit"
 SPEC_MODULE = PACKAGE / "nn" / "spec.py"
@@ -54,25 +60,127 @@ def architecture_branches(path: Path, root: Path = PACKAGE.parent) -> list[str]:
     return found
 
 
-def test_no_architecture_branches_outside_the_spec_registry():
-    """Per-architecture code goes through ``deploy_spec``, as Optimum's ``OnnxConfig``s."""
-    found = [line for path in sorted(PACKAGE.rglob("*.py")) if path != SPEC_MODULE for line in architecture_branches(path)]
-    assert not found, "ask deploykit.nn.spec.deploy_spec(model) instead of:\n" + "\n".join(found)
+# The names a graph is made of (its input per architecture, its output, its tables, the sequence
+# model's architecture tag), and what holds them on a model; a headless ViT's output kind.
+GRAPH_NAMES = {
+    catalog.IMAGES_INPUT,
+    catalog.TOKENS_INPUT,
+    catalog.OUTPUT_NAME,
+    catalog.SEQUENCE_ARCHITECTURE,
+    TABLE_PREFIX,
+    TABLE_PREFIX.rstrip("."),
+    "features",
+}
+NAME_HOLDERS = {"input_name", "output_kind", "IMAGES_INPUT", "TOKENS_INPUT", "OUTPUT_NAME"}
+# Module- or class-level strings equal to a graph name that name something else.
+OTHER_MEANINGS = {("deploykit/encodings/base.py", "Hook"): "where an encoding acts (the token sequence, the attention logits)"}
 
 
-def test_the_scan_sees_branches(tmp_path):
-    """The scan above is not vacuous: it finds each form of branch it forbids."""
-    source = tmp_path / "branches.py"
-    source.write_text(
-        "isinstance(model.cfg, SequenceConfig)\n"
-        "not isinstance(model, nn.VisionTransformer)\n"
-        "isinstance(cfg, (ViTConfig, SequenceConfig))\n"
-        'hasattr(model, "grid")\n'
-        'hasattr(self.model, "pos_enc")\n'
-        "isinstance(x, dict)\n"
-        'hasattr(os, "sched_getaffinity")\n'
-    )
-    assert [line.split(": ", 1)[0] for line in architecture_branches(source, tmp_path)] == [f"branches.py:{i}" for i in range(1, 6)]
+def _is_name(node: ast.expr) -> bool:
+    """A literal graph name, or what holds one (``model.input_name``, ``OUTPUT_NAME``)."""
+    if isinstance(node, ast.Constant):
+        return node.value in GRAPH_NAMES
+    return (node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", None)) in NAME_HOLDERS
+
+
+def name_branches(path: Path, root: Path = PACKAGE.parent) -> list[str]:
+    """Comparisons with a graph name, and outputs indexed by a literal name, in ``path``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Compare) and any(_is_name(o) for o in (node.left, *node.comparators)):
+            found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and _is_name(node.slice):
+            found.append((node.lineno, ast.unparse(node)))
+    return [f"{path.relative_to(root)}:{line}: {code}" for line, code in sorted(found)]
+
+
+@pytest.mark.parametrize(
+    "scan, hint",
+    [
+        (architecture_branches, "ask deploykit.nn.spec.deploy_spec(model)"),
+        (name_branches, "ask deploykit.nn.spec.deploy_spec(model), or take model.input_kind or catalog.OUTPUT_NAME,"),
+    ],
+)
+def test_no_branches_outside_the_spec(scan, hint):
+    """Per-architecture code goes through ``deploy_spec``, as Optimum's ``OnnxConfig``s: no
+    ``isinstance`` on a model class, and no comparison with a graph name (``answers_top_k``,
+    ``input_kind`` instead); an output is read by ``catalog.OUTPUT_NAME``, not by its spelling."""
+    found = [line for path in sorted(PACKAGE.rglob("*.py")) if path != SPEC_MODULE for line in scan(path)]
+    assert not found, f"{hint} instead of:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    "scan, source",
+    [
+        (
+            architecture_branches,
+            "isinstance(model.cfg, SequenceConfig)\n"
+            "not isinstance(model, nn.VisionTransformer)\n"
+            "isinstance(cfg, (ViTConfig, SequenceConfig))\n"
+            'hasattr(model, "grid")\n'
+            'hasattr(self.model, "pos_enc")\n'
+            "isinstance(x, dict)\n"
+            'hasattr(os, "sched_getaffinity")\n',
+        ),
+        (
+            name_branches,
+            'model.input_name == "tokens"\n'
+            'if model.output_kind != "logits": pass\n'
+            "spec.input_name in (IMAGES_INPUT, TOKENS_INPUT)\n"
+            'outputs["logits"]\n'
+            'kind == "features"\n'
+            'hook == "qk"\n'
+            'outputs["blocks.0"]\n'
+            "outputs[OUTPUT_NAME]\n",
+        ),
+    ],
+)
+def test_the_scans_see_branches(tmp_path, scan, source):
+    """The scans above are not vacuous: each finds every form of branch it forbids (the first five
+    lines) and nothing else."""
+    path = tmp_path / "branches.py"
+    path.write_text(source)
+    assert [line.split(": ", 1)[0] for line in scan(path, tmp_path)] == [f"branches.py:{i}" for i in range(1, 6)]
+
+
+def _definitions(path: Path) -> list[tuple[str, str, str]]:
+    """``(scope, name, value)`` of each string constant assigned at module or class level."""
+    found = []
+    tree = ast.parse(path.read_text(), str(path))
+    scopes = [("", tree.body)] + [(n.name, n.body) for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
+    for scope, body in scopes:
+        for node in body:
+            if isinstance(node, ast.Assign | ast.AnnAssign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                found += [(scope, ast.unparse(t), node.value.value) for t in targets]
+    return found
+
+
+def test_graph_names_are_defined_once():
+    """Each graph name is spelled once, in ``deploykit.catalog``; every other module imports it."""
+    spelled = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        where = str(path.relative_to(PACKAGE.parent))
+        for scope, name, value in _definitions(path):
+            if value in GRAPH_NAMES and (where, scope) not in OTHER_MEANINGS:
+                spelled.setdefault(value, []).append(f"{where}: {name}")
+    assert all(len(places) == 1 and places[0].startswith("deploykit/catalog.py") for places in spelled.values()), spelled
+    assert set(spelled) >= {catalog.IMAGES_INPUT, catalog.TOKENS_INPUT, OUTPUT_NAME, catalog.SEQUENCE_ARCHITECTURE, TABLE_PREFIX}
+
+
+def test_exported_names_are_the_catalogs(good_export):
+    """The graph carries the catalog's names: its tables under ``TABLE_PREFIX`` (``BakedModel.pe_tables``),
+    its trunk's scopes under ``TRUNK_SCOPE`` (``BakedModel.model``), one block output per
+    ``block_paths`` entry, which the PyTorch runner returns under the same paths."""
+    model = load_model(good_export)
+    (entry,) = Manifest.read(good_export).graphs
+    proto = onnx.load(str(good_export / entry.file), load_external_data=False)
+    assert any(i.name.startswith(TABLE_PREFIX) for i in proto.graph.initializer)
+    assert dict(BakedModel(model, tuple(entry.resolution)).named_children())[TRUNK_SCOPE] is model
+    assert len(GraphMetadata.of(proto).block_outputs) == len(block_paths(model)) == model.cfg.depth
+    x = deploy_spec(model).random_inputs(1, tuple(entry.resolution), seed=0)
+    with TorchRunner(model, return_blocks=True) as runner:
+        assert set(runner.infer({model.input_name: x})) == {OUTPUT_NAME, *block_paths(model)}
 
 
 def test_every_architecture_has_a_spec():

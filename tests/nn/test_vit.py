@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from deploykit.errors import ConfigError, ResolutionError
 from deploykit.nn import create_model
+from deploykit.nn.spec import deploy_spec
 
 F64 = torch.float64
 
@@ -108,9 +109,9 @@ def test_block_outputs_feed_the_head():
     model = create_model("vit_tiny_patch16", encoding="rope-axial", depth=3, img_size=32).eval()
     x = torch.randn(2, 3, 48, 32)
     with torch.no_grad():
-        feats = model.forward_features(x, model.tables(model.grid(48, 32), x.dtype))
-        assert len(feats) == 4 and feats[-1].shape == (2, 1 + 6, 192)
-        assert torch.equal(model.forward_head(feats[-1]), model(x))
+        states = model.hidden_states(x, model.tables(model.grid(48, 32), x.dtype))
+        assert len(states) == 4 and states[-1].shape == (2, 1 + 6, 192)
+        assert torch.equal(model.forward_head(model.norm(states[-1])), model(x))
 
 
 def test_no_class_token_mean_pools():
@@ -118,8 +119,8 @@ def test_no_class_token_mean_pools():
     assert model.cls_token is None and "cls_token" not in model.state_dict()
     x = torch.randn(1, 3, 32, 32)
     with torch.no_grad():
-        feats = model.forward_features(x, model.tables((2, 2), x.dtype))
-        assert torch.allclose(model(x), model.head(model.norm(feats[-1]).mean(1)))
+        tokens = model.forward_features(x, model.tables((2, 2), x.dtype))
+        assert torch.allclose(model(x), model.head(tokens.mean(1)))
 
 
 @pytest.mark.parametrize("size", [(225, 224), (224, 8), (0, 16)])
@@ -162,10 +163,10 @@ def test_timm_trunk_options_keep_timm_names_and_pool_as_timm():
     } <= keys
     assert not any(k.startswith(("head.", "norm.")) or k == "blocks.0.mlp.fc1.weight" for k in keys)
     assert model.state_dict()["blocks.0.mlp.fc2.weight"].shape == (192, 100)
-    assert model.output_kind == "features"
+    assert not deploy_spec(model).answers_top_k
     x = torch.randn(2, 3, 32, 48)
     with torch.no_grad():
-        tokens = model.forward_features(x, model.tables((2, 3), x.dtype))[-1]
+        tokens = model.hidden_states(x, model.tables((2, 3), x.dtype))[-1]
         assert tokens.shape == (2, 1 + 3 + 6, 192)
         # avg pooling skips the class and register tokens, then fc_norm (timm's global_pool_nlc)
         torch.testing.assert_close(model(x), model.fc_norm(tokens[:, 4:].mean(1)))

@@ -22,7 +22,7 @@ from ray import serve
 from ray.cluster_utils import Cluster
 from server_process import free_ports, listening_addresses, process_tree
 
-from deploykit.data import sample_images
+from deploykit.inputs.builtin import sample_images
 from deploykit.serve.ray_serve import RayOptions, build_app
 
 

@@ -72,7 +72,7 @@ def softmax_top_k(logits: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
 
 def zoo_test_images(count: int, size: int, offset: int = 0) -> list[np.ndarray]:
     """``count`` images of the zoo dataset's test split rendered at ``size`` px, as ``[H, W, 3]`` uint8."""
-    from deploykit.datasets import get_dataset
+    from deploykit.inputs.datasets import get_dataset
 
     pixels = get_dataset("shape-relations").images("test", range(offset, offset + count), size)
     return [np.ascontiguousarray((p.transpose(1, 2, 0) * 255).round().astype(np.uint8)) for p in pixels]

@@ -91,12 +91,13 @@ def test_serve_bench_refuses_a_file_where_the_aiperf_directory_goes_before_measu
 @pytest.mark.slow
 def test_serve_bench_measures_both_sides_by_concurrency_and_rate_and_searches_p99(export_dir, tmp_path, capsys):
     """One server for every mode (its start is most of the time): concurrency 1 and 3 (closed
-    loop), 20 and 40 requests/s (open loop), a p99 search over the rates, AIPerf's files."""
+    loop), 20 and 40 requests/s (open loop), a p99 search over the rates, AIPerf's files, two
+    inference streams on both sides."""
     out, aiperf = tmp_path / "bench.json", tmp_path / "aiperf"
     try:
         main(
             ["serve-bench", str(export_dir), "--concurrency", "1,3", "--rate", "20,40", "--p99-ms", "5000", "--requests", "6"]
-            + ["-r", "48", "--client", "builtin", "--max-batch-size", "4", "--json", str(out), "--aiperf", str(aiperf)]
+            + ["-r", "48", "--client", "builtin", "--max-batch-size", "4", "--json", str(out), "--aiperf", str(aiperf), "--streams", "2"]
         )
     except SystemExit as exit_:
         assert exit_.code in (0, None)
@@ -114,6 +115,7 @@ def test_serve_bench_measures_both_sides_by_concurrency_and_rate_and_searches_p9
         (logits,) = [m for m in level["triton_models"] if m["model"] == "logits_48"]
         assert logits["requests"] == served["requests"] and logits["compute_infer_ms"] > 0  # Triton saw exactly our requests
     assert report["settings"]["resolution"] == [48, 48] and "load_average_end" in report["environment"]
+    assert report["settings"]["streams"] == 2  # both sides: the server child accepted --streams 2
     # a limit no tiny model misses: both sides' searches end at the highest rate, after the two bounds
     assert [(s["side"], s["largest_within"], len(s["probes"])) for s in report["searches"]] == [("in_process", 40, 2), ("served", 40, 2)]
     exported = json.loads((aiperf / "served" / "request_rate_40" / JSON_FILE).read_text())

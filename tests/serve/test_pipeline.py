@@ -14,8 +14,8 @@ from stand_in_runner import NanRowRunner
 
 import deploykit
 from deploykit.backends.onnxrt import OnnxrtRunner
-from deploykit.data import sample_images
 from deploykit.errors import ConfigError, DeployKitError, InputError, MissingDependencyError
+from deploykit.inputs.builtin import sample_images
 from deploykit.serve import Pipeline, nearest_resolution
 from tests import image_bombs
 

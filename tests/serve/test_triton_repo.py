@@ -22,9 +22,9 @@ from server_process import free_ports, process_tree, stop, wait_until
 
 from deploykit.backends.openvino import openvino_source
 from deploykit.cli import main
-from deploykit.data import sample_images
 from deploykit.errors import DeployKitError
 from deploykit.imaging import Preprocessing
+from deploykit.inputs.builtin import sample_images
 from deploykit.serve import defaults
 from deploykit.serve.triton_repo import RepositoryOptions, package_triton
 from tests.test_imaging import png_header_only

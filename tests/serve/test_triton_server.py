@@ -29,7 +29,7 @@ PIL = pytest.importorskip("PIL.Image", reason="needs pillow")
 from tritonclient.utils import InferenceServerException
 
 from deploykit.backends.table import auto_order
-from deploykit.data import sample_images
+from deploykit.inputs.builtin import sample_images
 from tests import image_bombs
 
 MAX_BATCH = 8

@@ -14,10 +14,10 @@ import pytest
 from safetensors.torch import load_file
 
 from deploykit.cli import main
-from deploykit.data import validation_inputs
-from deploykit.datasets import ShapeRelations
 from deploykit.encodings import config_from_dict, config_to_dict
 from deploykit.export.manifest import Manifest
+from deploykit.inputs.builtin import validation_inputs
+from deploykit.inputs.datasets import ShapeRelations
 from deploykit.nn import load_model
 from deploykit.zoo.cards import CARD_JSON, README, hex_to_bits, read_cards
 from deploykit.zoo.registry import DEFAULT_ZOO_MODEL, EVAL_SCALES, list_zoo, model_dir, zoo_dir

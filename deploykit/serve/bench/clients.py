@@ -12,8 +12,10 @@ from pathlib import Path
 import numpy as np
 
 from deploykit._lazy import lazy_import
+from deploykit.catalog import OUTPUT_NAME
 from deploykit.errors import DeployKitError
 from deploykit.serve.bench.records import LatencyMs, SideStats
+from deploykit.serve.classifier import INPUT_NAME
 
 
 class GrpcClient:
@@ -27,9 +29,9 @@ class GrpcClient:
     def __call__(self, x: np.ndarray) -> np.ndarray:
         if not hasattr(self.local, "client"):
             self.local.client = self.grpc.InferenceServerClient(self.url)
-        tensor = self.grpc.InferInput("images", list(x.shape), "FP32")
+        tensor = self.grpc.InferInput(INPUT_NAME, list(x.shape), "FP32")
         tensor.set_data_from_numpy(x)
-        return self.local.client.infer(self.model, [tensor]).as_numpy("logits")
+        return self.local.client.infer(self.model, [tensor]).as_numpy(OUTPUT_NAME)
 
 
 class HttpImageClient:

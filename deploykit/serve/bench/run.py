@@ -62,6 +62,7 @@ class BenchOptions:
         requests: requests per level and side (a warm-up precedes it).
         resolution: the exported ``(height, width)`` to load; default the export's first.
         backend: the pipeline backend of both sides.
+        streams: inference streams of both sides' CPU runners (``Pipeline``'s ``streams``; None: profile's choice).
         max_batch_size, max_queue_delay_us: the server's dynamic batching.
         client: ``"auto"`` (``perf_analyzer`` when installed), ``"perf_analyzer"`` or ``"builtin"``.
         ray, replicas: serve on Ray Serve (``serve --ray``) with this many replicas instead of Triton.
@@ -76,6 +77,7 @@ class BenchOptions:
     requests: int = defaults.BENCH_REQUESTS
     resolution: tuple[int, int] | None = None
     backend: str = defaults.BENCH_BACKEND
+    streams: int | None = None
     max_batch_size: int = defaults.MAX_BATCH_SIZE
     max_queue_delay_us: int = defaults.MAX_QUEUE_DELAY_US
     client: str = defaults.BENCH_CLIENT
@@ -217,7 +219,7 @@ def bench_serving(
     perf = None if options.ray else _perf_analyzer(options.client)
     target_kind = RayTarget if options.ray else TritonTarget
     with (
-        Pipeline(export_dir, backend=options.backend, batch_size=options.max_batch_size) as pipeline,
+        Pipeline(export_dir, backend=options.backend, batch_size=options.max_batch_size, streams=options.streams) as pipeline,
         tempfile.TemporaryDirectory(prefix="serve_bench_") as tmp,
     ):
         res = options.resolution or pipeline.resolutions[0]
@@ -262,6 +264,7 @@ def _settings(export_dir: Path, res: tuple[int, int], options: BenchOptions, per
         "export_dir": str(export_dir),
         "resolution": list(res),
         "backend": options.backend,
+        "streams": options.streams,
         "requests_per_level": options.requests,
         "served": f"{served}{options.max_batch_size}, {options.max_queue_delay_us} us delay; client {client}",
         "in_process": in_process,

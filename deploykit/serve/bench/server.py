@@ -31,6 +31,8 @@ class ServerProcess:
             command += ["--grpc-port", str(self.grpc), "--metrics-port", str(metrics)]
         command += ["--backend", options.backend, "--max-batch-size", str(options.max_batch_size)]
         command += ["--max-queue-delay-us", str(options.max_queue_delay_us)]
+        if options.streams is not None:
+            command += ["--streams", str(options.streams)]
         self.log = log
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

@@ -19,8 +19,8 @@ Bad data is refused in one line naming the file: an empty folder, a file that do
 an image that is not 8-bit (16-bit or float pixels), arrays of the wrong rank, channel count,
 size or dtype, or holding NaN/Inf.
 
-numpy and Pillow only, like ``deploykit.data``: the model is read through its ``input_name``
-and ``cfg`` (``in_chans``, ``preprocessing``, ``vocab_size``).
+numpy and Pillow only, like ``deploykit.inputs.builtin``: the model is read through its
+``input_kind`` (``deploykit.inputs.kinds``: what an array must be) and ``cfg.preprocessing``.
 """
 
 from __future__ import annotations
@@ -83,8 +83,8 @@ class InputData:
         """
         indices = range(len(self)) if indices is None else indices
         if self.arrays is not None:
-            return _checked_arrays(self._array_at(shape), self.path, model, shape)[list(indices)]
-        self._check_takes_images(model)
+            return model.input_kind.checked_arrays(self._array_at(shape), self.path, shape)[list(indices)]
+        model.input_kind.check_takes_images(self.path)
         preprocessing = model.cfg.preprocessing
         return np.stack([preprocessing(read_image(self.images[i]), shape) for i in indices])
 
@@ -97,20 +97,11 @@ class InputData:
         """
         if self.arrays is not None:
             for shape in shapes:
-                _checked_arrays(self._array_at(shape), self.path, model, shape)
+                model.input_kind.checked_arrays(self._array_at(shape), self.path, shape)
             return
-        self._check_takes_images(model)
+        model.input_kind.check_takes_images(self.path)
         for image in self.images:
             read_image(image)
-
-    def _check_takes_images(self, model) -> None:
-        if model.input_name != "images":
-            raise InputError(f"{self.path}: a sequence model takes token ids; give a .npy of [N, T] integer arrays, not images")
-        if model.cfg.in_chans != 3:
-            raise InputError(
-                f"{self.path}: images decode to 3 channels (RGB) but the model takes {model.cfg.in_chans}; give a .npy of "
-                f"preprocessed [N, {model.cfg.in_chans}, H, W] arrays"
-            )
 
     def fingerprint(self, indices: Sequence[int] | None = None) -> str:
         """sha256 over the inputs at ``indices`` (default all), in order: each image file's bytes,
@@ -210,31 +201,6 @@ def _read_arrays(path: Path) -> dict[str, np.ndarray]:
         if array.ndim < 1 or len(array) == 0:
             raise InputError(f"{path}{f'[{key}]' if key else ''} holds no inputs (shape {list(array.shape)})")
     return arrays
-
-
-def _checked_arrays(array: np.ndarray, path: Path, model, shape: tuple[int, ...]) -> np.ndarray:
-    """``array`` as the model's input at ``shape``, or ``InputError`` saying what does not fit."""
-    found = f"{path} holds {array.dtype} {list(array.shape)} arrays"
-    if model.input_name == "tokens":
-        if array.shape[1:] != tuple(shape) or not np.issubdtype(array.dtype, np.integer):
-            raise InputError(f"{found}; the model at length {shape[0]} takes integer token ids [N, {shape[0]}]")
-        if array.min() < 0 or array.max() >= model.cfg.vocab_size:
-            raise InputError(f"{found} with ids outside [0, {model.cfg.vocab_size}), the model's vocabulary")
-        return array.astype(np.int64)
-    channels = model.cfg.in_chans
-    expected = f"[N, {channels}, {shape[0]}, {shape[1]}]"
-    if array.ndim != 4:
-        raise InputError(f"{found}; the model at {resolution_tag(tuple(shape))} takes preprocessed {expected}")
-    if array.shape[1] != channels:
-        raise InputError(f"{found}: {array.shape[1]} channels, the model takes {channels} ({expected})")
-    if array.shape[2:] != tuple(shape):
-        raise InputError(f"{found}: {array.shape[2]}x{array.shape[3]}, the model is at {resolution_tag(tuple(shape))} ({expected})")
-    if not np.issubdtype(array.dtype, np.floating):
-        raise InputError(f"{found}; preprocessed inputs are float (normalised as the model expects), or give the images")
-    bad = np.flatnonzero(~np.isfinite(array.reshape(len(array), -1)).all(axis=1))
-    if len(bad):
-        raise InputError(f"{path}: input {bad[0]} (and {len(bad) - 1} more) holds NaN or Inf")
-    return array.astype(np.float32)
 
 
 def read_image(path: Path) -> np.ndarray:

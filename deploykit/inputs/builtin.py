@@ -4,7 +4,7 @@ ship inside a package, seeded noise, a zoo model's own dataset, text for sequenc
 Real images come from scikit-image's bundled samples (installed with the ``images`` extra), so
 nothing is downloaded and top-1 agreement is measured on natural-image statistics. They are
 preprocessed as the model's config says (``ViTConfig.preprocessing``: the one preprocessing of
-``deploykit.imaging``, which serving applies too). A user's own inputs: ``deploykit.inputs``.
+``deploykit.imaging``, which serving applies too). A user's own inputs: ``deploykit.inputs.user``.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def random_token_inputs(count: int, length: int, vocab_size: int, seed: int = 0)
 def dataset_inputs(dataset: str, resolution: tuple[int, int], mean, std, count: int, split: str = "test") -> np.ndarray:
     """``[count, 3, H, W]`` float32: the first ``count`` images of a ``deploykit.zoo`` dataset's
     ``split``, rendered at ``resolution`` and normalised."""
-    from deploykit.datasets import get_dataset
+    from deploykit.inputs.datasets import get_dataset
 
     return normalise(get_dataset(dataset).images(split, range(count), resolution), mean, std)
 
@@ -93,7 +93,7 @@ def normalise(images: np.ndarray, mean: Sequence[float], std: Sequence[float]) -
     """``[N, C, H, W]`` pixels in [0, 1] → float32 ``(x - mean) / std`` per channel."""
     mean, std = np.asarray(mean, np.float32)[:, None, None], np.asarray(std, np.float32)[:, None, None]
     # One new array, divided in place: the same operations as ``(images - mean) / std``, without
-    # two more copies to fault in (10 s of 13 for 1128 float32 images at 384 px)
+    # two more copies to fault in (most of the time for a large split at 384 px)
     out = np.subtract(images, mean, dtype=np.result_type(images, mean))
     return np.divide(out, std, out=out).astype(np.float32, copy=False)
 
@@ -102,27 +102,17 @@ def validation_inputs(
     model, shape: tuple[int, ...], num_random: int, num_real: int, seed: int = 0, real: np.ndarray | None = None
 ) -> np.ndarray:
     """Seeded noise followed by ``num_real`` real inputs for ``model`` at ``shape``: ``real`` when
-    given (the user's own), else text windows for a sequence model, the test split of the dataset
-    a zoo model was trained on, else bundled natural images.
+    given (the user's own), else what the model's input kind draws (``deploykit.inputs.kinds``:
+    text windows for a sequence model, the test split of the dataset a zoo model was trained on,
+    else bundled natural images).
 
     Raises:
         ConfigError: more real inputs than exist (``check_real_count``; the user's own are
-            counted by ``deploykit.inputs``).
+            counted by ``deploykit.inputs.user``).
     """
     if real is None:
         check_real_count(model, num_real, VALIDATION_SPLIT, "--num-real")
-    if model.input_name == "tokens":
-        (length,) = shape
-        vocab = model.cfg.vocab_size
-        real = real_token_inputs(length, vocab, num_real) if real is None else real
-        return np.concatenate([random_token_inputs(num_random, length, vocab, seed), real])
-    cfg = model.cfg
-    if real is not None:
-        return np.concatenate([random_inputs(num_random, shape, seed, cfg.in_chans), real])
-    real = (
-        dataset_inputs(cfg.dataset, shape, cfg.mean, cfg.std, num_real) if cfg.dataset else real_inputs(shape, cfg.preprocessing, num_real)
-    )
-    return np.concatenate([random_inputs(num_random, shape, seed), real])
+    return model.input_kind.validation(shape, num_random, num_real, seed, real)
 
 
 # INT8 plans calibrate on the train split and check themselves on the val split; the test split
@@ -137,15 +127,7 @@ def real_input_limit(model, split: str) -> tuple[int | None, str]:
     the bundled sample images for validation (``test``), seeded crops of them (no limit) for
     calibration. A sequence model: windows of the bundled text (no limit).
     """
-    if model.input_name == "tokens":
-        return None, "windows of the bundled text"
-    if model.cfg.dataset:
-        from deploykit.datasets import get_dataset
-
-        return get_dataset(model.cfg.dataset).size(split), f"images in {model.cfg.dataset}'s {split} split"
-    if split == VALIDATION_SPLIT:
-        return len(SAMPLE_IMAGES), "bundled sample images"
-    return None, "random crops of the bundled sample images"
+    return model.input_kind.real_limit(split)
 
 
 def check_real_count(model, count: int, split: str, option: str) -> None:
@@ -174,21 +156,9 @@ def calibration_inputs(model, shape: tuple[int, ...], count: int, held_out: bool
     Raises:
         ConfigError: more inputs than the split holds (``check_real_count``).
     """
-    seed = int(held_out)
-    if model.input_name == "tokens":
-        (length,) = shape
-        ids = encode_chars(sample_text(), model.cfg.vocab_size)
-        starts = np.random.default_rng(seed).integers(0, len(ids), count)
-        windows = np.stack([np.take(ids, np.arange(s, s + length), mode="wrap") for s in starts])
-        return windows, f"{count} windows of the bundled text (seed {seed})"
-    cfg = model.cfg
-    if cfg.dataset:
-        split = HELD_OUT_SPLIT if held_out else CALIBRATION_SPLIT
-        check_real_count(model, count, split, "--held-out" if held_out else "--calibration-samples")  # the val split is fixed (1000)
-        return dataset_inputs(cfg.dataset, shape, cfg.mean, cfg.std, count, split=split), f"{count} images of {cfg.dataset}'s {split} split"
-    return _sample_image_crops(shape, cfg.preprocessing, count, seed), (
-        f"{count} random crops (seed {seed}) of the {len(SAMPLE_IMAGES)} bundled sample images: the model names no dataset"
-    )
+    split = HELD_OUT_SPLIT if held_out else CALIBRATION_SPLIT
+    check_real_count(model, count, split, "--held-out" if held_out else "--calibration-samples")  # the val split is fixed (1000)
+    return model.input_kind.calibration(shape, count, int(held_out), split)
 
 
 class DefaultCalibration:
@@ -216,7 +186,7 @@ def _record(inputs: np.ndarray, source: str) -> dict:
     return {"source": source, "kind": "arrays", "count": len(inputs), "sha256": digest, "description": source}
 
 
-def _sample_image_crops(resolution: tuple[int, int], preprocessing: imaging.Preprocessing, count: int, seed: int) -> np.ndarray:
+def sample_image_crops(resolution: tuple[int, int], preprocessing: imaging.Preprocessing, count: int, seed: int) -> np.ndarray:
     """Seeded crops covering 35-100% of a bundled image's area, aspect 3:4-4:3, half of them
     mirrored, each preprocessed like a served image (the model's preprocessing of the crop)."""
     rng = np.random.default_rng(seed)

@@ -139,15 +139,14 @@ def render(scenes: Sequence[Scene], resolution: int | tuple[int, int]) -> np.nda
     """
     h, w = (resolution, resolution) if isinstance(resolution, int) else resolution
     out = np.empty((len(scenes), 3, h, w), np.float32)
-    # A few scenes at a time: the float64 intermediates of all of them at once took 12.4 GB and 40 s
-    # for the 1000 held-out scenes at 384 px (1.8 GB of output), now 1.8 GB and 8 s; every value
-    # is per scene.
+    # A few scenes at a time: every value is per scene, and the float64 intermediates of a whole
+    # split at once would be several times the size of the output.
     for start in range(0, len(scenes), _RENDER_CHUNK):
         out[start : start + _RENDER_CHUNK] = _render_chunk(scenes[start : start + _RENDER_CHUNK], h, w)
     return out
 
 
-_RENDER_CHUNK = 4  # at 384 px, 2.3x faster than 16 at a time (the float64 arrays stay in cache)
+_RENDER_CHUNK = 4  # small enough that a chunk's float64 arrays stay in cache at 384 px
 
 
 def _render_chunk(scenes: Sequence[Scene], h: int, w: int) -> np.ndarray:

@@ -8,7 +8,7 @@ import hashlib
 import numpy as np
 import pytest
 
-from deploykit.datasets import CLASSES, SPLIT_SIZES, ShapeRelations, get_dataset, render
+from deploykit.inputs.datasets import CLASSES, SPLIT_SIZES, ShapeRelations, get_dataset, render
 
 DATA = ShapeRelations()
 

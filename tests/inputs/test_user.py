@@ -1,4 +1,4 @@
-"""A user's own inputs (``deploykit.inputs``): a folder of images, a list of image paths, a
+"""A user's own inputs (``deploykit.inputs.user``): a folder of images, a list of image paths, a
 ``.npy``/``.npz`` of preprocessed arrays, each read as the model takes it; bad data of each kind
 is one line naming the file, on the library and from the command line (exit 1, nothing written)."""
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from deploykit.errors import InputError
-from deploykit.inputs import UserCalibration, read_inputs, split
+from deploykit.inputs.user import UserCalibration, read_inputs, split
 from deploykit.nn import create_model
 from tests import image_bombs
 from tests.serve.serve_reference import torch_preprocess
