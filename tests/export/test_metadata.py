@@ -13,7 +13,7 @@ import pytest
 
 import deploykit
 from deploykit.errors import DeployKitError
-from deploykit.export.metadata import GraphMetadata
+from deploykit.export.metadata import GraphMetadata, QuantizationRecord
 
 # As an exported int8 graph of a resolution range carried them (text typed out here, not produced
 # by the module under test).
@@ -43,7 +43,7 @@ def test_written_text_reads_into_typed_fields():
     assert meta.resolution == (224, 192) and meta.resolution_range == ((128, 128), (384, 384))
     assert meta.patch_size == 16 and meta.encoding == "gridpe" and meta.encoding_config["num_scales"] == 4
     assert meta.block_outputs == ("add_3", "add_7") and meta.float_modules == ("model.pos",)
-    assert meta.plan == "int8" and meta.quantization == {"plan": "int8", "kept_float": []}
+    assert meta.plan == "int8" and meta.quantization == QuantizationRecord(plan="int8")
     assert meta.qk_channel_order is None and meta.fused_attention is None
 
 
