@@ -2,8 +2,8 @@
 
 The reference is the saved model run in float64. For every backend × resolution the report
 holds max/mean absolute error, max relative error, worst per-sample cosine similarity, top-1 and
-top-5 agreement on the real inputs (images, or text for a sequence model), NaN/Inf counts and pass/fail against the precision's
-tolerance, and which execution provider ran (ONNX Runtime drops CUDA silently). A backbone
+top-5 agreement on the real inputs (images, or text for a sequence model), NaN/Inf counts and pass/fail against the precision
+plan's criteria (``deploykit.checks``, the same judge as the export's and profile's), and which execution provider ran (ONNX Runtime drops CUDA silently). A backbone
 without a classifier (``output_kind == "features"``, e.g. an imported DINOv3) is compared on its
 features by the same max abs and cosine; it has no top-k. When a check
 fails, block outputs are compared one by one (recorded at export, so only those tensors are
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -80,6 +80,7 @@ class Record:
         """The record of one check (``checked``) of ``run``'s runner on ``reference`` at
         ``resolution`` × ``batch``; ``block``: the first divergent block, when it failed."""
         tolerance = bar_of(checked.criteria, Tolerance)
+        reported = {f.name for f in fields(cls)}  # the tolerance's metrics (another bar of the plan may measure more)
         return cls(
             backend=run.backend,
             resolution=list(resolution),
@@ -87,7 +88,7 @@ class Record:
             precision=run.precision,
             num_inputs=len(reference.inputs),
             num_real=reference.num_real,
-            **checked.result.metrics,
+            **{name: value for name, value in checked.result.metrics.items() if name in reported},
             tolerance=tolerance.to_dict(),
             passed=checked.result.passed,
             failures=list(checked.result.failures),
@@ -273,11 +274,12 @@ class Run:
         return cls(backend, precision, entry, inputs, bool(runner.profiled_shapes), runner.provider, placement, hint)
 
 
+@dataclass
 class References:
     """Validation inputs at each (model, resolution) and the PyTorch float64 outputs on them,
     computed once: the reference ``validate`` and ``profile``'s check before timing judge by.
 
-    Args:
+    Attributes:
         num_random, num_real: seeded-noise and real inputs per resolution.
         inputs: the user's real inputs (``InputData``) instead of the bundled ones.
         seed: seed of the noise inputs.
@@ -285,18 +287,13 @@ class References:
         progress: optional callable taking a status line.
     """
 
-    def __init__(
-        self,
-        num_random: int = VALIDATION_NOISE,
-        num_real: int = VALIDATION_REAL,
-        inputs: InputData | None = None,
-        seed: int = VALIDATION_SEED,
-        batch_size: int = 4,
-        progress: Callable[[str], None] | None = None,
-    ):
-        self.num_random, self.num_real, self.inputs = num_random, num_real, inputs
-        self.seed, self.batch_size, self.progress = seed, batch_size, progress
-        self._cache: dict[tuple, Reference] = {}
+    num_random: int
+    num_real: int
+    inputs: InputData | None = None
+    seed: int = VALIDATION_SEED
+    batch_size: int = 4
+    progress: Callable[[str], None] | None = None
+    _cache: dict[tuple, Reference] = field(default_factory=dict, init=False, repr=False)
 
     def at(self, model: Model, resolution: tuple[int, ...]) -> Reference:
         key = (id(model), tuple(resolution))

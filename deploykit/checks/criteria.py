@@ -124,7 +124,7 @@ def bar_of(criteria: Sequence[Bar], kind: type) -> Bar:
 def row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Cosine similarity of each row (everything after the first axis): 1 where both rows are
     zero, 0 where only one is (a NaN output zeroed by ``nan_to_num`` must not look perfect)."""
-    a, b = a.reshape(len(a), -1), b.reshape(len(b), -1)
+    a, b = (x.reshape(x.shape[0], int(np.prod(x.shape[1:]))) for x in (a, b))  # a batch may hold no judged row
     norm_a, norm_b = np.linalg.norm(a, axis=1), np.linalg.norm(b, axis=1)
     both_zero = (norm_a == 0) & (norm_b == 0)
     return np.where(both_zero, 1.0, (a * b).sum(1) / np.maximum(norm_a * norm_b, 1e-300))

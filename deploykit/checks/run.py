@@ -69,7 +69,7 @@ def check_runner(
             and the result covers the rows that ran).
         done: called with the number of inputs run so far, after each call.
     """
-    bars = criteria.criteria_for(runner.computes_in) if isinstance(criteria, JudgedPlan) else tuple(criteria)
+    bars = _bars(criteria, runner.computes_in)
     judges = [bar.start(reference) for bar in bars]
     (name,) = runner.input_names()
     count, per, total = len(reference.inputs), reference.rows_per_input, len(reference.rows)
@@ -88,12 +88,17 @@ def check_runner(
     return Checked(CheckResult.combined([j.result() for j in judges]), bars, outputs, complete=len(outputs) == total)
 
 
-def judge(reference: Reference, outputs: np.ndarray, criteria: Sequence[Bar]) -> Checked:
-    """``check_runner``'s verdict on outputs already computed (``outputs``: every input's)."""
-    rows = output_rows(outputs)
-    judges = [bar.start(reference) for bar in criteria]
+def judge(reference: Reference, outputs: np.ndarray, criteria: Sequence[Bar] | JudgedPlan) -> Checked:
+    """``check_runner``'s verdict on outputs already computed (``outputs``: every input's, by a
+    runner that runs the graph's types as written)."""
+    rows, bars = output_rows(outputs), _bars(criteria, None)
+    judges = [bar.start(reference) for bar in bars]
     _update(judges, reference, rows, slice(None))
-    return Checked(CheckResult.combined([j.result() for j in judges]), tuple(criteria), rows)
+    return Checked(CheckResult.combined([j.result() for j in judges]), bars, rows)
+
+
+def _bars(criteria: Sequence[Bar] | JudgedPlan, computes_in: str | None) -> tuple[Bar, ...]:
+    return criteria.criteria_for(computes_in) if isinstance(criteria, JudgedPlan) else tuple(criteria)
 
 
 def _update(judges: Sequence[Criterion], reference: Reference, rows: np.ndarray, where: slice) -> None:

@@ -89,7 +89,7 @@ def check_plan(
         with cpu_runner(planned) as runner:
             checked = check_runner(runner, held_out, criteria, batch=batch, done=done)
     else:
-        checked = judge(held_out, actual, criteria.criteria_for(None) if isinstance(criteria, JudgedPlan) else criteria)
+        checked = judge(held_out, actual, criteria)
         if done:
             done(len(inputs))
     if not checked:

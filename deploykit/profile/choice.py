@@ -54,7 +54,7 @@ class References(ValidationReferences):
 
     def __init__(self):
         super().__init__(NUM_RANDOM, NUM_REAL)
-        self._targets: dict = {}
+        self._targets: dict = {}  # (model, resolution, graph) -> its QualityTarget, or None
 
     def quality_target(self, model, resolution, graph: str | os.PathLike):
         """The calibrated plan ``graph``'s own quality target as its export set it

@@ -103,6 +103,15 @@ def test_check_runner_streams_batches_and_matches_the_one_shot_judgement():
     assert checked.result == judge(reference, AGREE_OUTPUT, checked.criteria).result
 
 
+def test_a_batch_without_real_rows_leaves_a_real_only_judgement_as_it_was():
+    """One input per call, the real one last: the first call brings no row to judge."""
+    reference = Reference(OUTPUT, REFERENCE, num_real=1)
+    bar = Tolerance(max_abs=None, min_cosine=0.99, real_only=True)
+    with _identity_runner(2) as runner:
+        checked = check_runner(runner, reference, [bar], batch=1)
+    assert checked.result == judge(reference, OUTPUT, [bar]).result and checked.result.metrics["cosine"] == 1.0
+
+
 def test_check_runner_exact_batches_fill_the_last_call_and_drop_the_extra_rows(monkeypatch):
     with _identity_runner(2) as runner:
         calls, infer = [], runner.infer
