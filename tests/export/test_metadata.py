@@ -93,3 +93,19 @@ def test_no_metadata_key_is_spelled_outside_the_metadata_module():
                 if node.value not in modules and node.value != "deploykit.plugins":
                     found.append(f"{path.relative_to(root)}:{node.lineno}: {node.value}")
     assert not found, found
+
+
+def test_a_quantization_record_reads_into_types_and_writes_back_the_same_text():
+    text = (
+        '{"plan": "int8", "calibration": "minmax", "samples": 8, "calibration_data": "8 bundled sample images", '
+        '"attention_int8": false, "agreement": {"target": {"held_out": 4, "min_agreement": 0.995}, "met": true}, '
+        '"quantized_nodes": 3, "float_nodes": {"pinned": ["blocks.0.mlp.fc2 (node_9)"]}, '
+        '"kept_float": [{"module": "blocks.0.mlp.fc2", "onnx": "node_9", "reason": "pinned", "why": "--keep-float blocks.0.*"}]}'
+    )
+    proto = graph({"deploykit.quantization": text})
+    record = GraphMetadata.of(proto).quantization
+    assert record.samples == 8 and record.attention_int8 is False and record.agreement["met"]
+    assert record.kept_float[0].reason == "pinned" and record.kept_float[0].module == "blocks.0.mlp.fc2"
+    assert record.untrained_weights is None and record.sensitivity is None  # absent: not written back
+    GraphMetadata.of(proto).write(proto)
+    assert {p.key: p.value for p in proto.metadata_props}["deploykit.quantization"] == text
