@@ -15,7 +15,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from deploykit.checks.criteria import Bar, CheckResult, Criterion, Reference
-from deploykit.runtime import Runner, output_rows
+from deploykit.runtime import Runner, output_rows, run_rows
 
 
 @runtime_checkable
@@ -71,13 +71,12 @@ def check_runner(
     """
     bars = _bars(criteria, runner.computes_in)
     judges = [bar.start(reference) for bar in bars]
-    (name,) = runner.input_names()
     count, per, total = len(reference.inputs), reference.rows_per_input, len(reference.rows)
     ran: list[np.ndarray] = []
     for start in range(0, count, batch):
         stop = min(start + batch, count)
         chunk = reference.inputs[np.arange(start, start + batch) % count] if exact else reference.inputs[start:stop]
-        rows = output_rows(next(iter(runner.infer({name: chunk}).values())))[: (stop - start) * per]
+        rows = run_rows(runner, chunk, len(chunk))[: (stop - start) * per]
         _update(judges, reference, rows, slice(start * per, stop * per))
         ran.append(rows)
         if done:
