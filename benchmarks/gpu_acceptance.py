@@ -110,9 +110,9 @@ def validate_check(export_dir: Path, backend: str, precision: str, plugins=None)
 
 
 def no_tolerance(precision: str) -> str | None:
-    from deploykit.validate import TOLERANCES
+    from deploykit.export.precision import PLANS
 
-    return None if precision in TOLERANCES else f"validate has no tolerance for the {precision} plan yet"
+    return None if precision in PLANS else f"validate has no tolerance for the {precision} plan yet"
 
 
 # ----------------------------------------------------------------------------------------------

@@ -326,7 +326,7 @@ def test_the_int8_plan_s_own_target_is_checked_again_on_the_user_s_held_out_data
     graph = out / f"model_{RES}_int8.onnx"
     target = References().quality_target(model, (RES, RES), graph)
     _, held_out, _ = UserCalibration(read_inputs(data)).inputs(model, (RES, RES), 8, 12)
-    assert np.array_equal(target.inputs, held_out) and target.min_agreement == 0.5 and len(target.inputs) == 12
+    assert np.array_equal(target.reference.inputs, held_out) and target.goal.min_top1 == 0.5 and len(target.reference.inputs) == 12
 
     class _LowersItsRemainder(OnnxrtRunner):  # a real runner, reported as OpenVINO's bf16 hint reports itself
         computes_in = "bf16"

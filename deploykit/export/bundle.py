@@ -76,7 +76,7 @@ from deploykit.export.onnx_export import (
     rows_per_call,
     save_onnx,
 )
-from deploykit.export.precision import PLANS, apply_precision, apply_precision_to_base, check_precision
+from deploykit.export.precision import PLANS, PlanInputs, apply_precision, apply_precision_to_base, check_precision, plan_graph
 from deploykit.inputs.builtin import CALIBRATION_SPLIT, HELD_OUT_SPLIT, check_real_count
 from deploykit.nn.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_model, save_model
 from deploykit.nn.factory import Model
@@ -363,7 +363,7 @@ class _QuantizedPlans:
 
     def planned(self, precision: str) -> onnx.ModelProto:
         """The quantized plan ``precision``, calibrated (when the plan is) and checked."""
-        from deploykit.export import int8_selection, int8_static, sensitivity
+        from deploykit.export import int8_selection, int8_static
 
         options = self.options
         if options.keep_float:  # a pattern matching no layer is refused before any input is read
@@ -373,14 +373,13 @@ class _QuantizedPlans:
         if check_precision(precision).calibrated:
             calibration = int8_static.Calibration(inputs, record["calibration"]["description"], options.method, record, batch=self.batch)
             target = options.target(held_out, reference, self.logits, self.batch)
-        planned = apply_precision(
-            self.proto, precision, calibration, target, self._say(precision), attention=options.attention, keep_float=options.keep_float
-        )
-        # the fallback ran the plan it chose on these held-out inputs: its outputs, unless the graph changed since
-        return self.checked(planned, precision, target.measured.get(sensitivity.graph_digest(planned)) if target else None)
+        given = PlanInputs(calibration, target, self._say(precision), options.attention, tuple(options.keep_float))
+        planned = plan_graph(self.proto, precision, given)
+        # the fallback ran the plan it chose on these held-out inputs: its outputs, judged as they are
+        return self.checked(planned.graph, precision, planned.held_out_outputs)
 
     def checked(self, planned: onnx.ModelProto, precision: str, actual=None) -> onnx.ModelProto:
-        """``planned``, once it passes its plan's tolerance against the fp32 graph on the held-out
+        """``planned``, once it passes its plan's criteria against the fp32 graph on the held-out
         inputs (``actual``: its outputs on them, when already computed)."""
         from deploykit.export import int8_check
 
@@ -388,12 +387,11 @@ class _QuantizedPlans:
         say = self._say(precision)
         label = f"{precision} plan at {resolution_tag(self.resolution)}"
         tick = counter(say, f"checking the plan on the {len(held_out)} held-out inputs", len(held_out), "inputs")
-        tolerance = check_precision(precision).tolerance
         int8_check.check_plan(
             self.proto,
             planned,
             held_out,
-            tolerance,
+            check_precision(precision),
             label,
             top_k=self.logits,
             reference=reference,

@@ -74,7 +74,8 @@ class GraphEntry:
             raise DeployKitError(f"{file} is not a graph deploykit exported: {err}") from err
         if meta.resolution is None:
             raise DeployKitError(f"{file} is not a graph deploykit exported (no resolution in its metadata)")
-        return cls(meta.resolution, file, sha256, graph_opset(proto), meta.plan, meta.resolution_range, meta.quantization)
+        quantization = meta.quantization.to_dict() if meta.quantization else None  # the manifest is JSON: its form
+        return cls(meta.resolution, file, sha256, graph_opset(proto), meta.plan, meta.resolution_range, quantization)
 
 
 @dataclass

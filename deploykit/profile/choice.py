@@ -27,14 +27,14 @@ import numpy as np
 import torch
 
 from deploykit._io import write_json_atomic
-from deploykit.catalog import OUTPUT_NAME
-from deploykit.comparison import compare_logits, looser
+from deploykit.checks import Agreement, check_runner
 from deploykit.errors import DeployKitError, one_line
 from deploykit.export.manifest import CHOICE_FILE
 from deploykit.export.precision import PLANS
 from deploykit.nn.spec import deploy_spec
 from deploykit.profile.report import FP32, TORCH_BACKEND
 from deploykit.profile.timing import Budget, LatencyStats, measure
+from deploykit.validate import References as ValidationReferences
 
 # Plans a CPU user picks for speed on ONNX Runtime (the cast plans fp16/bf16 are for GPUs).
 CPU_SPEED_PLANS = ("int8", "int8-dynamic", "int8-mha", "fp32-mha")
@@ -49,23 +49,13 @@ QUICK_MARGIN = 1.05
 NUM_RANDOM, NUM_REAL = 4, 8
 
 
-class References:
-    """The float64 PyTorch reference per (model, resolution) on validate's inputs, computed once."""
+class References(ValidationReferences):
+    """The float64 PyTorch reference per (model, resolution) on validate's inputs (``NUM_RANDOM``
+    noise, ``NUM_REAL`` real), and each calibrated plan's own quality target, computed once."""
 
     def __init__(self):
-        self._cache: dict = {}
-
-    def at(self, model, resolution) -> tuple[np.ndarray, np.ndarray]:
-        from deploykit.backends import TorchRunner
-        from deploykit.inputs.builtin import validation_inputs
-        from deploykit.runtime import run_batched
-
-        key = (id(model), tuple(resolution))
-        if key not in self._cache:
-            inputs = validation_inputs(model, tuple(resolution), NUM_RANDOM, NUM_REAL)
-            with TorchRunner(model) as runner:
-                self._cache[key] = inputs, run_batched(runner, inputs, 4)[OUTPUT_NAME]
-        return self._cache[key]
+        super().__init__(NUM_RANDOM, NUM_REAL)
+        self._targets: dict = {}  # (model, resolution, graph) -> its QualityTarget, or None
 
     def quality_target(self, model, resolution, graph: str | os.PathLike):
         """The calibrated plan ``graph``'s own quality target as its export set it
@@ -86,49 +76,39 @@ class References:
         from deploykit.runtime import run_rows
 
         key = ("quality", id(model), tuple(resolution), str(graph))
-        if key not in self._cache:
+        if key not in self._targets:
             details = GraphMetadata.of(onnx.load(str(graph), load_external_data=False)).quantization
             found = recorded_target(model, tuple(resolution), details)
             if found is None:
-                self._cache[key] = None
+                self._targets[key] = None
             else:
                 options, inputs = found
                 # fp32, as the target is agreement with fp32 (and float64 is much slower)
                 batch = rows_per_call(model, tuple(resolution))
                 with TorchRunner(model, dtype=torch.float32) as runner:
                     reference = run_rows(runner, inputs, batch)
-                self._cache[key] = options.target(inputs, reference, logits=deploy_spec(model).answers_top_k, batch=batch)
-        return self._cache[key]
+                self._targets[key] = options.target(inputs, reference, logits=deploy_spec(model).answers_top_k, batch=batch)
+        return self._targets[key]
 
 
 def check_target(target, model, resolution, precision: str, references: References, progress=None, graph=None) -> dict:
     """``validated`` (bool) and ``validation_failures`` of one opened runner target.
 
-    The runner is judged as ``validate`` judges it: its plan's tolerance, loosened to the plan it
-    computes in when it lowers the graph itself. A calibrated plan on such a runner is also held to
+    The runner is judged as ``validate`` judges it (``checks.check_runner``): its plan's criteria,
+    loosened to the plan it computes in when it lowers the graph itself. A calibrated plan on such a runner is also held to
     its own export target again (``quality_check``, which ``not_default_because`` reads; the plan's
     ``graph`` says what the target and its held-out inputs were), unless the runner lowered an
     encoding op, which rules it out as a default anyway. Where its held-out inputs cannot be drawn
     again, ``quality_unchecked`` says why.
     """
-    from deploykit.runtime import run_batched
-
     runner = target.runner
-    tolerance = PLANS[precision].tolerance
-    if runner.computes_in is not None:
-        tolerance = looser(tolerance, PLANS[runner.computes_in].tolerance)
-    inputs, reference = references.at(model, resolution)
-    actual = run_batched(runner, inputs, 4)[OUTPUT_NAME]
-    rows = lambda x: x.reshape(-1, x.shape[-1])
-    per_input = int(np.prod(reference.shape[1:-1], dtype=np.int64))
-    metrics = compare_logits(rows(reference), rows(actual), NUM_REAL * per_input, tolerance, top_k=deploy_spec(model).answers_top_k)
-    verdict = {"validated": metrics["passed"], "validation_failures": metrics["failures"]}
+    checked = check_runner(runner, references.at(model, resolution), PLANS[precision])
+    verdict = {"validated": checked.result.passed, "validation_failures": list(checked.result.failures)}
     lowered = runner.details.get("lowered_despite_mark")
     if runner.computes_in and PLANS[precision].calibrated and verdict["validated"] and not lowered:
         # The plan's calibration was checked at export with its float remainder in f32; this runner
         # lowers that remainder itself, so the plan is held to its own target again, as it runs here.
         from deploykit.errors import DeployKitError
-        from deploykit.runtime import run_rows
 
         if progress:
             progress(f"checking the {precision} plan's own target on its held-out inputs, float remainder in {runner.computes_in}")
@@ -137,7 +117,7 @@ def check_target(target, model, resolution, precision: str, references: Referenc
         except DeployKitError as err:
             quality, verdict["quality_unchecked"] = None, str(err)
         if quality is not None:
-            measured, met = quality.measure(lambda x: run_rows(runner, x, len(x)))
+            measured, met, _ = quality.measure(runner)
             verdict["quality_check"] = dict(measured, met=met, **quality.to_dict())
     return verdict
 
@@ -174,7 +154,7 @@ def not_default_because(record: dict) -> str | None:
         if not check["met"]:
             from deploykit.export import sensitivity
 
-            goal = sensitivity.describe_goal(**{k: check[k] for k in ("min_agreement", "min_cosine", "max_relative_error")})
+            goal = Agreement.from_dict(check).describe()
             return (
                 f"with its float remainder in {record['computes_in']} it missed the plan's own target ({goal}) on "
                 f"{check['held_out']} held-out inputs: {sensitivity.summary(check)}"
