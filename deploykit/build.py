@@ -41,11 +41,10 @@ from deploykit.backends.plugins import Plugins
 from deploykit.backends.registry import check_backend
 from deploykit.backends.tensorrt import BuildOptions, BuildProgress, EngineFromOnnx, save_engine
 from deploykit.errors import ConfigError, StaleEngineError
-from deploykit.export.manifest import GraphEntry, Manifest, checked_graph, sha256_file
+from deploykit.export.directory import ExportDir
+from deploykit.export.manifest import GraphEntry, Manifest, sha256_file
 from deploykit.export.metadata import GraphMetadata
 from deploykit.export.precision import PLANS, check_precision
-
-TIMING_CACHE_FILE = "timing.cache"
 
 _log = logging.getLogger(__name__)
 
@@ -69,7 +68,7 @@ def build_options(
         raise ConfigError(f"need 1 <= batch <= max batch, got batch {batch}, max batch {max_batch}")
     low, high = (1, max_batch) if dynamic else (batch, batch)
     # TensorRT-RTX tunes at run time: a timing cache does nothing there.
-    cache = str(export_dir / TIMING_CACHE_FILE) if module == "tensorrt" else None
+    cache = str(ExportDir(export_dir).timing_cache_file) if module == "tensorrt" else None
     return BuildOptions(
         module=module,
         workspace_mib=workspace_mib,
@@ -189,7 +188,7 @@ def _select(manifest: Manifest, precisions, resolutions) -> list[GraphEntry]:
 def _plan(export_dir: Path, entry: GraphEntry, options: BuildOptions, plugins: Plugins, rebuild: bool, device):
     """``(graph path, its build options, fingerprint, reuse existing engine?)``; raises if a stale
     engine is in the way."""
-    path = checked_graph(export_dir, entry)
+    path = ExportDir(export_dir).graph(entry)
     name, sample = _input_shape(path)
     samples = [sample] * 3
     if entry.resolution_range is not None:  # [C, H, W] at min / opt / max of the range

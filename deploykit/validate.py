@@ -30,14 +30,10 @@ from deploykit.comparison import Tolerance, compare_logits, first_divergent, loo
 from deploykit.data import VALIDATION_NOISE, VALIDATION_REAL, VALIDATION_SEED, VALIDATION_SPLIT, check_real_count, validation_inputs
 from deploykit.errors import ConfigError, ValidationError
 from deploykit.export.bundle import load_reference
-from deploykit.export.manifest import Manifest
-from deploykit.export.manifest import check_unchanged as _check_unchanged
-from deploykit.export.manifest import checked_config as _checked_config
-from deploykit.export.manifest import checked_graph as _checked_graph
+from deploykit.export.directory import ExportDir
 from deploykit.export.metadata import GraphMetadata
 from deploykit.export.precision import PLANS, check_precision
 from deploykit.inputs import InputData
-from deploykit.nn.checkpoint import WEIGHTS_FILE
 from deploykit.nn.factory import Model
 from deploykit.resolutions import resolution_tag
 from deploykit.runtime import Runner, run_batched, run_exact_batches, with_outputs
@@ -196,11 +192,11 @@ def validate(
         raise ConfigError(
             f"--num-real {num_real} asks for more real inputs than there are ({len(inputs)} in {inputs.path}); give at most {len(inputs)}"
         )
-    manifest = Manifest.read(export_dir)
+    directory = ExportDir(export_dir)
+    manifest = directory.manifest()
     # --precision picks the graphs (model_224_fp16.onnx, ...) as well as the tolerance.
     entries = [manifest.graph(tuple(r), precision) for r in resolutions] if resolutions else manifest.graphs_at(precision, ranges=True)
-    _check_unchanged(export_dir / WEIGHTS_FILE, manifest.weights_sha256)
-    _checked_config(export_dir, manifest)  # mean/std and the model's shape: validate must judge what is served
+    directory.check_reference(manifest)  # validate must judge what is served
     model = load_reference(export_dir)
     if inputs is not None:  # bad data is refused before any work, naming the file
         inputs.check(model, [shape for entry in entries for shape in entry.shapes])
@@ -222,7 +218,7 @@ def validate(
 
     records = []
     for entry in entries:
-        path = _checked_graph(export_dir, entry, manifest.encoding)
+        path = directory.graph(entry, manifest.encoding)
         for backend in backends:
             if progress:
                 progress(f"{backend} @ {path.name}")

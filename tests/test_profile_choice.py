@@ -14,9 +14,10 @@ from onnx import numpy_helper
 
 pytest.importorskip("openvino", reason="the openvino extra is not installed (pip install 'deploykit[openvino]')")
 
+from deploykit.export.directory import CHOICE_FILE, ExportDir
 from deploykit.export.manifest import MANIFEST_FILE, sha256_file
 from deploykit.profile import Budget, Subject, profile
-from deploykit.profile.choice import CHOICE_FILE, QUICK_BUDGET, mark_fastest, not_default_lines, read_choice, slower_lines, write_choice
+from deploykit.profile.choice import QUICK_BUDGET, mark_fastest, not_default_lines, read_choice, slower_lines, write_choice
 from deploykit.profile.report import add_ratios
 from tests.test_cli import RES
 
@@ -362,8 +363,6 @@ def test_a_corrupt_choice_is_one_line_and_serve_goes_on_without_it(two_plans, tm
 
 
 def test_an_export_into_a_profiled_directory_replaces_the_choice_as_deploykits_own(two_plans, tmp_path):
-    from deploykit.export.bundle import foreign_files
-
     out = shutil.copytree(two_plans, tmp_path / "exp")
     _choose(out, "openvino", "fp16")
-    assert foreign_files(out) == []  # profile's choice is deploykit's file: a re-export may replace it
+    assert ExportDir(out).foreign_files() == []  # profile's choice is deploykit's file: a re-export may replace it

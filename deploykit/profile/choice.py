@@ -11,25 +11,21 @@ per cell where a reduced-precision plan lost to fp32 (or to the fused float plan
 short interleaved timing at batch 1), so nobody is told to use a plan that is slower on their
 machine.
 
-``deploykit profile EXPORT_DIR`` writes the choice beside the graphs (``CHOICE_FILE``, each
-entry with its graph's sha256), and ``deploykit serve`` on a CPU takes it by default.
+``profile`` of an export directory writes the choice beside the graphs (``ExportDir.choices``,
+each entry with its graph's sha256), and ``deploykit serve`` on a CPU takes it by default.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from deploykit._io import write_json_atomic
 from deploykit.comparison import compare_logits, looser
-from deploykit.errors import DeployKitError, one_line
-from deploykit.export.manifest import CHOICE_FILE
+from deploykit.export.directory import Choice, ExportDir
 from deploykit.export.precision import PLANS
 from deploykit.profile.report import FP32, TORCH_BACKEND
 from deploykit.profile.timing import Budget, LatencyStats, measure
@@ -249,20 +245,9 @@ def slower_lines(records: list[dict], margin: float = 1.0) -> list[str]:
     return lines
 
 
-@dataclass(frozen=True)
-class Choice:
-    """The plan ``profile`` measured fastest among the validated ones, for one resolution and batch."""
-
-    backend: str
-    precision: str
-    batch: int
-    p50_ms: float
-    graph_sha256: str
-
-
 def write_choice(export_dir: str | os.PathLike, records: list[dict], encoding: str, graphs: dict) -> Path | None:
-    """Write ``CHOICE_FILE`` into an export directory: per resolution tag, the chosen plan at each
-    profiled batch, with the sha256 of the graph it runs (so a re-export makes it stale).
+    """Write the export directory's choice (``ExportDir.choices``): per resolution tag, the chosen
+    plan at each profiled batch, with the sha256 of the graph it runs (so a re-export makes it stale).
 
     Args:
         records: the profile's records, after ``mark_fastest``.
@@ -272,31 +257,19 @@ def write_choice(export_dir: str | os.PathLike, records: list[dict], encoding: s
     Returns:
         The file written, or None when no cell had a validated plan.
     """
-    chosen: dict[str, list[dict]] = {}
+    chosen: dict[str, list[Choice]] = {}
     for r in records:
         if r.get("fastest_validated") and r["encoding"] == encoding and (r["resolution"], r["precision"]) in graphs:
             sha = graphs[r["resolution"], r["precision"]]
-            entry = Choice(r["backend"], r["precision"], r["batch"], r["p50_ms"], sha)
-            chosen.setdefault(r["resolution"], []).append(entry.__dict__)
-    if not chosen:
-        return None
-    return write_json_atomic(Path(export_dir) / CHOICE_FILE, {"choices": chosen})
+            chosen.setdefault(r["resolution"], []).append(Choice(r["backend"], r["precision"], r["batch"], r["p50_ms"], sha))
+    return ExportDir(export_dir).write_choices(chosen)
 
 
 def read_choice(export_dir: str | os.PathLike, resolution_tag: str, batch: int) -> Choice | None:
     """The choice for one resolution at the profiled batch nearest ``batch`` (ties: the smaller),
     or None when the directory has no choice for it."""
-    path = Path(export_dir) / CHOICE_FILE
-    if not path.is_file():
-        return None
-    try:
-        entries = json.loads(path.read_text()).get("choices", {}).get(resolution_tag, [])
-        if not entries:
-            return None
-        entry = min(entries, key=lambda e: (abs(e["batch"] - batch), e["batch"]))
-        return Choice(**entry)
-    except (OSError, UnicodeDecodeError, ValueError, AttributeError, KeyError, TypeError) as err:
-        raise DeployKitError(f"{path} is unreadable ({one_line(err, 120)}); run deploykit profile again, or delete it") from err
+    entries = ExportDir(export_dir).choices().get(resolution_tag, [])
+    return min(entries, key=lambda c: (abs(c.batch - batch), c.batch), default=None)
 
 
 def plans_slower_than_float(export_dir: str | os.PathLike, budget: Budget = QUICK_BUDGET, timer=None, model=None) -> list[str]:
