@@ -316,7 +316,8 @@ def profile(
     plot_path,
     plugin_specs,
     no_cuda_graphs,
-    **settings,
+    device,
+    allow_cpu_fallback,
 ):
     """Latency per backend × encoding × resolution × batch, and the encoding's cost against APE."""
     from deploykit import profile as prof
@@ -324,7 +325,6 @@ def profile(
     from deploykit._lazy import lazy_import
     from deploykit.backends.plugins import Plugins
     from deploykit.errors import ConfigError
-    from deploykit.profile.choice import write_choice
     from deploykit.profile.output import plot_latency, write_csv
     from deploykit.zoo.resolve import resolve_model
 
@@ -335,31 +335,29 @@ def profile(
         check_file_destination(path)
     if plot_path:
         lazy_import("matplotlib")
-    if export_dir:
-        # Every plan it holds unless told: the choice serve takes is the fastest of those timed.
-        subject, label = prof.Subject.from_export_dir(export_dir, precisions or None), str(export_dir)
-    else:
+    label = ""
+    if not export_dir:
         model, label = resolve_model(checkpoint=checkpoint, encoding=encoding, model_name=model_name)
-        subject = prof.Subject(model)
+    options = prof.ProfileOptions(
+        resolutions=resolutions,
+        batches=batches,
+        backends=[b.strip() for value in backends for b in value.split(",")],
+        precisions=precisions,
+        budget=prof.Budget(duration_s=duration, iterations=iterations, warmup=warmup, rounds=rounds),
+        compare_ape=not no_ape_baseline,
+        end_to_end=not no_end_to_end,
+        device=device,
+        label=label,
+        plugins=Plugins.resolve(plugin_specs) if plugin_specs else None,
+        cuda_graphs=not no_cuda_graphs,
+        allow_cpu_fallback=allow_cpu_fallback,
+    )
     with render.steps(console, "profile") as step:
-        report = prof.profile(
-            subject,
-            resolutions=list(resolutions) or subject.resolutions or [subject.model.default_shape],
-            batches=list(batches),
-            backends=[b.strip() for value in backends for b in value.split(",")],
-            budget=prof.Budget(duration_s=duration, iterations=iterations, warmup=warmup, rounds=rounds),
-            precisions=precisions or subject.precisions or ("fp32",),
-            compare_ape=not no_ape_baseline,
-            end_to_end=not no_end_to_end,
-            label=label,
-            progress=step,
-            plugins=Plugins.resolve(plugin_specs) if plugin_specs else None,
-            cuda_graphs=not no_cuda_graphs,
-            **settings,  # device, allow_cpu_fallback
-        )
+        report = prof.profile(export_dir or model, options, progress=step)
+    label = report.settings["model"]
     render.profiled(console, report, title=f"deploykit profile: {label}")
-    if export_dir and (written := write_choice(export_dir, report.records, subject.encoding, subject.graph_hashes())):
-        render.wrote(console, written, "deploykit serve takes each resolution's fastest validated plan from it")
+    if report.choice_file:
+        render.wrote(console, report.choice_file, "deploykit serve takes each resolution's fastest validated plan from it")
     writers = (
         (json_path, report.write_json),
         (csv_path, lambda path: write_csv(path, report.records)),

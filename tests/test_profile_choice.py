@@ -149,12 +149,12 @@ def test_profile_validates_each_lane_and_never_picks_a_failing_plan(two_plans, t
     assert "INFERENCE_PRECISION_HINT f32" in next(r["provider"] for r in report.records if r["backend"] == "openvino")
 
 
-def test_openvino_bf16_without_bf16_is_a_note_not_a_traceback(two_plans):
+def test_openvino_bf16_without_bf16_is_a_note_not_a_traceback(two_plans, tmp_path):
     from deploykit.backends.openvino import best_hint
 
     if best_hint() == "bf16":
         pytest.skip("this CPU has bf16")
-    subject = Subject.from_export_dir(two_plans)
+    subject = Subject.from_export_dir(shutil.copytree(two_plans, tmp_path / "exp"))  # profile writes its choice there
     report = profile(
         subject, resolutions=[(RES, RES)], backends=["ort", "openvino-bf16"], budget=BUDGET, compare_ape=False, end_to_end=False
     )
@@ -162,13 +162,13 @@ def test_openvino_bf16_without_bf16_is_a_note_not_a_traceback(two_plans):
     assert any("openvino-bf16" in note and "no native bf16" in note for note in report.notes)
 
 
-def test_openvino_bf16_is_chosen_only_where_openvino_kept_the_plan_s_f32_nodes(two_plans):
+def test_openvino_bf16_is_chosen_only_where_openvino_kept_the_plan_s_f32_nodes(two_plans, tmp_path):
     """Across the seam: the real runner's report (what OpenVINO compiled) decides the choice."""
     from deploykit.backends.openvino import best_hint
 
     if best_hint() != "bf16":
         pytest.skip("this CPU has no native bf16")
-    subject = Subject.from_export_dir(two_plans, ("fp32",))
+    subject = Subject.from_export_dir(shutil.copytree(two_plans, tmp_path / "exp"), ("fp32",))  # profile writes its choice there
     report = profile(
         subject, resolutions=[(RES, RES)], backends=["ort", "openvino-bf16"], budget=BUDGET, compare_ape=False, end_to_end=False
     )

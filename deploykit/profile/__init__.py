@@ -35,6 +35,7 @@ __getattr__, __dir__, __all__ = lazy_exports(
     __name__,
     {
         ".flops": ["gemm_shapes", "model_flops"],
+        ".options": ["ProfileOptions"],
         ".report": ["BASELINE_ENCODING", "FP32", "RECORD_FIELDS", "TORCH_BACKEND", "ProfileReport"],
         ".run": ["profile"],
         ".targets": ["Subject", "ape_twin", "backend_names"],

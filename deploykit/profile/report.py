@@ -80,6 +80,7 @@ class ProfileReport:
     environment: dict
     notes: list[str] = field(default_factory=list)
     advice: list[str] = field(default_factory=list)  # each cell's fastest validated plan; plans slower than fp32
+    choice_file: Path | None = None  # where profile() wrote an export directory's choice (not in the JSON)
 
     @property
     def environment_line(self) -> str:

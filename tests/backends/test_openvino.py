@@ -289,7 +289,7 @@ def test_int8_plan_of_a_trained_zoo_model_validates_at_1x_and_2x(zoo_int8_export
 
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_BF16, reason="this CPU has no native bf16 (no openvino-bf16 backend)")
-def test_profile_holds_the_int8_plan_to_its_own_target_again_under_the_bf16_hint(zoo_int8_export):
+def test_profile_holds_the_int8_plan_to_its_own_target_again_under_the_bf16_hint(zoo_int8_export, tmp_path):
     """Across the seam: profile runs the trained int8 plan with OpenVINO's bf16 hint, checks it
     against the export's target on the export's held-out inputs (the zoo's val split), and the
     verdict alone decides whether it may be the default choice, saying why not."""
@@ -298,7 +298,7 @@ def test_profile_holds_the_int8_plan_to_its_own_target_again_under_the_bf16_hint
     from deploykit.profile import Budget, Subject, profile
 
     base = load_model(zoo_int8_export).cfg.img_size
-    subject = Subject.from_export_dir(zoo_int8_export, ("int8",))
+    subject = Subject.from_export_dir(shutil.copytree(zoo_int8_export, tmp_path / "exp"), ("int8",))  # profile writes its choice there
     report = profile(
         subject,
         resolutions=[(base, base)],
