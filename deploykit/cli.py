@@ -235,19 +235,44 @@ def validate(
     "default every supported one but Turing, or on a Turing GPU 7.5 alone.",
 )
 @click.option("--rebuild", is_flag=True, help="Replace engines whose fingerprint no longer matches (otherwise refused).")
-def build(export_dir, backend, plugin_specs, **settings):
+def build(
+    export_dir,
+    backend,
+    dynamic,
+    batch,
+    max_batch,
+    precisions,
+    resolutions,
+    workspace_mib,
+    optimization_level,
+    plugin_specs,
+    compute_capabilities,
+    rebuild,
+):
     """Build one TensorRT engine per exported graph, beside it, with a fingerprint (-v: every
     TensorRT message; otherwise its warnings are summarised once)."""
     from rich.live import Live
 
     from deploykit.backends.plugins import Plugins
     from deploykit.backends.tensorrt import BuildProgress
+    from deploykit.build import BuildSettings
     from deploykit.build import build as build_engines
 
+    settings = BuildSettings(
+        dynamic=dynamic,
+        batch=batch,
+        max_batch=max_batch,
+        precisions=precisions,
+        resolutions=resolutions,
+        workspace_mib=workspace_mib,
+        optimization_level=optimization_level,
+        rebuild=rebuild,
+        compute_capabilities=compute_capabilities,
+    )
     console = render.console()
     progress = BuildProgress()
     with Live(progress, console=console, transient=True, refresh_per_second=4):
-        results = build_engines(export_dir, backend, plugins=Plugins.resolve(plugin_specs), progress=progress, **settings)
+        results = build_engines(export_dir, backend, settings, plugins=Plugins.resolve(plugin_specs), progress=progress)
     render.built(console, results)
 
 
