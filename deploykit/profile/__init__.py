@@ -36,7 +36,7 @@ __getattr__, __dir__, __all__ = lazy_exports(
     {
         ".flops": ["gemm_shapes", "model_flops"],
         ".options": ["ProfileOptions"],
-        ".report": ["BASELINE_ENCODING", "FP32", "RECORD_FIELDS", "TORCH_BACKEND", "ProfileReport"],
+        ".report": ["BASELINE_ENCODING", "FP32", "RECORD_FIELDS", "TORCH_BACKEND", "ProfileRecord", "ProfileReport", "Verdict"],
         ".run": ["profile"],
         ".targets": ["Subject", "ape_twin", "backend_names"],
         ".timing": ["Budget", "CpuTimer", "CudaEventTimer", "LatencyStats", "denormals_flushed", "measure"],

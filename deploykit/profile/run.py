@@ -30,7 +30,7 @@ from deploykit.profile.choice import (
 from deploykit.profile.environment import capture_environment
 from deploykit.profile.flops import model_flops
 from deploykit.profile.options import ProfileOptions
-from deploykit.profile.report import BASELINE_ENCODING, FP32, TORCH_BACKEND, ProfileReport, add_ratios, make_record
+from deploykit.profile.report import BASELINE_ENCODING, FP32, TORCH_BACKEND, ProfileRecord, ProfileReport, add_ratios
 from deploykit.profile.targets import (
     RunnerTarget,
     Subject,
@@ -174,7 +174,7 @@ def _profile(subjects: list[Subject], options: ProfileOptions, progress) -> Prof
         flush_denormal=True,
         validate_plans=options.validate_plans,
     )
-    records: list[dict] = []
+    records: list[ProfileRecord] = []
     notes: list[str] = []
     checks = References() if options.validate_plans else None
     with denormals_flushed():
@@ -184,8 +184,7 @@ def _profile(subjects: list[Subject], options: ProfileOptions, progress) -> Prof
     if not records:
         raise DeployKitError(f"nothing was profiled: {'; '.join(notes)}")
     environment["load_average_end"] = list(os.getloadavg())
-    add_ratios(records)
-    mark_fastest(records)
+    records = mark_fastest(add_ratios(records))
     return ProfileReport(
         records, settings, environment, notes, advice=choice_lines(records) + slower_lines(records) + not_default_lines(records)
     )
@@ -248,7 +247,7 @@ def _pe_steps(subjects: list[Subject], resolution, options: ProfileOptions, devi
     return steps
 
 
-def _profile_resolution(subjects, resolution, options: ProfileOptions, device, progress, notes, checks=None) -> list[dict]:
+def _profile_resolution(subjects, resolution, options: ProfileOptions, device, progress, notes, checks=None) -> list[ProfileRecord]:
     tag = resolution_tag(resolution)
     pe_steps = _pe_steps(subjects, resolution, options, device)
     rng = np.random.default_rng(0)
@@ -273,9 +272,19 @@ def _profile_resolution(subjects, resolution, options: ProfileOptions, device, p
                     e2e = LatencyStats.from_ns(samples[o.lane].e2e, batch) if options.end_to_end else None
                     step = pe_steps[o.lane.encoding, batch] if backend == TORCH_BACKEND else None
                     records.append(
-                        make_record(backend, o.lane.precision, o.lane.encoding, tag, batch, kernel, e2e, step, flops)
-                        | o.target.details()
-                        | verdicts.get(o.lane, {})
+                        ProfileRecord(
+                            backend,
+                            o.lane.precision,
+                            o.lane.encoding,
+                            tag,
+                            batch,
+                            kernel,
+                            e2e,
+                            step,
+                            flops,
+                            o.target.details(),
+                            verdicts.get(o.lane),
+                        )
                     )
         finally:
             for o in opened:

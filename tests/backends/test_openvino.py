@@ -309,12 +309,12 @@ def test_profile_holds_the_int8_plan_to_its_own_target_again_under_the_bf16_hint
         end_to_end=False,
     )
     (record,) = report.records
-    check = record["quality_check"]
-    assert record["validated"] and record["computes_in"] == "bf16" and record["lowered_despite_mark"] == {}
+    check = record.verdict.quality_check
+    assert record.validated and record.run["computes_in"] == "bf16" and record.run["lowered_despite_mark"] == {}
     assert (check["held_out"], check["min_agreement"]) == (HELD_OUT, MIN_AGREEMENT) and 0 < check["rows"] <= HELD_OUT
     agreement = min(check["top1_agreement"], check["top1_agreement_estimate"])
     assert check["met"] == (check["complete"] and agreement >= MIN_AGREEMENT), check
-    assert record["fastest_validated"] == check["met"]
+    assert record.fastest_validated == check["met"]
     assert any(line.startswith(f"int8 on openvino-bf16 at {base} is not chosen by default") for line in report.advice) != check["met"]
 
 
