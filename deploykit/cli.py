@@ -90,7 +90,27 @@ def cli():
     is_flag=True,
     help="Delete files in --output that deploykit did not write (each is named); without it the export is refused naming them.",
 )
-def export(encoding, model_name, checkpoint, resolutions, output, opset, precisions, resolution_range, options, force, **int8):
+def export(
+    encoding,
+    model_name,
+    checkpoint,
+    resolutions,
+    output,
+    opset,
+    precisions,
+    calibration_data,
+    calibration_samples,
+    calibration_method,
+    min_agreement,
+    held_out,
+    min_cosine,
+    max_relative_error,
+    keep_float,
+    int8_attention,
+    resolution_range,
+    options,
+    force,
+):
     """Export a model to one ONNX graph per resolution, tables baked in, graph linted."""
     from deploykit.export import export as export_model
     from deploykit.profile.choice import CPU_SPEED_PLANS, plans_slower_than_float
@@ -108,7 +128,17 @@ def export(encoding, model_name, checkpoint, resolutions, output, opset, precisi
             source=source,
             progress=step,
             resolution_range=resolution_range,
-            calibration=_calibration(**int8),
+            calibration=_calibration(
+                calibration_data,
+                calibration_samples,
+                calibration_method,
+                min_agreement,
+                held_out,
+                min_cosine,
+                max_relative_error,
+                keep_float,
+                int8_attention,
+            ),
             force=force,
         )
     render.exported(console, output, manifest)
@@ -119,7 +149,17 @@ def export(encoding, model_name, checkpoint, resolutions, output, opset, precisi
         render.notes(console, slower, " (deploykit profile measures every batch)")
 
 
-def _calibration(calibration_data, calibration_samples, calibration_method, min_agreement, held_out, int8_attention, **rest):
+def _calibration(
+    calibration_data,
+    calibration_samples,
+    calibration_method,
+    min_agreement,
+    held_out,
+    min_cosine,
+    max_relative_error,
+    keep_float,
+    int8_attention,
+):
     """``int8_options`` → ``CalibrationOptions``."""
     from deploykit.export.int8_static import CalibrationOptions
     from deploykit.inputs import UserCalibration, read_inputs
@@ -131,7 +171,9 @@ def _calibration(calibration_data, calibration_samples, calibration_method, min_
         held_out=held_out,
         attention=True if int8_attention else None,
         data=UserCalibration(read_inputs(calibration_data)) if calibration_data else None,
-        **rest,  # keep_float, min_cosine, max_relative_error: the same names
+        keep_float=keep_float,
+        min_cosine=min_cosine,
+        max_relative_error=max_relative_error,
     )
 
 
