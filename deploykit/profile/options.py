@@ -4,7 +4,7 @@ a caller from keywords, and handed down whole."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from deploykit.backends.plugins import Plugins
 from deploykit.profile import defaults
@@ -55,8 +55,6 @@ class ProfileOptions:
     def settled(self, resolutions: Sequence[tuple[int, ...]], precisions: Sequence[str], label: str) -> ProfileOptions:
         """These options with the defaults taken from what is profiled: ``resolutions``,
         ``precisions`` and ``label`` fill the fields left empty."""
-        from dataclasses import replace
-
         return replace(
             self,
             resolutions=tuple(tuple(r) for r in (self.resolutions or resolutions)),

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from deploykit.backends.registry import check_backend
-from deploykit.errors import ConfigError, DeployKitError, ResolutionError, unknown_choice
+from deploykit.errors import ConfigError, DeployKitError, unknown_choice
 from deploykit.export.onnx_export import check_export_shape
 from deploykit.export.precision import check_precision
 from deploykit.nn.factory import Model
@@ -59,8 +59,6 @@ def _resolve_device(device: str) -> torch.device:
 
 def _check_inputs(subjects: list[Subject], options: ProfileOptions) -> None:
     resolutions, batches, backends = options.resolutions, options.batches, options.backends
-    if not resolutions:
-        raise ResolutionError("no resolution to profile")
     for subject in subjects:
         for resolution in resolutions:
             check_export_shape(subject.model, resolution)  # ResolutionError with a hint, before any work
@@ -105,13 +103,12 @@ def profile(
             replacing those of ``options``.
 
     Returns:
-        The report; ``records`` follow ``RECORD_FIELDS`` (kernel-only latency) and then extra
-        fields: ``e2e_*`` (end-to-end), ``pe_step_p50_ms`` and ``pe_share`` (positional step
-        alone and its share of the kernel p50), ``ape_p50_ms`` and ``ratio_vs_ape``, ``gflops``
-        and ``achieved_gflop_per_s``, ``fp32_p50_ms`` and ``ratio_vs_fp32``, ``provider`` (what
-        ran it), ``validated`` and ``fastest_validated``; ``advice`` says each cell's fastest
-        validated plan and every reduced-precision plan slower than fp32. On an engine backend only the engines ``deploykit build`` wrote are timed; what
-        is missing is in ``notes``.
+        The report: one ``ProfileRecord`` per measurement (its JSON form follows ``RECORD_FIELDS``,
+        then ``e2e_*``, the positional step and its share, FLOP rates, what the runner reported,
+        the verdict, the ratios to APE and to fp32 and ``fastest_validated``); ``advice`` says each
+        cell's fastest validated plan and every reduced-precision plan slower than fp32. On an
+        engine backend only the engines ``deploykit build`` wrote are timed; what is missing is in
+        ``notes``.
 
     Raises:
         ResolutionError: a resolution the model cannot take.
