@@ -100,3 +100,13 @@ def test_an_unknown_profile_option_is_one_clear_error():
 
     with pytest.raises(ConfigError, match="unknown option.*ProfileOptions"):
         profile(tiny(0), resolution=[(RES, RES)])
+
+
+def test_reading_an_export_directory_needs_no_pytorch():
+    """``package triton`` and the CPU servers read export directories; PyTorch is not theirs to load."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = "import sys, deploykit.export.directory; assert 'torch' not in sys.modules, 'torch was imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
