@@ -113,6 +113,8 @@ def export(
 ):
     """Export a model to one ONNX graph per resolution, tables baked in, graph linted."""
     from deploykit.export import export as export_model
+    from deploykit.export.int8_static import CalibrationOptions
+    from deploykit.inputs import UserCalibration, read_inputs
     from deploykit.profile.choice import CPU_SPEED_PLANS, plans_slower_than_float
     from deploykit.zoo.resolve import resolve_model
 
@@ -128,16 +130,16 @@ def export(
             source=source,
             progress=step,
             resolution_range=resolution_range,
-            calibration=_calibration(
-                calibration_data,
-                calibration_samples,
-                calibration_method,
-                min_agreement,
-                held_out,
-                min_cosine,
-                max_relative_error,
-                keep_float,
-                int8_attention,
+            calibration=CalibrationOptions(
+                samples=calibration_samples,
+                method=calibration_method,
+                min_agreement=min_agreement or None,
+                held_out=held_out,
+                attention=True if int8_attention else None,
+                data=UserCalibration(read_inputs(calibration_data)) if calibration_data else None,
+                keep_float=keep_float,
+                min_cosine=min_cosine,
+                max_relative_error=max_relative_error,
             ),
             force=force,
         )
@@ -147,34 +149,6 @@ def export(
             step("timing the CPU plans against fp32 (ONNX Runtime, batch 1)")
             slower = plans_slower_than_float(output, model=model)
         render.notes(console, slower, " (deploykit profile measures every batch)")
-
-
-def _calibration(
-    calibration_data,
-    calibration_samples,
-    calibration_method,
-    min_agreement,
-    held_out,
-    min_cosine,
-    max_relative_error,
-    keep_float,
-    int8_attention,
-):
-    """``int8_options`` → ``CalibrationOptions``."""
-    from deploykit.export.int8_static import CalibrationOptions
-    from deploykit.inputs import UserCalibration, read_inputs
-
-    return CalibrationOptions(
-        samples=calibration_samples,
-        method=calibration_method,
-        min_agreement=min_agreement or None,
-        held_out=held_out,
-        attention=True if int8_attention else None,
-        data=UserCalibration(read_inputs(calibration_data)) if calibration_data else None,
-        keep_float=keep_float,
-        min_cosine=min_cosine,
-        max_relative_error=max_relative_error,
-    )
 
 
 @cli.command()
