@@ -389,7 +389,7 @@ def profile_check(out: Path, flavour: str, cuda_graphs: bool, budget_s: float):
         )
         rows = [
             {k: r[k] for k in ("encoding", "resolution", "batch", "p50_ms", "provider", "cuda_graph", "cuda_graph_note")}
-            for r in report.records
+            for r in report.to_json()["records"]
         ]
         if cuda_graphs and not all(r["cuda_graph"] for r in rows):
             raise Failed("CUDA graphs requested but not used", {"records": rows, "notes": report.notes})

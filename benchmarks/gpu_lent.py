@@ -360,7 +360,7 @@ def profile_check(seconds: float):
             label=PROFILE_MODEL,
         )
         keys = ("encoding", "resolution", "batch", "p50_ms", "min_ms", "n", "ratio_vs_ape", "pe_step_p50_ms", "pe_share", "provider")
-        rows = [{k: r.get(k) for k in keys} for r in report.records]
+        rows = [{k: r.get(k) for k in keys} for r in report.to_json()["records"]]
         return {
             "model": PROFILE_MODEL,
             "timer": "cuda_events for the positional step; wall clock with copies for the model",

@@ -30,10 +30,8 @@ from deploykit.catalog import OUTPUT_NAME
 from deploykit.checks import Checked, Reference, Tolerance, bar_of, check_runner, first_divergent
 from deploykit.errors import ConfigError, ValidationError
 from deploykit.export.bundle import load_reference
-from deploykit.export.manifest import GraphEntry, Manifest
-from deploykit.export.manifest import check_unchanged as _check_unchanged
-from deploykit.export.manifest import checked_config as _checked_config
-from deploykit.export.manifest import checked_graph as _checked_graph
+from deploykit.export.directory import ExportDir
+from deploykit.export.manifest import GraphEntry
 from deploykit.export.metadata import GraphMetadata
 from deploykit.export.precision import check_precision
 from deploykit.inputs.builtin import (
@@ -45,7 +43,6 @@ from deploykit.inputs.builtin import (
     validation_inputs,
 )
 from deploykit.inputs.user import InputData
-from deploykit.nn.checkpoint import WEIGHTS_FILE
 from deploykit.nn.factory import Model
 from deploykit.nn.spec import block_paths, deploy_spec
 from deploykit.resolutions import resolution_tag
@@ -226,11 +223,11 @@ def validate(
     export_dir = Path(export_dir)
     plan = check_precision(precision)
     _check_request(backends, num_random, num_real, inputs)
-    manifest = Manifest.read(export_dir)
+    directory = ExportDir(export_dir)
+    manifest = directory.manifest()
     # --precision picks the graphs (model_224_fp16.onnx, ...) as well as the criteria.
     entries = [manifest.graph(tuple(r), precision) for r in resolutions] if resolutions else manifest.graphs_at(precision, ranges=True)
-    _check_unchanged(export_dir / WEIGHTS_FILE, manifest.weights_sha256)
-    _checked_config(export_dir, manifest)  # mean/std and the model's shape: validate must judge what is served
+    directory.check_reference(manifest)  # validate must judge what is served
     model = load_reference(export_dir)
     if inputs is not None:  # bad data is refused before any work, naming the file
         inputs.check(model, [shape for entry in entries for shape in entry.shapes])
@@ -240,7 +237,7 @@ def validate(
     used = None if inputs is None else inputs.record(range(num_real))
     records = []
     for entry in entries:
-        path = _checked_graph(export_dir, entry, manifest.encoding)
+        path = directory.graph(entry, manifest.encoding)
         for backend in backends:
             if progress:
                 progress(f"{backend} @ {path.name}")

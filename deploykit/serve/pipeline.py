@@ -54,6 +54,7 @@ from deploykit._lazy import lazy_import
 from deploykit.answers import top_k
 from deploykit.catalog import OUTPUT_NAME
 from deploykit.errors import ConfigError, DeployKitError, InputError, one_line
+from deploykit.export.directory import ExportDir
 from deploykit.export.manifest import Manifest
 from deploykit.imaging import nearest_resolution
 from deploykit.resolutions import resolution_tag
@@ -236,7 +237,6 @@ class Pipeline:
     ):
         from deploykit.backends.engine_cache import ENGINE_MODULES
         from deploykit.backends.registry import RUNNER_FACTORIES
-        from deploykit.export.manifest import checked_graph
         from deploykit.export.precision import check_precision
         from deploykit.profile.streams import STREAM_BACKENDS
         from deploykit.runtime.streams import check_streams
@@ -251,7 +251,7 @@ class Pipeline:
         self.export_dir = Path(export_dir)
         self.top_k, self.batch_size, self.limits = top_k, batch_size, limits
         self.precision = check_precision(precision or "fp32").name
-        manifest = Manifest.read(self.export_dir)
+        manifest = ExportDir(self.export_dir).manifest()
         self.config = read_image_config(self.export_dir, manifest)
         entries = manifest.graphs_at(self.precision)
         self.runners: dict[tuple[int, int], Runner] = {}
@@ -268,7 +268,7 @@ class Pipeline:
                     name, runner, plan, self._why[res] = chosen
                     self.runners[res], self.backends[res], self.skipped[res], self.plans[res] = runner, name, {}, plan
                 else:
-                    path = checked_graph(self.export_dir, entry, manifest.encoding)
+                    path = ExportDir(self.export_dir).graph(entry, manifest.encoding)
                     name, runner, skipped = activate_runner(path, backend, factories)
                     self.runners[res], self.backends[res], self.skipped[res], self.plans[res] = runner, name, skipped, self.precision
                 self._locks[res] = contextlib.nullcontext() if runner.thread_safe else threading.Lock()
@@ -283,7 +283,7 @@ class Pipeline:
         ``backend`` is auto, no GPU backend is usable, the choice's graph is unchanged and its runner
         activates; else None (and the reason is kept for ``describe_backends``)."""
         from deploykit.backends.registry import available_backends
-        from deploykit.export.manifest import checked_graph, sha256_file
+        from deploykit.export.manifest import sha256_file
         from deploykit.profile.choice import read_choice
 
         tag = resolution_tag(res)
@@ -299,7 +299,7 @@ class Pipeline:
             self._why[res] = f"GPU backend {gpu[0]} usable: profiled CPU choice ({choice.backend} {choice.precision}) not taken"
             return None
         try:
-            graph = checked_graph(self.export_dir, manifest.graph(res, choice.precision), manifest.encoding)
+            graph = ExportDir(self.export_dir).graph(manifest.graph(res, choice.precision), manifest.encoding)
             if sha256_file(graph) != choice.graph_sha256:
                 raise DeployKitError(f"{graph.name} changed since deploykit profile chose it; profile again")
             # streams asked for, else only where profile measured them paying (``deploykit.profile.streams``)

@@ -38,7 +38,7 @@ def _verdicts(export_dir) -> dict[str, tuple[bool, str]]:
         verdict = check_target(target, model, (RES, RES), "fp32", References())
     finally:
         target.runner.deactivate()
-    verdicts["profile"] = (verdict["validated"], "; ".join(verdict["validation_failures"]))
+    verdicts["profile"] = (verdict.validated, "; ".join(verdict.validation_failures))
     return verdicts
 
 
