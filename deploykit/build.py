@@ -91,7 +91,7 @@ class BuildSettings:
 
 
 @dataclass(frozen=True)
-class EnginePlan:
+class BuildJob:
     """What ``build`` does for one graph, decided (and any stale engine refused) before anything is built."""
 
     graph: Path
@@ -166,22 +166,22 @@ def build(
         names = ", ".join(s.describe() for s in plugins.python)
         _log.warning("TensorRT-RTX has no Python plugins: %s not loaded; custom ops run their ONNX function bodies", names)
         plugins = plugins.without_python()
-    plans = [_plan(export_dir, entry, options, plugins, settings.rebuild, device) for entry in entries]  # refuse before building
-    return [_build_one(plan, plugins, progress) for plan in plans]
+    jobs = [_prepare_build(export_dir, entry, options, plugins, settings.rebuild, device) for entry in entries]  # refuse before building
+    return [_build_one(job, plugins, progress) for job in jobs]
 
 
-def _build_one(plan: EnginePlan, plugins: Plugins, progress: BuildProgress | None) -> BuiltEngine:
+def _build_one(job: BuildJob, plugins: Plugins, progress: BuildProgress | None) -> BuiltEngine:
     """Build ``plan``'s engine and write its fingerprint, unless a valid one is there."""
-    engine, fp_path = engine_paths(plan.graph, plan.options.module)
+    engine, fp_path = engine_paths(job.graph, job.options.module)
     start = time.perf_counter()
-    if not plan.cached:
+    if not job.cached:
         if progress is not None:
-            progress.label = plan.graph.name
-        loader = EngineFromOnnx(plan.graph, plan.options, progress, plugins)
+            progress.label = job.graph.name
+        loader = EngineFromOnnx(job.graph, job.options, progress, plugins)
         save_engine(loader(), engine)
         layers = len(loader.plugin_nodes)
-        write_fingerprint(fp_path, plan.fingerprint, sha256_file(engine), plugins, layers, loader.embedded_plugin_layers)
-    return BuiltEngine(plan.graph.name, engine, fp_path, plan.cached, time.perf_counter() - start)
+        write_fingerprint(fp_path, job.fingerprint, sha256_file(engine), plugins, layers, loader.embedded_plugin_layers)
+    return BuiltEngine(job.graph.name, engine, fp_path, job.cached, time.perf_counter() - start)
 
 
 def _targets(module: str, asked: Sequence[str], device: Device | None) -> tuple[str, ...]:
@@ -207,7 +207,7 @@ def _select(manifest: Manifest, precisions, resolutions) -> list[GraphEntry]:
     return [g for p in precisions for g in manifest.graphs_at(p, ranges=True)]
 
 
-def _plan(export_dir: Path, entry: GraphEntry, options: BuildOptions, plugins: Plugins, rebuild: bool, device) -> EnginePlan:
+def _prepare_build(export_dir: Path, entry: GraphEntry, options: BuildOptions, plugins: Plugins, rebuild: bool, device) -> BuildJob:
     """What to do for one graph; raises if a stale engine is in the way."""
     path = ExportDir(export_dir).graph(entry)
     name, sample = _input_shape(path)
@@ -220,7 +220,7 @@ def _plan(export_dir: Path, entry: GraphEntry, options: BuildOptions, plugins: P
     fingerprint = current_fingerprint(path, GraphMetadata.of_file(path), shapes, options, plugins, device)
     engine, fp_path = engine_paths(path, options.module)
     if not engine.exists() or rebuild:
-        return EnginePlan(path, options, fingerprint, cached=False)
+        return BuildJob(path, options, fingerprint, cached=False)
     tag = BACKEND_TAGS[options.module]
     hint = f"pass --rebuild to replace it (deploykit build {export_dir} --backend {tag} --rebuild)"
     try:
@@ -230,7 +230,7 @@ def _plan(export_dir: Path, entry: GraphEntry, options: BuildOptions, plugins: P
     check_fingerprint(engine, record.fingerprint, fingerprint, hint)
     if sha256_file(engine) != record.engine_sha256:
         raise StaleEngineError(f"{engine} changed since it was built; {hint}")
-    return EnginePlan(path, options, fingerprint, cached=True)
+    return BuildJob(path, options, fingerprint, cached=True)
 
 
 def _input_shape(path: Path) -> tuple[str, list[int]]:
