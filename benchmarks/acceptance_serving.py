@@ -37,8 +37,9 @@ def serving_check(out: Path, backend: str, requests: int = 200, concurrency: int
         import tritonclient.http as httpclient
 
         import deploykit
+        from deploykit.checks import Reference, judge
+        from deploykit.export.precision import PLANS
         from deploykit.serve.triton_server import logits_model_name
-        from deploykit.validate import TOLERANCES, compare_logits
 
         http, grpc, metrics = _free_ports(3)
         cmd = [
@@ -78,16 +79,16 @@ def serving_check(out: Path, backend: str, requests: int = 200, concurrency: int
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(120)
-        vs_ort = compare_logits(expected, concurrent, requests, TOLERANCES["fp32"])
+        vs_ort = judge(Reference.of_outputs(expected, requests), concurrent, PLANS["fp32"].criteria).result
         vs_sequential = float(np.abs(concurrent - sequential).max())
         details = {
             "requests": requests,
             "concurrency": concurrency,
-            "max_abs_vs_ort": vs_ort["max_abs"],
-            "top1_vs_ort": vs_ort["top1_agreement"],
+            "max_abs_vs_ort": vs_ort.metrics["max_abs"],
+            "top1_vs_ort": vs_ort.metrics["top1_agreement"],
             "max_abs_concurrent_vs_sequential": vs_sequential,
         }
-        if not vs_ort["passed"] or vs_sequential > TOLERANCES["fp32"].max_abs:
+        if not vs_ort.passed or vs_sequential > PLANS["fp32"].tolerance.max_abs:
             raise Failed("served answers differ", details)
         return details
 
@@ -103,8 +104,9 @@ def tritonserver_check(out: Path):
         import tritonclient.http as httpclient
 
         import deploykit
+        from deploykit.checks import Reference, judge
+        from deploykit.export.precision import PLANS
         from deploykit.serve.triton_repo import package_triton
-        from deploykit.validate import TOLERANCES, compare_logits
 
         repo = package_triton(out, Path(tempfile.mkdtemp(prefix="triton_repo_")) / "repo")
         http, grpc, metrics = _free_ports(3)
@@ -124,13 +126,18 @@ def tritonserver_check(out: Path):
             for model in (f"vit_{tag}_trt", f"vit_{tag}_onnx"):
                 tensor = httpclient.InferInput("images", [1, 3, *resolution], "FP32")
                 tensor.set_data_from_numpy(images)
-                answers[model] = compare_logits(expected, client.infer(model, [tensor]).as_numpy("logits"), 1, TOLERANCES["fp32"])
+                answers[model] = judge(
+                    Reference.of_outputs(expected, 1), client.infer(model, [tensor]).as_numpy("logits"), PLANS["fp32"].criteria
+                ).result
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(120)
-        if not all(a["passed"] for a in answers.values()):
-            raise Failed("tritonserver's answers differ from ONNX Runtime's", answers)
-        return {m: {"max_abs": a["max_abs"]} for m, a in answers.items()}
+        if not all(a.passed for a in answers.values()):
+            raise Failed(
+                "tritonserver's answers differ from ONNX Runtime's",
+                {m: {**a.metrics, "failures": list(a.failures)} for m, a in answers.items()},
+            )
+        return {m: {"max_abs": a.metrics["max_abs"]} for m, a in answers.items()}
 
     return check
 

@@ -35,7 +35,7 @@ from deploykit._io import write_json_atomic
 from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.backends.openvino import OpenvinoBf16Runner, OpenvinoRunner, cpu_capabilities
 from deploykit.backends.registry import available_backends
-from deploykit.comparison import row_cosines
+from deploykit.checks import row_cosines
 from deploykit.errors import DeployKitError
 from deploykit.export import onnx_from_model
 from deploykit.export.bundle import planned_graphs

@@ -111,9 +111,9 @@ def validate_check(export_dir: Path, backend: str, precision: str, plugins=None)
 
 
 def no_tolerance(precision: str) -> str | None:
-    from deploykit.validate import TOLERANCES
+    from deploykit.export.precision import PLANS
 
-    return None if precision in TOLERANCES else f"validate has no tolerance for the {precision} plan yet"
+    return None if precision in PLANS else f"validate has no tolerance for the {precision} plan yet"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -390,7 +390,7 @@ def profile_check(out: Path, flavour: str, cuda_graphs: bool, budget_s: float):
         )
         rows = [
             {k: r[k] for k in ("encoding", "resolution", "batch", "p50_ms", "provider", "cuda_graph", "cuda_graph_note")}
-            for r in report.records
+            for r in report.to_json()["records"]
         ]
         if cuda_graphs and not all(r["cuda_graph"] for r in rows):
             raise Failed("CUDA graphs requested but not used", {"records": rows, "notes": report.notes})

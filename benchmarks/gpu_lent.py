@@ -303,9 +303,9 @@ def encoding_check(encoding: str, device: str):
 
     def check():
         from deploykit.backends import TorchRunner
-        from deploykit.comparison import compare_logits
+        from deploykit.checks import Reference, judge
+        from deploykit.export.precision import PLANS
         from deploykit.inputs.builtin import validation_inputs
-        from deploykit.validate import TOLERANCES
         from deploykit.zoo.resolve import resolve_model
 
         model, _ = resolve_model(encoding=encoding)
@@ -317,10 +317,14 @@ def encoding_check(encoding: str, device: str):
                 expected = reference.infer({"images": x})["logits"]
             with TorchRunner(model, torch.float32, device=device) as runner:
                 got = runner.infer({"images": x})["logits"]
-            metrics = compare_logits(expected, got, 8, TOLERANCES["fp32"])
-            row = {"shape": list(shape), **{k: metrics[k] for k in ("max_abs", "cosine", "top1_agreement", "failures")}}
+            result = judge(Reference.of_outputs(expected, 8), got, PLANS["fp32"].criteria).result
+            row = {
+                "shape": list(shape),
+                **{k: result.metrics[k] for k in ("max_abs", "cosine", "top1_agreement")},
+                "failures": list(result.failures),
+            }
             rows.append(row)
-            failures += [f"{shape[0]}x{shape[1]}: {f}" for f in metrics["failures"]]
+            failures += [f"{shape[0]}x{shape[1]}: {f}" for f in result.failures]
         details = {"rows": rows, "tf32": _tf32_flags()}
         if failures:
             raise Failed("; ".join(failures), details)
@@ -356,7 +360,7 @@ def profile_check(seconds: float):
             label=PROFILE_MODEL,
         )
         keys = ("encoding", "resolution", "batch", "p50_ms", "min_ms", "n", "ratio_vs_ape", "pe_step_p50_ms", "pe_share", "provider")
-        rows = [{k: r.get(k) for k in keys} for r in report.records]
+        rows = [{k: r.get(k) for k in keys} for r in report.to_json()["records"]]
         return {
             "model": PROFILE_MODEL,
             "timer": "cuda_events for the positional step; wall clock with copies for the model",

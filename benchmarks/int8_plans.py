@@ -85,7 +85,7 @@ def _variants(model, resolution, only: list[str] | None = None) -> dict:
     variants = dict(planned_graphs(fp32, model, resolution, [p for p in PLANS if wanted(p)], SPEED_CALIBRATION))
     if wanted("int8+attn"):
         calibration = Calibration(*calibration_inputs(model, resolution, SPEED_CALIBRATION.samples))
-        variants["int8+attn"] = quantize_static_int8(fp32, calibration, attention=True)
+        variants["int8+attn"], _ = quantize_static_int8(fp32, calibration, attention=True)
     return {name: proto.SerializeToString() for name, proto in variants.items()}
 
 
@@ -140,7 +140,7 @@ def attention(args) -> None:
             reference = run_graph(fp32, inputs).argmax(-1)
             calibration = Calibration(*calibration_inputs(model, (r, r), 128))
             for quantized in (False, True):
-                predicted = run_graph(quantize_static_int8(fp32, calibration, attention=quantized), inputs).argmax(-1)
+                predicted = run_graph(quantize_static_int8(fp32, calibration, attention=quantized)[0], inputs).argmax(-1)
                 records.append(
                     dict(
                         model=name,

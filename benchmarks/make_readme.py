@@ -233,19 +233,41 @@ def _fastest_vs_anchor(by: dict, cell: tuple, lanes: list[str], target_met: bool
     from deploykit.profile.choice import not_default_because
 
     anchor = by.get((*cell, "openvino default"), {}).get("p50_ms")
-    met = dict(quality_check={"met": True}) if target_met else {}
     # lanes profile may choose by default: timed, and none it refuses (not_default_because)
     timed = [
         (by[(*cell, lane)]["p50_ms"], lane)
         for lane in lanes
         if lane != "openvino default"
         and "p50_ms" in by.get((*cell, lane), {})
-        and not_default_because(dict(by[(*cell, lane)], precision=by[(*cell, lane)].get("plan"), **met)) is None
+        and not_default_because(_as_profile_record(by[(*cell, lane)], target_met)) is None
     ]
     if anchor is None or not timed:
         return "–"
     p50, lane = min(timed)
     return f"{lane} {p50 / anchor:.2f}"
+
+
+def _as_profile_record(row: dict, target_met: bool):
+    """A ``cpu_backends`` lane's row as the profile record ``not_default_because`` judges: its plan,
+    what its runner reported and, with ``target_met``, a met quality target."""
+    import dataclasses
+
+    from deploykit.profile.report import ProfileRecord, Verdict
+    from deploykit.profile.timing import LatencyStats
+
+    stats = LatencyStats(**{f.name: row[f.name] for f in dataclasses.fields(LatencyStats)})
+    run = {key: row[key] for key in ("computes_in", "lowered_despite_mark") if key in row}
+    verdict = Verdict(True, quality_check={"met": True}) if target_met else None
+    return ProfileRecord(
+        row["lane"],
+        row.get("plan"),
+        row.get("model", ""),
+        str(row.get("resolution", "")),
+        row.get("batch", 1),
+        stats,
+        run=run,
+        verdict=verdict,
+    )
 
 
 def write_readme(results_dir: Path, readme: Path) -> Path:

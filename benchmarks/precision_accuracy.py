@@ -36,12 +36,12 @@ from onnx import TensorProto, helper, numpy_helper
 import deploykit
 from deploykit.backends import TorchRunner
 from deploykit.backends.base import run_batched
+from deploykit.checks import Reference, judge
 from deploykit.encodings import list_encodings
 from deploykit.export import onnx_from_model
-from deploykit.export.precision import PRECISIONS, apply_precision
+from deploykit.export.precision import PLANS, PRECISIONS, apply_precision
 from deploykit.inputs.builtin import random_inputs, real_inputs
 from deploykit.nn.checkpoint import DEFAULT_MODEL, default_model
-from deploykit.validate import TOLERANCES, compare_logits
 
 RESOLUTION = (224, 224)
 NUM_RANDOM, NUM_REAL = 24, 8
@@ -97,8 +97,9 @@ def measure(encoding: str) -> list[dict]:
             runs["ort"] = lambda p=planned: run_graph(p, inputs, optimize=True)
         for how, run in runs.items():
             actual = run()
-            real = compare_logits(reference, actual, NUM_REAL, TOLERANCES[precision])
-            everything = compare_logits(reference, actual, 0, TOLERANCES[precision])
+            judged = judge(Reference.of_outputs(reference, NUM_REAL), actual, PLANS[precision].criteria).result
+            real = {**judged.metrics, "passed": judged.passed}
+            everything = judge(Reference.of_outputs(reference), actual, PLANS[precision].criteria).result.metrics
             rows.append(
                 dict(
                     encoding=encoding,

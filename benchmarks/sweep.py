@@ -126,11 +126,11 @@ def sweep_model(name: str, args, path: Path) -> dict:
             key = f"{resolution_tag(resolution)}/b{batch}"
             print(f"  {name}: GEMM roofline {key}", file=sys.stderr, flush=True)
             roofline[key] = gemm_roofline(models[0].cfg, resolution, batch)
-        for record in report.records:
+        part = report.to_json()
+        for record in part["records"]:
             peak = roofline[f"{record['resolution']}/b{record['batch']}"]["gflop_per_s"]
             record["roofline_gflop_per_s"] = peak
             record["roofline_fraction"] = record["achieved_gflop_per_s"] / peak
-        part = report.to_json()
         if not data:
             data = part
             data.update(

@@ -225,16 +225,20 @@ class ProfileResult:
     profile, or no validated plan)."""
 
     report: ProfileReport
-    choice: Path | None = None
 
     @property
-    def records(self) -> list[dict]:
+    def choice(self) -> Path | None:
+        return self.report.choice_file
+
+    @property
+    def records(self) -> list:
+        """One ``deploykit.profile.ProfileRecord`` per measurement."""
         return self.report.records
 
     @property
-    def failed(self) -> list[dict]:
+    def failed(self) -> list:
         """Records whose plan did not pass its check against the PyTorch reference before timing."""
-        return [r for r in self.report.records if r.get("validated") is False]
+        return [r for r in self.report.records if r.verdict is not None and not r.verdict.validated]
 
     def __bool__(self) -> bool:
         return bool(self.report.records) and not self.failed
@@ -246,7 +250,7 @@ class ProfileResult:
         if not self.report.records:
             raise DeployKitError(f"nothing was profiled: {'; '.join(self.report.notes) or 'no record'}")
         if self.failed:
-            cells = [f"{r['backend']} {r['precision']} @ {r['resolution']}" for r in self.failed]
+            cells = [f"{r.backend} {r.precision} @ {r.resolution}" for r in self.failed]
             raise ValidationError(f"{len(cells)} profiled plan(s) failed their check against PyTorch: {', '.join(cells)}")
 
 
@@ -259,7 +263,7 @@ def profile(
     iterations: int | None = None,
     warmup: int | None = None,
     rounds: int | None = None,
-    write_choice: bool = True,
+    progress: Callable[[str], None] | None = None,
     **options: Any,
 ) -> ProfileResult:
     """Time each backend × plan × resolution × batch against the same trunk with an APE (``deploykit profile``).
@@ -274,27 +278,21 @@ def profile(
         iterations: exactly this many timed calls per measurement instead (overrides ``duration_s``).
         warmup: untimed calls before each measurement.
         rounds: interleave the encodings in this many rounds (shared machines).
-        write_choice: write the choice into the export directory (``profile_choice.json``).
-        **options: ``deploykit.profile.profile``'s keywords (``batches``, ``backends``, ``device``,
-            ``compare_ape``, ``end_to_end``, ``progress``, ...).
+        progress: called with one line per step.
+        **options: other ``deploykit.profile.ProfileOptions`` fields (``batches``, ``backends``,
+            ``device``, ``compare_ape``, ``end_to_end``, ``measure_streams``, ...).
     """
-    from deploykit.profile import Budget, Subject
+    from deploykit.profile import Budget
     from deploykit.profile import profile as run_profile
-    from deploykit.profile.choice import write_choice as write
 
-    export_dir = None if hasattr(subject, "forward") else Path(subject)
-    target = Subject.from_export_dir(export_dir, precisions) if export_dir else Subject(subject)
     asked = {"duration_s": duration_s, "iterations": iterations, "warmup": warmup, "rounds": rounds}
-    options.setdefault("label", str(export_dir) if export_dir else "")
-    report = run_profile(
-        target,
-        resolutions=list(resolutions or target.resolutions or [target.model.default_shape]),
-        precisions=tuple(precisions or target.precisions or ("fp32",)),
-        budget=Budget(**{key: value for key, value in asked.items() if value is not None}),
-        **options,
-    )
-    choice = write(export_dir, report.records, target.encoding, target.graph_hashes()) if export_dir and write_choice else None
-    return ProfileResult(report, choice)
+    if any(value is not None for value in asked.values()):
+        options["budget"] = Budget(**{key: value for key, value in asked.items() if value is not None})
+    if resolutions:
+        options["resolutions"] = tuple(resolutions)
+    if precisions:
+        options["precisions"] = tuple(precisions)
+    return ProfileResult(run_profile(subject, progress=progress, **options))
 
 
 def load(export_dir: str | os.PathLike, **options: Any) -> Pipeline:

@@ -20,7 +20,7 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +28,7 @@ from deploykit.backends import defaults
 from deploykit.backends.devices import check_cuda_build, probe_device, rtx_targets
 from deploykit.backends.engine_cache import (
     Device,
+    Fingerprint,
     check_fingerprint,
     current_fingerprint,
     engine_paths,
@@ -40,11 +41,10 @@ from deploykit.backends.registry import check_backend
 from deploykit.backends.table import engine_flavours, flavour
 from deploykit.backends.tensorrt import BuildOptions, BuildProgress, EngineFromOnnx, save_engine
 from deploykit.errors import ConfigError, StaleEngineError
-from deploykit.export.manifest import GraphEntry, Manifest, checked_graph, sha256_file
+from deploykit.export.directory import ExportDir
+from deploykit.export.manifest import GraphEntry, Manifest, sha256_file
 from deploykit.export.metadata import GraphMetadata
 from deploykit.export.precision import PLANS, check_precision
-
-TIMING_CACHE_FILE = "timing.cache"
 
 _log = logging.getLogger(__name__)
 
@@ -60,19 +60,57 @@ class BuiltEngine:
     seconds: float
 
 
-def build_options(
-    module: str, export_dir: Path, *, dynamic: bool, batch: int, max_batch: int, workspace_mib: int | None, optimization_level: int | None
-) -> BuildOptions:
+@dataclass(frozen=True)
+class BuildSettings:
+    """What ``build`` builds and how (the ``deploykit build`` flags, as one record).
+
+    Attributes:
+        dynamic: one batch profile (1 / ``batch`` / ``max_batch``) instead of a static batch.
+        batch: the static batch, or the batch a dynamic profile is tuned for.
+        max_batch: largest batch of a dynamic profile.
+        precisions: which precision plans; empty: every exported plan TensorRT can build.
+        resolutions: which resolutions; empty: every exported one.
+        workspace_mib: workspace memory limit (MiB); None: TensorRT's.
+        optimization_level: builder optimization level 0-5; None: TensorRT's (3).
+        rebuild: replace engines whose fingerprint no longer matches instead of refusing.
+        compute_capabilities: TensorRT-RTX only: the GPUs (``"7.5"``) to build for; empty:
+            every supported one but Turing, or on a Turing GPU 7.5 alone
+            (``deploykit.backends.devices.rtx_targets``).
+    """
+
+    dynamic: bool = False
+    batch: int = defaults.ENGINE_BATCH
+    max_batch: int = defaults.ENGINE_MAX_BATCH
+    precisions: Sequence[str] = ()
+    resolutions: Sequence[tuple[int, ...]] = ()
+    workspace_mib: int | None = None
+    optimization_level: int | None = None
+    rebuild: bool = False
+    compute_capabilities: Sequence[str] = ()
+
+
+@dataclass(frozen=True)
+class BuildJob:
+    """What ``build`` does for one graph, decided (and any stale engine refused) before anything is built."""
+
+    graph: Path
+    options: BuildOptions
+    fingerprint: Fingerprint
+    cached: bool  # a valid engine is there already
+
+
+def build_options(module: str, export_dir: Path, settings: BuildSettings) -> BuildOptions:
     """Static (``min = opt = max = batch``) or dynamic-batch options; the timing cache beside the graphs."""
-    if batch < 1 or (dynamic and max_batch < batch):
+    batch, max_batch = settings.batch, settings.max_batch
+    if batch < 1 or (settings.dynamic and max_batch < batch):
         raise ConfigError(f"need 1 <= batch <= max batch, got batch {batch}, max batch {max_batch}")
-    low, high = (1, max_batch) if dynamic else (batch, batch)
+    low, high = (1, max_batch) if settings.dynamic else (batch, batch)
     # TensorRT-RTX tunes at run time: a timing cache does nothing there.
-    cache = str(export_dir / TIMING_CACHE_FILE) if flavour(module).timing_cache else None
+    cache = str(ExportDir(export_dir).timing_cache_file) if flavour(module).timing_cache else None
     return BuildOptions(
         module=module,
-        workspace_mib=workspace_mib,
-        optimization_level=optimization_level,
+        workspace_mib=settings.workspace_mib,
+        optimization_level=settings.optimization_level,
         min_batch=low,
         opt_batch=batch,
         max_batch=high,
@@ -83,85 +121,68 @@ def build_options(
 def build(
     export_dir: str | os.PathLike,
     backend: str = defaults.ENGINE_BACKENDS[0],
+    settings: BuildSettings = BuildSettings(),
     *,
-    dynamic: bool = False,
-    batch: int = defaults.ENGINE_BATCH,
-    max_batch: int = defaults.ENGINE_MAX_BATCH,
-    precisions: Sequence[str] | None = None,
-    resolutions: Iterable[tuple[int, int]] | None = None,
-    workspace_mib: int | None = None,
-    optimization_level: int | None = None,
     plugins: Plugins = Plugins(),
-    rebuild: bool = False,
     progress: BuildProgress | None = None,
     device: Device | None = None,
-    compute_capabilities: Sequence[str] = (),
+    **fields,
 ) -> list[BuiltEngine]:
     """Build an engine for each graph ``deploykit export`` wrote to ``export_dir``.
 
     Args:
         export_dir: an export directory.
         backend: ``"trt"`` (TensorRT) or ``"rtx"`` (TensorRT-RTX).
-        dynamic: one batch profile (1 / ``batch`` / ``max_batch``) instead of a static batch.
-        batch: the static batch, or the batch a dynamic profile is tuned for.
-        max_batch: largest batch of a dynamic profile.
-        precisions: which precision plans; default every exported one.
-        resolutions: which resolutions; default every exported one.
-        workspace_mib: workspace memory limit (MiB); default TensorRT's.
-        optimization_level: builder optimization level 0-5; default TensorRT's (3).
+        settings: what is built and how (``BuildSettings``).
         plugins: the plugins to load first, as the user named them (``Plugins.resolve``); none
             by default. TensorRT-RTX has no Python plugins (it inlines the custom ops' ONNX
             function bodies), so for ``rtx`` only plugin libraries are kept.
-        rebuild: replace engines whose fingerprint no longer matches instead of refusing.
         progress: receives the builder's phases (the CLI renders it).
         device: what ``probe_device()`` reports; probed when None (tests pass one in).
-        compute_capabilities: TensorRT-RTX only: the GPUs (``"7.5"``) to build for; default
-            every supported one but Turing, or on a Turing GPU 7.5 alone
-            (``deploykit.backends.devices.rtx_targets``).
+        fields: ``BuildSettings`` fields given by name instead (``dynamic=True``), replacing
+            those of ``settings``.
 
     Returns:
         One ``BuiltEngine`` per graph, in manifest order.
 
     Raises:
-        ConfigError: unknown backend, bad batch sizes, or compute capabilities TensorRT-RTX
-            does not build for (or asked of TensorRT).
+        ConfigError: unknown backend or settings field, bad batch sizes, or compute
+            capabilities TensorRT-RTX does not build for (or asked of TensorRT).
         StaleEngineError: an existing engine does not match and ``rebuild`` is False.
         ExportError: a graph does not parse or build, or a plugin fails to load.
         DeployKitError: the TensorRT wheel is built for a newer CUDA than the driver runs.
     """
+    try:
+        settings = dataclasses.replace(settings, **fields)
+    except TypeError as err:
+        raise ConfigError(f"build() got an unknown setting: {err}; the settings are BuildSettings' fields") from err
     engines = engine_flavours()
     made_by, export_dir = engines[check_backend(backend, engines)], Path(export_dir)
     module = made_by.module
     check_cuda_build(module)  # a builder on a driver older than its CUDA fails obscurely, minutes in
-    options = build_options(
-        module,
-        export_dir,
-        dynamic=dynamic,
-        batch=batch,
-        max_batch=max_batch,
-        workspace_mib=workspace_mib,
-        optimization_level=optimization_level,
-    )
-    options = dataclasses.replace(options, compute_capabilities=_targets(module, compute_capabilities, device))
-    entries = _select(Manifest.read(export_dir), precisions, resolutions)
+    options = build_options(module, export_dir, settings)
+    options = dataclasses.replace(options, compute_capabilities=_targets(module, settings.compute_capabilities, device))
+    entries = _select(ExportDir(export_dir).manifest(), settings.precisions, settings.resolutions)
     if not made_by.python_plugins and plugins.python:
         names = ", ".join(s.describe() for s in plugins.python)
         _log.warning("%s has no Python plugins: %s not loaded; custom ops run their ONNX function bodies", made_by.title, names)
         plugins = plugins.without_python()
-    builds = [_prepare_build(export_dir, entry, options, plugins, rebuild, device) for entry in entries]  # refuse before building
-    results = []
-    for path, entry_options, fingerprint, cached in builds:
-        engine, fp_path = engine_paths(path, module)
-        start = time.perf_counter()
-        if not cached:
-            if progress is not None:
-                progress.label = path.name
-            loader = EngineFromOnnx(path, entry_options, progress, plugins)
-            save_engine(loader(), engine)
-            layers = len(loader.plugin_nodes)
-            write_fingerprint(fp_path, fingerprint, sha256_file(engine), plugins, layers, loader.embedded_plugin_layers)
-        results.append(BuiltEngine(path.name, engine, fp_path, cached, time.perf_counter() - start))
-    return results
+    jobs = [_prepare_build(export_dir, entry, options, plugins, settings.rebuild, device) for entry in entries]  # refuse before building
+    return [_build_one(job, plugins, progress) for job in jobs]
+
+
+def _build_one(job: BuildJob, plugins: Plugins, progress: BuildProgress | None) -> BuiltEngine:
+    """Build ``plan``'s engine and write its fingerprint, unless a valid one is there."""
+    engine, fp_path = engine_paths(job.graph, job.options.module)
+    start = time.perf_counter()
+    if not job.cached:
+        if progress is not None:
+            progress.label = job.graph.name
+        loader = EngineFromOnnx(job.graph, job.options, progress, plugins)
+        save_engine(loader(), engine)
+        layers = len(loader.plugin_nodes)
+        write_fingerprint(fp_path, job.fingerprint, sha256_file(engine), plugins, layers, loader.embedded_plugin_layers)
+    return BuiltEngine(job.graph.name, engine, fp_path, job.cached, time.perf_counter() - start)
 
 
 def _targets(module: str, asked: Sequence[str], device: Device | None) -> tuple[str, ...]:
@@ -187,10 +208,9 @@ def _select(manifest: Manifest, precisions, resolutions) -> list[GraphEntry]:
     return [g for p in precisions for g in manifest.graphs_at(p, ranges=True)]
 
 
-def _prepare_build(export_dir: Path, entry: GraphEntry, options: BuildOptions, plugins: Plugins, rebuild: bool, device):
-    """``(graph path, its build options, fingerprint, reuse existing engine?)``; raises if a stale
-    engine is in the way."""
-    path = checked_graph(export_dir, entry)
+def _prepare_build(export_dir: Path, entry: GraphEntry, options: BuildOptions, plugins: Plugins, rebuild: bool, device) -> BuildJob:
+    """What to do for one graph; raises if a stale engine is in the way."""
+    path = ExportDir(export_dir).graph(entry)
     name, sample = _input_shape(path)
     samples = [sample] * 3
     if entry.resolution_range is not None:  # [C, H, W] at min / opt / max of the range
@@ -201,7 +221,7 @@ def _prepare_build(export_dir: Path, entry: GraphEntry, options: BuildOptions, p
     fingerprint = current_fingerprint(path, GraphMetadata.of_file(path), shapes, options, plugins, device)
     engine, fp_path = engine_paths(path, options.module)
     if not engine.exists() or rebuild:
-        return path, options, fingerprint, False
+        return BuildJob(path, options, fingerprint, cached=False)
     tag = options.flavour.tag
     hint = f"pass --rebuild to replace it (deploykit build {export_dir} --backend {tag} --rebuild)"
     try:
@@ -211,7 +231,7 @@ def _prepare_build(export_dir: Path, entry: GraphEntry, options: BuildOptions, p
     check_fingerprint(engine, record.fingerprint, fingerprint, hint)
     if sha256_file(engine) != record.engine_sha256:
         raise StaleEngineError(f"{engine} changed since it was built; {hint}")
-    return path, options, fingerprint, True
+    return BuildJob(path, options, fingerprint, cached=True)
 
 
 def _input_shape(path: Path) -> tuple[str, list[int]]:

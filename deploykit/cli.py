@@ -90,9 +90,31 @@ def cli():
     is_flag=True,
     help="Delete files in --output that deploykit did not write (each is named); without it the export is refused naming them.",
 )
-def export(encoding, model_name, checkpoint, resolutions, output, opset, precisions, resolution_range, options, force, **int8):
+def export(
+    encoding,
+    model_name,
+    checkpoint,
+    resolutions,
+    output,
+    opset,
+    precisions,
+    calibration_data,
+    calibration_samples,
+    calibration_method,
+    min_agreement,
+    held_out,
+    min_cosine,
+    max_relative_error,
+    keep_float,
+    int8_attention,
+    resolution_range,
+    options,
+    force,
+):
     """Export a model to one ONNX graph per resolution, tables baked in, graph linted."""
     from deploykit.api import export as export_model
+    from deploykit.export.int8_static import CalibrationOptions
+    from deploykit.inputs.user import UserCalibration, read_inputs
     from deploykit.profile.choice import CPU_SPEED_PLANS, plans_slower_than_float
     from deploykit.zoo.resolve import resolve_model
 
@@ -108,7 +130,17 @@ def export(encoding, model_name, checkpoint, resolutions, output, opset, precisi
             source=source,
             progress=step,
             resolution_range=resolution_range,
-            calibration=_calibration(**int8),
+            calibration=CalibrationOptions(
+                samples=calibration_samples,
+                method=calibration_method,
+                min_agreement=min_agreement or None,
+                held_out=held_out,
+                attention=True if int8_attention else None,
+                data=UserCalibration(read_inputs(calibration_data)) if calibration_data else None,
+                keep_float=keep_float,
+                min_cosine=min_cosine,
+                max_relative_error=max_relative_error,
+            ),
             force=force,
         ).manifest
     render.exported(console, output, manifest)
@@ -117,22 +149,6 @@ def export(encoding, model_name, checkpoint, resolutions, output, opset, precisi
             step("timing the CPU plans against fp32 (ONNX Runtime, batch 1)")
             slower = plans_slower_than_float(output, model=model)
         render.notes(console, slower, " (deploykit profile measures every batch)")
-
-
-def _calibration(calibration_data, calibration_samples, calibration_method, min_agreement, held_out, int8_attention, **rest):
-    """``int8_options`` → ``CalibrationOptions``."""
-    from deploykit.export.int8_static import CalibrationOptions
-    from deploykit.inputs.user import UserCalibration, read_inputs
-
-    return CalibrationOptions(
-        samples=calibration_samples,
-        method=calibration_method,
-        min_agreement=min_agreement or None,
-        held_out=held_out,
-        attention=True if int8_attention else None,
-        data=UserCalibration(read_inputs(calibration_data)) if calibration_data else None,
-        **rest,  # keep_float, min_cosine, max_relative_error: the same names
-    )
 
 
 @cli.command()
@@ -233,19 +249,44 @@ def validate(
     "default every supported one but Turing, or on a Turing GPU 7.5 alone.",
 )
 @click.option("--rebuild", is_flag=True, help="Replace engines whose fingerprint no longer matches (otherwise refused).")
-def build(export_dir, backend, plugin_specs, **settings):
+def build(
+    export_dir,
+    backend,
+    dynamic,
+    batch,
+    max_batch,
+    precisions,
+    resolutions,
+    workspace_mib,
+    optimization_level,
+    plugin_specs,
+    compute_capabilities,
+    rebuild,
+):
     """Build one TensorRT engine per exported graph, beside it, with a fingerprint (-v: every
     TensorRT message; otherwise its warnings are summarised once)."""
     from rich.live import Live
 
     from deploykit.backends.plugins import Plugins
     from deploykit.backends.tensorrt import BuildProgress
+    from deploykit.build import BuildSettings
     from deploykit.build import build as build_engines
 
+    settings = BuildSettings(
+        dynamic=dynamic,
+        batch=batch,
+        max_batch=max_batch,
+        precisions=precisions,
+        resolutions=resolutions,
+        workspace_mib=workspace_mib,
+        optimization_level=optimization_level,
+        rebuild=rebuild,
+        compute_capabilities=compute_capabilities,
+    )
     console = render.console()
     progress = BuildProgress()
     with Live(progress, console=console, transient=True, refresh_per_second=4):
-        results = build_engines(export_dir, backend, plugins=Plugins.resolve(plugin_specs), progress=progress, **settings)
+        results = build_engines(export_dir, backend, settings, plugins=Plugins.resolve(plugin_specs), progress=progress)
     render.built(console, results)
 
 
@@ -314,18 +355,17 @@ def profile(
     plot_path,
     plugin_specs,
     no_cuda_graphs,
-    **settings,
+    device,
+    allow_cpu_fallback,
 ):
     """Latency per backend × encoding × resolution × batch, and the encoding's cost against APE."""
     from deploykit._io import check_file_destination
     from deploykit._lazy import lazy_import
     from deploykit.backends.plugins import Plugins
     from deploykit.errors import ConfigError
-    from deploykit.profile import Budget, Subject
+    from deploykit.profile import Budget, ProfileOptions
     from deploykit.profile import profile as run_profile
-    from deploykit.profile.choice import write_choice
     from deploykit.profile.output import plot_latency, write_csv
-    from deploykit.profile.streams import with_measured_streams
     from deploykit.zoo.resolve import resolve_model
 
     console = render.console()
@@ -335,33 +375,29 @@ def profile(
         check_file_destination(path)
     if plot_path:
         lazy_import("matplotlib")
-    if export_dir:
-        # Every plan it holds unless told: the choice serve takes is the fastest of those timed.
-        subject, label = Subject.from_export_dir(export_dir, precisions or None), str(export_dir)
-    else:
+    label = ""
+    if not export_dir:
         model, label = resolve_model(checkpoint=checkpoint, encoding=encoding, model_name=model_name)
-        subject = Subject(model)
+    options = ProfileOptions(
+        resolutions=resolutions,
+        batches=batches,
+        backends=[b.strip() for value in backends for b in value.split(",")],
+        precisions=precisions,
+        budget=Budget(duration_s=duration, iterations=iterations, warmup=warmup, rounds=rounds),
+        compare_ape=not no_ape_baseline,
+        end_to_end=not no_end_to_end,
+        device=device,
+        label=label,
+        plugins=Plugins.resolve(plugin_specs) if plugin_specs else None,
+        cuda_graphs=not no_cuda_graphs,
+        allow_cpu_fallback=allow_cpu_fallback,
+    )
     with render.steps(console, "profile") as step:
-        report = run_profile(
-            subject,
-            resolutions=list(resolutions) or subject.resolutions or [subject.model.default_shape],
-            batches=list(batches),
-            backends=[b.strip() for value in backends for b in value.split(",")],
-            budget=Budget(duration_s=duration, iterations=iterations, warmup=warmup, rounds=rounds),
-            precisions=precisions or subject.precisions or ("fp32",),
-            compare_ape=not no_ape_baseline,
-            end_to_end=not no_end_to_end,
-            label=label,
-            progress=step,
-            plugins=Plugins.resolve(plugin_specs) if plugin_specs else None,
-            cuda_graphs=not no_cuda_graphs,
-            **settings,  # device, allow_cpu_fallback
-        )
+        report = run_profile(export_dir or model, options, progress=step)
+    label = report.settings["model"]
     render.profiled(console, report, title=f"deploykit profile: {label}")
-    if export_dir and (written := write_choice(export_dir, report.records, subject.encoding, subject.graph_hashes())):
-        with render.steps(console, "profile") as step:
-            with_measured_streams(export_dir, step)  # throughput mode: the streams each chosen plan is served with
-        render.wrote(console, written, "deploykit serve takes each resolution's fastest validated plan from it")
+    if report.choice_file:
+        render.wrote(console, report.choice_file, "deploykit serve takes each resolution's fastest validated plan from it")
     writers = (
         (json_path, report.write_json),
         (csv_path, lambda path: write_csv(path, report.records)),

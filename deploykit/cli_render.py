@@ -58,8 +58,9 @@ def notes(out, lines: Iterable[str], suffix: str = "") -> None:
 def plan(out, details: dict | None) -> None:
     """A quantized graph's plan, indented under its line: what stayed float and why, by module."""
     from deploykit.export.int8_check import describe_plan
+    from deploykit.export.metadata import QuantizationRecord
 
-    for line in describe_plan(details) if details else []:
+    for line in describe_plan(QuantizationRecord.from_dict(details)) if details else []:
         out.print(f"  {line}", soft_wrap=True)
 
 

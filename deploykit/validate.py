@@ -2,8 +2,8 @@
 
 The reference is the saved model run in float64. For every backend × resolution the report
 holds max/mean absolute error, max relative error, worst per-sample cosine similarity, top-1 and
-top-5 agreement on the real inputs (images, or text for a sequence model), NaN/Inf counts and pass/fail against the precision's
-tolerance, and which execution provider ran (ONNX Runtime drops CUDA silently). A backbone
+top-5 agreement on the real inputs (images, or text for a sequence model), NaN/Inf counts and pass/fail against the precision
+plan's criteria (``deploykit.checks``, the same judge as the export's and profile's), and which execution provider ran (ONNX Runtime drops CUDA silently). A backbone
 without a classifier (``DeploySpec.answers_top_k`` false, e.g. an imported DINOv3) is compared on its
 features by the same max abs and cosine; it has no top-k. When a check
 fails, block outputs are compared one by one (recorded at export, so only those tensors are
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -24,20 +24,18 @@ import onnx
 
 from deploykit._terminal import counter
 from deploykit.backends import TorchRunner, registry
-from deploykit.backends.base import Runner, run_batched, run_exact_batches
+from deploykit.backends.base import Runner, run_batched
 from deploykit.backends.defaults import RUNNER
 from deploykit.backends.onnxrt import with_outputs
 from deploykit.backends.plugins import Plugins
 from deploykit.catalog import OUTPUT_NAME
-from deploykit.comparison import Tolerance, compare_logits, first_divergent, looser
+from deploykit.checks import Checked, Reference, Tolerance, bar_of, check_runner, first_divergent
 from deploykit.errors import ConfigError, ValidationError
 from deploykit.export.bundle import load_reference
-from deploykit.export.manifest import Manifest
-from deploykit.export.manifest import check_unchanged as _check_unchanged
-from deploykit.export.manifest import checked_config as _checked_config
-from deploykit.export.manifest import checked_graph as _checked_graph
+from deploykit.export.directory import ExportDir
+from deploykit.export.manifest import GraphEntry
 from deploykit.export.metadata import GraphMetadata
-from deploykit.export.precision import PLANS, check_precision
+from deploykit.export.precision import check_precision
 from deploykit.inputs.builtin import (
     VALIDATION_NOISE,
     VALIDATION_REAL,
@@ -47,13 +45,9 @@ from deploykit.inputs.builtin import (
     validation_inputs,
 )
 from deploykit.inputs.user import InputData
-from deploykit.nn.checkpoint import WEIGHTS_FILE
 from deploykit.nn.factory import Model
 from deploykit.nn.spec import block_paths, deploy_spec
 from deploykit.resolutions import resolution_tag
-
-# Each precision plan's pass/fail thresholds (deploykit.export.precision.PLANS says why).
-TOLERANCES = {name: plan.tolerance for name, plan in PLANS.items()}
 
 
 @dataclass
@@ -87,6 +81,34 @@ class Record:
     quantization: dict | None = None  # a quantized plan's record (what stayed float and why), from the manifest
     node_placement: dict | None = None  # ort-cuda: nodes per execution provider, and compute nodes on the CPU
     precision_hint: str = ""  # the precision a runtime computes float ops in, where it takes a hint (OpenVINO: f32, bf16)
+
+    @classmethod
+    def of(cls, checked: Checked, run: Run, reference: Reference, resolution: tuple[int, ...], batch: int, block: str | None) -> Record:
+        """The record of one check (``checked``) of ``run``'s runner on ``reference`` at
+        ``resolution`` × ``batch``; ``block``: the first divergent block, when it failed."""
+        tolerance = bar_of(checked.criteria, Tolerance)
+        reported = {f.name for f in fields(cls)}  # the tolerance's metrics (another bar of the plan may measure more)
+        return cls(
+            backend=run.backend,
+            resolution=list(resolution),
+            batch=batch,
+            precision=run.precision,
+            num_inputs=len(reference.inputs),
+            num_real=reference.num_real,
+            **{name: value for name, value in checked.result.metrics.items() if name in reported},
+            tolerance=tolerance.to_dict(),
+            passed=checked.result.passed,
+            failures=list(checked.result.failures),
+            first_divergent_block=block,
+            profiled=run.profiled,
+            graph=run.entry.file,
+            range_graph=run.entry.resolution_range is not None,
+            provider=run.provider,
+            inputs=run.inputs,
+            quantization=run.entry.quantization,
+            node_placement=run.node_placement,
+            precision_hint=run.precision_hint,
+        )
 
     @property
     def label(self) -> str:
@@ -142,7 +164,7 @@ def first_divergent_block(
     The block outputs are marked as outputs of that backend's graph (ONNX Runtime) or engine (a
     debug engine built from the marked graph, same precision plan and profile), so a TensorRT or
     reduced-precision divergence is found where it happened, not re-run elsewhere. Block outputs
-    are judged by ``comparison.first_divergent`` (as the int8 plan check judges them). Returns
+    are judged by ``checks.first_divergent`` (as the int8 plan check judges them). Returns
     None when the graph has no recorded block outputs or the backend cannot run a marked graph.
     """
     marked, names = marked_graph(onnx_path)
@@ -179,7 +201,8 @@ def validate(
         export_dir: an export directory (``manifest.json``, reference weights, graphs).
         resolutions: which exported resolutions; default all.
         backends: graph or engine backends of the table (``deploykit.backends.table``).
-        precision: which precision plan's graphs to check, with its tolerance from ``TOLERANCES``.
+        precision: which precision plan's graphs to check, held to that plan's criteria
+            (``deploykit.export.precision.PLANS``).
         num_random, num_real: seeded-noise and real inputs per resolution (bundled images or
             text, the zoo's test split, or the first ``num_real`` of ``inputs``).
         inputs: the user's real inputs (``deploykit.inputs.read_inputs``), preprocessed as the
@@ -199,7 +222,102 @@ def validate(
             since export, a resolution that was not exported, or more real inputs than exist.
     """
     export_dir = Path(export_dir)
-    tolerance = check_precision(precision).tolerance
+    plan = check_precision(precision)
+    _check_request(backends, num_random, num_real, inputs)
+    directory = ExportDir(export_dir)
+    manifest = directory.manifest()
+    # --precision picks the graphs (model_224_fp16.onnx, ...) as well as the criteria.
+    entries = [manifest.graph(tuple(r), precision) for r in resolutions] if resolutions else manifest.graphs_at(precision, ranges=True)
+    directory.check_reference(manifest)  # validate must judge what is served
+    model = load_reference(export_dir)
+    if inputs is not None:  # bad data is refused before any work, naming the file
+        inputs.check(model, [shape for entry in entries for shape in entry.shapes])
+    else:
+        check_real_count(model, num_real, VALIDATION_SPLIT, "--num-real")  # before any run, not at the first resolution
+    references = References(num_random, num_real, inputs, seed, batch_size, progress)
+    used = None if inputs is None else inputs.record(range(num_real))
+    records = []
+    for entry in entries:
+        path = directory.graph(entry, manifest.encoding)
+        for backend in backends:
+            if progress:
+                progress(f"{backend} @ {path.name}")
+            with registry.create_runner(backend, path, plugins=plugins, allow_cpu_fallback=allow_cpu_fallback) as runner:
+                run = Run.of(runner, backend, precision, entry, used)
+                # an engine at each of its profile shapes; any other runner at each resolution the graph covers
+                checks = [
+                    (r, b, check_runner(runner, references.at(model, r), plan, batch=b, exact=True))
+                    for r, b in _checks(entry, runner, batch_size)
+                ]
+            for resolution, batch, checked in checks:
+                block = None
+                if not checked:
+                    if progress:
+                        progress(f"{backend} @ {path.name}: locating the first divergent block")
+                    tolerance = bar_of(checked.criteria, Tolerance)
+                    block = first_divergent_block(
+                        path, model, references.at(model, resolution).inputs, tolerance, batch, backend, plugins, num_real
+                    )
+                records.append(Record.of(checked, run, references.at(model, resolution), resolution, batch, block))
+    return ValidationReport(records)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One backend running one graph: what every record of it says besides its check."""
+
+    backend: str
+    precision: str
+    entry: GraphEntry
+    inputs: dict | None  # --inputs: the real inputs' source, count and sha256
+    profiled: bool
+    provider: str
+    node_placement: dict | None
+    precision_hint: str
+
+    @classmethod
+    def of(cls, runner: Runner, backend: str, precision: str, entry: GraphEntry, inputs: dict | None) -> Run:
+        info = runner.info
+        placement = info.placement.to_dict()["node_placement"] if info.placement else None
+        hint = info.precision.hint if info.precision else ""
+        return cls(backend, precision, entry, inputs, bool(runner.profiled_shapes), info.provider, placement, hint)
+
+
+@dataclass
+class References:
+    """Validation inputs at each (model, resolution) and the PyTorch float64 outputs on them,
+    computed once: the reference ``validate`` and ``profile``'s check before timing judge by.
+
+    Attributes:
+        num_random, num_real: seeded-noise and real inputs per resolution.
+        inputs: the user's real inputs (``InputData``) instead of the bundled ones.
+        seed: seed of the noise inputs.
+        batch_size: inputs per PyTorch call.
+        progress: optional callable taking a status line.
+    """
+
+    num_random: int
+    num_real: int
+    inputs: InputData | None = None
+    seed: int = VALIDATION_SEED
+    batch_size: int = 4
+    progress: Callable[[str], None] | None = None
+    _cache: dict[tuple, Reference] = field(default_factory=dict, init=False, repr=False)
+
+    def at(self, model: Model, resolution: tuple[int, ...]) -> Reference:
+        key = (id(model), tuple(resolution))
+        if key not in self._cache:
+            real = None if self.inputs is None else self.inputs.inputs(model, resolution, range(self.num_real))
+            batch = validation_inputs(model, resolution, self.num_random, self.num_real, self.seed, real=real)
+            tick = counter(self.progress, f"PyTorch reference at {resolution_tag(resolution)}", len(batch), "inputs")
+            with TorchRunner(model) as runner:
+                outputs = run_batched(runner, batch, self.batch_size, tick)[OUTPUT_NAME]
+            self._cache[key] = Reference(batch, outputs, self.num_real, top_k=deploy_spec(model).answers_top_k)
+        return self._cache[key]
+
+
+def _check_request(backends: Sequence[str], num_random: int, num_real: int, inputs: InputData | None) -> None:
+    """Refuse unknown backends and impossible input counts before any work."""
     for backend in backends:
         registry.check_backend(backend)
     _check_input_counts(num_random, num_real)
@@ -207,77 +325,6 @@ def validate(
         raise ConfigError(
             f"--num-real {num_real} asks for more real inputs than there are ({len(inputs)} in {inputs.path}); give at most {len(inputs)}"
         )
-    manifest = Manifest.read(export_dir)
-    # --precision picks the graphs (model_224_fp16.onnx, ...) as well as the tolerance.
-    entries = [manifest.graph(tuple(r), precision) for r in resolutions] if resolutions else manifest.graphs_at(precision, ranges=True)
-    _check_unchanged(export_dir / WEIGHTS_FILE, manifest.weights_sha256)
-    _checked_config(export_dir, manifest)  # mean/std and the model's shape: validate must judge what is served
-    model = load_reference(export_dir)
-    if inputs is not None:  # bad data is refused before any work, naming the file
-        inputs.check(model, [shape for entry in entries for shape in entry.shapes])
-    else:
-        check_real_count(model, num_real, VALIDATION_SPLIT, "--num-real")  # before any run, not at the first resolution
-    references: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
-
-    def reference_at(resolution):
-        """Inputs at one resolution and the PyTorch logits for them (computed once)."""
-        if resolution not in references:
-            real = None if inputs is None else inputs.inputs(model, resolution, range(num_real))
-            batch = validation_inputs(model, resolution, num_random, num_real, seed, real=real)
-            tick = counter(progress, f"PyTorch reference at {resolution_tag(resolution)}", len(batch), "inputs")
-            with TorchRunner(model) as runner:
-                references[resolution] = batch, run_batched(runner, batch, batch_size, tick)[OUTPUT_NAME]
-        return references[resolution]
-
-    used = None if inputs is None else inputs.record(range(num_real))
-
-    records = []
-    for entry in entries:
-        path = _checked_graph(export_dir, entry, manifest.encoding)
-        for backend in backends:
-            if progress:
-                progress(f"{backend} @ {path.name}")
-            outputs = []
-            with registry.create_runner(backend, path, plugins=plugins, allow_cpu_fallback=allow_cpu_fallback) as runner:
-                for resolution, batch in _checks(entry, runner, batch_size):
-                    checked, _ = reference_at(resolution)
-                    outputs.append((resolution, batch, run_exact_batches(runner, checked, batch)[OUTPUT_NAME]))
-                profiled, info = bool(runner.profiled_shapes), runner.info
-                placement = info.placement.to_dict()["node_placement"] if info.placement else None
-                hint = info.precision.hint if info.precision else ""
-                judged = tolerance if runner.computes_in is None else looser(tolerance, PLANS[runner.computes_in].tolerance)
-            for resolution, batch, actual in outputs:
-                checked, reference = reference_at(resolution)
-                metrics = compare_logits(
-                    *_per_prediction(reference, actual),
-                    num_real * _predictions_per_input(reference),
-                    judged,
-                    top_k=deploy_spec(model).answers_top_k,
-                )
-                record = Record(
-                    backend,
-                    list(resolution),
-                    batch,
-                    precision,
-                    len(checked),
-                    num_real,
-                    tolerance=asdict(judged),
-                    profiled=profiled,
-                    graph=entry.file,
-                    range_graph=entry.resolution_range is not None,
-                    provider=info.provider,
-                    node_placement=placement,
-                    precision_hint=hint,
-                    inputs=used,
-                    quantization=entry.quantization,
-                    **metrics,
-                )
-                if not record.passed:
-                    if progress:
-                        progress(f"{backend} @ {path.name}: locating the first divergent block")
-                    record.first_divergent_block = first_divergent_block(path, model, checked, judged, batch, backend, plugins, num_real)
-                records.append(record)
-    return ValidationReport(records)
 
 
 def _check_input_counts(num_random: int, num_real: int) -> None:
@@ -295,13 +342,3 @@ def _checks(entry, runner: Runner, batch_size: int) -> list[tuple[tuple[int, ...
         return [(shape, batch_size) for shape in entry.shapes]
     # [B, C, H, W] images → (H, W); [B, T] tokens → (T,), as the manifest writes resolutions.
     return [(tuple(shape[2:]) if len(shape) == 4 else tuple(shape[1:]), shape[0]) for shape in runner.profiled_shapes]
-
-
-def _predictions_per_input(logits: np.ndarray) -> int:
-    """1 for a classifier's ``[B, classes]``; ``T`` for a sequence model's ``[B, T, vocab]``."""
-    return int(np.prod(logits.shape[1:-1], dtype=np.int64))
-
-
-def _per_prediction(*logits: np.ndarray) -> list[np.ndarray]:
-    """``[B, ..., classes]`` → ``[B·…, classes]``: every token's prediction is compared as one row."""
-    return [x.reshape(-1, x.shape[-1]) for x in logits]

@@ -72,9 +72,13 @@ def test_the_workflow_from_python(tmp_path):
 
 def test_a_failed_profile_check_raises(tmp_path):
     from deploykit.api import ProfileResult
-    from deploykit.profile.report import ProfileReport
+    from deploykit.profile.report import ProfileRecord, ProfileReport, Verdict
+    from deploykit.profile.timing import LatencyStats
 
-    record = {"backend": "ort", "precision": "int8", "resolution": "32", "validated": False}
+    kernel = LatencyStats(
+        p50_ms=1.0, p90_ms=1.1, p95_ms=1.15, p99_ms=1.2, mean_ms=1.0, std_ms=0.1, min_ms=0.9, max_ms=1.3, n=5, throughput_per_s=1000.0
+    )
+    record = ProfileRecord("ort", "int8", "ape", "32", 1, kernel, verdict=Verdict(False, ("top-1 agreement 0.5 < 0.99",)))
     failed = ProfileResult(ProfileReport([record], {}, {}))
     assert not failed
     with pytest.raises(ValidationError, match="ort int8 @ 32"):

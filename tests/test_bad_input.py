@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 from safetensors.torch import load_file, save_file
 
+from deploykit.checks import Reference, judge
 from deploykit.errors import ConfigError
+from deploykit.export.precision import PLANS
 from deploykit.nn import save_model
-from deploykit.validate import TOLERANCES, compare_logits
 from tests.test_cli import RES, assert_one_line_error, assert_usage_error, run_cli, small_model, snapshot
 
 
@@ -243,21 +244,26 @@ def test_cosine_of_a_nan_output_is_not_one():
     reference = np.array([[1.0, 2.0, 3.0], [3.0, 1.0, 2.0]])
     actual = reference.copy()
     actual[1] = np.nan
-    metrics = compare_logits(reference, actual, num_real=0, tolerance=TOLERANCES["fp32"])
-    assert np.isnan(metrics["cosine"]) and f"{metrics['cosine']:.8f}" == "nan"
-    assert not metrics["passed"] and "3 NaN / 0 Inf" in metrics["failures"]
+    result = _fp32(reference, actual)
+    assert np.isnan(result.metrics["cosine"]) and f"{result.metrics['cosine']:.8f}" == "nan"
+    assert not result.passed and "3 NaN / 0 Inf" in result.failures
 
 
 def test_cosine_of_a_zero_output_against_a_non_zero_reference_is_zero():
     reference = np.array([[1.0, 2.0, 3.0]])
-    assert compare_logits(reference, np.zeros_like(reference), 0, TOLERANCES["fp32"])["cosine"] == 0.0
-    assert compare_logits(np.zeros((1, 3)), np.zeros((1, 3)), 0, TOLERANCES["fp32"])["cosine"] == 1.0
+    assert _fp32(reference, np.zeros_like(reference)).metrics["cosine"] == 0.0
+    assert _fp32(np.zeros((1, 3)), np.zeros((1, 3))).metrics["cosine"] == 1.0
 
 
 def test_a_nan_reference_is_named():
     reference = np.array([[np.nan, 2.0, 3.0]])
-    metrics = compare_logits(reference, np.array([[1.0, 2.0, 3.0]]), 0, TOLERANCES["fp32"])
-    assert "the PyTorch reference has 1 NaN / 0 Inf" in metrics["failures"] and not metrics["passed"]
+    result = _fp32(reference, np.array([[1.0, 2.0, 3.0]]))
+    assert "the PyTorch reference has 1 NaN / 0 Inf" in result.failures and not result.passed
+
+
+def _fp32(reference, actual):
+    """``actual`` judged against ``reference`` by the fp32 plan's criteria, every input noise."""
+    return judge(Reference.of_outputs(reference), actual, PLANS["fp32"].criteria).result
 
 
 # ----------------------------------------------------------------------------------------------

@@ -3,13 +3,16 @@ when not on a terminal, units in the profile table, ``-q``/``-v``."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from deploykit.export.manifest import Manifest
 from deploykit.nn import create_model, save_model
-from deploykit.profile import ProfileReport
+from deploykit.profile import ProfileRecord, ProfileReport
 from deploykit.profile.output import render_table
+from deploykit.profile.timing import LatencyStats
 from tests.test_cli import RES, run_cli
 
 LONG = "a_directory_name_long_enough_to_wrap_any_terminal_" * 3
@@ -124,22 +127,11 @@ def test_warnings_by_default_info_with_v_nothing_with_q(capsys, ckpt_dir, tmp_pa
 
 
 def test_profile_table_has_units():
-    record = dict(
-        backend="ort",
-        precision="fp32",
-        encoding="ape",
-        resolution="32",
-        batch=1,
-        p50_ms=1.0,
-        p90_ms=1.1,
-        p99_ms=1.2,
-        mean_ms=1.0,
-        std_ms=0.1,
-        n=5,
-        throughput_per_s=1000.0,
-        pe_share=0.1,
-        achieved_gflop_per_s=2.0,
+    kernel = LatencyStats(
+        p50_ms=1.0, p90_ms=1.1, p95_ms=1.15, p99_ms=1.2, mean_ms=1.0, std_ms=0.1, min_ms=0.9, max_ms=1.3, n=5, throughput_per_s=1000.0
     )
+    step = dataclasses.replace(kernel, p50_ms=0.1)
+    record = ProfileRecord("ort", "fp32", "ape", "32", 1, kernel, pe_step=step, flops=2 * 10**6)  # 2 GFLOP/s
     table = render_table(ProfileReport([record], {}, {}))
     headers = [str(column.header) for column in table.columns]
     for header in ("p50 (ms)", "p90 (ms)", "p99 (ms)", "mean ± std (ms)", "e2e p50 (ms)", "img/s", "GFLOP/s"):

@@ -15,7 +15,7 @@ from tests.package_layout import modules, package_dirs, source_packages
 LAYERS = [
     # Imports nothing above itself: errors, atomic writes, the lazy importer, NVML, CLI rendering
     # helpers, /proc/cpuinfo, the check of config values (the encodings' and the models' configs share it),
-    # comparison metrics (numpy), image decoding (numpy + Pillow), resolution strings,
+    # image decoding (numpy + Pillow), resolution strings,
     # the torch-free catalog of names, and model inputs (numpy: noise, sample images, the zoo's data;
     # a user's own folders, lists and arrays; the rendered datasets the zoo trains on, which
     # model configs name and validation draws from).
@@ -29,7 +29,6 @@ LAYERS = [
             "deploykit._cpu",
             "deploykit._terminal",
             "deploykit._fields",
-            "deploykit.comparison",
             "deploykit.answers",
             "deploykit.imaging",
             "deploykit.resolutions",
@@ -52,6 +51,9 @@ LAYERS = [
     # their inference streams. In the backends' folder with every other runner, but below export,
     # whose checks (calibration fallback, plan check) run graphs through them.
     ("runners", ("deploykit.backends.base", "deploykit.backends.onnxrt", "deploykit.backends.streams")),
+    # One judge of outputs against a reference, torch-free: criteria (numpy) and the check that runs
+    # a runner against them. Below export, whose plan check and INT8 fallback judge by it.
+    ("checks", ("deploykit.checks",)),
     ("export", ("deploykit.export",)),
     ("backends", ("deploykit.backends",)),
     # What uses exported graphs and runners: checks, engines, timing (with what a timing ran on,

@@ -34,7 +34,7 @@ from deploykit.profile import (
     profile,
 )
 from deploykit.profile.output import plot_latency, write_csv
-from deploykit.profile.report import add_ratios, make_record
+from deploykit.profile.report import ProfileRecord, add_ratios
 from deploykit.resolutions import parse_resolutions
 from tests.test_cli import assert_usage_error, run_cli
 
@@ -201,18 +201,18 @@ def test_the_ape_twin_gets_no_calibrated_plan_of_its_own():
         end_to_end=False,
         validate_plans=False,
     )
-    plans = {(r["encoding"], r["precision"]) for r in result.records}
+    plans = {(r.encoding, r.precision) for r in result.records}
     assert plans == {("rope-axial", "fp32"), ("rope-axial", "int8"), ("rope-axial", "fp32-mha"), ("ape", "fp32"), ("ape", "fp32-mha")}
-    (int8,) = [r for r in result.records if r["precision"] == "int8"]
-    assert int8["ratio_vs_ape"] is None and int8["ratio_vs_fp32"] > 0
+    (int8,) = [r for r in result.records if r.precision == "int8"]
+    assert int8.ratio_vs_ape is None and int8.ratio_vs_fp32 > 0
 
 
 @pytest.mark.slow
 def test_one_record_per_backend_encoding_resolution_batch(report):
-    keys = [(r["backend"], r["encoding"], r["resolution"], r["batch"]) for r in report.records]
+    keys = [(r.backend, r.encoding, r.resolution, r.batch) for r in report.records]
     expected = {(b, e, r, n) for b in ("torch", "ort") for e in ("rope-axial", "ape") for r in ("32", "48") for n in (1, 2)}
     assert sorted(keys) == sorted(expected)
-    for r in report.records:
+    for r in report.to_json()["records"]:
         assert list(r)[: len(RECORD_FIELDS)] == list(RECORD_FIELDS)
         assert r["n"] == 2 and r["e2e_n"] == 2
         assert 0 < r["min_ms"] <= r["p50_ms"] <= r["p90_ms"] <= r["p95_ms"] <= r["p99_ms"] <= r["max_ms"]
@@ -228,16 +228,16 @@ def _stats(p50_ms: float) -> LatencyStats:
 
 
 def test_record_pe_share_is_torch_s_own_step_over_its_own_latency():
-    torch_record = make_record("torch", "fp32", "rope-axial", "224", 1, _stats(8.0), None, _stats(2.0), 10**9)
+    torch_record = ProfileRecord("torch", "fp32", "rope-axial", "224", 1, _stats(8.0), None, _stats(2.0), 10**9).to_dict()
     assert (torch_record["pe_step_p50_ms"], torch_record["pe_share"]) == (2.0, 0.25)
     assert torch_record["gflops"] == 1.0 and torch_record["achieved_gflop_per_s"] == 125.0  # 1 GFLOP in 8 ms
-    ort_record = make_record("ort", "fp32", "rope-axial", "224", 1, _stats(4.0), None, None, 10**9)
+    ort_record = ProfileRecord("ort", "fp32", "rope-axial", "224", 1, _stats(4.0), None, None, 10**9).to_dict()
     assert (ort_record["pe_step_p50_ms"], ort_record["pe_share"]) == (None, None)
 
 
 def test_ratios_pair_records_of_the_same_backend_precision_resolution_batch():
     def rec(backend, precision, encoding, res, p50):
-        return dict(backend=backend, precision=precision, encoding=encoding, resolution=res, batch=1, p50_ms=p50)
+        return ProfileRecord(backend, precision, encoding, res, 1, _stats(p50))
 
     records = [
         rec("ort", "fp32", "ape", "32", 2.0),
@@ -247,7 +247,7 @@ def test_ratios_pair_records_of_the_same_backend_precision_resolution_batch():
         rec("torch", "fp32", "geope", "32", 8.0),
         rec("ort", "fp32", "geope", "48", 5.0),
     ]
-    add_ratios(records)
+    records = [r.to_dict() for r in add_ratios(records)]
     ratios = [(r["ratio_vs_ape"], r["ratio_vs_fp32"]) for r in records]
     # geope over ape at the same backend and precision; int8 over the same lane's fp32; none without a partner.
     assert ratios == [(1.0, 1.0), (1.5, 1.0), (1.0, 0.5), (1.5, 0.5), (None, 1.0), (None, 1.0)]
@@ -295,13 +295,13 @@ def test_the_report_records_its_environment(report):
 def test_json_csv_and_plot_files(report, tmp_path):
     data = json.loads(report.write_json(tmp_path / "p.json").read_text())
     assert set(data) == {"environment_line", "environment", "settings", "records", "notes", "advice"}
-    assert data["records"] == json.loads(json.dumps(report.records))
+    assert data["records"] == json.loads(json.dumps([r.to_dict() for r in report.records]))
     with open(write_csv(tmp_path / "p.csv", report.records), newline="") as f:
         rows = list(csv.reader(f))
     assert tuple(rows[0][: len(RECORD_FIELDS)]) == RECORD_FIELDS
     assert len(rows) == 1 + len(report.records)
     first = dict(zip(rows[0], rows[1]))
-    assert float(first["p50_ms"]) == pytest.approx(report.records[0]["p50_ms"])
+    assert float(first["p50_ms"]) == pytest.approx(report.records[0].p50_ms)
     png = plot_latency(tmp_path / "p.png", report.records).read_bytes()
     assert png.startswith(PNG_MAGIC) and len(png) > 10_000
 
@@ -327,7 +327,7 @@ def test_cuda_device_is_refused_without_cuda():
 def test_cuda_profile_uses_cuda_events():
     model = tiny()
     result = profile(model, resolutions=[(32, 32)], backends=["torch"], budget=TINY_BUDGET, device="cuda")
-    assert result.environment["gpu"]["name"] and result.records[0]["n"] == 2
+    assert result.environment["gpu"]["name"] and result.records[0].kernel.n == 2
     assert next(model.parameters()).device.type == "cpu"  # the caller's model stays where it was
 
 
@@ -437,9 +437,9 @@ def test_sequence_model_flops_match_torch_flop_counter():
 def test_sequence_model_profiles_lengths_against_its_ape_twin():
     model = create_model("seq_tiny_ega", depth=1).eval()
     result = profile(model, resolutions=[(40, 40), (80,)], batches=[2], backends=["torch", "ort"], budget=TINY_BUDGET, device="cpu")
-    keys = sorted((r["backend"], r["encoding"], r["resolution"]) for r in result.records)
+    keys = sorted((r.backend, r.encoding, r.resolution) for r in result.records)
     assert keys == sorted((b, e, t) for b in ("torch", "ort") for e in ("mope", "ape") for t in ("40", "80"))
-    assert all(r["e2e_n"] == 2 and r["ratio_vs_ape"] > 0 for r in result.records)
+    assert all(r.e2e.n == 2 and r.ratio_vs_ape > 0 for r in result.records)
     with pytest.raises(ResolutionError, match="one length"):
         profile(model, resolutions=[(40, 48)], backends=["torch"], budget=TINY_BUDGET, device="cpu")
 

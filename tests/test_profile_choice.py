@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 
 import numpy as np
 import onnx
@@ -14,17 +15,25 @@ from onnx import numpy_helper
 
 pytest.importorskip("openvino", reason="the openvino extra is not installed (pip install 'deploykit[openvino]')")
 
+from deploykit.export.directory import CHOICE_FILE, ExportDir
 from deploykit.export.manifest import MANIFEST_FILE, sha256_file
 from deploykit.profile import Budget, Subject, profile
-from deploykit.profile.choice import CHOICE_FILE, QUICK_BUDGET, mark_fastest, not_default_lines, read_choice, slower_lines, write_choice
-from deploykit.profile.report import add_ratios
+from deploykit.profile.choice import QUICK_BUDGET, mark_fastest, not_default_lines, read_choice, slower_lines, write_choice
+from deploykit.profile.report import ProfileRecord, Verdict, add_ratios
+from deploykit.profile.timing import LatencyStats
 from tests.test_cli import RES
 
 BUDGET = Budget(iterations=2, warmup=1, min_iterations=1)
 
 
-def _record(backend, precision, p50, validated, batch=1):
-    return dict(backend=backend, precision=precision, encoding="ape", resolution="224", batch=batch, p50_ms=p50, validated=validated)
+def _record(backend, precision, p50, validated, batch=1, **run):
+    """A record of ``backend`` running ``precision`` at 224 in ``p50`` ms; ``validated`` None: not checked."""
+    stats = LatencyStats(p50, p50, p50, p50, p50, 0.0, p50, p50, 1, 1e3 / p50)
+    return ProfileRecord(backend, precision, "ape", "224", batch, stats, run=run, verdict=None if validated is None else Verdict(validated))
+
+
+def _fastest(records) -> list:
+    return [r for r in mark_fastest(add_ratios(records)) if r.fastest_validated]
 
 
 def test_fastest_is_the_quickest_validated_plan_of_each_cell_and_slower_plans_are_named():
@@ -37,51 +46,51 @@ def test_fastest_is_the_quickest_validated_plan_of_each_cell_and_slower_plans_ar
         _record("ort", "fp32", 30.0, True, batch=8),
         _record("ort", "int8", 20.0, True, batch=8),
     ]
-    add_ratios(records)
-    chosen = mark_fastest(records)
-    assert {(r["batch"], r["backend"], r["precision"]) for r in chosen} == {(1, "openvino", "fp32"), (8, "ort", "int8")}
-    assert sum(r["fastest_validated"] for r in records) == 2
-    (line,) = slower_lines(records)
+    marked = mark_fastest(add_ratios(records))
+    assert {(r.batch, r.backend, r.precision) for r in marked if r.fastest_validated} == {(1, "openvino", "fp32"), (8, "ort", "int8")}
+    assert [r.fastest_validated for r in marked].count(False) == 5
+    (line,) = slower_lines(marked)
     assert line.startswith("int8 on ort is 1.20x its fp32 graph for ape @ 224 batch 1: slower than fp32")
     # A tie as printed is no reason to take the plan either, but it is not "slower".
-    records[2]["ratio_vs_fp32"] = 1.003
-    assert slower_lines(records) == ["int8 on ort is 1.00x its fp32 graph for ape @ 224 batch 1: no faster than fp32 there, do not use it"]
+    marked[2] = replace(marked[2], fp32_p50_ms=12.0 / 1.003)
+    assert slower_lines(marked) == ["int8 on ort is 1.00x its fp32 graph for ape @ 224 batch 1: no faster than fp32 there, do not use it"]
 
 
 def test_a_runner_that_lowered_an_encoding_op_is_never_the_default_choice():
-    unfaithful = dict(_record("openvino-bf16", "fp32", 2.0, True), lowered_despite_mark={"MVN": 3, "Subgraph": 2})
+    unfaithful = _record("openvino-bf16", "fp32", 2.0, True, lowered_despite_mark={"MVN": 3, "Subgraph": 2})
     records = [_record("ort", "fp32", 10.0, True), _record("ort", "int8", 4.0, True), unfaithful]
-    add_ratios(records)
-    (chosen,) = mark_fastest(records)
-    assert (chosen["backend"], chosen["precision"]) == ("ort", "int8") and not unfaithful["fastest_validated"]
+    (chosen,) = _fastest(records)
+    assert (chosen.backend, chosen.precision) == ("ort", "int8")
     assert not_default_lines(records) == [
         "fp32 on openvino-bf16 at 224 is not chosen by default: the runtime ran encoding ops the plan keeps in f32 (tables, "
         "rotations, LayerNorm, Softmax) below it (MVN, Subgraph); ask for it by name to use it"
     ]
-    unfaithful["lowered_despite_mark"] = {}  # a runtime that keeps them is chosen on speed
-    assert mark_fastest(records) == [unfaithful] and not_default_lines(records) == []
+    records[2] = replace(unfaithful, run={"lowered_despite_mark": {}})  # a runtime that keeps them is chosen on speed
+    assert [(r.backend, r.precision) for r in _fastest(records)] == [("openvino-bf16", "fp32")] and not_default_lines(records) == []
 
 
 def test_an_int8_plan_whose_float_remainder_the_runner_lowers_is_chosen_only_if_it_met_its_target_again():
     """The int8 plan's quality target was checked at export with an f32 remainder; OpenVINO's bf16
     hint lowers it, so profile checks the target again on that runner (``quality_check``)."""
-    bf16_int8 = dict(_record("openvino-bf16", "int8", 1.0, True), lowered_despite_mark={}, computes_in="bf16")
-    bf16_fp32 = dict(_record("openvino-bf16", "fp32", 2.0, True), lowered_despite_mark={}, computes_in="bf16")
-    f32_int8 = dict(_record("openvino", "int8", 3.0, True), computes_in=None)
+    bf16_int8 = _record("openvino-bf16", "int8", 1.0, True, lowered_despite_mark={}, computes_in="bf16")
+    bf16_fp32 = _record("openvino-bf16", "fp32", 2.0, True, lowered_despite_mark={}, computes_in="bf16")
+    f32_int8 = _record("openvino", "int8", 3.0, True, computes_in=None)
     records = [_record("ort", "fp32", 10.0, True), f32_int8, bf16_fp32, bf16_int8]
-    add_ratios(records)
-    assert mark_fastest(records) == [bf16_fp32]  # not checked: never the default
+    lane = lambda r: (r.backend, r.precision)
+    assert [lane(r) for r in _fastest(records)] == [lane(bf16_fp32)]  # not checked: never the default
     (line,) = not_default_lines(records)
     assert line.startswith("int8 on openvino-bf16 at 224 is not chosen by default: its calibration was checked with a float32 remainder")
     missed = dict(top1_agreement=0.988, top1_agreement_estimate=0.991, mean_cosine=0.9991, rows=1000, complete=True)
-    bf16_int8["quality_check"] = dict(missed, met=False, held_out=1000, min_agreement=0.995, min_cosine=None, max_relative_error=None)
-    assert mark_fastest(records) == [bf16_fp32]
+    check = dict(missed, met=False, held_out=1000, min_agreement=0.995, min_cosine=None, max_relative_error=None)
+    records[3] = replace(bf16_int8, verdict=Verdict(True, quality_check=check))
+    assert [lane(r) for r in _fastest(records)] == [lane(bf16_fp32)]
     (line,) = not_default_lines(records)
     assert "missed the plan's own target" in line and "on 1000 held-out inputs: top-1 agreement 98.80%" in line, line
-    bf16_int8["quality_check"].update(top1_agreement=0.997, top1_agreement_estimate=0.996, met=True)
-    assert mark_fastest(records) == [bf16_int8] and not_default_lines(records) == []
-    bf16_int8["validated"] = bf16_fp32["validated"] = False  # then the int8 plan with its remainder in f32
-    assert mark_fastest(records) == [f32_int8]
+    met = dict(check, top1_agreement=0.997, top1_agreement_estimate=0.996, met=True)
+    records[3] = replace(bf16_int8, verdict=Verdict(True, quality_check=met))
+    assert [lane(r) for r in _fastest(records)] == [lane(bf16_int8)] and not_default_lines(records) == []
+    records[2:] = [replace(r, verdict=Verdict(False)) for r in records[2:]]  # then the int8 plan with its remainder in f32
+    assert [lane(r) for r in _fastest(records)] == [lane(f32_int8)]
 
 
 def test_a_reduced_plan_slower_than_the_fused_float_plan_is_named_unless_that_plan_failed():
@@ -94,8 +103,9 @@ def test_a_reduced_plan_slower_than_the_fused_float_plan_is_named_unless_that_pl
         _record("ort", "fp32-mha", 6.0, False, batch=8),  # refused by validation: not a plan to use
         _record("ort", "int8-mha", 7.2, True, batch=8),
     ]
-    add_ratios(records)
-    assert slower_lines(records) == ["int8-mha on ort is 1.20x fp32-mha for ape @ 224 batch 1: fp32-mha is faster there, use it"]
+    assert slower_lines(add_ratios(records)) == [
+        "int8-mha on ort is 1.20x fp32-mha for ape @ 224 batch 1: fp32-mha is faster there, use it"
+    ]
 
 
 def _planted(src, dst, precision: str):
@@ -140,48 +150,48 @@ def test_profile_validates_each_lane_and_never_picks_a_failing_plan(two_plans, t
         compare_ape=False,
         end_to_end=False,
     )
-    verdicts = {(r["backend"], r["precision"]): r["validated"] for r in report.records}
+    verdicts = {(r.backend, r.precision): r.validated for r in report.records}
     assert verdicts == {("ort", "fp32"): True, ("ort", "fp16"): False, ("openvino", "fp32"): True, ("openvino", "fp16"): False}
-    (fastest,) = [r for r in report.records if r["fastest_validated"]]
-    assert fastest["precision"] == "fp32" and fastest["p50_ms"] == min(r["p50_ms"] for r in report.records if r["validated"])
-    assert any(line.startswith(f"fastest validated for ape @ {RES} batch 1: {fastest['backend']} fp32") for line in report.advice)
-    assert "INFERENCE_PRECISION_HINT f32" in next(r["provider"] for r in report.records if r["backend"] == "openvino")
+    (fastest,) = [r for r in report.records if r.fastest_validated]
+    assert fastest.precision == "fp32" and fastest.p50_ms == min(r.p50_ms for r in report.records if r.validated)
+    assert any(line.startswith(f"fastest validated for ape @ {RES} batch 1: {fastest.backend} fp32") for line in report.advice)
+    assert "INFERENCE_PRECISION_HINT f32" in next(r.run["provider"] for r in report.records if r.backend == "openvino")
 
 
-def test_openvino_bf16_without_bf16_is_a_note_not_a_traceback(two_plans):
+def test_openvino_bf16_without_bf16_is_a_note_not_a_traceback(two_plans, tmp_path):
     from deploykit.backends.openvino import best_hint
 
     if best_hint() == "bf16":
         pytest.skip("this CPU has bf16")
-    subject = Subject.from_export_dir(two_plans)
+    subject = Subject.from_export_dir(shutil.copytree(two_plans, tmp_path / "exp"))  # profile writes its choice there
     report = profile(
         subject, resolutions=[(RES, RES)], backends=["ort", "openvino-bf16"], budget=BUDGET, compare_ape=False, end_to_end=False
     )
-    assert [r["backend"] for r in report.records] == ["ort"]
+    assert [r.backend for r in report.records] == ["ort"]
     assert any("openvino-bf16" in note and "no native bf16" in note for note in report.notes)
 
 
-def test_openvino_bf16_is_chosen_only_where_openvino_kept_the_plan_s_f32_nodes(two_plans):
+def test_openvino_bf16_is_chosen_only_where_openvino_kept_the_plan_s_f32_nodes(two_plans, tmp_path):
     """Across the seam: the real runner's report (what OpenVINO compiled) decides the choice."""
     from deploykit.backends.openvino import best_hint
 
     if best_hint() != "bf16":
         pytest.skip("this CPU has no native bf16")
-    subject = Subject.from_export_dir(two_plans, ("fp32",))
+    subject = Subject.from_export_dir(shutil.copytree(two_plans, tmp_path / "exp"), ("fp32",))  # profile writes its choice there
     report = profile(
         subject, resolutions=[(RES, RES)], backends=["ort", "openvino-bf16"], budget=BUDGET, compare_ape=False, end_to_end=False
     )
-    (bf16,) = [r for r in report.records if r["backend"] == "openvino-bf16"]
-    assert bf16["validated"] and bf16["provider"].endswith("INFERENCE_PRECISION_HINT bf16")
-    lowered = bool(bf16["lowered_despite_mark"])  # OpenVINO 2026.4 keeps APE's encoding ops in f32; not SaPE²'s
-    others = [r for r in report.records if r is not bf16 and r["validated"]]
-    assert bf16["fastest_validated"] == (not lowered and all(bf16["p50_ms"] < r["p50_ms"] for r in others))
+    (bf16,) = [r for r in report.records if r.backend == "openvino-bf16"]
+    assert bf16.validated and bf16.run["provider"].endswith("INFERENCE_PRECISION_HINT bf16")
+    lowered = bool(bf16.run["lowered_despite_mark"])  # OpenVINO 2026.4 keeps APE's encoding ops in f32; not SaPE²'s
+    others = [r for r in report.records if r is not bf16 and r.validated]
+    assert bf16.fastest_validated == (not lowered and all(bf16.p50_ms < r.p50_ms for r in others))
     assert any(line.startswith(f"fp32 on openvino-bf16 at {RES} is not chosen by default") for line in report.advice) == lowered
 
 
 def _choose(export_dir, backend: str, precision: str) -> None:
     """Write a choice file as ``deploykit profile`` would, naming ``backend`` on ``precision``."""
-    records = [dict(_record(backend, precision, 1.0, True), resolution=str(RES), fastest_validated=True)]
+    records = [replace(_record(backend, precision, 1.0, True), resolution=str(RES), fastest_validated=True)]
     graphs = Subject.from_export_dir(export_dir, ("fp32", "fp16")).graph_hashes()
     assert write_choice(export_dir, records, "ape", graphs) == export_dir / CHOICE_FILE
 
@@ -326,7 +336,7 @@ def test_the_int8_plan_s_own_target_is_checked_again_on_the_user_s_held_out_data
     graph = out / f"model_{RES}_int8.onnx"
     target = References().quality_target(model, (RES, RES), graph)
     _, held_out, _ = UserCalibration(read_inputs(data)).inputs(model, (RES, RES), 8, 12)
-    assert np.array_equal(target.inputs, held_out) and target.min_agreement == 0.5 and len(target.inputs) == 12
+    assert np.array_equal(target.reference.inputs, held_out) and target.goal.min_top1 == 0.5 and len(target.reference.inputs) == 12
 
     class _LowersItsRemainder(OnnxrtRunner):  # a real runner, reported as OpenVINO's bf16 hint reports itself
         computes_in = "bf16"
@@ -334,15 +344,15 @@ def test_the_int8_plan_s_own_target_is_checked_again_on_the_user_s_held_out_data
     runner = RunnerTarget(_LowersItsRemainder(graph))
     try:
         verdict = check_target(runner, model, (RES, RES), "int8", References(), graph=graph)
-        assert verdict["quality_check"]["held_out"] == 12 and verdict["quality_check"]["min_agreement"] == 0.5, verdict
+        assert verdict.quality_check["held_out"] == 12 and verdict.quality_check["min_agreement"] == 0.5, verdict
         np.save(data, np.zeros((24, 3, RES, RES), np.float32))  # the user's data changed since the export
         with pytest.raises(InputError, match="not the ones its export checked it on"):
             References().quality_target(model, (RES, RES), graph)
         verdict = check_target(runner, model, (RES, RES), "int8", References(), graph=graph)
     finally:
         runner.runner.deactivate()
-    assert "quality_check" not in verdict
-    record = dict(verdict, precision="int8", computes_in="bf16", lowered_despite_mark={})
+    assert verdict.quality_check is None
+    record = replace(_record("openvino-bf16", "int8", 1.0, True, computes_in="bf16", lowered_despite_mark={}), verdict=verdict)
     assert "its own target could not be checked again: the plan's held-out inputs (12 of the 24 arrays in" in not_default_because(record)
 
 
@@ -362,8 +372,6 @@ def test_a_corrupt_choice_is_one_line_and_serve_goes_on_without_it(two_plans, tm
 
 
 def test_an_export_into_a_profiled_directory_replaces_the_choice_as_deploykits_own(two_plans, tmp_path):
-    from deploykit.export.bundle import foreign_files
-
     out = shutil.copytree(two_plans, tmp_path / "exp")
     _choose(out, "openvino", "fp16")
-    assert foreign_files(out) == []  # profile's choice is deploykit's file: a re-export may replace it
+    assert ExportDir(out).foreign_files() == []  # profile's choice is deploykit's file: a re-export may replace it

@@ -99,10 +99,10 @@ def test_engine_backend_gets_the_export_s_graph_and_records_cuda_graph_use(expor
         cuda_graphs=cuda_graphs,
     )
     assert _StandInEngine.given == [export_dir / "model_32.onnx"]  # the export's own graph; never the APE twin's
-    by_key = {(r["backend"], r["encoding"]): r for r in result.records}
+    by_key = {(r.backend, r.encoding): r for r in result.records}
     assert set(by_key) == {("ort", "rope-axial"), ("ort", "ape"), ("rtx", "rope-axial")}
-    assert by_key["rtx", "rope-axial"]["cuda_graph"] is cuda_graphs and by_key["rtx", "rope-axial"]["ratio_vs_ape"] is None
-    assert by_key["ort", "ape"]["provider"] in onnxruntime.get_available_providers()
+    assert by_key["rtx", "rope-axial"].run["cuda_graph"] is cuda_graphs and by_key["rtx", "rope-axial"].ratio_vs_ape is None
+    assert by_key["ort", "ape"].run["provider"] in onnxruntime.get_available_providers()
     assert result.notes == [
         "ape on rtx @ 32: not profiled: the APE baseline is exported by profile into a temporary directory, so no engine was built for it"
     ]
@@ -112,4 +112,4 @@ def test_torch_records_say_what_ran(export_dir):
     result = profile(
         Subject.from_export_dir(export_dir), resolutions=[(32, 32)], backends=["torch"], budget=TINY_BUDGET, end_to_end=False, device="cpu"
     )
-    assert {r["provider"] for r in result.records} == {f"torch {torch.__version__} cpu float32"} and result.notes == []
+    assert {r.run["provider"] for r in result.records} == {f"torch {torch.__version__} cpu float32"} and result.notes == []

@@ -10,10 +10,12 @@ import torch
 from onnx import numpy_helper
 
 from deploykit.backends.onnxrt import OnnxrtRunner
+from deploykit.checks import Reference, judge
 from deploykit.encodings import list_encodings
 from deploykit.errors import ConfigError, DeployKitError, ValidationError
 from deploykit.export.manifest import MANIFEST_FILE, sha256_file
-from deploykit.validate import TOLERANCES, compare_logits, validate
+from deploykit.export.precision import PLANS
+from deploykit.validate import validate
 from tests.encoding_params import EXPORT_RESOLUTIONS
 
 RESOLUTIONS = [list(r) for r in EXPORT_RESOLUTIONS]  # 1x, 2x and a 32x32 patch grid
@@ -89,18 +91,19 @@ def test_bad_arguments(good_export, tmp_path):
         validate(tmp_path)
 
 
-def test_compare_logits_metrics():
+def test_fp32_criteria_metrics():
     ref = np.array([[1.0, 2.0, 3.0, 0.0, -1.0, 0.5], [0.0, 0.0, 1.0, 2.0, 3.0, 4.0]])
-    same = compare_logits(ref, ref.copy(), 2, TOLERANCES["fp32"])
-    assert same["passed"] and same["max_abs"] == 0 and same["top1_agreement"] == 1.0
+    fp32 = lambda actual: judge(Reference.of_outputs(ref, 2), actual, PLANS["fp32"].criteria).result
+    same = fp32(ref.copy())
+    assert same.passed and same.metrics["max_abs"] == 0 and same.metrics["top1_agreement"] == 1.0
     swapped = ref.copy()
     swapped[0, [1, 2]] = swapped[0, [2, 1]]  # changes the arg-max of row 0 only
-    m = compare_logits(ref, swapped, 2, TOLERANCES["fp32"])
-    assert not m["passed"] and m["top1_agreement"] == 0.5 and m["max_abs"] == 1.0
+    m = fp32(swapped)
+    assert not m.passed and m.metrics["top1_agreement"] == 0.5 and m.metrics["max_abs"] == 1.0
     nan = ref.copy()
     nan[1, 0] = np.nan
-    m = compare_logits(ref, nan, 2, TOLERANCES["fp32"])
-    assert m["nan_count"] == 1 and not m["passed"]
+    m = fp32(nan)
+    assert m.metrics["nan_count"] == 1 and not m.passed
 
 
 def test_reference_weights_changed_since_export_are_refused(good_export, tmp_path):

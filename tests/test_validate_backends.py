@@ -154,18 +154,18 @@ def test_a_debug_engine_is_refused_when_the_engine_is_stale(export_dir, tmp_path
 
 
 def test_the_plan_check_and_validate_name_the_same_divergent_block(export_dir, tmp_path):
-    """One block search (``comparison.first_divergent``) behind both checks: a divergence planted
+    """One block search (``checks.first_divergent``) behind both checks: a divergence planted
     in block 1 is named by the plan check (planned graph against the fp32 graph, in ONNX Runtime)
     and by validate (the graph against PyTorch) alike, under the same tolerance."""
     fp32 = onnx.load(str(export_dir / "model_64.onnx"))
     planted = tmp_path / "model_64.onnx"
     planted.write_bytes(_miscompile(fp32.SerializeToString(), block=1))
     inputs = np.random.default_rng(0).standard_normal((4, 3, *RES)).astype(np.float32)
-    tolerance = PLANS["fp32"].tolerance
-    assert first_divergent_block(planted, load_reference(export_dir), inputs, tolerance) == "blocks.1"
+    plan = PLANS["fp32"]
+    assert first_divergent_block(planted, load_reference(export_dir), inputs, plan.tolerance) == "blocks.1"
     with pytest.raises(ExportError, match=r"first divergent block blocks\.1 \(quantized there: none\)"):
-        check_plan(fp32, onnx.load(str(planted)), inputs, tolerance, "planted")
-    check_plan(fp32, fp32, inputs, tolerance, "intact")  # control: the same graph passes
+        check_plan(fp32, onnx.load(str(planted)), inputs, plan, "planted")
+    check_plan(fp32, fp32, inputs, plan, "intact")  # control: the same graph passes
 
 
 def test_torch_runner_with_baked_tables_matches_the_exported_graph_and_refuses_other_shapes(export_dir):

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from deploykit.catalog import IMAGES_INPUT
-from deploykit.comparison import output_rows
 from deploykit.errors import DeployKitError
 
 
@@ -139,7 +138,7 @@ class Runner:
     # that share it across threads (``deploykit.serve.Pipeline``) serialise its calls with a lock.
     thread_safe = False
     # The precision plan a runner computes a graph's float ops in when it lowers them itself
-    # (OpenVINO's bf16 hint): ``validate`` then judges by the looser of that plan's tolerance and
+    # (OpenVINO's bf16 hint): ``checks.check_runner`` then judges by the looser of that plan's bars and
     # the graph's own. None: the graph's types are run as written.
     computes_in: str | None = None
 
@@ -239,11 +238,17 @@ def run_exact_batches(runner: Runner, inputs: np.ndarray, batch: int) -> dict[st
     return {name: out[: len(inputs)] for name, out in run_batched(runner, filled, batch).items()}
 
 
+def output_rows(outputs: np.ndarray) -> np.ndarray:
+    """Outputs as checks compare them: ``[rows, last dim]`` float64 (a classifier's logits one row
+    per input, a sequence model's or a backbone's every token a row)."""
+    return outputs.astype(np.float64).reshape(-1, outputs.shape[-1])
+
+
 def run_rows(
     runner: Runner, inputs: np.ndarray, batch: int = 32, outputs: Sequence[str] | None = None, done: Callable[[int], None] | None = None
 ) -> np.ndarray | list[np.ndarray]:
     """An active runner's first output on ``inputs`` as ``[rows, last dim]`` float64
-    (``comparison.output_rows``: a classifier's logits one row per input, a sequence model's
+    (``output_rows``: a classifier's logits one row per input, a sequence model's
     every position a row); with ``outputs``, those tensors as a list of ``[N, ...]`` float64
     arrays instead (``done(rows)`` after each batch)."""
     ran = run_batched(runner, inputs, batch, done)

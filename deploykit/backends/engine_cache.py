@@ -27,9 +27,10 @@ from deploykit._io import write_json_atomic
 from deploykit.backends._polygraphy import import_trt
 from deploykit.backends.devices import Device, check_rtx_targets, probe_device
 from deploykit.backends.plugins import Plugins, check_plugins
-from deploykit.backends.table import TENSORRT_RTX, flavour
+from deploykit.backends.table import flavour
 from deploykit.backends.tensorrt import BuildOptions
 from deploykit.errors import DeployKitError, StaleEngineError
+from deploykit.export.directory import engine_files, runtime_cache_file
 from deploykit.export.metadata import GraphMetadata
 
 _MAX_VALUE_CHARS = 40  # keep the one-line refusal readable when a hash differs
@@ -106,18 +107,15 @@ def _short(value) -> str:
 
 
 def engine_paths(onnx_path: str | os.PathLike, module: str) -> tuple[Path, Path]:
-    """``(engine, fingerprint)`` paths beside ``onnx_path`` for TensorRT flavour ``module``."""
-    onnx_path = Path(onnx_path)
-    stem = onnx_path.with_suffix("")
-    tag = flavour(module).tag
-    return stem.with_name(f"{stem.name}.{tag}.engine"), stem.with_name(f"{stem.name}.{tag}.json")
+    """``(engine, fingerprint)`` paths beside ``onnx_path`` for TensorRT flavour ``module``
+    (``deploykit.export.directory.engine_files``)."""
+    return engine_files(onnx_path, flavour(module).tag)
 
 
 def runtime_cache_path(onnx_path: str | os.PathLike) -> Path:
     """Where TensorRT-RTX's runtime cache of the engine beside ``onnx_path`` is kept
     (``model_224_fp16.rtx.runtime-cache``: the kernels it compiled for this GPU, ``rtx_runtime``)."""
-    stem = Path(onnx_path).with_suffix("")
-    return stem.with_name(f"{stem.name}.{TENSORRT_RTX.tag}.runtime-cache")
+    return runtime_cache_file(onnx_path)
 
 
 def require_engine(onnx_path: str | os.PathLike, module: str) -> tuple[Path, Path]:

@@ -1,15 +1,4 @@
-"""The export directory: what ``deploykit export`` writes and every later step reads.
-
-Layout of ``DIR``::
-
-    manifest.json        model config, weights hash, one entry per exported resolution
-    config.json          the PyTorch reference model's config   } so DIR alone is enough
-    model.safetensors    the PyTorch reference model's weights  } to validate
-    model_224.onnx       one graph per resolution (tables baked, batch dynamic)
-    model_224_fp16.onnx  the same graph under a precision plan (``--precision fp16``, ``int8``, ...;
-                         ``deploykit.export.precision.PLANS``)
-    model_224-512.onnx   one graph for a resolution range (``--resolution-range 224:384:512``;
-                         dynamic height/width, for encodings whose tables nest)
+"""``deploykit export``: write an export directory (its layout: ``deploykit.export.directory``).
 
 An export is staged: everything is written into a hidden sibling directory (``.DIR.*.staging``)
 and swapped in for ``DIR`` at the end, so an interrupted or failed export leaves ``DIR`` exactly
@@ -17,10 +6,10 @@ as it was, and a finished one leaves nothing in ``DIR`` that the new export does
 Re-exporting the same weights keeps the graphs of the previous manifest that are not exported
 again (resolutions add up), each checked unchanged; files derived from a graph and named after
 it (``model_224.trt.engine`` and its fingerprint ``model_224.trt.json``) are kept only when that
-graph is byte-identical in the new export. Different weights start a new manifest. Nothing else
-deploykit wrote (``timing.cache``, engines of graphs not kept) survives a re-export; a file
-deploykit did not write (a report, notes, anything not named by ``foreign_files``) is never
-deleted silently: the export is refused naming it, unless ``force``, which deletes it and says
+graph is byte-identical in the new export, and so is each entry of ``deploykit profile``'s choice.
+Different weights start a new manifest. Nothing else deploykit wrote (``timing.cache``, engines
+of graphs not kept) survives a re-export; a file deploykit did not write (a report, notes,
+anything ``ExportDir.foreign_files`` names) is never deleted silently: the export is refused naming it, unless ``force``, which deletes it and says
 so. A non-empty ``DIR`` without a ``manifest.json`` is refused rather than replaced, always.
 
 One export writes ``DIR`` at a time: it holds ``directory_lock(DIR)`` from its first look at
@@ -39,11 +28,10 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path, PurePath
+from pathlib import Path
 
 import onnx
 import torch
@@ -53,17 +41,14 @@ from deploykit._terminal import counter
 from deploykit.backends.onnxrt import run_graph
 from deploykit.encodings import config_to_dict
 from deploykit.errors import DeployKitError, ExportError
+from deploykit.export.directory import ExportDir
 from deploykit.export.int8_static import CalibrationOptions
 from deploykit.export.lint import check_graph
 from deploykit.export.manifest import (
-    BUILD_FILES,
-    CHOICE_FILE,
-    ENGINE_SUFFIXES,
     MANIFEST_FILE,
     GraphEntry,
     Manifest,
     checked_graph,
-    confined_path,
     graph_file_name,
     range_tag,
     sha256_file,
@@ -77,7 +62,7 @@ from deploykit.export.onnx_export import (
     rows_per_call,
     save_onnx,
 )
-from deploykit.export.precision import PLANS, apply_precision, apply_precision_to_base, check_precision
+from deploykit.export.precision import PLANS, PlanInputs, apply_precision, apply_precision_to_base, check_precision, plan_graph
 from deploykit.inputs.builtin import CALIBRATION_SPLIT, HELD_OUT_SPLIT, check_real_count
 from deploykit.nn.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_model, save_model
 from deploykit.nn.factory import Model
@@ -172,7 +157,7 @@ def export(
             by default ``deploykit.inputs.builtin.DefaultCalibration``; a range graph is calibrated at ``opt``). A plan that fails its
             tolerance on held-out inputs is refused, and nothing is written.
         force: delete the files of a previous ``output_dir`` that deploykit did not write
-            (``foreign_files``; each is named in a warning) instead of refusing the export.
+            (``ExportDir.foreign_files``; each is named in a warning) instead of refusing the export.
 
     Returns:
         The manifest written to ``output_dir``.
@@ -195,6 +180,7 @@ def export(
             graphs = _write_graphs(model, request, stage, say)
             graphs += _keep_previous(output_dir, stage, weights_sha256, graphs)
             manifest = _write_manifest(stage, model, weights_sha256, source, graphs)
+            _keep_choice(output_dir, stage, manifest)
     return manifest
 
 
@@ -229,30 +215,10 @@ def _destination(output_dir: Path) -> Path:
     return output_dir
 
 
-def foreign_files(export_dir: Path) -> list[str]:
-    """The entries of a previous export directory that deploykit did not write (directories with
-    a trailing ``/``): anything but the manifest, the reference model, the graphs the manifest
-    names, the files ``deploykit build`` writes beside them (``ENGINE_SUFFIXES``, ``BUILD_FILES``),
-    ``deploykit profile``'s choice (``CHOICE_FILE``) and the temporary files of an interrupted
-    atomic write. An unreadable manifest names no graph."""
-    ours = {MANIFEST_FILE, CONFIG_FILE, WEIGHTS_FILE, CHOICE_FILE, *BUILD_FILES}
-    try:
-        graphs = [g.file for g in Manifest.read(export_dir).graphs]
-    except DeployKitError:
-        graphs = []
-    ours |= {f"{PurePath(g).stem}{suffix}" for g in graphs for suffix in ENGINE_SUFFIXES} | set(graphs)
-    temporary = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")  # _io.atomic_path's, of a write that was killed
-    return sorted(
-        p.name + "/" * (p.is_dir() and not p.is_symlink())
-        for p in export_dir.iterdir()
-        if p.name not in ours and not (temporary.fullmatch(p.name) and p.is_file())
-    )
-
-
 def _check_foreign_files(output_dir: Path, force: bool) -> None:
     """Refuse to replace a directory holding files deploykit did not write, or with ``force`` say
-    which are deleted (``foreign_files``)."""
-    found = foreign_files(output_dir) if output_dir.is_dir() else []
+    which are deleted (``ExportDir.foreign_files``)."""
+    found = ExportDir(output_dir).foreign_files() if output_dir.is_dir() else []
     if not found:
         return
     named = ", ".join(found[:5]) + (f" (+{len(found) - 5} more)" if len(found) > 5 else "")
@@ -363,7 +329,7 @@ class _QuantizedPlans:
 
     def planned(self, precision: str) -> onnx.ModelProto:
         """The quantized plan ``precision``, calibrated (when the plan is) and checked."""
-        from deploykit.export import int8_selection, int8_static, sensitivity
+        from deploykit.export import int8_selection, int8_static
 
         options = self.options
         if options.keep_float:  # a pattern matching no layer is refused before any input is read
@@ -373,14 +339,13 @@ class _QuantizedPlans:
         if check_precision(precision).calibrated:
             calibration = int8_static.Calibration(inputs, record["calibration"]["description"], options.method, record, batch=self.batch)
             target = options.target(held_out, reference, self.logits, self.batch)
-        planned = apply_precision(
-            self.proto, precision, calibration, target, self._say(precision), attention=options.attention, keep_float=options.keep_float
-        )
-        # the fallback ran the plan it chose on these held-out inputs: its outputs, unless the graph changed since
-        return self.checked(planned, precision, target.measured.get(sensitivity.graph_digest(planned)) if target else None)
+        given = PlanInputs(calibration, target, self._say(precision), options.attention, tuple(options.keep_float))
+        planned = plan_graph(self.proto, precision, given)
+        # the fallback ran the plan it chose on these held-out inputs: its outputs, judged as they are
+        return self.checked(planned.graph, precision, planned.held_out_outputs)
 
     def checked(self, planned: onnx.ModelProto, precision: str, actual=None) -> onnx.ModelProto:
-        """``planned``, once it passes its plan's tolerance against the fp32 graph on the held-out
+        """``planned``, once it passes its plan's criteria against the fp32 graph on the held-out
         inputs (``actual``: its outputs on them, when already computed)."""
         from deploykit.export import int8_check
 
@@ -388,12 +353,11 @@ class _QuantizedPlans:
         say = self._say(precision)
         label = f"{precision} plan at {resolution_tag(self.resolution)}"
         tick = counter(say, f"checking the plan on the {len(held_out)} held-out inputs", len(held_out), "inputs")
-        tolerance = check_precision(precision).tolerance
         int8_check.check_plan(
             self.proto,
             planned,
             held_out,
-            tolerance,
+            check_precision(precision),
             label,
             top_k=self.logits,
             reference=reference,
@@ -429,7 +393,7 @@ def _keep_previous(output_dir: Path, stage: Path, weights_sha256: str, written: 
     before = {g.file: g.sha256 for g in previous.graphs}
     for entry in [*written, *kept]:
         if before.get(entry.file) == entry.sha256:
-            for derived in derived_files(output_dir, entry.file):
+            for derived in ExportDir(output_dir).derived_files(entry.file):
                 _carry(derived, output_dir, stage)
     return kept
 
@@ -445,13 +409,14 @@ def _previous_manifest(output_dir: Path, weights_sha256: str) -> Manifest | None
     return previous if previous.weights_sha256 == weights_sha256 else None
 
 
-def derived_files(export_dir: Path, graph_file: str) -> list[Path]:
-    """The regular files ``deploykit build`` wrote beside a graph (``model_224.trt.engine`` and
-    its fingerprint ``model_224.trt.json`` for ``model_224.onnx``; ``ENGINE_SUFFIXES``), symlinks
-    excluded."""
-    stem = export_dir / PurePath(graph_file).stem
-    found = (stem.with_name(stem.name + suffix) for suffix in ENGINE_SUFFIXES)
-    return sorted(p for p in found if p.is_file() and not p.is_symlink())
+def _keep_choice(output_dir: Path, stage: Path, manifest: Manifest) -> None:
+    """Step, after the manifest: of ``deploykit profile``'s previous choice, the entries whose
+    graph the new export holds byte-identical; a choice is a measurement of those bytes."""
+    previous = ExportDir(output_dir)
+    kept = previous.choices_still_true(manifest)
+    if previous.choice_file.is_file() and not kept:
+        _log.info("dropping %s: none of the graphs it chose between is unchanged", previous.choice_file.name)
+    ExportDir(stage).write_choices(kept)
 
 
 def _carry(path: Path, output_dir: Path, stage: Path) -> None:
@@ -482,6 +447,5 @@ def _write_manifest(stage: Path, model: Model, weights_sha256: str, source: str,
 
 def load_reference(directory: str | os.PathLike) -> Model:
     """The PyTorch reference model saved in an export directory (its files confined to it)."""
-    for name in (CONFIG_FILE, WEIGHTS_FILE):
-        confined_path(directory, name)
+    ExportDir(directory).reference_files()
     return load_model(Path(directory))

@@ -51,4 +51,4 @@ def quantize_dynamic_int8(proto: onnx.ModelProto) -> onnx.ModelProto:
             raise ExportError(f"dynamic INT8 quantization failed: {str(err).splitlines()[0]}") from err
         out = onnx.load_model(str(target))
     check_scales(out)
-    return with_plan_record(out, proto, {"plan": "int8-dynamic", "attention_int8": False, **selection.summary(names.module_paths(proto))})
+    return with_plan_record(out, proto, selection.record(names.module_paths(proto), plan="int8-dynamic", attention_int8=False))

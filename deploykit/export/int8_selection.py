@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx
@@ -31,7 +32,7 @@ from onnx import numpy_helper
 
 from deploykit.catalog import TABLE_PREFIXES
 from deploykit.export import names
-from deploykit.export.metadata import GraphMetadata, copy_metadata
+from deploykit.export.metadata import GraphMetadata, KeptFloat, QuantizationRecord, copy_metadata
 
 QUANTIZED_OP_TYPES = ("MatMul", "Gemm", "Conv")
 # Whether the static plan quantizes the attention-score and attention-value MatMuls, per
@@ -65,22 +66,22 @@ class NodeSelection:
     keep_float: dict[str, str] = field(default_factory=dict)  # node name -> reason
     pinned_by: dict[str, str] = field(default_factory=dict)  # node name -> the --keep-float pattern
 
-    def summary(self, modules: dict[str, str], noise: dict[str, float] | None = None) -> dict:
-        """The record of the plan: counts, ``float_nodes`` (reason → ``module (onnx)``) and
-        ``kept_float`` (one entry per float node: module, ONNX name, reason and why)."""
+    def record(self, modules: dict[str, str], noise: dict[str, float] | None = None, **plan: Any) -> QuantizationRecord:
+        """The record of the plan: ``plan``'s fields (``QuantizationRecord``'s: the plan's name,
+        calibration, ...) with this selection's counts, ``float_nodes`` (reason → ``module (onnx)``)
+        and ``kept_float`` (one entry per float node: module, ONNX name, reason and why)."""
         reasons: dict[str, list[str]] = {}
         kept = []
         for name, reason in self.keep_float.items():
             reasons.setdefault(reason, []).append(names.describe(name, modules))
-            entry = {"module": modules.get(name, ""), "onnx": name}
             if reason == "pinned":
-                entry.update(reason="pinned", why=f"--keep-float {self.pinned_by[name]}")
+                reason, why = "pinned", f"--keep-float {self.pinned_by[name]}"
             elif reason == "sensitivity":
-                entry.update(reason="sensitivity", why=f"output error {noise[name]:.2e} when int8 alone" if noise else "")
+                why = f"output error {noise[name]:.2e} when int8 alone" if noise else ""
             else:
-                entry.update(reason="policy", why=reason)
-            kept.append(entry)
-        return {"quantized_nodes": len(self.quantize), "float_nodes": reasons, "kept_float": kept}
+                reason, why = "policy", reason
+            kept.append(KeptFloat(modules.get(name, ""), name, reason, why))
+        return QuantizationRecord(**plan, quantized_nodes=len(self.quantize), float_nodes=reasons, kept_float=tuple(kept))
 
 
 def select_nodes(proto: onnx.ModelProto, attention: bool, keep_float: Sequence[str] = ()) -> NodeSelection:
@@ -162,10 +163,10 @@ def looks_untrained(proto: onnx.ModelProto) -> bool:
     return bool(checks) and all(checks)
 
 
-def with_plan_record(out: onnx.ModelProto, original: onnx.ModelProto, details: dict) -> onnx.ModelProto:
+def with_plan_record(out: onnx.ModelProto, original: onnx.ModelProto, record: QuantizationRecord) -> onnx.ModelProto:
     """``out``, a quantizer's rewrite of ``original``, with ``original``'s metadata put back (the
-    quantizer keeps it only partly) and the plan's record ``details`` added (``quantization``)."""
+    quantizer keeps it only partly) and the plan's ``record`` added (``quantization``)."""
     copy_metadata(original, out)
-    GraphMetadata.update(out, quantization=details)
+    GraphMetadata.update(out, quantization=record)
     out.producer_name, out.producer_version = original.producer_name, original.producer_version
     return out

@@ -31,6 +31,7 @@ import numpy as np
 import onnx
 
 from deploykit._terminal import counter, quiet_logger
+from deploykit.checks import Agreement, Reference
 from deploykit.errors import ConfigError, ExportError, listed, unknown_choice
 from deploykit.export import defaults, names, sensitivity
 from deploykit.export.int8_selection import QUANTIZED_OP_TYPES, looks_untrained, select_nodes, with_plan_record
@@ -118,12 +119,14 @@ class CalibrationOptions:
         call): top-1 agreement for logits, cosine / relative error for features; None when no
         target is set."""
         if logits:
-            goal = dict(min_agreement=self.min_agreement)
+            goal = dict(min_top1=self.min_agreement)
         else:
             goal = dict(min_cosine=self.min_cosine, max_relative_error=self.max_relative_error)
         if all(v is None for v in goal.values()):
             return None
-        return sensitivity.QualityTarget(held_out, reference, **goal, batch=batch)
+        return sensitivity.QualityTarget(
+            Reference(held_out, reference, num_real=len(held_out), top_k=logits), Agreement(**goal), batch=batch
+        )
 
 
 @dataclass(frozen=True)
@@ -165,7 +168,7 @@ def quantize_static_int8(
     target: sensitivity.QualityTarget | None = None,
     progress: Callable[[str], None] | None = None,
     keep_float: Sequence[str] = (),
-) -> onnx.ModelProto:
+) -> tuple[onnx.ModelProto, np.ndarray | None]:
     """The ``int8`` plan of an fp32 graph: QDQ on the selected nodes' inputs, calibrated.
 
     Calibration runs once. Each quantized node's error at the output, with it alone int8, is then
@@ -184,7 +187,9 @@ def quantize_static_int8(
         keep_float: module-path patterns kept float (``select_nodes``).
 
     Returns:
-        The quantized graph, with ``deploykit.quantization`` in its metadata.
+        The quantized graph, with ``deploykit.quantization`` in its metadata, and its output rows
+        on the target's held-out inputs when the fallback ran exactly that graph on all of them
+        (else None): the plan check judges those rather than running the graph again.
 
     Raises:
         ConfigError: a ``keep_float`` pattern that matches no node.
@@ -193,6 +198,7 @@ def quantize_static_int8(
     """
     selection = select_nodes(proto, attention, keep_float)
     modules = names.module_paths(proto)
+    held_out_outputs = None
     details = {
         "plan": "int8",
         "calibration": calibration.method,
@@ -225,11 +231,12 @@ def quantize_static_int8(
             "most_sensitive": [{"module": modules.get(n, ""), "onnx": n, "output_error": noise[n]} for n in ranked[:_REPORTED]],
         }
         if target is not None:
-            out, count, details["agreement"] = sensitivity.fall_back(proto, out, ranked, target, progress)
-            for node in ranked[:count]:
+            fallback = sensitivity.fall_back(proto, out, ranked, target, progress)
+            out, details["agreement"], held_out_outputs = fallback.graph, fallback.record, fallback.outputs
+            for node in ranked[: fallback.float_count]:
                 selection.quantize.remove(node)
                 selection.keep_float[node] = "sensitivity"
-    return with_plan_record(out, proto, {**details, **selection.summary(modules, noise)})
+    return with_plan_record(out, proto, selection.record(modules, noise, **details)), held_out_outputs
 
 
 class _StaticQuantizer:

@@ -3,7 +3,8 @@ checks every later step makes before it uses a file (confined to the directory, 
 export, the graph saying what its entry says).
 
 Torch-free (onnx and the standard library), so commands that only read an export directory, such
-as ``package triton``, do not load PyTorch; ``deploykit.export.bundle`` writes what this reads.
+as ``package triton``, do not load PyTorch; ``deploykit.export.bundle`` writes what this reads, and
+``deploykit.export.directory.ExportDir`` names every other file the directory holds.
 """
 
 from __future__ import annotations
@@ -24,17 +25,6 @@ from deploykit.resolutions import resolution_tag
 
 MANIFEST_FILE = "manifest.json"
 CONFIG_FILE = "config.json"  # the reference model's config, as deploykit.nn.checkpoint writes it
-# What ``deploykit build`` writes into an export directory, named here (export sits below build)
-# so that a re-export knows these files as deploykit's own: an engine and its fingerprint beside
-# each graph (``backends.engine_cache.engine_paths``: ``model_224.trt.engine``,
-# ``model_224.trt.json``, ``.rtx.`` for TensorRT-RTX), TensorRT-RTX's runtime cache beside its
-# engine (``engine_cache.runtime_cache_path``, written by its runners) and the timing cache
-# (``build.TIMING_CACHE_FILE``). tests/export/test_export_lock.py checks that they agree.
-ENGINE_SUFFIXES = (".trt.engine", ".trt.json", ".rtx.engine", ".rtx.json", ".rtx.runtime-cache")
-BUILD_FILES = ("timing.cache",)
-# What ``deploykit profile DIR`` writes there: the fastest validated plan per resolution
-# (``deploykit.profile.choice``), which ``serve`` and ``load`` take; a re-export makes it stale.
-CHOICE_FILE = "profile_choice.json"
 
 
 def graph_opset(proto: onnx.ModelProto) -> int:
@@ -74,7 +64,8 @@ class GraphEntry:
             raise DeployKitError(f"{file} is not a graph deploykit exported: {err}") from err
         if meta.resolution is None:
             raise DeployKitError(f"{file} is not a graph deploykit exported (no resolution in its metadata)")
-        return cls(meta.resolution, file, sha256, graph_opset(proto), meta.plan, meta.resolution_range, meta.quantization)
+        quantization = meta.quantization.to_dict() if meta.quantization else None  # the manifest is JSON: its form
+        return cls(meta.resolution, file, sha256, graph_opset(proto), meta.plan, meta.resolution_range, quantization)
 
 
 @dataclass
@@ -225,12 +216,6 @@ def checked_file(export_dir: str | os.PathLike, name: str, sha256: str) -> Path:
     if sha256_file(path) != sha256:
         raise DeployKitError(f"{path} changed since export (sha256 differs from manifest.json); re-run deploykit export")
     return path
-
-
-def check_unchanged(path: Path, sha256: str) -> None:
-    """Refuse a file that is missing, leads outside its directory, or differs from what
-    ``manifest.json`` recorded."""
-    checked_file(path.parent, path.name, sha256)
 
 
 def checked_config(export_dir: str | os.PathLike, manifest: Manifest) -> Path:

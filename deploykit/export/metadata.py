@@ -31,6 +31,78 @@ def _range(value: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return tuple(low), tuple(high)
 
 
+@dataclass(frozen=True)
+class KeptFloat:
+    """One node a quantized plan keeps float, and why.
+
+    Attributes:
+        module: its module path (``blocks.1.mlp.fc2``), ``""`` when the exporter named none.
+        onnx: its ONNX node name.
+        reason: ``policy`` (the selection's rule, in ``why``), ``pinned`` (``--keep-float``) or
+            ``sensitivity`` (the fallback moved it back).
+        why: the rule, the pattern, or its output error when int8 alone.
+    """
+
+    module: str
+    onnx: str
+    reason: str
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class QuantizationRecord:
+    """What a quantized plan decided (``deploykit.quantization``): how it was calibrated, which nodes
+    stayed float and why, and what the INT8 fallback measured. Written by the quantizers
+    (``int8_static``, ``int8_dynamic``); fields a plan has no part of are None and not written.
+
+    Attributes:
+        plan: ``int8`` or ``int8-dynamic``.
+        calibration: the calibration method (static plans).
+        samples: calibration inputs.
+        calibration_data: where they came from, in words.
+        inputs: the calibration and held-out inputs' records (source, count, sha256), by role.
+        attention_int8: the attention products were quantized too.
+        untrained_weights: True when the weights look untrained (agreement then says little).
+        sensitivity: the sensitivity pass: its measure, inputs and most sensitive nodes.
+        agreement: the fallback's record: its target, the all-int8 and final metrics, its trials.
+        quantized_nodes: how many nodes run int8.
+        float_nodes: reason → the float nodes, as ``module (onnx)``.
+        kept_float: every float node with its reason.
+    """
+
+    plan: str
+    calibration: str | None = None
+    samples: int | None = None
+    calibration_data: str | None = None
+    inputs: dict | None = None
+    attention_int8: bool | None = None
+    untrained_weights: bool | None = None
+    sensitivity: dict | None = None
+    agreement: dict | None = None
+    quantized_nodes: int | None = None
+    float_nodes: dict[str, list[str]] | None = None
+    kept_float: tuple[KeptFloat, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (graph metadata, the manifest): the fields set, in this order."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "kept_float":
+                value = [dataclasses.asdict(entry) for entry in value]
+            if value is not None:
+                out[f.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, record: Mapping[str, Any]) -> QuantizationRecord:
+        """Read ``to_dict``'s form back (keys this version does not know are ignored)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in record.items() if k in known}
+        values["kept_float"] = tuple(KeptFloat(**entry) for entry in record.get("kept_float", ()))
+        return cls(**values)
+
+
 # How each field's text is read back: JSON then the converter, an int, or (any other field) the text as is.
 _JSON_FIELDS = {
     "encoding_config": dict,
@@ -40,7 +112,7 @@ _JSON_FIELDS = {
     "block_outputs": tuple,
     "float_modules": tuple,
     "qk_channel_order": tuple,
-    "quantization": dict,
+    "quantization": QuantizationRecord.from_dict,
 }
 _INT_FIELDS = frozenset({"patch_size", "fused_attention"})
 
@@ -80,7 +152,7 @@ class GraphMetadata:
     float_modules: tuple[str, ...] = ()
     qk_channel_order: tuple[int, ...] | None = None
     precision: str | None = None
-    quantization: dict | None = None
+    quantization: QuantizationRecord | None = None
     fused_attention: int | None = None
 
     @property
@@ -134,7 +206,9 @@ class GraphMetadata:
             value = getattr(self, f.name)
             if value is None:
                 continue
-            if f.name in _JSON_FIELDS:
+            if isinstance(value, QuantizationRecord):
+                out[PREFIX + f.name] = json.dumps(value.to_dict())
+            elif f.name in _JSON_FIELDS:
                 out[PREFIX + f.name] = json.dumps(value)  # tuples become lists
             else:
                 out[PREFIX + f.name] = str(value)

@@ -20,17 +20,16 @@ classifier, mean per-token cosine (and optionally relative error) for a features
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
 
-from deploykit.backends.base import run_rows
+from deploykit.backends.base import Runner, output_rows
 from deploykit.backends.onnxrt import cpu_runner, with_outputs
-from deploykit.comparison import output_rows, row_cosines
+from deploykit.checks import Agreement, Reference, check_runner
 from deploykit.export.int8_selection import QUANTIZED_OP_TYPES
 
 # Inputs per ORT call of the sensitivity pass (nodes × inputs each): activations stay at a batch's.
@@ -42,144 +41,41 @@ _log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class QualityTarget:
-    """What the quantized graph must keep of the fp32 graph's outputs on held-out inputs.
-
-    Rows are what ``deploykit.backends.onnxrt.run_graph`` returns: one per image for a classifier or a pooled
-    features model, one per token for a model returning every token.
-
-    A classifier's agreement is judged twice, and both must reach ``min_agreement``: counted (the
-    share of rows whose arg-max is fp32's) and estimated from all pairs of rows (``_pairwise``).
-    Counted alone it is a rare event on a few inputs: on the zoo's GeoPE at 2× its training
-    resolution the fallback stopped where the 1000 val scenes counted 99.5%, and the 2000 test
-    scenes then counted 98.95%; the pairwise estimate said 99.1-99.3% on both splits there, and
-    asking it for 99.5% too kept 5 matmuls float, after which the test split counted 99.35%.
+    """What the quantized graph must keep of the fp32 graph's outputs on held-out inputs: the
+    fallback's goal (``checks.Agreement``: top-1 agreement for a classifier, mean cosine and
+    relative error for features), searched for, not a pass/fail bar (the plan's criteria in
+    ``precision.PLANS`` are that).
 
     Attributes:
-        inputs: held-out inputs (neither the calibration inputs nor a test split).
-        reference: the fp32 graph's output rows on them.
-        min_agreement: classifiers: share of rows whose arg-max matches fp32's (None: not judged).
-        min_cosine: features: mean cosine of the rows with fp32's (None: not judged).
-        max_relative_error: features: mean ``‖y − y_fp32‖ / ‖y_fp32‖`` of the rows (None: not judged).
+        reference: the held-out inputs (neither the calibration inputs nor a test split) and the
+            fp32 graph's output rows on them (``deploykit.backends.onnxrt.run_graph``'s: one per image
+            for a classifier or a pooled features model, one per token for a model returning
+            every token).
+        goal: the agreement to reach.
         max_float_share: at most this share of the quantized nodes falls back to float (a
             third: GeoPE at 2× needed 5 of its 17).
-        measured: the output rows of the plan the fallback chose, by ``graph_digest``, when a
-            trial ran it on every input: the export's final check of that plan reuses them
-            rather than running the same graph on the same inputs again.
         batch: inputs per call of ``measure``'s runs (``onnx_export.rows_per_call``).
     """
 
-    inputs: np.ndarray
-    reference: np.ndarray
-    min_agreement: float | None = None
-    min_cosine: float | None = None
-    max_relative_error: float | None = None
+    reference: Reference
+    goal: Agreement
     max_float_share: float = 1 / 3
-    measured: dict[str, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
     batch: int = 32
 
-    def measure(self, run: Callable[[np.ndarray], np.ndarray], stop_early: bool = True) -> tuple[dict, bool]:
-        """Run ``run`` (inputs → output rows) over the inputs batch by batch and return the
-        metrics and whether the target is met. With ``stop_early``, stops as soon as the target
-        can no longer be met (every metric is a mean of non-negative per-row shortfalls), so a
-        failing trial costs only part of a pass; its metrics are then those of the rows seen
-        (``complete`` False)."""
-        total = len(self.reference)
-        sums = {"disagree": 0.0, "estimated_disagree": 0.0, "cosine_gap": 0.0, "relative_error": 0.0}
-        margins = np.sort(_margins(self.reference)[0])
-        seen = 0
-        for start in range(0, len(self.inputs), self.batch):
-            actual = run(self.inputs[start : start + self.batch])
-            reference = self.reference[seen : seen + len(actual)]
-            seen += len(actual)
-            sums["disagree"] += float(np.sum(reference.argmax(-1) != actual.argmax(-1)))
-            sums["estimated_disagree"] += float(np.sum(_pairwise(margins, reference, actual)))
-            sums["cosine_gap"] += float(np.sum(1 - row_cosines(reference, actual)))
-            sums["relative_error"] += float(np.sum(_row_relative_errors(reference, actual)))
-            if stop_early and not self._still_possible(sums, total):
-                break
-        metrics = self._metrics(sums, seen)
-        metrics["rows"] = seen
-        metrics["complete"] = seen == total
-        return metrics, seen == total and self._met(metrics)
-
-    def _still_possible(self, sums: dict, total: int) -> bool:
-        limits = {
-            "disagree": None if self.min_agreement is None else (1 - self.min_agreement) * total,
-            "estimated_disagree": None if self.min_agreement is None else (1 - self.min_agreement) * total,
-            "cosine_gap": None if self.min_cosine is None else (1 - self.min_cosine) * total,
-            "relative_error": None if self.max_relative_error is None else self.max_relative_error * total,
-        }
-        return all(limit is None or sums[key] <= limit + 1e-9 for key, limit in limits.items())
-
-    def _metrics(self, sums: dict, rows: int) -> dict:
-        """Top-1 agreement for a classifier's target; cosine and relative error always (for
-        features, where there are no answers, they are the criteria)."""
-        rows = max(rows, 1)
-        metrics = {}
-        if self.min_agreement is not None:
-            metrics.update(top1_agreement=1 - sums["disagree"] / rows, top1_agreement_estimate=1 - sums["estimated_disagree"] / rows)
-        metrics.update(mean_cosine=1 - sums["cosine_gap"] / rows, mean_relative_error=sums["relative_error"] / rows)
-        return metrics
-
-    def _met(self, metrics: dict) -> bool:
-        return (
-            (self.min_agreement is None or min(metrics["top1_agreement"], metrics["top1_agreement_estimate"]) >= self.min_agreement)
-            and (self.min_cosine is None or metrics["mean_cosine"] >= self.min_cosine)
-            and (self.max_relative_error is None or metrics["mean_relative_error"] <= self.max_relative_error)
-        )
+    def measure(self, runner: Runner, stop_early: bool = True) -> tuple[dict, bool, np.ndarray]:
+        """Run an active runner over the held-out inputs (``checks.check_runner``) and return the
+        metrics, whether the goal is met, and the output rows that ran. With ``stop_early``, stops
+        as soon as the goal can no longer be met, so a failing trial costs only part of a pass; its
+        metrics are then those of the rows seen (``complete`` False)."""
+        checked = check_runner(runner, self.reference, (self.goal,), batch=self.batch, stop_early=stop_early)
+        metrics = {**checked.result.metrics, "rows": len(checked.outputs), "complete": checked.complete}
+        return metrics, checked.complete and checked.result.passed, checked.outputs
 
     def describe(self) -> str:
-        return describe_goal(self.min_agreement, self.min_cosine, self.max_relative_error)
+        return self.goal.describe()
 
     def to_dict(self) -> dict:
-        return {
-            "held_out": len(self.inputs),
-            "min_agreement": self.min_agreement,
-            "min_cosine": self.min_cosine,
-            "max_relative_error": self.max_relative_error,
-        }
-
-
-def describe_goal(min_agreement: float | None = None, min_cosine: float | None = None, max_relative_error: float | None = None) -> str:
-    """``top-1 agreement >= 99.50%`` / ``mean cosine >= 0.995 and mean relative error <= 0.05``."""
-    parts = []
-    if min_agreement is not None:
-        parts.append(f"top-1 agreement >= {min_agreement:.2%}")
-    if min_cosine is not None:
-        parts.append(f"mean cosine >= {min_cosine:g}")
-    if max_relative_error is not None:
-        parts.append(f"mean relative error <= {max_relative_error:g}")
-    return " and ".join(parts) or "no target"
-
-
-def _margins(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's top-1 margin over the runner-up, relative to the row's norm, and its top-1 index."""
-    top = rows.argmax(-1)
-    others = rows.copy()
-    others[np.arange(len(rows)), top] = -np.inf
-    margin = rows[np.arange(len(rows)), top] - others.max(-1)
-    return margin / np.maximum(np.linalg.norm(rows, axis=-1), 1e-300), top
-
-
-def _pairwise(sorted_margins: np.ndarray, reference: np.ndarray, actual: np.ndarray) -> np.ndarray:
-    """Each row's estimated chance of changing its answer: the share of all held-out rows whose
-    fp32 margin (relative to its norm) is smaller than this row's int8 loss of margin.
-
-    A row's own answer changes when its margin ``m`` plus the int8 change ``δ`` of the same
-    difference goes below 0, a rare event counted once per row. Taking margins and changes as
-    independent, the chance is ``P(m < −δ)``, estimated here from all ``n`` margins for each of
-    the ``n`` changes seen: ``n²`` comparisons instead of ``n``.
-    """
-    margin, top = _margins(reference)
-    others = actual.copy()
-    others[np.arange(len(actual)), top] = -np.inf
-    scale = np.maximum(np.linalg.norm(reference, axis=-1), 1e-300)
-    change = (actual[np.arange(len(actual)), top] - others.max(-1)) / scale - margin
-    return np.searchsorted(sorted_margins, -change, side="left") / len(sorted_margins)
-
-
-def _row_relative_errors(reference: np.ndarray, actual: np.ndarray) -> np.ndarray:
-    return np.linalg.norm(actual - reference, axis=-1) / np.maximum(np.linalg.norm(reference, axis=-1), 1e-30)
+        return {"held_out": len(self.reference.inputs), **self.goal.to_dict()}
 
 
 # ---------------------------------------------------------------------------------- sensitivity
@@ -499,15 +395,6 @@ def bisect_fallback(
     return high, trials
 
 
-def graph_digest(proto: onnx.ModelProto) -> str:
-    """What a graph computes, as a digest: its graph, functions and opsets, not the model's
-    metadata (which a plan's record is written into after its last trial)."""
-    digest = hashlib.sha256(proto.graph.SerializeToString())
-    for part in (*proto.functions, *proto.opset_import):
-        digest.update(part.SerializeToString())
-    return digest.hexdigest()
-
-
 def summary(metrics: dict) -> str:
     """``top-1 agreement 99.40%, mean cosine 0.99962`` (features: cosine and relative error)."""
     parts = []
@@ -519,20 +406,30 @@ def summary(metrics: dict) -> str:
     return ", ".join(parts) + ("" if metrics.get("complete", True) else " (stopped early)")
 
 
+@dataclass(frozen=True)
+class Fallback:
+    """What the fallback chose: the graph, how many leading nodes of the ranking went back to float,
+    the record of its trials, and the chosen plan's output rows on every held-out input (None when
+    no complete run of exactly that graph was made)."""
+
+    graph: onnx.ModelProto
+    float_count: int
+    record: dict
+    outputs: np.ndarray | None
+
+
 def fall_back(
     fp32: onnx.ModelProto, qdq: onnx.ModelProto, ranked: list[str], target: QualityTarget, progress: Callable[[str], None] | None = None
-) -> tuple[onnx.ModelProto, int, dict]:
+) -> Fallback:
     """Move the fewest most-sensitive nodes (``ranked``, most sensitive first) of ``qdq`` back to
-    float that meet ``target`` (``bisect_fallback``). Returns the graph, how many leading nodes of
-    ``ranked`` went back to float, and the record of the trials."""
+    float that meet ``target`` (``bisect_fallback``)."""
+    complete: dict[int, np.ndarray] = {}  # float count -> output rows of a trial that ran every input
 
     def check(nodes: list[str], stop_early: bool = True) -> tuple[dict, bool]:
-        graph, rows = dequantize_nodes(qdq, fp32, nodes), []
-        with cpu_runner(graph) as runner:
-            metrics, met = target.measure(lambda x: rows.append(run_rows(runner, x, len(x))) or rows[-1], stop_early=stop_early)
-        if metrics["complete"] and (met or not stop_early):  # the plan chosen is the last such trial's
-            target.measured.clear()
-            target.measured[graph_digest(graph)] = np.concatenate(rows)
+        with cpu_runner(dequantize_nodes(qdq, fp32, nodes)) as runner:
+            metrics, met, outputs = target.measure(runner, stop_early=stop_early)
+        if metrics["complete"]:
+            complete[len(nodes)] = outputs
         return metrics, met
 
     budget = int(len(ranked) * target.max_float_share)
@@ -556,4 +453,4 @@ def fall_back(
             len(ranked),
             summary(final.metrics),
         )
-    return dequantize_nodes(qdq, fp32, ranked[:count]), count, record
+    return Fallback(dequantize_nodes(qdq, fp32, ranked[:count]), count, record, complete.get(count))

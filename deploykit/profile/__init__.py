@@ -35,7 +35,8 @@ __getattr__, __dir__, __all__ = lazy_exports(
     __name__,
     {
         ".flops": ["gemm_shapes", "model_flops"],
-        ".report": ["BASELINE_ENCODING", "FP32", "RECORD_FIELDS", "TORCH_BACKEND", "ProfileReport"],
+        ".options": ["ProfileOptions"],
+        ".report": ["BASELINE_ENCODING", "FP32", "RECORD_FIELDS", "TORCH_BACKEND", "ProfileRecord", "ProfileReport", "Verdict"],
         ".run": ["profile"],
         ".targets": ["Subject", "ape_twin", "backend_names"],
         ".timing": ["Budget", "CpuTimer", "CudaEventTimer", "LatencyStats", "denormals_flushed", "measure"],

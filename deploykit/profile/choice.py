@@ -11,31 +11,28 @@ per cell where a reduced-precision plan lost to fp32 (or to the fused float plan
 short interleaved timing at batch 1), so nobody is told to use a plan that is slower on their
 machine.
 
-``deploykit profile EXPORT_DIR`` writes the choice beside the graphs (``CHOICE_FILE``, each
-entry with its graph's sha256), and ``deploykit serve`` on a CPU takes it by default.
+``profile`` of an export directory writes the choice beside the graphs (``ExportDir.choices``,
+each entry with its graph's sha256), and ``deploykit serve`` on a CPU takes it by default.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from deploykit._io import write_json_atomic
 from deploykit.backends.table import BASELINE
-from deploykit.catalog import OUTPUT_NAME
-from deploykit.comparison import compare_logits, looser
-from deploykit.errors import DeployKitError, one_line
-from deploykit.export.manifest import CHOICE_FILE
+from deploykit.checks import Agreement, check_runner
+from deploykit.export.directory import Choice, ExportDir
 from deploykit.export.precision import PLANS
 from deploykit.nn.spec import deploy_spec
-from deploykit.profile.report import FP32, TORCH_BACKEND
+from deploykit.profile.report import FP32, TORCH_BACKEND, ProfileRecord, Verdict, add_ratios
 from deploykit.profile.timing import Budget, LatencyStats, measure
+from deploykit.validate import References as ValidationReferences
 
 # Plans a CPU user picks for speed on ONNX Runtime (the cast plans fp16/bf16 are for GPUs).
 CPU_SPEED_PLANS = ("int8", "int8-dynamic", "int8-mha", "fp32-mha")
@@ -50,23 +47,13 @@ QUICK_MARGIN = 1.05
 NUM_RANDOM, NUM_REAL = 4, 8
 
 
-class References:
-    """The float64 PyTorch reference per (model, resolution) on validate's inputs, computed once."""
+class References(ValidationReferences):
+    """The float64 PyTorch reference per (model, resolution) on validate's inputs (``NUM_RANDOM``
+    noise, ``NUM_REAL`` real), and each calibrated plan's own quality target, computed once."""
 
     def __init__(self):
-        self._cache: dict = {}
-
-    def at(self, model, resolution) -> tuple[np.ndarray, np.ndarray]:
-        from deploykit.backends import TorchRunner
-        from deploykit.backends.base import run_batched
-        from deploykit.inputs.builtin import validation_inputs
-
-        key = (id(model), tuple(resolution))
-        if key not in self._cache:
-            inputs = validation_inputs(model, tuple(resolution), NUM_RANDOM, NUM_REAL)
-            with TorchRunner(model) as runner:
-                self._cache[key] = inputs, run_batched(runner, inputs, 4)[OUTPUT_NAME]
-        return self._cache[key]
+        super().__init__(NUM_RANDOM, NUM_REAL)
+        self._targets: dict = {}  # (model, resolution, graph) -> its QualityTarget, or None
 
     def quality_target(self, model, resolution, graph: str | os.PathLike):
         """The calibrated plan ``graph``'s own quality target as its export set it
@@ -87,48 +74,38 @@ class References:
         from deploykit.export.onnx_export import rows_per_call
 
         key = ("quality", id(model), tuple(resolution), str(graph))
-        if key not in self._cache:
+        if key not in self._targets:
             details = GraphMetadata.of(onnx.load(str(graph), load_external_data=False)).quantization
             found = recorded_target(model, tuple(resolution), details)
             if found is None:
-                self._cache[key] = None
+                self._targets[key] = None
             else:
                 options, inputs = found
                 # fp32, as the target is agreement with fp32 (and float64 is much slower)
                 batch = rows_per_call(model, tuple(resolution))
                 with TorchRunner(model, dtype=torch.float32) as runner:
                     reference = run_rows(runner, inputs, batch)
-                self._cache[key] = options.target(inputs, reference, logits=deploy_spec(model).answers_top_k, batch=batch)
-        return self._cache[key]
+                self._targets[key] = options.target(inputs, reference, logits=deploy_spec(model).answers_top_k, batch=batch)
+        return self._targets[key]
 
 
-def check_target(target, model, resolution, precision: str, references: References, progress=None, graph=None) -> dict:
-    """``validated`` (bool) and ``validation_failures`` of one opened runner target.
+def check_target(target, model, resolution, precision: str, references: References, progress=None, graph=None) -> Verdict:
+    """The verdict on one opened runner target.
 
-    The runner is judged as ``validate`` judges it: its plan's tolerance, loosened to the plan it
-    computes in when it lowers the graph itself. A calibrated plan on such a runner is also held to
+    The runner is judged as ``validate`` judges it (``checks.check_runner``): its plan's criteria,
+    loosened to the plan it computes in when it lowers the graph itself. A calibrated plan on such a runner is also held to
     its own export target again (``quality_check``, which ``not_default_because`` reads; the plan's
     ``graph`` says what the target and its held-out inputs were), unless the runner lowered an
     encoding op, which rules it out as a default anyway. Where its held-out inputs cannot be drawn
     again, ``quality_unchecked`` says why.
     """
-    from deploykit.backends.base import run_batched
-
     runner = target.runner
-    tolerance = PLANS[precision].tolerance
-    if runner.computes_in is not None:
-        tolerance = looser(tolerance, PLANS[runner.computes_in].tolerance)
-    inputs, reference = references.at(model, resolution)
-    actual = run_batched(runner, inputs, 4)[OUTPUT_NAME]
-    rows = lambda x: x.reshape(-1, x.shape[-1])
-    per_input = int(np.prod(reference.shape[1:-1], dtype=np.int64))
-    metrics = compare_logits(rows(reference), rows(actual), NUM_REAL * per_input, tolerance, top_k=deploy_spec(model).answers_top_k)
-    verdict = {"validated": metrics["passed"], "validation_failures": metrics["failures"]}
+    checked = check_runner(runner, references.at(model, resolution), PLANS[precision])
+    verdict = Verdict(checked.result.passed, tuple(checked.result.failures))
     lowered = runner.info.precision.lowered_despite_mark if runner.info.precision else None
-    if runner.computes_in and PLANS[precision].calibrated and verdict["validated"] and not lowered:
+    if runner.computes_in and PLANS[precision].calibrated and verdict.validated and not lowered:
         # The plan's calibration was checked at export with its float remainder in f32; this runner
         # lowers that remainder itself, so the plan is held to its own target again, as it runs here.
-        from deploykit.backends.base import run_rows
         from deploykit.errors import DeployKitError
 
         if progress:
@@ -136,14 +113,14 @@ def check_target(target, model, resolution, precision: str, references: Referenc
         try:
             quality = references.quality_target(model, resolution, graph)
         except DeployKitError as err:
-            quality, verdict["quality_unchecked"] = None, str(err)
+            quality, verdict = None, replace(verdict, quality_unchecked=str(err))
         if quality is not None:
-            measured, met = quality.measure(lambda x: run_rows(runner, x, len(x)))
-            verdict["quality_check"] = dict(measured, met=met, **quality.to_dict())
+            measured, met, _ = quality.measure(runner)
+            verdict = replace(verdict, quality_check=dict(measured, met=met, **quality.to_dict()))
     return verdict
 
 
-def not_default_because(record: dict) -> str | None:
+def not_default_because(record: ProfileRecord) -> str | None:
     """Why a validated record is never ``profile``'s default choice, or None. Measured on the zoo's
     test split (``benchmarks/results/cpu-plan-accuracy.json``, 2000 inputs, 9 models at 1x and 2x),
     against a bar of 99.0% top-1 agreement with fp32:
@@ -159,120 +136,95 @@ def not_default_because(record: dict) -> str | None:
       98.80% (GridPE at 2x) and 98.95% (SaPE² at 1x), where the same runner on the fp32 graph
       kept 99.15% or more and the int8 plan with an f32 remainder 99.25% or more.
     """
-    if record.get("lowered_despite_mark"):
-        kinds = ", ".join(sorted(record["lowered_despite_mark"]))
+    run, verdict = record.run, record.verdict
+    if run.get("lowered_despite_mark"):
+        kinds = ", ".join(sorted(run["lowered_despite_mark"]))
         return f"the runtime ran encoding ops the plan keeps in f32 (tables, rotations, LayerNorm, Softmax) below it ({kinds})"
-    plan = PLANS.get(record.get("precision"))
-    if record.get("computes_in") and plan is not None and plan.calibrated:
-        check = record.get("quality_check")
+    plan = PLANS.get(record.precision)
+    if run.get("computes_in") and plan is not None and plan.calibrated:
+        check = verdict.quality_check if verdict is not None else None
         if check is None:
-            why = f"its calibration was checked with a float32 remainder, which this runner computes in {record['computes_in']}"
-            return (
-                f"{why}, and its own target could not be checked again: {record['quality_unchecked']}"
-                if record.get("quality_unchecked")
-                else why
-            )
+            why = f"its calibration was checked with a float32 remainder, which this runner computes in {run['computes_in']}"
+            unchecked = verdict.quality_unchecked if verdict is not None else None
+            return f"{why}, and its own target could not be checked again: {unchecked}" if unchecked else why
         if not check["met"]:
             from deploykit.export import sensitivity
 
-            goal = sensitivity.describe_goal(**{k: check[k] for k in ("min_agreement", "min_cosine", "max_relative_error")})
+            goal = Agreement.from_dict(check).describe()
             return (
-                f"with its float remainder in {record['computes_in']} it missed the plan's own target ({goal}) on "
+                f"with its float remainder in {run['computes_in']} it missed the plan's own target ({goal}) on "
                 f"{check['held_out']} held-out inputs: {sensitivity.summary(check)}"
             )
     return None
 
 
-def mark_fastest(records: list[dict]) -> list[dict]:
-    """Set ``fastest_validated`` on every record: True on the lowest p50 among the validated
-    records of its (encoding, resolution, batch), False elsewhere. Never chosen: PyTorch eager
-    (the reference, not a deployed plan) and a record ``not_default_because`` names. Returns the
-    chosen records."""
-    best: dict[tuple, dict] = {}
+def mark_fastest(records: list[ProfileRecord]) -> list[ProfileRecord]:
+    """``records`` with ``fastest_validated`` set: True on the lowest p50 among the validated
+    records of its cell (encoding, resolution, batch), False elsewhere. Never chosen: PyTorch
+    eager (the reference, not a deployed plan) and a record ``not_default_because`` names."""
+    best: dict[tuple, ProfileRecord] = {}
     for r in records:
-        r["fastest_validated"] = False
-        if r["backend"] != TORCH_BACKEND and r.get("validated") and not_default_because(r) is None:
-            key = (r["encoding"], r["resolution"], r["batch"])
-            if key not in best or r["p50_ms"] < best[key]["p50_ms"]:
-                best[key] = r
-    for r in best.values():
-        r["fastest_validated"] = True
-    return list(best.values())
+        if r.backend != TORCH_BACKEND and r.validated and not_default_because(r) is None:
+            if r.cell not in best or r.p50_ms < best[r.cell].p50_ms:
+                best[r.cell] = r
+    chosen = {id(r) for r in best.values()}
+    return [replace(r, fastest_validated=id(r) in chosen) for r in records]
 
 
-def choice_lines(records: list[dict]) -> list[str]:
+def choice_lines(records: list[ProfileRecord]) -> list[str]:
     """One line per cell: its fastest validated (backend, plan), and its ratio to the baseline
     backend's fp32 there (ONNX Runtime's: the runner every machine has)."""
-    ort = {
-        (r["encoding"], r["resolution"], r["batch"]): r["p50_ms"] for r in records if r["backend"] == BASELINE and r["precision"] == FP32
-    }
+    ort = {r.cell: r.p50_ms for r in records if r.backend == BASELINE and r.precision == FP32}
     lines = []
     for r in records:
-        if r.get("fastest_validated"):
-            base = ort.get((r["encoding"], r["resolution"], r["batch"]))
-            vs = f" ({r['p50_ms'] / base:.2f}x ORT fp32)" if base else ""
-            lines.append(
-                f"fastest validated for {r['encoding']} @ {r['resolution']} batch {r['batch']}: {r['backend']} {r['precision']}{vs}"
-            )
+        if r.fastest_validated:
+            base = ort.get(r.cell)
+            vs = f" ({r.p50_ms / base:.2f}x ORT fp32)" if base else ""
+            lines.append(f"fastest validated for {r.encoding} @ {r.resolution} batch {r.batch}: {r.backend} {r.precision}{vs}")
     return lines
 
 
-def not_default_lines(records: list[dict]) -> list[str]:
+def not_default_lines(records: list[ProfileRecord]) -> list[str]:
     """One line per (backend, plan, reason) that is never the default choice
     (``not_default_because``), naming the resolutions where it applies."""
     where: dict[tuple, list[str]] = {}
     for r in records:
-        reason = not_default_because(r) if r["backend"] != TORCH_BACKEND else None
+        reason = not_default_because(r) if r.backend != TORCH_BACKEND else None
         if reason:
-            cells = where.setdefault((r["precision"], r["backend"], reason), [])
-            cells += [] if r["resolution"] in cells else [r["resolution"]]
+            cells = where.setdefault((r.precision, r.backend, reason), [])
+            cells += [] if r.resolution in cells else [r.resolution]
     return [
         f"{precision} on {backend} at {', '.join(cells)} is not chosen by default: {reason}; ask for it by name to use it"
         for (precision, backend, reason), cells in where.items()
     ]
 
 
-def slower_lines(records: list[dict], margin: float = 1.0) -> list[str]:
+def slower_lines(records: list[ProfileRecord], margin: float = 1.0) -> list[str]:
     """One line per (backend, plan, cell) where a reduced-precision plan's p50 is above ``margin``
     times the same backend's fp32 graph there, or else above its fused float plan (``fp32-mha``,
     when that was timed and not refused by validation): nobody should be told to use it."""
-    cell = lambda r: (r["backend"], r["encoding"], r["resolution"], r["batch"])
-    fused = {cell(r): r["p50_ms"] for r in records if r["precision"] == FUSED_FLOAT and r.get("validated", True)}
+    cell = lambda r: (r.backend, *r.cell)
+    fused = {cell(r): r.p50_ms for r in records if r.precision == FUSED_FLOAT and r.validated is not False}
     lines = []
     for r in records:
-        if r["precision"] == FP32:
+        if r.precision == FP32:
             continue
-        where = f"for {r['encoding']} @ {r['resolution']} batch {r['batch']}"
-        if r.get("ratio_vs_fp32") is not None and r["ratio_vs_fp32"] > margin:
+        where = f"for {r.encoding} @ {r.resolution} batch {r.batch}"
+        if r.ratio_vs_fp32 is not None and r.ratio_vs_fp32 > margin:
             # a tie (1.00x as printed) costs accuracy for no speed: no faster, rather than slower
-            verdict = "slower than" if f"{r['ratio_vs_fp32']:.2f}" != "1.00" else "no faster than"
+            verdict = "slower than" if f"{r.ratio_vs_fp32:.2f}" != "1.00" else "no faster than"
             lines.append(
-                f"{r['precision']} on {r['backend']} is {r['ratio_vs_fp32']:.2f}x its fp32 graph {where}: {verdict} fp32 there, do not use it"
+                f"{r.precision} on {r.backend} is {r.ratio_vs_fp32:.2f}x its fp32 graph {where}: {verdict} fp32 there, do not use it"
             )
-        elif r["precision"] != FUSED_FLOAT and cell(r) in fused and r["p50_ms"] > margin * fused[cell(r)]:
-            ratio = r["p50_ms"] / fused[cell(r)]
-            lines.append(f"{r['precision']} on {r['backend']} is {ratio:.2f}x {FUSED_FLOAT} {where}: {FUSED_FLOAT} is faster there, use it")
+        elif r.precision != FUSED_FLOAT and cell(r) in fused and r.p50_ms > margin * fused[cell(r)]:
+            ratio = r.p50_ms / fused[cell(r)]
+            lines.append(f"{r.precision} on {r.backend} is {ratio:.2f}x {FUSED_FLOAT} {where}: {FUSED_FLOAT} is faster there, use it")
     return lines
 
 
-@dataclass(frozen=True)
-class Choice:
-    """The plan ``profile`` measured fastest among the validated ones, for one resolution and batch,
-    and the inference streams it is served with: more than 1 only where ``deploykit.profile.streams``
-    measured them raising its throughput under concurrent calls by ``streams_gain``."""
-
-    backend: str
-    precision: str
-    batch: int
-    p50_ms: float
-    graph_sha256: str
-    streams: int = 1
-    streams_gain: float = 1.0
-
-
-def write_choice(export_dir: str | os.PathLike, records: list[dict], encoding: str, graphs: dict) -> Path | None:
-    """Write ``CHOICE_FILE`` into an export directory: per resolution tag, the chosen plan at each
-    profiled batch, with the sha256 of the graph it runs (so a re-export makes it stale).
+def write_choice(export_dir: str | os.PathLike, records: list[ProfileRecord], encoding: str, graphs: dict) -> Path | None:
+    """Write the export directory's choice (``ExportDir.choices``): per resolution tag, the chosen
+    plan at each profiled batch, with the sha256 of the graph it runs (so a re-export makes it stale).
 
     Args:
         records: the profile's records, after ``mark_fastest``.
@@ -282,31 +234,19 @@ def write_choice(export_dir: str | os.PathLike, records: list[dict], encoding: s
     Returns:
         The file written, or None when no cell had a validated plan.
     """
-    chosen: dict[str, list[dict]] = {}
+    chosen: dict[str, list[Choice]] = {}
     for r in records:
-        if r.get("fastest_validated") and r["encoding"] == encoding and (r["resolution"], r["precision"]) in graphs:
-            sha = graphs[r["resolution"], r["precision"]]
-            entry = Choice(r["backend"], r["precision"], r["batch"], r["p50_ms"], sha)
-            chosen.setdefault(r["resolution"], []).append(entry.__dict__)
-    if not chosen:
-        return None
-    return write_json_atomic(Path(export_dir) / CHOICE_FILE, {"choices": chosen})
+        if r.fastest_validated and r.encoding == encoding and (r.resolution, r.precision) in graphs:
+            sha = graphs[r.resolution, r.precision]
+            chosen.setdefault(r.resolution, []).append(Choice(r.backend, r.precision, r.batch, r.p50_ms, sha))
+    return ExportDir(export_dir).write_choices(chosen)
 
 
 def read_choice(export_dir: str | os.PathLike, resolution_tag: str, batch: int) -> Choice | None:
     """The choice for one resolution at the profiled batch nearest ``batch`` (ties: the smaller),
     or None when the directory has no choice for it."""
-    path = Path(export_dir) / CHOICE_FILE
-    if not path.is_file():
-        return None
-    try:
-        entries = json.loads(path.read_text()).get("choices", {}).get(resolution_tag, [])
-        if not entries:
-            return None
-        entry = min(entries, key=lambda e: (abs(e["batch"] - batch), e["batch"]))
-        return Choice(**entry)
-    except (OSError, UnicodeDecodeError, ValueError, AttributeError, KeyError, TypeError) as err:
-        raise DeployKitError(f"{path} is unreadable ({one_line(err, 120)}); run deploykit profile again, or delete it") from err
+    entries = ExportDir(export_dir).choices().get(resolution_tag, [])
+    return min(entries, key=lambda c: (abs(c.batch - batch), c.batch), default=None)
 
 
 def plans_slower_than_float(export_dir: str | os.PathLike, budget: Budget = QUICK_BUDGET, timer=None, model=None) -> list[str]:
@@ -343,19 +283,12 @@ def plans_slower_than_float(export_dir: str | os.PathLike, budget: Budget = QUIC
             for _ in range(budget.rounds):  # interleaved: a load change hits every graph alike
                 for runner, feed, samples in runs:
                     samples += measure(lambda r=runner, f=feed: r.infer(f), budget.per_round(), timer)
-        p50 = [LatencyStats.from_ns(samples).p50_ms for _, _, samples in runs]
-        for graph, ms in zip(graphs, p50, strict=True):
-            records.append(
-                {
-                    "precision": graph.precision,
-                    "backend": BASELINE,  # ONNX Runtime's CPU provider
-                    "p50_ms": ms,
-                    "ratio_vs_fp32": ms / p50[0],
-                    "encoding": manifest.encoding,
-                    "resolution": resolution_tag(graph.resolution),
-                    "batch": 1,
-                }
-            )
+        tag = resolution_tag(graphs[0].resolution)
+        timed = [
+            ProfileRecord(BASELINE, g.precision, manifest.encoding, tag, 1, LatencyStats.from_ns(samples))  # ONNX Runtime's CPU provider
+            for g, (_, _, samples) in zip(graphs, runs, strict=True)
+        ]
+        records += add_ratios(timed)  # per cell: a range graph's tag can be a fixed graph's too
     return slower_lines(records, QUICK_MARGIN)
 
 

@@ -10,12 +10,13 @@ from pathlib import Path
 
 from deploykit._io import output_file, write_output_text
 from deploykit._lazy import lazy_import
-from deploykit.profile.report import RECORD_FIELDS, TORCH_BACKEND, ProfileReport
+from deploykit.profile.report import RECORD_FIELDS, TORCH_BACKEND, ProfileRecord, ProfileReport
 from deploykit.resolutions import parse_resolution
 
 
-def write_csv(path: str | os.PathLike, records: Sequence[dict]) -> Path:
+def write_csv(path: str | os.PathLike, records: Sequence[ProfileRecord]) -> Path:
     """One row per record: ``RECORD_FIELDS`` first, then the extra fields in first-seen order."""
+    records = [r.to_dict() for r in records]
     extras = list(dict.fromkeys(k for r in records for k in r if k not in RECORD_FIELDS))
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=[*RECORD_FIELDS, *extras], lineterminator="\n")
@@ -30,22 +31,22 @@ def _pixels(tag: str) -> float:
     return (height * width) ** 0.5
 
 
-def plot_latency(path: str | os.PathLike, records: Sequence[dict], title: str = "") -> Path:
+def plot_latency(path: str | os.PathLike, records: Sequence[ProfileRecord], title: str = "") -> Path:
     """PNG of kernel-only p50 latency (whisker up to p90) against resolution, one line per
     backend × precision × encoding, one panel per batch size. Needs the ``plot`` extra (matplotlib)."""
     lazy_import("matplotlib")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    batches = sorted({r["batch"] for r in records})
+    batches = sorted({r.batch for r in records})
     figure = Figure(figsize=(6.4 * len(batches), 4.8), layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.subplots(1, len(batches), squeeze=False)[0]
     for ax, batch in zip(axes, batches):
-        rows = [r for r in records if r["batch"] == batch]
-        lane = lambda r: (r["backend"], r.get("precision", "fp32"), r["encoding"])  # (older records: fp32)
+        rows = [r for r in records if r.batch == batch]
+        lane = lambda r: (r.backend, r.precision, r.encoding)
         for backend, precision, encoding in dict.fromkeys(map(lane, rows)):
-            line = sorted((_pixels(r["resolution"]), r["p50_ms"], r["p90_ms"]) for r in rows if lane(r) == (backend, precision, encoding))
+            line = sorted((_pixels(r.resolution), r.p50_ms, r.kernel.p90_ms) for r in rows if lane(r) == (backend, precision, encoding))
             xs, p50, p90 = zip(*line)
             ax.errorbar(
                 xs,
@@ -69,11 +70,11 @@ def _ms(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f}" if value < 100 else f"{value:.0f}"
 
 
-def _verdict(record: dict) -> str:
+def _verdict(record: ProfileRecord) -> str:
     """``✓`` validated, ``✓ fastest`` the cell's fastest validated plan, ``✗`` failed, ``–`` not checked."""
-    if record.get("validated") is None:
+    if record.validated is None:
         return "–"
-    return ("✓ fastest" if record.get("fastest_validated") else "✓") if record["validated"] else "✗"
+    return ("✓ fastest" if record.fastest_validated else "✓") if record.validated else "✗"
 
 
 def render_table(report: ProfileReport, title: str = "latency"):
@@ -101,24 +102,25 @@ def render_table(report: ProfileReport, title: str = "latency"):
         table.add_column(name, justify="right")
     ratio = lambda value: "–" if value is None else f"{value:.3f}"
     for r in report.records:
+        kernel, e2e = r.kernel, r.e2e
         table.add_row(
-            r["backend"],
-            r["precision"],
-            r["encoding"],
-            r["resolution"],
-            str(r["batch"]),
-            _ms(r["p50_ms"]),
-            _ms(r["p90_ms"]),
-            _ms(r["p99_ms"]),
-            f"{_ms(r['mean_ms'])} ± {_ms(r['std_ms'])}",
-            str(r["n"]),
-            f"{r['throughput_per_s']:.1f}",
-            _ms(r.get("e2e_p50_ms")),
-            "–" if r.get("e2e_throughput_per_s") is None else f"{r['e2e_throughput_per_s']:.1f}",
-            ratio(r.get("ratio_vs_ape")),
-            ratio(r.get("ratio_vs_fp32")),
-            "–" if r.get("pe_share") is None else f"{r['pe_share']:.1%}",
-            f"{r['achieved_gflop_per_s']:.1f}",
+            r.backend,
+            r.precision,
+            r.encoding,
+            r.resolution,
+            str(r.batch),
+            _ms(kernel.p50_ms),
+            _ms(kernel.p90_ms),
+            _ms(kernel.p99_ms),
+            f"{_ms(kernel.mean_ms)} ± {_ms(kernel.std_ms)}",
+            str(kernel.n),
+            f"{kernel.throughput_per_s:.1f}",
+            _ms(None if e2e is None else e2e.p50_ms),
+            "–" if e2e is None else f"{e2e.throughput_per_s:.1f}",
+            ratio(r.ratio_vs_ape),
+            ratio(r.ratio_vs_fp32),
+            "–" if r.pe_share is None else f"{r.pe_share:.1%}",
+            f"{r.achieved_gflop_per_s:.1f}",
             _verdict(r),
         )
     return table

@@ -13,21 +13,20 @@ images; the choice file records the count and the gain (``Choice.streams``, ``st
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 
-from deploykit._io import write_json_atomic
 from deploykit.backends.streams import machine_streams
 from deploykit.backends.table import stream_names
-from deploykit.errors import DeployKitError, one_line
-from deploykit.export.manifest import CHOICE_FILE
+from deploykit.errors import DeployKitError
+from deploykit.export.directory import ExportDir
 
 STREAM_BACKENDS = tuple(stream_names())  # the table's backends whose runners take streams
 # Streams cost a single call its share of the cores: kept only for a clear gain, beyond what a
@@ -117,39 +116,34 @@ def _feed(graph: Path, batch: int) -> dict[str, np.ndarray]:
 def with_measured_streams(
     export_dir: str | os.PathLike, progress: Callable[[str], None] | None = None, round_s: float = ROUND_S
 ) -> Path | None:
-    """Measure streams (module docstring) for every choice in ``export_dir``'s choice file whose
-    backend has them, and record the verdict there; the file written, or None when there is none.
+    """Measure streams (module docstring) for every choice in ``export_dir`` whose backend has them,
+    and record the verdict in its choice; the file written, or None when there is no choice.
 
     Raises:
-        DeployKitError: the choice file is unreadable, or a chosen graph is missing or changed.
+        DeployKitError: the choice is unreadable, or a chosen graph is missing or changed.
     """
     from deploykit.backends.registry import create_runner
-    from deploykit.export.manifest import Manifest, checked_graph
     from deploykit.resolutions import resolution_tag
 
-    directory = Path(export_dir)
-    path = directory / CHOICE_FILE
-    if not path.is_file():
+    directory = ExportDir(export_dir)
+    choices = directory.choices()
+    if not choices:
         return None
-    try:
-        data = json.loads(path.read_text())
-        cells = data["choices"].items()
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, AttributeError) as err:
-        raise DeployKitError(f"{path} is unreadable ({one_line(err, 120)}); run deploykit profile again") from err
-    manifest = Manifest.read(directory)
+    manifest = directory.manifest()
     graphs = {(resolution_tag(g.resolution), g.precision): g for g in manifest.graphs}
-    for tag, entries in cells:
-        for entry in entries:
-            if entry["backend"] not in STREAM_BACKENDS or machine_streams() == 1:
-                continue
-            if (tag, entry["precision"]) not in graphs:
-                raise DeployKitError(
-                    f"{path} names a {entry['precision']} graph at {tag} that the export lacks; run deploykit profile again"
-                )
-            graph = checked_graph(directory, graphs[tag, entry["precision"]], manifest.encoding)
-            if progress:
-                progress(f"{entry['backend']} {entry['precision']} @ {tag} batch {entry['batch']}: measuring inference streams")
-            measured = measure_streams(partial(create_runner, entry["backend"]), graph, entry["batch"], round_s=round_s)
-            streams, gain = pick_streams(measured)
-            entry["streams"], entry["streams_gain"] = streams, round(gain, 3)
-    return write_json_atomic(path, data)
+    measured_choices = {}
+    for tag, entries in choices.items():
+        measured_choices[tag] = []
+        for choice in entries:
+            if choice.backend in STREAM_BACKENDS and machine_streams() > 1:
+                if (tag, choice.precision) not in graphs:
+                    raise DeployKitError(
+                        f"{directory.choice_file} names a {choice.precision} graph at {tag} that the export lacks; run deploykit profile again"
+                    )
+                graph = directory.graph(graphs[tag, choice.precision], manifest.encoding)
+                if progress:
+                    progress(f"{choice.backend} {choice.precision} @ {tag} batch {choice.batch}: measuring inference streams")
+                streams, gain = pick_streams(measure_streams(partial(create_runner, choice.backend), graph, choice.batch, round_s=round_s))
+                choice = replace(choice, streams=streams, streams_gain=round(gain, 3))
+            measured_choices[tag].append(choice)
+    return directory.write_choices(measured_choices)

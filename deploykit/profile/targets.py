@@ -18,7 +18,7 @@ from deploykit.catalog import OUTPUT_NAME
 from deploykit.encodings import encoding_name, get_config
 from deploykit.errors import ConfigError, DeployKitError
 from deploykit.export.bundle import load_reference
-from deploykit.export.manifest import Manifest
+from deploykit.export.directory import ExportDir
 from deploykit.nn.factory import Model, build_model
 from deploykit.nn.spec import deploy_spec
 from deploykit.profile.report import BASELINE_ENCODING, FP32
@@ -37,11 +37,14 @@ class Subject:
         model: the trunk with its encoding.
         graphs: ``(resolution, precision)`` → ``.onnx`` path.
         baseline: the APE twin ``profile`` adds.
+        directory: the export directory the graphs are from, where ``profile`` writes its
+            choice; None for a model given as such.
     """
 
     model: Model
     graphs: dict[tuple[tuple[int, int], str], Path] = field(default_factory=dict)
     baseline: bool = False  # the APE twin profile adds
+    directory: ExportDir | None = None
 
     @property
     def encoding(self) -> str:
@@ -76,7 +79,7 @@ class Subject:
     def from_export_dir(cls, directory: str | os.PathLike, precisions: Sequence[str] | None = (FP32,)) -> Subject:
         """The reference model and the (unchanged) graphs of each precision plan of an export
         directory (``precisions`` None: every plan it holds)."""
-        return cls(load_reference(directory), _graphs(directory, precisions))
+        return cls(load_reference(directory), _graphs(directory, precisions), directory=ExportDir(directory))
 
     @classmethod
     def exported(
@@ -96,13 +99,12 @@ class Subject:
 
 
 def _graphs(directory: str | os.PathLike, precisions: Sequence[str] | None) -> dict[tuple[tuple[int, int], str], Path]:
-    from deploykit.export.manifest import checked_graph  # refuses files changed since export
-
-    manifest = Manifest.read(directory)
+    export = ExportDir(directory)
+    manifest = export.manifest()
     if precisions is None:  # none at a fixed resolution: graphs_at says so for fp32
         precisions = list(dict.fromkeys(g.precision for g in manifest.graphs if g.resolution_range is None)) or [FP32]
     return {
-        (tuple(g.resolution), g.precision): checked_graph(Path(directory), g, manifest.encoding)
+        (tuple(g.resolution), g.precision): export.graph(g, manifest.encoding)  # refuses files changed since export
         for p in precisions
         for g in manifest.graphs_at(p)
     }

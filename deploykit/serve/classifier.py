@@ -16,7 +16,8 @@ from pathlib import Path
 from deploykit import imaging
 from deploykit.catalog import IMAGES_INPUT, SEQUENCE_ARCHITECTURE
 from deploykit.errors import ConfigError
-from deploykit.export.manifest import Manifest, checked_config
+from deploykit.export.directory import ExportDir
+from deploykit.export.manifest import Manifest
 
 INPUT_NAME = IMAGES_INPUT  # serving is for image classifiers
 
@@ -82,7 +83,7 @@ def read_image_config(export_dir: Path, manifest: Manifest) -> ClassifierConfig:
         ConfigError: an unreadable ``config.json``, a sequence model, or fields that are
             missing or out of range.
     """
-    path = checked_config(export_dir, manifest)
+    path = ExportDir(export_dir).config(manifest)
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError, RecursionError) as err:

@@ -57,6 +57,7 @@ from deploykit.backends.base import Runner
 from deploykit.backends.table import auto_order, gpu_names
 from deploykit.catalog import OUTPUT_NAME
 from deploykit.errors import ConfigError, DeployKitError, InputError, one_line
+from deploykit.export.directory import ExportDir
 from deploykit.export.manifest import Manifest
 from deploykit.imaging import nearest_resolution
 from deploykit.resolutions import resolution_tag
@@ -241,7 +242,6 @@ class Pipeline:
         from deploykit.backends.registry import create_runner
         from deploykit.backends.streams import check_streams
         from deploykit.backends.table import ENGINE, GRAPH, names
-        from deploykit.export.manifest import checked_graph
         from deploykit.export.precision import check_precision
         from deploykit.profile.streams import STREAM_BACKENDS
 
@@ -255,7 +255,7 @@ class Pipeline:
         self.export_dir = Path(export_dir)
         self.top_k, self.batch_size, self.limits = top_k, batch_size, limits
         self.precision = check_precision(precision or "fp32").name
-        manifest = Manifest.read(self.export_dir)
+        manifest = ExportDir(self.export_dir).manifest()
         self.config = read_image_config(self.export_dir, manifest)
         entries = manifest.graphs_at(self.precision)
         self.runners: dict[tuple[int, int], Runner] = {}
@@ -272,7 +272,7 @@ class Pipeline:
                     name, runner, plan, self._why[res] = chosen
                     self.runners[res], self.backends[res], self.skipped[res], self.plans[res] = runner, name, {}, plan
                 else:
-                    path = checked_graph(self.export_dir, entry, manifest.encoding)
+                    path = ExportDir(self.export_dir).graph(entry, manifest.encoding)
                     name, runner, skipped = activate_runner(path, backend, factories)
                     self.runners[res], self.backends[res], self.skipped[res], self.plans[res] = runner, name, skipped, self.precision
                 self._locks[res] = contextlib.nullcontext() if runner.thread_safe else threading.Lock()
@@ -287,7 +287,7 @@ class Pipeline:
         ``backend`` is auto, no GPU backend is usable, the choice's graph is unchanged and its runner
         activates; else None (and the reason is kept for ``describe_backends``)."""
         from deploykit.backends.registry import available_backends
-        from deploykit.export.manifest import checked_graph, sha256_file
+        from deploykit.export.manifest import sha256_file
         from deploykit.profile.choice import read_choice
 
         tag = resolution_tag(res)
@@ -303,7 +303,7 @@ class Pipeline:
             self._why[res] = f"GPU backend {gpu[0]} usable: profiled CPU choice ({choice.backend} {choice.precision}) not taken"
             return None
         try:
-            graph = checked_graph(self.export_dir, manifest.graph(res, choice.precision), manifest.encoding)
+            graph = ExportDir(self.export_dir).graph(manifest.graph(res, choice.precision), manifest.encoding)
             if sha256_file(graph) != choice.graph_sha256:
                 raise DeployKitError(f"{graph.name} changed since deploykit profile chose it; profile again")
             # streams asked for, else only where profile measured them paying (``deploykit.profile.streams``)

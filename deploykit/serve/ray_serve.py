@@ -27,7 +27,7 @@ from pathlib import Path
 
 from deploykit._lazy import lazy_import
 from deploykit.errors import ConfigError
-from deploykit.export.manifest import Manifest
+from deploykit.export.directory import ExportDir
 from deploykit.serve import defaults
 from deploykit.serve.classifier import ImageLimits, read_image_config
 
@@ -149,7 +149,7 @@ def serve_ray(export_dir: str | os.PathLike, options: RayOptions = RayOptions(),
     ray = lazy_import("ray")
     serve = lazy_import("ray.serve")
     # What the replicas would refuse one by one, inside Ray's logs: refused here, in one line.
-    read_image_config(Path(export_dir), Manifest.read(export_dir))
+    read_image_config(Path(export_dir), ExportDir(export_dir).manifest())
     if not address:
         # A local cluster's processes inherit this environment. Serve's proxy gets 5 s to report
         # ready (10 s for health checks); on a busy machine it misses that, and the controller

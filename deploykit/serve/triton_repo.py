@@ -385,12 +385,12 @@ def package_triton(
             engine needs plugins Triton cannot load (Python ones) or that were not given.
     """
     from deploykit.backends.plugins import Plugins
-    from deploykit.export.manifest import checked_graph
+    from deploykit.export.directory import ExportDir
 
     export_dir, output = Path(export_dir), Path(output)
-    manifest = Manifest.read(export_dir)
+    manifest = ExportDir(export_dir).manifest()
     config = read_image_config(export_dir, manifest)
-    entries = [(entry, checked_graph(export_dir, entry, manifest.encoding)) for entry in manifest.graphs_at("fp32")]
+    entries = [(entry, ExportDir(export_dir).graph(entry, manifest.encoding)) for entry in manifest.graphs_at("fp32")]
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise DeployKitError(f"{output} already exists and is not an empty directory; choose another --output")
     tmp = directory_beside(output)

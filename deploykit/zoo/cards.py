@@ -59,7 +59,8 @@ def int8_columns(model: Model, dataset, resolutions: list[int], limit: int | Non
     ``deploykit export --precision int8`` does (train split, agreement target on the val split),
     run in ONNX Runtime; the share of test predictions it shares with the fp32 graph, with its
     binomial standard error (the test split is used by neither calibration nor the fallback)."""
-    from deploykit.backends.onnxrt import run_graph
+    from deploykit.backends.onnxrt import cpu_runner, run_graph
+    from deploykit.checks import Agreement, Reference, check_runner
     from deploykit.export import onnx_from_model
     from deploykit.export.bundle import planned_graph
     from deploykit.export.metadata import GraphMetadata
@@ -71,17 +72,17 @@ def int8_columns(model: Model, dataset, resolutions: list[int], limit: int | Non
         int8 = planned_graph(fp32, model, (r, r), "int8")
         images, labels = dataset.batch("test", range(count), r)
         inputs = normalise(images, model.cfg.mean, model.cfg.std)
-        predicted, reference = (run_graph(g, inputs).argmax(-1) for g in (int8, fp32))
+        with cpu_runner(int8) as runner:  # the fallback's criterion, without a bar: its counted top-1 agreement
+            checked = check_runner(runner, Reference(inputs, run_graph(fp32, inputs), num_real=count), (Agreement(),), batch=32)
+        predicted = checked.outputs.argmax(-1)
         accuracy.append(float(np.mean(predicted == labels)))
-        agreement.append(float(np.mean(predicted == reference)))
+        agreement.append(checked.result.metrics["top1_agreement"])
         error.append(float(np.sqrt(agreement[-1] * (1 - agreement[-1]) / count)))
         correct_hex.append(_bits_to_hex(predicted == labels))
         details = GraphMetadata.of(int8).quantization
-        kept = [f"{e['module']} ({e['onnx']}): {e['reason']}" for e in details["kept_float"] if e["reason"] != "policy"]
-        checks = (details.get("agreement") or {}).get("checks", 0)
-        plans.append(
-            {"float_nodes": details["float_nodes"], "quantized_nodes": details["quantized_nodes"], "kept_float": kept, "checks": checks}
-        )
+        kept = [f"{e.module} ({e.onnx}): {e.reason}" for e in details.kept_float if e.reason != "policy"]
+        checks = (details.agreement or {}).get("checks", 0)
+        plans.append({"float_nodes": details.float_nodes, "quantized_nodes": details.quantized_nodes, "kept_float": kept, "checks": checks})
     return dict(
         int8_test_accuracy=accuracy,
         int8_test_correct_hex=correct_hex,

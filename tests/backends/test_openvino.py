@@ -291,7 +291,7 @@ def test_int8_plan_of_a_trained_zoo_model_validates_at_1x_and_2x(zoo_int8_export
 
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_BF16, reason="this CPU has no native bf16 (no openvino-bf16 backend)")
-def test_profile_holds_the_int8_plan_to_its_own_target_again_under_the_bf16_hint(zoo_int8_export):
+def test_profile_holds_the_int8_plan_to_its_own_target_again_under_the_bf16_hint(zoo_int8_export, tmp_path):
     """Across the seam: profile runs the trained int8 plan with OpenVINO's bf16 hint, checks it
     against the export's target on the export's held-out inputs (the zoo's val split), and the
     verdict alone decides whether it may be the default choice, saying why not."""
@@ -300,7 +300,7 @@ def test_profile_holds_the_int8_plan_to_its_own_target_again_under_the_bf16_hint
     from deploykit.profile import Budget, Subject, profile
 
     base = load_model(zoo_int8_export).cfg.img_size
-    subject = Subject.from_export_dir(zoo_int8_export, ("int8",))
+    subject = Subject.from_export_dir(shutil.copytree(zoo_int8_export, tmp_path / "exp"), ("int8",))  # profile writes its choice there
     report = profile(
         subject,
         resolutions=[(base, base)],
@@ -311,12 +311,12 @@ def test_profile_holds_the_int8_plan_to_its_own_target_again_under_the_bf16_hint
         end_to_end=False,
     )
     (record,) = report.records
-    check = record["quality_check"]
-    assert record["validated"] and record["computes_in"] == "bf16" and record["lowered_despite_mark"] == {}
+    check = record.verdict.quality_check
+    assert record.validated and record.run["computes_in"] == "bf16" and record.run["lowered_despite_mark"] == {}
     assert (check["held_out"], check["min_agreement"]) == (HELD_OUT, MIN_AGREEMENT) and 0 < check["rows"] <= HELD_OUT
     agreement = min(check["top1_agreement"], check["top1_agreement_estimate"])
     assert check["met"] == (check["complete"] and agreement >= MIN_AGREEMENT), check
-    assert record["fastest_validated"] == check["met"]
+    assert record.fastest_validated == check["met"]
     assert any(line.startswith(f"int8 on openvino-bf16 at {base} is not chosen by default") for line in report.advice) != check["met"]
 
 

@@ -117,7 +117,8 @@ def test_a_usable_gpu_backend_of_the_table_outranks_a_profiled_cpu_choice(good_e
     import json
     import shutil
 
-    from deploykit.export.manifest import CHOICE_FILE, Manifest, sha256_file
+    from deploykit.export.directory import CHOICE_FILE
+    from deploykit.export.manifest import Manifest, sha256_file
     from deploykit.resolutions import resolution_tag
     from deploykit.serve.pipeline import Pipeline
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from deploykit.export import export
-from deploykit.export.manifest import BUILD_FILES, ENGINE_SUFFIXES, Manifest
+from deploykit.export.directory import BUILD_FILES, ENGINE_SUFFIXES
+from deploykit.export.manifest import Manifest
 from tests.export.test_staged_export import tiny
 from tests.test_cli import RES, assert_one_line_error, run_cli, snapshot
 
@@ -136,14 +137,15 @@ def export_copy(good_export, tmp_path) -> Path:
     return dest
 
 
-def test_the_files_export_knows_as_builds_are_the_ones_build_writes():
+def test_the_files_export_knows_as_builds_are_the_ones_build_writes(tmp_path):
     from deploykit.backends.engine_cache import engine_paths, runtime_cache_path
     from deploykit.backends.table import FLAVOURS
-    from deploykit.build import TIMING_CACHE_FILE
+    from deploykit.build import BuildSettings, build_options
 
     written = {
         path.name.removeprefix("model_32") for module in (f.module for f in FLAVOURS) for path in engine_paths("model_32.onnx", module)
     }
     written.add(runtime_cache_path("model_32.onnx").name.removeprefix("model_32"))  # TensorRT-RTX's runners write it
     assert written == set(ENGINE_SUFFIXES)
-    assert BUILD_FILES == (TIMING_CACHE_FILE,)
+    options = build_options("tensorrt", tmp_path, BuildSettings())
+    assert (Path(options.timing_cache).parent, Path(options.timing_cache).name) == (tmp_path, *BUILD_FILES)

@@ -13,7 +13,7 @@ import pytest
 
 import deploykit
 from deploykit.errors import DeployKitError
-from deploykit.export.metadata import GraphMetadata
+from deploykit.export.metadata import GraphMetadata, QuantizationRecord
 
 # As an exported int8 graph of a resolution range carried them (text typed out here, not produced
 # by the module under test).
@@ -43,7 +43,7 @@ def test_written_text_reads_into_typed_fields():
     assert meta.resolution == (224, 192) and meta.resolution_range == ((128, 128), (384, 384))
     assert meta.patch_size == 16 and meta.encoding == "gridpe" and meta.encoding_config["num_scales"] == 4
     assert meta.block_outputs == ("add_3", "add_7") and meta.float_modules == ("model.pos",)
-    assert meta.plan == "int8" and meta.quantization == {"plan": "int8", "kept_float": []}
+    assert meta.plan == "int8" and meta.quantization == QuantizationRecord(plan="int8")
     assert meta.qk_channel_order is None and meta.fused_attention is None
 
 
@@ -93,3 +93,19 @@ def test_no_metadata_key_is_spelled_outside_the_metadata_module():
                 if node.value not in modules and node.value != "deploykit.plugins":
                     found.append(f"{path.relative_to(root)}:{node.lineno}: {node.value}")
     assert not found, found
+
+
+def test_a_quantization_record_reads_into_types_and_writes_back_the_same_text():
+    text = (
+        '{"plan": "int8", "calibration": "minmax", "samples": 8, "calibration_data": "8 bundled sample images", '
+        '"attention_int8": false, "agreement": {"target": {"held_out": 4, "min_agreement": 0.995}, "met": true}, '
+        '"quantized_nodes": 3, "float_nodes": {"pinned": ["blocks.0.mlp.fc2 (node_9)"]}, '
+        '"kept_float": [{"module": "blocks.0.mlp.fc2", "onnx": "node_9", "reason": "pinned", "why": "--keep-float blocks.0.*"}]}'
+    )
+    proto = graph({"deploykit.quantization": text})
+    record = GraphMetadata.of(proto).quantization
+    assert record.samples == 8 and record.attention_int8 is False and record.agreement["met"]
+    assert record.kept_float[0].reason == "pinned" and record.kept_float[0].module == "blocks.0.mlp.fc2"
+    assert record.untrained_weights is None and record.sensitivity is None  # absent: not written back
+    GraphMetadata.of(proto).write(proto)
+    assert {p.key: p.value for p in proto.metadata_props}["deploykit.quantization"] == text

@@ -19,7 +19,7 @@ from deploykit.errors import ConfigError, ExportError
 from deploykit.export import export
 from deploykit.export.int8_static import CalibrationOptions
 from deploykit.export.manifest import Manifest
-from deploykit.export.metadata import GraphMetadata
+from deploykit.export.metadata import GraphMetadata, QuantizationRecord
 from deploykit.export.sensitivity import QualityTarget
 from deploykit.inputs.datasets import ShapeRelations
 from deploykit.nn import create_model
@@ -105,7 +105,7 @@ def test_qdq_only_on_matmul_inputs_and_never_near_the_encoding(int8_graph):
 
 def test_the_plan_is_recorded_in_graph_and_manifest(int8_graph):
     _, proto, manifest = int8_graph
-    details = GraphMetadata.of(proto).quantization
+    details = GraphMetadata.of(proto).quantization.to_dict()
     entry = next(g for g in manifest.graphs if g.precision == "int8")
     assert entry.quantization == details
     assert details["plan"] == "int8" and details["calibration"] == "minmax" and details["samples"] == 8
@@ -134,7 +134,7 @@ def test_ega_gate_stays_float(tmp_path):
     gates = [n for n in proto.graph.node if n.op_type in ("MatMul", "Gemm") and "attn.gate" in _scopes(n)]
     assert len(gates) == 2 and not any(dequantized[n.name] for n in gates)
     assert any(dequantized[n.name] for n in proto.graph.node if "attn.qkv" in _scopes(n))
-    assert len(GraphMetadata.of(proto).quantization["float_nodes"]["float-module"]) == 2
+    assert len(GraphMetadata.of(proto).quantization.float_nodes["float-module"]) == 2
 
 
 @pytest.mark.slow
@@ -269,7 +269,7 @@ def test_int8_mha_is_the_int8_plan_with_its_float_attention_fused(tmp_path, monk
     ops = [n.op_type for n in fused.graph.node]
     assert ops.count("MultiHeadAttention") == model.cfg.depth and "Softmax" not in ops
     assert ops.count("QuantizeLinear") == [n.op_type for n in int8.graph.node].count("QuantizeLinear") > 0
-    assert GraphMetadata.of(fused).quantization["kept_float"] == GraphMetadata.of(int8).quantization["kept_float"]
+    assert GraphMetadata.of(fused).quantization.kept_float == GraphMetadata.of(int8).quantization.kept_float
     assert GraphMetadata.of(fused).precision == "int8-mha"
     inputs = deploykit.inputs.builtin.dataset_inputs(model.cfg.dataset, (48, 48), model.cfg.mean, model.cfg.std, 16)
     # Equal but for summation order (which can move a value across an int8 rounding step downstream).
@@ -411,7 +411,7 @@ def test_the_fallback_finds_the_planted_matmul_names_it_and_meets_the_target(tmp
     (fc2,) = [n for n in proto.graph.node if n.name == moved["onnx"]]
     assert not _dequantized_inputs(proto)[fc2.name]  # float in the written graph
     assert any(_dequantized_inputs(proto)[n.name] for n in proto.graph.node if _module(n) == "blocks.1.mlp.fc1")
-    text = "\n".join(describe_plan(details))
+    text = "\n".join(describe_plan(QuantizationRecord.from_dict(details)))
     assert f"kept float: blocks.1.mlp.fc2 ({moved['onnx']}): sensitivity" in text
     assert not any("untrained" in r.message for r in caplog.records)  # its weights were changed: not at their init
 
@@ -441,7 +441,7 @@ def test_moving_every_node_back_to_float_gives_the_fp32_graph(tmp_path):
 
     fp32 = onnx_from_model(_model("rope-axial"), RES)
     inputs = np.random.default_rng(0).standard_normal((8, 3, *RES)).astype(np.float32)
-    planned = int8_static.quantize_static_int8(fp32, int8_static.Calibration(inputs, "noise"))
+    planned, _ = int8_static.quantize_static_int8(fp32, int8_static.Calibration(inputs, "noise"))
     quantized = int8_selection.select_nodes(fp32, False).quantize
     restored = dequantize_nodes(planned, fp32, quantized)
     assert not {n.op_type for n in restored.graph.node} & set(QDQ)
@@ -462,7 +462,7 @@ def test_each_nodes_sensitivity_is_the_output_error_with_it_alone_int8(which, mo
     model, res = (_planted_model(), (32, 32)) if which == "planted" else (_model("sape2"), RES)
     fp32 = onnx_from_model(model, res)
     inputs = np.random.default_rng(0).standard_normal((6, 3, *res)).astype(np.float32)
-    planned = int8_static.quantize_static_int8(fp32, int8_static.Calibration(inputs, "noise"))
+    planned, _ = int8_static.quantize_static_int8(fp32, int8_static.Calibration(inputs, "noise"))
     quantized = int8_selection.select_nodes(fp32, False).quantize
     measured = node_sensitivity(fp32, planned, quantized, inputs)  # 6 inputs: 2 nodes per group, 2 groups per capture
     reference = run_graph(fp32, inputs)

@@ -13,7 +13,8 @@ import pytest
 
 import deploykit
 from deploykit.backends.streams import usable_cores
-from deploykit.export.manifest import CHOICE_FILE, Manifest, sha256_file
+from deploykit.export.directory import CHOICE_FILE
+from deploykit.export.manifest import Manifest, sha256_file
 from deploykit.profile.choice import Choice, read_choice
 from deploykit.profile.streams import with_measured_streams
 from deploykit.resolutions import resolution_tag
