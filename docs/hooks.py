@@ -19,7 +19,7 @@ from mkdocs.structure.files import File
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-MARKER = re.compile(r"^<!-- generate: ([a-z-]+)(?: (\S+))? -->$", re.M)
+MARKER = re.compile(r"^<!-- generate: ([a-z-]+)((?: \S+)*) -->$", re.M)
 SWEEP_MODES = ("full", "quick")
 
 
@@ -73,6 +73,13 @@ def plan_tolerances() -> str:
     return "\n".join(rows) + "\n"
 
 
+def results(name: str, path: str = "records", columns: str = "") -> str:
+    """A table of one committed results file (``benchmarks/make_readme.py``'s ``results_table``)."""
+    from benchmarks.make_readme import results_table
+
+    return "\n".join(results_table(RESULTS, name, path, columns)) + "\n"
+
+
 def examples() -> str:
     """One section per script in ``examples/``: its header docstring and how to run it."""
     parts = []
@@ -99,6 +106,7 @@ GENERATORS = {
     "cpu-backends-table": cpu_backends_table,
     "precision-plans": precision_plans,
     "plan-tolerances": plan_tolerances,
+    "results": results,
     "examples": examples,
     "tests": tests,
 }
@@ -124,4 +132,4 @@ def on_files(files, config):
 
 
 def on_page_markdown(markdown, page, config, files):
-    return MARKER.sub(lambda match: GENERATORS[match.group(1)](*filter(None, match.groups()[1:])), markdown)
+    return MARKER.sub(lambda match: GENERATORS[match.group(1)](*match.group(2).split()), markdown)
