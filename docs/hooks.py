@@ -80,6 +80,40 @@ def results(name: str, path: str = "records", columns: str = "") -> str:
     return "\n".join(results_table(RESULTS, name, path, columns)) + "\n"
 
 
+def benchmark_table(name: str) -> str:
+    """The table ``benchmarks/README.md`` shows for results file ``name`` (``make_readme.TABLES``)."""
+    from benchmarks.make_readme import TABLES, results_table
+
+    path, columns = next((path, columns) for _, file, path, columns in TABLES if file == name)
+    return "\n".join(results_table(RESULTS, name, path, columns)) + "\n"
+
+
+def plan_agreement(name: str) -> str:
+    """Each CPU lane's lowest top-1 agreement with PyTorch fp32 over the zoo (``cpu_plan_accuracy.py``),
+    the cell where it was lowest, and its median over the cells."""
+    data = json.loads((RESULTS / name).read_text())
+    rows = ["| lane | lowest agreement | where | median over the cells |", "|---|---|---|---|"]
+    for lane in dict.fromkeys(r["lane"] for r in data["records"]):
+        cells = sorted(
+            (r["agreement"], f"{r['model']} at {r['scale']:g}× its training resolution") for r in data["records"] if r["lane"] == lane
+        )
+        rows.append(f"| {lane} | {cells[0][0]:.2%} | {cells[0][1]} | {cells[len(cells) // 2][0]:.2%} |")
+    return "\n".join([*rows, "", f"_From `benchmarks/results/{name}`._", ""])
+
+
+def int8_speed() -> str:
+    """Each ``int8_plans.py speed`` file's plans as ratios to the fp32 graph's p50: the range over
+    its cells, and how many cells are at or below half."""
+    rows = ["| results file | plan | p50 ÷ fp32 p50 | cells at or below 0.5 |", "|---|---|---|---|"]
+    for path in sorted(RESULTS.glob("int8-speed-*.json")):
+        records = json.loads(path.read_text())["records"]
+        for plan in dict.fromkeys(r["variant"] for r in records if r["variant"] != "fp32"):
+            ratios = sorted(r["ratio_vs_fp32"] for r in records if r["variant"] == plan)
+            half = sum(ratio <= 0.5 for ratio in ratios)
+            rows.append(f"| `{path.name}` | `{plan}` | {ratios[0]:.2f}-{ratios[-1]:.2f} | {half} of {len(ratios)} |")
+    return "\n".join(rows) + "\n"
+
+
 def examples() -> str:
     """One section per script in ``examples/``: its header docstring and how to run it."""
     parts = []
@@ -107,6 +141,9 @@ GENERATORS = {
     "precision-plans": precision_plans,
     "plan-tolerances": plan_tolerances,
     "results": results,
+    "benchmark-table": benchmark_table,
+    "int8-speed": int8_speed,
+    "plan-agreement": plan_agreement,
     "examples": examples,
     "tests": tests,
 }
