@@ -19,7 +19,7 @@ from mkdocs.structure.files import File
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-MARKER = re.compile(r"^<!-- generate: ([a-z-]+)((?: \S+)*) -->$", re.M)
+MARKER = re.compile(r"^<!-- generate: ([a-z0-9-]+)((?: \S+)*) -->$", re.M)
 SWEEP_MODES = ("full", "quick")
 
 
@@ -88,6 +88,16 @@ def benchmark_table(name: str) -> str:
     return "\n".join(results_table(RESULTS, name, path, columns)) + "\n"
 
 
+def int8_attention() -> str:
+    """Top-1 agreement with fp32 of each zoo model's int8 plan at each resolution, with the attention
+    products float (what deploykit writes) and int8 (``int8_plans.py attention``)."""
+    records = json.loads((RESULTS / "int8-attention.json").read_text())["records"]
+    by = {(r["model"], r["resolution"], r["attention_int8"]): r["agreement"] for r in records}
+    rows = ["| model | resolution | attention float | attention int8 |", "|---|---|---|---|"]
+    rows += [f"| {m} | {res} | {by[m, res, False]:.2%} | {by[m, res, True]:.2%} |" for m, res, int8 in by if not int8]
+    return "\n".join([*rows, "", "_From `benchmarks/results/int8-attention.json`._", ""])
+
+
 def plan_agreement(name: str) -> str:
     """Each CPU lane's lowest top-1 agreement with PyTorch fp32 over the zoo (``cpu_plan_accuracy.py``),
     the cell where it was lowest, and its median over the cells."""
@@ -141,6 +151,7 @@ GENERATORS = {
     "precision-plans": precision_plans,
     "plan-tolerances": plan_tolerances,
     "results": results,
+    "int8-attention": int8_attention,
     "benchmark-table": benchmark_table,
     "int8-speed": int8_speed,
     "plan-agreement": plan_agreement,
@@ -169,4 +180,7 @@ def on_files(files, config):
 
 
 def on_page_markdown(markdown, page, config, files):
-    return MARKER.sub(lambda match: GENERATORS[match.group(1)](*match.group(2).split()), markdown)
+    markdown = MARKER.sub(lambda match: GENERATORS[match.group(1)](*match.group(2).split()), markdown)
+    if "<!-- generate:" in markdown:  # a marker the pattern missed would leave its part out silently
+        raise ValueError(f"{page.file.src_path}: a '<!-- generate: ' marker that is not one line of a known NAME")
+    return markdown
