@@ -122,6 +122,12 @@ TABLES = (
     ),
     ("The first lent-GPU run", "gpu-lent.json", "checks", "name=check,status,seconds"),
     (
+        "`profile` on the lent GPU: ViT-B/16 in PyTorch on CUDA",
+        "gpu-lent.json",
+        "checks.20.details.records",  # the run's last check, profile torch cuda vit_base_patch16
+        "encoding,resolution,batch,p50_ms,ratio_vs_ape=×_APE,pe_step_p50_ms=positional_step_p50_ms,pe_share=positional_step_share",
+    ),
+    (
         "Denormals flushed or as shipped",
         "denormals.json",
         "records",

@@ -42,8 +42,9 @@ def benchmark_results() -> str:
     text = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
     head, rest = text.split(BEGIN, 1)
     head = head.split("\n", 1)[1]  # the page has its own title
+    head, results_heading, _ = head.rpartition("## Results")  # the plots go before the tables' heading
     plots = [f"![{p.stem}]({_plot_name(p)})\n\n_`benchmarks/results/{p.name}`_\n" for p in _sweeps()]
-    return "\n".join([head, "## Latency against resolution\n", *plots, render(RESULTS), rest.split(END, 1)[1]])
+    return "\n".join([head, "## Latency against resolution\n", *plots, f"{results_heading}\n", render(RESULTS), rest.split(END, 1)[1]])
 
 
 def cpu_backends_table() -> str:
