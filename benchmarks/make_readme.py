@@ -108,8 +108,82 @@ def tune_table(data: dict) -> list[str]:
     return lines
 
 
+# The other benchmarks' results files, each as a table: (heading, file, path to its records, columns).
+TABLES = (
+    (
+        "SaPE² Triton kernels on a lent GPU",
+        "gpu-lent-kernels.json",
+        "checks",
+        "name=check,details.forms.hat.bias_ms_p50=hat_form_ms,details.forms.gather.bias_ms_p50=gather_form_ms,"
+        "details.latency_ms_p50.reference_bias=reference_bias_ms,details.default_form=default_form,"
+        "details.latency_ms_p50.fused_attention=fused_attention_ms,details.latency_ms_p50.reference_attention=reference_attention_ms,"
+        "details.triton_bias_rel_err_vs_float64=bias_relative_error,details.peak_extra_mib.fused_attention=fused_attention_extra_MiB,"
+        "details.peak_extra_mib.reference_attention=reference_extra_MiB,details.speedup=speed-up",
+    ),
+    ("The first lent-GPU run", "gpu-lent.json", "checks", "name=check,status,seconds"),
+    (
+        "`profile` on the lent GPU: ViT-B/16 in PyTorch on CUDA",
+        "gpu-lent.json",
+        "checks.20.details.records",  # the run's last check, profile torch cuda vit_base_patch16
+        "encoding,resolution,batch,p50_ms,ratio_vs_ape=×_APE,pe_step_p50_ms=positional_step_p50_ms,pe_share=positional_step_share",
+    ),
+    (
+        "Denormals flushed or as shipped",
+        "denormals.json",
+        "records",
+        "model,resolution,plan,as_shipped.mean_ms=as_shipped_mean_ms,as_shipped.max_ms=as_shipped_max_ms,"
+        "flushed.mean_ms=flushed_mean_ms,flushed.max_ms=flushed_max_ms,mean_ratio_flushed_vs_as_shipped=flushed_÷_as_shipped,"
+        "max_abs_output_difference",
+    ),
+    (
+        "OpenVINO: qkv as three products or packed",
+        "openvino-qkv.json",
+        "records",
+        "model,resolution,batch,plan,lane,packed_p50_ms,three_products_p50_ms,ratio_three_products_vs_packed=three_÷_packed,min_ratio=fastest_calls'_ratio",
+    ),
+    (
+        "INT8 export time",
+        "int8-export-time.json",
+        ".",
+        "model,calibration_inputs,held_out_inputs,fp32_export_s,int8_export_s,int8_over_fp32",
+    ),
+    ("Attention products int8 or float", "int8-attention.json", "records", ""),
+    ("Decode bounds: the worst image each bound accepts", "decode-bounds.json", "records", "case,bytes,width,height,cpu_s"),
+    (
+        "Served against in-process",
+        "serve_cpu.json",
+        "levels",
+        "concurrency,in_process.throughput_rps=in-process_req/s,served.throughput_rps=served_req/s,"
+        "served_vs_in_process_throughput=served_÷_in-process,in_process.p50_ms=in-process_p50_ms,served.p50_ms=served_p50_ms,"
+        "in_process.p99_ms=in-process_p99_ms,served.p99_ms=served_p99_ms,served.mean_merged_batch=mean_merged_batch",
+    ),
+    (
+        "Serving under hostile load",
+        "serve-hostile.json",
+        "phases",
+        "valid,answered,equal,latency_ms.p50=p50_ms,latency_ms.p99=p99_ms,latency_ms.max=slowest_ms,throughput_rps=req/s",
+    ),
+    (
+        "The bound on a valid request's latency under that load",
+        "serve-hostile.json",
+        "bound",
+        "quiet_p99_ms,K,T_ms,bound_ms,hostile_max_ms=slowest_under_hostile_load_ms,met",
+    ),
+    (
+        "The worst image the bounds accept, under that load",
+        "serve-hostile.json",
+        "worst_accepted",
+        "case,bytes,width,height,decode_cpu_s,prepare_cpu_s",
+    ),
+    ("ONNX Runtime behind the pipeline's lock or concurrent", "ort_lock.json", "levels", ""),
+)
+
+
 def render(results_dir: Path) -> str:
     parts = []
+    for heading, name, path, columns in TABLES:
+        if (results_dir / name).is_file():
+            parts += [f"### {heading} (`results/{name}`)", "", *results_table(results_dir, name, path, columns), ""]
     for path in sorted(results_dir.glob("tune-ort-*.json")):
         data = json.loads(path.read_text())
         parts += [
@@ -268,6 +342,56 @@ def _as_profile_record(row: dict, target_met: bool):
         run=run,
         verdict=verdict,
     )
+
+
+def _at(data, dotted: str):
+    """``data["a"]["b"]`` for ``"a.b"``; a list index is a number (``"checks.0.details"``)."""
+    for key in dotted.split("."):
+        data = data[int(key)] if isinstance(data, list) else data[key]
+    return data
+
+
+def _leaves(record: dict, prefix: str = "") -> dict:
+    """A record's scalar values by dotted name (nested dicts flattened, lists left out)."""
+    found = {}
+    for key, value in record.items():
+        if isinstance(value, dict):
+            found |= _leaves(value, f"{prefix}{key}.")
+        elif not isinstance(value, list):
+            found[f"{prefix}{key}"] = value
+    return found
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "–" if value is None else str(value)
+
+
+def results_table(results_dir: Path, name: str, path: str = "records", columns: str = "") -> list[str]:
+    """A table of one committed results file: the list (or dict of records) at ``path``, a row per
+    record, the ``columns`` asked for (comma-separated dotted names, each with an optional
+    ``=header``, ``_`` for a space; all scalar fields if none), and
+    the file and the machine it was measured on beneath it. ``path`` ``.`` is the file's own fields."""
+    data = json.loads((results_dir / name).read_text())
+    found = data if path == "." else _at(data, path)
+    if isinstance(found, dict) and all(isinstance(v, dict) for v in found.values()):
+        rows = [{"": key, **_leaves(value)} for key, value in found.items()]
+    elif isinstance(found, dict):
+        rows = [_leaves(found)]
+    else:
+        rows = [_leaves(record) for record in found]
+    asked = [c.partition("=") for c in columns.split(",")] if columns else []
+    if asked and "" in rows[0]:  # a dict of records: its keys name the rows
+        asked.insert(0, ("", "", ""))
+    names = [name for name, _, _ in asked] or list(dict.fromkeys(k for row in rows for k in row))
+    headers = [(header or name).replace("_", " ") for name, _, header in asked] or names
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(names)]
+    # a row holding none of the asked-for values past the first (a check that timed nothing) is left out
+    lines += ["| " + " | ".join(_cell(row.get(n)) for n in names) + " |" for row in rows if any(row.get(n) is not None for n in names[1:])]
+    env = data.get("environment", {})
+    machine = data.get("environment_line") or data.get("device") or f"{env.get('cpu', '?')}, {env.get('usable_cores', '?')} cores"
+    return [*lines, "", f"_From `benchmarks/results/{name}`; measured on {machine}._"]
 
 
 def write_readme(results_dir: Path, readme: Path) -> Path:

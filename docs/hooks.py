@@ -19,7 +19,7 @@ from mkdocs.structure.files import File
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-MARKER = re.compile(r"^<!-- generate: ([a-z-]+)(?: (\S+))? -->$", re.M)
+MARKER = re.compile(r"^<!-- generate: ([a-z0-9-]+)((?: \S+)*) -->$", re.M)
 SWEEP_MODES = ("full", "quick")
 
 
@@ -42,8 +42,9 @@ def benchmark_results() -> str:
     text = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
     head, rest = text.split(BEGIN, 1)
     head = head.split("\n", 1)[1]  # the page has its own title
+    head, results_heading, _ = head.rpartition("## Results")  # the plots go before the tables' heading
     plots = [f"![{p.stem}]({_plot_name(p)})\n\n_`benchmarks/results/{p.name}`_\n" for p in _sweeps()]
-    return "\n".join([head, "## Latency against resolution\n", *plots, render(RESULTS), rest.split(END, 1)[1]])
+    return "\n".join([head, "## Latency against resolution\n", *plots, f"{results_heading}\n", render(RESULTS), rest.split(END, 1)[1]])
 
 
 def cpu_backends_table() -> str:
@@ -73,6 +74,57 @@ def plan_tolerances() -> str:
     return "\n".join(rows) + "\n"
 
 
+def results(name: str, path: str = "records", columns: str = "") -> str:
+    """A table of one committed results file (``benchmarks/make_readme.py``'s ``results_table``)."""
+    from benchmarks.make_readme import results_table
+
+    return "\n".join(results_table(RESULTS, name, path, columns)) + "\n"
+
+
+def benchmark_table(name: str) -> str:
+    """The table ``benchmarks/README.md`` shows for results file ``name`` (``make_readme.TABLES``)."""
+    from benchmarks.make_readme import TABLES, results_table
+
+    path, columns = next((path, columns) for _, file, path, columns in TABLES if file == name)
+    return "\n".join(results_table(RESULTS, name, path, columns)) + "\n"
+
+
+def int8_attention() -> str:
+    """Top-1 agreement with fp32 of each zoo model's int8 plan at each resolution, with the attention
+    products float (what deploykit writes) and int8 (``int8_plans.py attention``)."""
+    records = json.loads((RESULTS / "int8-attention.json").read_text())["records"]
+    by = {(r["model"], r["resolution"], r["attention_int8"]): r["agreement"] for r in records}
+    rows = ["| model | resolution | attention float | attention int8 |", "|---|---|---|---|"]
+    rows += [f"| {m} | {res} | {by[m, res, False]:.2%} | {by[m, res, True]:.2%} |" for m, res, int8 in by if not int8]
+    return "\n".join([*rows, "", "_From `benchmarks/results/int8-attention.json`._", ""])
+
+
+def plan_agreement(name: str) -> str:
+    """Each CPU lane's lowest top-1 agreement with PyTorch fp32 over the zoo (``cpu_plan_accuracy.py``),
+    the cell where it was lowest, and its median over the cells."""
+    data = json.loads((RESULTS / name).read_text())
+    rows = ["| lane | lowest agreement | where | median over the cells |", "|---|---|---|---|"]
+    for lane in dict.fromkeys(r["lane"] for r in data["records"]):
+        cells = sorted(
+            (r["agreement"], f"{r['model']} at {r['scale']:g}× its training resolution") for r in data["records"] if r["lane"] == lane
+        )
+        rows.append(f"| {lane} | {cells[0][0]:.2%} | {cells[0][1]} | {cells[len(cells) // 2][0]:.2%} |")
+    return "\n".join([*rows, "", f"_From `benchmarks/results/{name}`._", ""])
+
+
+def int8_speed() -> str:
+    """Each ``int8_plans.py speed`` file's plans as ratios to the fp32 graph's p50: the range over
+    its cells, and how many cells are at or below half."""
+    rows = ["| results file | plan | p50 ÷ fp32 p50 | cells at or below 0.5 |", "|---|---|---|---|"]
+    for path in sorted(RESULTS.glob("int8-speed-*.json")):
+        records = json.loads(path.read_text())["records"]
+        for plan in dict.fromkeys(r["variant"] for r in records if r["variant"] != "fp32"):
+            ratios = sorted(r["ratio_vs_fp32"] for r in records if r["variant"] == plan)
+            half = sum(ratio <= 0.5 for ratio in ratios)
+            rows.append(f"| `{path.name}` | `{plan}` | {ratios[0]:.2f}-{ratios[-1]:.2f} | {half} of {len(ratios)} |")
+    return "\n".join(rows) + "\n"
+
+
 def examples() -> str:
     """One section per script in ``examples/``: its header docstring and how to run it."""
     parts = []
@@ -99,6 +151,11 @@ GENERATORS = {
     "cpu-backends-table": cpu_backends_table,
     "precision-plans": precision_plans,
     "plan-tolerances": plan_tolerances,
+    "results": results,
+    "int8-attention": int8_attention,
+    "benchmark-table": benchmark_table,
+    "int8-speed": int8_speed,
+    "plan-agreement": plan_agreement,
     "examples": examples,
     "tests": tests,
 }
@@ -114,14 +171,18 @@ def on_config(config):
 def on_files(files, config):
     """Add each sweep's plot, drawn from its results file, to the build."""
     from deploykit.profile.output import plot_latency
+    from deploykit.profile.report import ProfileRecord
 
     with tempfile.TemporaryDirectory() as work:
         for path in _sweeps():
-            records = json.loads(path.read_text())["records"]
+            records = [ProfileRecord.from_dict(r) for r in json.loads(path.read_text())["records"]]
             png = plot_latency(Path(work) / f"{path.stem}.png", records, title=path.stem)
             files.append(File.generated(config, _plot_name(path), content=png.read_bytes()))
     return files
 
 
 def on_page_markdown(markdown, page, config, files):
-    return MARKER.sub(lambda match: GENERATORS[match.group(1)](*filter(None, match.groups()[1:])), markdown)
+    markdown = MARKER.sub(lambda match: GENERATORS[match.group(1)](*match.group(2).split()), markdown)
+    if "<!-- generate:" in markdown:  # a marker the pattern missed would leave its part out silently
+        raise ValueError(f"{page.file.src_path}: a '<!-- generate: ' marker that is not one line of a known NAME")
+    return markdown

@@ -460,3 +460,21 @@ def test_kernels_are_timed_on_validate_s_real_inputs_filling_the_batch():
     np.testing.assert_array_equal(images[:VALIDATION_REAL], real)
     np.testing.assert_array_equal(images[VALIDATION_REAL:], real[:2])
     np.testing.assert_array_equal(inputs(model, (48, 48), 1, np.random.default_rng(0), rows)[0], real[:1])
+
+
+def test_a_profile_record_reads_back_from_its_json_object():
+    """A results file's records come back typed (docs plot the committed sweeps from them): what
+    ``to_dict`` wrote reads back into a record that writes the same object, run details included."""
+    from deploykit.profile.report import ProfileRecord, Verdict
+    from deploykit.profile.timing import LatencyStats
+
+    kernel = LatencyStats.from_ns([1_000_000, 2_000_000, 4_000_000], batch=2)
+    e2e = LatencyStats.from_ns([3_000_000, 5_000_000], batch=2)
+    record = ProfileRecord(
+        "ort", "int8", "rope-mixed", "64x48", 2, kernel, e2e=e2e, flops=3 * 10**9, run={"provider": "CPUExecutionProvider"},
+        verdict=Verdict(False, ("top-1 agreement 0.5 < 0.99",)), ape_p50_ms=1.5, fp32_p50_ms=4.0, fastest_validated=False,
+    )  # fmt: skip
+    written = record.to_dict()
+    assert ProfileRecord.from_dict(json.loads(json.dumps(written))).to_dict() == written
+    old = {k: v for k, v in written.items() if k not in ("precision", "provider")}  # a sweep written before plans were named
+    assert ProfileRecord.from_dict(old).precision == "fp32"

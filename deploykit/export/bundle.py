@@ -109,7 +109,7 @@ class ExportRequest:
         if not jobs:
             raise ExportError("nothing to export: give at least one resolution or a resolution range")
         # fp32 always: every other plan is written beside it, and validate, build and serve
-        # start from the fp32 graph (the README's promise; an int8-only directory was refused).
+        # start from the fp32 graph, so a directory without it would be refused by each of them.
         precisions = list(dict.fromkeys(["fp32", *precisions]))
         for precision in precisions:
             check_precision(precision)

@@ -140,8 +140,8 @@ class Calibration:
         record: what the manifest says of the inputs (``CalibrationSource.inputs``' record).
         batch: at most this many inputs per calibration run, and never more than 8
             (``onnx_export.rows_per_call``: ONNX Runtime's calibrator runs the graph unoptimized
-            with every calibrated tensor an output; on the default model at 384 px it took 7.3 GB
-            at 8 inputs per run and 1.3 GB at 1, with the same min-max and percentile ranges).
+            with every calibrated tensor an output, so its memory grows with the inputs per run,
+            while the min-max and percentile ranges do not depend on them).
     """
 
     inputs: np.ndarray
@@ -328,8 +328,8 @@ def _calibrated_bytes_per_input(proto: onnx.ModelProto) -> int:
 
 def _refuse_histograms_beyond_memory(proto: onnx.ModelProto, calibration: Calibration) -> None:
     """ONNX Runtime's histogram calibrators (every method but min-max) keep every calibrated
-    tensor of every input until the last one has run: 16.7 GB for 32 inputs of the default model
-    at 384 px. Where that cannot fit, say so rather than be killed mid-export."""
+    tensor of every input until the last one has run, many GB for a few dozen inputs of a model at
+    384 px. Where that cannot fit, say so rather than be killed mid-export."""
     from deploykit._cpu import available_memory
 
     if calibration.method == "minmax":

@@ -95,11 +95,8 @@ _MOST_ROWS_PER_CALL = 32
 
 def rows_per_call(model: Model, resolution: tuple[int, ...]) -> int:
     """How many inputs the exporter's and ``profile``'s checks run per call on the CPU: as many as
-    keep one block's fp32 attention scores within 8 MB, at least 1, at most 32.
-
-    Measured per input (flushed denormals, fp32 graph): the default model at 384 (2305 tokens,
-    one input's scores 42 MB) 50 ms at batch 1 against 68-73 at 32; ViT-S/16 at 384 (8 MB)
-    99-106 against 129-131; ViT-S/16 at 224 (0.9 MB) 32-33 at batch 8 against 38-39 at 32.
+    keep one block's fp32 attention scores within 8 MB, at least 1, at most 32: past that size the
+    scores leave the caches, and a larger batch costs more per input than it saves in calls.
     """
     tokens, heads = model.num_tokens(model.check_shape(resolution)), model.cfg.num_heads
     return max(1, min(_MOST_ROWS_PER_CALL, _SCORES_PER_CALL_BYTES // (4 * heads * tokens**2)))

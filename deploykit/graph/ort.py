@@ -2,12 +2,11 @@
 
 Each rule keeps the graph in plain ONNX ops (TensorRT, TensorRT-RTX and ONNX Runtime all parse
 the result) and computes the same values; it only changes the spelling to the one a runtime's
-fusion recognises. Measured with ONNX Runtime 1.32's profiler on the 2-core CPU machine, ViT-S/16
-at 224, batch 8: GELU and the bias adds went from about 10% of kernel time (Div, Erf, Add, Mul,
-Mul and a bias Add per linear layer) to about 3% (one Gelu; biases inside Gemm), and the model's
-p50 dropped by about 4% (``benchmarks/README.md``, "Where the time goes"). The key swap in
-attention (one Transpose where the exporter reshapes k through a run-time shape) leaves ONNX
-Runtime's outputs identical to the bit and took ViT-S/16 at 224, batch 1, from 61.0 to 59.4 ms.
+fusion recognises: GELU as one Gelu instead of Div, Erf, Add, Mul, Mul; a linear layer's bias
+inside its Gemm instead of a separate Add; in attention, one Transpose of k instead of a reshape
+through a run-time shape. The share of kernel time these ops take before and after is in ONNX
+Runtime's profiler results (``benchmarks/results/ort-op-profile-*.json``); the key swap leaves ONNX
+Runtime's outputs identical to the bit.
 """
 
 from __future__ import annotations

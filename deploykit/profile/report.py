@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +131,37 @@ class ProfileRecord:
     def cell(self) -> tuple[str, str, int]:
         """(encoding, resolution, batch): the records a choice is made among."""
         return self.encoding, self.resolution, self.batch
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ProfileRecord:
+        """A record read back from a results file (``to_dict``'s JSON object). A file holds only the
+        positional step's p50, so ``pe_step`` comes back None; a file written before records named
+        their plan holds fp32 records; the keys no field reads (a sweep's roofline) go to ``run``."""
+        stats = lambda prefix: LatencyStats(**{f.name: data[prefix + f.name] for f in fields(LatencyStats)})
+        verdict = None
+        if "validated" in data:
+            verdict = Verdict(
+                data["validated"], tuple(data.get("validation_failures", ())), data.get("quality_check"), data.get("quality_unchecked")
+            )
+        derived = {"pe_step_p50_ms", "pe_share", "gflops", "achieved_gflop_per_s", "ratio_vs_ape", "ratio_vs_fp32"}
+        read = {"backend", "precision", "encoding", "resolution", "batch", "ape_p50_ms", "fp32_p50_ms", "fastest_validated"}
+        read |= {f.name for f in fields(LatencyStats)} | {"e2e_" + f.name for f in fields(LatencyStats)} | derived
+        read |= {"validated", "validation_failures", "quality_check", "quality_unchecked"}
+        return cls(
+            data["backend"],
+            data.get("precision", FP32),
+            data["encoding"],
+            str(data["resolution"]),
+            data["batch"],
+            stats(""),
+            e2e=stats("e2e_") if "e2e_p50_ms" in data else None,
+            flops=round(data.get("gflops", 0) * 1e9),
+            run={key: value for key, value in data.items() if key not in read},
+            verdict=verdict,
+            ape_p50_ms=data.get("ape_p50_ms"),
+            fp32_p50_ms=data.get("fp32_p50_ms"),
+            fastest_validated=data.get("fastest_validated"),
+        )
 
     def to_dict(self) -> dict:
         record = dict(

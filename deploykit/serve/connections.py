@@ -8,8 +8,8 @@
 * ``TimedConnection``: aiohttp's connection handler, noting when the head of a request began
   (the connection opened, or the first byte after an answer arrived) and whether the front's
   handler has taken it; ``cut_slow_heads`` closes the connections whose head is still not
-  complete after the header deadline (one byte every 10 s kept 300 connections open for as
-  long as their clients liked). A keep-alive connection that sends nothing after an answer is
+  complete after the header deadline (a client sending one byte now and then would otherwise
+  hold its connection open for as long as it liked). A keep-alive connection that sends nothing after an answer is
   idle, not slow: aiohttp's keep-alive timeout closes it. The body has a deadline of its own
   (``Front``).
 """

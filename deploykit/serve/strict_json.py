@@ -14,7 +14,7 @@ differently, the text is refused, so what was checked is what runs:
   them), written exponents at most 308 and values finite as doubles (RapidJSON refuses ``1e400``,
   even ``0e400``; Python reads ``inf`` and 0.0), at most ``MAX_NUMBER_CHARS`` characters;
 * size: at most ``max_values`` values, bounded on the bytes before anything is built (Python's
-  ``json`` makes one object per value: 63 MiB of ``0.5,`` took 2.9 GB), nested at most
+  ``json`` makes one Python object per value, tens of bytes for each few characters), nested at most
   ``MAX_JSON_DEPTH`` deep.
 
 Refusals raise ``RequestRejected`` (``requests.py``) with one line.
