@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from deploykit._io import write_json_atomic
+from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.backends.openvino import OpenvinoBf16Runner, OpenvinoRunner, cpu_capabilities
 from deploykit.backends.registry import available_backends
 from deploykit.checks import row_cosines
@@ -43,7 +44,6 @@ from deploykit.inputs.builtin import validation_inputs
 from deploykit.nn import create_model, load_model
 from deploykit.profile import Budget, LatencyStats, measure
 from deploykit.profile.environment import capture_environment
-from deploykit.runtime.onnxrt import OnnxrtRunner
 from deploykit.zoo.registry import DEFAULT_ZOO_MODEL, model_dir
 from deploykit.zoo.resolve import resolve_model
 
@@ -133,9 +133,9 @@ def time_lanes(model, planned: dict[str, bytes], resolution: int, batch: int, bu
                 # OpenVINO: what it computes in and (bf16 hint) the encoding ops it ran below f32, and the
                 # rest: with the plan, what profile's not_default_because reads
                 **{
-                    key: runners[lane].details[key]
+                    key: runners[lane].info.to_dict()[key]
                     for key in ("computes_in", "lowered_despite_mark", "lowered_elsewhere")
-                    if key in runners[lane].details
+                    if key in runners[lane].info.to_dict()
                 },
             )
             for lane in runners

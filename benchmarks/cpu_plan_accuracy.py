@@ -33,6 +33,8 @@ import torch
 from cpu_backends import usable_lanes  # benchmarks/ is on sys.path when run as a script
 
 from deploykit._io import write_json_atomic
+from deploykit.backends.base import run_batched
+from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.backends.openvino import OpenvinoBf16Runner, OpenvinoRunner
 from deploykit.encodings import encoding_name
 from deploykit.errors import DeployKitError
@@ -43,8 +45,6 @@ from deploykit.inputs.builtin import normalise
 from deploykit.inputs.datasets import get_dataset
 from deploykit.nn import load_model
 from deploykit.profile.environment import capture_environment
-from deploykit.runtime import run_batched
-from deploykit.runtime.onnxrt import OnnxrtRunner
 from deploykit.zoo.cards import eval_resolutions
 from deploykit.zoo.registry import DEFAULT_ZOO_MODEL, EVAL_SCALES, list_zoo, model_dir
 
@@ -89,7 +89,7 @@ def measure_model(name: str, limit: int | None, scales=SCALES, calibration: Cali
                 predicted = run_batched(runner, x, BATCH)["logits"].argmax(-1)
                 provider = runner.provider  # what ran it: known while active only
                 # OpenVINO under bf16: the encoding ops it ran below f32 anyway (profile refuses such a run)
-                lowered = {k: runner.details[k] for k in ("lowered_despite_mark", "lowered_elsewhere") if k in runner.details}
+                lowered = {k: v for k, v in runner.info.to_dict().items() if k in ("lowered_despite_mark", "lowered_elsewhere")}
             finally:
                 runner.deactivate()
             agreement = float(np.mean(predicted == reference))

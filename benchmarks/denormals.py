@@ -30,12 +30,12 @@ import torch
 from results_file import write_results
 
 from deploykit._cpu import flushing_denormals
+from deploykit.backends.onnxrt import CPU, OnnxrtRunner, session_options
 from deploykit.export import onnx_from_model
 from deploykit.export.bundle import planned_graphs
 from deploykit.export.int8_static import CalibrationOptions
 from deploykit.inputs.builtin import calibration_inputs
 from deploykit.nn import create_model
-from deploykit.runtime.onnxrt import CPU, OnnxrtRunner, session_options
 from deploykit.zoo.resolve import resolve_model
 
 RESULTS = Path(__file__).parent / "results"

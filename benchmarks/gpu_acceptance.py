@@ -52,10 +52,11 @@ from checks import Checks, Failed
 from deploykit._io import write_json_atomic
 from deploykit._lazy import is_available
 from deploykit.backends.devices import Device, probe_device, supported_text, supports
+from deploykit.backends.table import engine_flavours
 from deploykit.profile.environment import capture_environment, environment_line
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gpu_acceptance.json"
-FLAVOURS = {"rtx": "tensorrt_rtx", "trt": "tensorrt"}
+FLAVOURS = {tag: flavour.module for tag, flavour in reversed(engine_flavours().items())}  # TensorRT-RTX first
 ENGINE = "engine"  # the group of the checks that run an engine on the GPU (counted in the summary)
 NO_TORCH_CUDA = None if torch.cuda.is_available() else f"this torch ({torch.__version__}, CUDA {torch.version.cuda}) cannot use the GPU"
 
@@ -183,11 +184,11 @@ def cpu_checks(exported: dict[str, Path], checks: Checks) -> None:
 
 def placement_check(graph: Path):
     """Where ONNX Runtime's CUDA provider session runs each node: compute on the CPU fails."""
-    from deploykit.runtime.onnxrt import OnnxrtCudaRunner
+    from deploykit.backends.onnxrt import OnnxrtCudaRunner
 
     def check():
         with OnnxrtCudaRunner(graph, allow_cpu_fallback=True) as runner:
-            details = runner.details
+            details = runner.info.to_dict()
         if details["node_placement"]["cpu_compute"]:
             raise Failed(details["placement_note"], details)
         return details

@@ -11,10 +11,8 @@ from types import ModuleType
 
 from deploykit.errors import MissingDependencyError
 
-# module name -> the pip extra that provides it
+# module name -> the pip extra that provides it (the TensorRT flavours' records name theirs)
 _EXTRAS = {
-    "tensorrt": "trt",
-    "tensorrt_rtx": "rtx",
     "skimage": "images",
     "matplotlib": "plot",
     "PIL.Image": "images",
@@ -29,11 +27,13 @@ _EXTRAS = {
 }
 
 
-def lazy_import(module: str) -> ModuleType:
+def lazy_import(module: str, extra: str | None = None) -> ModuleType:
     """Import an optional module, or raise a one-line error naming the extra that provides it.
 
     Args:
         module: importable module name, e.g. ``"tensorrt_rtx"``.
+        extra: the pip extra that provides it, where the caller holds that fact (a TensorRT
+            flavour's record); None: ``_EXTRAS``'s.
 
     Returns:
         The imported module.
@@ -44,7 +44,7 @@ def lazy_import(module: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as err:
-        extra = _EXTRAS.get(module)
+        extra = extra or _EXTRAS.get(module)
         hint = f"pip install 'deploykit[{extra}]'" if extra else f"pip install {module}"
         raise MissingDependencyError(f"{module} is not available ({err}); install it with: {hint}") from err
     except RuntimeError as err:

@@ -27,8 +27,6 @@ from pathlib import Path
 from deploykit.backends import defaults
 from deploykit.backends.devices import check_cuda_build, probe_device, rtx_targets
 from deploykit.backends.engine_cache import (
-    BACKEND_TAGS,
-    ENGINE_MODULES,
     Device,
     Fingerprint,
     check_fingerprint,
@@ -40,6 +38,7 @@ from deploykit.backends.engine_cache import (
 )
 from deploykit.backends.plugins import Plugins
 from deploykit.backends.registry import check_backend
+from deploykit.backends.table import engine_flavours, flavour
 from deploykit.backends.tensorrt import BuildOptions, BuildProgress, EngineFromOnnx, save_engine
 from deploykit.errors import ConfigError, StaleEngineError
 from deploykit.export.directory import ExportDir
@@ -107,7 +106,7 @@ def build_options(module: str, export_dir: Path, settings: BuildSettings) -> Bui
         raise ConfigError(f"need 1 <= batch <= max batch, got batch {batch}, max batch {max_batch}")
     low, high = (1, max_batch) if settings.dynamic else (batch, batch)
     # TensorRT-RTX tunes at run time: a timing cache does nothing there.
-    cache = str(ExportDir(export_dir).timing_cache_file) if module == "tensorrt" else None
+    cache = str(ExportDir(export_dir).timing_cache_file) if flavour(module).timing_cache else None
     return BuildOptions(
         module=module,
         workspace_mib=settings.workspace_mib,
@@ -157,14 +156,16 @@ def build(
         settings = dataclasses.replace(settings, **fields)
     except TypeError as err:
         raise ConfigError(f"build() got an unknown setting: {err}; the settings are BuildSettings' fields") from err
-    module, export_dir = ENGINE_MODULES[check_backend(backend, ENGINE_MODULES)], Path(export_dir)
+    engines = engine_flavours()
+    made_by, export_dir = engines[check_backend(backend, engines)], Path(export_dir)
+    module = made_by.module
     check_cuda_build(module)  # a builder on a driver older than its CUDA fails obscurely, minutes in
     options = build_options(module, export_dir, settings)
     options = dataclasses.replace(options, compute_capabilities=_targets(module, settings.compute_capabilities, device))
     entries = _select(ExportDir(export_dir).manifest(), settings.precisions, settings.resolutions)
-    if module == "tensorrt_rtx" and plugins.python:
+    if not made_by.python_plugins and plugins.python:
         names = ", ".join(s.describe() for s in plugins.python)
-        _log.warning("TensorRT-RTX has no Python plugins: %s not loaded; custom ops run their ONNX function bodies", names)
+        _log.warning("%s has no Python plugins: %s not loaded; custom ops run their ONNX function bodies", made_by.title, names)
         plugins = plugins.without_python()
     jobs = [_prepare_build(export_dir, entry, options, plugins, settings.rebuild, device) for entry in entries]  # refuse before building
     return [_build_one(job, plugins, progress) for job in jobs]
@@ -185,8 +186,8 @@ def _build_one(job: BuildJob, plugins: Plugins, progress: BuildProgress | None) 
 
 
 def _targets(module: str, asked: Sequence[str], device: Device | None) -> tuple[str, ...]:
-    """The compute capabilities a TensorRT-RTX engine is built for (none for TensorRT)."""
-    if module != "tensorrt_rtx":
+    """The compute capabilities a portable (TensorRT-RTX) engine is built for (none for TensorRT)."""
+    if not flavour(module).portable:
         if asked:
             raise ConfigError(
                 "--compute-capability is TensorRT-RTX's (--backend rtx); a TensorRT engine is built for the GPU it is built on"
@@ -221,7 +222,7 @@ def _prepare_build(export_dir: Path, entry: GraphEntry, options: BuildOptions, p
     engine, fp_path = engine_paths(path, options.module)
     if not engine.exists() or rebuild:
         return BuildJob(path, options, fingerprint, cached=False)
-    tag = BACKEND_TAGS[options.module]
+    tag = options.flavour.tag
     hint = f"pass --rebuild to replace it (deploykit build {export_dir} --backend {tag} --rebuild)"
     try:
         record = read_fingerprint(fp_path)

@@ -84,12 +84,13 @@ def _value_info(value) -> dict:
 def _rtx_parse(path: Path) -> dict:
     """What TensorRT-RTX's ONNX parser makes of the graph (through Polygraphy's loader)."""
     from deploykit._lazy import is_available
+    from deploykit.backends.table import TENSORRT_RTX
 
-    if not is_available("tensorrt_rtx"):
-        return {"parsed": None, "note": "tensorrt_rtx is not installed (pip install 'deploykit[rtx]')"}
+    if not is_available(TENSORRT_RTX.module):
+        return {"parsed": None, "note": f"{TENSORRT_RTX.module} is not installed (pip install 'deploykit[{TENSORRT_RTX.tag}]')"}
     from deploykit.backends._polygraphy import TrtMessages, backend, summarise
 
-    pg = backend("tensorrt_rtx")
+    pg = backend(TENSORRT_RTX.module)
     with TrtMessages("TensorRT-RTX parse", log=None) as messages:
         try:
             with messages.failing_as("TensorRT-RTX could not parse the graph"):
@@ -126,7 +127,8 @@ def _openvino_read(path: Path) -> dict:
 
 def inspect_engine(path: Path) -> dict:
     """Fingerprint, profile shapes and (with a GPU) layers and their precisions of one engine."""
-    from deploykit.backends.engine_cache import ENGINE_MODULES, read_fingerprint
+    from deploykit.backends.engine_cache import read_fingerprint
+    from deploykit.backends.table import engine_flavours
     from deploykit.errors import StaleEngineError
 
     info: dict = {"kind": "engine", "path": str(path), "bytes": path.stat().st_size}
@@ -137,7 +139,7 @@ def inspect_engine(path: Path) -> dict:
         info["fingerprint"] = None
         info["note"] = str(err)
         tag = path.suffixes[-2].lstrip(".") if len(path.suffixes) > 1 else ""
-        module = ENGINE_MODULES.get(tag)
+        module = engine_flavours()[tag].module if tag in engine_flavours() else None
     else:
         from deploykit.export.manifest import sha256_file
 

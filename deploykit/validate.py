@@ -9,7 +9,7 @@ features by the same max abs and cosine; it has no top-k. When a check
 fails, block outputs are compared one by one (recorded at export, so only those tensors are
 marked as outputs: fusion elsewhere is untouched) to name the first transformer block that
 diverges, in the backend that failed: ONNX Runtime with the same providers, or a debug engine
-built from the marked graph with the failing engine's settings (``registry.BISECT_FACTORIES``).
+built from the marked graph with the failing engine's settings (``registry.create_bisect_runner``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ import onnx
 
 from deploykit._terminal import counter
 from deploykit.backends import TorchRunner, registry
+from deploykit.backends.base import Runner, run_batched
 from deploykit.backends.defaults import RUNNER
+from deploykit.backends.onnxrt import with_outputs
 from deploykit.backends.plugins import Plugins
 from deploykit.catalog import OUTPUT_NAME
 from deploykit.checks import Checked, Reference, Tolerance, bar_of, check_runner, first_divergent
@@ -46,7 +48,6 @@ from deploykit.inputs.user import InputData
 from deploykit.nn.factory import Model
 from deploykit.nn.spec import block_paths, deploy_spec
 from deploykit.resolutions import resolution_tag
-from deploykit.runtime import Runner, run_batched, with_outputs
 
 
 @dataclass
@@ -138,7 +139,7 @@ class ValidationReport:
 
 def marked_graph(onnx_path: Path) -> tuple[bytes, list[str]]:
     """The graph with its recorded block outputs (``deploykit.block_outputs`` metadata) also
-    marked as graph outputs (``runtime.with_outputs``, as the int8 plan check marks them), and
+    marked as graph outputs (``backends.onnxrt.with_outputs``, as the int8 plan check marks them), and
     their names; ``(b"", [])`` when none were recorded."""
     proto = onnx.load(str(onnx_path))
     names = list(GraphMetadata.of(proto).block_outputs)
@@ -153,7 +154,7 @@ def first_divergent_block(
     inputs: np.ndarray,
     tolerance: Tolerance,
     batch_size: int = 4,
-    backend: str = "ort",
+    backend: str = RUNNER,
     plugins: Plugins | None = None,
     num_real: int = 0,
 ) -> str | None:
@@ -199,7 +200,7 @@ def validate(
     Args:
         export_dir: an export directory (``manifest.json``, reference weights, graphs).
         resolutions: which exported resolutions; default all.
-        backends: names from ``deploykit.backends.registry.RUNNER_FACTORIES``.
+        backends: graph or engine backends of the table (``deploykit.backends.table``).
         precision: which precision plan's graphs to check, held to that plan's criteria
             (``deploykit.export.precision.PLANS``).
         num_random, num_real: seeded-noise and real inputs per resolution (bundled images or
@@ -276,9 +277,10 @@ class Run:
 
     @classmethod
     def of(cls, runner: Runner, backend: str, precision: str, entry: GraphEntry, inputs: dict | None) -> Run:
-        details = runner.details
-        placement, hint = details.get("node_placement"), details.get("precision_hint", "")
-        return cls(backend, precision, entry, inputs, bool(runner.profiled_shapes), runner.provider, placement, hint)
+        info = runner.info
+        placement = info.placement.to_dict()["node_placement"] if info.placement else None
+        hint = info.precision.hint if info.precision else ""
+        return cls(backend, precision, entry, inputs, bool(runner.profiled_shapes), info.provider, placement, hint)
 
 
 @dataclass

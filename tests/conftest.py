@@ -103,3 +103,27 @@ def sape2_export(tmp_path_factory):
     out = tmp_path_factory.mktemp("sape2") / "exp"
     export(create_model("vit_tiny_patch16", encoding="sape2", depth=2, img_size=32, num_classes=10), [(32, 32)], out)
     return out
+
+
+@pytest.fixture
+def stand_in_backend(monkeypatch):
+    """``add(name, runner, bisect=None, **fields)``: a backend of the table for this test, with
+    ``runner(onnx_path, RunnerOptions)`` and ``bisect(onnx_path, marked, RunnerOptions)`` as its
+    factories and any other ``Backend`` fields given: the one of that name changed so (an engine
+    backend stays one), else a new graph backend on the CPU, last."""
+    import dataclasses
+
+    from deploykit.backends import table
+
+    def add(name, runner, bisect=None, **fields):
+        fields.update(
+            runner=lambda backend, path, options: runner(path, options),
+            bisect=None if bisect is None else lambda backend, path, marked, options: bisect(path, marked, options),
+        )
+        old = table.find(name)
+        entry = dataclasses.replace(old or table.Backend(name, table.GRAPH, table.CPU, runner=runner), **fields)
+        rows = [entry if b.name == name else b for b in table.BACKENDS]
+        monkeypatch.setattr(table, "BACKENDS", tuple(rows if old is not None else [*rows, entry]))
+        return entry
+
+    return add

@@ -47,9 +47,10 @@ LAYERS = [
     # Graph rewrites, torch-free (onnx_ir, onnxscript's rewriter): one rule set per runtime. Below
     # the runners that apply theirs when they load a graph and the export that applies ONNX Runtime's.
     ("graph", ("deploykit.graph",)),
-    # Running graphs, torch-free: the Runner interface, batched runs, ONNX Runtime's runners.
-    # Below export, whose checks (calibration fallback, plan check) run graphs through it.
-    ("runtime", ("deploykit.runtime",)),
+    # Running graphs, torch-free: the Runner interface and batched runs, ONNX Runtime's runners and
+    # their inference streams. In the backends' folder with every other runner, but below export,
+    # whose checks (calibration fallback, plan check) run graphs through them.
+    ("runners", ("deploykit.backends.base", "deploykit.backends.onnxrt", "deploykit.backends.streams")),
     # One judge of outputs against a reference, torch-free: criteria (numpy) and the check that runs
     # a runner against them. Below export, whose plan check and INT8 fallback judge by it.
     ("checks", ("deploykit.checks",)),
@@ -162,9 +163,10 @@ def _cycles(graph: dict[str, set[str]]) -> list[str]:
 
 def _package(name: str) -> str:
     """The package a module belongs to: ``deploykit.export`` for ``deploykit.export.int8_static``; a
-    module directly under ``deploykit`` is a package of its own."""
-    parts = name.split(".")
-    return ".".join(parts[:2])
+    module directly under ``deploykit`` is a package of its own, and so is a module ``LAYERS`` lists
+    by itself below its package's layer (the runners under ``deploykit.backends``)."""
+    own = [prefix for _, prefixes in LAYERS for prefix in prefixes if prefix.count(".") > 1 and (name + ".").startswith(prefix + ".")]
+    return max(own, key=len) if own else ".".join(name.split(".")[:2])
 
 
 def test_no_package_cycle():

@@ -10,11 +10,11 @@ import onnxruntime
 import pytest
 import torch
 
-from deploykit.backends import registry
+from deploykit.backends.base import CudaGraphUse, RunInfo
+from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.export import export
 from deploykit.nn import create_model
 from deploykit.profile import Budget, Subject, profile
-from deploykit.runtime import OnnxrtRunner
 from tests.test_cli import run_cli
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
@@ -80,14 +80,14 @@ class _StandInEngine(OnnxrtRunner):
         _StandInEngine.given.append(onnx_path)
 
     @property
-    def details(self):
-        return {"provider": "stand-in engine", "cuda_graph": self.cuda_graph, "cuda_graph_note": ""}
+    def info(self):
+        return RunInfo("stand-in engine", cuda_graphs=CudaGraphUse(self.cuda_graph, ""))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cuda_graphs", [True, False])
-def test_engine_backend_gets_the_export_s_graph_and_records_cuda_graph_use(export_dir, monkeypatch, cuda_graphs):
-    monkeypatch.setitem(registry.RUNNER_FACTORIES, "rtx", _StandInEngine)
+def test_engine_backend_gets_the_export_s_graph_and_records_cuda_graph_use(export_dir, stand_in_backend, cuda_graphs):
+    stand_in_backend("rtx", lambda path, options: _StandInEngine(path, options.plugins, options.cuda_graph))
     _StandInEngine.given = []
     result = profile(
         Subject.from_export_dir(export_dir),

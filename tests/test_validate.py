@@ -9,13 +9,12 @@ import pytest
 import torch
 from onnx import numpy_helper
 
-from deploykit.backends import registry
+from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.checks import Reference, judge
 from deploykit.encodings import list_encodings
 from deploykit.errors import ConfigError, DeployKitError, ValidationError
 from deploykit.export.manifest import MANIFEST_FILE, sha256_file
 from deploykit.export.precision import PLANS
-from deploykit.runtime import OnnxrtRunner
 from deploykit.validate import validate
 from tests.encoding_params import EXPORT_RESOLUTIONS
 
@@ -138,8 +137,8 @@ class _ProfiledEngine(OnnxrtRunner):
 
 
 @pytest.mark.slow
-def test_engine_is_validated_at_every_profiled_batch(encoding_export, monkeypatch):
-    monkeypatch.setitem(registry.RUNNER_FACTORIES, "engine", _ProfiledEngine)
+def test_engine_is_validated_at_every_profiled_batch(encoding_export, stand_in_backend):
+    stand_in_backend("engine", lambda path, options: _ProfiledEngine(path))
     _ProfiledEngine.seen = []
     report = validate(encoding_export("ape"), resolutions=[(64, 64)], backends=("ort", "engine"), num_random=2, num_real=3)
     assert bool(report)

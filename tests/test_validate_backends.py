@@ -17,6 +17,7 @@ import torch
 from onnx import numpy_helper
 
 from deploykit.backends import registry
+from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.errors import ExportError
 from deploykit.export import export
 from deploykit.export.bundle import load_reference
@@ -24,7 +25,6 @@ from deploykit.export.int8_check import check_plan
 from deploykit.export.manifest import MANIFEST_FILE, Manifest, sha256_file
 from deploykit.export.precision import PLANS
 from deploykit.nn import create_model
-from deploykit.runtime import OnnxrtRunner
 from deploykit.validate import first_divergent_block, marked_graph, validate
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
@@ -82,13 +82,12 @@ def test_fp16_divergence_is_named_in_onnxruntime(export_dir, tmp_path):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
-def test_an_engine_s_divergence_is_located_in_that_engine(export_dir, monkeypatch, precision):
+def test_an_engine_s_divergence_is_located_in_that_engine(export_dir, stand_in_backend, precision):
     """A stand-in engine backend that miscompiles block 2 (ONNX Runtime underneath): the graph on
     disk is right, so bisecting it in ONNX Runtime would find nothing ("head"); bisecting the
     debug "engine" built from the marked graph finds block 2."""
     compile_ = lambda model: OnnxrtRunner(_miscompile(model, block=2))
-    monkeypatch.setitem(registry.RUNNER_FACTORIES, "engine", lambda path: compile_(Path(path).read_bytes()))
-    monkeypatch.setitem(registry.BISECT_FACTORIES, "engine", lambda path, marked: compile_(marked))
+    stand_in_backend("engine", lambda path, options: compile_(Path(path).read_bytes()), lambda path, marked, options: compile_(marked))
     report = validate(export_dir, backends=["ort", "engine"], precision=precision, num_random=2, num_real=2)
     (ort_record, engine_record) = report.records
     assert ort_record.passed and ort_record.first_divergent_block is None

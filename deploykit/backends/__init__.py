@@ -1,5 +1,7 @@
-"""Backends behind one ``Runner`` interface (``deploykit.runtime``, with ONNX Runtime's runners):
-torch, tensorrt, tensorrt_rtx, openvino, and the registry that creates any runner by name.
+"""Every runner behind one ``Runner`` interface (``base``): ONNX Runtime (``onnxrt``, torch-free and
+below ``deploykit.export``, whose checks run graphs through it), PyTorch eager, TensorRT and
+TensorRT-RTX engines, OpenVINO; the table of backends (``table``) and the registry that creates
+any runner by name.
 
 Names are imported on first use (the engine modules need neither PyTorch nor ONNX Runtime);
 TensorRT itself is imported lazily inside ``deploykit.backends.tensorrt``.

@@ -38,19 +38,11 @@ from collections.abc import Iterator
 from types import ModuleType
 
 from deploykit._lazy import lazy_import
-from deploykit.errors import DeployKitError, ExportError, MissingDependencyError, one_line, unknown_choice
-
-TRT_MODULES = ("tensorrt", "tensorrt_rtx")
+from deploykit.backends.table import FLAVOURS, flavour
+from deploykit.errors import DeployKitError, ExportError, MissingDependencyError, one_line
 
 _POLYGRAPHY_LOGGER = "Polygraphy"
-FLAVOUR_NAMES = {"tensorrt": "TensorRT", "tensorrt_rtx": "TensorRT-RTX"}
 _MAX_KINDS = 3  # distinct warnings quoted in the summary
-
-
-def check_trt_module(module: str) -> None:
-    """``ValueError`` unless ``module`` is one of ``TRT_MODULES``."""
-    if module not in TRT_MODULES:
-        raise ValueError(unknown_choice("TensorRT module", module, TRT_MODULES))
 
 
 def import_trt(module: str = "tensorrt") -> ModuleType:
@@ -63,11 +55,10 @@ def import_trt(module: str = "tensorrt") -> ModuleType:
         The imported module.
 
     Raises:
-        ValueError: ``module`` is not one of ``TRT_MODULES``.
+        ValueError: ``module`` is not a TensorRT flavour's (``deploykit.backends.table.FLAVOURS``).
         MissingDependencyError: the module is not installed.
     """
-    check_trt_module(module)
-    return lazy_import(module)
+    return lazy_import(module, flavour(module).tag)
 
 
 def backend(module: str) -> ModuleType:
@@ -77,23 +68,24 @@ def backend(module: str) -> ModuleType:
         MissingDependencyError: the flavour (or polygraphy) is not installed.
         DeployKitError: Polygraphy already runs on the other flavour in this process.
     """
+    wanted = flavour(module)
     import_trt(module)  # a missing flavour is our one-line error naming the extra, not Polygraphy's
     try:
         from polygraphy import config
     except ImportError as err:
-        extra = "rtx" if module == "tensorrt_rtx" else "trt"
-        raise MissingDependencyError(f"polygraphy is not available ({err}); install it with: pip install 'deploykit[{extra}]'") from err
-    want_rtx = module == "tensorrt_rtx"
+        raise MissingDependencyError(
+            f"polygraphy is not available ({err}); install it with: pip install 'deploykit[{wanted.tag}]'"
+        ) from err
     if "polygraphy.backend.trt" not in sys.modules:
         # Polygraphy's documented switch (POLYGRAPHY_USE_TENSORRT_RTX at startup); it must hold
         # before polygraphy.backend.trt is first imported and stay for the whole process.
-        config.USE_TENSORRT_RTX = want_rtx
+        config.USE_TENSORRT_RTX = wanted.polygraphy_rtx
         _route_messages()
-    elif config.USE_TENSORRT_RTX != want_rtx:
-        bound = "tensorrt_rtx" if config.USE_TENSORRT_RTX else "tensorrt"
+    elif config.USE_TENSORRT_RTX != wanted.polygraphy_rtx:
+        bound = next(f for f in FLAVOURS if f.polygraphy_rtx == config.USE_TENSORRT_RTX)
         raise DeployKitError(
-            f"Polygraphy already runs on {FLAVOUR_NAMES[bound]} in this process and drives one TensorRT flavour per process; "
-            f"run the {FLAVOUR_NAMES[module]} step (--backend {'rtx' if want_rtx else 'trt'}) in a separate command"
+            f"Polygraphy already runs on {bound.title} in this process and drives one TensorRT flavour per process; "
+            f"run the {wanted.title} step (--backend {wanted.tag}) in a separate command"
         )
     import polygraphy.backend.trt as pg
 

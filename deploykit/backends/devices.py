@@ -48,20 +48,8 @@ from dataclasses import dataclass
 
 from deploykit import _nvml
 from deploykit._nvml import driver_version
+from deploykit.backends.table import TENSORRT_RTX, flavour
 from deploykit.errors import ConfigError, DeployKitError, StaleEngineError
-
-# Engine flavour -> the compute capabilities it runs on: a set, or ("min", lowest).
-SUPPORTED_COMPUTE = {
-    "tensorrt": ("min", (7, 5)),
-    # TensorRT-RTX support matrix 1.0-1.5: 7.5, 8.6, 8.9, 12.0; 12.1 (GB10) from 1.5.
-    "tensorrt_rtx": ("set", {(7, 5), (8, 6), (8, 9), (12, 0), (12, 1)}),
-}
-# What a TensorRT-RTX engine is built for unless asked otherwise: every supported GPU but Turing.
-RTX_PORTABLE_TARGETS = ("8.6", "8.9", "12.0", "12.1")
-# What TensorRT-RTX builds for when no target is set (an engine whose fingerprint records none).
-RTX_DEFAULT_TARGETS = ("8.0", "8.6", "8.9", "12.0", "12.1")
-INSTEAD = {"tensorrt": "ort-cuda", "tensorrt_rtx": "trt"}  # the backend named when a GPU is refused
-TAGS = {"tensorrt": "trt", "tensorrt_rtx": "rtx"}
 
 # CUDA major of a TensorRT wheel -> the oldest driver branch that runs it (CUDA toolkit release
 # notes: 12.x from R525, 13.x from R580, by minor-version compatibility).
@@ -111,9 +99,12 @@ def probe_device(ordinal: int = 0) -> Device:
 
 def supports(module: str, compute_capability: str) -> bool:
     """Whether engine flavour ``module`` runs on a GPU of ``compute_capability`` (``"8.9"``)."""
-    cc = tuple(int(p) for p in compute_capability.split("."))
-    kind, value = SUPPORTED_COMPUTE[module]
-    return cc >= value if kind == "min" else cc in value
+    return flavour(module).supports(compute_capability)
+
+
+def supported_text(module: str) -> str:
+    """``compute capability 7.5 and newer``: what engine flavour ``module`` runs on, in words."""
+    return flavour(module).supported_text()
 
 
 def check_device(module: str, device: Device) -> None:
@@ -122,21 +113,22 @@ def check_device(module: str, device: Device) -> None:
     Raises:
         DeployKitError: no CUDA GPU, or one of a compute capability ``module`` does not support.
     """
-    tag, instead = TAGS[module], INSTEAD[module]
+    problem = device_problem(module, device)
+    if problem:
+        raise DeployKitError(problem)
+
+
+def device_problem(module: str, device: Device) -> str | None:
+    """Why engine flavour ``module`` cannot run on ``device``, naming what to use instead; None when it can."""
+    wanted = flavour(module)
     if device.compute_capability is None:
-        raise DeployKitError(f"the {tag} runner needs a CUDA GPU (the CUDA driver reports none here); on this machine use --backend ort")
-    if not supports(module, device.compute_capability):
-        raise DeployKitError(
-            f"{device.gpu} (compute capability {device.compute_capability}) is not supported by {tag} ({supported_text(module)}); "
-            f"use --backend {instead}"
+        return f"the {wanted.tag} runner needs a CUDA GPU (the CUDA driver reports none here); on this machine use --backend ort"
+    if not wanted.supports(device.compute_capability):
+        return (
+            f"{device.gpu} (compute capability {device.compute_capability}) is not supported by {wanted.tag} ({wanted.supported_text()}); "
+            f"use --backend {wanted.instead}"
         )
-
-
-def supported_text(module: str) -> str:
-    kind, value = SUPPORTED_COMPUTE[module]
-    if kind == "min":
-        return f"compute capability {'.'.join(map(str, value))} and newer"
-    return "compute capabilities " + ", ".join(".".join(map(str, cc)) for cc in sorted(value))
+    return None
 
 
 def check_rtx_engine(runtime, data: bytes, what: str) -> None:
@@ -182,7 +174,7 @@ def cuda_build_problem(module: str) -> str | None:
     driver_major = int(runs.split(".")[0])
     if major <= driver_major:
         return None
-    tag, needs = TAGS[module], MIN_DRIVER.get(major, f"for CUDA {major}")
+    tag, needs = flavour(module).tag, MIN_DRIVER.get(major, f"for CUDA {major}")
     said = f"{wheel} {version} is a CUDA {major} build (NVIDIA driver {needs} or newer), but this driver ({_nvml.driver_version()}) runs CUDA {runs} at most"
     if driver_major in MIN_DRIVER:
         # The metapackage too: left installed, it pulls the CUDA 13 wheel back on the next upgrade.
@@ -206,32 +198,32 @@ def check_cuda_build(module: str) -> None:
 
 def rtx_targets(device: Device, asked: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The compute capabilities a TensorRT-RTX engine is built for: ``asked`` when given, else
-    the GPU's own when only a device-specific engine runs on it (Turing, 7.5), else
-    ``RTX_PORTABLE_TARGETS``.
+    the GPU's own when only a device-specific engine runs on it (Turing, 7.5), else its flavour's
+    ``portable_targets``.
 
     Raises:
         ConfigError: an asked capability TensorRT-RTX does not run on.
     """
-    unsupported = [cc for cc in asked if not supports("tensorrt_rtx", cc)]
+    unsupported = [cc for cc in asked if not TENSORRT_RTX.supports(cc)]
     if unsupported:
-        raise ConfigError(f"TensorRT-RTX cannot build for compute capability {unsupported[0]} ({supported_text('tensorrt_rtx')})")
+        raise ConfigError(f"TensorRT-RTX cannot build for compute capability {unsupported[0]} ({TENSORRT_RTX.supported_text()})")
     if asked:
         return tuple(dict.fromkeys(asked))
     cc = device.compute_capability
-    if cc is not None and supports("tensorrt_rtx", cc) and cc not in RTX_PORTABLE_TARGETS:
+    if cc is not None and TENSORRT_RTX.supports(cc) and cc not in TENSORRT_RTX.portable_targets:
         return (cc,)
-    return RTX_PORTABLE_TARGETS
+    return TENSORRT_RTX.portable_targets
 
 
 def check_rtx_targets(device: Device, targets: list[str] | tuple[str, ...], what: str, hint: str) -> None:
     """Refuse, in one line, a TensorRT-RTX engine built for ``targets`` (empty: TensorRT-RTX's
-    default, ``RTX_DEFAULT_TARGETS``) when the GPU here is not among them; nothing without a GPU.
+    default, its flavour's ``default_targets``) when the GPU here is not among them; nothing without a GPU.
 
     Raises:
         StaleEngineError: the GPU's compute capability is not one the engine was built for.
     """
     cc = device.compute_capability
-    built_for = tuple(targets) or RTX_DEFAULT_TARGETS
+    built_for = tuple(targets) or TENSORRT_RTX.default_targets
     if cc is None or cc in built_for:
         return
     raise StaleEngineError(

@@ -27,14 +27,12 @@ from deploykit._io import write_json_atomic
 from deploykit.backends._polygraphy import import_trt
 from deploykit.backends.devices import Device, check_rtx_targets, probe_device
 from deploykit.backends.plugins import Plugins, check_plugins
+from deploykit.backends.table import flavour
 from deploykit.backends.tensorrt import BuildOptions
 from deploykit.errors import DeployKitError, StaleEngineError
 from deploykit.export.directory import engine_files, runtime_cache_file
 from deploykit.export.metadata import GraphMetadata
 
-# TensorRT flavour -> the tag in engine file names and in ``--backend``.
-BACKEND_TAGS = {"tensorrt": "trt", "tensorrt_rtx": "rtx"}
-ENGINE_MODULES = {tag: module for module, tag in BACKEND_TAGS.items()}  # ``--backend`` tag -> flavour
 _MAX_VALUE_CHARS = 40  # keep the one-line refusal readable when a hash differs
 
 
@@ -111,7 +109,7 @@ def _short(value) -> str:
 def engine_paths(onnx_path: str | os.PathLike, module: str) -> tuple[Path, Path]:
     """``(engine, fingerprint)`` paths beside ``onnx_path`` for TensorRT flavour ``module``
     (``deploykit.export.directory.engine_files``)."""
-    return engine_files(onnx_path, BACKEND_TAGS[module])
+    return engine_files(onnx_path, flavour(module).tag)
 
 
 def runtime_cache_path(onnx_path: str | os.PathLike) -> Path:
@@ -129,7 +127,7 @@ def require_engine(onnx_path: str | os.PathLike, module: str) -> tuple[Path, Pat
     onnx_path = Path(onnx_path)
     engine, fp_path = engine_paths(onnx_path, module)
     if not engine.is_file():
-        tag = BACKEND_TAGS[module]
+        tag = flavour(module).tag
         raise DeployKitError(f"no {tag} engine for {onnx_path.name}; run: deploykit build {onnx_path.parent} --backend {tag}")
     return engine, fp_path
 
@@ -174,7 +172,7 @@ def current_fingerprint(
     from deploykit.export.manifest import sha256_file
 
     device = probe_device() if device is None else device
-    if options.module == "tensorrt_rtx":  # portable: nothing of the build machine's device
+    if options.flavour.portable:  # nothing of the build machine's device
         device = Device()
     return Fingerprint(
         onnx_sha256=sha256_file(onnx_path),
@@ -309,10 +307,10 @@ class EngineFromPath:
         from deploykit.export.manifest import sha256_file
 
         engine, fp_path = require_engine(self.onnx_path, self.module)
-        hint = f"rebuild with: deploykit build {self.onnx_path.parent} --backend {BACKEND_TAGS[self.module]} --rebuild"
+        hint = f"rebuild with: deploykit build {self.onnx_path.parent} --backend {flavour(self.module).tag} --rebuild"
         record = read_fingerprint(fp_path)
         stored = record.fingerprint
-        if self.module == "tensorrt_rtx":  # before anything is loaded: an engine for other GPUs never runs here
+        if flavour(self.module).portable:  # before anything is loaded: an engine for other GPUs never runs here
             device = probe_device() if self.device is None else self.device
             check_rtx_targets(device, stored.build.get("compute_capabilities", ()), engine.name, hint)
         plugins = self.plugins

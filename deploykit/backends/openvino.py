@@ -3,7 +3,7 @@
 OpenVINO's CPU plugin picks the type its float ops compute in from ``INFERENCE_PRECISION_HINT``;
 left unset, it computes in bf16 on CPUs with AVX512-BF16 or AMX and in f32 elsewhere, so the same
 call would mean two different things on two machines. deploykit always sets the hint and every
-report records it (``details["precision_hint"]``):
+report records it (the runner's ``info.precision``):
 
 * ``f32``: what the graph says (an fp16/bf16 plan's casts and an int8 plan's Q/DQ pairs stay as
   written); judged by the graph's own plan tolerance.
@@ -22,7 +22,7 @@ report records it (``details["precision_hint"]``):
 ``PERFORMANCE_HINT`` is ``LATENCY`` (one stream over all cores) by default. With ``streams`` > 1 it
 is ``THROUGHPUT`` with that many ``NUM_STREAMS`` (OpenVINO caps it at the cores it has), and the
 runner keeps one infer request per stream (``OPTIMAL_NUMBER_OF_INFER_REQUESTS``) in a pool, so
-concurrent ``infer`` calls run in parallel, each on its own stream (``deploykit.runtime.streams``).
+concurrent ``infer`` calls run in parallel, each on its own stream (``deploykit.backends.streams``).
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ from typing import NamedTuple
 import numpy as np
 
 from deploykit._lazy import lazy_import
+from deploykit.backends.base import CpuPrecision, RunInfo, Runner
 from deploykit.backends.openvino_audit import lowered_below_f32
 from deploykit.backends.openvino_marks import exempt_adds_from_low_precision_passes, keep_fp32, ops_computing, with_typed_marks
+from deploykit.backends.streams import ExecutorPool, check_streams
 from deploykit.errors import DeployKitError, one_line, unknown_choice
-from deploykit.runtime.base import Runner
-from deploykit.runtime.streams import ExecutorPool, check_streams
 
 HINTS = ("f32", "bf16")
 
@@ -146,19 +146,17 @@ class OpenvinoRunner(Runner):
         return self._requests.size if self._requests else 1
 
     @property
-    def details(self) -> dict:
-        return {
-            "provider": self.provider,
-            "precision_hint": self.resolved_hint,
-            "streams": int(self._compiled.get_property("NUM_STREAMS")) if self._compiled else self.streams,
-            "computes_in": self.computes_in,  # set: the runner lowers the graph's float remainder itself
-            "kept_fp32": self.kept_fp32,
-            "lowered_despite_mark": self.lowered_despite_mark,
-            "lowered_elsewhere": self.lowered_elsewhere,
-            "int8_weights": f"{self.narrowed_weights} narrowed to 7 bits (no VNNI: 8-bit products would saturate)"
+    def info(self) -> RunInfo:
+        weights = (
+            f"{self.narrowed_weights} narrowed to 7 bits (no VNNI: 8-bit products would saturate)"
             if self.narrowed_weights
-            else "as exported",
-        }
+            else "as exported"
+        )
+        streams = int(self._compiled.get_property("NUM_STREAMS")) if self._compiled else self.streams
+        precision = CpuPrecision(
+            self.resolved_hint, streams, self.computes_in, self.kept_fp32, self.lowered_despite_mark, self.lowered_elsewhere, weights
+        )
+        return RunInfo(self.provider, precision=precision)
 
     def runtime_precisions(self) -> dict[str, str]:
         """Compiled node name → the precision the CPU plugin runs it in (its execution graph)."""

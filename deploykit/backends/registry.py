@@ -1,59 +1,66 @@
-"""Backend name → runner for one exported graph: the one mapping ``validate`` and ``profile`` share.
+"""Backend name → runner for one exported graph: the one lookup ``validate``, ``profile`` and
+``serve`` share, over the table of backends (``deploykit.backends.table``).
 
-Each factory takes the path of an exported ONNX graph. ONNX Runtime runs it directly; the
-TensorRT backends run the engine ``deploykit build`` wrote beside it, after checking its
-fingerprint and the plugins given (``deploykit.backends.engine_cache``).
+Each factory takes its descriptor, the path of an exported ONNX graph and the ``RunnerOptions``
+a command was given (each backend reads the ones it has). ONNX Runtime runs the graph directly; the TensorRT
+backends run the engine ``deploykit build`` wrote beside it, after checking its fingerprint and
+the plugins given (``deploykit.backends.engine_cache``).
 
-``BISECT_FACTORIES`` give the same backend running a graph with more outputs (the block outputs
+Bisect factories give the same backend running a graph with more outputs (the block outputs
 ``validate`` bisects over): ONNX Runtime with the same providers, or for an engine backend a
 debug engine built from that graph with the engine's own build settings, so a divergence is
 located in the backend where it happened.
+
+The availability checks say why a backend cannot run here (``Backend.why_unavailable``).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
-from functools import partial
+from dataclasses import dataclass
 
-from deploykit.backends.engine_cache import ENGINE_MODULES
+from deploykit.backends import table
+from deploykit.backends.base import Runner
 from deploykit.backends.openvino import OpenvinoBf16Runner, OpenvinoRunner, best_hint
 from deploykit.backends.plugins import Plugins
-from deploykit.backends.trt_runner import debug_engine_runner, engine_runner
 from deploykit.errors import ConfigError, unknown_choice
-from deploykit.runtime.base import Runner
-from deploykit.runtime.onnxrt import OnnxrtCudaRunner, OnnxrtRunner
-
-RUNNER_FACTORIES: dict[str, Callable[..., Runner]] = {
-    "ort": OnnxrtRunner,
-    "ort-cuda": OnnxrtCudaRunner,
-    "openvino": OpenvinoRunner,
-    "openvino-bf16": OpenvinoBf16Runner,
-    **{tag: partial(engine_runner, module=module) for tag, module in ENGINE_MODULES.items()},
-}
-
-# Backend name -> factory(onnx path, marked graph bytes, **engine options) -> Runner on the marked graph.
-BISECT_FACTORIES: dict[str, Callable[..., Runner]] = {
-    "ort": lambda onnx_path, marked: OnnxrtRunner(marked),
-    # The graph's own runner passed (or was allowed) the CPU-fallback check; bisecting only locates.
-    "ort-cuda": lambda onnx_path, marked: OnnxrtCudaRunner(marked, allow_cpu_fallback=True, range_low=range_low(onnx_path)),
-    "openvino": lambda onnx_path, marked: OpenvinoRunner(marked),
-    "openvino-bf16": lambda onnx_path, marked: OpenvinoBf16Runner(marked),
-    **{tag: partial(debug_engine_runner, module=module) for tag, module in ENGINE_MODULES.items()},
-}
 
 
-def check_backend(name: str, choices: Iterable[str] = RUNNER_FACTORIES) -> str:
-    """``name`` if it is one of ``choices`` (by default every registered backend; a command passes
-    its own: build the engine backends, profile ``torch`` too, serve ``auto`` too).
+@dataclass(frozen=True)
+class RunnerOptions:
+    """What a command may ask of the runner it creates; each backend reads the fields it has.
+
+    Attributes:
+        plugins: for engine backends, the plugins the engine was built with; None: the installed
+            plugin packages its fingerprint names.
+        cuda_graph: for engine backends, replay CUDA graphs where the engine allows it.
+        allow_cpu_fallback: for ``ort-cuda``, accept nodes ONNX Runtime runs on the CPU.
+        streams: for the backends that have them (``Backend.streams``), the inference streams.
+    """
+
+    plugins: Plugins | None = None
+    cuda_graph: bool = False
+    allow_cpu_fallback: bool = False
+    streams: int = 1
+
+
+def check_backend(name: str, choices: list[str] | None = None) -> str:
+    """``name`` if it is one of ``choices`` (by default every backend that runs a graph or an
+    engine; a command passes its own: build the engine backends, profile ``torch`` too, serve
+    ``auto`` too).
 
     Raises:
         ConfigError: any other name, listing the valid ones.
     """
-    choices = list(choices)
+    choices = list(choices if choices is not None else table.names((table.GRAPH, table.ENGINE)))
     if name not in choices:
         raise ConfigError(unknown_choice("backend", name, choices))
     return name
+
+
+def _descriptor(name: str) -> table.Backend:
+    check_backend(name)
+    return table.find(name)
 
 
 def create_runner(
@@ -63,28 +70,34 @@ def create_runner(
     plugins: Plugins | None = None,
     cuda_graph: bool = False,
     allow_cpu_fallback: bool = False,
+    streams: int = 1,
 ) -> Runner:
     """The runner for ``backend`` on one exported graph (not yet activated).
 
     Args:
-        backend: a name from ``RUNNER_FACTORIES``.
+        backend: a graph or engine backend of the table.
         onnx_path: the exported graph (an engine backend runs the engine built beside it).
-        plugins: for engine backends, the plugins the engine was built with; None: the installed
-            plugin packages its fingerprint names.
-        cuda_graph: for engine backends, replay CUDA graphs where the engine allows it.
-        allow_cpu_fallback: for ``ort-cuda``, accept nodes ONNX Runtime runs on the CPU.
+        plugins, cuda_graph, allow_cpu_fallback, streams: as ``RunnerOptions``.
 
     Raises:
         ConfigError: unknown backend name.
     """
-    check_backend(backend)
-    if backend in ENGINE_MODULES:
-        return RUNNER_FACTORIES[backend](onnx_path, plugins=plugins, cuda_graph=cuda_graph)
-    if backend == "ort-cuda":
-        return RUNNER_FACTORIES[backend](onnx_path, allow_cpu_fallback=allow_cpu_fallback, range_low=range_low(onnx_path))
-    if backend == "ort":
-        return RUNNER_FACTORIES[backend](onnx_path, range_low=range_low(onnx_path))
-    return RUNNER_FACTORIES[backend](onnx_path)
+    options = RunnerOptions(plugins, cuda_graph, allow_cpu_fallback, streams)
+    found = _descriptor(backend)
+    return table.resolve(found.runner)(found, onnx_path, options)
+
+
+def create_bisect_runner(backend: str, onnx_path: str | os.PathLike, marked: bytes, *, plugins: Plugins | None = None) -> Runner | None:
+    """``backend`` running ``marked`` (the graph at ``onnx_path`` with more outputs), or None when
+    the backend has no bisect factory."""
+    found = _descriptor(backend)
+    return None if found.bisect is None else table.resolve(found.bisect)(found, onnx_path, marked, RunnerOptions(plugins))
+
+
+def available_backends() -> list[str]:
+    """The graph and engine backends whose prerequisites are present here, in table order
+    (``Backend.why_unavailable``)."""
+    return [b.name for b in table.backends((table.GRAPH, table.ENGINE)) if b.why_unavailable() is None]
 
 
 def range_low(onnx_path: str | os.PathLike) -> tuple[int, ...] | None:
@@ -95,37 +108,91 @@ def range_low(onnx_path: str | os.PathLike) -> tuple[int, ...] | None:
     return tuple(span[0]) if span else None
 
 
-def create_bisect_runner(backend: str, onnx_path: str | os.PathLike, marked: bytes, *, plugins: Plugins | None = None) -> Runner | None:
-    """``backend`` running ``marked`` (the graph at ``onnx_path`` with more outputs), or None when
-    the backend has no such factory."""
-    factory = BISECT_FACTORIES.get(backend)
-    if factory is None:
-        return None
-    return factory(onnx_path, marked, plugins=plugins) if backend in ENGINE_MODULES else factory(onnx_path, marked)
+# The table's factories: (backend, onnx_path, options) -> Runner; bisect: (backend, onnx_path, marked, options) -> Runner.
 
 
-def available_backends() -> list[str]:
-    """The registered backends whose prerequisites are present here: ``ort`` always; ``ort-cuda``
-    when onnxruntime has its CUDA provider; ``openvino`` when it imports, ``openvino-bf16`` when
-    the CPU also computes in bf16; ``trt``/``rtx`` when their package imports and the CUDA driver
-    reports a GPU the flavour supports, with a driver that runs the installed wheel's CUDA
-    (``deploykit.backends.devices``)."""
+def onnxrt_runner(backend: table.Backend, onnx_path, options: RunnerOptions) -> Runner:
+    from deploykit.backends.onnxrt import OnnxrtRunner
+
+    return OnnxrtRunner(onnx_path, range_low=range_low(onnx_path), streams=options.streams)
+
+
+def onnxrt_bisect_runner(backend: table.Backend, onnx_path, marked: bytes, options: RunnerOptions) -> Runner:
+    from deploykit.backends.onnxrt import OnnxrtRunner
+
+    return OnnxrtRunner(marked)
+
+
+def onnxrt_cuda_runner(backend: table.Backend, onnx_path, options: RunnerOptions) -> Runner:
+    from deploykit.backends.onnxrt import OnnxrtCudaRunner
+
+    return OnnxrtCudaRunner(onnx_path, allow_cpu_fallback=options.allow_cpu_fallback, range_low=range_low(onnx_path))
+
+
+def onnxrt_cuda_bisect_runner(backend: table.Backend, onnx_path, marked: bytes, options: RunnerOptions) -> Runner:
+    from deploykit.backends.onnxrt import OnnxrtCudaRunner
+
+    # The graph's own runner passed (or was allowed) the CPU-fallback check; bisecting only locates.
+    return OnnxrtCudaRunner(marked, allow_cpu_fallback=True, range_low=range_low(onnx_path))
+
+
+def openvino_runner(backend: table.Backend, onnx_path, options: RunnerOptions) -> Runner:
+    return OpenvinoRunner(onnx_path, streams=options.streams)
+
+
+def openvino_bisect_runner(backend: table.Backend, onnx_path, marked: bytes, options: RunnerOptions) -> Runner:
+    return OpenvinoRunner(marked)
+
+
+def openvino_bf16_runner(backend: table.Backend, onnx_path, options: RunnerOptions) -> Runner:
+    return OpenvinoBf16Runner(onnx_path, streams=options.streams)
+
+
+def openvino_bf16_bisect_runner(backend: table.Backend, onnx_path, marked: bytes, options: RunnerOptions) -> Runner:
+    return OpenvinoBf16Runner(marked)
+
+
+def engine_runner(backend: table.Backend, onnx_path, options: RunnerOptions) -> Runner:
+    """Raises ``DeployKitError`` at once when no engine was built beside ``onnx_path``."""
+    from deploykit.backends import trt_runner
+
+    return trt_runner.engine_runner(onnx_path, backend.flavour.module, options.cuda_graph, options.plugins)
+
+
+def engine_bisect_runner(backend: table.Backend, onnx_path, marked: bytes, options: RunnerOptions) -> Runner:
+    from deploykit.backends import trt_runner
+
+    return trt_runner.debug_engine_runner(onnx_path, marked, backend.flavour.module, options.plugins)
+
+
+# The table's availability checks: (backend) -> why it cannot run here, or None.
+
+
+def no_cuda_provider(backend: table.Backend) -> str | None:
     import onnxruntime as ort
 
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        return None
+    return "this onnxruntime has no CUDA provider; pip install 'deploykit[gpu]'"
+
+
+def no_openvino(backend: table.Backend) -> str | None:
     from deploykit._lazy import is_available
-    from deploykit.backends.devices import cuda_build_problem, probe_device, supports
 
-    device = probe_device()
+    return None if is_available("openvino") else "openvino is not installed; pip install 'deploykit[openvino]'"
 
-    def usable(name: str) -> bool:
-        if name == "ort-cuda":
-            return "CUDAExecutionProvider" in ort.get_available_providers()
-        if name in ENGINE_MODULES:
-            cc = device.compute_capability
-            module = ENGINE_MODULES[name]
-            return cc is not None and supports(module, cc) and is_available(module) and cuda_build_problem(module) is None
-        if name in ("openvino", "openvino-bf16"):
-            return is_available("openvino") and (name == "openvino" or best_hint() == "bf16")
-        return True
 
-    return [name for name in RUNNER_FACTORIES if usable(name)]
+def no_bf16(backend: table.Backend) -> str | None:
+    return no_openvino(backend) or (None if best_hint() == "bf16" else "this CPU has no native bf16")
+
+
+def engine_unusable(backend: table.Backend) -> str | None:
+    """No GPU the flavour supports, the flavour not installed, or a wheel for a newer CUDA than
+    the driver runs (``deploykit.backends.devices``)."""
+    from deploykit._lazy import is_available
+    from deploykit.backends.devices import cuda_build_problem, device_problem, probe_device
+
+    module = backend.flavour.module
+    if not is_available(module):
+        return f"{module} is not installed; pip install 'deploykit[{backend.flavour.tag}]'"
+    return device_problem(module, probe_device()) or cuda_build_problem(module)

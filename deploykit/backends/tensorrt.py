@@ -23,9 +23,9 @@ from typing import Any
 
 from deploykit._io import atomic_path
 from deploykit.backends import defaults
-from deploykit.backends._polygraphy import FLAVOUR_NAMES, TrtMessages, backend, check_trt_module, import_trt
-from deploykit.backends.devices import supported_text, supports
+from deploykit.backends._polygraphy import TrtMessages, backend, import_trt
 from deploykit.backends.plugins import Plugins
+from deploykit.backends.table import FLAVOURS, Flavour, flavour
 from deploykit.errors import ExportError
 
 _MAX_OPT_LEVEL = 5
@@ -68,7 +68,7 @@ class BuildOptions:
 
     def __post_init__(self) -> None:
         # Fail on construction, before minutes of building, rather than inside TensorRT.
-        check_trt_module(self.module)
+        made_by = self.flavour
         if not 1 <= self.min_batch <= self.opt_batch <= self.max_batch:
             batches = (self.min_batch, self.opt_batch, self.max_batch)
             raise ValueError(f"batch sizes must satisfy 1 <= min <= opt <= max, got {batches}")
@@ -76,11 +76,17 @@ class BuildOptions:
             raise ValueError(f"workspace_mib must be positive, got {self.workspace_mib}")
         if self.optimization_level is not None and not 0 <= self.optimization_level <= _MAX_OPT_LEVEL:
             raise ValueError(f"optimization_level must be in 0-{_MAX_OPT_LEVEL}, got {self.optimization_level}")
-        if self.compute_capabilities and self.module != "tensorrt_rtx":
-            raise ValueError("compute_capabilities are TensorRT-RTX's; a TensorRT engine is built for the GPU it is built on")
-        unsupported = [cc for cc in self.compute_capabilities if not supports("tensorrt_rtx", cc)]
+        if self.compute_capabilities and not made_by.portable:
+            portable = " and ".join(f"{f.title}'s" for f in FLAVOURS if f.portable)
+            raise ValueError(f"compute_capabilities are {portable}; a {made_by.title} engine is built for the GPU it is built on")
+        unsupported = [cc for cc in self.compute_capabilities if not made_by.supports(cc)]
         if unsupported:
-            raise ValueError(f"TensorRT-RTX cannot build for compute capability {unsupported[0]} ({supported_text('tensorrt_rtx')})")
+            raise ValueError(f"{made_by.title} cannot build for compute capability {unsupported[0]} ({made_by.supported_text()})")
+
+    @property
+    def flavour(self) -> Flavour:
+        """The TensorRT flavour ``module`` names (``ValueError`` for any other module)."""
+        return flavour(self.module)
 
 
 class BuildProgress:
@@ -321,7 +327,7 @@ class EngineFromOnnx:
         opts = self.options
         source = self.onnx_path_or_bytes() if callable(self.onnx_path_or_bytes) else self.onnx_path_or_bytes
         pg = backend(opts.module)
-        what = f"{FLAVOUR_NAMES[opts.module]} build" + (f" of {Path(source).name}" if isinstance(source, (str, os.PathLike)) else "")
+        what = f"{opts.flavour.title} build" + (f" of {Path(source).name}" if isinstance(source, (str, os.PathLike)) else "")
         with TrtMessages(what, _log) as messages:
             return self._build(pg, import_trt(opts.module), source, messages)
 
@@ -349,7 +355,7 @@ class EngineFromOnnx:
         _check_targets(trt, config, opts.compute_capabilities)
         cache_path = cache = None
         if opts.timing_cache is not None:
-            if opts.module == "tensorrt" and hasattr(config, "create_timing_cache"):
+            if opts.flavour.timing_cache and hasattr(config, "create_timing_cache"):
                 cache_path = Path(opts.timing_cache)
                 cache = _load_timing_cache(config, cache_path)  # must stay alive through the build
             else:

@@ -35,13 +35,14 @@ from typing import Any
 
 import numpy as np
 
-from deploykit.backends._polygraphy import FLAVOUR_NAMES, TrtMessages, backend, import_trt
+from deploykit.backends._polygraphy import TrtMessages, backend, import_trt
+from deploykit.backends.base import CudaGraphUse, RunInfo, Runner
 from deploykit.backends.cuda_graphs import CudaGraphExecutor, io_names, rtx_capture_note, rtx_graph_note
 from deploykit.backends.devices import Device, check_cuda_build, check_device, check_rtx_engine, probe_device
 from deploykit.backends.plugins import Plugins
 from deploykit.backends.rtx_runtime import RuntimeCache, rtx_context
+from deploykit.backends.table import flavour
 from deploykit.errors import DeployKitError, one_line
-from deploykit.runtime.base import Runner
 
 EngineSource = bytes | Callable[[], bytes]
 
@@ -58,7 +59,7 @@ class TrtRunner(Runner):
         cuda_graph: replay each input shape's execution as a CUDA graph, when the engine allows it.
         device: CUDA device index.
         device_info: what ``probe_device(device)`` reports; probed when None (tests pass one in).
-        runtime_cache: TensorRT-RTX only: the file its runtime cache is kept in (read when the
+        runtime_cache: portable flavours only (TensorRT-RTX): the file its runtime cache is kept in (read when the
             runner activates, written when it deactivates); None keeps none.
     """
 
@@ -73,8 +74,9 @@ class TrtRunner(Runner):
     ):
         super().__init__()
         self.engine, self.module, self.cuda_graph, self.device, self.device_info = engine, module, cuda_graph, device, device_info
-        self.runtime_cache = RuntimeCache(runtime_cache) if runtime_cache is not None and module == "tensorrt_rtx" else None
-        self.name = {"tensorrt": "trt", "tensorrt_rtx": "rtx"}[module]
+        self.flavour = flavour(module)
+        self.runtime_cache = RuntimeCache(runtime_cache) if runtime_cache is not None and self.flavour.portable else None
+        self.name = self.flavour.tag
         self._state: dict[str, Any] = {}
         self._lock = threading.Lock()
 
@@ -84,7 +86,7 @@ class TrtRunner(Runner):
         data = self.engine() if callable(self.engine) else self.engine
         trt, pg = import_trt(self.module), backend(self.module)
         runtime = trt.Runtime(pg.get_trt_logger())
-        if self.module == "tensorrt_rtx":
+        if self.flavour.portable:
             check_rtx_engine(runtime, data, f"the {self.name} engine")
         with self._tensorrt("cannot deserialize the engine"):
             engine = pg.EngineFromBytes(data, runtime=runtime)()
@@ -105,7 +107,7 @@ class TrtRunner(Runner):
     def _executor(self, engine: Any, trt: Any, pg: Any) -> tuple[Any, str]:
         """What runs the engine, and why CUDA graphs are not used ("" when they are)."""
         note = "" if self.cuda_graph else "not requested"
-        if self.module == "tensorrt_rtx" and (self.cuda_graph or self.runtime_cache is not None):
+        if self.flavour.captures_cuda_graphs and (self.cuda_graph or self.runtime_cache is not None):
             with self._tensorrt(f"cannot create an execution context{' with CUDA graphs' if self.cuda_graph else ''}"):
                 context = rtx_context(engine, trt, self.cuda_graph, self.runtime_cache)
             return pg.TrtRunner(context), rtx_graph_note(context, trt) if self.cuda_graph else note
@@ -121,7 +123,7 @@ class TrtRunner(Runner):
     def _tensorrt(self, what: str) -> Iterator[None]:
         """A call into TensorRT: its errors become one ``DeployKitError`` line (``<runner>: what:
         <TensorRT's errors>``), its warnings go to the log."""
-        with TrtMessages(f"{FLAVOUR_NAMES[self.module]} runtime", _log) as messages:
+        with TrtMessages(f"{self.flavour.title} runtime", _log) as messages:
             with messages.failing_as(f"{self.name}: {what}", DeployKitError):
                 try:
                     yield
@@ -139,8 +141,8 @@ class TrtRunner(Runner):
         return f"{self.module} {trt.__version__}" + (" with CUDA graphs" if self.cuda_graphs else "")
 
     @property
-    def details(self) -> dict:
-        return {**super().details, "cuda_graph": self.cuda_graphs, "cuda_graph_note": self.cuda_graph_note}
+    def info(self) -> RunInfo:
+        return RunInfo(self.provider, cuda_graphs=CudaGraphUse(self.cuda_graphs, self.cuda_graph_note))
 
     @property
     def cuda_graphs(self) -> bool:
@@ -184,7 +186,7 @@ class TrtRunner(Runner):
     def _run(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         with self._tensorrt("inference failed"):
             outputs = dict(self._state["executor"].infer(feed))
-        if self.module == "tensorrt_rtx" and self.cuda_graph and not self._state["note"]:
+        if self.flavour.captures_cuda_graphs and self.cuda_graph and not self._state["note"]:
             # TensorRT-RTX captures inside execute_async_v3 and says nothing of it: ask it, per shape run,
             # whether it could (Polygraphy's runner holds the context and the stream it ran on).
             executor, shape = self._state["executor"], tuple(next(iter(feed.values())).shape)

@@ -38,6 +38,7 @@ import torch
 
 from deploykit._io import clear_stale_stages, directory_lock, staged_directory, write_json_atomic
 from deploykit._terminal import counter
+from deploykit.backends.onnxrt import run_graph
 from deploykit.encodings import config_to_dict
 from deploykit.errors import DeployKitError, ExportError
 from deploykit.export.directory import ExportDir
@@ -67,7 +68,6 @@ from deploykit.nn.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_model, save_
 from deploykit.nn.factory import Model
 from deploykit.nn.spec import deploy_spec
 from deploykit.resolutions import resolution_tag
-from deploykit.runtime import run_graph
 
 _log = logging.getLogger(__name__)
 

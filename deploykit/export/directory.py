@@ -50,7 +50,7 @@ WEIGHTS_FILE = "model.safetensors"  # as deploykit.nn.checkpoint.save_model writ
 TIMING_CACHE_FILE = "timing.cache"
 CHOICE_FILE = "profile_choice.json"
 # Engine flavours ``deploykit build --backend`` writes, by the tag their files carry
-# (``deploykit.backends.engine_cache.BACKEND_TAGS``; tests/export/test_export_lock.py ties them).
+# (the TensorRT flavours' tags in ``deploykit.backends.table``, which sits above export; tests/export/test_export_lock.py ties them).
 ENGINE_TAGS = ("trt", "rtx")
 RUNTIME_CACHE_TAG = "rtx"  # TensorRT-RTX compiles kernels at run time and keeps them beside its engine
 ENGINE_SUFFIXES = (

@@ -27,9 +27,10 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from deploykit.backends.base import Runner, output_rows
+from deploykit.backends.onnxrt import cpu_runner, with_outputs
 from deploykit.checks import Agreement, Reference, check_runner
 from deploykit.export.int8_selection import QUANTIZED_OP_TYPES
-from deploykit.runtime import Runner, cpu_runner, output_rows, with_outputs
 
 # Inputs per ORT call of the sensitivity pass (nodes × inputs each): activations stay at a batch's.
 _SENSITIVITY_BATCH = 16
@@ -47,7 +48,7 @@ class QualityTarget:
 
     Attributes:
         reference: the held-out inputs (neither the calibration inputs nor a test split) and the
-            fp32 graph's output rows on them (``deploykit.runtime.run_graph``'s: one per image
+            fp32 graph's output rows on them (``deploykit.backends.onnxrt.run_graph``'s: one per image
             for a classifier or a pooled features model, one per token for a model returning
             every token).
         goal: the agreement to reach.

@@ -20,8 +20,8 @@ Method (the README's `deploykit profile` paragraph says it for users):
 A sequence model (MoPE + EGA) is profiled the same way with its length as the resolution: token
 ids as the kernel input, and text → character ids → model → next-token top-5 as end-to-end.
 
-Backends are ``"torch"`` (eager, the baseline) plus every name in
-``deploykit.backends.registry.RUNNER_FACTORIES`` (ONNX-based runners), so a runner added there is
+Backends are every name in the table of backends (``deploykit.backends.table``): ``torch``
+(eager, the reference) and every runner of a graph or an engine, so a backend added there is
 profiled with no change here.
 
 One module per job: ``timing`` (stats, budgets, timers), ``flops`` (the analytic count),

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from deploykit.backends.table import BASELINE
 from deploykit.checks import Agreement, check_runner
 from deploykit.export.directory import Choice, ExportDir
 from deploykit.export.precision import PLANS
@@ -67,10 +68,10 @@ class References(ValidationReferences):
         import onnx
 
         from deploykit.backends import TorchRunner
+        from deploykit.backends.base import run_rows
         from deploykit.export.int8_check import recorded_target
         from deploykit.export.metadata import GraphMetadata
         from deploykit.export.onnx_export import rows_per_call
-        from deploykit.runtime import run_rows
 
         key = ("quality", id(model), tuple(resolution), str(graph))
         if key not in self._targets:
@@ -101,7 +102,7 @@ def check_target(target, model, resolution, precision: str, references: Referenc
     runner = target.runner
     checked = check_runner(runner, references.at(model, resolution), PLANS[precision])
     verdict = Verdict(checked.result.passed, tuple(checked.result.failures))
-    lowered = runner.details.get("lowered_despite_mark")
+    lowered = runner.info.precision.lowered_despite_mark if runner.info.precision else None
     if runner.computes_in and PLANS[precision].calibrated and verdict.validated and not lowered:
         # The plan's calibration was checked at export with its float remainder in f32; this runner
         # lowers that remainder itself, so the plan is held to its own target again, as it runs here.
@@ -171,8 +172,9 @@ def mark_fastest(records: list[ProfileRecord]) -> list[ProfileRecord]:
 
 
 def choice_lines(records: list[ProfileRecord]) -> list[str]:
-    """One line per cell: its fastest validated (backend, plan), and its ratio to ORT fp32 there."""
-    ort = {r.cell: r.p50_ms for r in records if r.backend == "ort" and r.precision == FP32}
+    """One line per cell: its fastest validated (backend, plan), and its ratio to the baseline
+    backend's fp32 there (ONNX Runtime's: the runner every machine has)."""
+    ort = {r.cell: r.p50_ms for r in records if r.backend == BASELINE and r.precision == FP32}
     lines = []
     for r in records:
         if r.fastest_validated:
@@ -255,9 +257,9 @@ def plans_slower_than_float(export_dir: str | os.PathLike, budget: Budget = QUIC
     Given the exported ``model``, the graphs are timed on one of the real inputs ``profile`` times
     on (``targets.real_rows``, which says why), else on zeros: export and profile should not
     disagree because their inputs differ."""
+    from deploykit.backends.onnxrt import CPU, OnnxrtRunner
     from deploykit.export.manifest import Manifest, checked_graph
     from deploykit.resolutions import resolution_tag
-    from deploykit.runtime.onnxrt import CPU, OnnxrtRunner
 
     directory = Path(export_dir)
     manifest = Manifest.read(directory)
@@ -283,7 +285,7 @@ def plans_slower_than_float(export_dir: str | os.PathLike, budget: Budget = QUIC
                     samples += measure(lambda r=runner, f=feed: r.infer(f), budget.per_round(), timer)
         tag = resolution_tag(graphs[0].resolution)
         timed = [
-            ProfileRecord("ort", g.precision, manifest.encoding, tag, 1, LatencyStats.from_ns(samples))
+            ProfileRecord(BASELINE, g.precision, manifest.encoding, tag, 1, LatencyStats.from_ns(samples))  # ONNX Runtime's CPU provider
             for g, (_, _, samples) in zip(graphs, runs, strict=True)
         ]
         records += add_ratios(timed)  # per cell: a range graph's tag can be a fixed graph's too

@@ -1,12 +1,13 @@
 """The profiling defaults the command line shows and the library applies, stated once.
 
-Imports only other defaults (the CLI reads it at start-up, before PyTorch): ``Budget`` and ``profile()``
+Imports only other defaults and the table of backends (the CLI reads it at start-up, before PyTorch): ``Budget`` and ``profile()``
 take their defaults from here.
 """
 
 from deploykit.backends.defaults import RUNNER
+from deploykit.backends.table import REFERENCE
 
-BACKENDS = ("torch", RUNNER)  # PyTorch eager and the runner every machine has
+BACKENDS = (REFERENCE, RUNNER)  # PyTorch eager and the runner every machine has
 BATCHES = (1,)
 DEVICE = "auto"
 

@@ -14,7 +14,7 @@ import torch
 
 from deploykit._cpu import cpu_instruction_sets, cpuinfo
 from deploykit._nvml import clocks, driver_version
-from deploykit.runtime.onnxrt import session_options
+from deploykit.backends.onnxrt import session_options
 
 # Distributions whose versions change timings; absent ones are left out.
 _PACKAGES = ("deploykit", "torch", "onnxruntime", "onnxruntime-gpu", "openvino", "onnx", "numpy", "tensorrt", "tensorrt-rtx")

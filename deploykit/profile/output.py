@@ -10,7 +10,7 @@ from pathlib import Path
 
 from deploykit._io import output_file, write_output_text
 from deploykit._lazy import lazy_import
-from deploykit.profile.report import RECORD_FIELDS, ProfileRecord, ProfileReport
+from deploykit.profile.report import RECORD_FIELDS, TORCH_BACKEND, ProfileRecord, ProfileReport
 from deploykit.resolutions import parse_resolution
 
 
@@ -54,7 +54,7 @@ def plot_latency(path: str | os.PathLike, records: Sequence[ProfileRecord], titl
                 yerr=[[0] * len(p50), [b - a for a, b in zip(p50, p90)]],
                 marker="o",
                 capsize=3,
-                linestyle="-" if backend == "torch" else "--",
+                linestyle="-" if backend == TORCH_BACKEND else "--",
                 label=f"{backend} {precision} · {encoding}",
             )
         ax.set(xlabel="resolution (px, square side)", ylabel="latency p50 (ms), whisker to p90", title=f"{title} batch {batch}".strip())

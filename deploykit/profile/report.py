@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from deploykit._io import write_output_json
+from deploykit.backends.table import REFERENCE
 from deploykit.profile.environment import environment_line
 from deploykit.profile.timing import LatencyStats
 
@@ -32,7 +33,7 @@ RECORD_FIELDS = (
     "n",
     "throughput_per_s",
 )
-TORCH_BACKEND = "torch"
+TORCH_BACKEND = REFERENCE  # PyTorch eager, which runs the model itself
 BASELINE_ENCODING = "ape"
 FP32 = "fp32"  # PyTorch eager runs this plan only; other plans are ratios to it
 

@@ -3,7 +3,7 @@ runs each profiled plan with.
 
 ``deploykit profile EXPORT_DIR`` first chooses each resolution's plan by latency (``choice.py``).
 For a chosen plan whose runner has streams (``STREAM_BACKENDS``: OpenVINO's ``THROUGHPUT`` hint,
-ONNX Runtime's split sessions; ``deploykit.runtime.streams``) it then measures the images per
+ONNX Runtime's split sessions; ``deploykit.backends.streams``) it then measures the images per
 second the plan answers when calls arrive concurrently, with one stream called by one thread (the
 latency setting as served) and with ``machine_streams()`` streams called by as many threads, in
 interleaved rounds. Streams are kept only when they answer at least ``GAIN_MARGIN`` times as many
@@ -18,15 +18,17 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
+from deploykit.backends.streams import machine_streams
+from deploykit.backends.table import stream_names
 from deploykit.errors import DeployKitError
 from deploykit.export.directory import ExportDir
-from deploykit.runtime.streams import machine_streams
 
-STREAM_BACKENDS = ("ort", "openvino", "openvino-bf16")
+STREAM_BACKENDS = tuple(stream_names())  # the table's backends whose runners take streams
 # Streams cost a single call its share of the cores: kept only for a clear gain, beyond what a
 # short timing on a busy machine gives by noise alone.
 GAIN_MARGIN = 1.1
@@ -120,7 +122,7 @@ def with_measured_streams(
     Raises:
         DeployKitError: the choice is unreadable, or a chosen graph is missing or changed.
     """
-    from deploykit.backends.registry import RUNNER_FACTORIES
+    from deploykit.backends.registry import create_runner
     from deploykit.resolutions import resolution_tag
 
     directory = ExportDir(export_dir)
@@ -141,7 +143,7 @@ def with_measured_streams(
                 graph = directory.graph(graphs[tag, choice.precision], manifest.encoding)
                 if progress:
                     progress(f"{choice.backend} {choice.precision} @ {tag} batch {choice.batch}: measuring inference streams")
-                streams, gain = pick_streams(measure_streams(RUNNER_FACTORIES[choice.backend], graph, choice.batch, round_s=round_s))
+                streams, gain = pick_streams(measure_streams(partial(create_runner, choice.backend), graph, choice.batch, round_s=round_s))
                 choice = replace(choice, streams=streams, streams_gain=round(gain, 3))
             measured_choices[tag].append(choice)
     return directory.write_choices(measured_choices)

@@ -21,7 +21,7 @@ from deploykit.export.bundle import load_reference
 from deploykit.export.directory import ExportDir
 from deploykit.nn.factory import Model, build_model
 from deploykit.nn.spec import deploy_spec
-from deploykit.profile.report import BASELINE_ENCODING, FP32, TORCH_BACKEND
+from deploykit.profile.report import BASELINE_ENCODING, FP32
 from deploykit.profile.timing import CpuTimer
 from deploykit.resolutions import resolution_tag
 
@@ -140,18 +140,19 @@ class RunnerTarget:
         return self.runner.infer({self.input_name: inputs})[OUTPUT_NAME]
 
     def details(self) -> dict:
-        """What ran (after measuring: an engine runner captures its CUDA graphs on first use)."""
-        return self.runner.details
+        """What ran, as the record's fields (after measuring: an engine runner captures its CUDA
+        graphs on first use)."""
+        return self.runner.info.to_dict()
 
     def close(self) -> None:
         self.runner.deactivate()
 
 
 def backend_names() -> list[str]:
-    """Backends ``profile`` knows: PyTorch eager plus every registered ONNX runner."""
-    from deploykit.backends.registry import RUNNER_FACTORIES
+    """Backends ``profile`` knows: every backend of the table, PyTorch eager first."""
+    from deploykit.backends.table import names
 
-    return [TORCH_BACKEND, *RUNNER_FACTORIES]
+    return names()
 
 
 class Unavailable(Exception):
@@ -159,15 +160,14 @@ class Unavailable(Exception):
 
 
 def open_target(backend: str, subject: Subject, resolution: tuple[int, int], precision: str, device: torch.device, runner_options: dict):
-    if backend == TORCH_BACKEND:
-        from deploykit.backends import TorchRunner
-
-        # float32 with the tables baked once for this resolution, as the exported graph holds them
-        return RunnerTarget(TorchRunner(subject.model, torch.float32, device=device, shape=resolution))
-    from deploykit.backends.engine_cache import ENGINE_MODULES
     from deploykit.backends.registry import create_runner
+    from deploykit.backends.table import ENGINE, GRAPH, find, resolve
 
-    if backend not in ENGINE_MODULES:
+    descriptor = find(backend)
+    if descriptor.runs not in (GRAPH, ENGINE):  # the model itself: PyTorch eager
+        # float32 with the tables baked once for this resolution, as the exported graph holds them
+        return RunnerTarget(resolve(descriptor.runner)(subject.model, torch.float32, device=device, shape=resolution))
+    if descriptor.runs == GRAPH:
         graph = subject.onnx(resolution, precision)
         try:
             return RunnerTarget(create_runner(backend, graph, **runner_options))

@@ -9,8 +9,9 @@ to that graph; any other image goes to the exported resolution nearest in log-sc
 ``|log(h_r / h)| + |log(w_r / w)|``, ties broken towards the larger resolution (more detail).
 Preprocessing then resizes and crops it to that resolution, exactly as for a matching image.
 
-Backend selection: ``backend="auto"`` tries the runner factories in ``AUTO_PREFERENCE`` order
-(TensorRT, TensorRT-RTX, ONNX Runtime), skipping any not registered, and keeps the first whose
+Backend selection: ``backend="auto"`` tries the runner factories in the order the table of
+backends ranks them (``deploykit.backends.table.auto_order``: TensorRT, TensorRT-RTX, ONNX
+Runtime), skipping any not registered, and keeps the first whose
 runner activates; each skipped backend's reason is kept in ``Pipeline.skipped`` and
 ``Pipeline.describe_backends()`` says it in a few lines. An engine that was built but could not
 run (no GPU, a stale fingerprint, a plugin that does not load) is also logged as a warning, so
@@ -52,16 +53,15 @@ import numpy as np
 from deploykit import imaging
 from deploykit._lazy import lazy_import
 from deploykit.answers import top_k
+from deploykit.backends.base import Runner
+from deploykit.backends.table import auto_order, gpu_names
 from deploykit.catalog import OUTPUT_NAME
 from deploykit.errors import ConfigError, DeployKitError, InputError, one_line
 from deploykit.export.directory import ExportDir
 from deploykit.export.manifest import Manifest
 from deploykit.imaging import nearest_resolution
 from deploykit.resolutions import resolution_tag
-from deploykit.runtime.base import Runner
 from deploykit.serve.classifier import INPUT_NAME, ImageLimits, read_image_config
-
-AUTO_PREFERENCE = ("trt", "rtx", "ort")
 
 _log = logging.getLogger(__name__)
 
@@ -158,7 +158,8 @@ def activate_runner(onnx_path: Path, backend: str, factories: Mapping[str, Runne
         DeployKitError: no backend could be activated (every reason listed).
     """
     if backend == "auto":
-        candidates = [b for b in AUTO_PREFERENCE if b in factories] + [b for b in factories if b not in AUTO_PREFERENCE]
+        order = auto_order()
+        candidates = [b for b in order if b in factories] + [b for b in factories if b not in order]
     else:
         from deploykit.backends.registry import check_backend
 
@@ -179,9 +180,11 @@ def activate_runner(onnx_path: Path, backend: str, factories: Mapping[str, Runne
 
 
 def _engine_built(onnx_path: Path, backend: str) -> bool:
-    from deploykit.backends.engine_cache import ENGINE_MODULES, engine_paths
+    from deploykit.backends.engine_cache import engine_paths
+    from deploykit.backends.table import engine_flavours
 
-    return backend in ENGINE_MODULES and engine_paths(onnx_path, ENGINE_MODULES[backend])[0].is_file()
+    engines = engine_flavours()
+    return backend in engines and engine_paths(onnx_path, engines[backend].module)[0].is_file()
 
 
 class Pipeline:
@@ -197,11 +200,12 @@ class Pipeline:
         batch_size: most images per runner call.
         limits: the largest image (pixels, encoded bytes) accepted; larger ones are refused
             before decoding.
-        factories: backend name → runner factory; default ``deploykit.backends.registry.RUNNER_FACTORIES``.
+        factories: backend name → runner factory; default ``deploykit.backends.registry.create_runner``
+            for every backend of the table that runs a graph or an engine.
         plugins: for the engine backends of the default factories, the plugins the engines were
             built with (``Plugins``); None: the installed plugin packages each engine names.
         streams: inference streams of the runners that have them (ONNX Runtime, OpenVINO:
-            ``deploykit.runtime.streams``); None: what ``deploykit profile`` measured for its
+            ``deploykit.backends.streams``); None: what ``deploykit profile`` measured for its
             choice, else 1.
 
     Raises:
@@ -235,14 +239,14 @@ class Pipeline:
         plugins=None,
         streams: int | None = None,
     ):
-        from deploykit.backends.engine_cache import ENGINE_MODULES
-        from deploykit.backends.registry import RUNNER_FACTORIES
+        from deploykit.backends.registry import create_runner
+        from deploykit.backends.streams import check_streams
+        from deploykit.backends.table import ENGINE, GRAPH, names
         from deploykit.export.precision import check_precision
         from deploykit.profile.streams import STREAM_BACKENDS
-        from deploykit.runtime.streams import check_streams
 
         if factories is None:
-            factories = {name: partial(f, plugins=plugins) if name in ENGINE_MODULES else f for name, f in RUNNER_FACTORIES.items()}
+            factories = {name: partial(create_runner, name, plugins=plugins) for name in names((GRAPH, ENGINE))}
         if top_k < 1 or batch_size < 1:
             raise ConfigError(f"top_k and batch_size must be >= 1, got {top_k} and {batch_size}")
         self.streams = streams if streams is None else check_streams(streams)
@@ -294,7 +298,7 @@ class Pipeline:
             return None
         if choice is None or choice.backend not in factories:
             return None
-        gpu = [b for b in available_backends() if b in ("trt", "rtx", "ort-cuda")]
+        gpu = [b for b in available_backends() if b in gpu_names()]
         if gpu:
             self._why[res] = f"GPU backend {gpu[0]} usable: profiled CPU choice ({choice.backend} {choice.precision}) not taken"
             return None

@@ -37,7 +37,7 @@ def register() -> str:
     global _registered
     if _registered:
         return PLUGIN_ID
-    trt = lazy_import("tensorrt")
+    trt = lazy_import("tensorrt", extra="trt")
     lazy_import("triton")
     trtp = importlib.import_module("tensorrt.plugin")
     _define(trt, trtp)

@@ -83,7 +83,7 @@ def test_bf16_hint_runs_products_in_bf16_and_keeps_the_encoding_in_f32(tiny_expo
         request.applymarker(pytest.mark.xfail(strict=True, reason="OpenVINO 2026.4 lowers ops of SaPE²'s bias body"))
     with registry.create_runner("openvino-bf16", tiny_export / f"model_{BASE}.onnx") as runner:
         by_type = _compiled_precisions(runner)
-        lowered, elsewhere = runner.details["lowered_despite_mark"], runner.details["lowered_elsewhere"]
+        lowered, elsewhere = runner.info.precision.lowered_despite_mark, runner.info.precision.lowered_elsewhere
     assert "bf16" in by_type["FullyConnected"], dict(by_type)
     # The typed mark (through the IR) is honoured for LayerNorm; with the string mark all ran in bf16.
     assert by_type["MVN"] == {"f32"}, dict(by_type)
@@ -128,8 +128,8 @@ def test_bf16_hint_keeps_the_logits_in_f32():
     with registry.create_runner(
         "openvino-bf16", helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
     ) as runner:
-        assert runner.details["lowered_despite_mark"] == {}  # LayerNorm kept
-        assert "FullyConnected" not in runner.details["lowered_elsewhere"], runner.details["lowered_elsewhere"]
+        assert runner.info.precision.lowered_despite_mark == {}  # LayerNorm kept
+        assert "FullyConnected" not in runner.info.precision.lowered_elsewhere, runner.info.precision.lowered_elsewhere
 
 
 @pytest.mark.slow
@@ -150,12 +150,12 @@ def test_bf16_hint_keeps_an_int8_plan_s_residual_stream_in_f32():
     (plan, int8), *_ = planned_graphs(fp32, model, (BASE, BASE), ["int8"], calibration)
     assert plan == "int8"
     with registry.create_runner("openvino-bf16", int8.SerializeToString()) as runner:
-        assert runner.details["lowered_despite_mark"] == {}
+        assert runner.info.precision.lowered_despite_mark == {}
         by_type = _compiled_precisions(runner)
     assert by_type["Eltwise"] >= {"f32"} and "i8" in by_type["FullyConnected"], dict(by_type)
     with mock.patch("deploykit.backends.openvino.exempt_adds_from_low_precision_passes"):
         with registry.create_runner("openvino-bf16", int8.SerializeToString()) as control:
-            assert control.details["lowered_despite_mark"].get("Eltwise", 0) > 0, control.details
+            assert control.info.precision.lowered_despite_mark.get("Eltwise", 0) > 0, control.info
 
 
 def _attention_graph(size: int, heads: int = 2, tokens: int = 32) -> onnx.ModelProto:
@@ -217,7 +217,7 @@ def test_fused_attention_keeps_its_softmax_in_f32():
         compiled = {
             op.get_rt_info()["originalLayersNames"].astype(str): op.get_rt_info() for op in runner._compiled.get_runtime_model().get_ops()
         }
-        lowered = runner.details["lowered_despite_mark"]
+        lowered = runner.info.precision.lowered_despite_mark
     (fused,) = [info for names, info in compiled.items() if "probs" in names.split(",")]
     assert fused["layerType"].astype(str) == "Subgraph" and fused["runtimePrecision"].astype(str) == "bf16"
     assert gap > 1e-3 and np.abs(out - f32_softmax).max() < gap / 8, (np.abs(out - f32_softmax).max(), gap)
@@ -322,7 +322,7 @@ def test_profile_holds_the_int8_plan_to_its_own_target_again_under_the_bf16_hint
 
 def test_runner_reports_its_hint_and_input_names(good_export):
     with OpenvinoRunner(good_export / "model_32.onnx") as runner:
-        assert runner.input_names() == ["images"] and runner.details["precision_hint"] == "f32"
+        assert runner.input_names() == ["images"] and runner.info.precision.hint == "f32"
         out = runner.infer({"images": torch.zeros(2, 3, 32, 32).numpy()})
         assert out["logits"].shape == (2, 10)
     with pytest.raises(DeployKitError, match="unknown OpenVINO precision hint 'fp8'"):
@@ -398,11 +398,7 @@ def test_seven_bit_weights_keep_openvino_s_int8_products_from_saturating():
     eight, seven = exact(proto), exact(narrowed)
     assert np.abs(seven - eight).max() <= 0.5 * 8 * 2 * 6 * 0.08  # at most half a doubled step per weight
     with OpenvinoRunner(proto.SerializeToString()) as runner:
-        assert (
-            runner.seven_bit_weights
-            == int8_saturates()
-            == ("int8_weights" in runner.details and runner.details["int8_weights"] != "as exported")
-        )
+        assert runner.seven_bit_weights == int8_saturates() == (runner.info.precision.int8_weights != "as exported")
         assert runner.narrowed_weights == (1 if int8_saturates() else 0)
         np.testing.assert_allclose(runner.infer({"x": x})["y"], seven if runner.seven_bit_weights else eight, rtol=1e-5, atol=1e-4)
     if int8_saturates():  # control: the weights as exported do saturate on this CPU

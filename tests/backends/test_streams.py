@@ -1,4 +1,4 @@
-"""Inference streams (``deploykit.runtime.streams``): a runner with several streams answers what one
+"""Inference streams (``deploykit.backends.streams``): a runner with several streams answers what one
 stream answers, and runs concurrent calls at once, each on an executor of its own; profile keeps
 streams only where they raise throughput."""
 
@@ -11,10 +11,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from deploykit.backends.onnxrt import OnnxrtRunner
+from deploykit.backends.streams import ExecutorPool, check_streams, threads_per_stream, usable_cores
 from deploykit.errors import ConfigError
 from deploykit.profile.streams import pick_streams
-from deploykit.runtime.onnxrt import OnnxrtRunner
-from deploykit.runtime.streams import ExecutorPool, check_streams, threads_per_stream, usable_cores
 
 TWO_CORES = pytest.mark.skipif(usable_cores() < 2, reason="two streams need two cores (OpenVINO caps streams at the cores)")
 
@@ -46,7 +46,7 @@ FEED = {"images": np.random.default_rng(1).standard_normal((3, 16)).astype(np.fl
 def test_openvino_with_streams_answers_as_one_stream_does_on_a_request_per_call():
     with _openvino(1) as one, _openvino(2) as two:
         assert one.parallel_calls == 1 and two.parallel_calls == 2
-        assert one.details["streams"] == 1 and two.details["streams"] == 2
+        assert one.info.precision.streams == 1 and two.info.precision.streams == 2
         np.testing.assert_array_equal(two.infer(FEED)["logits"], one.infer(FEED)["logits"])
         # two calls at once: each holds an infer request of its own while the other runs
         held, answers, together = [], [], threading.Barrier(2, timeout=10)

@@ -261,10 +261,10 @@ def test_rtx_runner_reports_cuda_graphs_only_while_tensorrt_rtx_can_capture(rtx_
         context.is_stream_capturable.return_value = True
         runner.infer({"images": np.zeros((4, 3, 32, 32), np.float32)})
         context.is_stream_capturable.assert_called_with(11)
-        assert runner.cuda_graphs and runner.details["cuda_graph"] and runner.cuda_graph_note == ""
+        assert runner.cuda_graphs and runner.info.cuda_graphs.used and runner.cuda_graph_note == ""
         context.is_stream_capturable.return_value = False  # e.g. data-dependent shapes at this batch
         runner.infer({"images": np.zeros((1, 3, 32, 32), np.float32)})
-        assert not runner.cuda_graphs and not runner.details["cuda_graph"]
+        assert not runner.cuda_graphs and not runner.info.cuda_graphs.used
         assert (
             runner.cuda_graph_note
             == "TensorRT-RTX cannot capture the execution at input shape [1, 3, 32, 32] into a CUDA graph (is_stream_capturable is False)"

@@ -11,25 +11,25 @@ import numpy as np
 import pytest
 import torch
 
-from deploykit.backends import registry
+from deploykit.backends import registry, table
+from deploykit.backends.onnxrt import OnnxrtCudaRunner
 from deploykit.backends.trt_runner import TrtRunner
 from deploykit.build import build
 from deploykit.errors import ConfigError, DeployKitError
 from deploykit.export import export
 from deploykit.nn import create_model
 from deploykit.profile import backend_names
-from deploykit.runtime.onnxrt import OnnxrtCudaRunner
 from deploykit.validate import validate
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="engine runners need a CUDA GPU and a CUDA build of torch")
 
 
-def test_validate_profile_and_build_take_backend_names_from_the_registry(monkeypatch, tmp_path):
-    # A backend registered once is known to every command; an unknown one is refused by each in
-    # the same words, listing what is registered.
+def test_validate_profile_and_build_take_backend_names_from_the_table(stand_in_backend, tmp_path):
+    # A backend added to the table once is known to every command; an unknown one is refused by
+    # each in the same words, listing the table's.
     made = []
-    monkeypatch.setitem(registry.RUNNER_FACTORIES, "stand-in", lambda path: made.append(path) or "runner")
+    stand_in_backend("stand-in", lambda path, options: made.append(path) or "runner")
     assert registry.create_runner("stand-in", "model.onnx") == "runner" and made == ["model.onnx"]
     assert backend_names() == ["torch", "ort", "ort-cuda", "openvino", "openvino-bf16", "trt", "rtx", "stand-in"]
     with pytest.raises(DeployKitError, match="not a deploykit export directory"):  # the name passed; the directory did not
@@ -49,7 +49,7 @@ def test_available_backends_are_the_ones_that_can_run_here(monkeypatch):
     from deploykit.backends.devices import Device
 
     names = registry.available_backends()
-    assert names[0] == "ort" and set(names) <= set(registry.RUNNER_FACTORIES)
+    assert names[0] == "ort" and set(names) <= set(table.names((table.GRAPH, table.ENGINE)))
     # Without a GPU (this CI), neither engine runner nor ORT's CUDA provider is offered;
     # openvino-bf16 only on a CPU computing in bf16.
     monkeypatch.setattr(devices, "probe_device", lambda ordinal=0: Device())
@@ -168,9 +168,9 @@ def test_tensorrt_engine_matches_onnxruntime(tmp_path, cuda_graph):
             "Polygraphy runs one TensorRT flavour per process and is on TensorRT-RTX here; run this test "
             "alone (benchmarks/gpu_acceptance.py runs each flavour in its own process)"
         )
+    from deploykit.backends.onnxrt import OnnxrtRunner
     from deploykit.backends.trt_runner import engine_runner
     from deploykit.build import build
-    from deploykit.runtime.onnxrt import OnnxrtRunner
 
     torch.manual_seed(0)
     export(create_model("vit_tiny_patch16", encoding="rope-mixed", depth=2, img_size=32, num_classes=10), [(32, 32)], tmp_path)

@@ -9,12 +9,11 @@ import onnx
 import pytest
 import torch
 
-from deploykit.backends import registry
+from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.errors import ExportError, ResolutionError
 from deploykit.export import export, onnx_from_model
 from deploykit.export.manifest import Manifest
 from deploykit.nn import create_model
-from deploykit.runtime import OnnxrtRunner
 from deploykit.validate import validate
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
@@ -87,9 +86,9 @@ class _RangeEngine(OnnxrtRunner):
         return super()._infer(feed)
 
 
-def test_engine_over_the_range_is_validated_at_each_profile_shape(exported, monkeypatch):
+def test_engine_over_the_range_is_validated_at_each_profile_shape(exported, stand_in_backend):
     _, out, _ = exported
-    monkeypatch.setitem(registry.RUNNER_FACTORIES, "engine", _RangeEngine)
+    stand_in_backend("engine", lambda path, options: _RangeEngine(path))
     _RangeEngine.seen = []
     report = validate(out, backends=("engine",), num_random=2, num_real=3)
     assert bool(report)

@@ -10,12 +10,12 @@ import onnxruntime as ort
 import pytest
 import torch
 
+from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.export import onnx_from_model
 from deploykit.export.onnx_export import DEFAULT_OPSET
 from deploykit.graph import RuleSet
 from deploykit.graph.ort import ONNXRUNTIME
 from deploykit.nn import create_model
-from deploykit.runtime import OnnxrtRunner
 
 
 @pytest.fixture(scope="module")

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 import deploykit
+from deploykit.backends.streams import usable_cores
 from deploykit.export.directory import CHOICE_FILE
 from deploykit.export.manifest import Manifest, sha256_file
 from deploykit.profile.choice import Choice, read_choice
 from deploykit.profile.streams import with_measured_streams
 from deploykit.resolutions import resolution_tag
-from deploykit.runtime.streams import usable_cores
 
 pytest.importorskip("openvino", reason="the openvino extra is not installed")
 TWO_CORES = pytest.mark.skipif(usable_cores() < 2, reason="two streams need two cores (OpenVINO caps streams at the cores)")

@@ -28,8 +28,8 @@ grpcclient = pytest.importorskip("tritonclient.grpc", reason="needs the serve ex
 PIL = pytest.importorskip("PIL.Image", reason="needs pillow")
 from tritonclient.utils import InferenceServerException
 
+from deploykit.backends.table import auto_order
 from deploykit.inputs.builtin import sample_images
-from deploykit.serve.pipeline import AUTO_PREFERENCE
 from tests import image_bombs
 
 MAX_BATCH = 8
@@ -305,7 +305,7 @@ def test_backend_choice_and_skips_are_said_once(server):
     lines = [line.strip() for line in server["log"].read_text().splitlines()]
     said = [line for line in lines if line.startswith(("backend ", "skipped "))]
     assert said.count("backend ort at 32, 48") == 1, said
-    for name in AUTO_PREFERENCE[: AUTO_PREFERENCE.index("ort")]:  # tried before ONNX Runtime: each says why not
+    for name in auto_order()[: auto_order().index("ort")]:  # tried before ONNX Runtime: each says why not
         assert any(line.startswith(f"skipped {name} at ") for line in said), said
     assert len(said) == len(set(said)), f"repeated: {said}"
 

@@ -10,7 +10,7 @@ silently, and also puts small shape computations there on purpose (``GetCpuPrefe
 refused. ``ort-cuda`` instead profiles one run when it activates (ONNX Runtime's profiler names
 each node's provider and output types), and refuses any node on the CPU that computes anything
 but an int64 shape, naming them, unless ``allow_cpu_fallback``. ``placement`` (and the runner's
-``details``, which reports record) say where every node ran.
+``info``, which reports record) say where every node ran.
 """
 
 from __future__ import annotations
@@ -21,15 +21,14 @@ import os
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from deploykit._cpu import denormal_mode_kept, denormals_flushed
+from deploykit.backends.base import NodePlacement, Placement, RunInfo, Runner, run_rows
+from deploykit.backends.streams import ExecutorPool, check_streams, threads_per_stream
 from deploykit.errors import DeployKitError, listed, one_line
-from deploykit.runtime.base import Runner, run_rows
-from deploykit.runtime.streams import ExecutorPool, check_streams, threads_per_stream
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -62,23 +61,6 @@ def session_options(intra_op_threads: int = 0):
     opts.add_session_config_entry("session.set_denormal_as_zero", "1")
     opts.log_severity_level = 3  # errors only: keep the terminal for our report
     return opts
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where ONNX Runtime ran each node of a session.
-
-    Attributes:
-        providers: execution provider -> number of nodes it ran.
-        cpu_compute: nodes on the CPU whose outputs are not all int64 (compute, not shape
-            arithmetic), as ``name (OpType)``, in execution order.
-    """
-
-    providers: dict[str, int]
-    cpu_compute: tuple[str, ...] = field(default=())
-
-    def to_dict(self) -> dict:
-        return {"providers": dict(self.providers), "cpu_compute": list(self.cpu_compute)}
 
 
 def profiled_placement(profile: str | os.PathLike) -> Placement:
@@ -143,7 +125,7 @@ class OnnxrtRunner(Runner):
             the export's metadata says it; the backends' registry reads it there.
         streams: sessions of the graph, each with this machine's cores split between them
             (``intra_op_threads`` each, unless set), so that concurrent calls run in parallel
-            instead of sharing one thread pool (``deploykit.runtime.streams``).
+            instead of sharing one thread pool (``deploykit.backends.streams``).
     """
 
     name = "ort"
@@ -230,7 +212,7 @@ class OnnxrtCudaRunner(OnnxrtRunner):
     Args:
         model: path to a ``.onnx`` file, or its bytes.
         intra_op_threads: 0 lets ONNX Runtime choose.
-        allow_cpu_fallback: accept compute nodes on the CPU (``details`` still names them).
+        allow_cpu_fallback: accept compute nodes on the CPU (``info`` still names them).
         range_low: as ``OnnxrtRunner``'s: where the placement probe runs a resolution-range graph.
     """
 
@@ -282,9 +264,8 @@ class OnnxrtCudaRunner(OnnxrtRunner):
             ) from err
 
     @property
-    def details(self) -> dict:
-        placement = self.placement.to_dict() if self.placement else None
-        return {**super().details, "node_placement": placement, "placement_note": self.placement_note}
+    def info(self) -> RunInfo:
+        return RunInfo(self.provider, placement=NodePlacement(self.placement, self.placement_note))
 
 
 def cpu_runner(proto) -> OnnxrtRunner:

@@ -1,5 +1,5 @@
-"""The one interface every runner implements (after Polygraphy's ``BaseRunner``), and running
-inputs through one in batches.
+"""The one interface every runner implements (after Polygraphy's ``BaseRunner``), what a runner
+reports about how it ran (``RunInfo``), and running inputs through one in batches.
 
 ``activate`` loads the model or engine, ``infer`` runs a feed dict of numpy arrays and returns
 a dict of numpy arrays, ``deactivate`` frees it. The base class checks state and input names
@@ -9,11 +9,124 @@ once so runners only implement ``_activate``, ``_infer`` and ``_deactivate``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from deploykit.catalog import IMAGES_INPUT
 from deploykit.errors import DeployKitError
+
+
+@dataclass(frozen=True)
+class CudaGraphUse:
+    """Whether an engine runner replays CUDA graphs.
+
+    Attributes:
+        used: requested, and the engine allows it.
+        note: why they are not used (``""`` when they are).
+    """
+
+    used: bool
+    note: str
+
+    def to_dict(self) -> dict:
+        return {"cuda_graph": self.used, "cuda_graph_note": self.note}
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where ONNX Runtime ran each node of a session.
+
+    Attributes:
+        providers: execution provider -> number of nodes it ran.
+        cpu_compute: nodes on the CPU whose outputs are not all int64 (compute, not shape
+            arithmetic), as ``name (OpType)``, in execution order.
+    """
+
+    providers: dict[str, int]
+    cpu_compute: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict:
+        return {"providers": dict(self.providers), "cpu_compute": list(self.cpu_compute)}
+
+
+@dataclass(frozen=True)
+class NodePlacement:
+    """Where a GPU runner of ONNX Runtime ran its nodes.
+
+    Attributes:
+        placement: None until the runner has run once (when it activates).
+        note: which compute nodes ran on the CPU, where that was allowed (``""``: none).
+    """
+
+    placement: Placement | None
+    note: str
+
+    def to_dict(self) -> dict:
+        return {"node_placement": None if self.placement is None else self.placement.to_dict(), "placement_note": self.note}
+
+
+@dataclass(frozen=True)
+class CpuPrecision:
+    """What a runner that takes a precision hint (OpenVINO) computed float ops in, and on how
+    many inference streams.
+
+    Attributes:
+        hint: the precision the hint resolved to (``f32``, ``bf16``).
+        streams: its inference streams (``NUM_STREAMS``).
+        computes_in: the plan it lowers a graph's float remainder to itself (None: as written).
+        kept_fp32: nodes marked to stay in f32 under a bf16 hint.
+        lowered_despite_mark: layer type -> compiled nodes running an encoding op below f32
+            though marked (the run is not faithful).
+        lowered_elsewhere: the same for the plan's other fp32 nodes (the logits).
+        int8_weights: how int8 weights ran (``as exported``, or narrowed to 7 bits and why).
+    """
+
+    hint: str
+    streams: int
+    computes_in: str | None
+    kept_fp32: int
+    lowered_despite_mark: dict[str, int]
+    lowered_elsewhere: dict[str, int]
+    int8_weights: str
+
+    def to_dict(self) -> dict:
+        return {
+            "precision_hint": self.hint,
+            "streams": self.streams,
+            "computes_in": self.computes_in,
+            "kept_fp32": self.kept_fp32,
+            "lowered_despite_mark": dict(self.lowered_despite_mark),
+            "lowered_elsewhere": dict(self.lowered_elsewhere),
+            "int8_weights": self.int8_weights,
+        }
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What reports record about how a runner ran: what executed it, and the part that applies
+    to its kind of runner (None elsewhere).
+
+    Attributes:
+        provider: what executes the model (ONNX Runtime's execution provider, the TensorRT
+            flavour and version, ...).
+        cuda_graphs: engine runners.
+        placement: ONNX Runtime on the GPU.
+        precision: runners that take a precision hint (OpenVINO).
+    """
+
+    provider: str
+    cuda_graphs: CudaGraphUse | None = None
+    placement: NodePlacement | None = None
+    precision: CpuPrecision | None = None
+
+    def to_dict(self) -> dict:
+        """``provider`` and each present part's keys, as validate and profile write them."""
+        out = {"provider": self.provider}
+        for part in (self.cuda_graphs, self.placement, self.precision):
+            if part is not None:
+                out.update(part.to_dict())
+        return out
 
 
 class Runner:
@@ -73,14 +186,13 @@ class Runner:
     @property
     def parallel_calls(self) -> int:
         """How many ``infer`` calls this runner runs at once when called from that many threads
-        (its inference streams, ``deploykit.runtime.streams``); 1 for most runners."""
+        (its inference streams, ``deploykit.backends.streams``); 1 for most runners."""
         return 1
 
     @property
-    def details(self) -> dict:
-        """What reports record about how this runner ran: ``provider``; engine runners add
-        whether CUDA graphs were replayed."""
-        return {"provider": self.provider}
+    def info(self) -> RunInfo:
+        """What reports record about how this runner ran (meaningful once active)."""
+        return RunInfo(self.provider)
 
     @property
     def profiled_shapes(self) -> tuple[tuple[int, ...], ...]:
