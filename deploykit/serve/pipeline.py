@@ -187,6 +187,25 @@ def _engine_built(onnx_path: Path, backend: str) -> bool:
     return backend in engines and engine_paths(onnx_path, engines[backend].module)[0].is_file()
 
 
+@dataclass(frozen=True)
+class Served:
+    """What serves one exported resolution: the active runner, its backend and precision plan, the
+    backends tried before it with why each was skipped, why this one was taken (a profile's
+    choice, or why that choice was not), and the lock its calls take when it is not thread-safe."""
+
+    backend: str
+    runner: Runner
+    plan: str
+    skipped: Mapping[str, str]
+    why: str
+    lock: contextlib.AbstractContextManager
+
+    @classmethod
+    def of(cls, backend: str, runner: Runner, plan: str, skipped: Mapping[str, str] | None = None, why: str = "") -> Served:
+        lock = contextlib.nullcontext() if runner.thread_safe else threading.Lock()
+        return cls(backend, runner, plan, dict(skipped or {}), why, lock)
+
+
 class Pipeline:
     """Images → top-k classes, over every resolution of an export directory.
 
@@ -258,34 +277,26 @@ class Pipeline:
         manifest = ExportDir(self.export_dir).manifest()
         self.config = read_image_config(self.export_dir, manifest)
         entries = manifest.graphs_at(self.precision)
-        self.runners: dict[tuple[int, int], Runner] = {}
-        self.backends: dict[tuple[int, int], str] = {}
-        self.skipped: dict[tuple[int, int], dict[str, str]] = {}
-        self.plans: dict[tuple[int, int], str] = {}  # the precision plan each resolution runs (fp32 unless profiled faster)
-        self._why: dict[tuple[int, int], str] = {}
-        self._locks: dict[tuple[int, int], contextlib.AbstractContextManager] = {}
+        self.served: dict[tuple[int, int], Served] = {}
         try:
             for entry in entries:
                 res = tuple(entry.resolution)
-                chosen = self._profiled_choice(manifest, res, backend, factories) if precision is None else None
-                if chosen is not None:
-                    name, runner, plan, self._why[res] = chosen
-                    self.runners[res], self.backends[res], self.skipped[res], self.plans[res] = runner, name, {}, plan
-                else:
+                served, why_not = self._profiled_choice(manifest, res, backend, factories) if precision is None else (None, "")
+                if served is None:
                     path = ExportDir(self.export_dir).graph(entry, manifest.encoding)
                     name, runner, skipped = activate_runner(path, backend, factories)
-                    self.runners[res], self.backends[res], self.skipped[res], self.plans[res] = runner, name, skipped, self.precision
-                self._locks[res] = contextlib.nullcontext() if runner.thread_safe else threading.Lock()
+                    served = Served.of(name, runner, self.precision, skipped, why_not)
+                self.served[res] = served
         except BaseException:
             self.close()
             raise
-        if not self.runners:
+        if not self.served:
             raise DeployKitError(f"{self.export_dir} holds no exported graph; run deploykit export")
 
-    def _profiled_choice(self, manifest: Manifest, res, backend: str, factories) -> tuple[str, Runner, str, str] | None:
-        """``(backend, active runner, plan, why)`` from ``deploykit profile``'s choice for ``res``, when
-        ``backend`` is auto, no GPU backend is usable, the choice's graph is unchanged and its runner
-        activates; else None (and the reason is kept for ``describe_backends``)."""
+    def _profiled_choice(self, manifest: Manifest, res, backend: str, factories) -> tuple[Served | None, str]:
+        """``(what serves res, "")`` from ``deploykit profile``'s choice for ``res``, when ``backend``
+        is auto, no GPU backend is usable, the choice's graph is unchanged and its runner activates;
+        else ``(None, why it was not taken)`` ("" when there is no choice to take)."""
         from deploykit.backends.registry import available_backends
         from deploykit.export.manifest import sha256_file
         from deploykit.profile.choice import read_choice
@@ -294,14 +305,12 @@ class Pipeline:
         try:
             choice = read_choice(self.export_dir, tag, self.batch_size) if backend == "auto" else None
         except DeployKitError as err:  # the choice is advice: serve without it, and say why
-            self._why[res] = f"profiled choice not taken: {err}"
-            return None
+            return None, f"profiled choice not taken: {err}"
         if choice is None or choice.backend not in factories:
-            return None
+            return None, ""
         gpu = [b for b in available_backends() if b in gpu_names()]
         if gpu:
-            self._why[res] = f"GPU backend {gpu[0]} usable: profiled CPU choice ({choice.backend} {choice.precision}) not taken"
-            return None
+            return None, f"GPU backend {gpu[0]} usable: profiled CPU choice ({choice.backend} {choice.precision}) not taken"
         try:
             graph = ExportDir(self.export_dir).graph(manifest.graph(res, choice.precision), manifest.encoding)
             if sha256_file(graph) != choice.graph_sha256:
@@ -313,16 +322,34 @@ class Pipeline:
                 runner = factories[choice.backend](graph)
             runner.activate()
         except DeployKitError as err:
-            self._why[res] = f"profiled choice {choice.backend} {choice.precision} not taken: {err}"
-            return None
+            return None, f"profiled choice {choice.backend} {choice.precision} not taken: {err}"
         why = f"fastest validated plan at batch {choice.batch} in deploykit profile ({choice.p50_ms:.2f} ms p50)"
         if self.streams is None and choice.streams > 1:
             why += f"; its streams answered {choice.streams_gain:.2f}x one stream's images under concurrent calls"
-        return choice.backend, runner, choice.precision, why
+        return Served.of(choice.backend, runner, choice.precision, why=why), ""
 
     @property
     def resolutions(self) -> list[tuple[int, int]]:
-        return sorted(self.runners)
+        return sorted(self.served)
+
+    @property
+    def runners(self) -> dict[tuple[int, int], Runner]:
+        return {res: served.runner for res, served in self.served.items()}
+
+    @property
+    def backends(self) -> dict[tuple[int, int], str]:
+        """The backend serving each resolution."""
+        return {res: served.backend for res, served in self.served.items()}
+
+    @property
+    def plans(self) -> dict[tuple[int, int], str]:
+        """The precision plan each resolution runs (fp32 unless profiled faster, or asked for)."""
+        return {res: served.plan for res, served in self.served.items()}
+
+    @property
+    def skipped(self) -> dict[tuple[int, int], dict[str, str]]:
+        """Per resolution, the backends tried before the one serving it, and why each was skipped."""
+        return {res: dict(served.skipped) for res, served in self.served.items()}
 
     @property
     def num_classes(self) -> int:
@@ -334,12 +361,13 @@ class Pipeline:
         chosen: dict[str, list[str]] = {}
         skipped: dict[tuple[str, str], list[str]] = {}
         for res in self.resolutions:
-            plan = "" if self.plans.get(res, "fp32") == "fp32" else f" {self.plans[res]}"
-            if self.runners[res].parallel_calls > 1:
-                plan += f" with {self.runners[res].parallel_calls} inference streams"
-            why = f" ({self._why[res]})" if res in self._why else ""
-            chosen.setdefault(f"{self.backends[res]}{plan}", []).append(resolution_tag(res) + why)
-            for name, reason in self.skipped[res].items():
+            served = self.served[res]
+            plan = "" if served.plan == "fp32" else f" {served.plan}"
+            if served.runner.parallel_calls > 1:
+                plan += f" with {served.runner.parallel_calls} inference streams"
+            why = f" ({served.why})" if served.why else ""
+            chosen.setdefault(f"{served.backend}{plan}", []).append(resolution_tag(res) + why)
+            for name, reason in served.skipped.items():
                 skipped.setdefault((name, reason), []).append(resolution_tag(res))
         return [f"backend {name} at {', '.join(tags)}" for name, tags in chosen.items()] + [
             f"skipped {name} at {', '.join(tags)}: {why}" for (name, why), tags in skipped.items()
@@ -348,7 +376,7 @@ class Pipeline:
     def parallel_calls(self, resolution: tuple[int, int]) -> int:
         """How many calls the runner of ``resolution`` runs at once (its inference streams): what a
         server gives it in concurrent model instances."""
-        return self.runners[resolution].parallel_calls
+        return self.served[resolution].runner.parallel_calls
 
     def route(self, size: tuple[int, int]) -> tuple[int, int]:
         """The exported resolution for an image of ``(height, width)`` (module rule)."""
@@ -383,13 +411,14 @@ class Pipeline:
         """``logits`` of a batch whose dtype, rank and values the caller has checked already (a
         server's batch function checks them per request)."""
         res = tuple(images.shape[-2:])
-        runner = self.runners.get(res)
-        if runner is None:
+        served = self.served.get(res)
+        if served is None:
             have = ", ".join(resolution_tag(r) for r in self.resolutions)
             raise InputError(f"no graph at {resolution_tag(res)} (exported: {have})")
-        with self._locks[res]:
+        with served.lock:
             parts = [
-                runner.infer({INPUT_NAME: images[i : i + self.batch_size]})[OUTPUT_NAME] for i in range(0, len(images), self.batch_size)
+                served.runner.infer({INPUT_NAME: images[i : i + self.batch_size]})[OUTPUT_NAME]
+                for i in range(0, len(images), self.batch_size)
             ]
         if len(parts) == 1:  # one runner call: its array as it is, not a copy
             logits = parts[0]
@@ -398,7 +427,7 @@ class Pipeline:
         bad = np.flatnonzero(~np.isfinite(logits).all(axis=1))
         if len(bad):
             raise DeployKitError(
-                f"the {self.backends[res]} model at {resolution_tag(res)} answered NaN/Inf for {len(bad)} of {len(logits)} images "
+                f"the {served.backend} model at {resolution_tag(res)} answered NaN/Inf for {len(bad)} of {len(logits)} images "
                 f"(first: {bad[0]}); not ranked"
             )
         return logits
@@ -423,9 +452,9 @@ class Pipeline:
 
     def close(self) -> None:
         """Deactivate every runner (idempotent)."""
-        for runner in self.runners.values():
-            if runner.is_active:
-                runner.deactivate()
+        for served in self.served.values():
+            if served.runner.is_active:
+                served.runner.deactivate()
 
     def __enter__(self) -> Pipeline:
         return self
