@@ -260,9 +260,8 @@ class Pipeline:
     ):
         from deploykit.backends.registry import create_runner
         from deploykit.backends.streams import check_streams
-        from deploykit.backends.table import ENGINE, GRAPH, names
+        from deploykit.backends.table import ENGINE, GRAPH, names, stream_names
         from deploykit.export.precision import check_precision
-        from deploykit.profile.streams import STREAM_BACKENDS
 
         if factories is None:
             factories = {name: partial(create_runner, name, plugins=plugins) for name in names((GRAPH, ENGINE))}
@@ -270,7 +269,8 @@ class Pipeline:
             raise ConfigError(f"top_k and batch_size must be >= 1, got {top_k} and {batch_size}")
         self.streams = streams if streams is None else check_streams(streams)
         if streams is not None and streams > 1:
-            factories = {name: partial(f, streams=streams) if name in STREAM_BACKENDS else f for name, f in factories.items()}
+            streaming = stream_names()
+            factories = {name: partial(f, streams=streams) if name in streaming else f for name, f in factories.items()}
         self.export_dir = Path(export_dir)
         self.top_k, self.batch_size, self.limits = top_k, batch_size, limits
         self.precision = check_precision(precision or "fp32").name
