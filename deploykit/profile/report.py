@@ -143,10 +143,10 @@ class ProfileRecord:
             verdict = Verdict(
                 data["validated"], tuple(data.get("validation_failures", ())), data.get("quality_check"), data.get("quality_unchecked")
             )
-        derived = {"pe_step_p50_ms", "pe_share", "gflops", "achieved_gflop_per_s", "ratio_vs_ape", "ratio_vs_fp32"}
-        read = {"backend", "precision", "encoding", "resolution", "batch", "ape_p50_ms", "fp32_p50_ms", "fastest_validated"}
-        read |= {f.name for f in fields(LatencyStats)} | {"e2e_" + f.name for f in fields(LatencyStats)} | derived
-        read |= {"validated", "validation_failures", "quality_check", "quality_unchecked"}
+        # to_dict's keys: the identity and kernel stats, the e2e stats, the verdict's, and the rest
+        read = {*RECORD_FIELDS, *("e2e_" + f.name for f in fields(LatencyStats)), *(f.name for f in fields(Verdict))}
+        read |= {"pe_step_p50_ms", "pe_share", "gflops", "achieved_gflop_per_s", "ape_p50_ms", "ratio_vs_ape", "fp32_p50_ms"}
+        read |= {"ratio_vs_fp32", "fastest_validated"}
         return cls(
             data["backend"],
             data.get("precision", FP32),
