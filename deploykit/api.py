@@ -166,21 +166,15 @@ def validate(
     Returns:
         The report: ``bool(report)`` is True when every check passed.
     """
-    from deploykit.backends.defaults import RUNNER
-    from deploykit.inputs.builtin import VALIDATION_REAL
     from deploykit.inputs.user import read_inputs
     from deploykit.validate import validate as run_validation
 
     data = read_inputs(inputs) if inputs is not None else None
-    return run_validation(
-        export_dir,
-        resolutions=resolutions,
-        backends=tuple(backends or (RUNNER,)),
-        precision=precision,
-        num_real=num_real if num_real is not None else (len(data) if data else VALIDATION_REAL),
-        inputs=data,
-        **options,
-    )
+    if backends:
+        options["backends"] = tuple(backends)
+    if num_real is not None or data:  # else validate's own default: the bundled set
+        options["num_real"] = num_real if num_real is not None else len(data)
+    return run_validation(export_dir, resolutions=resolutions, precision=precision, inputs=data, **options)
 
 
 @dataclass(frozen=True)
