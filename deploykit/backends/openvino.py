@@ -27,9 +27,12 @@ concurrent ``infer`` calls run in parallel, each on its own stream (``deploykit.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 from collections.abc import Mapping
-from typing import NamedTuple
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -52,6 +55,14 @@ def cpu_capabilities() -> list[str]:
 def best_hint() -> str:
     """``bf16`` where the CPU computes in it natively, else ``f32``."""
     return "bf16" if "BF16" in cpu_capabilities() else "f32"
+
+
+@dataclass
+class _Request:
+    """One infer request of the pool and the input shapes it has run (``OpenvinoRunner._infer``)."""
+
+    request: Any  # openvino.InferRequest
+    shapes: set[tuple[tuple[int, ...], ...]] = field(default_factory=set)
 
 
 class OpenvinoRunner(Runner):
@@ -110,7 +121,8 @@ class OpenvinoRunner(Runner):
         except RuntimeError as err:  # OpenVINO raises RuntimeError (its ov::Exception) for unreadable or unsupported graphs
             raise DeployKitError(one_line(f"openvino cannot load {self._label()}: {err}")) from err
         count = int(self._compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
-        self._requests = ExecutorPool([self._compiled.create_infer_request() for _ in range(max(1, count))])
+        self._requests = ExecutorPool([_Request(self._compiled.create_infer_request()) for _ in range(max(1, count))])
+        self._first_calls = threading.Lock()
         self._inputs = [port.get_any_name() for port in self._compiled.inputs]
         self._outputs = [port.get_any_name() for port in self._compiled.outputs]
 
@@ -166,11 +178,18 @@ class OpenvinoRunner(Runner):
 
     def _infer(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         inputs = {name: np.ascontiguousarray(feed[name]) for name in self._inputs}
-        with self._requests.take() as request:
-            # share_inputs: the request reads the caller's arrays in place instead of copying them in;
-            # the outputs are copied out, as the request's own buffers serve its next call.
-            request.infer(inputs, share_inputs=True)
-            return {name: request.get_tensor(name).data.copy() for name in self._outputs}
+        shapes = tuple(inputs[name].shape for name in self._inputs)
+        with self._requests.take() as slot:
+            # A request's first call at an input shape specializes the graph for it (allocation,
+            # shape inference, kernel choice). Several requests doing that at once contend inside
+            # the CPU plugin's thread pools, which can deadlock on few cores (ultralytics#25923),
+            # so first calls take turns; calls at a shape the request has run go in parallel.
+            with contextlib.nullcontext() if shapes in slot.shapes else self._first_calls:
+                # share_inputs: the request reads the caller's arrays in place instead of copying them
+                # in; the outputs are copied out, as the request's own buffers serve its next call.
+                slot.request.infer(inputs, share_inputs=True)
+            slot.shapes.add(shapes)
+            return {name: slot.request.get_tensor(name).data.copy() for name in self._outputs}
 
     def _deactivate(self) -> None:
         self._compiled = self._requests = None

@@ -52,11 +52,11 @@ def test_openvino_with_streams_answers_as_one_stream_does_on_a_request_per_call(
         held, answers, together = [], [], threading.Barrier(2, timeout=10)
 
         def call():
-            with two._requests.take() as request:
+            with two._requests.take() as slot:
                 together.wait()  # both inside: a pool of one request would never let the second in
-                held.append(id(request))
-                request.infer(FEED, share_inputs=True)
-                answers.append(request.get_tensor("logits").data.copy())
+                held.append(id(slot.request))
+                slot.request.infer(FEED, share_inputs=True)
+                answers.append(slot.request.get_tensor("logits").data.copy())
 
         threads = [threading.Thread(target=call) for _ in range(2)]
         [t.start() for t in threads]
@@ -80,6 +80,50 @@ def test_concurrent_infer_calls_on_openvino_streams_all_answer_right():
         [t.start() for t in threads]
         [t.join() for t in threads]
         assert len(results) == 4 and all(np.array_equal(r, expected) for r in results)
+
+
+@TWO_CORES
+def test_openvino_requests_specialize_a_new_shape_one_at_a_time_and_then_run_together():
+    """A request's first call at a shape runs alone (concurrent specializations can deadlock the
+    CPU plugin on few cores); calls at shapes their requests have run overlap."""
+    ov = pytest.importorskip("openvino", reason="the openvino extra is not installed")
+    from unittest import mock
+
+    with _openvino(2) as runner:
+        inside, most, lock = [0], [0], threading.Lock()
+        overlap = threading.Barrier(2, timeout=10)
+
+        def infer(inputs, share_inputs=False):
+            with lock:
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+            try:
+                if phase == "known shape":
+                    overlap.wait()  # both requests inside at once, or a BrokenBarrierError
+                else:
+                    threading.Event().wait(0.05)  # long enough for a second first call to overlap
+            finally:
+                with lock:
+                    inside[0] -= 1
+
+        slots = [runner._requests.take() for _ in range(2)]
+        for slot_context in slots:
+            slot = slot_context.__enter__()
+            slot.request = mock.create_autospec(ov.InferRequest, instance=True)
+            slot.request.infer.side_effect = infer
+            slot_context.__exit__(None, None, None)
+
+        def calls(batch: int, count: int):
+            threads = [threading.Thread(target=runner.infer, args=({"images": np.zeros((batch, 16), np.float32)},)) for _ in range(count)]
+            [t.start() for t in threads]
+            [t.join() for t in threads]
+
+        phase = "first calls"
+        calls(3, 2)
+        assert most[0] == 1  # each request's first call at batch 3: never two at once
+        phase, most[0] = "known shape", 0
+        calls(3, 2)
+        assert most[0] == 2 and not overlap.broken
 
 
 def test_onnxruntime_streams_are_sessions_with_the_cores_split():
