@@ -43,7 +43,7 @@ def default_providers() -> list[str]:
     return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
 
 
-def session_options(intra_op_threads: int = 0, spinning: bool = True):
+def session_options(intra_op_threads: int = 0):
     """Session options tuned for ViTs: sequential execution (parallel mode is slower for a chain
     of GEMMs on small machines: ``benchmarks/results/tune-ort-vit_small_patch16-ape-224.json``),
     full graph optimisation, denormals flushed to zero in ONNX Runtime's own threads (the runner
@@ -51,12 +51,7 @@ def session_options(intra_op_threads: int = 0, spinning: bool = True):
 
     Flushed, because a peaked softmax writes float32 denormals and every product with one takes a
     slow path on x86 (``deploykit._cpu``; ``benchmarks/results/denormals.json``), while the outputs
-    stay bit-identical.
-
-    ``spinning=False``: the thread pool's workers sleep between parallel sections instead of
-    spin-waiting for the next one. A worker that spins holds a core the process's other threads
-    need (a server's front, Triton's hop, the next request's decoding), and one preempted worker
-    stalls every parallel section until it runs again (``benchmarks/results/ort-spinning.json``)."""
+    stay bit-identical."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -65,8 +60,6 @@ def session_options(intra_op_threads: int = 0, spinning: bool = True):
     opts.intra_op_num_threads = intra_op_threads
     opts.add_session_config_entry("session.set_denormal_as_zero", "1")
     opts.log_severity_level = 3  # errors only: keep the terminal for our report
-    if not spinning:
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return opts
 
 
@@ -133,8 +126,6 @@ class OnnxrtRunner(Runner):
         streams: sessions of the graph, each with this machine's cores split between them
             (``intra_op_threads`` each, unless set), so that concurrent calls run in parallel
             instead of sharing one thread pool (``deploykit.backends.streams``).
-        spinning: whether the thread pool's workers spin-wait between parallel sections
-            (``session_options``); a server's runners do not, as its cores are shared.
     """
 
     name = "ort"
@@ -149,11 +140,9 @@ class OnnxrtRunner(Runner):
         intra_op_threads: int = 0,
         range_low: tuple[int, ...] | None = None,
         streams: int = 1,
-        spinning: bool = True,
     ):
         super().__init__()
         self.model = model
-        self.spinning = spinning
         self.providers = list(providers) if providers else None
         self.streams = check_streams(streams)
         self.intra_op_threads = intra_op_threads or (threads_per_stream(streams) if streams > 1 else 0)
@@ -176,9 +165,7 @@ class OnnxrtRunner(Runner):
 
         with denormal_mode_kept():
             return ort.InferenceSession(
-                source,
-                sess_options=options or session_options(self.intra_op_threads, self.spinning),
-                providers=self.providers or default_providers(),
+                source, sess_options=options or session_options(self.intra_op_threads), providers=self.providers or default_providers()
             )
 
     def _label(self) -> str:

@@ -36,15 +36,12 @@ class RunnerOptions:
         cuda_graph: for engine backends, replay CUDA graphs where the engine allows it.
         allow_cpu_fallback: for ``ort-cuda``, accept nodes ONNX Runtime runs on the CPU.
         streams: for the backends that have them (``Backend.streams``), the inference streams.
-        shared_cores: the process shares its cores with other work (a server's front and Triton):
-            a runner whose thread pool spin-waits (ONNX Runtime) lets its workers sleep instead.
     """
 
     plugins: Plugins | None = None
     cuda_graph: bool = False
     allow_cpu_fallback: bool = False
     streams: int = 1
-    shared_cores: bool = False
 
 
 def check_backend(name: str, choices: list[str] | None = None) -> str:
@@ -74,19 +71,18 @@ def create_runner(
     cuda_graph: bool = False,
     allow_cpu_fallback: bool = False,
     streams: int = 1,
-    shared_cores: bool = False,
 ) -> Runner:
     """The runner for ``backend`` on one exported graph (not yet activated).
 
     Args:
         backend: a graph or engine backend of the table.
         onnx_path: the exported graph (an engine backend runs the engine built beside it).
-        plugins, cuda_graph, allow_cpu_fallback, streams, shared_cores: as ``RunnerOptions``.
+        plugins, cuda_graph, allow_cpu_fallback, streams: as ``RunnerOptions``.
 
     Raises:
         ConfigError: unknown backend name.
     """
-    options = RunnerOptions(plugins, cuda_graph, allow_cpu_fallback, streams, shared_cores)
+    options = RunnerOptions(plugins, cuda_graph, allow_cpu_fallback, streams)
     found = _descriptor(backend)
     return table.resolve(found.runner)(found, onnx_path, options)
 
@@ -118,7 +114,7 @@ def range_low(onnx_path: str | os.PathLike) -> tuple[int, ...] | None:
 def onnxrt_runner(backend: table.Backend, onnx_path, options: RunnerOptions) -> Runner:
     from deploykit.backends.onnxrt import OnnxrtRunner
 
-    return OnnxrtRunner(onnx_path, range_low=range_low(onnx_path), streams=options.streams, spinning=not options.shared_cores)
+    return OnnxrtRunner(onnx_path, range_low=range_low(onnx_path), streams=options.streams)
 
 
 def onnxrt_bisect_runner(backend: table.Backend, onnx_path, marked: bytes, options: RunnerOptions) -> Runner:

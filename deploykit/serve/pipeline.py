@@ -226,9 +226,6 @@ class Pipeline:
         streams: inference streams of the runners that have them (ONNX Runtime, OpenVINO:
             ``deploykit.backends.streams``); None: what ``deploykit profile`` measured for its
             choice, else 1.
-        shared_cores: the runners share this machine's cores with a server's other work (its
-            front, Triton, the clients' connections): the default factories' runners then do not
-            spin-wait for work (``RunnerOptions.shared_cores``). ``for_server`` sets it.
 
     Raises:
         DeployKitError: not an export directory, a graph changed since export, or no backend runs.
@@ -246,7 +243,6 @@ class Pipeline:
             batch_size=options.max_batch_size,
             limits=options.limits,
             streams=options.streams,
-            shared_cores=True,
         )
 
     def __init__(
@@ -261,7 +257,6 @@ class Pipeline:
         factories: Mapping[str, RunnerFactory] | None = None,
         plugins=None,
         streams: int | None = None,
-        shared_cores: bool = False,
     ):
         from deploykit.backends.registry import create_runner
         from deploykit.backends.streams import check_streams
@@ -269,7 +264,7 @@ class Pipeline:
         from deploykit.export.precision import check_precision
 
         if factories is None:
-            factories = {name: partial(create_runner, name, plugins=plugins, shared_cores=shared_cores) for name in names((GRAPH, ENGINE))}
+            factories = {name: partial(create_runner, name, plugins=plugins) for name in names((GRAPH, ENGINE))}
         if top_k < 1 or batch_size < 1:
             raise ConfigError(f"top_k and batch_size must be >= 1, got {top_k} and {batch_size}")
         self.streams = streams if streams is None else check_streams(streams)

@@ -282,20 +282,3 @@ def test_a_nan_answer_is_refused_not_ranked(export_dir, images):
             pipe.logits(np.zeros((2, 3, 32, 32), np.float32))
         with pytest.raises(DeployKitError, match="answered NaN/Inf"):
             pipe(images[2])
-
-
-def test_a_server_pipelines_onnx_runtime_workers_sleep_between_sections_and_load_spins(export_dir, pipeline):
-    """Serving shares the cores with the front, Triton and clients: its ONNX Runtime sessions do not
-    spin-wait for work, while ``deploykit.load`` keeps ONNX Runtime's spinning (lowest latency)."""
-    from deploykit.serve.triton_server import ServerOptions
-
-    def spinning(pipe) -> str:
-        runner = next(iter(pipe.served.values())).runner
-        return runner._session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
-
-    with Pipeline.for_server(export_dir, ServerOptions(backend="ort")) as served:
-        assert spinning(served) == "0"
-        with pytest.raises(RuntimeError):  # not set: ONNX Runtime's default, which spins
-            spinning(pipeline)
-        x = np.random.default_rng(0).standard_normal((2, 3, *served.resolutions[0])).astype(np.float32)
-        np.testing.assert_array_equal(served.logits(x), pipeline.logits(x))
