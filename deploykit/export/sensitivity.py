@@ -98,10 +98,10 @@ def node_sensitivity(
     ``y = y_fp32 + mask · (y_int8 − y_fp32)``; every other node is fp32. The inputs are repeated
     once per node of the group, and a node's mask is 1 on its own copy only, so each copy runs the
     fp32 graph with exactly one node quantized. Upstream of the group's first node every copy is
-    the fp32 graph, so that graph starts there (``graph.edits.starting_at``), fed the fp32 tensors crossing the cut
-    (from fp32 runs, a few cuts at a time): on a 12-block ViT the pass computes about half the
-    blocks per copy, in fp32 only, where blending every node in one graph computed all of them in
-    both forms.
+    the fp32 graph, so that graph starts there (``deploykit.graph.edits.starting_at``), fed the
+    fp32 tensors crossing the cut (from fp32 runs, a few cuts at a time): on a 12-block ViT the
+    pass computes about half the blocks per copy, in fp32 only, where blending every node in one
+    graph computed all of them in both forms.
 
     Measuring at the output, not at the node (ONNX Runtime's ``qdq_loss_debug`` compares each
     tensor before and after its Q/DQ pair), matters: on the zoo's APE model at 2× its training
@@ -250,12 +250,8 @@ def _blend(model: ir.Model, fp32: ir.Model, nodes: Sequence[str], ranks: dict[st
         blended = ir.Node("", "Add", [fp32_twin.outputs[0], masked.outputs[0]], name=f"{node.name}.blend")
         out = blended.outputs[0]
         out.type, out.shape = int8.type, int8.shape
-        for user in int8.uses():  # every reader but the blend's own Sub
-            if user.node is not delta:
-                user.node.replace_input_with(user.idx, out)
-        for i, value in enumerate(graph.outputs):
-            if value is int8:
-                graph.outputs[i] = out
+        ir.convenience.replace_all_uses_with(int8, out, replace_graph_outputs=True)
+        delta.replace_input_with(0, int8)  # but the blend's own Sub
         for value, suffix in ((int8, "int8"), (fp32_twin.outputs[0], "fp32"), (delta.outputs[0], "delta"), (masked.outputs[0], "masked")):
             value.name = f"{y}.{suffix}"
         out.name = known[y] = y
