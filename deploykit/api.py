@@ -199,7 +199,7 @@ def build(export_dir: str | os.PathLike, backend: str | None = None, **options: 
 
     Args:
         export_dir: what ``export`` wrote; each engine and its fingerprint go beside its graph.
-        backend: ``trt`` or ``rtx``; default ``trt``.
+        backend: ``trt`` or ``rtx``; default ``deploykit.build.build``'s (TensorRT).
         **options: ``deploykit.build.build``'s keywords (``dynamic``, ``batch``, ``precisions``,
             ``plugins``, ``rebuild``, ...).
 
@@ -207,10 +207,11 @@ def build(export_dir: str | os.PathLike, backend: str | None = None, **options: 
         MissingDependencyError: TensorRT (``deploykit[trt]``) or TensorRT-RTX (``deploykit[rtx]``) is absent.
         StaleEngineError: an engine no longer matches its graph (``rebuild=True`` replaces it).
     """
-    from deploykit.backends.defaults import ENGINE_BACKENDS
     from deploykit.build import build as build_engines
 
-    return BuildResult(tuple(build_engines(export_dir, backend or ENGINE_BACKENDS[0], **options)))
+    if backend is not None:  # else build's own default
+        options["backend"] = backend
+    return BuildResult(tuple(build_engines(export_dir, **options)))
 
 
 @dataclass(frozen=True)

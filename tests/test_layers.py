@@ -18,7 +18,8 @@ LAYERS = [
     # image decoding (numpy + Pillow), resolution strings,
     # the torch-free catalog of names, and model inputs (numpy: noise, sample images, the zoo's data;
     # a user's own folders, lists and arrays; the rendered datasets the zoo trains on, which
-    # model configs name and validation draws from).
+    # model configs name and validation draws from), and the table of backends (names and the
+    # TensorRT flavours as data: the export directory names engine files by their flavour's tag).
     (
         "infrastructure",
         (
@@ -34,6 +35,7 @@ LAYERS = [
             "deploykit.resolutions",
             "deploykit.catalog",
             "deploykit.inputs",
+            "deploykit.backends.table",
         ),
     ),
     # GPU kernels and TensorRT plugins: imported by the encodings' own ops (SaPE²'s CUDA kernel),

@@ -18,7 +18,7 @@ pytest.importorskip("openvino", reason="the openvino extra is not installed (pip
 from deploykit.export.directory import CHOICE_FILE, ExportDir
 from deploykit.export.manifest import MANIFEST_FILE, sha256_file
 from deploykit.profile import Budget, Subject, profile
-from deploykit.profile.choice import QUICK_BUDGET, mark_fastest, not_default_lines, read_choice, slower_lines, write_choice
+from deploykit.profile.choice import QUICK_BUDGET, chosen_plans, mark_fastest, not_default_lines, read_choice, slower_lines
 from deploykit.profile.report import ProfileRecord, Verdict, add_ratios
 from deploykit.profile.timing import LatencyStats
 from tests.test_cli import RES
@@ -158,6 +158,30 @@ def test_profile_validates_each_lane_and_never_picks_a_failing_plan(two_plans, t
     assert "INFERENCE_PRECISION_HINT f32" in next(r.run["provider"] for r in report.records if r.backend == "openvino")
 
 
+def test_profile_writes_its_choice_once_with_the_streams_it_measured(two_plans, tmp_path, monkeypatch):
+    """Streams are decided in memory before the choice is written, in one write."""
+    from deploykit.profile import streams
+
+    out = shutil.copytree(two_plans, tmp_path / "exp")
+    monkeypatch.setattr(streams, "machine_streams", lambda: 2)
+    monkeypatch.setattr(streams, "measure_streams", lambda factory, graph, batch, round_s: {1: 10.0, 2: 25.0})
+    written, write = [], ExportDir.write_choices
+    monkeypatch.setattr(ExportDir, "write_choices", lambda directory, choices: written.append(choices) or write(directory, choices))
+    report = profile(
+        out,
+        resolutions=[(RES, RES)],
+        batches=[1],
+        backends=["ort"],
+        precisions=["fp32"],
+        budget=BUDGET,
+        compare_ape=False,
+        end_to_end=False,
+    )
+    (choice,) = ExportDir(out).choices()[str(RES)]
+    assert len(written) == 1 and report.choice_file == out / CHOICE_FILE
+    assert (choice.backend, choice.precision, choice.streams, choice.streams_gain) == ("ort", "fp32", 2, 2.5)
+
+
 def test_openvino_bf16_without_bf16_is_a_note_not_a_traceback(two_plans, tmp_path):
     from deploykit.backends.openvino import best_hint
 
@@ -193,7 +217,7 @@ def _choose(export_dir, backend: str, precision: str) -> None:
     """Write a choice file as ``deploykit profile`` would, naming ``backend`` on ``precision``."""
     records = [replace(_record(backend, precision, 1.0, True), resolution=str(RES), fastest_validated=True)]
     graphs = Subject.from_export_dir(export_dir, ("fp32", "fp16")).graph_hashes()
-    assert write_choice(export_dir, records, "ape", graphs) == export_dir / CHOICE_FILE
+    assert ExportDir(export_dir).write_choices(chosen_plans(records, "ape", graphs)) == export_dir / CHOICE_FILE
 
 
 def test_serve_on_cpu_takes_the_profiled_choice_and_says_so(two_plans, tmp_path):

@@ -8,7 +8,8 @@ machine has (validate's default and profile's ratio baseline) and PyTorch eager 
 that runs the model itself. A test fails where a backend name is compared outside this table
 (``tests/backends/test_table.py``).
 
-Imports nothing but the errors (the CLI reads it at start-up, before onnxruntime or TensorRT): a descriptor names
+Imports nothing but the errors (the CLI reads it at start-up, before onnxruntime or TensorRT; the
+export directory, below the runners, names engine files by its flavours' tags): a descriptor names
 its runner factory and its availability check as ``"module:attribute"``, imported on first use.
 """
 

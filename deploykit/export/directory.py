@@ -20,8 +20,9 @@ and the timing cache, ``profile`` the choice; ``validate``, ``serve`` and ``pack
 Every one finds its files here, so the list of what deploykit owns (``own_names``) is the list
 a re-export checks against before it replaces the directory (``foreign_files``).
 
-Torch-free (onnx and the standard library), like ``deploykit.export.manifest``, so commands that
-only read an export directory do not load PyTorch.
+Torch-free (onnx, the standard library and the table of backends, whose TensorRT flavours name
+the engine files), like ``deploykit.export.manifest``, so commands that only read an export
+directory do not load PyTorch.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path, PurePath
 
 from deploykit._io import write_json_atomic
+from deploykit.backends.table import FLAVOURS
 from deploykit.errors import DeployKitError, one_line
 from deploykit.export.manifest import (
     CONFIG_FILE,
@@ -49,10 +51,10 @@ from deploykit.resolutions import resolution_tag
 WEIGHTS_FILE = "model.safetensors"  # as deploykit.nn.checkpoint.save_model writes it
 TIMING_CACHE_FILE = "timing.cache"
 CHOICE_FILE = "profile_choice.json"
-# Engine flavours ``deploykit build --backend`` writes, by the tag their files carry
-# (the TensorRT flavours' tags in ``deploykit.backends.table``, which sits above export; tests/export/test_export_lock.py ties them).
-ENGINE_TAGS = ("trt", "rtx")
-RUNTIME_CACHE_TAG = "rtx"  # TensorRT-RTX compiles kernels at run time and keeps them beside its engine
+# Engine flavours ``deploykit build --backend`` writes, by the tag their files carry.
+ENGINE_TAGS = tuple(f.tag for f in FLAVOURS)
+# The flavour that compiles its kernels when it loads an engine (TensorRT-RTX) keeps them beside it.
+(RUNTIME_CACHE_TAG,) = (f.tag for f in FLAVOURS if f.portable)
 ENGINE_SUFFIXES = (
     *(f".{tag}.{kind}" for tag in ENGINE_TAGS for kind in ("engine", "json")),
     f".{RUNTIME_CACHE_TAG}.runtime-cache",

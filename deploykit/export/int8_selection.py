@@ -99,7 +99,7 @@ def select_nodes(proto: onnx.ModelProto, attention: bool, keep_float: Sequence[s
     graph = proto.graph
     float_modules = GraphMetadata.of(proto).float_modules
     weights = {i.name for i in graph.initializer}
-    head = _head_nodes(graph)
+    head = _head_nodes(proto)
     selection = NodeSelection()
     candidates = [n for n in graph.node if n.op_type in QUANTIZED_OP_TYPES and n.domain in ("", "ai.onnx")]
     pinned = names.matching_nodes(keep_float, [n.name for n in candidates], names.module_paths(proto))
@@ -130,17 +130,18 @@ def attention_int8(proto: onnx.ModelProto, override: bool | None = None) -> bool
     return ATTENTION_INT8.get(GraphMetadata.of(proto).encoding or "", False)
 
 
-def _head_nodes(graph: onnx.GraphProto) -> set[str]:
+def _head_nodes(proto: onnx.ModelProto) -> set[str]:
     """Nodes whose output reaches a graph output through shape ops only (the head's product)."""
-    producer = {out: node for node in graph.node for out in node.output}
-    found, frontier = set(), [o.name for o in graph.output]
+    import onnx_ir as ir
+
+    found, frontier = set(), list(ir.from_proto(proto).graph.outputs)
     while frontier:
-        node = producer.get(frontier.pop())
+        node = frontier.pop().producer()
         if node is None or node.name in found:
             continue
         found.add(node.name)
         if node.op_type in _SHAPE_OPS:
-            frontier.append(node.input[0])
+            frontier.append(node.inputs[0])
     return found
 
 

@@ -122,11 +122,13 @@ def _as_exported(proto: onnx.ModelProto, _: PlanInputs) -> Planned:
     return Planned(_copy(proto))
 
 
-def _cast_plan(low: int) -> Callable[[onnx.ModelProto, PlanInputs], Planned]:
+def _half_plan(name: str, low: int, tolerance: Tolerance) -> PrecisionPlan:
+    """The plan ``name`` whose matrix products run in ``low`` (``_CastPass`` says what stays fp32)."""
+
     def write(proto: onnx.ModelProto, _: PlanInputs) -> Planned:
         return Planned(_CastPass(proto, low).rewrite())  # a new model: onnx_ir reads ``proto`` without changing it
 
-    return write
+    return PrecisionPlan(name, f"matmuls {name}; tables, LayerNorm, Softmax, logits fp32", (tolerance,), write, low=low)
 
 
 def _int8(proto: onnx.ModelProto, given: PlanInputs) -> Planned:
@@ -164,24 +166,13 @@ def _fp32_mha(proto: onnx.ModelProto, _: PlanInputs) -> Planned:
 # 8 real images would refuse any plan that changes one answer.
 INT8_TOLERANCE = Tolerance(max_abs=None, min_cosine=0.0, min_mean_cosine=0.99, min_top1=0.75, min_top5=0.75, real_only=True)
 INT8_CRITERIA: tuple[Bar, ...] = (INT8_TOLERANCE,)
+FP32_CRITERIA: tuple[Bar, ...] = (Tolerance(max_abs=1e-4, min_cosine=0.99999),)
 PLANS: dict[str, PrecisionPlan] = {
     plan.name: plan
     for plan in (
-        PrecisionPlan("fp32", "as exported", (Tolerance(max_abs=1e-4, min_cosine=0.99999),), _as_exported),
-        PrecisionPlan(
-            "fp16",
-            "matmuls fp16; tables, LayerNorm, Softmax, logits fp32",
-            (Tolerance(max_abs=5e-2, min_cosine=0.999),),
-            _cast_plan(TensorProto.FLOAT16),
-            low=TensorProto.FLOAT16,
-        ),
-        PrecisionPlan(
-            "bf16",
-            "matmuls bf16; tables, LayerNorm, Softmax, logits fp32",
-            (Tolerance(max_abs=2e-1, min_cosine=0.995),),
-            _cast_plan(TensorProto.BFLOAT16),
-            low=TensorProto.BFLOAT16,
-        ),
+        PrecisionPlan("fp32", "as exported", FP32_CRITERIA, _as_exported),
+        _half_plan("fp16", TensorProto.FLOAT16, Tolerance(max_abs=5e-2, min_cosine=0.999)),
+        _half_plan("bf16", TensorProto.BFLOAT16, Tolerance(max_abs=2e-1, min_cosine=0.995)),
         PrecisionPlan(
             "int8",
             "Q/DQ int8 matmuls, calibrated; tables, rotations, gates, logits float (ORT and TensorRT)",
@@ -210,7 +201,7 @@ PLANS: dict[str, PrecisionPlan] = {
         PrecisionPlan(
             "fp32-mha",
             "fp32 with attention fused into ONNX Runtime's MultiHeadAttention (long sequences)",
-            (Tolerance(max_abs=1e-4, min_cosine=0.99999),),
+            FP32_CRITERIA,  # the same float graph, its attention fused
             _fp32_mha,
             ort_only="fp32-mha uses ONNX Runtime's com.microsoft.MultiHeadAttention, which TensorRT does not parse; "
             "TensorRT fuses attention itself from the fp32 graph",

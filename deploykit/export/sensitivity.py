@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -31,6 +32,10 @@ from deploykit.backends.base import Runner, output_rows
 from deploykit.backends.onnxrt import cpu_runner, with_outputs
 from deploykit.checks import Agreement, Reference, check_runner
 from deploykit.export.int8_selection import QUANTIZED_OP_TYPES
+from deploykit.graph.edits import back_to_float, counterpart, starting_at
+
+if TYPE_CHECKING:  # imported where used: onnx_ir is slow to import
+    import onnx_ir as ir
 
 # Inputs per ORT call of the sensitivity pass (nodes × inputs each): activations stay at a batch's.
 _SENSITIVITY_BATCH = 16
@@ -93,10 +98,10 @@ def node_sensitivity(
     ``y = y_fp32 + mask · (y_int8 − y_fp32)``; every other node is fp32. The inputs are repeated
     once per node of the group, and a node's mask is 1 on its own copy only, so each copy runs the
     fp32 graph with exactly one node quantized. Upstream of the group's first node every copy is
-    the fp32 graph, so that graph starts there (``_suffix``), fed the fp32 tensors crossing the cut
-    (from fp32 runs, a few cuts at a time): on a 12-block ViT the pass computes about half the
-    blocks per copy, in fp32 only, where blending every node in one graph computed all of them in
-    both forms.
+    the fp32 graph, so that graph starts there (``deploykit.graph.edits.starting_at``), fed the
+    fp32 tensors crossing the cut (from fp32 runs, a few cuts at a time): on a 12-block ViT the
+    pass computes about half the blocks per copy, in fp32 only, where blending every node in one
+    graph computed all of them in both forms.
 
     Measuring at the output, not at the node (ONNX Runtime's ``qdq_loss_debug`` compares each
     tensor before and after its Q/DQ pair), matters: on the zoo's APE model at 2× its training
@@ -116,6 +121,8 @@ def node_sensitivity(
     Returns:
         Node name → relative squared error at the output (0: quantizing it changes nothing).
     """
+    import onnx_ir as ir
+
     position = {n.name: i for i, n in enumerate(fp32.graph.node)}  # ONNX graphs are topologically sorted
     ordered = sorted(nodes, key=position.__getitem__)
     outputs = {n.name: n.output[0] for n in fp32.graph.node if n.name in set(nodes)}
@@ -130,7 +137,7 @@ def node_sensitivity(
     shapes = {t: v.shape for t, v in _run(fp32, [*outputs.values(), *crossing], few).items()}
     rows = {t: shapes[t][0] // len(few) for t in outputs.values()}
     ranks = {t: len(shapes[t]) for t in outputs.values()}
-    pairs, reference, error = list(zip(groups, cuts)), None, {}
+    pairs, reference, error, fp32_ir = list(zip(groups, cuts)), None, {}, ir.from_proto(fp32)
     for first in range(0, len(pairs), _GROUPS_PER_CAPTURE):
         window = pairs[first : first + _GROUPS_PER_CAPTURE]
         # The fp32 tensors crossing these cuts, from one fp32 run (a few cuts at a time: on a
@@ -142,7 +149,9 @@ def node_sensitivity(
         values[graph_input] = inputs
         for group, cut in window:
             others = [n for n in nodes if n not in group]
-            blended, masks = _blended_graph(dequantize_nodes(qdq, fp32, others), fp32, group, ranks)
+            blended = ir.from_proto(qdq)
+            back_to_float(blended, fp32_ir, others, QUANTIZED_OP_TYPES)
+            masks = _blend(blended, fp32_ir, group, ranks)
             # Tensors without a batch axis (shapes, tables) are recomputed from the (repeated) input.
             fed = [graph_input, *(t for t in cut if t in axes and t != graph_input)]
             feed = {t: np.concatenate([values[t]] * len(group), axis=axes[t]) for t in fed}
@@ -150,7 +159,8 @@ def node_sensitivity(
                 on = np.zeros(len(group) * len(inputs), np.float32)
                 on[i * len(inputs) : (i + 1) * len(inputs)] = 1
                 feed[mask.input] = np.repeat(on, rows[mask.output]).reshape(-1, *([1] * (mask.rank - 1)))
-            with cpu_runner(_suffix(blended, {t: values[t] for t in fed})) as runner:
+            starting_at(blended, {t: values[t] for t in fed})
+            with cpu_runner(ir.to_proto(blended)) as runner:
                 out = output_rows(runner.infer(feed)[graph_output]).reshape(len(group), *reference.shape)
             for i, mask in enumerate(masks):
                 error[mask.node] = float(np.sum((out[i] - reference) ** 2) / max(np.sum(reference**2), 1e-300))
@@ -198,35 +208,6 @@ def _reads(node: onnx.NodeProto) -> set[str]:
     return names - {""}
 
 
-def _suffix(graph: onnx.ModelProto, cut: dict[str, np.ndarray]) -> onnx.ModelProto:
-    """The part of ``graph`` its outputs need once the tensors of ``cut`` are given: those become
-    graph inputs (shapes left free), the nodes before them and the initializers only they read
-    are dropped."""
-    producer = {o: n for n in graph.graph.node for o in n.output}
-    keep: set[int] = set()
-    seen: set[str] = set()
-    stack = [o.name for o in graph.graph.output]
-    while stack:
-        name = stack.pop()
-        if name in seen or name in cut:
-            continue
-        seen.add(name)
-        node = producer.get(name)
-        if node is not None and id(node) not in keep:
-            keep.add(id(node))
-            stack.extend(_reads(node))
-    out = onnx.ModelProto()
-    out.CopyFrom(graph)
-    del out.graph.node[:], out.graph.initializer[:], out.graph.input[:], out.graph.value_info[:]
-    out.graph.node.extend(n for n in graph.graph.node if id(n) in keep)
-    out.graph.initializer.extend(i for i in graph.graph.initializer if i.name in seen)
-    for name, value in cut.items():
-        dtype = onnx.helper.np_dtype_to_tensor_dtype(value.dtype)
-        out.graph.input.append(onnx.helper.make_tensor_value_info(name, dtype, [f"{name}.{d}" for d in range(value.ndim)]))
-    out.graph.input.extend(i for i in graph.graph.input if i.name in seen)  # the masks
-    return out
-
-
 @dataclass(frozen=True)
 class _Mask:
     node: str  # the quantized node
@@ -235,47 +216,52 @@ class _Mask:
     rank: int
 
 
-def _blended_graph(
-    qdq: onnx.ModelProto, fp32: onnx.ModelProto, nodes: Sequence[str], ranks: dict[str, int]
-) -> tuple[onnx.ModelProto, list[_Mask]]:
-    """``qdq`` where each of ``nodes`` also runs as its fp32 twin and its output is the mask-blend
-    of the two (``node_sensitivity``); the masks are new graph inputs (``ranks``: each output's)."""
-    wanted = set(nodes)
-    twins = {n.name: n for n in fp32.graph.node if n.name in wanted}
-    out = onnx.ModelProto()
-    out.CopyFrom(qdq)
-    present = {i.name for i in out.graph.initializer}
-    fp32_weights = {i.name: i for i in fp32.graph.initializer}
-    rebuilt, masks = [], []
-    for node in out.graph.node:
-        rebuilt.append(node)
-        if node.name not in wanted:
-            continue
-        y = node.output[0]
-        twin = onnx.NodeProto()
-        twin.CopyFrom(twins[node.name])
-        twin.name, twin.output[0] = f"{node.name}.fp32", f"{y}.fp32"
-        for name in twin.input:  # the fp32 weights the quantized graph holds as int8 only
-            if name in fp32_weights and name not in present:
-                out.graph.initializer.append(fp32_weights[name])
-                present.add(name)
-        node.output[0] = f"{y}.int8"
-        mask = _Mask(node.name, f"{node.name}.mask", y, ranks[y])
-        # y = y_fp32 + mask * (y_int8 - y_fp32)
-        rebuilt += [
-            twin,
-            onnx.helper.make_node("Sub", [f"{y}.int8", f"{y}.fp32"], [f"{y}.delta"], name=f"{node.name}.delta"),
-            onnx.helper.make_node("Mul", [f"{y}.delta", mask.input], [f"{y}.masked"], name=f"{node.name}.masked"),
-            onnx.helper.make_node("Add", [f"{y}.fp32", f"{y}.masked"], [y], name=f"{node.name}.blend"),
-        ]
-        out.graph.input.append(
-            onnx.helper.make_tensor_value_info(mask.input, onnx.TensorProto.FLOAT, [f"{node.name}.rows"] + [1] * (mask.rank - 1))
+def _blend(model: ir.Model, fp32: ir.Model, nodes: Sequence[str], ranks: dict[str, int]) -> list[_Mask]:
+    """Make each of ``nodes`` of a Q/DQ ``model`` also run as its fp32 twin, in place, its output
+    the mask-blend of the two (``node_sensitivity``); the masks are new graph inputs (``ranks``:
+    each output's). The other tensors' recorded shapes are dropped: the blended graph runs on the
+    inputs repeated once per node."""
+    import onnx_ir as ir
+
+    graph, wanted = model.graph, set(nodes)
+    twins = {n.name: n for n in fp32.graph if n.name in wanted}
+    known = ir.convenience.create_value_mapping(graph)
+    masks = []
+    for node in [n for n in graph if n.name in wanted]:
+        int8, twin = node.outputs[0], twins[node.name]
+        y = int8.name
+        fp32_twin = ir.Node(
+            twin.domain,
+            twin.op_type,
+            [None if v is None else counterpart(graph, v, known) for v in twin.inputs],  # fp32 weights copied in
+            twin.attributes.values(),
+            num_outputs=1,
+            name=f"{node.name}.fp32",
+            metadata_props=dict(twin.metadata_props),
         )
+        mask = _Mask(node.name, f"{node.name}.mask", y, ranks[y])
+        mask_input = ir.Value(
+            name=mask.input, type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([f"{node.name}.rows"] + [1] * (mask.rank - 1))
+        )
+        graph.inputs.append(mask_input)
+        # y = y_fp32 + mask * (y_int8 - y_fp32)
+        delta = ir.Node("", "Sub", [int8, fp32_twin.outputs[0]], name=f"{node.name}.delta")
+        masked = ir.Node("", "Mul", [delta.outputs[0], mask_input], name=f"{node.name}.masked")
+        blended = ir.Node("", "Add", [fp32_twin.outputs[0], masked.outputs[0]], name=f"{node.name}.blend")
+        out = blended.outputs[0]
+        out.type, out.shape = int8.type, int8.shape
+        ir.convenience.replace_all_uses_with(int8, out, replace_graph_outputs=True)
+        delta.replace_input_with(0, int8)  # but the blend's own Sub
+        for value, suffix in ((int8, "int8"), (fp32_twin.outputs[0], "fp32"), (delta.outputs[0], "delta"), (masked.outputs[0], "masked")):
+            value.name = f"{y}.{suffix}"
+        out.name = known[y] = y
+        graph.insert_after(node, [fp32_twin, delta, masked, blended])
         masks.append(mask)
-    del out.graph.node[:]
-    out.graph.node.extend(rebuilt)
-    del out.graph.value_info[:]
-    return out, masks
+    for node in graph:
+        for value in node.outputs:
+            if not value.is_graph_output():
+                value.type, value.shape = None, None
+    return masks
 
 
 # ------------------------------------------------------------------------------------- fallback
@@ -284,66 +270,18 @@ def _blended_graph(
 def dequantize_nodes(qdq: onnx.ModelProto, fp32: onnx.ModelProto, nodes: Iterable[str]) -> onnx.ModelProto:
     """``qdq`` with ``nodes`` back in float: each reads, in place of a ``DequantizeLinear``
     output, the input the same node reads in ``fp32`` (the activation, or the fp32 weight); Q/DQ
-    pairs and int8 weights nobody reads any more are dropped. The graph is otherwise unchanged:
-    the other nodes keep their calibrated scales.
+    pairs and int8 weights nobody reads any more are dropped (``deploykit.graph.edits.back_to_float``).
+    The graph is otherwise unchanged: the other nodes keep their calibrated scales."""
+    import onnx_ir as ir
 
-    Edited on the protobuf rather than through onnx-graphsurgeon, which drops the nodes'
-    metadata (the exporter's name scopes, by which every node is named after its module).
-    """
-    wanted = set(nodes)
-    out = onnx.ModelProto()
-    out.CopyFrom(qdq)
+    wanted = list(nodes)
     if not wanted:
+        out = onnx.ModelProto()
+        out.CopyFrom(qdq)
         return out
-    float_inputs = {n.name: list(n.input) for n in fp32.graph.node if n.name in wanted}
-    fp32_weights = {i.name: i for i in fp32.graph.initializer}
-    producer = {o: n for n in out.graph.node for o in n.output}
-    present = {i.name for i in out.graph.initializer}
-    for node in out.graph.node:
-        if node.name not in wanted:
-            continue
-        for k, name in enumerate(node.input):
-            if name in producer and producer[name].op_type == "DequantizeLinear":
-                # The fp32 tensor: the activation (Q's input, produced earlier: order stays valid) or a weight.
-                node.input[k] = original = float_inputs[node.name][k]
-                if original in fp32_weights and original not in present:
-                    out.graph.initializer.append(fp32_weights[original])
-                    present.add(original)
-    _unquantize_orphans(out.graph)
-    _drop_unread(out.graph)
-    return out
-
-
-def _unquantize_orphans(graph: onnx.GraphProto) -> None:
-    """An activation Q/DQ pair no matrix product reads any more (only, say, the ``Shape`` of the
-    image): its readers take the fp32 tensor again."""
-    producer = {o: n for n in graph.node for o in n.output}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
-    for dq in [n for n in graph.node if n.op_type == "DequantizeLinear"]:
-        q = producer.get(dq.input[0])
-        users = readers.get(dq.output[0], [])
-        if q is None or q.op_type != "QuantizeLinear" or any(u.op_type in QUANTIZED_OP_TYPES for u in users):
-            continue
-        for user in users:
-            user.input[:] = [q.input[0] if name == dq.output[0] else name for name in user.input]
-
-
-def _drop_unread(graph: onnx.GraphProto) -> None:
-    """Remove Q/DQ nodes whose outputs nobody reads, then initializers nobody reads."""
-    while True:
-        read = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
-        dead = [n for n in graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear") and not read.intersection(n.output)]
-        if not dead:
-            break
-        for node in dead:
-            graph.node.remove(node)
-    read = {name for node in graph.node for name in node.input}
-    kept = [i for i in graph.initializer if i.name in read]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
+    model = ir.from_proto(qdq)
+    back_to_float(model, ir.from_proto(fp32), wanted, QUANTIZED_OP_TYPES)
+    return ir.to_proto(model)
 
 
 @dataclass

@@ -18,6 +18,10 @@ rule set                                        what it spells differently      
 ONNX Runtime's spelling is the exported file's because the file is also what Triton's ONNX
 Runtime backend loads as it is, what TensorRT parses, and what the export's fingerprints and
 int8 calibration hash; the other two take the linears back to their own spelling when they read it.
+
+``edits`` holds the edits that change what a graph computes but carry no numeric meaning of their
+own (quantized nodes back to float, a graph started at given tensors): the INT8 fallback decides
+what to edit, on the same toolkit.
 """
 
 from deploykit.graph.rules import RuleSet

@@ -222,9 +222,9 @@ def slower_lines(records: list[ProfileRecord], margin: float = 1.0) -> list[str]
     return lines
 
 
-def write_choice(export_dir: str | os.PathLike, records: list[ProfileRecord], encoding: str, graphs: dict) -> Path | None:
-    """Write the export directory's choice (``ExportDir.choices``): per resolution tag, the chosen
-    plan at each profiled batch, with the sha256 of the graph it runs (so a re-export makes it stale).
+def chosen_plans(records: list[ProfileRecord], encoding: str, graphs: dict) -> dict[str, list[Choice]]:
+    """The export directory's choice (``ExportDir.choices``): per resolution tag, the chosen plan
+    at each profiled batch, with the sha256 of the graph it runs (so a re-export makes it stale).
 
     Args:
         records: the profile's records, after ``mark_fastest``.
@@ -232,14 +232,14 @@ def write_choice(export_dir: str | os.PathLike, records: list[ProfileRecord], en
         graphs: ``(resolution tag, precision)`` → sha256 of that exported graph.
 
     Returns:
-        The file written, or None when no cell had a validated plan.
+        Resolution tag → one ``Choice`` per batch; empty when no cell had a validated plan.
     """
     chosen: dict[str, list[Choice]] = {}
     for r in records:
         if r.fastest_validated and r.encoding == encoding and (r.resolution, r.precision) in graphs:
             sha = graphs[r.resolution, r.precision]
             chosen.setdefault(r.resolution, []).append(Choice(r.backend, r.precision, r.batch, r.p50_ms, sha))
-    return ExportDir(export_dir).write_choices(chosen)
+    return chosen
 
 
 def read_choice(export_dir: str | os.PathLike, resolution_tag: str, batch: int) -> Choice | None:

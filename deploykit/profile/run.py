@@ -15,6 +15,7 @@ import torch
 
 from deploykit.backends.registry import check_backend
 from deploykit.errors import ConfigError, DeployKitError, unknown_choice
+from deploykit.export.directory import ExportDir
 from deploykit.export.onnx_export import check_export_shape
 from deploykit.export.precision import check_precision
 from deploykit.nn.factory import Model
@@ -22,10 +23,10 @@ from deploykit.profile.choice import (
     References,
     check_target,
     choice_lines,
+    chosen_plans,
     mark_fastest,
     not_default_lines,
     slower_lines,
-    write_choice,
 )
 from deploykit.profile.environment import capture_environment
 from deploykit.profile.flops import model_flops
@@ -132,10 +133,11 @@ def profile(
         if any(b != TORCH_BACKEND for b in options.backends):  # graphs for the models given without an export directory
             subjects = [_exported(s, options, Path(work) / f"{i}-{s.encoding}", progress) for i, s in enumerate(subjects)]
         report = _profile(subjects, options, progress)
-    if first.directory is not None:
-        report.choice_file = write_choice(first.directory, report.records, first.encoding, first.graph_hashes())
-        if report.choice_file and options.measure_streams:
-            with_measured_streams(first.directory, progress)  # throughput mode: the streams each chosen plan is served with
+    if first.directory is not None:  # the choice, streams decided, written once
+        chosen = chosen_plans(report.records, first.encoding, first.graph_hashes())
+        if options.measure_streams:
+            chosen = with_measured_streams(first.directory, chosen, progress)  # throughput mode: the streams each plan is served with
+        report.choice_file = ExportDir(first.directory).write_choices(chosen)
     return report
 
 

@@ -26,7 +26,7 @@ import numpy as np
 from deploykit.backends.streams import machine_streams
 from deploykit.backends.table import stream_names
 from deploykit.errors import DeployKitError
-from deploykit.export.directory import ExportDir
+from deploykit.export.directory import Choice, ExportDir
 
 STREAM_BACKENDS = tuple(stream_names())  # the table's backends whose runners take streams
 # Streams cost a single call its share of the cores: kept only for a clear gain, beyond what a
@@ -114,36 +114,34 @@ def _feed(graph: Path, batch: int) -> dict[str, np.ndarray]:
 
 
 def with_measured_streams(
-    export_dir: str | os.PathLike, progress: Callable[[str], None] | None = None, round_s: float = ROUND_S
-) -> Path | None:
-    """Measure streams (module docstring) for every choice in ``export_dir`` whose backend has them,
-    and record the verdict in its choice; the file written, or None when there is no choice.
+    export_dir: str | os.PathLike, choices: dict[str, list[Choice]], progress: Callable[[str], None] | None = None, round_s: float = ROUND_S
+) -> dict[str, list[Choice]]:
+    """``choices`` (resolution tag → choices of ``export_dir``'s graphs, ``choice.chosen_plans``)
+    with streams measured (module docstring) for each whose backend has them, and the verdict
+    recorded in it.
 
     Raises:
-        DeployKitError: the choice is unreadable, or a chosen graph is missing or changed.
+        DeployKitError: a chosen graph is missing or changed.
     """
     from deploykit.backends.registry import create_runner
     from deploykit.resolutions import resolution_tag
 
+    if not any(choice.backend in STREAM_BACKENDS for entries in choices.values() for choice in entries) or machine_streams() <= 1:
+        return choices
     directory = ExportDir(export_dir)
-    choices = directory.choices()
-    if not choices:
-        return None
     manifest = directory.manifest()
     graphs = {(resolution_tag(g.resolution), g.precision): g for g in manifest.graphs}
     measured_choices = {}
     for tag, entries in choices.items():
         measured_choices[tag] = []
         for choice in entries:
-            if choice.backend in STREAM_BACKENDS and machine_streams() > 1:
+            if choice.backend in STREAM_BACKENDS:
                 if (tag, choice.precision) not in graphs:
-                    raise DeployKitError(
-                        f"{directory.choice_file} names a {choice.precision} graph at {tag} that the export lacks; run deploykit profile again"
-                    )
+                    raise DeployKitError(f"{directory} holds no {choice.precision} graph at {tag}; run deploykit profile again")
                 graph = directory.graph(graphs[tag, choice.precision], manifest.encoding)
                 if progress:
                     progress(f"{choice.backend} {choice.precision} @ {tag} batch {choice.batch}: measuring inference streams")
                 streams, gain = pick_streams(measure_streams(partial(create_runner, choice.backend), graph, choice.batch, round_s=round_s))
                 choice = replace(choice, streams=streams, streams_gain=round(gain, 3))
             measured_choices[tag].append(choice)
-    return directory.write_choices(measured_choices)
+    return measured_choices

@@ -13,9 +13,9 @@ import pytest
 
 import deploykit
 from deploykit.backends.streams import usable_cores
-from deploykit.export.directory import CHOICE_FILE
+from deploykit.export.directory import CHOICE_FILE, ExportDir
 from deploykit.export.manifest import Manifest, sha256_file
-from deploykit.profile.choice import Choice, read_choice
+from deploykit.profile.choice import Choice
 from deploykit.profile.streams import with_measured_streams
 from deploykit.resolutions import resolution_tag
 
@@ -36,9 +36,9 @@ def _choose_openvino(export_dir, streams: int = 1) -> None:
 def test_profile_records_the_measured_streams_in_the_choice(export_dir, tmp_path):
     out = shutil.copytree(export_dir, tmp_path / "exp")
     _choose_openvino(out)
-    assert with_measured_streams(out, round_s=0.05) == out / CHOICE_FILE
+    measured = with_measured_streams(out, ExportDir(out).choices(), round_s=0.05)
     for tag in ("32", "48"):
-        choice = read_choice(out, tag, 1)
+        (choice,) = measured[tag]
         assert choice.backend == "openvino" and choice.streams >= 1
         assert (choice.streams == 1) == (choice.streams_gain == 1.0)  # more streams only with their measured gain
         assert choice.streams == 1 or choice.streams_gain >= 1.1
