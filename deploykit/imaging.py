@@ -40,6 +40,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+# The input of a served model that takes encoded images (``classify``, ``preprocess_<res>``): named
+# here because this module is the one the Triton models and the code that configures them share.
+ENCODED_INPUT = "image"
 # Defaults for what one request may cost before any pixel is decoded: 40 megapixels (a 48 MP
 # phone photo is refused, a 7680x4320 frame is not), 32 MiB of encoded bytes, 16384 pixels on
 # either side (WebP's own limit is 16383) and an aspect ratio of at most 16:1. The pixel budget

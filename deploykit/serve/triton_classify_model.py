@@ -80,7 +80,7 @@ class TritonPythonModel:
         return self.pb.TritonError(message, self.pb.TritonError.INVALID_ARG)
 
     def _items(self, request) -> np.ndarray:
-        items = self.pb.get_input_tensor_by_name(request, "image").as_numpy().reshape(-1)
+        items = self.pb.get_input_tensor_by_name(request, self.imaging.ENCODED_INPUT).as_numpy().reshape(-1)
         if len(items) == 0:
             raise self.imaging.ImageRejected("empty batch: send at least one image")
         return items

@@ -42,7 +42,7 @@ class TritonPythonModel:
         responses = []
         for request in requests:  # one bad request fails alone, not the whole batch
             try:
-                items = pb_utils.get_input_tensor_by_name(request, "image").as_numpy().reshape(-1)
+                items = pb_utils.get_input_tensor_by_name(request, self.imaging.ENCODED_INPUT).as_numpy().reshape(-1)
                 images = np.stack([self._preprocess(bytes(b)) for b in items])
                 responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("images", images)]))
             except Exception as err:

@@ -191,7 +191,7 @@ def preprocess_config(name: str, resolution: tuple[int, int], config, opts: Repo
             name=name,
             backend="python",
             max_batch_size=opts.max_batch_size,
-            input=[_tensor(pb.ModelInput, "image", "TYPE_STRING", [1])],
+            input=[_tensor(pb.ModelInput, imaging.ENCODED_INPUT, "TYPE_STRING", [1])],
             output=[_tensor(pb.ModelOutput, INPUT_NAME, "TYPE_FP32", (config.in_chans, *resolution))],
             instance_group=[pb.ModelInstanceGroup(kind=pb.ModelInstanceGroup.KIND_CPU, count=opts.preprocess_instances)],
             parameters={k: pb.ModelParameter(string_value=str(v)) for k, v in params.items()},
@@ -208,11 +208,16 @@ def ensemble_config(name: str, preprocess: str, model: str, num_classes: int, op
             name=name,
             platform="ensemble",
             max_batch_size=opts.max_batch_size,
-            input=[_tensor(pb.ModelInput, "image", "TYPE_STRING", [1])],
+            input=[_tensor(pb.ModelInput, imaging.ENCODED_INPUT, "TYPE_STRING", [1])],
             output=[_tensor(pb.ModelOutput, OUTPUT_NAME, "TYPE_FP32", [num_classes])],
             ensemble_scheduling=pb.ModelEnsembling(
                 step=[
-                    step(model_name=preprocess, model_version=-1, input_map={"image": "image"}, output_map={INPUT_NAME: "preprocessed"}),
+                    step(
+                        model_name=preprocess,
+                        model_version=-1,
+                        input_map={imaging.ENCODED_INPUT: imaging.ENCODED_INPUT},
+                        output_map={INPUT_NAME: "preprocessed"},
+                    ),
                     step(model_name=model, model_version=-1, input_map={INPUT_NAME: "preprocessed"}, output_map={OUTPUT_NAME: OUTPUT_NAME}),
                 ]
             ),

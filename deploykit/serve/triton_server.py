@@ -266,7 +266,7 @@ def classify_config(pipeline: Pipeline, options: ServerOptions) -> str:
     )
     return (
         f'name: "{CLASSIFY_MODEL}"\nbackend: "python"\nmax_batch_size: {options.max_batch_size}\n'
-        'input [ { name: "image" data_type: TYPE_STRING dims: [ 1 ] } ]\n'
+        f'input [ {{ name: "{imaging.ENCODED_INPUT}" data_type: TYPE_STRING dims: [ 1 ] }} ]\n'
         f'output [\n  {{ name: "classes" data_type: TYPE_INT64 dims: [ {k} ] }},\n'
         f'  {{ name: "scores" data_type: TYPE_FP32 dims: [ {k} ] }},\n'
         '  { name: "resolution" data_type: TYPE_INT64 dims: [ 2 ] }\n]\n'
