@@ -1,24 +1,24 @@
 """Where a served request's time goes at concurrency 1, from the client's socket to the runner.
 
-One ``deploykit serve`` (Triton via PyTriton, behind the bounded front) in this process; one
-client sends ``--requests`` images one after another to ``logits_<res>`` over gRPC, first through
-the front (the public port), then straight to Triton's own loopback port (with its access token),
-and reads Triton's per-model statistics for each. The same images also run in process through the
-function bound to the model (``_logits_fn``: the batch checks, the runner, top-k) and the runner
-alone. Each layer is the difference of two of these means:
+One ``deploykit serve`` (Triton behind the bounded front; ``logits_<res>`` in Triton's Python
+backend, as for any CPU plan) in this process; one client sends ``--requests`` images one after
+another to ``logits_<res>`` over gRPC, first through the front (the public port), then straight to
+Triton's own loopback port (with its access token), and reads Triton's per-model statistics for
+each. The same images also run in process on the same backend's runner. Each layer is the
+difference of two of these means:
 
     front             = client via front - client straight to Triton
     client + gRPC     = client straight to Triton - Triton's four phases below
     Triton queue      = Triton's queue time
-    Triton in/out     = compute_input + compute_output (tensors into and out of the model)
-    PyTriton hop      = compute_infer - bound function - runner (Triton's Python stub → our process and back)
-    bound function    = _logits_fn around a runner that answers at once, in process (checks, top-k, PyTriton's @batch)
-    runner            = a perf_counter_ns span around each runner call the server makes
+    Triton in/out     = compute_input + compute_output (tensors into and out of the model's stub)
+    Python backend    = compute_infer - runner (the stub's hop, the model's checks and top-k)
+    runner            = the same runner in this process, on the same images
 
     .venv/bin/python benchmarks/serve_overhead.py [--depth 12] [--resolution 224] [--requests 200] [--quick]
 
-Writes ``benchmarks/results/serve_overhead.json``. Run it on a quiet machine: the client, the
-front, Triton and the model share its cores.
+Writes ``--output`` (``benchmarks/results/serve_overhead.json``; with ``--quick``, a temporary
+file, as it checks that the script runs, not what it measures). Run it on a quiet machine: the client, the front, Triton
+and the model share its cores.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import argparse
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -41,7 +40,7 @@ from deploykit.serve.bench.triton_stats import model_stats_delta, snapshot
 from deploykit.serve.door import free_loopback_ports
 from deploykit.serve.front import GRPC_TOKEN_KEY
 from deploykit.serve.pipeline import Pipeline
-from deploykit.serve.triton_server import ServerOptions, TritonServer, _logits_fn, logits_model_name
+from deploykit.serve.triton_server import ServerOptions, TritonServer, logits_model_name
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -55,19 +54,6 @@ def mean_ms(call, inputs: np.ndarray) -> float:
         call(inputs[i : i + 1])
         samples.append(time.perf_counter_ns() - start)
     return float(np.mean(samples)) / 1e6
-
-
-class TimedPipeline(Pipeline):
-    """The pipeline with a ``perf_counter_ns`` span around each runner call, as the server makes them."""
-
-    spans_ns: list[int]
-
-    def checked_logits(self, images: np.ndarray) -> np.ndarray:
-        start = time.perf_counter_ns()
-        try:
-            return super().checked_logits(images)
-        finally:
-            self.spans_ns.append(time.perf_counter_ns() - start)
 
 
 def served(grpc, url: str, stats_url: str, model: str, inputs: np.ndarray, headers: dict | None = None) -> tuple[float, ModelStats]:
@@ -89,39 +75,27 @@ def served(grpc, url: str, stats_url: str, model: str, inputs: np.ndarray, heade
 
 def breakdown(export_dir: Path, resolution: tuple[int, int], requests: int) -> dict:
     import tritonclient.grpc as grpc
-    from pytriton.proxy.types import Request
 
     inputs = np.random.default_rng(0).standard_normal((requests, 3, *resolution)).astype(np.float32)
     http, grpc_port, metrics = free_loopback_ports(3)
     options = ServerOptions(http_port=http, grpc_port=grpc_port, metrics_port=metrics, max_batch_size=8)
     model = logits_model_name(resolution)
-    with TimedPipeline.for_server(export_dir, options) as pipeline:
-        pipeline.spans_ns = []
+    with Pipeline.for_server(export_dir, options) as pipeline:
         runner_ms = mean_ms(pipeline.checked_logits, inputs)
-        # what the bound function adds to the runner (its checks, top-k and PyTriton's @batch),
-        # timed around a runner that answers at once: a difference of two ~20 ms means would
-        # carry their noise, larger than the function itself
-        logits = pipeline.checked_logits(inputs[:1])
-        instant = SimpleNamespace(checked_logits=lambda images: logits, num_classes=pipeline.num_classes, top_k=pipeline.top_k)
-        bound = _logits_fn(instant)
-        function_ms = mean_ms(lambda x: bound([Request(data={"images": x})]), np.repeat(inputs, 10, axis=0))
         with TritonServer(pipeline, options) as server:
             front = server._front.options
             token = {GRPC_TOKEN_KEY: server._triton.get_access_token()}
             public = f"127.0.0.1:{grpc_port}"
             via_front, _ = served(grpc, public, public, model, inputs)
-            pipeline.spans_ns = []
             direct, triton = served(grpc, f"127.0.0.1:{front.upstream_grpc}", public, model, inputs, token)
-            served_runner_ms = float(np.mean(pipeline.spans_ns)) / 1e6
     inside = triton.queue_ms + triton.compute_input_ms + triton.compute_infer_ms + triton.compute_output_ms
     layers = {
         "front": via_front - direct,
         "client + gRPC + Triton's request handling": direct - inside,
         "Triton queue": triton.queue_ms,
         "Triton tensors in/out": triton.compute_input_ms + triton.compute_output_ms,
-        "PyTriton hop": triton.compute_infer_ms - function_ms - served_runner_ms,
-        "bound function (checks, top-k)": function_ms,
-        "runner (served)": served_runner_ms,
+        "Python backend (stub hop, checks, top-k)": triton.compute_infer_ms - runner_ms,
+        "runner": runner_ms,
     }
     return {
         "client_via_front_ms": via_front,
@@ -137,7 +111,7 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=12, help="ViT-Tiny/16 depth (12 = the full model)")
     parser.add_argument("--resolution", type=int, default=224)
     parser.add_argument("--requests", type=int, default=200)
-    parser.add_argument("--output", type=Path, default=RESULTS / "serve_overhead.json")
+    parser.add_argument("--output", type=Path, help="default: benchmarks/results/serve_overhead.json; with --quick, a temporary file")
     parser.add_argument("--quick", action="store_true", help="depth 1 at 32 px, 30 requests: that it runs, not what it measures")
     args = parser.parse_args()
     if args.quick:
@@ -153,7 +127,10 @@ def main() -> None:
     for name, ms in result["layers_ms"].items():
         print(f"{name:>32}: {ms:7.3f} ms")
     print(f"{'client via front':>32}: {result['client_via_front_ms']:7.3f} ms")
-    print(f"wrote {write_json_atomic(args.output, result)}")
+    output = args.output or (
+        Path(tempfile.mkdtemp(prefix="serve_overhead_")) / "quick.json" if args.quick else RESULTS / "serve_overhead.json"
+    )
+    print(f"wrote {write_json_atomic(output, result)}")
 
 
 if __name__ == "__main__":

@@ -84,6 +84,17 @@ DEFAULT_CROP_PCT = 0.875  # timm's DEFAULT_CROP_PCT
 MAX_INPUT_MAGNITUDE = 1e4
 
 
+def unusable_values(images: np.ndarray) -> str | None:
+    """Why preprocessed pixels cannot be classified (NaN/Inf, or values beyond
+    ``±MAX_INPUT_MAGNITUDE``: the logits would be NaN and their ranking meaningless), or None."""
+    if not images.size or float(np.abs(images).max()) <= MAX_INPUT_MAGNITUDE:  # one pass: NaN compares False too
+        return None
+    if not np.isfinite(images).all():
+        return f"images hold {int(np.size(images) - np.isfinite(images).sum())} NaN/Inf values; send finite numbers"
+    outside = int(np.count_nonzero(np.abs(images) > MAX_INPUT_MAGNITUDE))
+    return f"images hold {outside} values beyond ±{MAX_INPUT_MAGNITUDE:g}; send normalised pixels"
+
+
 class ImageRejected(ValueError):
     """Bytes that are not an image, or an image over a size limit: the client's error."""
 

@@ -36,12 +36,15 @@ class RunnerOptions:
         cuda_graph: for engine backends, replay CUDA graphs where the engine allows it.
         allow_cpu_fallback: for ``ort-cuda``, accept nodes ONNX Runtime runs on the CPU.
         streams: for the backends that have them (``Backend.streams``), the inference streams.
+        threads: for the CPU backends, the threads each call computes on; 0: the runtime's own
+            choice (every core). A server running several processes of one runner splits the cores.
     """
 
     plugins: Plugins | None = None
     cuda_graph: bool = False
     allow_cpu_fallback: bool = False
     streams: int = 1
+    threads: int = 0
 
 
 def check_backend(name: str, choices: list[str] | None = None) -> str:
@@ -71,18 +74,19 @@ def create_runner(
     cuda_graph: bool = False,
     allow_cpu_fallback: bool = False,
     streams: int = 1,
+    threads: int = 0,
 ) -> Runner:
     """The runner for ``backend`` on one exported graph (not yet activated).
 
     Args:
         backend: a graph or engine backend of the table.
         onnx_path: the exported graph (an engine backend runs the engine built beside it).
-        plugins, cuda_graph, allow_cpu_fallback, streams: as ``RunnerOptions``.
+        plugins, cuda_graph, allow_cpu_fallback, streams, threads: as ``RunnerOptions``.
 
     Raises:
         ConfigError: unknown backend name.
     """
-    options = RunnerOptions(plugins, cuda_graph, allow_cpu_fallback, streams)
+    options = RunnerOptions(plugins, cuda_graph, allow_cpu_fallback, streams, threads)
     found = _descriptor(backend)
     return table.resolve(found.runner)(found, onnx_path, options)
 
@@ -114,7 +118,7 @@ def range_low(onnx_path: str | os.PathLike) -> tuple[int, ...] | None:
 def onnxrt_runner(backend: table.Backend, onnx_path, options: RunnerOptions) -> Runner:
     from deploykit.backends.onnxrt import OnnxrtRunner
 
-    return OnnxrtRunner(onnx_path, range_low=range_low(onnx_path), streams=options.streams)
+    return OnnxrtRunner(onnx_path, intra_op_threads=options.threads, range_low=range_low(onnx_path), streams=options.streams)
 
 
 def onnxrt_bisect_runner(backend: table.Backend, onnx_path, marked: bytes, options: RunnerOptions) -> Runner:
@@ -137,7 +141,7 @@ def onnxrt_cuda_bisect_runner(backend: table.Backend, onnx_path, marked: bytes, 
 
 
 def openvino_runner(backend: table.Backend, onnx_path, options: RunnerOptions) -> Runner:
-    return OpenvinoRunner(onnx_path, streams=options.streams)
+    return OpenvinoRunner(onnx_path, threads=options.threads, streams=options.streams)
 
 
 def openvino_bisect_runner(backend: table.Backend, onnx_path, marked: bytes, options: RunnerOptions) -> Runner:
@@ -145,7 +149,7 @@ def openvino_bisect_runner(backend: table.Backend, onnx_path, marked: bytes, opt
 
 
 def openvino_bf16_runner(backend: table.Backend, onnx_path, options: RunnerOptions) -> Runner:
-    return OpenvinoBf16Runner(onnx_path, streams=options.streams)
+    return OpenvinoBf16Runner(onnx_path, threads=options.threads, streams=options.streams)
 
 
 def openvino_bf16_bisect_runner(backend: table.Backend, onnx_path, marked: bytes, options: RunnerOptions) -> Runner:

@@ -189,21 +189,23 @@ def _engine_built(onnx_path: Path, backend: str) -> bool:
 
 @dataclass(frozen=True)
 class Served:
-    """What serves one exported resolution: the active runner, its backend and precision plan, the
-    backends tried before it with why each was skipped, why this one was taken (a profile's
-    choice, or why that choice was not), and the lock its calls take when it is not thread-safe."""
+    """What serves one exported resolution: the active runner, its backend, the graph it runs and
+    its precision plan, the backends tried before it with why each was skipped, why this one was
+    taken (a profile's choice, or why that choice was not), and the lock its calls take when it is
+    not thread-safe."""
 
     backend: str
     runner: Runner
+    graph: Path
     plan: str
     skipped: Mapping[str, str]
     why: str
     lock: contextlib.AbstractContextManager
 
     @classmethod
-    def of(cls, backend: str, runner: Runner, plan: str, skipped: Mapping[str, str] | None = None, why: str = "") -> Served:
+    def of(cls, backend: str, runner: Runner, graph: Path, plan: str, skipped: Mapping[str, str] | None = None, why: str = "") -> Served:
         lock = contextlib.nullcontext() if runner.thread_safe else threading.Lock()
-        return cls(backend, runner, plan, dict(skipped or {}), why, lock)
+        return cls(backend, runner, graph, plan, dict(skipped or {}), why, lock)
 
 
 class Pipeline:
@@ -285,7 +287,7 @@ class Pipeline:
                 if served is None:
                     path = ExportDir(self.export_dir).graph(entry, manifest.encoding)
                     name, runner, skipped = activate_runner(path, backend, factories)
-                    served = Served.of(name, runner, self.precision, skipped, why_not)
+                    served = Served.of(name, runner, path, self.precision, skipped, why_not)
                 self.served[res] = served
         except BaseException:
             self.close()
@@ -326,7 +328,7 @@ class Pipeline:
         why = f"fastest validated plan at batch {choice.batch} in deploykit profile ({choice.p50_ms:.2f} ms p50)"
         if self.streams is None and choice.streams > 1:
             why += f"; its streams answered {choice.streams_gain:.2f}x one stream's images under concurrent calls"
-        return Served.of(choice.backend, runner, choice.precision, why=why), ""
+        return Served.of(choice.backend, runner, graph, choice.precision, why=why), ""
 
     @property
     def resolutions(self) -> list[tuple[int, int]]:
@@ -399,12 +401,9 @@ class Pipeline:
         """
         if images.dtype != np.float32 or images.ndim != 4 or images.shape[1] != self.config.in_chans:
             raise InputError(f"expected float32 [B, {self.config.in_chans}, H, W], got {images.dtype} {list(images.shape)}")
-        bound = imaging.MAX_INPUT_MAGNITUDE
-        if images.size and not float(np.abs(images).max()) <= bound:  # one pass: NaN compares False too
-            if not np.isfinite(images).all():
-                raise InputError(f"images hold {int(np.size(images) - np.isfinite(images).sum())} NaN/Inf values; send finite numbers")
-            outside = int(np.count_nonzero(np.abs(images) > bound))
-            raise InputError(f"images hold {outside} values beyond ±{bound:g}; send normalised pixels")
+        unusable = imaging.unusable_values(images)
+        if unusable:
+            raise InputError(unusable)
         return self.checked_logits(images)
 
     def checked_logits(self, images: np.ndarray) -> np.ndarray:

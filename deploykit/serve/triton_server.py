@@ -10,9 +10,15 @@ batch merged). Models served from one export directory:
     ``[B, classes]``, ``classes`` INT64 ``[B, k]`` and ``scores`` FP32 ``[B, k]`` (softmax,
     best first). Dynamic batching merges the requests queued while the model is busy, up to
     ``max_batch_size``, and waits for none by default (``max_queue_delay_us`` 0: a request alone
-    runs at once). Bound through PyTriton to the pipeline's runners, in this process, with one
-    model instance per call the runner runs at once (its inference streams, chosen by ``deploykit
-    profile``), so that many batches run in parallel.
+    runs at once). One model instance per call the pipeline's runner runs at once (its inference
+    streams, chosen by ``deploykit profile``), so that many batches run in parallel. Where the
+    pipeline chose a CPU backend, the model is a Triton Python-backend model of our own
+    (``triton_logits_model.py``): each instance is a stub process with its own runner of the
+    same backend and graph, on its share of the cores, reading requests from Triton's shared
+    memory; a request with NaN/Inf or out-of-range pixels is INVALID_ARGUMENT with one line.
+    An engine (TensorRT, TensorRT-RTX) stays in this process, where its CUDA context and plugins
+    live, bound to the pipeline's runner through PyTriton, whose proxy adds a hop into this
+    process and back (``benchmarks/results/serve_overhead.json``).
 ``classify``
     input ``image`` BYTES ``[B, 1]`` (encoded PNG/JPEG/...); outputs ``classes``, ``scores``
     and ``resolution`` INT64 ``[B, 2]`` (where each image was routed). A Triton Python-backend
@@ -47,6 +53,7 @@ import ipaddress
 import json
 import logging
 import os
+import shutil
 import socket
 import sysconfig
 import threading
@@ -76,6 +83,7 @@ MAX_REQUEST_BYTES = defaults.MAX_REQUEST_BYTES
 
 CLASSIFY_MODEL = "classify"
 CLASSIFY_MODEL_SOURCE = Path(__file__).with_name("triton_classify_model.py")
+LOGITS_MODEL_SOURCE = Path(__file__).with_name("triton_logits_model.py")
 
 
 def logits_model_name(resolution: tuple[int, int]) -> str:
@@ -223,32 +231,82 @@ def _logits_fn(pipeline: Pipeline) -> Callable:
     return infer
 
 
-def bind_logits_models(triton, pipeline: Pipeline, options: ServerOptions) -> list[str]:
-    """Bind one ``logits_<res>`` model per resolution to a PyTriton ``Triton``; return their names."""
-    mc = lazy_import("pytriton.model_config")
+def runs_in_triton(pipeline: Pipeline, resolution: tuple[int, int]) -> bool:
+    """Whether the runner of ``resolution`` runs in Triton's own Python backend (a CPU backend of the
+    table: ``triton_logits_model.py``) rather than bound through PyTriton to this process (an engine,
+    whose CUDA context and plugins live here, or a runner a caller made)."""
+    from deploykit.backends.table import CPU, find
+
+    found = find(pipeline.backends[resolution])
+    return found is not None and found.device == CPU
+
+
+def logits_config(pipeline: Pipeline, resolution: tuple[int, int], options: ServerOptions) -> str:
+    """``config.pbtxt`` of a ``logits_<res>`` Python-backend model: one instance (a stub process with
+    its own runner) per call the pipeline's runner runs at once, the cores split between them."""
+    from deploykit.backends.streams import threads_per_stream
+
     k = min(options.top_k, pipeline.num_classes)
+    instances = pipeline.parallel_calls(resolution)
+    backend = pipeline.backends[resolution]
+    settings = dict(
+        backend=backend,
+        graph=str(pipeline.served[resolution].graph.resolve()),
+        threads=threads_per_stream(instances) if instances > 1 else 0,
+        top_k=k,
+        label=f"{backend} model at {resolution_tag(resolution)}",
+    )
+    name = logits_model_name(resolution)
+    shape = ", ".join(str(d) for d in (pipeline.config.in_chans, *resolution))
+    return (
+        f'name: "{name}"\nbackend: "python"\nmax_batch_size: {options.max_batch_size}\n'
+        f'input [ {{ name: "{INPUT_NAME}" data_type: TYPE_FP32 dims: [ {shape} ] }} ]\n'
+        f'output [\n  {{ name: "{OUTPUT_NAME}" data_type: TYPE_FP32 dims: [ {pipeline.num_classes} ] }},\n'
+        f'  {{ name: "classes" data_type: TYPE_INT64 dims: [ {k} ] }},\n'
+        f'  {{ name: "scores" data_type: TYPE_FP32 dims: [ {k} ] }}\n]\n'
+        f"instance_group [ {{ kind: KIND_CPU count: {instances} }} ]\n"
+        f"dynamic_batching {{ max_queue_delay_microseconds: {options.max_queue_delay_us} }}\n"
+        f'parameters [ {{ key: "settings" value: {{ string_value: {json.dumps(json.dumps(settings))} }} }} ]\n'
+    )
+
+
+def logits_models(triton, repository: Path, pipeline: Pipeline, options: ServerOptions) -> list[str]:
+    """One ``logits_<res>`` model per resolution: written into Triton's model ``repository`` as a
+    Python-backend model where its runner runs on the CPU (``runs_in_triton``), else bound to the
+    pipeline through PyTriton's ``triton``. Returns their names."""
     names = []
     for res in pipeline.resolutions:
         name = logits_model_name(res)
-        triton.bind(
-            model_name=name,
-            # one model instance per call the runner runs at once (its inference streams): PyTriton runs
-            # a list of functions as instances in parallel, and the batcher hands each its own batch
-            infer_func=[_logits_fn(pipeline) for _ in range(pipeline.parallel_calls(res))],
-            inputs=[mc.Tensor(name=INPUT_NAME, dtype=np.float32, shape=(pipeline.config.in_chans, *res))],
-            outputs=[
-                mc.Tensor(name=OUTPUT_NAME, dtype=np.float32, shape=(pipeline.num_classes,)),
-                mc.Tensor(name="classes", dtype=np.int64, shape=(k,)),
-                mc.Tensor(name="scores", dtype=np.float32, shape=(k,)),
-            ],
-            config=mc.ModelConfig(
-                max_batch_size=options.max_batch_size,
-                batcher=mc.DynamicBatcher(max_queue_delay_microseconds=options.max_queue_delay_us),
-            ),
-            strict=True,
-        )
+        if runs_in_triton(pipeline, res):
+            (repository / name / "1").mkdir(parents=True)
+            (repository / name / "config.pbtxt").write_text(logits_config(pipeline, res, options))
+            shutil.copyfile(LOGITS_MODEL_SOURCE, repository / name / "1" / "model.py")
+        else:
+            _bind_logits_model(triton, pipeline, res, options)
         names.append(name)
     return names
+
+
+def _bind_logits_model(triton, pipeline: Pipeline, res: tuple[int, int], options: ServerOptions) -> None:
+    mc = lazy_import("pytriton.model_config")
+    k = min(options.top_k, pipeline.num_classes)
+    triton.bind(
+        model_name=logits_model_name(res),
+        # one model instance per call the runner runs at once (its inference streams): PyTriton runs
+        # a list of functions as instances in parallel, and the batcher hands each its own batch
+        infer_func=[_logits_fn(pipeline) for _ in range(pipeline.parallel_calls(res))],
+        inputs=[mc.Tensor(name=INPUT_NAME, dtype=np.float32, shape=(pipeline.config.in_chans, *res))],
+        outputs=[
+            mc.Tensor(name=OUTPUT_NAME, dtype=np.float32, shape=(pipeline.num_classes,)),
+            mc.Tensor(name="classes", dtype=np.int64, shape=(k,)),
+            mc.Tensor(name="scores", dtype=np.float32, shape=(k,)),
+        ],
+        config=mc.ModelConfig(
+            max_batch_size=options.max_batch_size,
+            batcher=mc.DynamicBatcher(max_queue_delay_microseconds=options.max_queue_delay_us),
+        ),
+        strict=True,
+    )
 
 
 def classify_config(pipeline: Pipeline, options: ServerOptions) -> str:
@@ -385,7 +443,7 @@ class TritonServer:
             triton_lifecycle_policy=policy,
         )
         try:
-            names = bind_logits_models(self._triton, self.pipeline, self.options)
+            names = logits_models(self._triton, workspace.model_store_path, self.pipeline, self.options)
             names.append(write_classify_model(workspace.model_store_path, self.pipeline, self.options))
             self._log.start()
             self._start()

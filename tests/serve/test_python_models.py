@@ -12,10 +12,11 @@ import threading
 
 import numpy as np
 import pytest
-from python_backend import images_request, load_model
+from python_backend import Request, images_request, load_model
 from stand_in_runner import NanRowRunner
 
 import deploykit
+from deploykit.answers import top_k
 from tests import image_bombs
 
 PIL = pytest.importorskip("PIL.Image", reason="pillow comes with the images extra")
@@ -179,3 +180,55 @@ def test_a_slow_image_does_not_hold_the_decode_of_the_others_in_its_batch(pipeli
     assert [r.has_error() for r in responses] == [False, False], [r.error().message() for r in responses if r.has_error()]
     assert [t.as_numpy().tolist() for t in responses[1].output_tensors if t.name == "resolution"] == [[[32, 32]]]
     model.finalize()
+
+
+def logits_model(settings: dict, monkeypatch):
+    from deploykit.serve.triton_server import LOGITS_MODEL_SOURCE
+
+    return load_model(LOGITS_MODEL_SOURCE, {"parameters": {"settings": {"string_value": json.dumps(settings)}}}, monkeypatch)
+
+
+def test_the_logits_model_refuses_a_requests_unusable_pixels_and_answers_the_others(pipeline, monkeypatch):
+    """``logits_<res>`` in Triton's Python backend, as ``deploykit serve`` writes it for a CPU plan:
+    the requests of one batch run in one call; a request with NaN or huge pixels fails alone."""
+    from deploykit.serve.triton_server import ServerOptions, logits_config
+
+    config = logits_config(pipeline, (32, 32), ServerOptions(top_k=3))
+    model = logits_model(json.loads(json.loads(config.split("string_value: ", 1)[1].rsplit(" }", 2)[0])), monkeypatch)
+    rng = np.random.default_rng(3)
+    good, pair = rng.standard_normal((1, 3, 32, 32), dtype=np.float32), rng.standard_normal((2, 3, 32, 32), dtype=np.float32)
+    nan, huge = good.copy(), good.copy()
+    nan[0, 0, 0, 0], huge[0, 1, 2, 3] = np.nan, 3e38
+    responses = model.execute([Request({"images": x}) for x in (good, nan, pair, huge)])
+    assert_client_error(responses[1], "images hold 1 NaN/Inf values; send finite numbers")
+    assert_client_error(responses[3], "images hold 1 values beyond ±10000; send normalised pixels")
+    for response, x in ((responses[0], good), (responses[2], pair)):
+        outputs = {t.name: t.array for t in response.output_tensors}
+        np.testing.assert_allclose(outputs["logits"], pipeline.logits(x), rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(outputs["classes"], top_k(pipeline.logits(x), 3)[0])
+    model.finalize()
+
+
+def test_a_nan_answer_of_the_logits_model_fails_only_the_requests_it_spoils(tmp_path, monkeypatch):
+    """A model that answers NaN for some rows (here log of a negative sum) fails the requests those
+    rows belong to, in one line; the other requests of the batch get their ranking."""
+    from onnx import TensorProto, helper, save
+
+    graph = helper.make_graph(
+        [helper.make_node("ReduceSum", ["images", "axes"], ["sums"], keepdims=0), helper.make_node("Log", ["sums"], ["logits"])],
+        "log_of_sums",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["batch", 3, 4, 4])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3])],
+        [helper.make_tensor("axes", TensorProto.INT64, [2], [2, 3])],
+    )
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "log.onnx")
+    settings = dict(backend="ort", graph=str(tmp_path / "log.onnx"), threads=0, top_k=2, label="ort model at 4")
+    model = logits_model(settings, monkeypatch)
+    positive, mixed = np.ones((1, 3, 4, 4), np.float32), np.ones((2, 3, 4, 4), np.float32)
+    mixed[1, 0] = -1.0  # channel 0 of the second image sums to -16: its log is NaN
+    ok, spoiled = model.execute([Request({"images": positive}), Request({"images": mixed})])
+    message = spoiled.error().message()
+    assert spoiled.has_error() and message == "the ort model at 4 answered NaN/Inf for 1 of 2 images (first: 1); not ranked"
+    outputs = {t.name: t.array for t in ok.output_tensors}
+    np.testing.assert_allclose(outputs["logits"], np.full((1, 3), np.log(16.0)), rtol=1e-6)
+    assert outputs["classes"].shape == (1, 2) and np.allclose(outputs["scores"], 1 / 3)

@@ -71,14 +71,22 @@ def test_streams_asked_for_override_the_choice_and_reach_an_explicit_backend(exp
 
 
 @TWO_CORES
-def test_the_server_binds_one_model_instance_per_stream(export_dir, tmp_path):
+def test_the_server_runs_one_model_instance_per_stream_on_its_share_of_the_cores(export_dir, tmp_path):
+    """A CPU plan's ``logits_<res>`` is a Triton Python-backend model: as many instances (stub
+    processes, each with a runner) as the chosen plan has streams, the cores split between them."""
     pytriton = pytest.importorskip("pytriton.triton", reason="needs PyTriton (serve extra)")
-    from deploykit.serve.triton_server import ServerOptions, bind_logits_models
+    from deploykit.backends.streams import threads_per_stream
+    from deploykit.serve.triton_server import ServerOptions, logits_models
 
     out = shutil.copytree(export_dir, tmp_path / "exp")
     _choose_openvino(out, streams=2)
     triton = mock.create_autospec(pytriton.Triton, instance=True)
     with deploykit.load(out) as pipe:
-        names = bind_logits_models(triton, pipe, ServerOptions())
-    assert names == ["logits_32", "logits_48"]
-    assert [len(call.kwargs["infer_func"]) for call in triton.bind.call_args_list] == [2, 2]
+        names = logits_models(triton, tmp_path / "repo", pipe, ServerOptions())
+    assert names == ["logits_32", "logits_48"] and not triton.bind.called
+    for name in names:
+        config = (tmp_path / "repo" / name / "config.pbtxt").read_text()
+        assert "instance_group [ { kind: KIND_CPU count: 2 } ]" in config
+        settings = json.loads(json.loads(config.split("string_value: ", 1)[1].rsplit(" }", 2)[0]))
+        assert settings["backend"] == "openvino" and settings["threads"] == threads_per_stream(2)
+        assert (tmp_path / "repo" / name / "1" / "model.py").is_file()
