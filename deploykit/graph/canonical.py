@@ -1,13 +1,12 @@
-"""The canonical rule set: the exported file's own spelling, one every runtime reads at least as well.
+"""The canonical rule set: the exported file's own spelling, for every runtime.
 
-Each rule computes the same values to the bit and changes a spelling that no runtime prefers over
-the new one: GELU as ``(x · 0.5) · (1 + erf(x/√2))``, the form ONNX Runtime's GeluFusion matches
-(OpenVINO's GELU fusion and TensorRT match it as well), and k's last two axes swapped by one
-``Transpose`` instead of a flattening reshape through shapes read at run time. The export applies
-it before constant folding (the replacements add small ``Constant`` nodes); what one runtime
-alone prefers is that runtime's rule set, applied when it loads the graph (``deploykit.graph``).
-The share of kernel time these ops take in ONNX Runtime is in its profiler results
-(``benchmarks/results/ort-op-profile-*.json``).
+Each rule computes the same values to the bit and only respells what the exporter writes op by op:
+GELU as ``(x · 0.5) · (1 + erf(x/√2))``, the form ONNX Runtime's GeluFusion matches, and k's last
+two axes swapped by one ``Transpose`` instead of a flattening reshape through shapes read at run
+time. The export applies it before constant folding (the replacements add small ``Constant``
+nodes); what one runtime alone prefers is that runtime's rule set, applied when it loads the graph
+(``deploykit.graph``). The share of kernel time these ops take in ONNX Runtime is in its profiler
+results (``benchmarks/results/ort-op-profile-*.json``).
 """
 
 from __future__ import annotations

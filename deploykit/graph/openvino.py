@@ -42,7 +42,8 @@ def _packed_qkv_part(op, x, weight, bias, shape, start, end):
 def _splits_in_three(context, weight, shape, product, form, start, end, bias=None, **_) -> bool:
     # Heads split from constant weights: a float weight, or an int8 one with per-channel scales.
     dims, first, last = constant_ints(shape), constant_ints(start), constant_ints(end)
-    if dims is None or len(dims) != 5 or dims[2] != 3 or 0 in dims or min(dims[3:]) < 1 or not _no_allowzero(context):
+    # no 0 among the sizes, so a Reshape's ``allowzero`` (torch.onnx sets it) changes nothing
+    if dims is None or len(dims) != 5 or dims[2] != 3 or 0 in dims or min(dims[3:]) < 1:
         return False
     channels = 3 * dims[3] * dims[4]
     biased = bias is None or (_constant(bias) is not None and _constant(bias).shape == (channels,))
@@ -59,7 +60,7 @@ def _one_of_three_products(op, x, weight, shape, product, form, start, bias=None
     batch, tokens, _, heads, width = constant_ints(shape)
     (i,) = constant_ints(start)
     tag = f"{product.producer().name or product.name}_part{i}"
-    part_weight, part_bias = _third(op, weight, i), [] if bias is None else [_third(op, bias, i)]
+    part_weight, part_bias = _third(op, weight, i, tag), [] if bias is None else [_third(op, bias, i, tag)]
     out = op.MatMul(x, part_weight) if form == "matmul" else op.Gemm(x, part_weight, *part_bias)
     out.producer().name = tag
     if form == "matmul" and part_bias:
@@ -71,11 +72,6 @@ def _one_of_three_products(op, x, weight, shape, product, form, start, bias=None
 
 def _constant(value) -> np.ndarray | None:
     return None if value is None or value.const_value is None else value.const_value.numpy()
-
-
-def _no_allowzero(context) -> bool:
-    """No matched Reshape reads a 0 in its shape as a size (its ``allowzero``)."""
-    return not any(node.attributes.get_int("allowzero", 0) for node in context.nodes if node.op_type == "Reshape")
 
 
 def _dequantized(weight):
@@ -100,16 +96,18 @@ def _weight_thirds_exist(weight, channels: int) -> bool:
     return _columns(weight) == channels and all(_constant(v).shape == (channels,) for v in dq.inputs[1:])
 
 
-def _third(op, value, index: int):
-    """Part ``index`` of three of a constant's last axis, or of what an int8 weight dequantizes."""
+def _third(op, value, index: int, part: str):
+    """Part ``index`` of three of a constant's last axis, or of what an int8 weight dequantizes,
+    named after ``part`` (the product it feeds): the exporter shares one initializer between
+    layers whose values are equal (zero biases), so the source's name alone is not unique."""
     import onnx_ir as ir
 
     dq = _dequantized(value)
     if dq is not None:
-        return op.DequantizeLinear(*(_third(op, source, index) for source in dq.inputs), axis=1)
+        return op.DequantizeLinear(*(_third(op, source, index, part) for source in dq.inputs), axis=1)
     values = _constant(value)
     width = values.shape[-1] // 3
-    name = f"{value.name}_part{index}"
+    name = f"{part}.{value.name}"
     return op.initializer(ir.tensor(np.ascontiguousarray(values[..., index * width : (index + 1) * width]), name=name), name)
 
 
