@@ -9,10 +9,10 @@ import json
 import os
 import shutil
 import stat
-from collections import Counter
 import subprocess
 import sys
 import sysconfig
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
