@@ -1,7 +1,8 @@
 """ONNX Runtime runners: ``ort`` (CPU; CUDA first when onnxruntime-gpu is installed and sees a
 GPU) and ``ort-cuda`` (the CUDA provider only, and nothing on the CPU without saying so); and
 ``run_graph``, a graph's outputs on the CPU provider, as the exporter's checks read them (inner
-tensors marked as outputs by ``with_outputs``).
+tensors marked as outputs by ``with_outputs``). Each is handed the graph in ONNX Runtime's own form
+(``onnxruntime_source``: ``deploykit.graph.ort``'s rule set, applied in memory).
 
 Where nodes run. ONNX Runtime places every node its CUDA provider has no kernel for on the CPU,
 silently, and also puts small shape computations there on purpose (``GetCpuPreferredNodes``:
