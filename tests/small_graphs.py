@@ -8,14 +8,13 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 
-def flattened_int8_linear(tokens: int, features: int, channels: int, bias: bool, weight_limit: int = 63) -> onnx.ModelProto:
-    """One linear layer as deploykit exports it quantized: [B, N, K] flattened to [B·N, K],
-    per-tensor Q/DQ, a Gemm on per-channel int8 weights, reshaped back to [B, N, C]. Weights
+def int8_linear(tokens: int, features: int, channels: int, bias: bool, weight_limit: int = 63, flattened: bool = False) -> onnx.ModelProto:
+    """One linear layer as deploykit exports it quantized: [B, N, K] through a per-tensor Q/DQ
+    pair, a MatMul on per-channel int8 weights, the bias added. ``flattened``: ONNX Runtime's
+    spelling instead, rows flattened to [B·N, K], one Gemm, reshaped back to [B, N, C]. Weights
     within ±63 by default, so no CPU's int8 products saturate."""
     rng = np.random.default_rng(0)
     constants = {
-        "flat": np.array([-1, features], np.int64),
-        "back": np.array([-1, tokens, channels], np.int64),
         "x_scale": np.array(0.05, np.float32),
         "x_zero": np.array(0, np.int8),
         "w": rng.integers(-weight_limit, weight_limit + 1, (features, channels)).astype(np.int8),
@@ -23,20 +22,28 @@ def flattened_int8_linear(tokens: int, features: int, channels: int, bias: bool,
         "w_zero": np.zeros(channels, np.int8),
         "bias": rng.standard_normal(channels).astype(np.float32),
     }
-    nodes = [
-        helper.make_node("Reshape", ["x", "flat"], ["x_flat"]),
-        helper.make_node("QuantizeLinear", ["x_flat", "x_scale", "x_zero"], ["x_q"]),
+    quantized = [
+        helper.make_node("QuantizeLinear", ["rows" if flattened else "x", "x_scale", "x_zero"], ["x_q"]),
         helper.make_node("DequantizeLinear", ["x_q", "x_scale", "x_zero"], ["x_dq"]),
         helper.make_node("DequantizeLinear", ["w", "w_scale", "w_zero"], ["w_dq"], axis=1),
-        helper.make_node("Gemm", ["x_dq", "w_dq", "bias"][: 3 if bias else 2], ["y_flat"]),
-        helper.make_node("Reshape", ["y_flat", "back"], ["y"]),
     ]
+    if flattened:
+        constants |= {"flat": np.array([-1, features], np.int64), "back": np.array([-1, tokens, channels], np.int64)}
+        nodes = [
+            helper.make_node("Reshape", ["x", "flat"], ["rows"]),
+            *quantized,
+            helper.make_node("Gemm", ["x_dq", "w_dq", "bias"][: 3 if bias else 2], ["y_flat"]),
+            helper.make_node("Reshape", ["y_flat", "back"], ["y"]),
+        ]
+    else:
+        nodes = [*quantized, helper.make_node("MatMul", ["x_dq", "w_dq"], ["product" if bias else "y"])]
+        nodes += [helper.make_node("Add", ["product", "bias"], ["y"])] if bias else []
     graph = helper.make_graph(
         nodes,
         "linear",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", tokens, features])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", tokens, channels])],
-        [numpy_helper.from_array(value, name) for name, value in constants.items()],
+        [numpy_helper.from_array(value, name) for name, value in constants.items() if bias or name != "bias"],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
 

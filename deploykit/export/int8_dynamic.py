@@ -16,26 +16,22 @@ from deploykit.errors import ExportError
 from deploykit.export import names
 from deploykit.export.int8_selection import select_nodes, with_plan_record
 from deploykit.export.lint import check_scales
-from deploykit.graph.dynamic_quantizer import dynamic_quantizer_rules
 
 
 def quantize_dynamic_int8(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """The ``int8-dynamic`` plan: the selected weight products as ``MatMul`` + bias ``Add``
-    (ONNX Runtime's dynamic quantizer takes MatMul, not Gemm), then dynamically quantized.
+    """The ``int8-dynamic`` plan: the selected weight products (``MatMul``, as the exported graph
+    spells a linear layer) dynamically quantized.
 
     Attention products stay float: both inputs are activations, and a per-call range for each
     is what ``DynamicQuantizeLinear`` costs twice over.
     """
-    import onnx_ir as ir
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     selection = select_nodes(proto, attention=False)
-    unfolded = ir.from_proto(proto)
-    dynamic_quantizer_rules(set(selection.quantize)).apply(unfolded)
     # The quantizer logs "consider pre-processing" advice on the root logger.
     with tempfile.TemporaryDirectory(prefix="deploykit-int8-") as tmp, quiet_logger(""):
         source, target = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
-        onnx.save_model(ir.to_proto(unfolded), str(source))  # model-local functions (SaPE2Bias) come along
+        onnx.save_model(proto, str(source))  # model-local functions (SaPE2Bias) come along
         try:
             quantize_dynamic(
                 str(source),

@@ -147,19 +147,22 @@ def _head_nodes(proto: onnx.ModelProto) -> set[str]:
 
 def looks_untrained(proto: onnx.ModelProto) -> bool:
     """Whether the graph's weights are still at their initial values where training always moves
-    them: every LayerNormalization at scale 1 and shift 0, and every Gemm bias 0 (deploykit's,
+    them: every LayerNormalization at scale 1 and shift 0, and every linear layer's bias 0 (deploykit's,
     timm's and PyTorch's initialisation). A plan checked on such weights proves nothing."""
     weights = {i.name: i for i in proto.graph.initializer}
 
     def constant(name: str, value: float) -> bool | None:
         return bool(np.all(numpy_helper.to_array(weights[name]) == value)) if name in weights else None
 
+    products = {n.output[0] for n in proto.graph.node if n.op_type == "MatMul"}
     checks = []
     for node in proto.graph.node:
         if node.op_type == "LayerNormalization":
             checks += [constant(node.input[1], 1.0), constant(node.input[2], 0.0) if len(node.input) > 2 else None]
         elif node.op_type == "Gemm" and len(node.input) > 2:
             checks.append(constant(node.input[2], 0.0))
+        elif node.op_type == "Add" and products & set(node.input):  # a linear layer's bias, after its MatMul
+            checks += [constant(name, 0.0) for name in node.input if name in weights and len(weights[name].dims) == 1]
     checks = [c for c in checks if c is not None]
     return bool(checks) and all(checks)
 

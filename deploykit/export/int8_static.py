@@ -239,6 +239,30 @@ def quantize_static_int8(
     return with_plan_record(out, proto, selection.record(modules, noise, **details)), held_out_outputs
 
 
+def _float_nodes_read_float(out: onnx.ModelProto, fp32: onnx.ModelProto, quantized: Sequence[str]) -> onnx.ModelProto:
+    """``out`` with every node outside ``quantized`` reading float tensors again.
+
+    ONNX Runtime's quantizer gives each reader of a quantized activation its ``DequantizeLinear``,
+    float nodes included: EGA's gate reads the LayerNorm output that qkv, quantized, reads too, so
+    it would compute on int8-rounded inputs although the plan keeps it float."""
+    import onnx_ir as ir
+
+    from deploykit.graph.edits import QDQ, back_to_float
+
+    model, kept = ir.from_proto(out), set(quantized)
+    readers = {
+        use.node.name
+        for node in model.graph
+        if node.op_type == "DequantizeLinear"
+        for use in node.outputs[0].uses()
+        if use.node.op_type not in QDQ and use.node.name not in kept
+    }
+    if not readers:
+        return out
+    back_to_float(model, ir.from_proto(fp32), readers, QUANTIZED_OP_TYPES)
+    return ir.to_proto(model)
+
+
 class _StaticQuantizer:
     """``quantize_static`` on one fp32 graph with one calibration, any subset of nodes: the first
     call calibrates and caches the ranges, later calls reuse them."""
@@ -285,7 +309,7 @@ class _StaticQuantizer:
         except (ValueError, RuntimeError, AssertionError, onnx.checker.ValidationError) as err:
             self._refuse_bad_ranges()
             raise ExportError(f"INT8 calibration failed: {str(err).splitlines()[0] if str(err) else type(err).__name__}") from err
-        out = onnx.load_model(str(target))
+        out = _float_nodes_read_float(onnx.load_model(str(target)), self.proto, nodes)
         check_scales(out)
         return out
 

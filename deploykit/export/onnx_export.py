@@ -39,7 +39,7 @@ from deploykit.export.manifest import graph_opset
 from deploykit.export.metadata import GraphMetadata
 from deploykit.export.names import node_scopes, trunk_scope
 from deploykit.export.qk_channels import with_contiguous_qk_channels
-from deploykit.graph.ort import ONNXRUNTIME
+from deploykit.graph.canonical import CANONICAL
 from deploykit.nn.factory import Model
 from deploykit.nn.spec import block_paths, deploy_spec
 from deploykit.resolutions import resolution_tag
@@ -286,7 +286,7 @@ def _rewrite_and_fold(proto: onnx.ModelProto) -> onnx.ModelProto:
     import onnxscript.optimizer
 
     model = ir.from_proto(proto)
-    ONNXRUNTIME.apply(model)
+    CANONICAL.apply(model)
     onnxscript.optimizer.optimize(model, input_size_limit=_FOLD_LIMIT, output_size_limit=_FOLD_LIMIT)
     for node in ir.traversal.RecursiveGraphIterator(model.graph):
         for key in _DROPPED_NODE_METADATA:

@@ -4,20 +4,23 @@ Each rule keeps the graph's values and changes only its spelling to the one a ru
 best; node metadata (the exporter's name scopes that validation and quantization read) is carried
 to the replacement nodes by the rewriter. Torch-free.
 
-==============================================  ===========================================  ================================
-rule set                                        what it spells differently                   applied
-==============================================  ===========================================  ================================
-``ort.ONNXRUNTIME``                             fusable GELU, 3-D linears as 2-D ``Gemm``,   at export, before folding: the
-                                                the key transpose as one ``Transpose``       file is ONNX Runtime's form
-``dynamic_quantizer.dynamic_quantizer_rules``   the selected ``Gemm`` as ``MatMul`` + bias   before ONNX Runtime's
-                                                                                             ``quantize_dynamic`` reads it
-``openvino.TOKEN_AXIS``, ``THREE_PRODUCTS``     int8 linears over [B, N, K], packed qkv as   when the OpenVINO runner loads
-                                                three products (and 7-bit int8 weights)      a graph (``prepare_for_openvino``)
-==============================================  ===========================================  ================================
+===============================  ============================================  ===================================
+rule set                         what it spells differently                    applied
+===============================  ============================================  ===================================
+``canonical.CANONICAL``          GELU as ONNX Runtime's GeluFusion matches     at export, before folding: the
+                                 it, the key transpose as one ``Transpose``    file's own form, for every runtime
+``ort.ONNXRUNTIME``              3-D linears as 2-D ``Gemm`` (bias in its      when the ONNX Runtime runner loads a
+                                 epilogue)                                     graph (``onnxruntime_source``), and
+                                                                               in ``package triton``'s ONNX model
+``openvino.THREE_PRODUCTS``      packed qkv as three products (and 7-bit      when the OpenVINO runner loads a
+                                 int8 weights)                                 graph (``prepare_for_openvino``)
+===============================  ============================================  ===================================
 
-ONNX Runtime's spelling is the exported file's because the file is also what Triton's ONNX
-Runtime backend loads as it is, what TensorRT parses, and what the export's fingerprints and
-int8 calibration hash; the other two take the linears back to their own spelling when they read it.
+The file holds only spellings that keep every bit and that no runtime reads worse; what one
+runtime alone prefers is applied when that runtime reads the graph, so no rule set undoes
+another. The file is what TensorRT parses, what ONNX Runtime's quantizers read (linear layers as
+``MatMul`` over [B, N, K], the op ``quantize_dynamic`` takes and the axis OpenVINO's low-precision
+passes keep an int8 weight's per-channel scales on) and what the export's fingerprints hash.
 
 ``edits`` holds the edits that change what a graph computes but carry no numeric meaning of their
 own (quantized nodes back to float, a graph started at given tensors): the INT8 fallback decides

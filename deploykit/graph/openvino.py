@@ -5,9 +5,7 @@
 * model-local functions inlined: OpenVINO's ONNX frontend has no rule for a custom-domain node
   (``deploykit::SaPE2Bias``) even when its function gives the body (ONNX Runtime and TensorRT
   inline them themselves);
-* ``TOKEN_AXIS``: an int8 plan's flattened linear layers given back their token axis;
-* ``THREE_PRODUCTS``: each attention's packed qkv product as three, one per tensor (matched on
-  the 3-D form the first pass leaves);
+* ``THREE_PRODUCTS``: each attention's packed qkv product as three, one per tensor;
 * on request, int8 weights narrowed to 7 bits (``weights_in_seven_bits``).
 
 Every rule computes the same values; the file on disk is never changed.
@@ -15,62 +13,12 @@ Every rule computes the same values; the file on disk is never changed.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
 
-from deploykit.graph.rules import RuleSet, constant_ints, optional_input, plain_gemm, static_dims
-
-
-def _flattened_int8_linear(op, x, flat_shape, q_scale, q_zero, dq_scale, dq_zero, weight, back_shape):
-    # ONNX Runtime's form of a quantized [B, N, K] linear: rows flattened to [B·N, K], a
-    # per-tensor Q/DQ pair, one Gemm, and a reshape back to tokens.
-    rows = op.Reshape(x, flat_shape, _outputs=["rows"])
-    quantized = op.QuantizeLinear(rows, q_scale, q_zero, _outputs=["quantized"])
-    dequantized = op.DequantizeLinear(quantized, dq_scale, dq_zero, _outputs=["dequantized"])
-    product = op.Gemm(dequantized, weight, optional_input("bias"), _outputs=["product"])
-    return op.Reshape(product, back_shape)
-
-
-def _keeps_token_axis(context, x, flat_shape, q_scale, dq_scale, weight, back_shape, product, **_) -> bool:
-    # Same values: the Q/DQ pair is per-tensor, and every reshape reads the same row-major elements.
-    dims, flat, back, width = static_dims(x), constant_ints(flat_shape), constant_ints(back_shape), _columns(weight)
-    return (
-        plain_gemm(product.producer())
-        and _no_allowzero(context)
-        and all(s is not None and s.size == 1 for s in (_constant(q_scale), _constant(dq_scale)))
-        and None not in (dims, flat, back, width)
-        and flat == [-1, math.prod(dims[1:])]
-        and back[1:2] == dims[:1]
-        and math.prod(back[2:]) == width
-    )
-
-
-def _linear_with_token_axis(
-    op, x, flat_shape, q_scale, q_zero, dq_scale, dq_zero, weight, back_shape, rows, quantized, dequantized, product, bias=None, **_
-):
-    # OpenVINO 2026.4's low-precision ``ReshapeTransformation`` moves a per-channel dequantization
-    # through the reshape after the product as if channels were axis 1: with a dynamic batch and
-    # more tokens than channels on a layer without bias it fails to compile (ViT-S at 384 px: 577
-    # tokens, 384 channels), or with the tokens a whole multiple of the channels it scales tokens
-    # by channel scales. As a MatMul over [B, N, K] the scale stays on the last axis; a reshape
-    # back to more axes (qkv's [B, N, 3, h, d]) keeps every axis before the channels. The tensors
-    # kept keep their names: a bf16 hint's fp32 marks are given by name.
-    dims, back = static_dims(x), constant_ints(back_shape)
-    tokens = x if len(dims) == 2 else _named(op.Reshape(x, op.Constant(value_ints=[0, 0, math.prod(dims[1:])])), rows)
-    tokens = _named(op.DequantizeLinear(_named(op.QuantizeLinear(tokens, q_scale, q_zero), quantized), dq_scale, dq_zero), dequantized)
-    out = op.MatMul(tokens, weight)
-    if bias is not None:
-        out = op.Add(out, bias)
-    return out if back == [-1, dims[0], _columns(weight)] else op.Reshape(_named(out, product), back_shape)
-
-
-def _named(value, like):
-    """``value`` under the name of the tensor it stands for."""
-    value.name = like.name
-    return value
+from deploykit.graph.rules import RuleSet, constant_ints, optional_input, plain_gemm
 
 
 def _packed_qkv_part(op, x, weight, bias, shape, start, end):
@@ -94,7 +42,8 @@ def _packed_qkv_part(op, x, weight, bias, shape, start, end):
 def _splits_in_three(context, weight, shape, product, form, start, end, bias=None, **_) -> bool:
     # Heads split from constant weights: a float weight, or an int8 one with per-channel scales.
     dims, first, last = constant_ints(shape), constant_ints(start), constant_ints(end)
-    if dims is None or len(dims) != 5 or dims[2] != 3 or 0 in dims or min(dims[3:]) < 1 or not _no_allowzero(context):
+    # no 0 among the sizes, so a Reshape's ``allowzero`` (torch.onnx sets it) changes nothing
+    if dims is None or len(dims) != 5 or dims[2] != 3 or 0 in dims or min(dims[3:]) < 1:
         return False
     channels = 3 * dims[3] * dims[4]
     biased = bias is None or (_constant(bias) is not None and _constant(bias).shape == (channels,))
@@ -111,7 +60,7 @@ def _one_of_three_products(op, x, weight, shape, product, form, start, bias=None
     batch, tokens, _, heads, width = constant_ints(shape)
     (i,) = constant_ints(start)
     tag = f"{product.producer().name or product.name}_part{i}"
-    part_weight, part_bias = _third(op, weight, i), [] if bias is None else [_third(op, bias, i)]
+    part_weight, part_bias = _third(op, weight, i, tag), [] if bias is None else [_third(op, bias, i, tag)]
     out = op.MatMul(x, part_weight) if form == "matmul" else op.Gemm(x, part_weight, *part_bias)
     out.producer().name = tag
     if form == "matmul" and part_bias:
@@ -123,11 +72,6 @@ def _one_of_three_products(op, x, weight, shape, product, form, start, bias=None
 
 def _constant(value) -> np.ndarray | None:
     return None if value is None or value.const_value is None else value.const_value.numpy()
-
-
-def _no_allowzero(context) -> bool:
-    """No matched Reshape reads a 0 in its shape as a size (its ``allowzero``)."""
-    return not any(node.attributes.get_int("allowzero", 0) for node in context.nodes if node.op_type == "Reshape")
 
 
 def _dequantized(weight):
@@ -152,23 +96,19 @@ def _weight_thirds_exist(weight, channels: int) -> bool:
     return _columns(weight) == channels and all(_constant(v).shape == (channels,) for v in dq.inputs[1:])
 
 
-def _third(op, value, index: int):
-    """Part ``index`` of three of a constant's last axis, or of what an int8 weight dequantizes."""
+def _third(op, value, index: int, part: str):
+    """Part ``index`` of three of a constant's last axis, or of what an int8 weight dequantizes,
+    named after ``part`` (the product it feeds): the exporter shares one initializer between
+    layers whose values are equal (zero biases), so the source's name alone is not unique."""
     import onnx_ir as ir
 
     dq = _dequantized(value)
     if dq is not None:
-        return op.DequantizeLinear(*(_third(op, source, index) for source in dq.inputs), axis=1)
+        return op.DequantizeLinear(*(_third(op, source, index, part) for source in dq.inputs), axis=1)
     values = _constant(value)
     width = values.shape[-1] // 3
-    name = f"{value.name}_part{index}"
+    name = f"{part}.{value.name}"
     return op.initializer(ir.tensor(np.ascontiguousarray(values[..., index * width : (index + 1) * width]), name=name), name)
-
-
-def _token_axis_rules() -> list:
-    from onnxscript.rewriter import pattern
-
-    return [pattern.RewriteRule(_flattened_int8_linear, _linear_with_token_axis, _keeps_token_axis, name="Int8LinearWithTokenAxis")]
 
 
 def _three_products_rules() -> list:
@@ -179,7 +119,6 @@ def _three_products_rules() -> list:
     return [pattern.RewriteRule(_packed_qkv_part, _one_of_three_products, _splits_in_three, name="QkvAsThreeProducts", remove_nodes=False)]
 
 
-TOKEN_AXIS = RuleSet("openvino: int8 linear layers over [B, N, K]", _token_axis_rules)
 THREE_PRODUCTS = RuleSet("openvino: packed qkv as three products", _three_products_rules)
 
 
@@ -242,8 +181,7 @@ def prepare_for_openvino(proto: onnx.ModelProto, seven_bit_weights: bool = False
         proto = onnx.inliner.inline_local_functions(proto)
         inlined = frozenset(name for node in proto.graph.node for name in node.output if name not in before)
     model = ir.from_proto(proto)
-    rewritten = TOKEN_AXIS.apply(model)
-    rewritten += THREE_PRODUCTS.apply(model)
+    rewritten = THREE_PRODUCTS.apply(model)
     if rewritten:  # what the rules replaced goes (the packed qkv products too) before the weights are counted
         onnx_ir.passes.common.RemoveUnusedNodesPass()(model)
     narrowed = weights_in_seven_bits(model) if seven_bit_weights else 0

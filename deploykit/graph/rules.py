@@ -36,14 +36,6 @@ def constant_ints(value) -> list[int] | None:
     return [int(v) for v in value.const_value.numpy().reshape(-1)]
 
 
-def static_dims(value) -> list[int] | None:
-    """Every dimension of ``value`` after the first (the batch), when all are known integers."""
-    shape = value.shape
-    if shape is None or len(shape) < 2 or not all(isinstance(d, int) for d in shape[1:]):
-        return None
-    return [int(d) for d in shape[1:]]
-
-
 def optional_input(name: str):
     """A pattern variable that also matches an omitted trailing input (then bound to None)."""
     from onnxscript.rewriter import pattern

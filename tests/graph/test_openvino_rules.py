@@ -8,9 +8,10 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 import pytest
+from onnx import numpy_helper
 
 from deploykit.graph.openvino import prepare_for_openvino, weights_in_seven_bits
-from tests.small_graphs import flattened_int8_linear, packed_qkv
+from tests.small_graphs import int8_linear, packed_qkv
 
 
 def _run(proto: onnx.ModelProto, x: np.ndarray) -> list[np.ndarray]:
@@ -23,19 +24,6 @@ def _run(proto: onnx.ModelProto, x: np.ndarray) -> list[np.ndarray]:
 
 def _ops(proto: onnx.ModelProto) -> list[str]:
     return [n.op_type for n in proto.graph.node]
-
-
-@pytest.mark.parametrize(("tokens", "bias"), [(10, False), (12, True)])
-def test_an_int8_linear_gets_its_token_axis_back(tokens, bias):
-    proto = flattened_int8_linear(tokens, features=8, channels=4, bias=bias)
-    prepared = prepare_for_openvino(proto)
-    assert prepared.changed and "Gemm" not in _ops(prepared.proto) and "Reshape" not in _ops(prepared.proto)
-    (product,) = [n for n in prepared.proto.graph.node if n.op_type == "MatMul"]
-    assert _ops(prepared.proto).count("Add") == int(bias)
-    assert product.input[0] in {n.output[0] for n in prepared.proto.graph.node if n.op_type == "DequantizeLinear"}
-    x = np.random.default_rng(1).uniform(-6, 6, (2, tokens, 8)).astype(np.float32)
-    np.testing.assert_allclose(_run(prepared.proto, x)[0], _run(proto, x)[0], rtol=1e-6, atol=1e-5)
-    assert _ops(proto).count("Gemm") == 1  # the caller's graph is left as it is
 
 
 @pytest.mark.parametrize(("form", "bias"), [("gemm", True), ("gemm", False), ("matmul", True), ("int8", True), ("int8", False)])
@@ -61,12 +49,35 @@ def test_packed_qkv_becomes_three_products_with_the_same_q_k_v(form, bias):
 def test_a_qkv_reshape_that_reads_zero_as_a_size_is_left_alone():
     proto = packed_qkv()
     next(n for n in proto.graph.node if n.name == "split_heads").attribute.append(onnx.helper.make_attribute("allowzero", 1))
+    assert prepare_for_openvino(proto).changed  # torch.onnx writes allowzero; with no 0 among the sizes it changes nothing
+    heads = next(t for t in proto.graph.initializer if t.name == "heads")
+    heads.CopyFrom(numpy_helper.from_array(np.array([0, 5, 3, 2, 4], np.int64), "heads"))
     prepared = prepare_for_openvino(proto)
     assert not prepared.changed and _ops(prepared.proto) == _ops(proto)
 
 
+def test_products_sharing_their_weights_get_parts_of_their_own():
+    """The exporter shares one initializer between layers whose values are equal (untrained zero
+    biases): each product's three parts are initializers of its own."""
+    proto = packed_qkv()
+    kept = {t.name for t in proto.graph.initializer} | {"x"}
+    for node in list(proto.graph.node):
+        twin = proto.graph.node.add()
+        twin.CopyFrom(node)
+        twin.name = f"twin_{node.name}"
+        twin.input[:] = [name if name in kept else f"twin_{name}" for name in node.input]
+        twin.output[:] = [f"twin_{name}" for name in node.output]
+    proto.graph.output.extend(onnx.helper.make_tensor_value_info(f"twin_{n}", onnx.TensorProto.FLOAT, ["batch", 2, 5, 4]) for n in "qkv")
+    prepared = prepare_for_openvino(proto)
+    assert _ops(prepared.proto).count("Gemm") == 6
+    onnx.checker.check_model(prepared.proto, full_check=True)
+    x = np.random.default_rng(3).standard_normal((2, 5, 8)).astype(np.float32)
+    for got, want in zip(_run(prepared.proto, x), _run(proto, x), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
 def test_seven_bit_weights_halve_each_symmetric_int8_weight_once():
-    model = ir.from_proto(flattened_int8_linear(tokens=10, features=8, channels=4, bias=False, weight_limit=127))
+    model = ir.from_proto(int8_linear(tokens=10, features=8, channels=4, bias=False, weight_limit=127))
     original = model.graph.initializers["w"].const_value.numpy().copy()
     scale = model.graph.initializers["w_scale"].const_value.numpy().copy()
     assert weights_in_seven_bits(model) == 1 and weights_in_seven_bits(model) == 0  # once: then within 7 bits
@@ -77,7 +88,7 @@ def test_seven_bit_weights_halve_each_symmetric_int8_weight_once():
 
 
 def test_a_weight_two_nodes_share_is_narrowed_for_each_in_its_own_copy():
-    proto = flattened_int8_linear(tokens=10, features=8, channels=4, bias=False, weight_limit=127)
+    proto = int8_linear(tokens=10, features=8, channels=4, bias=False, weight_limit=127)
     shared = onnx.helper.make_node("DequantizeLinear", ["w", "w_scale", "w_zero"], ["w_dq_again"], axis=1)
     proto.graph.node.append(shared)
     proto.graph.output.append(onnx.helper.make_tensor_value_info("w_dq_again", onnx.TensorProto.FLOAT, [8, 4]))
