@@ -1,6 +1,5 @@
 """Where ONNX Runtime spends its kernel time on an exported model, by op type, with and without
-deploykit's rewrites (the canonical rule set at export, ``deploykit/graph/canonical.py``, then ONNX Runtime's
-at load, ``deploykit/graph/ort.py``), measured in the same run.
+deploykit's rewrites (the canonical rule set at export, ``deploykit/graph/canonical.py``), measured in the same run.
 Writes ``benchmarks/results/ort-op-profile-<model>-<encoding>-<res>-b<batch>.json``.
 
     python benchmarks/ort_op_profile.py [--model vit_small_patch16] [--encoding ape] [--resolution 224] [--batch 8]
@@ -30,7 +29,6 @@ from deploykit._io import write_json_atomic
 from deploykit.backends.onnxrt import session_options
 from deploykit.export import onnx_from_model
 from deploykit.graph import RuleSet
-from deploykit.graph.ort import prepare_for_onnxruntime
 from deploykit.nn import create_model
 from deploykit.profile.environment import capture_environment, environment_line
 from deploykit.resolutions import parse_resolution, resolution_tag
@@ -87,7 +85,7 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         with mock.patch("deploykit.export.onnx_export.CANONICAL", RuleSet("as exported", list)):
             plain = onnx_from_model(model, resolution)
-        rewritten = prepare_for_onnxruntime(onnx_from_model(model, resolution))
+        rewritten = onnx_from_model(model, resolution)
         for tag, proto in (("as_exported", plain), ("runtime_rewrites", rewritten)):
             print(f"profiling {tag}", file=sys.stderr, flush=True)
             variants[tag] = profile_graph(proto, images, args.runs, Path(tmp), tag)

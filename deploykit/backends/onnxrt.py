@@ -1,8 +1,7 @@
 """ONNX Runtime runners: ``ort`` (CPU; CUDA first when onnxruntime-gpu is installed and sees a
 GPU) and ``ort-cuda`` (the CUDA provider only, and nothing on the CPU without saying so); and
 ``run_graph``, a graph's outputs on the CPU provider, as the exporter's checks read them (inner
-tensors marked as outputs by ``with_outputs``). Each is handed the graph in ONNX Runtime's own form
-(``onnxruntime_source``: ``deploykit.graph.ort``'s rule set, applied in memory).
+tensors marked as outputs by ``with_outputs``).
 
 Where nodes run. ONNX Runtime places every node its CUDA provider has no kernel for on the CPU,
 silently, and also puts small shape computations there on purpose (``GetCpuPreferredNodes``:
@@ -22,9 +21,7 @@ import os
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -116,76 +113,6 @@ def _zero_feed(session, low: tuple[int, ...] | None = None) -> dict[str, np.ndar
     return feed
 
 
-@dataclass(frozen=True)
-class OnnxruntimeSource:
-    """What ONNX Runtime is handed for an exported graph (``onnxruntime_source``).
-
-    Attributes:
-        graph: the file's path (when ONNX Runtime's rule set changes nothing), else the rewritten
-            graph's bytes, its weights declared as external data.
-        weights: those weights (``OrtValue`` on numpy arrays, each holding its array) by name,
-            given to every session through ``SessionOptions.add_external_initializers``.
-    """
-
-    graph: str | bytes
-    weights: dict[str, Any] = field(default_factory=dict)
-
-    def options(self, options):
-        """``options`` (``onnxruntime.SessionOptions``) with the weights handed over, if any."""
-        if self.weights:
-            options.add_external_initializers(list(self.weights), list(self.weights.values()))
-        return options
-
-
-def onnxruntime_source(model: str | os.PathLike | bytes) -> OnnxruntimeSource:
-    """An exported graph (its path, or ONNX bytes) as ONNX Runtime reads it: with ONNX Runtime's
-    rule set (``deploykit.graph.ort``) applied in memory; the file is never changed.
-
-    The weights do not go through protobuf a second time: serializing them and ONNX Runtime
-    parsing them again would cost more than the session itself (ViT-S/16); they travel as
-    in-memory external initializers, the arrays the loaded graph already holds.
-
-    Raises:
-        onnx's and protobuf's own errors: not a readable ONNX graph.
-    """
-    import onnx
-    import onnx_ir as ir
-
-    from deploykit.graph.ort import ONNXRUNTIME
-
-    proto = onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(str(model))
-    graph = ir.from_proto(proto)
-    if not ONNXRUNTIME.apply(graph):
-        return OnnxruntimeSource(model if isinstance(model, bytes) else str(model))
-    weights = _weights_in_memory(graph)
-    return OnnxruntimeSource(ir.to_proto(graph).SerializeToString(), weights)
-
-
-# numpy types an OrtValue takes as they are (bfloat16 and the 4-bit types stay in the graph)
-_MEMORY_TYPES = frozenset(np.dtype(t) for t in (np.float32, np.float16, np.float64, np.int8, np.uint8, np.int32, np.int64))
-_INLINE_BYTES = 1024  # shapes and scalars stay in the graph
-
-
-def _weights_in_memory(graph) -> dict[str, Any]:
-    """Declare every large initializer of an ``onnx_ir`` model as external data and return its
-    values as ``OrtValue`` by name, for ``add_external_initializers``."""
-    import onnx_ir as ir
-    import onnxruntime as ort
-
-    weights = {}
-    for value in graph.graph.initializers.values():
-        tensor = value.const_value
-        if tensor is None or tensor.nbytes <= _INLINE_BYTES:
-            continue
-        array = tensor.numpy()
-        if array.dtype not in _MEMORY_TYPES:
-            continue
-        weights[value.name] = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
-        # the location is never read: ONNX Runtime takes every external initializer from the session options
-        value.const_value = ir.ExternalTensor("memory", 0, tensor.nbytes, tensor.dtype, shape=tensor.shape, name=value.name)
-    return weights
-
-
 class OnnxrtRunner(Runner):
     """Runs an ONNX model (path or serialized bytes) with ONNX Runtime.
 
@@ -220,25 +147,26 @@ class OnnxrtRunner(Runner):
         self.streams = check_streams(streams)
         self.intra_op_threads = intra_op_threads or (threads_per_stream(streams) if streams > 1 else 0)
         self.range_low = tuple(range_low) if range_low else None
-        self._session = self._sessions = self._source = None
+        self._session = self._sessions = None
 
     def _activate(self, options=None) -> None:
+        source = self.model if isinstance(self.model, bytes) else str(self.model)
         try:
-            self._source = onnxruntime_source(self.model)
-            self._session = self._new_session(self._source, options)
+            self._session = self._new_session(source, options)
             # the other streams' sessions: the same graph and options, a thread pool each
-            extra = [self._new_session(self._source, options) for _ in range(self.streams - 1)]
+            extra = [self._new_session(source, options) for _ in range(self.streams - 1)]
         except Exception as err:  # ORT raises its own Fail/InvalidGraph/NoSuchFile types
             raise DeployKitError(f"onnxruntime cannot load {self._label()}: {str(err).splitlines()[0]}") from err
         self._sessions = ExecutorPool([self._session, *extra]) if extra else None
         self._outputs = [o.name for o in self._session.get_outputs()]
 
-    def _new_session(self, source: OnnxruntimeSource, options):
+    def _new_session(self, source, options):
         import onnxruntime as ort
 
-        options = source.options(options or session_options(self.intra_op_threads))
         with denormal_mode_kept():
-            return ort.InferenceSession(source.graph, sess_options=options, providers=self.providers or default_providers())
+            return ort.InferenceSession(
+                source, sess_options=options or session_options(self.intra_op_threads), providers=self.providers or default_providers()
+            )
 
     def _label(self) -> str:
         return "model bytes" if isinstance(self.model, bytes) else str(self.model)
@@ -274,7 +202,7 @@ class OnnxrtRunner(Runner):
         return dict(zip(names, outputs))
 
     def _deactivate(self) -> None:
-        self._session = self._sessions = self._source = None
+        self._session = self._sessions = None
 
 
 class OnnxrtCudaRunner(OnnxrtRunner):

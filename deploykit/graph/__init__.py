@@ -9,9 +9,6 @@ rule set                         what it spells differently                    a
 ===============================  ============================================  ===================================
 ``canonical.CANONICAL``          GELU as ONNX Runtime's GeluFusion matches     at export, before folding: the
                                  it, the key transpose as one ``Transpose``    file's own form, for every runtime
-``ort.ONNXRUNTIME``              3-D linears as 2-D ``Gemm`` (bias in its      when the ONNX Runtime runner loads a
-                                 epilogue)                                     graph (``onnxruntime_source``), and
-                                                                               in ``package triton``'s ONNX model
 ``openvino.THREE_PRODUCTS``      packed qkv as three products (and 7-bit      when the OpenVINO runner loads a
                                  int8 weights)                                 graph (``prepare_for_openvino``)
 ===============================  ============================================  ===================================

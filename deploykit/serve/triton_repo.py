@@ -5,9 +5,7 @@ For every exported resolution ``<res>`` (``224``, ``384x256``, ...)::
     vit_<res>_trt/       platform tensorrt_plan; 1/model.plan: the TensorRT engine
                          ``deploykit build --backend trt`` wrote (model_<res>.trt.engine, checked
                          against its fingerprint), else to build on the serving host (README)
-    vit_<res>_onnx/      platform onnxruntime_onnx; 1/model.onnx: the exported graph in ONNX Runtime's
-                         form (``deploykit.graph.ort``: 3-D linear layers as 2-D Gemm), as deploykit's
-                         ONNX Runtime runner rewrites it in memory
+    vit_<res>_onnx/      platform onnxruntime_onnx; 1/model.onnx (the exported graph)
     vit_<res>_openvino/  backend openvino (CPU instances); 1/model.onnx: the graph deploykit's OpenVINO
                          runner reads (``openvino_source``: model-local functions inlined, since
                          OpenVINO's reader has no rule for SaPE²'s custom node; qkv as three products);
@@ -288,21 +286,6 @@ def _find_engines(graph: Path, plugins) -> FoundEngines:
     return FoundEngines(trt_engine, (shapes[0][0], shapes[2][0]), built_with, libraries, rtx_engine, embedded)
 
 
-def _write_onnxruntime_graph(graph: Path, dest: Path) -> None:
-    """The graph in ONNX Runtime's form (``deploykit.graph.ort``): Triton's ONNX Runtime backend
-    loads the file as it is, where deploykit's runner rewrites it in memory."""
-    import onnx
-
-    from deploykit.graph.ort import prepare_for_onnxruntime
-
-    proto = onnx.load(str(graph))
-    prepared = prepare_for_onnxruntime(proto)
-    if prepared is proto:
-        shutil.copyfile(graph, dest)
-    else:
-        onnx.save_model(prepared, str(dest))
-
-
 def _write_openvino_graph(graph: Path, dest: Path) -> None:
     """The graph deploykit's OpenVINO runner reads (``openvino_source``): the file itself, or as
     rewritten in memory for OpenVINO."""
@@ -359,7 +342,7 @@ def _write_resolution(repo: Path, export_dir: Path, entry, config, opts: Reposit
         (repo / rel).parent.mkdir(parents=True, exist_ok=True)
         (repo / rel).write_text(text)
     (repo / names["onnx"] / "1").mkdir()
-    _write_onnxruntime_graph(export_dir / entry.file, repo / names["onnx"] / "1" / "model.onnx")
+    shutil.copyfile(export_dir / entry.file, repo / names["onnx"] / "1" / "model.onnx")
     (repo / names["openvino"] / "1").mkdir()
     _write_openvino_graph(export_dir / entry.file, repo / names["openvino"] / "1" / "model.onnx")
     (repo / names["pre"] / "1").mkdir()

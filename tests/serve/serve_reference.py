@@ -10,20 +10,17 @@ import math
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 import torch
 import torch.nn.functional as F
 
 
 def ort_logits(export_dir: Path, images: np.ndarray, precision: str = "fp32") -> np.ndarray:
-    """``[B, 3, h, w]`` float32 through the exported graph of ``precision`` at ``(h, w)``, by ONNX Runtime
-    in the form every ONNX Runtime session of deploykit is handed (its rule set applied at load:
-    linear layers as 2-D Gemm, whose float sums round differently from the file's 3-D MatMul)."""
-    from deploykit.backends.onnxrt import OnnxrtRunner
-
+    """``[B, 3, h, w]`` float32 through the exported graph of ``precision`` at ``(h, w)``, by ONNX Runtime."""
     manifest = json.loads((export_dir / "manifest.json").read_text())
     (graph,) = [g for g in manifest["graphs"] if tuple(g["resolution"]) == images.shape[-2:] and g["precision"] == precision]
-    with OnnxrtRunner(export_dir / graph["file"], providers=["CPUExecutionProvider"]) as runner:
-        return runner.infer({"images": images})["logits"]
+    session = ort.InferenceSession(str(export_dir / graph["file"]), providers=["CPUExecutionProvider"])
+    return session.run(["logits"], {"images": images})[0]
 
 
 def torch_preprocess(

@@ -12,17 +12,14 @@ import stat
 import subprocess
 import sys
 import sysconfig
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 from serve_reference import torch_preprocess
 from server_process import free_ports, process_tree, stop, wait_until
 
-from deploykit.backends.onnxrt import OnnxrtRunner, session_options
 from deploykit.backends.openvino import openvino_source
 from deploykit.cli import main
 from deploykit.errors import DeployKitError
@@ -108,23 +105,8 @@ def test_inference_models(repo, export_dir, tag):
     assert trt.optimization.cuda.graphs and [s.batch_size for s in trt.optimization.cuda.graph_spec] == [1, 4]
     assert not onnx_cfg.optimization.cuda.graphs
     manifest = json.loads((export_dir / "manifest.json").read_text())
+    assert (repo / f"vit_{tag}_onnx/1/model.onnx").read_bytes() == (export_dir / f"model_{tag}.onnx").read_bytes()
     assert any(tuple(g["resolution"]) == (res, res) for g in manifest["graphs"])
-
-
-@pytest.mark.parametrize("tag", TAGS)
-def test_onnx_models_are_in_onnx_runtimes_form_with_the_runners_outputs(repo, export_dir, tag):
-    """Triton's ONNX Runtime backend loads the file as it is: the packaged graph has the linear
-    layers as Reshape → Gemm → Reshape where the exported one has MatMul + bias Add, and it gives
-    what deploykit's ONNX Runtime runner gives on the exported file, to the bit."""
-    packaged, exported = repo / f"vit_{tag}_onnx/1/model.onnx", export_dir / f"model_{tag}.onnx"
-    ops = [Counter(n.op_type for n in onnx.load(str(p)).graph.node) for p in (packaged, exported)]
-    # depth 1: qkv, proj, fc1 and fc2 over tokens, and the head (2-D, a Gemm as exported)
-    assert (ops[0]["Gemm"], ops[1]["Gemm"]) == (4 + 1, 1) and ops[0]["MatMul"] == ops[1]["MatMul"] - 4
-    x = np.random.default_rng(0).standard_normal((2, 3, int(tag), int(tag))).astype(np.float32)
-    with OnnxrtRunner(exported, providers=["CPUExecutionProvider"]) as runner:
-        expected = runner.infer({"images": x})["logits"]
-    session = ort.InferenceSession(str(packaged), session_options(), providers=["CPUExecutionProvider"])
-    np.testing.assert_array_equal(session.run(None, {"images": x})[0], expected)
 
 
 @pytest.mark.parametrize("tag", TAGS)
