@@ -46,8 +46,9 @@ LAYERS = [
     # The table of the papers' importers (``deploykit import gridpe|mope|wepe``): torch-free, so the
     # CLI builds its commands from it; each entry names its converter in nn, which imports nothing from here.
     ("importers", ("deploykit.importers",)),
-    # Graph rewrites, torch-free (onnx_ir, onnxscript's rewriter): one rule set per runtime. Below
-    # the runners that apply theirs when they load a graph and the export that applies ONNX Runtime's.
+    # Graph rewrites and edits, torch-free (onnx_ir, onnxscript's rewriter): the canonical rule set
+    # the export applies, OpenVINO's that its runner applies when it loads a graph, and the INT8
+    # fallback's edits. Below both.
     ("graph", ("deploykit.graph",)),
     # Running graphs, torch-free: the Runner interface and batched runs, ONNX Runtime's runners and
     # their inference streams. In the backends' folder with every other runner, but below export,
