@@ -72,7 +72,8 @@ class OpenvinoRunner(Runner):
         model: path to a ``.onnx`` file, or its bytes.
         precision_hint: ``"f32"``, ``"bf16"`` (refused on a CPU without BF16), or None for
             OpenVINO's own default (recorded as what it resolved to).
-        threads: ``INFERENCE_NUM_THREADS``; 0 lets OpenVINO choose (one per physical core).
+        threads: ``INFERENCE_NUM_THREADS``; 0 lets OpenVINO choose (one per physical core). A runner
+            given its threads leaves them unpinned (``ENABLE_CPU_PINNING`` off), as others run beside it.
         streams: inference streams (module docstring); 1 is the latency hint.
     """
 
@@ -132,6 +133,10 @@ class OpenvinoRunner(Runner):
             config["INFERENCE_PRECISION_HINT"] = self.precision_hint
         if self.threads:
             config["INFERENCE_NUM_THREADS"] = self.threads
+            # A share of the cores is one of several runners side by side (a server's model
+            # instances, each a process). OpenVINO pins a process's inference threads from core 0
+            # up, so two processes of one thread each would both run on core 0 at half speed.
+            config["ENABLE_CPU_PINNING"] = False
         return config
 
     def _label(self) -> str:

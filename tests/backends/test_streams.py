@@ -156,3 +156,16 @@ def test_streams_are_kept_only_for_a_clear_throughput_gain():
     assert pick_streams({1: 100.0, 2: 180.0}) == (2, 1.8)
     assert pick_streams({1: 100.0, 2: 105.0}) == (1, 1.0)  # within the margin: the latency setting
     assert pick_streams({1: 100.0, 2: 90.0}) == (1, 1.0)
+
+
+def test_an_openvino_runner_on_a_share_of_the_cores_leaves_its_threads_unpinned():
+    """Runners side by side, each on its share of the cores (a served model's instances, each a
+    process): OpenVINO would pin every process's threads from core 0 up, putting them all on the
+    same cores. A runner left to OpenVINO's own thread count keeps OpenVINO's pinning."""
+    pytest.importorskip("openvino", reason="the openvino extra is not installed")
+    from deploykit.backends.openvino import OpenvinoRunner
+
+    with OpenvinoRunner(_graph(), threads=1) as share, OpenvinoRunner(_graph()) as whole:
+        assert share._compiled.get_property("ENABLE_CPU_PINNING") is False
+        assert int(share._compiled.get_property("INFERENCE_NUM_THREADS")) == 1
+        assert "ENABLE_CPU_PINNING" not in whole._config()
