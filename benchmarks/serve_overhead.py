@@ -1,18 +1,18 @@
 """Where a served request's time goes at concurrency 1, from the client's socket to the runner.
 
 One ``deploykit serve`` (Triton behind the bounded front; ``logits_<res>`` in Triton's Python
-backend, as for any CPU plan) in this process; one client sends ``--requests`` images one after
-another to ``logits_<res>`` over gRPC, first through the front (the public port), then straight to
-Triton's own loopback port (with its access token), and reads Triton's per-model statistics for
-each. The same images also run in process on the same backend's runner. Each layer is the
-difference of two of these means:
+backend, as for any CPU plan) in this process. Each of ``--requests`` images goes, one request at a
+time, to ``logits_<res>`` over gRPC through the front (the public port), then straight to Triton's
+own loopback port (with its access token), the two taking turns image by image so that each sees
+the machine as the other does; Triton's per-model statistics cover both. The same images run
+through the same backend's runner in this process before the server starts. Each layer is the difference of two of these means:
 
     front             = client via front - client straight to Triton
-    client + gRPC     = client straight to Triton - Triton's four phases below
+    client + gRPC     = client straight to Triton - Triton's four phases below (the same for both paths)
     Triton queue      = Triton's queue time
     Triton in/out     = compute_input + compute_output (tensors into and out of the model's stub)
     Python backend    = compute_infer - runner (the stub's hop, the model's checks and top-k)
-    runner            = the same runner in this process, on the same images
+    runner            = the same runner in this process, on the same images (before the server starts)
 
     .venv/bin/python benchmarks/serve_overhead.py [--depth 12] [--resolution 224] [--requests 200] [--quick]
 
@@ -35,7 +35,6 @@ from deploykit._io import write_json_atomic
 from deploykit.export import export
 from deploykit.nn import create_model
 from deploykit.profile.environment import capture_environment, environment_line
-from deploykit.serve.bench.records import ModelStats
 from deploykit.serve.bench.triton_stats import model_stats_delta, snapshot
 from deploykit.serve.door import free_loopback_ports
 from deploykit.serve.front import GRPC_TOKEN_KEY
@@ -56,21 +55,30 @@ def mean_ms(call, inputs: np.ndarray) -> float:
     return float(np.mean(samples)) / 1e6
 
 
-def served(grpc, url: str, stats_url: str, model: str, inputs: np.ndarray, headers: dict | None = None) -> tuple[float, ModelStats]:
-    """Client mean ms through ``url``, and Triton's own breakdown of exactly those requests (read
-    through ``stats_url``)."""
-    client = grpc.InferenceServerClient(url)
+def client(grpc, url: str, model: str, headers: dict | None = None):
+    """``call(x) -> logits``: one gRPC request to ``model`` through ``url``."""
+    channel = grpc.InferenceServerClient(url)
 
     def call(x):
         tensor = grpc.InferInput("images", list(x.shape), "FP32")
         tensor.set_data_from_numpy(x)
-        return client.infer(model, [tensor], headers=headers).as_numpy("logits")
+        return channel.infer(model, [tensor], headers=headers).as_numpy("logits")
 
-    call(inputs[:1])  # warm: the channel, Triton's first execution
-    before = snapshot(stats_url)
-    client_ms = mean_ms(call, inputs)
-    (stats,) = [m for m in model_stats_delta(before, snapshot(stats_url)) if m.model == model]
-    return client_ms, stats
+    return call
+
+
+def interleaved_means_ms(calls: dict, inputs: np.ndarray) -> dict[str, float]:
+    """Mean milliseconds of each call over every row of ``inputs``, the calls taking turns on each
+    row (one untimed round first), so that each sees the machine as the others do."""
+    for call in calls.values():
+        call(inputs[:1])
+    samples = {name: [] for name in calls}
+    for i in range(len(inputs)):
+        for name, call in calls.items():
+            start = time.perf_counter_ns()
+            call(inputs[i : i + 1])
+            samples[name].append(time.perf_counter_ns() - start)
+    return {name: float(np.mean(values)) / 1e6 for name, values in samples.items()}
 
 
 def breakdown(export_dir: Path, resolution: tuple[int, int], requests: int) -> dict:
@@ -81,26 +89,32 @@ def breakdown(export_dir: Path, resolution: tuple[int, int], requests: int) -> d
     options = ServerOptions(http_port=http, grpc_port=grpc_port, metrics_port=metrics, max_batch_size=8)
     model = logits_model_name(resolution)
     with Pipeline.for_server(export_dir, options) as pipeline:
-        runner_ms = mean_ms(pipeline.checked_logits, inputs)
+        # the same runner in this process, before the server starts: a runner taking turns with the
+        # served one would meet the other's thread pool still spinning after its call
+        ms = interleaved_means_ms({"runner": pipeline.checked_logits}, inputs)
         with TritonServer(pipeline, options) as server:
-            front = server._front.options
-            token = {GRPC_TOKEN_KEY: server._triton.get_access_token()}
             public = f"127.0.0.1:{grpc_port}"
-            via_front, _ = served(grpc, public, public, model, inputs)
-            direct, triton = served(grpc, f"127.0.0.1:{front.upstream_grpc}", public, model, inputs, token)
+            direct = f"127.0.0.1:{server._front.options.upstream_grpc}"
+            calls = {
+                "via front": client(grpc, public, model),
+                "straight to Triton": client(grpc, direct, model, {GRPC_TOKEN_KEY: server._triton.get_access_token()}),
+            }
+            before = snapshot(public)
+            ms.update(interleaved_means_ms(calls, inputs))
+            (triton,) = [m for m in model_stats_delta(before, snapshot(public)) if m.model == model]
     inside = triton.queue_ms + triton.compute_input_ms + triton.compute_infer_ms + triton.compute_output_ms
     layers = {
-        "front": via_front - direct,
-        "client + gRPC + Triton's request handling": direct - inside,
+        "front": ms["via front"] - ms["straight to Triton"],
+        "client + gRPC + Triton's request handling": ms["straight to Triton"] - inside,
         "Triton queue": triton.queue_ms,
         "Triton tensors in/out": triton.compute_input_ms + triton.compute_output_ms,
-        "Python backend (stub hop, checks, top-k)": triton.compute_infer_ms - runner_ms,
-        "runner": runner_ms,
+        "Python backend (stub hop, checks, top-k)": triton.compute_infer_ms - ms["runner"],
+        "runner": ms["runner"],
     }
     return {
-        "client_via_front_ms": via_front,
-        "client_to_triton_ms": direct,
-        "in_process_runner_ms": runner_ms,
+        "client_via_front_ms": ms["via front"],
+        "client_to_triton_ms": ms["straight to Triton"],
+        "in_process_runner_ms": ms["runner"],
         "triton_ms": triton.to_json(),
         "layers_ms": layers,
     }

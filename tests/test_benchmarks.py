@@ -94,4 +94,4 @@ def test_serve_overhead_splits_a_served_request_into_its_layers(tmp_path):
     layers = result["layers_ms"]
     assert {"front", "Triton queue", "Python backend (stub hop, checks, top-k)", "runner"} <= set(layers), sorted(layers)
     assert layers["runner"] > 0 and result["client_via_front_ms"] > layers["runner"]
-    assert result["triton_ms"]["requests"] == 31 and result["environment_line"]  # 30 timed, 1 warm-up
+    assert result["triton_ms"]["requests"] == 2 * 31 and result["environment_line"]  # each path: 30 timed, 1 warm-up
