@@ -125,6 +125,32 @@ def int8_speed() -> str:
     return "\n".join(rows) + "\n"
 
 
+def serving() -> str:
+    """``serve_cpu.py``'s goals and levels (served against in-process, OpenVINO against
+    benchmark_app) and ``serve_overhead.py``'s layers of one request, with their machine line."""
+    cpu = json.loads((RESULTS / "serve_cpu.json").read_text())
+    rows = ["| goal | measured | met |", "|---|---|---|"]
+    rows += [f"| {g['name']} | {g['ratio']:.2f} | {'yes' if g['met'] else 'no'} |" for g in cpu["goals"]]
+    rows += ["", "| load | in process | served | served ÷ in process | served p50 ms | in-process p50 ms |", "|---|---|---|---|---|---|"]
+    for level in cpu["levels"]:
+        load = f"concurrency {level['concurrency']}" if "concurrency" in level else f"{level['rate_rps']:g} requests/s"
+        inside, served = level["in_process"], level["served"]
+        rows.append(
+            f"| {load} | {inside['throughput_rps']:.1f}/s | {served['throughput_rps']:.1f}/s | "
+            f"{level['served_vs_in_process_throughput']:.2f} | {served['p50_ms']:.1f} | {inside['p50_ms']:.1f} |"
+        )
+    overhead = json.loads((RESULTS / "serve_overhead.json").read_text())
+    rows += ["", "| layer of one request at concurrency 1 | ms |", "|---|---|"]
+    rows += [f"| {name} | {ms:.2f} |" for name, ms in overhead["layers_ms"].items()]
+    rows += [
+        "",
+        f"_From `benchmarks/results/serve_cpu.json` ({cpu['model']}; {cpu['environment_line']}) and "
+        f"`benchmarks/results/serve_overhead.json` ({overhead['model']})._",
+        "",
+    ]
+    return "\n".join(rows)
+
+
 def examples() -> str:
     """One section per script in ``examples/``: its header docstring and how to run it."""
     parts = []
@@ -156,6 +182,7 @@ GENERATORS = {
     "benchmark-table": benchmark_table,
     "int8-speed": int8_speed,
     "plan-agreement": plan_agreement,
+    "serving": serving,
     "examples": examples,
     "tests": tests,
 }
