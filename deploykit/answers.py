@@ -6,6 +6,15 @@ from __future__ import annotations
 import numpy as np
 
 
+def unranked(logits: np.ndarray, model: str) -> str | None:
+    """Why ``logits`` ``[B, num_classes]`` are not ranked: rows holding NaN/Inf (a model fault, never
+    ranked), naming ``model`` (e.g. ``"ort model at 224"``); None when every row is finite."""
+    bad = np.flatnonzero(~np.isfinite(logits).all(axis=1))
+    if not len(bad):
+        return None
+    return f"the {model} answered NaN/Inf for {len(bad)} of {len(logits)} images (first: {bad[0]}); not ranked"
+
+
 def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Softmax in float64, then the ``k`` best classes per row.
 

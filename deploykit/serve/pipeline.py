@@ -52,7 +52,7 @@ import numpy as np
 
 from deploykit import imaging
 from deploykit._lazy import lazy_import
-from deploykit.answers import top_k
+from deploykit.answers import top_k, unranked
 from deploykit.backends.base import Runner
 from deploykit.backends.table import auto_order, gpu_names
 from deploykit.catalog import OUTPUT_NAME
@@ -423,12 +423,9 @@ class Pipeline:
             logits = parts[0]
         else:
             logits = np.concatenate(parts) if parts else np.zeros((0, self.num_classes), np.float32)
-        bad = np.flatnonzero(~np.isfinite(logits).all(axis=1))
-        if len(bad):
-            raise DeployKitError(
-                f"the {served.backend} model at {resolution_tag(res)} answered NaN/Inf for {len(bad)} of {len(logits)} images "
-                f"(first: {bad[0]}); not ranked"
-            )
+        fault = unranked(logits, f"{served.backend} model at {resolution_tag(res)}")
+        if fault:
+            raise DeployKitError(fault)
         return logits
 
     def __call__(self, images: ImageLike | Sequence[ImageLike]) -> Prediction | list[Prediction]:

@@ -29,11 +29,11 @@ class TritonPythonModel:
         import triton_python_backend_utils as pb_utils  # only exists inside Triton's stub
 
         from deploykit import imaging
-        from deploykit.answers import top_k
+        from deploykit.answers import top_k, unranked
         from deploykit.backends.registry import create_runner
         from deploykit.catalog import IMAGES_INPUT, OUTPUT_NAME
 
-        self.pb, self.imaging, self.top_k = pb_utils, imaging, top_k
+        self.pb, self.imaging, self.top_k, self.unranked = pb_utils, imaging, top_k, unranked
         self.input, self.output = IMAGES_INPUT, OUTPUT_NAME
         settings = json.loads(json.loads(args["model_config"])["parameters"]["settings"]["string_value"])
         self.k, self.label = settings["top_k"], settings["label"]
@@ -60,10 +60,9 @@ class TritonPythonModel:
             for i, x in images.items():
                 rows = slice(start, start + len(x))
                 start += len(x)
-                bad = np.flatnonzero(~np.isfinite(logits[rows]).all(axis=1))
-                if len(bad):
-                    message = f"the {self.label} answered NaN/Inf for {len(bad)} of {len(x)} images (first: {bad[0]}); not ranked"
-                    errors[i] = self.pb.TritonError(message)
+                fault = self.unranked(logits[rows], self.label)
+                if fault:
+                    errors[i] = self.pb.TritonError(fault)
                 else:
                     answers[i] = (logits[rows], classes[rows], scores[rows])
         return [self._response(i, errors, answers) for i in range(len(requests))]
