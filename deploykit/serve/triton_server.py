@@ -203,7 +203,8 @@ def check_listen_addresses(options: ServerOptions) -> None:
 
 
 def _logits_fn(pipeline: Pipeline) -> Callable:
-    """The function bound to ``logits_<res>``: one batch merged from several requests.
+    """The function bound through PyTriton to ``logits_<res>`` where its runner stays in this process
+    (an engine: ``runs_in_triton``): one batch merged from several requests.
 
     A request with NaN/Inf values, or values beyond ``±imaging.MAX_INPUT_MAGNITUDE``, gets NaN
     logits and scores and classes -1; the other requests of its batch get their answers. (The
@@ -256,14 +257,28 @@ def logits_config(pipeline: Pipeline, resolution: tuple[int, int], options: Serv
         top_k=k,
         label=f"{backend} model at {resolution_tag(resolution)}",
     )
-    name = logits_model_name(resolution)
-    shape = ", ".join(str(d) for d in (pipeline.config.in_chans, *resolution))
+    return python_model_config(
+        logits_model_name(resolution),
+        options,
+        [(INPUT_NAME, "TYPE_FP32", (pipeline.config.in_chans, *resolution))],
+        [(OUTPUT_NAME, "TYPE_FP32", (pipeline.num_classes,)), ("classes", "TYPE_INT64", (k,)), ("scores", "TYPE_FP32", (k,))],
+        instances,
+        settings,
+    )
+
+
+def python_model_config(name: str, options: ServerOptions, inputs: list, outputs: list, instances: int, settings: dict) -> str:
+    """``config.pbtxt`` of one of ``deploykit serve``'s Python-backend models: ``inputs`` and
+    ``outputs`` as ``(name, data type, dims)``, ``instances`` stub processes on the CPU, the dynamic
+    batcher's wait from ``options``, and ``settings`` travelling as one JSON parameter."""
+
+    def tensors(specs: list) -> list[str]:
+        return [f'{{ name: "{n}" data_type: {t} dims: [ {", ".join(str(d) for d in dims)} ] }}' for n, t, dims in specs]
+
     return (
         f'name: "{name}"\nbackend: "python"\nmax_batch_size: {options.max_batch_size}\n'
-        f'input [ {{ name: "{INPUT_NAME}" data_type: TYPE_FP32 dims: [ {shape} ] }} ]\n'
-        f'output [\n  {{ name: "{OUTPUT_NAME}" data_type: TYPE_FP32 dims: [ {pipeline.num_classes} ] }},\n'
-        f'  {{ name: "classes" data_type: TYPE_INT64 dims: [ {k} ] }},\n'
-        f'  {{ name: "scores" data_type: TYPE_FP32 dims: [ {k} ] }}\n]\n'
+        f"input [ {', '.join(tensors(inputs))} ]\n"
+        "output [\n" + ",\n".join(f"  {t}" for t in tensors(outputs)) + "\n]\n"
         f"instance_group [ {{ kind: KIND_CPU count: {instances} }} ]\n"
         f"dynamic_batching {{ max_queue_delay_microseconds: {options.max_queue_delay_us} }}\n"
         f'parameters [ {{ key: "settings" value: {{ string_value: {json.dumps(json.dumps(settings))} }} }} ]\n'
@@ -322,15 +337,13 @@ def classify_config(pipeline: Pipeline, options: ServerOptions) -> str:
         max_aspect=options.limits.max_aspect,
         max_batch_size=options.max_batch_size,
     )
-    return (
-        f'name: "{CLASSIFY_MODEL}"\nbackend: "python"\nmax_batch_size: {options.max_batch_size}\n'
-        f'input [ {{ name: "{imaging.ENCODED_INPUT}" data_type: TYPE_STRING dims: [ 1 ] }} ]\n'
-        f'output [\n  {{ name: "classes" data_type: TYPE_INT64 dims: [ {k} ] }},\n'
-        f'  {{ name: "scores" data_type: TYPE_FP32 dims: [ {k} ] }},\n'
-        '  { name: "resolution" data_type: TYPE_INT64 dims: [ 2 ] }\n]\n'
-        f"instance_group [ {{ kind: KIND_CPU count: {options.classify_instances} }} ]\n"
-        f"dynamic_batching {{ max_queue_delay_microseconds: {options.max_queue_delay_us} }}\n"
-        f'parameters [ {{ key: "settings" value: {{ string_value: {json.dumps(json.dumps(settings))} }} }} ]\n'
+    return python_model_config(
+        CLASSIFY_MODEL,
+        options,
+        [(imaging.ENCODED_INPUT, "TYPE_STRING", (1,))],
+        [("classes", "TYPE_INT64", (k,)), ("scores", "TYPE_FP32", (k,)), ("resolution", "TYPE_INT64", (2,))],
+        options.classify_instances,
+        settings,
     )
 
 
