@@ -44,17 +44,6 @@ from deploykit.serve.triton_server import ServerOptions, TritonServer, logits_mo
 RESULTS = Path(__file__).parent / "results"
 
 
-def mean_ms(call, inputs: np.ndarray) -> float:
-    """Mean milliseconds of ``call(row)`` over every row of ``inputs`` (one untimed call first)."""
-    call(inputs[:1])
-    samples = []
-    for i in range(len(inputs)):
-        start = time.perf_counter_ns()
-        call(inputs[i : i + 1])
-        samples.append(time.perf_counter_ns() - start)
-    return float(np.mean(samples)) / 1e6
-
-
 def client(grpc, url: str, model: str, headers: dict | None = None):
     """``call(x) -> logits``: one gRPC request to ``model`` through ``url``."""
     channel = grpc.InferenceServerClient(url)
