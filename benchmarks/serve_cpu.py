@@ -1,9 +1,11 @@
 """Served (``deploykit serve``) vs in-process pipeline on CPU, measured as Triton's
 ``perf_analyzer`` and NVIDIA's AIPerf measure a server, with issue 43's goals judged in one run:
 
-* ONNX Runtime plan: throughput and p50/p99 at concurrency 1, 8 and 32 (closed loop) and at
-  request rates (open loop, Poisson, seeded), Triton's per-model statistics per level, the largest
-  rate whose p99 stays within ``--p99-ms`` on each side;
+* ONNX Runtime plan, with ``--ort-streams`` streams on both sides (a lone call on a session of
+  all the cores, a merged batch spread over the streams: ``StreamScheduler``): throughput and
+  p50/p99 at concurrency 1, 8 and 32 (closed loop) and at request rates (open loop, Poisson,
+  seeded), Triton's per-model statistics per level, the largest rate whose p99 stays within
+  ``--p99-ms`` on each side;
 * OpenVINO plan: served throughput at concurrency 32 against OpenVINO's own ``benchmark_app
   -hint throughput`` on the same ``.onnx`` at the same batch (one image per request), in the
   served plan's precision (f32) and, for the record, under benchmark_app's default precision.
@@ -122,6 +124,9 @@ def main() -> None:
     parser.add_argument("--rates", default="25,50,100", help="open-loop levels, requests/s")
     parser.add_argument("--p99-ms", type=float, default=100.0, help="the p99 search's limit")
     parser.add_argument(
+        "--ort-streams", type=int, default=machine_streams(), help="the ONNX Runtime plan's inference streams, both sides (1: one session)"
+    )
+    parser.add_argument(
         "--openvino-streams", type=int, default=machine_streams(), help="the OpenVINO plan's inference streams (throughput mode)"
     )
     parser.add_argument("--app-seconds", type=int, default=15, help="benchmark_app's run, per precision")
@@ -136,7 +141,8 @@ def main() -> None:
         export_dir = Path(work) / "export"
         export(model, [res], export_dir)
         onnx = export_dir / Manifest.read(export_dir).graph(res).file
-        ort = bench_serving(export_dir, BenchOptions(requests=args.requests, resolution=res, rates=rates, p99_ms=args.p99_ms), print)
+        ort_options = BenchOptions(requests=args.requests, resolution=res, rates=rates, p99_ms=args.p99_ms, streams=args.ort_streams)
+        ort = bench_serving(export_dir, ort_options, print)
         print(f"OpenVINO plan with {args.openvino_streams} inference streams, concurrency 8 and 32", flush=True)
         ov_options = BenchOptions(
             concurrency=(8, 32), requests=args.requests, resolution=res, backend="openvino", streams=args.openvino_streams

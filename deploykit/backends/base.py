@@ -190,6 +190,13 @@ class Runner:
         return 1
 
     @property
+    def spreads_batches(self) -> bool:
+        """Whether one call of several rows runs on all of ``parallel_calls`` at once
+        (``deploykit.backends.streams.StreamScheduler``): a server then gives this runner one
+        instance and its whole merged batches, rather than one instance per stream."""
+        return False
+
+    @property
     def info(self) -> RunInfo:
         """What reports record about how this runner ran (meaningful once active)."""
         return RunInfo(self.provider)

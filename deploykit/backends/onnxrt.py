@@ -15,7 +15,6 @@ but an int64 shape, naming them, unless ``allow_cpu_fallback``. ``placement`` (a
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import tempfile
@@ -27,7 +26,7 @@ import numpy as np
 
 from deploykit._cpu import denormal_mode_kept, denormals_flushed
 from deploykit.backends.base import NodePlacement, Placement, RunInfo, Runner, run_rows
-from deploykit.backends.streams import ExecutorPool, check_streams, threads_per_stream
+from deploykit.backends.streams import StreamScheduler, check_streams, threads_per_stream
 from deploykit.errors import DeployKitError, listed, one_line
 
 CPU = "CPUExecutionProvider"
@@ -60,6 +59,16 @@ def session_options(intra_op_threads: int = 0):
     opts.intra_op_num_threads = intra_op_threads
     opts.add_session_config_entry("session.set_denormal_as_zero", "1")
     opts.log_severity_level = 3  # errors only: keep the terminal for our report
+    return opts
+
+
+def wide_session_options():
+    """``session_options`` of all the cores for the session beside a runner's streams: its threads
+    stop spinning as its call returns, since the next work is often the streams' (a merged batch
+    after a lone request), and a spinning thread holds the core one of them needs
+    (``benchmarks/results/stream-spread.json``)."""
+    opts = session_options()
+    opts.add_session_config_entry("session.force_spinning_stop", "1")
     return opts
 
 
@@ -125,7 +134,8 @@ class OnnxrtRunner(Runner):
             the export's metadata says it; the backends' registry reads it there.
         streams: sessions of the graph, each with this machine's cores split between them
             (``intra_op_threads`` each, unless set), so that concurrent calls run in parallel
-            instead of sharing one thread pool (``deploykit.backends.streams``).
+            instead of sharing one thread pool; beside them one session of all the cores, which a
+            call that finds the runner idle keeps (``deploykit.backends.streams.StreamScheduler``).
     """
 
     name = "ort"
@@ -147,33 +157,37 @@ class OnnxrtRunner(Runner):
         self.streams = check_streams(streams)
         self.intra_op_threads = intra_op_threads or (threads_per_stream(streams) if streams > 1 else 0)
         self.range_low = tuple(range_low) if range_low else None
-        self._session = self._sessions = None
+        self._session = self._scheduler = None
 
     def _activate(self, options=None) -> None:
         source = self.model if isinstance(self.model, bytes) else str(self.model)
         try:
-            self._session = self._new_session(source, options)
-            # the other streams' sessions: the same graph and options, a thread pool each
-            extra = [self._new_session(source, options) for _ in range(self.streams - 1)]
+            # one session per stream (the same graph and options, a thread pool each), and with
+            # streams the wide session of all the cores
+            streams = [self._new_session(source, options or session_options(self.intra_op_threads)) for _ in range(self.streams)]
+            wide = self._new_session(source, options or wide_session_options()) if self.streams > 1 else None
         except Exception as err:  # ORT raises its own Fail/InvalidGraph/NoSuchFile types
             raise DeployKitError(f"onnxruntime cannot load {self._label()}: {str(err).splitlines()[0]}") from err
-        self._sessions = ExecutorPool([self._session, *extra]) if extra else None
+        self._session = streams[0]
+        self._scheduler = StreamScheduler(wide, streams, self._run) if wide else None
         self._outputs = [o.name for o in self._session.get_outputs()]
 
     def _new_session(self, source, options):
         import onnxruntime as ort
 
         with denormal_mode_kept():
-            return ort.InferenceSession(
-                source, sess_options=options or session_options(self.intra_op_threads), providers=self.providers or default_providers()
-            )
+            return ort.InferenceSession(source, sess_options=options, providers=self.providers or default_providers())
 
     def _label(self) -> str:
         return "model bytes" if isinstance(self.model, bytes) else str(self.model)
 
     @property
     def parallel_calls(self) -> int:
-        return self._sessions.size if self._sessions else 1
+        return self._scheduler.pool.size if self._scheduler else 1
+
+    @property
+    def spreads_batches(self) -> bool:
+        return self._scheduler is not None
 
     def input_names(self) -> list[str]:
         return [i.name for i in self._session.get_inputs()] if self._session else super().input_names()
@@ -192,17 +206,20 @@ class OnnxrtRunner(Runner):
         return [o.name for o in self._session.get_outputs()]
 
     def _infer(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        names = self._outputs
         feed = {k: np.ascontiguousarray(v) for k, v in feed.items()}
         # One session is thread-safe (callers need no lock), but concurrent calls on it share its
-        # thread pool; with streams, each call takes a session of its own.
-        with self._sessions.take() if self._sessions else contextlib.nullcontext(self._session) as session:
-            with denormals_flushed():  # the calling thread runs part of every kernel (session_options)
-                outputs = session.run(names, feed)
-        return dict(zip(names, outputs))
+        # thread pool; with streams, the scheduler gives each call sessions of its own.
+        return self._scheduler(feed) if self._scheduler else self._run(self._session, feed)
+
+    def _run(self, session, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with denormals_flushed():  # the calling thread runs part of every kernel (session_options)
+            outputs = session.run(self._outputs, feed)
+        return dict(zip(self._outputs, outputs))
 
     def _deactivate(self) -> None:
-        self._session = self._sessions = None
+        if self._scheduler:
+            self._scheduler.close()
+        self._session = self._scheduler = None
 
 
 class OnnxrtCudaRunner(OnnxrtRunner):

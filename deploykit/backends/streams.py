@@ -6,6 +6,13 @@ them) and hands each call the next free one (``ExecutorPool``), so concurrent ca
 model instances, Ray's thread pool) run in parallel rather than queueing behind one executor. One
 call alone then runs on its stream's share of the cores only: ``deploykit profile`` measures both
 ways on the chosen plan and keeps streams only where they raise throughput (``deploykit.profile.streams``).
+
+A runner that also owns a ``wide`` executor (all the cores: the latency setting) schedules its calls
+with ``StreamScheduler``: a call that finds the runner idle keeps the whole machine, a single image
+on the wide executor and a batch spread row by row over every stream, and only calls that arrive
+beside others share the cores out. One request alone is then answered as fast as without streams,
+and a batch merged by a server's dynamic batcher fills every core as concurrent callers would
+(``benchmarks/results/stream-spread.json``).
 """
 
 from __future__ import annotations
@@ -13,8 +20,12 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Generic, TypeVar
+
+import numpy as np
 
 from deploykit.errors import ConfigError
 
@@ -65,3 +76,83 @@ class ExecutorPool(Generic[T]):
             yield executor
         finally:
             self._free.put(executor)
+
+
+Feed = Mapping[str, np.ndarray]
+
+
+def feed_rows(feed: Feed) -> int | None:
+    """The batch every input of ``feed`` shares (its leading dimension), or None when they differ."""
+    rows = {len(v) if np.ndim(v) else None for v in feed.values()}
+    return rows.pop() if len(rows) == 1 else None
+
+
+class StreamScheduler(Generic[T]):
+    """Where each call of a runner with streams and a whole-machine executor runs (module docstring).
+
+    * The runner idle, one row: the ``wide`` executor, all cores.
+    * The runner idle, several rows: the rows beyond a multiple of the stream count on the wide
+      executor first, then the rest spread over the streams, each taking the next row as it finishes
+      one. One row at a time is the cheapest per image on one core; the whole rounds leave no stream
+      idle while another runs an odd row (five rows on two streams would take three rows' time).
+    * Beside other calls: the next free stream takes the whole feed.
+
+    Args:
+        wide: the executor of all cores.
+        streams: one executor per stream (two or more).
+        run: ``run(executor, feed)`` → output name → array, batch first.
+    """
+
+    def __init__(self, wide: T, streams: Sequence[T], run: Callable[[T, Feed], dict[str, np.ndarray]]):
+        if len(streams) < 2:
+            raise ValueError("a stream scheduler needs two or more streams")
+        self.wide, self.pool, self.run = wide, ExecutorPool(streams), run
+        self._running = 0
+        self._lock = threading.Lock()
+        # the streams but one spread a batch; the calling thread runs the last
+        self._helpers = ThreadPoolExecutor(len(streams) - 1, thread_name_prefix="stream")
+
+    def __call__(self, feed: Feed) -> dict[str, np.ndarray]:
+        with self._lock:
+            alone = self._running == 0
+            self._running += 1
+        try:
+            rows = feed_rows(feed) if alone else None
+            if rows == 1:
+                return self.run(self.wide, feed)
+            if rows is not None and rows > 1:
+                return self._spread(feed, rows)
+            with self.pool.take() as executor:
+                return self.run(executor, feed)
+        finally:
+            with self._lock:
+                self._running -= 1
+
+    def _spread(self, feed: Feed, rows: int) -> dict[str, np.ndarray]:
+        answers: list[dict[str, np.ndarray] | None] = [None] * rows
+        odd = rows % self.pool.size
+        if odd:
+            head = self.run(self.wide, {name: value[:odd] for name, value in feed.items()})
+            answers[:odd] = [{name: value[i : i + 1] for name, value in head.items()} for i in range(odd)]
+        next_row = iter(range(odd, rows))
+        taking = threading.Lock()
+
+        def take_row() -> int | None:
+            with taking:
+                return next(next_row, None)
+
+        def work() -> None:
+            with self.pool.take() as executor:
+                while (i := take_row()) is not None:
+                    answers[i] = self.run(executor, {name: value[i : i + 1] for name, value in feed.items()})
+
+        helpers = [self._helpers.submit(work) for _ in range(min(self.pool.size, rows - odd) - 1)]
+        try:
+            work()
+        finally:
+            for helper in helpers:
+                helper.result()  # the first failure of a row fails the call
+        return {name: np.concatenate([answer[name] for answer in answers]) for name in answers[0]}
+
+    def close(self) -> None:
+        self._helpers.shutdown(wait=True)

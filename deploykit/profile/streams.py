@@ -29,8 +29,9 @@ from deploykit.errors import DeployKitError
 from deploykit.export.directory import Choice, ExportDir
 
 STREAM_BACKENDS = tuple(stream_names())  # the table's backends whose runners take streams
-# Streams cost a single call its share of the cores: kept only for a clear gain, beyond what a
-# short timing on a busy machine gives by noise alone.
+# Streams cost memory (a session or infer request each; ONNX Runtime's also keep a session of all
+# the cores for a lone call) and, on OpenVINO, a lone call its share of the cores: kept only for a
+# clear gain, beyond what a short timing on a busy machine gives by noise alone.
 GAIN_MARGIN = 1.1
 ROUND_S = 0.5  # per setting and round
 ROUNDS = 2

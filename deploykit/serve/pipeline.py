@@ -28,7 +28,8 @@ Threads: a pipeline may be called from several threads (a server's model instanc
 thread pool). A runner that does not declare itself ``thread_safe`` (an engine's execution
 context and buffers) is used by one thread at a time, behind a lock of its own; a runner with
 several streams runs as many calls at once (``parallel_calls``), which a server gives as many
-model instances.
+model instances, unless it spreads one call's batch over its streams (``spreads_batches``: ONNX
+Runtime), when a server gives it one instance and whole merged batches.
 
 Limits: an image over ``ImageLimits`` (pixels, encoded bytes) or over the decode-work limits of
 ``deploykit.imaging`` (chunks, scans, frames) is refused before it is decoded; bytes that do not
@@ -367,6 +368,7 @@ class Pipeline:
             plan = "" if served.plan == "fp32" else f" {served.plan}"
             if served.runner.parallel_calls > 1:
                 plan += f" with {served.runner.parallel_calls} inference streams"
+                plan += " (a lone call on all cores)" if served.runner.spreads_batches else ""
             why = f" ({served.why})" if served.why else ""
             chosen.setdefault(f"{served.backend}{plan}", []).append(resolution_tag(res) + why)
             for name, reason in served.skipped.items():

@@ -3,8 +3,9 @@ lives in Triton's stub process, one per model instance.
 
 Written into the server's model repository as ``logits_<res>/1/model.py``; its settings come from
 the ``settings`` JSON parameter of ``config.pbtxt`` (written by ``triton_server.logits_config``):
-the backend and graph the pipeline chose for this resolution, the threads each instance computes
-on (the machine's cores split between the instances), ``top_k``.
+the backend and graph the pipeline chose for this resolution, the streams of a runner that spreads a
+batch over them (the instance's merged batch fills every core), else the threads each instance
+computes on (the machine's cores split between the instances), ``top_k``.
 
 A request reaches the runner straight from Triton's shared memory, without the hop PyTriton's
 proxy adds to a bound function (into the serving process and back:
@@ -37,7 +38,7 @@ class TritonPythonModel:
         self.input, self.output = IMAGES_INPUT, OUTPUT_NAME
         settings = json.loads(json.loads(args["model_config"])["parameters"]["settings"]["string_value"])
         self.k, self.label = settings["top_k"], settings["label"]
-        self.runner = create_runner(settings["backend"], settings["graph"], threads=settings["threads"])
+        self.runner = create_runner(settings["backend"], settings["graph"], threads=settings["threads"], streams=settings["streams"])
         self.runner.activate()
 
     def finalize(self) -> None:

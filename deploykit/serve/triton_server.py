@@ -243,16 +243,21 @@ def runs_in_triton(pipeline: Pipeline, resolution: tuple[int, int]) -> bool:
 
 
 def logits_config(pipeline: Pipeline, resolution: tuple[int, int], options: ServerOptions) -> str:
-    """``config.pbtxt`` of a ``logits_<res>`` Python-backend model: one instance (a stub process with
-    its own runner) per call the pipeline's runner runs at once, the cores split between them."""
+    """``config.pbtxt`` of a ``logits_<res>`` Python-backend model. A runner that spreads a batch over
+    its streams (``Runner.spreads_batches``) gets one instance, a stub process running it with those
+    streams, and every merged batch; any other gets one instance per call it runs at once, the cores
+    split between them."""
     from deploykit.backends.streams import threads_per_stream
 
     k = min(options.top_k, pipeline.num_classes)
-    instances = pipeline.parallel_calls(resolution)
+    runner = pipeline.served[resolution].runner
+    streams = runner.parallel_calls if runner.spreads_batches else 1
+    instances = 1 if runner.spreads_batches else runner.parallel_calls
     backend = pipeline.backends[resolution]
     settings = dict(
         backend=backend,
         graph=str(pipeline.served[resolution].graph.resolve()),
+        streams=streams,
         threads=threads_per_stream(instances) if instances > 1 else 0,
         top_k=k,
         label=f"{backend} model at {resolution_tag(resolution)}",

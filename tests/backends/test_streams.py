@@ -1,6 +1,7 @@
 """Inference streams (``deploykit.backends.streams``): a runner with several streams answers what one
-stream answers, and runs concurrent calls at once, each on an executor of its own; profile keeps
-streams only where they raise throughput."""
+stream answers, and runs concurrent calls at once, each on an executor of its own; with a wide
+executor, a lone call keeps every core (``StreamScheduler``); profile keeps streams only where they
+raise throughput."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from deploykit.backends.onnxrt import OnnxrtRunner
-from deploykit.backends.streams import ExecutorPool, check_streams, threads_per_stream, usable_cores
+from deploykit.backends.streams import ExecutorPool, StreamScheduler, check_streams, threads_per_stream, usable_cores
 from deploykit.errors import ConfigError
 from deploykit.profile.streams import pick_streams
 
@@ -126,12 +127,109 @@ def test_openvino_requests_specialize_a_new_shape_one_at_a_time_and_then_run_tog
         assert most[0] == 2 and not overlap.broken
 
 
-def test_onnxruntime_streams_are_sessions_with_the_cores_split():
+def test_onnxruntime_streams_are_sessions_with_the_cores_split_beside_one_of_all_cores():
     with OnnxrtRunner(_graph(), providers=["CPUExecutionProvider"]) as one, OnnxrtRunner(_graph(), streams=2) as two:
         assert one.parallel_calls == 1 and two.parallel_calls == 2
-        assert two._sessions.size == 2 and two.intra_op_threads == threads_per_stream(2)
-        assert {s.get_session_options().intra_op_num_threads for s in [two._session]} == {threads_per_stream(2)}
+        assert not one.spreads_batches and two.spreads_batches
+        streams = [two._scheduler.pool.take().__enter__() for _ in range(2)]
+        assert {s.get_session_options().intra_op_num_threads for s in streams} == {threads_per_stream(2)}
+        assert two._scheduler.wide.get_session_options().intra_op_num_threads == 0  # ONNX Runtime's own count: every core
+        for session in streams:
+            two._scheduler.pool._free.put(session)
+        # a lone batch spread row by row over the streams, and a lone row on the wide session
         np.testing.assert_array_equal(two.infer(FEED)["logits"], one.infer(FEED)["logits"])
+        np.testing.assert_array_equal(two.infer({"images": FEED["images"][:1]})["logits"], one.infer(FEED)["logits"][:1])
+
+
+class Recorder:
+    """``run(executor, feed)`` of a ``StreamScheduler`` over named executors: records who ran which
+    rows and answers ``images * 2``; ``gate`` (a barrier) holds every run until that many are inside."""
+
+    def __init__(self, gate: threading.Barrier | None = None):
+        self.runs, self.gate, self.lock = [], gate, threading.Lock()
+
+    def __call__(self, executor: str, feed: dict) -> dict:
+        if self.gate:
+            self.gate.wait()
+        with self.lock:
+            self.runs.append((executor, feed["images"][:, 0].tolist()))
+        return {"logits": feed["images"] * 2}
+
+
+def test_a_lone_call_keeps_the_whole_machine_and_a_lone_batch_fills_every_stream():
+    """One row alone: the wide executor. Several rows alone: spread over both streams at once (the
+    gate lets no row run until a row of each stream is inside), one row per run, answered in order."""
+    rows = np.arange(4, dtype=np.float32)[:, None].repeat(16, 1)  # two rounds of the gate
+    spread = Recorder(threading.Barrier(2, timeout=10))
+    scheduler = StreamScheduler("wide", ["s0", "s1"], spread)
+    try:
+        np.testing.assert_array_equal(scheduler({"images": rows})["logits"], rows * 2)
+        assert {executor for executor, _ in spread.runs[:2]} == {"s0", "s1"}  # both streams ran together
+        assert sorted(r for _, (r,) in spread.runs) == [0, 1, 2, 3] and len(spread.runs) == 4
+        spread.gate = None
+        np.testing.assert_array_equal(scheduler({"images": rows[3:4]})["logits"], rows[3:4] * 2)
+        assert spread.runs[-1] == ("wide", [3.0])
+    finally:
+        scheduler.close()
+
+
+def test_the_rows_beyond_whole_rounds_run_on_the_wide_executor_first():
+    """Five rows on two streams: one on the wide executor, then two rounds of two, so no stream
+    idles while the other runs an odd row; the answers stay in the rows' order."""
+    rows = np.arange(5, dtype=np.float32)[:, None]
+    runs = Recorder()
+    scheduler = StreamScheduler("wide", ["s0", "s1"], runs)
+    try:
+        np.testing.assert_array_equal(scheduler({"images": rows})["logits"], rows * 2)
+        assert runs.runs[0] == ("wide", [0.0])
+        assert sorted(r for _, (r,) in runs.runs[1:]) == [1.0, 2.0, 3.0, 4.0]  # then one row per run
+        assert {executor for executor, _ in runs.runs[1:]} <= {"s0", "s1"}
+    finally:
+        scheduler.close()
+
+
+def test_a_call_beside_others_takes_a_stream_whole():
+    """While one call runs, a second takes a free stream with its whole feed: no wide executor, no
+    spreading, so concurrent callers share the cores out."""
+    inside, release = threading.Event(), threading.Event()
+    runs = Recorder()
+
+    def run(executor, feed):
+        if executor == "wide":
+            inside.set()
+            release.wait(10)
+        return runs(executor, feed)
+
+    scheduler = StreamScheduler("wide", ["s0", "s1"], run)
+    try:
+        first = threading.Thread(target=scheduler, args=({"images": np.zeros((1, 16), np.float32)},))
+        first.start()
+        assert inside.wait(10)
+        batch = np.ones((3, 16), np.float32)
+        np.testing.assert_array_equal(scheduler({"images": batch})["logits"], batch * 2)
+        release.set()
+        first.join(10)
+        assert runs.runs[0][0] in ("s0", "s1") and runs.runs[0][1] == [1.0, 1.0, 1.0]
+        assert runs.runs[1] == ("wide", [0.0])
+    finally:
+        release.set()
+        scheduler.close()
+
+
+def test_a_failing_row_fails_the_spread_call_and_leaves_the_streams_free():
+    def run(executor, feed):
+        if feed["images"][0, 0] == 2:
+            raise ValueError("row 2")
+        return {"logits": feed["images"]}
+
+    scheduler = StreamScheduler("wide", ["s0", "s1"], run)
+    try:
+        with pytest.raises(ValueError, match="row 2"):
+            scheduler({"images": np.arange(4, dtype=np.float32)[:, None]})
+        assert scheduler.pool._free.qsize() == 2 and scheduler._running == 0
+        np.testing.assert_array_equal(scheduler({"images": np.ones((2, 1), np.float32)})["logits"], np.ones((2, 1)))
+    finally:
+        scheduler.close()
 
 
 def test_a_pool_lets_in_as_many_callers_as_it_holds_executors():

@@ -209,6 +209,26 @@ def test_the_logits_model_refuses_a_requests_unusable_pixels_and_answers_the_oth
     model.finalize()
 
 
+def test_the_logits_model_spreads_a_merged_batch_over_the_streams_and_answers_each_request(export_dir, monkeypatch):
+    """ONNX Runtime with two streams as served: the stub's runner spreads the batch of four requests
+    (five images) over its streams, a lone image runs on all cores, and every request gets the
+    logits the one-stream pipeline computes for its images."""
+    from deploykit.serve.triton_server import ServerOptions, logits_config
+
+    with deploykit.load(export_dir, backend="ort", streams=2, top_k=3) as pipe, deploykit.load(export_dir, backend="ort", top_k=3) as one:
+        config = logits_config(pipe, (32, 32), ServerOptions(top_k=3))
+        model = logits_model(json.loads(json.loads(config.split("string_value: ", 1)[1].rsplit(" }", 2)[0])), monkeypatch)
+        assert model.runner.spreads_batches and model.runner.parallel_calls == 2
+        rng = np.random.default_rng(5)
+        images = [rng.standard_normal((n, 3, 32, 32), dtype=np.float32) for n in (1, 2, 1, 1)]
+        for requests in (images, images[:1]):
+            responses = model.execute([Request({"images": x}) for x in requests])
+            for response, x in zip(responses, requests):
+                outputs = {t.name: t.array for t in response.output_tensors}
+                np.testing.assert_allclose(outputs["logits"], one.logits(x), rtol=1e-5, atol=1e-6)
+        model.finalize()
+
+
 def test_a_nan_answer_of_the_logits_model_fails_only_the_requests_it_spoils(tmp_path, monkeypatch):
     """A model that answers NaN for some rows (here log of a negative sum) fails the requests those
     rows belong to, in one line; the other requests of the batch get their ranking."""
@@ -222,7 +242,7 @@ def test_a_nan_answer_of_the_logits_model_fails_only_the_requests_it_spoils(tmp_
         [helper.make_tensor("axes", TensorProto.INT64, [2], [2, 3])],
     )
     save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "log.onnx")
-    settings = dict(backend="ort", graph=str(tmp_path / "log.onnx"), threads=0, top_k=2, label="ort model at 4")
+    settings = dict(backend="ort", graph=str(tmp_path / "log.onnx"), streams=1, threads=0, top_k=2, label="ort model at 4")
     model = logits_model(settings, monkeypatch)
     positive, mixed = np.ones((1, 3, 4, 4), np.float32), np.ones((2, 3, 4, 4), np.float32)
     mixed[1, 0] = -1.0  # channel 0 of the second image sums to -16: its log is NaN

@@ -67,7 +67,7 @@ def test_streams_asked_for_override_the_choice_and_reach_an_explicit_backend(exp
         assert "streams" not in pipe.describe_backends()[0]
     with deploykit.load(export_dir, backend="ort", streams=2) as pipe:
         assert pipe.parallel_calls((48, 48)) == 2
-        assert pipe.describe_backends() == ["backend ort with 2 inference streams at 32, 48"]
+        assert pipe.describe_backends() == ["backend ort with 2 inference streams (a lone call on all cores) at 32, 48"]
 
 
 @TWO_CORES
@@ -88,5 +88,21 @@ def test_the_server_runs_one_model_instance_per_stream_on_its_share_of_the_cores
         config = (tmp_path / "repo" / name / "config.pbtxt").read_text()
         assert "instance_group [ { kind: KIND_CPU count: 2 } ]" in config
         settings = json.loads(json.loads(config.split("string_value: ", 1)[1].rsplit(" }", 2)[0]))
-        assert settings["backend"] == "openvino" and settings["threads"] == threads_per_stream(2)
+        assert (settings["backend"], settings["streams"], settings["threads"]) == ("openvino", 1, threads_per_stream(2))
         assert (tmp_path / "repo" / name / "1" / "model.py").is_file()
+
+
+@TWO_CORES
+def test_the_server_gives_a_runner_that_spreads_batches_one_instance_with_its_streams(export_dir, tmp_path):
+    """ONNX Runtime with streams spreads a merged batch over them itself (``StreamScheduler``): one
+    instance, whose runner has the streams and the session of all cores, gets every batch."""
+    pytriton = pytest.importorskip("pytriton.triton", reason="needs PyTriton (serve extra)")
+    from deploykit.serve.triton_server import ServerOptions, logits_models
+
+    triton = mock.create_autospec(pytriton.Triton, instance=True)
+    with deploykit.load(export_dir, backend="ort", streams=2) as pipe:
+        (name, _) = logits_models(triton, tmp_path / "repo", pipe, ServerOptions())
+    config = (tmp_path / "repo" / name / "config.pbtxt").read_text()
+    assert "instance_group [ { kind: KIND_CPU count: 1 } ]" in config
+    settings = json.loads(json.loads(config.split("string_value: ", 1)[1].rsplit(" }", 2)[0]))
+    assert (settings["backend"], settings["streams"], settings["threads"]) == ("ort", 2, 0)

@@ -139,12 +139,13 @@ class TritonTarget:
     def measure(self, load, items: Sequence) -> tuple[SideStats, tuple, float | None]:
         """The served side at ``load``, and Triton's per-model statistics over it."""
         client = GrpcClient(self.server.grpc_url, self.model)
-        _warm_up(load, client, items)
+        requests = [client.prepare(x) for x in items]
+        _warm_up(load, client, requests)
         before = snapshot(self.server.grpc_url)
         if self.perf_analyzer:
             stats = perf_analyzer_level(self.perf_analyzer, self.server.grpc_url, self.model, load, len(items), self.workdir)
         else:
-            stats = load.run(client, items, "builtin")
+            stats = load.run(client, requests, "builtin")
         models = model_stats_delta(before, snapshot(self.server.grpc_url))
         return stats, models, next((m.mean_batch for m in models if m.model == self.model), 0.0)
 
