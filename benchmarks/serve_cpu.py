@@ -11,7 +11,9 @@
   served plan's precision (f32) and, for the record, under benchmark_app's default precision.
 
 Goals: served >= 0.9x in-process throughput at concurrency 8 and 32; served p50 at concurrency 1
-within 1.3x in-process p50; served OpenVINO >= 0.8x benchmark_app's throughput.
+within 1.3x in-process p50; served OpenVINO >= 0.8x benchmark_app's throughput. The ONNX Runtime
+concurrency levels run on ``--repeats`` fresh servers and their goals take the median: a slower
+spell of a shared machine during one side of one level moves a single ratio by a tenth.
 
     .venv/bin/python benchmarks/serve_cpu.py [--requests 256] [--depth 12] [--resolution 224]
     .venv/bin/python benchmarks/serve_cpu.py --requests 32 --depth 2 --output /tmp/serve_cpu.json   # a quick check
@@ -26,10 +28,11 @@ from __future__ import annotations
 
 import argparse
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -52,12 +55,14 @@ PRECISION_LINE = re.compile(r"INFERENCE_PRECISION_HINT:\s+<Type: '(\w+)'>")
 
 @dataclass(frozen=True)
 class Goal:
-    """One of issue 43's bars: ``ratio`` against ``bar`` (``at_least`` or at most)."""
+    """One of issue 43's bars: ``ratio`` (the median of ``runs``, one per fresh server) against
+    ``bar`` (``at_least`` or at most)."""
 
     name: str
     ratio: float | None
     bar: float
     at_least: bool = True
+    runs: tuple[float, ...] = ()
 
     @property
     def met(self) -> bool:
@@ -101,14 +106,21 @@ def _level(report: BenchReport, concurrency: int):
     return next((level for level in report.levels if getattr(level.load, "requests_in_flight", None) == concurrency), None)
 
 
-def goals(ort: BenchReport, openvino: BenchReport, app_f32: BenchmarkApp) -> list[Goal]:
-    """Issue 43's goals, each a ratio measured in this run."""
+def _median_goal(name: str, runs: list[float | None], bar: float, at_least: bool = True) -> Goal:
+    measured = tuple(r for r in runs if r is not None)
+    return Goal(name, statistics.median(measured) if measured else None, bar, at_least, measured)
+
+
+def goals(orts: list[BenchReport], openvino: BenchReport, app_f32: BenchmarkApp) -> list[Goal]:
+    """Issue 43's goals, each a ratio measured in this run: the ONNX Runtime ones the median over
+    ``orts`` (one report per fresh server, each level's sides taking turns)."""
     out = []
     for c in (8, 32):
-        level = _level(ort, c)
-        out.append(Goal(f"served >= 0.9x in-process throughput at concurrency {c}", level and level.served_vs_in_process, 0.9))
-    one = _level(ort, 1)
-    out.append(Goal("served p50 <= 1.3x in-process p50 at concurrency 1", one and one.served.p50_ms / one.in_process.p50_ms, 1.3, False))
+        runs = [level and level.served_vs_in_process for level in (_level(ort, c) for ort in orts)]
+        out.append(_median_goal(f"served >= 0.9x in-process throughput at concurrency {c}", runs, 0.9))
+    ones = [_level(ort, 1) for ort in orts]
+    runs = [one and one.served.p50_ms / one.in_process.p50_ms for one in ones]
+    out.append(_median_goal("served p50 <= 1.3x in-process p50 at concurrency 1", runs, 1.3, False))
     served_ov = openvino.levels[-1].served.throughput_rps
     out.append(
         Goal("served OpenVINO >= 0.8x benchmark_app -hint throughput (f32, same file, same batch)", served_ov / app_f32.throughput_fps, 0.8)
@@ -129,6 +141,9 @@ def main() -> None:
     parser.add_argument(
         "--openvino-streams", type=int, default=machine_streams(), help="the OpenVINO plan's inference streams (throughput mode)"
     )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="fresh servers the ONNX Runtime concurrency levels run on (goals: the median)"
+    )
     parser.add_argument("--app-seconds", type=int, default=15, help="benchmark_app's run, per precision")
     parser.add_argument("--output", type=Path, default=RESULTS / "serve_cpu.json")
     args = parser.parse_args()
@@ -143,18 +158,35 @@ def main() -> None:
         onnx = export_dir / Manifest.read(export_dir).graph(res).file
         ort_options = BenchOptions(requests=args.requests, resolution=res, rates=rates, p99_ms=args.p99_ms, streams=args.ort_streams)
         ort = bench_serving(export_dir, ort_options, print)
+        # a slower spell of a shared machine can hit one side of one level: the concurrency levels
+        # again on fresh servers, the goals judged on the median
+        again = replace(ort_options, rates=(), p99_ms=None)
+        repeats = [bench_serving(export_dir, again, print) for _ in range(args.repeats - 1)]
         print(f"OpenVINO plan with {args.openvino_streams} inference streams, concurrency 8 and 32", flush=True)
         ov_options = BenchOptions(
             concurrency=(8, 32), requests=args.requests, resolution=res, backend="openvino", streams=args.openvino_streams
         )
         openvino = bench_serving(export_dir, ov_options, print)
         apps = [run_benchmark_app(onnx, 1, res, args.app_seconds, precision) for precision in ("f32", None)]
-    verdicts = goals(ort, openvino, apps[0])
+    verdicts = goals([ort, *repeats], openvino, apps[0])
     result = {
         "environment_line": environment_line(ort.environment),
         **ort.to_json(),
         "openvino": {**openvino.to_json(), "benchmark_app": [asdict(app) for app in apps]},
         "goals": [g.to_json() for g in verdicts],
+        "repeats": [
+            [
+                {
+                    "concurrency": c,
+                    "served_vs_in_process_throughput": level.served_vs_in_process,
+                    "in_process_p50_ms": level.in_process.p50_ms,
+                    "served_p50_ms": level.served.p50_ms,
+                }
+                for c in ort_options.concurrency
+                if (level := _level(report, c))
+            ]
+            for report in repeats
+        ],
         "model": f"vit_tiny_patch16 depth {args.depth}, ape, {args.resolution} px",
     }
     for report in (ort, openvino):
@@ -166,7 +198,8 @@ def main() -> None:
     for app in apps:
         print(f"benchmark_app -hint throughput ({app.precision}, {app.streams} streams): {app.throughput_fps:.1f} images/s")
     for goal in verdicts:
-        print(f"{'✓' if goal.met else '✗'} {goal.name}: {'–' if goal.ratio is None else f'{goal.ratio:.2f}'}")
+        runs = f" (runs: {', '.join(f'{r:.2f}' for r in goal.runs)})" if len(goal.runs) > 1 else ""
+        print(f"{'✓' if goal.met else '✗'} {goal.name}: {'–' if goal.ratio is None else f'{goal.ratio:.2f}'}{runs}")
     print(f"wrote {write_json_atomic(args.output, result)}")
     print(f"wrote {write_aiperf(ort, args.output.with_name(args.output.stem + '_aiperf'))}")
     print(f"wrote {plot_bench(ort, args.output.with_suffix('.png'))}")

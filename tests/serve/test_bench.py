@@ -139,3 +139,21 @@ def test_a_server_that_cannot_start_is_reported_with_its_own_error_line(export_d
             server.wait_ready()
     finally:
         server.stop()
+
+
+def test_the_builtin_clients_prepared_request_is_what_the_front_checks_and_forwards():
+    """A request serialized once before a level (``GrpcClient.prepare``) parses as the
+    ``ModelInferRequest`` the front checks: the logits model, the image's shape, its bytes."""
+    import numpy as np
+    from tritonclient.grpc import service_pb2
+
+    from deploykit.serve.bench.clients import GrpcClient
+    from deploykit.serve.requests import check_grpc_infer
+
+    x = np.random.default_rng(0).standard_normal((1, 3, 8, 8), dtype=np.float32)
+    request = service_pb2.ModelInferRequest.FromString(GrpcClient("127.0.0.1:1", "logits_8").prepare(x))
+    check_grpc_infer(request)  # raises RequestRejected for anything the front refuses
+    assert request.model_name == "logits_8" and [(t.name, t.datatype, list(t.shape)) for t in request.inputs] == [
+        ("images", "FP32", [1, 3, 8, 8])
+    ]
+    np.testing.assert_array_equal(np.frombuffer(request.raw_input_contents[0], np.float32).reshape(x.shape), x)
