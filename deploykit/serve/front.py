@@ -82,6 +82,7 @@ ANSWER_HEADERS = ("Content-Type", HEADER_LENGTH)
 # Triton's restricted-API header (PyTriton's TRITON_ACCESS_HEADER); over gRPC it carries Triton's prefix.
 TOKEN_HEADER = "triton-access-token"
 GRPC_TOKEN_KEY = "triton-grpc-protocol-" + TOKEN_HEADER
+INLINE_CHECK_BYTES = 1 << 20  # parsed and checked in well under a millisecond
 SMALL_BODY = 64 * 1024  # checked on the event loop; larger bodies are parsed in a worker thread
 CHECKS_AT_ONCE = 2  # larger bodies checked at once: each may take up to ~100 B per JSON value
 LINGER_S = 10.0  # aiohttp's default
@@ -383,7 +384,10 @@ class Front:
         self._inflight += 1
         try:
             if method.endswith("/ModelInfer"):
-                message = await asyncio.to_thread(_checked_grpc_infer, request)
+                # a small message is checked on the loop: a worker thread's handoff would cost more
+                # than the check; a large one in a thread, so the loop serves other calls meanwhile
+                small = len(request) <= INLINE_CHECK_BYTES
+                message = _checked_grpc_infer(request) if small else await asyncio.to_thread(_checked_grpc_infer, request)
                 if message:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
             token = self.options.upstream_token

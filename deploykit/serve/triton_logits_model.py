@@ -36,6 +36,7 @@ class TritonPythonModel:
 
         self.pb, self.imaging, self.top_k, self.unranked = pb_utils, imaging, top_k, unranked
         self.input, self.output = IMAGES_INPUT, OUTPUT_NAME
+        self.outputs = (OUTPUT_NAME, "classes", "scores")  # as config.pbtxt declares them
         settings = json.loads(json.loads(args["model_config"])["parameters"]["settings"]["string_value"])
         self.k, self.label = settings["top_k"], settings["label"]
         self.runner = create_runner(settings["backend"], settings["graph"], threads=settings["threads"], streams=settings["streams"])
@@ -66,10 +67,12 @@ class TritonPythonModel:
                     errors[i] = self.pb.TritonError(fault)
                 else:
                     answers[i] = (logits[rows], classes[rows], scores[rows])
-        return [self._response(i, errors, answers) for i in range(len(requests))]
+        return [self._response(i, request, errors, answers) for i, request in enumerate(requests)]
 
-    def _response(self, i: int, errors: dict, answers: dict):
+    def _response(self, i: int, request, errors: dict, answers: dict):
         if i in errors:
             return self.pb.InferenceResponse(error=errors[i])
-        names = (self.output, "classes", "scores")
-        return self.pb.InferenceResponse(output_tensors=[self.pb.Tensor(n, a) for n, a in zip(names, answers[i])])
+        # only the outputs the client asked for (Triton would drop the others after their copy
+        # into shared memory); none named: all of them
+        asked = set(request.requested_output_names()) or set(self.outputs)
+        return self.pb.InferenceResponse(output_tensors=[self.pb.Tensor(n, a) for n, a in zip(self.outputs, answers[i]) if n in asked])

@@ -54,9 +54,14 @@ class InferenceResponse:
 
 @dataclass
 class Request:
-    """What Triton hands ``execute``: named input tensors."""
+    """What Triton hands ``execute``: named input tensors, and the outputs the client asked for
+    (none: Triton's stub reports none, and a model answers all)."""
 
     inputs: dict[str, np.ndarray]
+    outputs: tuple[str, ...] = ()
+
+    def requested_output_names(self) -> list[str]:
+        return list(self.outputs)
 
 
 def images_request(*images: bytes) -> Request:

@@ -225,3 +225,43 @@ def test_one_grpc_connection_holds_at_most_one_largest_request_s_bytes():
             first_client.close()
             other_client.close()
             silent.close()
+
+
+def test_a_large_grpc_message_is_checked_off_the_event_loop(monkeypatch):
+    """A message over ``INLINE_CHECK_BYTES`` is checked in a worker thread: while its check waits,
+    the loop that serves every call still takes a small call and checks it (on the loop itself,
+    where a thread's handoff would cost more than the check)."""
+    import grpc
+
+    from deploykit.serve import front as front_module
+    from deploykit.serve.bench.clients import GrpcClient
+
+    small_checked, large_saw_small = threading.Event(), []
+    real = front_module._checked_grpc_infer
+
+    def check(request: bytes):
+        if len(request) > front_module.INLINE_CHECK_BYTES:
+            large_saw_small.append(small_checked.wait(GUARD_S))  # False: the loop was held by this check
+        else:
+            small_checked.set()
+        return real(request)
+
+    monkeypatch.setattr(front_module, "_checked_grpc_infer", check)
+    client = GrpcClient("unused", "logits_32")
+    large, small = (client.prepare(np.zeros((1, 3, side, side), np.float32)) for side in (300, 8))
+    assert len(large) > front_module.INLINE_CHECK_BYTES >= len(small)
+    with front_before_stub(max_request_bytes=4 << 20) as (front, _, _):
+        target = f"127.0.0.1:{front.options.grpc_port}"
+        channels = [grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(2)]
+        method = "/inference.GRPCInferenceService/ModelInfer"
+        try:
+            held = channels[0].unary_unary(method).future(large, timeout=GUARD_S)
+            until(lambda: front.bytes_held >= len(large))
+            with pytest.raises(grpc.RpcError):  # checked, then forwarded to a Triton port nobody listens on
+                channels[1].unary_unary(method)(small, timeout=GUARD_S)
+            with pytest.raises(grpc.RpcError):
+                held.result()
+        finally:
+            for channel in channels:
+                channel.close()
+    assert large_saw_small == [True]

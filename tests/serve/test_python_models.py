@@ -212,7 +212,7 @@ def test_the_logits_model_refuses_a_requests_unusable_pixels_and_answers_the_oth
 def test_the_logits_model_spreads_a_merged_batch_over_the_streams_and_answers_each_request(export_dir, monkeypatch):
     """ONNX Runtime with two streams as served: the stub's runner spreads the batch of four requests
     (five images) over its streams, a lone image runs on all cores, and every request gets the
-    logits the one-stream pipeline computes for its images."""
+    logits the one-stream pipeline computes for its images, and only the outputs it asked for."""
     from deploykit.serve.triton_server import ServerOptions, logits_config
 
     with deploykit.load(export_dir, backend="ort", streams=2, top_k=3) as pipe, deploykit.load(export_dir, backend="ort", top_k=3) as one:
@@ -222,10 +222,12 @@ def test_the_logits_model_spreads_a_merged_batch_over_the_streams_and_answers_ea
         rng = np.random.default_rng(5)
         images = [rng.standard_normal((n, 3, 32, 32), dtype=np.float32) for n in (1, 2, 1, 1)]
         for requests in (images, images[:1]):
-            responses = model.execute([Request({"images": x}) for x in requests])
-            for response, x in zip(responses, requests):
-                outputs = {t.name: t.array for t in response.output_tensors}
-                np.testing.assert_allclose(outputs["logits"], one.logits(x), rtol=1e-5, atol=1e-6)
+            asked = [("logits",), ()] * 2  # one client names its output, the next names none: all three
+            responses = model.execute([Request({"images": x}, outputs) for x, outputs in zip(requests, asked)])
+            for response, x, outputs in zip(responses, requests, asked):
+                answer = {t.name: t.array for t in response.output_tensors}
+                assert sorted(answer) == sorted(outputs or ("logits", "classes", "scores"))
+                np.testing.assert_allclose(answer["logits"], one.logits(x), rtol=1e-5, atol=1e-6)
         model.finalize()
 
 
