@@ -34,7 +34,8 @@ streams_option = click.option(
     "--streams",
     type=click.IntRange(min=1),
     default=None,
-    help="Inference streams of the CPU runners (ONNX Runtime, OpenVINO), each serving one request at a time in parallel "
+    help="Inference streams of the CPU runners (ONNX Runtime, OpenVINO), each serving one request at a time in parallel; "
+    "ONNX Runtime's also spread a merged batch and run a lone request on all cores "
     "[default: what deploykit profile measured for its choice, else 1].",
 )
 
