@@ -85,9 +85,10 @@ def test_profile_from_python_writes_the_choice_that_load_takes(good_export, tmp_
     assert (chosen.backend, chosen.precision) == ("ort", "fp32")
     assert report.settings["model"] == str(out) and report.settings["resolutions"] == [str(RES)]  # the export's, by default
     with deploykit.load(out) as pipe:
-        # "backend ort at 32 (...", or "backend ort with N inference streams at 32 (..." where profile measured streams paying
+        # "backend ort at 32 (...", or "backend ort with N inference streams (a lone call on all cores) at 32 (..." where
+        # profile measured streams paying
         assert re.match(
-            rf"backend ort (with \d+ inference streams )?at {RES} \(fastest validated plan at batch 1 in deploykit profile",
+            rf"backend ort (with \d+ inference streams \(a lone call on all cores\) )?at {RES} \(fastest validated plan at batch 1 in deploykit profile",
             pipe.describe_backends()[0],
         )
 
