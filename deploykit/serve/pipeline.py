@@ -448,6 +448,14 @@ class Pipeline:
                 predictions[i] = Prediction(tuple(classes[row].tolist()), tuple(scores[row].tolist()), res)
         return predictions[0] if single else predictions
 
+    def release(self, resolution: tuple[int, int]) -> None:
+        """Deactivate the runner of ``resolution`` and keep what was chosen for it, for a process
+        that hands the plan to others (``deploykit serve``: Triton's stub processes run runners of
+        their own, and this one would only hold its memory). Calls at that resolution fail after."""
+        runner = self.served[resolution].runner
+        if runner.is_active:
+            runner.deactivate()
+
     def close(self) -> None:
         """Deactivate every runner (idempotent)."""
         for served in self.served.values():

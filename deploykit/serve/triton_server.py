@@ -553,6 +553,9 @@ def serve(
     warn_if_exposed(options.host)
     pipeline = Pipeline.for_server(export_dir, options)
     with pipeline, TritonServer(pipeline, options) as server:
+        for res in pipeline.resolutions:
+            if runs_in_triton(pipeline, res):  # its stubs loaded runners of their own
+                pipeline.release(res)
         if on_ready:
             on_ready(server.ready)
         server.serve_forever(stop or threading.Event())

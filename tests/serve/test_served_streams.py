@@ -106,3 +106,29 @@ def test_the_server_gives_a_runner_that_spreads_batches_one_instance_with_its_st
     assert "instance_group [ { kind: KIND_CPU count: 1 } ]" in config
     settings = json.loads(json.loads(config.split("string_value: ", 1)[1].rsplit(" }", 2)[0]))
     assert (settings["backend"], settings["streams"], settings["threads"]) == ("ort", 2, 0)
+
+
+def test_serve_keeps_no_runner_of_a_plan_its_triton_stubs_run(export_dir, monkeypatch):
+    """Triton's stub processes load the CPU plans' runners of their own, so ``serve`` releases its
+    pipeline's copies before it reports ready (Triton here: an autospec of the real class)."""
+    from server_process import free_ports
+
+    from deploykit.serve import triton_server
+    from deploykit.serve.pipeline import Pipeline
+
+    opened, active_when_ready = [], []
+    real_for_server = Pipeline.for_server.__func__
+    monkeypatch.setattr(Pipeline, "for_server", classmethod(lambda cls, *a: opened.append(real_for_server(cls, *a)) or opened[-1]))
+    server_class = mock.create_autospec(triton_server.TritonServer)
+    server_class.return_value.__enter__.return_value = server_class.return_value
+    server_class.return_value.ready = mock.sentinel.ready  # set by __enter__ on a real server
+    monkeypatch.setattr(triton_server, "TritonServer", server_class)
+    http, grpc, metrics = free_ports(3)
+    options = triton_server.ServerOptions(http_port=http, grpc_port=grpc, metrics_port=metrics, backend="ort", streams=2)
+    triton_server.serve(
+        export_dir, options, on_ready=lambda ready: active_when_ready.extend(s.runner.is_active for s in opened[0].served.values())
+    )
+    (pipeline,) = opened
+    assert active_when_ready == [False, False]  # both resolutions, released before ready
+    server_class.return_value.serve_forever.assert_called_once()
+    assert pipeline.backends[(32, 32)] == "ort" and pipeline.describe_backends()  # the choice is kept
