@@ -142,7 +142,7 @@ def main() -> None:
         "--openvino-streams", type=int, default=machine_streams(), help="the OpenVINO plan's inference streams (throughput mode)"
     )
     parser.add_argument(
-        "--repeats", type=int, default=3, help="fresh servers the ONNX Runtime concurrency levels run on (goals: the median)"
+        "--repeats", type=int, default=5, help="fresh servers the ONNX Runtime concurrency levels run on (goals: the median)"
     )
     parser.add_argument("--app-seconds", type=int, default=15, help="benchmark_app's run, per precision")
     parser.add_argument("--output", type=Path, default=RESULTS / "serve_cpu.json")

@@ -133,7 +133,8 @@ def serving() -> str:
     for g in cpu["goals"]:
         runs = ", ".join(f"{r:.2f}" for r in g.get("runs", ())) if len(g.get("runs", ())) > 1 else ""
         rows.append(f"| {g['name']} | {g['ratio']:.2f} | {runs} | {'yes' if g['met'] else 'no'} |")
-    rows += ["", "| load | in process | served | served ÷ in process | served p50 ms | in-process p50 ms |", "|---|---|---|---|---|---|"]
+    rows += ["", "The first server's levels, open-loop rates included:", ""]
+    rows += ["| load | in process | served | served ÷ in process | served p50 ms | in-process p50 ms |", "|---|---|---|---|---|---|"]
     for level in cpu["levels"]:
         load = f"concurrency {level['concurrency']}" if "concurrency" in level else f"{level['rate_rps']:g} requests/s"
         inside, served = level["in_process"], level["served"]
