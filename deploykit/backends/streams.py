@@ -129,11 +129,9 @@ class StreamScheduler(Generic[T]):
                 self._running -= 1
 
     def _spread(self, feed: Feed, rows: int) -> dict[str, np.ndarray]:
-        answers: list[dict[str, np.ndarray] | None] = [None] * rows
         odd = rows % self.pool.size
-        if odd:
-            head = self.run(self.wide, {name: value[:odd] for name, value in feed.items()})
-            answers[:odd] = [{name: value[i : i + 1] for name, value in head.items()} for i in range(odd)]
+        head = [self.run(self.wide, {name: value[:odd] for name, value in feed.items()})] if odd else []
+        answers: list[dict[str, np.ndarray] | None] = [None] * rows  # by row; the streams fill rows odd and after
         next_row = iter(range(odd, rows))
         taking = threading.Lock()
 
@@ -152,7 +150,8 @@ class StreamScheduler(Generic[T]):
         finally:
             for helper in helpers:
                 helper.result()  # the first failure of a row fails the call
-        return {name: np.concatenate([answer[name] for answer in answers]) for name in answers[0]}
+        parts = head + answers[odd:]
+        return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
 
     def close(self) -> None:
         self._helpers.shutdown(wait=True)
