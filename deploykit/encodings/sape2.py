@@ -145,6 +145,35 @@ def pairwise_distance(z: Tensor) -> Tensor:
     return torch.cdist(z, z, compute_mode="donot_use_mm_for_euclid_dist")
 
 
+def pairwise_distances_gram(zx: Tensor, zy: Tensor, num_prefix_tokens: int = 0) -> Tensor:
+    """``‖Zx_t − Zx_n‖ + ‖Zy_t − Zy_n‖`` ``[..., P + N, P + N]`` through matrix products: the form
+    runtimes compute (the ONNX function body of ``deploykit.export.custom_ops`` is the same steps).
+
+    The direct form (``pairwise_distance``) costs ``N²·L`` subtractions and, written as tensor
+    ops, a ``[..., N, N, L]`` difference; here each axis is one product ``[z, |z|², 1] ·
+    [−2z, 1, |z|²]ᵀ`` of the centred signatures. Centring (the distance is translation-invariant)
+    keeps the product's cancellation at about ``sqrt(ε)·spread(Z)`` where ``sqrt(ε)·|Z|`` would
+    be far larger (spec §8.7); the small negative squares rounding leaves where two signatures
+    (nearly) coincide are clamped to 0, and the diagonal is set to its exact 0. Prefix rows and
+    columns are exactly 0 (zero rows in both factors).
+
+    Args:
+        zx, zy: ``[..., N, W]`` and ``[..., N, H]`` signatures of the patch tokens.
+        num_prefix_tokens: ``P``, zero rows and columns in front.
+    """
+    total = None
+    for z in (zx, zy):
+        z = z - z.mean(-2, keepdim=True)
+        norm = (z * z).sum(-1, keepdim=True)
+        ones = torch.ones_like(norm)
+        left = F.pad(torch.cat([z, norm, ones], -1), (0, 0, num_prefix_tokens, 0))
+        right = F.pad(torch.cat([-2 * z, ones, norm], -1), (0, 0, num_prefix_tokens, 0))
+        distance = torch.matmul(left, right.transpose(-1, -2)).clamp_min_(0).sqrt_()
+        total = distance if total is None else total.add_(distance)
+    total.diagonal(dim1=-2, dim2=-1).zero_()
+    return total
+
+
 def sape2_bias_reference(
     q: Tensor,
     k: Tensor,
@@ -181,9 +210,14 @@ def sape2_bias_reference(
 
 
 def _bias_in_fp32_or_wider(q, k, table_x, table_y, grid_h, grid_w, num_prefix_tokens, scale, mode):
-    compute = torch.promote_types(q.dtype, torch.float32)
-    args = [t.to(compute) for t in (q, k, table_x, table_y)]
-    return sape2_bias_reference(*args, (grid_h, grid_w), scale, MODES[mode], num_prefix_tokens).to(q.dtype)
+    """float64 inputs: the direct reference (the validation's yardstick); fp32 and narrower: the
+    matrix-product form in fp32, what the runtimes compute, judged against that reference."""
+    if q.dtype == torch.float64:
+        return sape2_bias_reference(q, k, table_x, table_y, (grid_h, grid_w), scale, MODES[mode], num_prefix_tokens)
+    args = [t.float() for t in (q, k, table_x, table_y)]
+    P = num_prefix_tokens
+    zx, zy = sape2_axis_signatures(args[0][:, :, P:], args[1][:, :, P:], *args[2:], (grid_h, grid_w), scale, MODES[mode])
+    return pairwise_distances_gram(zx, zy, P).to(q.dtype)
 
 
 @torch.library.custom_op("deploykit::sape2_bias", mutates_args=())
@@ -216,14 +250,14 @@ def _sape2_bias_cuda(q, k, table_x, table_y, grid_h, grid_w, num_prefix_tokens, 
 @functools.cache
 def _triton_kernels():
     """``deploykit.plugins.sape2.kernels``, imported once; None, said once in a warning, when
-    Triton is not installed (the op then runs the PyTorch reference on CUDA: same values, slower)."""
+    Triton is not installed (the op then runs its PyTorch form on CUDA: same arithmetic, slower)."""
     from deploykit._lazy import lazy_import
     from deploykit.errors import MissingDependencyError
 
     try:
         lazy_import("triton")
     except MissingDependencyError as err:
-        warnings.warn(f"SaPE² on CUDA runs the PyTorch reference, not the Triton kernel: {err}", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"SaPE² on CUDA runs its PyTorch form, not the Triton kernel: {err}", RuntimeWarning, stacklevel=2)
         return None
     from deploykit.plugins.sape2 import kernels
 
@@ -325,6 +359,10 @@ class SaPE2(PositionalEncoding):
     def logits_bias(self, q: Tensor, k: Tensor, tables: dict[str, Tensor], grid: tuple[int, int]) -> Tensor:
         mode = MODES.index(self.config.mode)
         P = self.dims.num_prefix_tokens
-        bias = sape2_bias(q, k, tables["table_x"], tables["table_y"], *grid, P, self.gate_scale, mode)
-        # Eq. 16: (q·k + b) / √d, and SDPA adds the mask to q·k / √d.
-        return bias * self.dims.head_dim**-0.5 if self.config.bias_divided_by_sqrt_d else bias
+        table_x, table_y = tables["table_x"], tables["table_y"]
+        if self.config.bias_divided_by_sqrt_d:
+            # Eq. 16: (q·k + b) / √d, and SDPA adds the mask to q·k / √d. The bias is homogeneous
+            # in the tables (Z is linear in E, and ‖s·Zt − s·Zn‖ = s·‖Zt − Zn‖), so the [d, M]
+            # tables take the 1/√d (a constant in the exported graph), not the [N, N] bias.
+            table_x, table_y = (t * self.dims.head_dim**-0.5 for t in (table_x, table_y))
+        return sape2_bias(q, k, table_x, table_y, *grid, P, self.gate_scale, mode)

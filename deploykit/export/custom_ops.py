@@ -52,64 +52,84 @@ def SaPE2Bias(
     ``table_x``, ``table_y`` ``[d, M]``. Attributes: ``grid_h * grid_w = N``, ``num_prefix_tokens
     = P``, ``scale`` the gate temperature, ``mode`` 0 = q, 1 = k, 2 = k_swap. Output ``[B, h, P +
     N, P + N]``: the raw ``‖Zx_t − Zx_n‖ + ‖Zy_t − Zy_n‖``, prefix rows and columns 0.
+
+    Cost is the op's arithmetic: signatures once per (image, head), then per axis one
+    ``[T, L + 2] · [L + 2, T]`` product and three passes over ``[B, h, T, T]`` (clamp, sqrt, the
+    sum), one more for the exact diagonal; never a ``[.., N, N, L]`` difference. The steps are
+    those of ``deploykit.encodings.sape2.pairwise_distances_gram``; the float64 direct form
+    (``sape2_bias_reference``) is what both are judged against.
     """
     prefix = op.Reshape(op.Constant(value_int=num_prefix_tokens), [1])
     rows = op.Reshape(op.Constant(value_int=grid_h), [1])
     cols = op.Reshape(op.Constant(value_int=grid_w), [1])
     gate_scale = op.Constant(value_float=scale)
     mode_id = op.Constant(value_int=mode)
-    qf = op.Slice(op.Cast(q, to=1), prefix, [9223372036854775807], [2])  # patch tokens, fp32
-    kf = op.Slice(op.Cast(k, to=1), prefix, [9223372036854775807], [2])
-    ex = op.Cast(table_x, to=1)
-    ey = op.Cast(table_y, to=1)
-    # mode: gates σ(s q·k) or, for k_swap, σ(s k·q) = the transpose of the q·k product; projected
-    # q (mode 0) or k. Chosen by Where on a constant condition (no control flow), applied to the
-    # small [.., L, L] and [.., L, M] tensors rather than to q and k.
-    swap = op.Equal(mode_id, 2)
-    project_q = op.Equal(mode_id, 0)
     batch_heads = op.Slice(op.Shape(q), [0], [2])
     grid_shape = op.Concat(batch_heads, rows, cols, [-1], axis=0)  # [B, h, H, W, d]
-    q_r = op.Reshape(qf, grid_shape)
-    k_r = op.Reshape(kf, grid_shape)
-    top = op.Cast(op.Sub(op.Shape(ex, start=1, end=2), 1), to=1)  # M - 1
+    q_r = op.Reshape(op.Slice(op.Cast(q, to=1), prefix, [9223372036854775807], [2]), grid_shape)  # patch tokens, fp32
+    k_r = op.Reshape(op.Slice(op.Cast(k, to=1), prefix, [9223372036854775807], [2]), grid_shape)
+    # mode (spec A1): gates σ(s a·b) and projected c are (q, k, q), (q, k, k) or (k, q, k); Where
+    # on a constant condition, no control flow.
+    swap = op.Equal(mode_id, 2)
+    a_r = op.Where(swap, k_r, q_r)
+    b_r = op.Where(swap, q_r, k_r)
+    c_r = op.Where(op.Equal(mode_id, 0), q_r, k_r)
+    # Interpolation at p (Eq. 14) as c·E[:, ⌊p⌋] + (p − ⌊p⌋)·c·(E[:, ⌊p⌋+1] − E[:, ⌊p⌋]): two
+    # products with constant tables and one gather index (the step past M − 1 is 0).
+    ex = op.Cast(table_x, to=1)
+    ey = op.Cast(table_y, to=1)
+    top_index = op.Sub(op.Shape(ex, start=1, end=2), 1)
+    top = op.Cast(top_index, to=1)  # M - 1
+    step_x = op.Sub(op.Concat(op.Slice(ex, [1], top_index + 1, [1]), op.Slice(ex, top_index, top_index + 1, [1]), axis=1), ex)
+    step_y = op.Sub(op.Concat(op.Slice(ey, [1], top_index + 1, [1]), op.Slice(ey, top_index, top_index + 1, [1]), axis=1), ey)
 
     # Row term: tokens of one row, [B, h, H, W, ·] (Eq. 9, 10, 13, 14).
-    qk_x = op.MatMul(q_r, op.Transpose(k_r, perm=[0, 1, 2, 4, 3]))
-    gate_logits_x = op.Where(swap, op.Transpose(qk_x, perm=[0, 1, 2, 4, 3]), qk_x)
-    pos_x = op.Min(op.CumSum(op.Sigmoid(op.Mul(gate_logits_x, gate_scale)), [-1], reverse=1), top)
+    gates_x = op.Sigmoid(op.Mul(op.MatMul(a_r, op.Transpose(b_r, perm=[0, 1, 2, 4, 3])), gate_scale))
+    pos_x = op.Min(op.CumSum(gates_x, [-1], reverse=1), top)
     lo_x = op.Floor(pos_x)
-    w_x = op.Sub(pos_x, lo_x)
-    logits_x = op.Where(project_q, op.MatMul(q_r, ex), op.MatMul(k_r, ex))  # [B, h, H, W, M]
-    at_hi_x = op.GatherElements(logits_x, op.Cast(op.Ceil(pos_x), to=7), axis=-1)
-    at_lo_x = op.GatherElements(logits_x, op.Cast(lo_x, to=7), axis=-1)
-    z_x = op.Add(op.Mul(at_hi_x, w_x), op.Mul(at_lo_x, op.Sub(1.0, w_x)))  # [B, h, H, W, W]
+    at_x = op.Cast(lo_x, to=7)
+    z_x = op.Add(
+        op.GatherElements(op.MatMul(c_r, ex), at_x, axis=-1),
+        op.Mul(op.Sub(pos_x, lo_x), op.GatherElements(op.MatMul(c_r, step_x), at_x, axis=-1)),
+    )  # [B, h, H, W, W]: (y, x, m)
 
     # Column term: the same on [B, h, W, H, ·] (tokens of one column).
-    q_c = op.Transpose(q_r, perm=[0, 1, 3, 2, 4])
-    k_c = op.Transpose(k_r, perm=[0, 1, 3, 2, 4])
-    qk_y = op.MatMul(q_c, op.Transpose(k_r, perm=[0, 1, 3, 4, 2]))
-    gate_logits_y = op.Where(swap, op.Transpose(qk_y, perm=[0, 1, 2, 4, 3]), qk_y)
-    pos_y = op.Min(op.CumSum(op.Sigmoid(op.Mul(gate_logits_y, gate_scale)), [-1], reverse=1), top)
+    a_c = op.Transpose(a_r, perm=[0, 1, 3, 2, 4])
+    c_c = op.Transpose(c_r, perm=[0, 1, 3, 2, 4])
+    gates_y = op.Sigmoid(op.Mul(op.MatMul(a_c, op.Transpose(b_r, perm=[0, 1, 3, 4, 2])), gate_scale))
+    pos_y = op.Min(op.CumSum(gates_y, [-1], reverse=1), top)
     lo_y = op.Floor(pos_y)
-    w_y = op.Sub(pos_y, lo_y)
-    logits_y = op.Where(project_q, op.MatMul(q_c, ey), op.MatMul(k_c, ey))
-    at_hi_y = op.GatherElements(logits_y, op.Cast(op.Ceil(pos_y), to=7), axis=-1)
-    at_lo_y = op.GatherElements(logits_y, op.Cast(lo_y, to=7), axis=-1)
-    z_y = op.Add(op.Mul(at_hi_y, w_y), op.Mul(at_lo_y, op.Sub(1.0, w_y)))  # [B, h, W, H, H]: (x, y, m)
+    at_y = op.Cast(lo_y, to=7)
+    z_y = op.Add(
+        op.GatherElements(op.MatMul(c_c, ey), at_y, axis=-1),
+        op.Mul(op.Sub(pos_y, lo_y), op.GatherElements(op.MatMul(c_c, step_y), at_y, axis=-1)),
+    )  # [B, h, W, H, H]: (x, y, m)
 
-    # Signatures with the component axis first, [B, h, W, N] and [B, h, H, N] (tokens row-major),
-    # so the broadcast difference [B, h, W, N, N] has N-long contiguous runs: in ORT ~1.3-1.5×
-    # faster than over [B, h, N, N, W] (ReduceL2 was slower still at 384). Direct distance
-    # (Eq. 15): exactly zero on the diagonal.
-    sig_x = op.Reshape(op.Transpose(z_x, perm=[0, 1, 4, 2, 3]), op.Concat(batch_heads, cols, [-1], axis=0))
-    sig_y = op.Reshape(op.Transpose(z_y, perm=[0, 1, 4, 3, 2]), op.Concat(batch_heads, rows, [-1], axis=0))
-    diff_x = op.Sub(op.Unsqueeze(sig_x, [4]), op.Unsqueeze(sig_x, [3]))
-    diff_y = op.Sub(op.Unsqueeze(sig_y, [4]), op.Unsqueeze(sig_y, [3]))
-    dist_x = op.Sqrt(op.ReduceSum(op.Mul(diff_x, diff_x), [2], keepdims=0))
-    dist_y = op.Sqrt(op.ReduceSum(op.Mul(diff_y, diff_y), [2], keepdims=0))
-    # Zero prefix rows and columns: pad at the start of the last two axes.
-    pads = op.Concat([0, 0], prefix, prefix, [0, 0, 0, 0], axis=0)
-    return op.CastLike(op.Pad(op.Add(dist_x, dist_y), pads), q)
+    # Signatures [B, h, N, L], tokens row-major, centred: the distance is translation-invariant,
+    # and centring bounds the Gram form's cancellation by sqrt(ε)·(spread of Z) instead of
+    # sqrt(ε)·|Z| (spec §8.7). The prefix tokens get zero rows (below).
+    sig_x = op.Reshape(z_x, op.Concat(batch_heads, [-1], cols, axis=0))
+    sig_y = op.Reshape(op.Transpose(z_y, perm=[0, 1, 3, 2, 4]), op.Concat(batch_heads, [-1], rows, axis=0))
+    sig_x = op.Sub(sig_x, op.ReduceMean(sig_x, [2]))
+    sig_y = op.Sub(sig_y, op.ReduceMean(sig_y, [2]))
+    # ‖z_t − z_n‖² as one product per axis: [z, |z|², 1] · [−2z, 1, |z|²]ᵀ ([B, h, T, T]). Prefix
+    # rows of both factors are 0, so prefix rows and columns come out exactly 0.
+    ones = op.Expand(op.Constant(value_float=1.0), op.Concat(batch_heads, op.Mul(rows, cols), [1], axis=0))
+    pads = op.Concat([0, 0], prefix, [0, 0, 0, 0, 0], axis=0)  # at the start of the token axis
+    norm_x = op.ReduceSumSquare(sig_x, [-1])
+    norm_y = op.ReduceSumSquare(sig_y, [-1])
+    left_x = op.Pad(op.Concat(sig_x, norm_x, ones, axis=-1), pads)
+    left_y = op.Pad(op.Concat(sig_y, norm_y, ones, axis=-1), pads)
+    right_x = op.Pad(op.Concat(op.Mul(sig_x, -2.0), ones, norm_x, axis=-1), pads)
+    right_y = op.Pad(op.Concat(op.Mul(sig_y, -2.0), ones, norm_y, axis=-1), pads)
+    # Relu: rounding can leave a small negative square where two signatures (nearly) coincide.
+    dist_x = op.Sqrt(op.Relu(op.MatMul(left_x, op.Transpose(right_x, perm=[0, 1, 3, 2]))))
+    dist_y = op.Sqrt(op.Relu(op.MatMul(left_y, op.Transpose(right_y, perm=[0, 1, 3, 2]))))
+    # The diagonal is exactly 0 (Eq. 15), not the product's rounding residue: a constant mask.
+    tokens = op.Add(prefix, op.Mul(rows, cols))
+    off_diagonal = op.Sub(1.0, op.EyeLike(op.Expand(op.Constant(value_float=0.0), op.Concat(tokens, tokens, axis=0))))
+    bias = op.Mul(op.Add(dist_x, dist_y), off_diagonal)
+    return op.CastLike(bias, q)
 
 
 # The exporter's version converter and optimiser inline every model-local function, so the

@@ -12,6 +12,7 @@ from deploykit.encodings.sape2 import (
     PAPER_MODEL,
     SaPE2Config,
     pairwise_distance,
+    pairwise_distances_gram,
     sape2_axis_signatures,
     sape2_bias,
     sape2_bias_reference,
@@ -176,14 +177,71 @@ def test_heads_and_batch_are_independent_and_tables_shared_across_heads():
     torch.testing.assert_close(sape2_bias_reference(q[1:], k[1:], ex, ey, grid, 0.5, "k"), bias[1:], atol=0, rtol=0)
 
 
+def _flat_region(q, k, start, length):
+    """Tokens ``start…start+length`` all equal to token ``start`` (a flat patch of an image): their
+    signatures coincide, where the matrix-product form's rounding is largest."""
+    for t in (q, k):
+        t[..., start : start + length, :] = t[..., start : start + 1, :]
+    return q, k
+
+
+def _within_fp32_criterion(out, reference):
+    """Issue 51's criterion for the fp32 bias: within 1e-3 × the float64 reference's largest value,
+    exact zeros where Eq. 15 and A6 have them, no NaN."""
+    assert torch.isfinite(out).all()
+    error = (out.double() - reference).abs().max() / reference.abs().max()
+    assert error <= 1e-3, f"{error:.2e} of the largest bias"
+    assert (out.diagonal(dim1=-2, dim2=-1) == 0).all()
+    return error
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    "grid,prefix,M,std",
+    [((14, 14), 1, 15, 1.0), ((12, 20), 1, 9, 0.02), ((24, 24), 0, 25, 1.0)],  # 224/16, non-square + clamping, 384/16
+)
+def test_fp32_op_within_criterion_of_float64_direct_form(mode, grid, prefix, M, std):
+    g = torch.Generator().manual_seed(11)
+    N, d = grid[0] * grid[1], 64
+    q, k = (torch.randn(1, 2, prefix + N, d, generator=g, dtype=F64) for _ in range(2))
+    q, k = _flat_region(q, k, prefix + grid[1], 2 * grid[1])  # rows 1 and 2 alike: their row terms coincide
+    ex, ey = (torch.randn(d, M, generator=g, dtype=F64) * std for _ in range(2))
+    reference = sape2_bias_reference(q, k, ex, ey, grid, d**-0.5, mode, prefix)
+    out = sape2_bias(*(t.float() for t in (q, k, ex, ey)), *grid, prefix, d**-0.5, MODES.index(mode))
+    assert out.dtype == torch.float32
+    _within_fp32_criterion(out, reference)
+    assert (out[..., :prefix, :] == 0).all() and (out[..., :, :prefix] == 0).all()
+    zx, _ = sape2_axis_signatures(q[:, :, prefix:], k[:, :, prefix:], ex, ey, grid, d**-0.5, mode)
+    coinciding = pairwise_distance(zx)[..., grid[1] : 3 * grid[1], grid[1] : 3 * grid[1]]
+    assert coinciding.max() < 1e-12 * reference.max()  # the case is exercised: zero row terms
+
+
+def test_centring_keeps_the_matrix_product_form_exact_where_the_plain_gram_form_is_not():
+    # Signatures far from the origin relative to their spread (a table with a large constant
+    # part): ‖z‖² ≫ the squared distances, the case the Gram form's cancellation ruins.
+    g = torch.Generator().manual_seed(3)
+    zx, zy = (200.0 + torch.randn(1, 2, 150, L, generator=g, dtype=F64) for L in (15, 10))
+    reference = pairwise_distance(zx) + pairwise_distance(zy)
+    out = pairwise_distances_gram(zx.float(), zy.float())
+    error = _within_fp32_criterion(out, reference)
+
+    def plain_gram(z):  # control: the same product without centring
+        norm = (z * z).sum(-1, keepdim=True)
+        return (norm + norm.transpose(-1, -2) - 2 * z @ z.transpose(-1, -2)).clamp_min(0).sqrt()
+
+    plain = plain_gram(zx.float()) + plain_gram(zy.float())
+    plain_error = (plain.double() - reference).abs().max() / reference.abs().max()
+    assert plain_error > 1e-3 and plain_error > 30 * error
+
+
 @pytest.mark.slow
 def test_custom_op_computes_half_inputs_in_fp32_and_has_reference_gradients():
     q, k, ex, ey, grid = _random(H=3, W=4, heads=2, d=4, M=5, batch=1)
     q, k = (torch.cat([t[:, :, :1], t], 2) for t in (q, k))  # one prefix token
     half = sape2_bias(q.half(), k.half(), ex.half(), ey.half(), *grid, 1, 0.5, 1)
     assert half.dtype == torch.float16
-    fp32 = sape2_bias_reference(*(t.half().float() for t in (q, k, ex, ey)), grid, 0.5, "k", 1)
-    torch.testing.assert_close(half, fp32.half(), atol=0, rtol=0)  # one rounding, at the end
+    fp32 = sape2_bias(*(t.half().float() for t in (q, k, ex, ey)), *grid, 1, 0.5, 1)
+    torch.testing.assert_close(half, fp32.half(), atol=0, rtol=0)  # fp32 inside, one rounding at the end
     inputs = [t.clone().requires_grad_() for t in (q, k, ex, ey)]
     torch.autograd.gradcheck(lambda *t: sape2_bias(*t, *grid, 1, 0.5, 2), inputs)
     out = sape2_bias(*inputs, *grid, 1, 0.5, 2)
