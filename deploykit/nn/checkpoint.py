@@ -181,6 +181,8 @@ def read_training_checkpoint(path: str | os.PathLike) -> TrainingCheckpoint:
     """
     path = Path(path)
     if not path.is_file():
+        if path.exists():  # a FIFO would block the reader, /dev/zero never end it
+            raise CheckpointError(f"checkpoint {path} is {_file_kind(path)}, not a regular file; give the weights file itself")
         raise CheckpointError(f"checkpoint not found: {path}")
     if path.suffix == ".safetensors":
         from safetensors import SafetensorError
@@ -193,6 +195,14 @@ def read_training_checkpoint(path: str | os.PathLike) -> TrainingCheckpoint:
     if path.suffix in _TORCH_SUFFIXES:
         return _torch_training_checkpoint(path)
     raise CheckpointError(f"unsupported checkpoint format {path.suffix!r} for {path}; expected .safetensors or .pt")
+
+
+def _file_kind(path: Path) -> str:
+    import stat
+
+    mode = path.stat().st_mode
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISSOCK, "a socket"))
+    return next((what for test, what in kinds if test(mode)), "a special file")
 
 
 def _torch_training_checkpoint(path: Path) -> TrainingCheckpoint:

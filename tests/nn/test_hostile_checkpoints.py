@@ -9,6 +9,7 @@ The files are small variants of the recorded GridPE and MoPE checkpoints (``reco
 from __future__ import annotations
 
 import argparse
+import ast
 import math
 import os
 import sys
@@ -19,6 +20,7 @@ import pytest
 import torch
 from record_gridpe import CHECKPOINT as GRIDPE
 
+from deploykit._io import write_json_atomic
 from deploykit.errors import CheckpointError, DeployKitError
 from deploykit.importers import get_importer
 from deploykit.nn import create_model
@@ -229,3 +231,53 @@ def test_an_epoch_that_is_no_number_is_not_read_and_the_import_writes_whole_file
     code, out = deploykit_cli("import", "gridpe", path, "-o", tmp_path / "out")
     assert code == 0, out
     assert "epoch" not in out.rpartition("  (")[2] and sorted(os.listdir(tmp_path / "out")) == ["config.json", "model.safetensors"]
+
+
+# ----------------------------------------------------------------------------------------------
+# From the command line: one error: line each
+
+
+class _System:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_pickle_calling_os_system_is_refused_in_one_line_without_torchs_advice(tmp_path, deploykit_cli):
+    marker = tmp_path / "code-ran"
+    path = written(tmp_path, {"model": create_model("vit_tiny_patch16", depth=1).state_dict(), "hook": _System(marker)}, "evil.pth")
+    torch.load(path, weights_only=False)  # control: a plain load runs the command
+    assert marker.exists()
+    marker.unlink()
+    write_json_atomic(tmp_path / "config.json", create_model("vit_tiny_patch16", depth=1).cfg.to_dict())
+    code, err = deploykit_cli("export", "--checkpoint", path, "-o", tmp_path / "out")
+    assert code == 1 and err.count("\n") == 1 and err.startswith("error: ")
+    assert "Unsupported global: posix.system (loading it would run code" in err or "Unsupported global: nt.system" in err
+    assert "weights_only=False" not in err and not marker.exists() and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero"])
+def test_a_special_file_as_the_weights_is_named_for_what_it_is(tmp_path, kind):
+    path = tmp_path / "model.safetensors"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to(kind)
+    expected = "a FIFO" if kind == "fifo" else "a character device"
+    with pytest.raises(CheckpointError, match=rf"^checkpoint .*model\.safetensors is {expected}, not a regular file"):
+        read_training_checkpoint(path)
+
+
+def test_a_long_model_kwargs_literal_is_refused_in_one_line(deploykit_cli):
+    from deploykit.nn.from_timm import parse_model_kwargs
+
+    negated = "-" * 127_999 + "1"
+    with pytest.raises(MemoryError):  # control: the literal reader fails inside itself (no ValueError or SyntaxError)
+        ast.literal_eval(negated)
+    with pytest.raises(
+        DeployKitError,
+        match=r"^--model-kwargs img_size= has a value of 128,000 characters; timm.s arguments are short literals \(at most 1,024\)",
+    ):
+        parse_model_kwargs([f"img_size={negated}"])
