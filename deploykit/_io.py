@@ -337,6 +337,35 @@ def _umask() -> int:
     return mask
 
 
+def read_bounded_text(path: str | os.PathLike, limit: int) -> str:
+    """The text of ``path``, read only when it is a regular file of at most ``limit`` bytes: a FIFO
+    planted in its place would block the read forever, ``/dev/zero`` never end it.
+
+    Raises:
+        FileNotFoundError: nothing there (callers say what that means).
+        DeployKitError: not a regular file, larger than ``limit``, unreadable or not UTF-8.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # O_NONBLOCK: opening a FIFO does not wait for a writer
+    except FileNotFoundError:
+        raise
+    except OSError as err:
+        raise DeployKitError(f"cannot read {path}: {err.strerror or err}") from err
+    with os.fdopen(fd, "rb") as stream:
+        found = os.fstat(fd)
+        if not stat.S_ISREG(found.st_mode):
+            raise DeployKitError(f"{path} is not a regular file; deploykit reads its files only from regular files")
+        if found.st_size > limit:
+            raise DeployKitError(f"{path} holds {found.st_size:,} bytes; a file deploykit wrote there holds at most {limit:,}")
+        data = stream.read(limit + 1)
+    if len(data) > limit:  # grew while read
+        raise DeployKitError(f"{path} holds more than {limit:,} bytes; a file deploykit wrote there holds at most {limit:,}")
+    try:
+        return data.decode()
+    except UnicodeDecodeError as err:
+        raise DeployKitError(f"{path} is not UTF-8 text: {err.reason}") from err
+
+
 def write_text_atomic(dest: str | os.PathLike, text: str) -> Path:
     """Write ``text`` to ``dest`` atomically and return the path."""
     with atomic_path(dest) as tmp:
