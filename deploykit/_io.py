@@ -4,7 +4,8 @@ Two kinds of destination: files inside what deploykit owns (an export directory,
 directory: ``atomic_path``, which replaces a planted symlink rather than writing through it), and
 a file the user named on the command line (``output_file``: a symlink's target, a FIFO or a
 character device are written as the user asked; anything else that is not a regular file is
-refused; an existing file is replaced with a warning, never silently)."""
+refused, as is a link the kernel's ``protected_symlinks`` would not follow; an existing file is
+replaced with a warning, never silently)."""
 
 from __future__ import annotations
 
@@ -73,6 +74,7 @@ def check_file_destination(dest: str | os.PathLike) -> None:
 def _output_target(dest: Path) -> tuple[Path, os.stat_result | None]:
     """Where the bytes for ``dest`` go (a symlink's final target; the link stays as the user made
     it) and what is there now (None: nothing)."""
+    _refuse_protected_links(dest)
     target = Path(os.path.realpath(dest))
     try:
         found = os.stat(target)
@@ -86,6 +88,57 @@ def _output_target(dest: Path) -> tuple[Path, os.stat_result | None]:
         kind = "socket" if stat.S_ISSOCK(found.st_mode) else "block device" if stat.S_ISBLK(found.st_mode) else "special file"
         raise DeployKitError(f"cannot write {dest}: it is a {kind}; give a regular file, a FIFO or a character device")
     return target, found
+
+
+def _refuse_protected_links(dest: Path) -> None:
+    """Refuse a path whose resolution follows a symlink the kernel's ``protected_symlinks`` would
+    not follow: one in a sticky world-writable directory (``/tmp``), owned by neither this process's
+    user nor the directory's owner. ``realpath`` resolves links itself, so the kernel, which applies
+    that rule only to a link it follows on ``open``, never sees one: without this check root's
+    ``--report /tmp/r.json`` writes wherever another user's planted link points
+    (https://www.kernel.org/doc/html/latest/admin-guide/sysctl/fs.html#protected-symlinks).
+
+    Raises:
+        DeployKitError: such a link, named with its owner.
+    """
+    pending = list(reversed((Path.cwd() / dest).parts))  # not normalised: ``link/..`` is the link's target's parent
+    current = Path(pending.pop())
+    for _ in range(_MAX_COMPONENTS):
+        if not pending:
+            return
+        part = pending.pop()
+        if part in ("", "."):
+            continue
+        if part == "..":
+            current = current.parent
+            continue
+        try:
+            found = os.lstat(current / part)
+        except OSError:  # not there (yet), or unreadable: nothing beyond it is followed
+            return
+        if not stat.S_ISLNK(found.st_mode):
+            current = current / part
+            continue
+        _check_link_owner(current, part, found)
+        target = Path(os.readlink(current / part))
+        if target.is_absolute():
+            current = Path(target.anchor)
+        pending.extend(reversed(target.parts[1:] if target.is_absolute() else target.parts))
+    # a loop of links: realpath and open refuse it themselves
+
+
+# Components and links one path may take to resolve (Linux follows 40 links at most).
+_MAX_COMPONENTS = 4096
+
+
+def _check_link_owner(directory: Path, name: str, link: os.stat_result) -> None:
+    held = os.stat(directory)
+    shared = held.st_mode & stat.S_ISVTX and held.st_mode & stat.S_IWOTH
+    if shared and link.st_uid not in (os.geteuid(), held.st_uid):
+        raise DeployKitError(
+            f"cannot write {directory / name}: it is a symbolic link owned by uid {link.st_uid} in the sticky world-writable "
+            f"directory {directory}, which the kernel's protected_symlinks would not follow; remove it or give another name"
+        )
 
 
 @contextlib.contextmanager
@@ -282,6 +335,35 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def read_bounded_text(path: str | os.PathLike, limit: int) -> str:
+    """The text of ``path``, read only when it is a regular file of at most ``limit`` bytes: a FIFO
+    planted in its place would block the read forever, ``/dev/zero`` never end it.
+
+    Raises:
+        FileNotFoundError: nothing there (callers say what that means).
+        DeployKitError: not a regular file, larger than ``limit``, unreadable or not UTF-8.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # O_NONBLOCK: opening a FIFO does not wait for a writer
+    except FileNotFoundError:
+        raise
+    except OSError as err:
+        raise DeployKitError(f"cannot read {path}: {err.strerror or err}") from err
+    with os.fdopen(fd, "rb") as stream:
+        found = os.fstat(fd)
+        if not stat.S_ISREG(found.st_mode):
+            raise DeployKitError(f"{path} is not a regular file; deploykit reads its files only from regular files")
+        if found.st_size > limit:
+            raise DeployKitError(f"{path} holds {found.st_size:,} bytes; a file deploykit wrote there holds at most {limit:,}")
+        data = stream.read(limit + 1)
+    if len(data) > limit:  # grew while read
+        raise DeployKitError(f"{path} holds more than {limit:,} bytes; a file deploykit wrote there holds at most {limit:,}")
+    try:
+        return data.decode()
+    except UnicodeDecodeError as err:
+        raise DeployKitError(f"{path} is not UTF-8 text: {err.reason}") from err
 
 
 def write_text_atomic(dest: str | os.PathLike, text: str) -> Path:

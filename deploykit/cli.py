@@ -452,8 +452,9 @@ def _paper_import_command(importer) -> None:
         from deploykit.nn.checkpoint import save_model
 
         imported = importer.convert(checkpoint, ema, options, **assumed)
+        described = imported.describe()  # everything read is shown before anything is written
         save_model(imported.model, output, metadata={"source": imported.source, "ema": ema})
-        render.done(render.console(), f"{output}  ({imported.describe()})")
+        render.done(render.console(), f"{output}  ({described})")
 
     run.__doc__ = f"Import {importer.paper}: {importer.writes}, read as saved ({importer.repository})."
     for assumption in reversed(importer.assumptions):

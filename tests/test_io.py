@@ -84,6 +84,35 @@ def test_files_inside_deploykits_own_directories_replace_a_planted_link_instead_
     assert victim.read_text() == "precious" and not (tmp_path / "out" / "manifest.json").is_symlink()
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="planting another user's link takes root (lchown)")
+@pytest.mark.parametrize("through", ["file", "directory"])
+def test_a_link_another_user_planted_in_a_sticky_shared_directory_is_refused_as_the_kernel_would(tmp_path, through):
+    """fs.protected_symlinks: root does not follow a link in a sticky world-writable directory
+    (``/tmp``) that neither root nor the directory's owner made; a path deploykit resolves itself
+    must not either, whether the link is the file or a directory on the way."""
+    victim_dir = tmp_path / "root-only"
+    victim_dir.mkdir()
+    victim = victim_dir / "passwd"
+    victim.write_text("root's file")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    link = shared / ("report.json" if through == "file" else "reports")
+    link.symlink_to(victim if through == "file" else victim_dir)
+    dest = link if through == "file" else link / "passwd"
+    write_output_text(dest, "root's own link is followed")  # the control: the same link, root's own
+    assert victim.read_text() == "root's own link is followed"
+    os.lchown(link, 4242, 4242)  # now planted by another user
+    with pytest.raises(
+        DeployKitError, match=r"^cannot write .*owned by uid 4242 in the sticky world-writable directory .*protected_symlinks"
+    ):
+        write_output_text(dest, "overwritten by root")
+    assert victim.read_text() == "root's own link is followed"
+    shared.chmod(0o777)  # not sticky: the kernel would follow it, and so does deploykit
+    write_output_text(dest, "not sticky")
+    assert victim.read_text() == "not sticky"
+
+
 @pytest.mark.parametrize("planted", ["symlink", "fifo"])
 def test_the_export_lock_refuses_a_planted_file_and_leaves_its_target_alone(tmp_path, planted):
     victim = tmp_path / "victim"

@@ -44,9 +44,11 @@ def machine_streams() -> int:
 
 
 def check_streams(streams: int) -> int:
-    """``streams`` if it is a stream count (>= 1); else a ``ConfigError``."""
-    if isinstance(streams, bool) or not isinstance(streams, int) or streams < 1:
-        raise ConfigError(f"streams must be an integer >= 1, got {streams!r}")
+    """``streams`` if it is a stream count, from 1 to one per usable core (each stream holds its
+    own session and activations: 64 streams on 2 cores only multiply memory); else a ``ConfigError``."""
+    cores = usable_cores()
+    if isinstance(streams, bool) or not isinstance(streams, int) or not 1 <= streams <= cores:
+        raise ConfigError(f"streams must be an integer from 1 to the {cores} usable cores, got {str(streams)[:40]}")
     return streams
 
 

@@ -27,24 +27,26 @@ directory do not load PyTorch.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePath
 
-from deploykit._io import write_json_atomic
+from deploykit._fields import show
+from deploykit._io import read_bounded_text, write_json_atomic
 from deploykit.backends.table import FLAVOURS
 from deploykit.errors import DeployKitError, one_line
 from deploykit.export.manifest import (
     CONFIG_FILE,
     MANIFEST_FILE,
+    MAX_MANIFEST_BYTES,
     GraphEntry,
     Manifest,
     checked_config,
     checked_file,
     checked_graph,
     confined_path,
+    json_object,
 )
 from deploykit.resolutions import resolution_tag
 
@@ -90,6 +92,20 @@ class Choice:
     graph_sha256: str
     streams: int = 1
     streams_gain: float = 1.0
+
+
+def _checked_choice(choice: Choice) -> Choice:
+    """``choice`` if every field is of the type ``profile`` writes, its streams at most one per usable core."""
+    from deploykit.backends.streams import usable_cores
+
+    if not all(isinstance(getattr(choice, name), str) for name in ("backend", "precision", "graph_sha256")):
+        raise TypeError("backend, precision and graph_sha256 are strings")
+    if type(choice.batch) is not int or choice.batch < 1 or not isinstance(choice.p50_ms, (int, float)):
+        raise TypeError(f"batch {show(choice.batch)} and p50_ms {show(choice.p50_ms)}: expected a positive integer and a number")
+    cores = usable_cores()
+    if type(choice.streams) is not int or not 1 <= choice.streams <= cores:
+        raise ValueError(f"streams {show(choice.streams)}: expected an integer from 1 to the {cores} usable cores")
+    return choice
 
 
 @dataclass(frozen=True)
@@ -193,12 +209,12 @@ class ExportDir:
             DeployKitError: the file is unreadable, in one line naming it.
         """
         path = self.choice_file
-        if not path.is_file():
-            return {}
         try:
-            data = json.loads(path.read_text()).get("choices", {})
-            return {tag: [Choice(**entry) for entry in entries] for tag, entries in data.items()}
-        except (OSError, UnicodeDecodeError, ValueError, AttributeError, KeyError, TypeError) as err:
+            data = json_object(read_bounded_text(path, MAX_MANIFEST_BYTES), path).get("choices", {})
+            return {tag: [_checked_choice(Choice(**entry)) for entry in entries] for tag, entries in data.items()}
+        except FileNotFoundError:
+            return {}
+        except (OSError, DeployKitError, ValueError, AttributeError, KeyError, TypeError, RecursionError) as err:
             raise DeployKitError(f"{path} is unreadable ({one_line(err, 120)}); run deploykit profile again, or delete it") from err
 
     def write_choices(self, choices: dict[str, list[Choice]]) -> Path | None:

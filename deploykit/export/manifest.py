@@ -19,6 +19,8 @@ import onnx
 from google.protobuf.message import DecodeError
 
 import deploykit
+from deploykit._fields import json_nesting, show
+from deploykit._io import read_bounded_text
 from deploykit.errors import DeployKitError, one_line
 from deploykit.export.metadata import GraphMetadata
 from deploykit.resolutions import resolution_tag
@@ -124,19 +126,64 @@ class Manifest:
         if Path(directory).exists() and not Path(directory).is_dir():
             raise DeployKitError(f"{directory} is a file, not a deploykit export directory; give the directory deploykit export wrote")
         try:
-            data = json.loads(path.read_text())
+            data = json_object(read_bounded_text(path, MAX_MANIFEST_BYTES), path)
             data["graphs"] = [_graph_entry(g) for g in data["graphs"]]
             manifest = cls(**data)
+            _check_types(manifest, path)
         except FileNotFoundError:
             raise DeployKitError(
                 f"{directory} is not a deploykit export directory (no {MANIFEST_FILE}); run deploykit export first"
             ) from None
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError, RecursionError) as err:
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, RecursionError, AttributeError) as err:
             raise DeployKitError(f"corrupt manifest {path}: {one_line(err, 200)}") from err
         for entry in manifest.graphs:
             confined_path(directory, entry.file)
         _check_contents(manifest, path)
         return manifest
+
+
+# A manifest lists a few graphs, each with its quantization record: kilobytes. Its JSON nests
+# objects in lists in objects (graphs → entry → quantization → kept_float → entry): 6 levels.
+MAX_MANIFEST_BYTES = 16 << 20
+MAX_JSON_NESTING = 12
+
+
+def json_object(text: str, path: Path) -> dict:
+    """``text`` parsed as a JSON object, its nesting bounded before the parser recurses into it."""
+    depth, field_name = json_nesting(text)
+    if depth > MAX_JSON_NESTING:
+        where = f"{field_name} nests" if field_name is not None else "it nests"
+        raise ValueError(f"{where} {depth:,} levels deep; deploykit writes {MAX_JSON_NESTING} at most")
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise TypeError(f"it holds a JSON {type(data).__name__}, not an object")
+    return data
+
+
+def _check_types(manifest: Manifest, path: Path) -> None:
+    """Every field of the manifest and its entries is of the type deploykit writes, before any is used."""
+    for name in ("encoding", "weights_sha256", "source", "deploykit_version"):
+        if not isinstance(getattr(manifest, name), str):
+            raise TypeError(f"{name} is {show(getattr(manifest, name))}, not a string")
+    for name in ("config_sha256",):
+        if not isinstance(getattr(manifest, name), (str, type(None))):
+            raise TypeError(f"{name} is {show(getattr(manifest, name))}, not a string")
+    if manifest.preprocessing is not None and not isinstance(manifest.preprocessing, dict):
+        raise TypeError(f"preprocessing is {show(manifest.preprocessing)}, not an object")
+    for entry in manifest.graphs:
+        shapes = [entry.resolution, *(entry.resolution_range or ())]
+        if not all(_is_shape(shape) for shape in shapes):
+            raise ValueError(f"graph {show(entry.file)} has resolution {show(list(entry.resolution))}: expected 1 or 2 positive integers")
+        if not (isinstance(entry.file, str) and isinstance(entry.sha256, str) and isinstance(entry.precision, str)):
+            raise TypeError(
+                f"a graph entry's file, sha256 and precision are strings, got {show(entry.file)}, {show(entry.sha256)}, {show(entry.precision)}"
+            )
+        if type(entry.opset) is not int or not (entry.quantization is None or isinstance(entry.quantization, dict)):
+            raise TypeError(f"graph {show(entry.file)} has opset {show(entry.opset)}: expected an integer")
+
+
+def _is_shape(shape) -> bool:
+    return isinstance(shape, tuple) and len(shape) in (1, 2) and all(type(n) is int and 0 < n <= 1 << 16 for n in shape)
 
 
 def _check_contents(manifest: Manifest, path: Path) -> None:
@@ -157,6 +204,8 @@ def _check_contents(manifest: Manifest, path: Path) -> None:
 
 
 def _graph_entry(data: dict) -> GraphEntry:
+    if not isinstance(data, dict):
+        raise TypeError(f"a graph entry is {show(data)}, not an object")
     span = data.get("resolution_range")
     return GraphEntry(
         **{**data, "resolution": tuple(data["resolution"]), "resolution_range": tuple(tuple(r) for r in span) if span else None}

@@ -68,14 +68,36 @@ def _harmless_globals() -> list:
 
     import numpy as np
 
+    allowed = [argparse.Namespace, pathlib.PosixPath, pathlib.WindowsPath, pathlib.PurePosixPath, pathlib.PureWindowsPath, np.dtype]
+    allowed += [type(np.dtype(t)) for t in ("float64", "float32", "int64", "int32", "bool")]
+    # A pickled numpy scalar names numpy's reconstructor under its module of the numpy that wrote it.
+    allowed += [(_numeric_scalar, f"{module}.multiarray.scalar") for module in ("numpy.core", "numpy._core")]
+    return allowed
+
+
+# The widest numpy number a training script stores beside its weights (a best accuracy, a seed).
+_MAX_SCALAR_BYTES = 16
+
+
+def _numeric_scalar(dtype, *data):
+    """numpy's scalar reconstructor (how a pickled ``np.float64`` comes back), for numbers only:
+    given a flexible dtype and no data (``V1000000000``), numpy allocates the dtype's whole size,
+    and an object dtype makes an object of whatever the file holds. Refused inside ``torch.load``,
+    which reports the message as the reason the file cannot be loaded."""
+    import numpy as np
+
     try:  # numpy 2 (numpy 1 names it numpy.core.multiarray)
         from numpy._core.multiarray import scalar
     except ImportError:
         from numpy.core.multiarray import scalar
 
-    allowed = [argparse.Namespace, pathlib.PosixPath, pathlib.WindowsPath, pathlib.PurePosixPath, pathlib.PureWindowsPath, np.dtype, scalar]
-    allowed += [type(np.dtype(t)) for t in ("float64", "float32", "int64", "int32", "bool")]
-    return allowed
+    if not isinstance(dtype, np.dtype) or dtype.kind not in "biuf" or dtype.itemsize > _MAX_SCALAR_BYTES:
+        shown = str(dtype)[:40] if isinstance(dtype, np.dtype) else type(dtype).__name__
+        raise CheckpointError(
+            f"a numpy scalar of dtype {shown}: deploykit reads numbers of at most {_MAX_SCALAR_BYTES} bytes beside the weights, "
+            "nothing of a flexible or object dtype"
+        )
+    return scalar(dtype, *data)
 
 
 @dataclass(frozen=True)
@@ -159,6 +181,8 @@ def read_training_checkpoint(path: str | os.PathLike) -> TrainingCheckpoint:
     """
     path = Path(path)
     if not path.is_file():
+        if path.exists():  # a FIFO would block the reader, /dev/zero never end it
+            raise CheckpointError(f"checkpoint {path} is {_file_kind(path)}, not a regular file; give the weights file itself")
         raise CheckpointError(f"checkpoint not found: {path}")
     if path.suffix == ".safetensors":
         from safetensors import SafetensorError
@@ -173,6 +197,14 @@ def read_training_checkpoint(path: str | os.PathLike) -> TrainingCheckpoint:
     raise CheckpointError(f"unsupported checkpoint format {path.suffix!r} for {path}; expected .safetensors or .pt")
 
 
+def _file_kind(path: Path) -> str:
+    import stat
+
+    mode = path.stat().st_mode
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISSOCK, "a socket"))
+    return next((what for test, what in kinds if test(mode)), "a special file")
+
+
 def _torch_training_checkpoint(path: Path) -> TrainingCheckpoint:
     try:
         with torch.serialization.safe_globals(_harmless_globals()):
@@ -180,7 +212,7 @@ def _torch_training_checkpoint(path: Path) -> TrainingCheckpoint:
     except Exception as err:  # torch.load raises many types (UnpicklingError, RuntimeError, EOFError...)
         raise CheckpointError(f"cannot load {path} with weights_only=True: {_torch_load_reason(err)}") from err
     if _is_state_dict(obj):
-        return TrainingCheckpoint(path, _without_wrapper_prefixes(obj))
+        return TrainingCheckpoint(path, _stored(_without_wrapper_prefixes(obj), path))
     if not isinstance(obj, dict):
         raise CheckpointError(f"{path} does not hold a state dict of tensors: it holds a {type(obj).__name__}")
     container = next((key for key in WEIGHTS_KEYS if _is_state_dict(obj.get(key))), None)
@@ -192,8 +224,48 @@ def _torch_training_checkpoint(path: Path) -> TrainingCheckpoint:
         )
     ema_key = next((key for key in EMA_KEYS if _is_state_dict(obj.get(key))), None)
     extras = {k: v for k, v in obj.items() if k not in (container, ema_key)}
-    ema = _without_wrapper_prefixes(obj[ema_key]) if ema_key else None
-    return TrainingCheckpoint(path, _without_wrapper_prefixes(obj[container]), container, ema, extras)
+    ema = _stored(_without_wrapper_prefixes(obj[ema_key]), path, ema_key) if ema_key else None
+    return TrainingCheckpoint(path, _stored(_without_wrapper_prefixes(obj[container]), path, container), container, ema, extras)
+
+
+def _stored(state: dict[str, Tensor], path: Path, container: str | None = None) -> dict[str, Tensor]:
+    """``state`` with every tensor's values held once in memory, checked before any is copied.
+
+    A pickle may describe a tensor as a view of stored values (``weights_only`` loads it): one
+    stored element seen through zero strides as a ``[46341, 46341]`` matrix, or one storage under
+    ten thousand names. Whatever is read from such views (a size, a table built from it) is then
+    as large as they look, not as the file is. So the bytes the tensors describe, summed over
+    every name, are held to ``MAX_VIEW_RATIO`` times the file's own bytes (a tied head shares its
+    embedding's storage: twice at most in real files); only then are overlapping views
+    materialised, so nothing downstream writes into values another name shares. Complex tensors
+    are refused by name: no model deploykit imports has complex weights, and converting them
+    drops their imaginary part.
+
+    Raises:
+        CheckpointError: the described bytes exceed the bound, or a complex tensor.
+    """
+    where = f"{path} ({container})" if container else str(path)
+    described = 0
+    for key, tensor in state.items():
+        if tensor.is_complex():
+            raise CheckpointError(f"{where}: {key} holds complex values ({tensor.dtype}); a weight is real")
+        described += tensor.numel() * tensor.element_size()
+    limit = MAX_VIEW_RATIO * path.stat().st_size + (1 << 20)
+    if described > limit:
+        raise CheckpointError(
+            f"{where}: its tensors describe {described:,} bytes but the file holds {path.stat().st_size:,}: views repeating stored "
+            f"values (a zero stride, one storage under many names); deploykit takes at most {MAX_VIEW_RATIO}x the file's size"
+        )
+    return {key: tensor if _holds_its_values(tensor) else tensor.contiguous() for key, tensor in state.items()}
+
+
+# What the tensors of a checkpoint may describe, as a multiple of the file's bytes (plus 1 MiB).
+MAX_VIEW_RATIO = 4
+
+
+def _holds_its_values(tensor: Tensor) -> bool:
+    """``tensor`` is dense: every element at its own place (no zero or overlapping strides)."""
+    return tensor.is_contiguous() and tensor.numel() * tensor.element_size() <= tensor.untyped_storage().nbytes()
 
 
 def _is_state_dict(obj) -> bool:
@@ -214,12 +286,22 @@ def _torch_load_reason(err: Exception) -> str:
     refused, without torch's advice (to allowlist the global, or to load with ``weights_only=False``:
     both would run the file's code)."""
     text = str(err)
-    refused = re.search(r"Unsupported global: GLOBAL (\S+) was not an allowed global", text)
+    refused = re.search(r"Unsupported global: GLOBAL (\S+) was not an allowed global|unsupported GLOBAL (\S+) whose module", text)
     if refused:
-        return f"Unsupported global: {refused.group(1)} (loading it would run code the file names; deploykit never does)"
+        name = refused.group(1) or refused.group(2)
+        return f"Unsupported global: {name} (loading it would run code the file names; deploykit never does)"
+    built = re.search(r"Can only build .* but got <class '([\w.]+)'>", text)
+    if built:
+        return f"it builds a {built.group(1)}, which is not a weight or a number; deploykit reads neither code nor objects"
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    unpickler = [line for line in lines if line.startswith("WeightsUnpickler error:")]
-    return (unpickler or lines or [type(err).__name__])[0]
+    # torch's message: its advice (to load with weights_only=False) first, then "WeightsUnpickler
+    # error:" and the reason, on that line or the next, then more advice.
+    marker = next((i for i, line in enumerate(lines) if "WeightsUnpickler error:" in line), None)
+    if marker is not None:
+        reason = lines[marker].split("WeightsUnpickler error:", 1)[1].strip()
+        return reason or (lines[marker + 1] if marker + 1 < len(lines) else "refused by torch's weights-only unpickler")
+    advice = re.compile(r"weights_only|safe_globals|Weights only load failed")
+    return next((line for line in lines if not advice.search(line)), type(err).__name__)
 
 
 def load_weights(model: Model, state_dict: dict[str, Tensor], source: str | os.PathLike, assign: bool = False) -> None:
@@ -237,6 +319,47 @@ def load_weights(model: Model, state_dict: dict[str, Tensor], source: str | os.P
         problems.append(f"unexpected {_preview(result.unexpected_keys)}")
     if problems:
         raise CheckpointError(f"checkpoint {source} does not fit the model: {'; '.join(problems)}")
+
+
+def block_count(state: dict[str, Tensor], source: str | os.PathLike, prefix: str = "blocks") -> int:
+    """How many ``prefix.N.`` blocks the keys of ``state`` hold, numbered 0..n-1 without a gap: a
+    count bounded by the keys present, whatever number a key carries (``blocks.99999999.``).
+
+    Raises:
+        CheckpointError: a block number that is not a decimal integer, or a gap (the first missing
+            block named).
+    """
+    indices = set()
+    for key in state:
+        head, dot, rest = key.partition(".")
+        if head != prefix or not dot:
+            continue
+        index = rest.partition(".")[0]
+        if not (index.isascii() and index.isdigit()) or len(index) > 18 or len(index) > 1 and index.startswith("0"):
+            raise CheckpointError(f"checkpoint {source}: key {key[:80]!r} numbers its block {index[:20]!r}; blocks are numbered 0, 1, ...")
+        indices.add(int(index))
+    ordered = sorted(indices)
+    gap = next((i for i, index in enumerate(ordered) if index != i), None)
+    if gap is not None:
+        raise CheckpointError(
+            f"checkpoint {source} has no {prefix}.{gap}.* but has {prefix}.{ordered[-1]:,}.* (or later): blocks are numbered from 0 without a gap"
+        )
+    return len(ordered)
+
+
+def shape_of(state: dict[str, Tensor], key: str, ndim: int, source: str | os.PathLike) -> tuple[int, ...]:
+    """The shape of ``state[key]``, a size an importer reads: refused unless it has ``ndim``
+    dimensions, none of them empty (a width of 0 describes no model).
+
+    Raises:
+        CheckpointError: missing, another rank, or an empty dimension, named with its shape.
+    """
+    if key not in state:
+        raise CheckpointError(f"checkpoint {source} has no {key}")
+    shape = tuple(state[key].shape)
+    if len(shape) != ndim or 0 in shape:
+        raise CheckpointError(f"checkpoint {source}: {key} has shape {list(shape)}; expected {ndim} non-empty dimensions")
+    return shape
 
 
 def _preview(keys: list[str], limit: int = 4) -> str:
@@ -309,14 +432,58 @@ def check_config_fits(config: ModelConfig, state_dict: dict[str, Tensor], source
         CheckpointError: the config describes more blocks than the weights hold, or other names
             or shapes.
     """
+    load_weights(_meta_model(config, state_dict, source), state_dict, source, assign=True)  # assign: no copy into meta tensors
+
+
+def _meta_model(config: ModelConfig, state_dict: dict[str, Tensor], source: str | os.PathLike) -> Model:
+    """``config``'s model on the meta device, once the weights hold enough tensors for its depth."""
     if 4 * config.depth > len(state_dict):
         raise CheckpointError(
             f"the config describes {config.depth:,} blocks but {source} holds {len(state_dict):,} tensors (each block has "
             "at least 4 weight matrices): the config does not describe these weights"
         )
     with torch.device("meta"):
-        shell = build_model(config)
-    load_weights(shell, state_dict, source, assign=True)  # assign: no copy into meta tensors
+        return build_model(config)
+
+
+def imported_model(config: ModelConfig, state_dict: dict[str, Tensor], source: str | os.PathLike) -> Model:
+    """The model an importer read from a file, built only once everything it read was checked:
+    the sizes against the weights on the meta device (as ``check_config_fits``: a key
+    ``blocks.1000.`` fails before 1,001 blocks are allocated), and every value the model takes
+    (``check_weight_values``). The caller's random state is left as it was (building draws
+    initial weights the file's replace).
+
+    Raises:
+        CheckpointError: the weights do not fit ``config``, or hold values no weight holds.
+        ConfigError: a config the model refuses.
+    """
+    shell = _meta_model(config, state_dict, source)
+    check_weight_values({name: tensor.dtype for name, tensor in shell.state_dict().items()}, state_dict, source)
+    load_weights(shell, state_dict, source, assign=True)
+    with torch.random.fork_rng(devices=[]):
+        model = build_model(config)
+    load_weights(model, state_dict, source)
+    return model.eval()
+
+
+def check_weight_values(dtypes: dict[str, torch.dtype], state_dict: dict[str, Tensor], source: str | os.PathLike) -> None:
+    """Refuse, by name, a tensor of ``state_dict`` that a model whose tensors have ``dtypes`` (by
+    name) would take without a word:
+    integers or booleans for a floating-point weight (``load_state_dict`` casts them), and NaN or
+    infinite values (a model of them answers NaN for every input).
+
+    Raises:
+        CheckpointError: the first such tensor, named with what it holds.
+    """
+    for name, expected in dtypes.items():
+        found = state_dict.get(name)
+        if found is None or not expected.is_floating_point:
+            continue
+        if not found.is_floating_point():
+            raise CheckpointError(f"checkpoint {source}: {name} holds {found.dtype} values; a weight is floating point")
+        if not bool(torch.isfinite(found).all()):
+            bad = int((~torch.isfinite(found)).sum())
+            raise CheckpointError(f"checkpoint {source}: {name} holds {bad:,} NaN or infinite values of {found.numel():,}")
 
 
 def save_model(model: Model, directory: str | os.PathLike, metadata: dict[str, Any] | None = None) -> Path:

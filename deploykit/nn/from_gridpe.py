@@ -36,16 +36,18 @@ naming the first key that is not what a GridPE DeiT holds.
 
 from __future__ import annotations
 
-import re
+import math
+import numbers
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from deploykit._fields import show
 from deploykit.encodings import get_config
 from deploykit.errors import CheckpointError, ConfigError
-from deploykit.nn.checkpoint import Imported, TrainingCheckpoint, load_weights
-from deploykit.nn.vit import VisionTransformer, ViTConfig
+from deploykit.nn.checkpoint import Imported, TrainingCheckpoint, block_count, imported_model, shape_of
+from deploykit.nn.vit import ViTConfig
 
 # VIT/GridAttn/gridAttn.py: mag = 1 / 10000 ** (2 * n * s / head_dim), n = 3 directions in 2-D.
 OFFICIAL_BASE = 10000.0
@@ -71,7 +73,6 @@ _EXPECTED = (
     ("norm.weight", "the final LayerNorm"),
     ("head.weight", "the classifier [classes, width]"),
 )
-_BLOCK = re.compile(r"blocks\.(\d+)\.")
 
 
 def convert(checkpoint: TrainingCheckpoint, ema: bool = False) -> Imported:
@@ -93,10 +94,12 @@ def convert(checkpoint: TrainingCheckpoint, ema: bool = False) -> Imported:
     depth = _depth(state, where)
     heads = _heads(state, depth, where)
     width, channels, patch = _patch_embedding(state, where)
-    classes = state["head.weight"].shape[0]
-    args, assumed = _arguments(checkpoint)
-    _check_args(checkpoint.args, heads, classes, where)
-    known = {"model": args["model"], "epoch": checkpoint.extras.get("epoch")}
+    classes = shape_of(state, "head.weight", 2, where)[0]
+    hidden = shape_of(state, "blocks.0.mlp.fc1.weight", 2, where)[0]
+    args, assumed = _arguments(checkpoint, where)
+    _check_args(args, heads, classes, where)
+    epoch = checkpoint.extras.get("epoch")
+    known = {"model": args["model"], "epoch": epoch if type(epoch) is int else None}  # anything else is no epoch main.py saves
     read = {
         **{k: v for k, v in known.items() if v is not None},  # a bare state dict names neither
         "weights": weights,
@@ -117,8 +120,8 @@ def convert(checkpoint: TrainingCheckpoint, ema: bool = False) -> Imported:
             embed_dim=width,
             depth=depth,
             num_heads=heads,
-            mlp_ratio=state["blocks.0.mlp.fc1.weight"].shape[0] / width,
-            mlp_hidden_dim=state["blocks.0.mlp.fc1.weight"].shape[0],
+            mlp_ratio=hidden / width,
+            mlp_hidden_dim=hidden,
             qkv_bias="blocks.0.attn.qkv.bias" in state,
             class_token=True,
             global_pool="token",
@@ -129,10 +132,8 @@ def convert(checkpoint: TrainingCheckpoint, ema: bool = False) -> Imported:
         )
     except ConfigError as err:
         raise ConfigError(f"cannot import {where}: {err}") from err
-    with torch.random.fork_rng(devices=[]):  # building draws initial weights; the caller's RNG is left as it was
-        model = VisionTransformer(cfg)
-    load_weights(model, state_dict_from_gridpe(state, depth), where)
-    return Imported(model.eval(), f"gridpe:{checkpoint.path}", read, assumed)
+    model = imported_model(cfg, state_dict_from_gridpe(state, depth), where)
+    return Imported(model, f"gridpe:{checkpoint.path}", read, assumed)
 
 
 def official_encoding():
@@ -193,16 +194,15 @@ def _check_keys(state: dict[str, Tensor], where: str) -> None:
 
 
 def _depth(state: dict[str, Tensor], where: str) -> int:
-    blocks = sorted({int(m.group(1)) for key in state if (m := _BLOCK.match(key))})
-    missing = sorted(set(range(blocks[-1] + 1)) - set(blocks))
-    if missing:
-        raise _not_gridpe(where, f"blocks.{missing[0]}.*", f"is missing, expected blocks 0 to {blocks[-1]}", state)
-    return len(blocks)
+    try:
+        return block_count(state, where)
+    except CheckpointError as err:
+        raise _not_gridpe(where, "the blocks", f"are not numbered 0 to depth-1 ({err})", state) from err
 
 
 def _heads(state: dict[str, Tensor], depth: int, where: str) -> int:
     omegas = state["blocks.0.attn.grid_pe.omegas"]
-    if omegas.ndim != 3 or tuple(omegas.shape[1:]) != (DIRECTIONS, SPATIAL_DIM):
+    if omegas.ndim != 3 or tuple(omegas.shape[1:]) != (DIRECTIONS, SPATIAL_DIM) or not omegas.shape[0]:
         raise _not_gridpe(
             where,
             f"blocks.0.attn.grid_pe.omegas {list(omegas.shape)}",
@@ -219,29 +219,51 @@ def _heads(state: dict[str, Tensor], depth: int, where: str) -> int:
 
 def _patch_embedding(state: dict[str, Tensor], where: str) -> tuple[int, int, int]:
     weight = state["patch_embed.proj.weight"]
-    if weight.ndim != 4 or weight.shape[2] != weight.shape[3] or weight.shape[0] != state["cls_token"].shape[-1]:
+    width = shape_of(state, "cls_token", 3, where)[-1]
+    if weight.ndim != 4 or 0 in weight.shape or weight.shape[2] != weight.shape[3] or weight.shape[0] != width:
         raise _not_gridpe(where, f"patch_embed.proj.weight {list(weight.shape)}", "expected [width, channels, patch, patch]", state)
     return weight.shape[0], weight.shape[1], weight.shape[2]
 
 
-def _arguments(checkpoint: TrainingCheckpoint) -> tuple[dict[str, Any], dict[str, Any]]:
+# The arguments of main.py's parser that the import reads, and what argparse gives each
+# (``type=int``, ``type=float``, a string): a file holding anything else was not written by it.
+_ARG_KINDS = {"input_size": "an integer", "eval_crop_ratio": "a number", "num_heads": "an integer", "nb_classes": "an integer"}
+
+
+def _arguments(checkpoint: TrainingCheckpoint, where: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """``args``' model name, input size and eval crop; main.py's defaults (reported as assumed)
-    for any of the last two a file does not hold."""
-    args, assumed = dict(checkpoint.args), {}
+    for any of the last two a file does not hold. Each value is checked to be of the type
+    main.py's parser gives it before anything compares, prints or builds from it.
+
+    Raises:
+        CheckpointError: a value of another type, named and shown short.
+    """
+    args, assumed = {k: v for k, v in checkpoint.args.items() if k in (*_ARG_KINDS, "model")}, {}
+    for name, kind in _ARG_KINDS.items():
+        if name in args:
+            args[name] = _typed(args[name], kind, f"{where}: args.{name}")
+    if not isinstance(args.setdefault("model", None), (str, type(None))):
+        raise CheckpointError(f"{where}: args.model is {show(args['model'])}; main.py's --model is a model name")
     for name, default in MAIN_DEFAULTS.items():
         if name not in args:
             args[name] = assumed[name] = default
-    args.setdefault("model", None)
     return args, assumed
+
+
+def _typed(value: Any, kind: str, what: str) -> int | float:
+    """``value`` as main.py's parser would have given it (numpy's numbers taken as Python's)."""
+    if not isinstance(value, bool) and isinstance(value, numbers.Integral):
+        return int(value)
+    if kind == "a number" and isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    raise CheckpointError(f"{what} is {show(value)}; main.py's parser gives {kind}{' (finite)' * (kind == 'a number')}")
 
 
 def _check_args(args: dict[str, Any], heads: int, classes: int, where: str) -> None:
     """The file's ``args`` describe the weights beside them (main.py built the model from them)."""
     name = args.get("model")
-    if name is not None and not str(name).startswith("gridpe_"):
-        raise CheckpointError(f"{where}: args.model is {name!r}, not a gridpe_* model, although the weights hold GridPE directions")
+    if name is not None and not name.startswith("gridpe_"):
+        raise CheckpointError(f"{where}: args.model is {show(name)}, not a gridpe_* model, although the weights hold GridPE directions")
     for arg, held, what in (("num_heads", heads, "blocks.0.attn.grid_pe.omegas holds"), ("nb_classes", classes, "head.weight has")):
         if arg in args and args[arg] != held:
-            raise CheckpointError(
-                f"{where}: args.{arg} is {args[arg]!r} but {what} {held}; the weights are not the model the args describe"
-            )
+            raise CheckpointError(f"{where}: args.{arg} is {args[arg]} but {what} {held}; the weights are not the model the args describe")

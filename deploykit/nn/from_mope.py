@@ -44,8 +44,8 @@ from deploykit.encodings import EncodingConfig
 from deploykit.encodings.ape import ApeConfig
 from deploykit.encodings.mope import MoPEConfig
 from deploykit.errors import CheckpointError, ConfigError
-from deploykit.nn.checkpoint import Imported, TrainingCheckpoint, load_weights
-from deploykit.nn.sequence import SequenceConfig, SequenceTransformer
+from deploykit.nn.checkpoint import Imported, TrainingCheckpoint, imported_model, shape_of
+from deploykit.nn.sequence import SequenceConfig
 
 SCRIPT = "gpt_phase4_memfix.py"
 # MorletPE.forward's constants: ω = min(e^logω, 0.95π), σ = max(e^logσ, 1e-3), ω ← 5/σ where
@@ -144,12 +144,11 @@ def convert(checkpoint: TrainingCheckpoint, ema: bool = False) -> Imported:
     source = str(checkpoint.path)
     layout = read_layout(state, source)
     weights = state_dict_from_mope(state, layout, source)  # every key and shape checked before a model is built
-    model = SequenceTransformer(model_config(layout, source))
-    load_weights(model, weights, f"{source} (converted from {SCRIPT}'s names)")
+    model = imported_model(model_config(layout, source), weights, f"{source} (converted from {SCRIPT}'s names)")
     read = layout.read()
-    if isinstance(checkpoint.extras.get("step"), int):
+    if type(checkpoint.extras.get("step")) is int:
         read["step"] = checkpoint.extras["step"]
-    return Imported(model.eval(), f"mope:{source}", read)
+    return Imported(model, f"mope:{source}", read)
 
 
 def model_config(layout: GptLayout, source: str) -> SequenceConfig:
@@ -166,11 +165,11 @@ def read_layout(state: dict[str, Tensor], source: str) -> GptLayout:
         CheckpointError: the first key that is not the script's GPT's, or a missing one.
     """
     check_keys(state, source)
-    vocab_size, embed_dim = _tensor(state, "tok_emb.weight", source, ndim=2).shape
+    vocab_size, embed_dim = shape_of(state, "tok_emb.weight", 2, source)
     depth = _count(state, "blocks.{}", "blocks.0.ln1.weight", source)
     num_heads = _count(state, "blocks.0.heads.{}", "blocks.0.heads.0.query.weight", source)
-    context = _tensor(state, "blocks.0.heads.0.tril", source, ndim=2).shape[0]
-    mlp_hidden = _tensor(state, "blocks.0.ff.0.weight", source, ndim=2).shape[0]
+    context = shape_of(state, "blocks.0.heads.0.tril", 2, source)[0]
+    mlp_hidden = shape_of(state, "blocks.0.ff.0.weight", 2, source)[0]
     attention = "ega" if "blocks.0.heads.0.alpha" in state else "dot"
     if "pe.log_omega" in state:
         encoding = "mope"
@@ -271,7 +270,7 @@ def _tensor(state: dict[str, Tensor], key: str, source: str, ndim: int | None = 
 def _count(state: dict[str, Tensor], name: str, first: str, source: str) -> int:
     """How many ``name`` modules (``blocks.{}``) the keys hold, checked to run 0..n-1 (``first`` must exist)."""
     _tensor(state, first, source)
-    pattern = re.compile(re.escape(name).replace(r"\{\}", r"(\d+)") + r"\.")
+    pattern = re.compile(re.escape(name).replace(r"\{\}", r"(\d{1,18})") + r"\.")  # longer: no module of the script's
     indices = sorted({int(m.group(1)) for key in state if (m := pattern.match(key))})
     gap = next((i for i, index in enumerate(indices) if index != i), None)
     if gap is not None:

@@ -21,8 +21,8 @@ from torch import Tensor
 
 from deploykit.encodings import get_config
 from deploykit.errors import CheckpointError, ConfigError
-from deploykit.nn.checkpoint import Imported, TrainingCheckpoint, load_weights, options_applied
-from deploykit.nn.factory import build_model, create_model
+from deploykit.nn.checkpoint import Imported, TrainingCheckpoint, block_count, imported_model, options_applied, shape_of
+from deploykit.nn.factory import create_model
 from deploykit.nn.vit import ViTConfig
 
 # What every timm ViT state dict holds, whatever its encoding.
@@ -52,7 +52,7 @@ def convert(
             "deploykit import vit takes timm's ViT/DeiT-III names plus the encoding's (for another paper's file, see deploykit import --help)"
         )
     base = create_model(model, encoding=encoding).cfg
-    read = _read_sizes(weights)
+    read = _read_sizes(weights, checkpoint.path)
     if read["embed_dim"] % base.num_heads:
         raise ConfigError(
             f"width {read['embed_dim']} does not split into --model {model}'s {base.num_heads} heads; pick a size with as many heads"
@@ -67,27 +67,25 @@ def convert(
     elif img_size:
         cfg = dataclasses.replace(cfg, img_size=img_size)
     cfg = _encoding_sizes(cfg, weights)
-    built = build_model(cfg)
-    load_weights(built, weights, checkpoint.path)
+    built = imported_model(cfg, weights, checkpoint.path)
     assumed = {"num_heads": cfg.num_heads, "encoding": encoding, **({} if ape else {"img_size": cfg.img_size})}
-    return Imported(built.eval(), f"vit:{checkpoint.path}", {k: read[k] for k in ("depth", "embed_dim", "num_classes")}, assumed)
+    return Imported(built, f"vit:{checkpoint.path}", {k: read[k] for k in ("depth", "embed_dim", "num_classes")}, assumed)
 
 
-def _read_sizes(weights: dict[str, Tensor]) -> dict:
-    embed_dim, in_chans, patch, _ = weights["patch_embed.proj.weight"].shape
-    depth = 1 + max(int(k.split(".")[1]) for k in weights if k.startswith("blocks."))
-    hidden = weights["blocks.0.mlp.fc1.weight"].shape[0]
+def _read_sizes(weights: dict[str, Tensor], source) -> dict:
+    embed_dim, in_chans, patch, _ = shape_of(weights, "patch_embed.proj.weight", 4, source)
+    hidden = shape_of(weights, "blocks.0.mlp.fc1.weight", 2, source)[0]
     return dict(
         embed_dim=embed_dim,
         in_chans=in_chans,
         patch_size=patch,
-        depth=depth,
-        num_classes=weights["head.weight"].shape[0] if "head.weight" in weights else 0,
+        depth=block_count(weights, source),
+        num_classes=shape_of(weights, "head.weight", 2, source)[0] if "head.weight" in weights else 0,
         mlp_ratio=hidden / embed_dim,
         qkv_bias="blocks.0.attn.qkv.bias" in weights,
         init_values=1.0 if "blocks.0.ls1.gamma" in weights else None,  # LayerScale (DeiT-III); the weights set it
         class_token="cls_token" in weights,
-        reg_tokens=weights["reg_token"].shape[1] if "reg_token" in weights else 0,
+        reg_tokens=shape_of(weights, "reg_token", 3, source)[1] if "reg_token" in weights else 0,
     )
 
 

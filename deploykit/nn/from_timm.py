@@ -56,7 +56,7 @@ from torch import Tensor, nn
 from deploykit._lazy import lazy_import
 from deploykit._terminal import quiet_logger
 from deploykit.encodings import EncodingConfig, encoding_name, get_config
-from deploykit.errors import CheckpointError, ConfigError
+from deploykit.errors import CheckpointError, ConfigError, one_line
 from deploykit.nn.checkpoint import load_weights, read_training_checkpoint, with_encoding_options
 from deploykit.nn.vit import VisionTransformer, ViTConfig
 
@@ -104,12 +104,21 @@ def parse_model_kwargs(assignments: Sequence[str]) -> dict[str, Any]:
     for text in assignments:
         key, sep, value = text.partition("=")
         if not sep or not key.strip().isidentifier():
-            raise ConfigError(f"--model-kwargs {text!r} is not key=value")
+            raise ConfigError(f"--model-kwargs {one_line(repr(text), 80)} is not key=value")
+        if len(value) > MAX_KWARG_CHARS:  # the literal reader recurses once per bracket: a long one fails inside it
+            raise ConfigError(
+                f"--model-kwargs {key.strip()[:40]}= has a value of {len(value):,} characters; "
+                f"timm's arguments are short literals (at most {MAX_KWARG_CHARS:,})"
+            )
         try:
             kwargs[key.strip()] = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError):
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             kwargs[key.strip()] = value.strip()
     return kwargs
+
+
+# The longest --model-kwargs value: timm's arguments are numbers, names and short tuples.
+MAX_KWARG_CHARS = 1024
 
 
 def timm_model(name: str, **model_kwargs: Any) -> nn.Module:

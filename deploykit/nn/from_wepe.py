@@ -42,8 +42,8 @@ from torch import Tensor
 from deploykit.encodings import get_config
 from deploykit.encodings.wepe import LEMNISCATE
 from deploykit.errors import CheckpointError, ConfigError
-from deploykit.nn.checkpoint import Imported, TrainingCheckpoint, load_weights
-from deploykit.nn.vit import VisionTransformer, ViTConfig
+from deploykit.nn.checkpoint import Imported, TrainingCheckpoint, block_count, imported_model, shape_of
+from deploykit.nn.vit import ViTConfig
 
 # (official key, deploykit key) patterns: every key W_Ti.py's ImprovedViT_Ti saves, and only those.
 KEY_MAP = tuple(
@@ -101,8 +101,7 @@ def convert(checkpoint: TrainingCheckpoint, ema: bool = False, *, num_heads: int
     official = checkpoint.chosen(ema)
     state = renamed(official, checkpoint.path)
     cfg = config_from_weights(official, checkpoint.path, num_heads=num_heads, img_size=img_size)
-    model = VisionTransformer(cfg)
-    load_weights(model, state, checkpoint.path)
+    model = imported_model(cfg, state, checkpoint.path)
     enc = model.pos_enc
     read = dict(
         depth=cfg.depth,
@@ -113,7 +112,7 @@ def convert(checkpoint: TrainingCheckpoint, ema: bool = False, *, num_heads: int
         omega3=round(float(enc.omega3().detach()), 4),
         alpha_scale=round(float(enc.alpha_scale().detach()), 4),
     )
-    return Imported(model.eval(), f"wepe:{checkpoint.path}", read, dict(num_heads=num_heads, img_size=img_size))
+    return Imported(model, f"wepe:{checkpoint.path}", read, dict(num_heads=num_heads, img_size=img_size))
 
 
 def renamed(official: dict[str, Tensor], path) -> dict[str, Tensor]:
@@ -141,8 +140,8 @@ def renamed(official: dict[str, Tensor], path) -> dict[str, Tensor]:
 def config_from_weights(official: dict[str, Tensor], path, *, num_heads: int, img_size: int) -> ViTConfig:
     """The ``ViTConfig`` of ``W_Ti.py``'s weights (``renamed`` checked them): sizes from their
     shapes, the rest as ``W_Ti.py`` fixes it in code."""
-    dim, in_chans, patch, _ = official["patch_embed.weight"].shape
-    hidden = official["blocks.0.mlp.0.weight"].shape[0]
+    dim, in_chans, patch, _ = shape_of(official, "patch_embed.weight", 4, path)
+    hidden = shape_of(official, "blocks.0.mlp.0.weight", 2, path)[0]
     encoding = get_config(
         "wepe",
         omega1=LEMNISCATE,
@@ -151,7 +150,7 @@ def config_from_weights(official: dict[str, Tensor], path, *, num_heads: int, im
         alpha_v=0.4,
         alpha_scale_param="exp",
         clamp_omega3=True,
-        use_derivative=official["pos_encoding.projection.0.weight"].shape[1] == 4,
+        use_derivative=shape_of(official, "pos_encoding.projection.0.weight", 2, path)[1] == 4,
         scale_cls=True,
         norm_eps=NORM_EPS,
         feature_clamp=1e4,
@@ -161,9 +160,9 @@ def config_from_weights(official: dict[str, Tensor], path, *, num_heads: int, im
             img_size=img_size,
             patch_size=patch,
             in_chans=in_chans,
-            num_classes=official["head.weight"].shape[0],
+            num_classes=shape_of(official, "head.weight", 2, path)[0],
             embed_dim=dim,
-            depth=len({key.split(".")[1] for key in official if key.startswith("blocks.")}),
+            depth=block_count(official, path),
             num_heads=num_heads,
             mlp_ratio=hidden / dim,
             mlp_hidden_dim=hidden,
