@@ -147,7 +147,7 @@ def with_plugin_nodes(source: OnnxSource, registered: Collection[tuple[str, str]
     among them."""
     import onnx
 
-    from deploykit.export.plugin_nodes import custom_ops, mark_plugin_nodes
+    from deploykit.export.plugin_nodes import mark_plugin_nodes, plugin_ops
 
     if not registered:
         return source, []
@@ -155,7 +155,7 @@ def with_plugin_nodes(source: OnnxSource, registered: Collection[tuple[str, str]
         model = onnx.load_from_string(bytes(source)) if isinstance(source, (bytes, bytearray, memoryview)) else onnx.load(str(source))
     except Exception:  # not ONNX: let TensorRT's parser say so, in its words
         return source, []
-    if not custom_ops(model) & set(registered):
+    if not plugin_ops(model, registered):
         return source, []
     nodes = mark_plugin_nodes(model, registered)
     return model.SerializeToString(), nodes
