@@ -13,7 +13,7 @@ concurrent load and compare its answers with ONNX Runtime; where a ``tritonserve
 ``PATH``, load the ``package triton`` repository and answer a request; build the SaPE² graph with
 the SaPE² TensorRT plugin, check the engine holds one plugin layer per SaPE² node, and validate
 it; with ``--plugin-library``, the same for an engine built with a plugin library; check the
-SaPE² Triton bias kernel and fused attention against the float64 reference.
+SaPE² Triton bias kernels against the float64 reference.
 
 Each check is passed, failed (with the reason) or skipped (with the reason: no GPU, a GPU of a
 compute capability the flavour does not support (TensorRT-RTX: none of A100, H100/H200, B200), a
@@ -464,27 +464,22 @@ def plugin_engine_check(out: Path, flavour: str, specs: list[str]):
 
 
 def kernel_check() -> dict:
-    """The SaPE² Triton bias kernel and fused attention against the float64 reference (ViT-B heads, 384 px)."""
-    import torch.nn.functional as F
-
+    """The SaPE² Triton bias kernels (signatures once, then distances) against the float64 reference (ViT-B heads, 384 px)."""
     from deploykit.encodings.sape2 import MODES, sape2_bias_reference
-    from deploykit.plugins.sape2.fused import sape2_attention_triton
     from deploykit.plugins.sape2.kernels import sape2_bias_triton
 
     heads, head_dim, grid, prefix = 12, 64, (24, 24), 1
     tokens = prefix + grid[0] * grid[1]
     gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(2, heads, tokens, head_dim, device="cuda", generator=gen) for _ in range(3))
+    q, k = (torch.randn(2, heads, tokens, head_dim, device="cuda", generator=gen) for _ in range(2))
     tx, ty = (torch.randn(head_dim, max(grid) + 1, device="cuda", generator=gen) for _ in range(2))
     scale, mode = head_dim**-0.5, MODES.index("k")
     with torch.no_grad():
         exact = sape2_bias_reference(q.double(), k.double(), tx.double(), ty.double(), grid, scale, "k", prefix)
         bias_err = ((sape2_bias_triton(q, k, tx, ty, grid, scale, mode, prefix).double() - exact).abs().max() / exact.abs().max()).item()
-        reference = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=exact * scale)
-        fused_err = (sape2_attention_triton(q, k, v, tx, ty, grid, scale, mode, prefix).double() - reference).abs().max().item()
-    details = {"bias_rel_err": bias_err, "fused_max_abs_err": fused_err}
-    if not (bias_err < 1e-3 and fused_err < 1e-2):
-        raise Failed("SaPE² kernels disagree with the float64 reference", details)
+    details = {"bias_rel_err": bias_err}
+    if not bias_err < 1e-3:
+        raise Failed("the SaPE² kernels disagree with the float64 reference", details)
     return details
 
 

@@ -114,11 +114,10 @@ TABLES = (
         "SaPE² Triton kernels on a lent GPU",
         "gpu-lent-kernels.json",
         "checks",
-        "name=check,details.forms.hat.bias_ms_p50=hat_form_ms,details.forms.gather.bias_ms_p50=gather_form_ms,"
-        "details.latency_ms_p50.reference_bias=reference_bias_ms,details.default_form=default_form,"
-        "details.latency_ms_p50.fused_attention=fused_attention_ms,details.latency_ms_p50.reference_attention=reference_attention_ms,"
-        "details.triton_bias_rel_err_vs_float64=bias_relative_error,details.peak_extra_mib.fused_attention=fused_attention_extra_MiB,"
-        "details.peak_extra_mib.reference_attention=reference_extra_MiB,details.speedup=speed-up",
+        "name=check,details.latency_ms_p50.triton_bias=bias_kernel_ms,details.latency_ms_p50.reference_bias=reference_bias_ms,"
+        "details.triton_bias_rel_err_vs_float64=bias_relative_error,details.bias_ms_p50_l2_flushed=bias_ms_L2_flushed,"
+        "details.floor_ms=floor_ms,details.ratio_to_floor_l2_flushed=×_floor_L2_flushed,details.ms_per_launch=plugin_ms_in_CUDA_graph,"
+        "details.speedup=speed-up",
     ),
     ("The first lent-GPU run", "gpu-lent.json", "checks", "name=check,status,seconds"),
     (

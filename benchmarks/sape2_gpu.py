@@ -1,15 +1,15 @@
-"""SaPE² on an NVIDIA GPU: the Triton bias kernel and the fused attention against the decomposed
-PyTorch reference, for ViT-B heads (12 × 64) at 224, 384 and 512 (patch 16, one class token).
+"""SaPE² on an NVIDIA GPU: the Triton bias kernels (signatures once, then distances) against the
+decomposed PyTorch reference, for ViT-B heads (12 × 64) at 224, 384 and 512 (patch 16, one class
+token).
 
-Per resolution, after checking each kernel against the float64 reference:
+Per resolution, after checking the kernels against the float64 reference:
 
-* latency (CUDA events, median of ``--iters`` after warm-up) of
-  ``reference_bias`` (``sape2_bias_reference`` in fp32), ``triton_bias`` (``kernels``),
-  ``reference_attention`` (reference bias + SDPA) and ``fused_attention`` (``fused``);
+* latency (CUDA events, median of ``--iters`` after warm-up) of ``reference_bias``
+  (``sape2_bias_reference`` in fp32) and ``triton_bias`` (``kernels.sape2_bias_triton``);
 * peak extra memory of each (``torch.cuda.max_memory_allocated`` above the inputs).
 
-Goals (issue 5): bias kernel ≥ 5× faster than the reference at 384; the fused variant's extra
-memory O(N) per head (i.e. no N×N tensor).
+(The fused attention kernel once timed here was removed: nothing called it. ``gpu_lent.py`` times
+the bias kernel against its arithmetic floor.)
 
 Usage: python benchmarks/sape2_gpu.py [--batch 8] [--iters 50] → benchmarks/results/sape2_gpu.json
 Needs CUDA and Triton; not run in CI.
@@ -23,7 +23,6 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 import deploykit
 from deploykit._io import write_json_atomic
@@ -57,53 +56,25 @@ def peak_extra_mib(fn) -> float:
 
 
 def bench(resolution: int, batch: int, iters: int, npos_max: int | None = None) -> dict:
-    """One resolution: errors against float64 (first batch element), CUDA-event latencies, peak
-    extra memory. ``npos_max``: the tables' entries (None: the grid's own, ``max(grid) + 1``); a
-    table sized for a larger resolution costs the kernel more shared memory at the same grid."""
-    from deploykit.plugins.sape2.fused import sape2_attention_triton
-    from deploykit.plugins.sape2.kernels import kernel_constants, sape2_bias_triton
+    """One resolution: the error against float64 (first batch element), CUDA-event latencies, peak
+    extra memory. ``npos_max``: the tables' entries (None: the grid's own, ``max(grid) + 1``)."""
+    from deploykit.plugins.sape2.kernels import sape2_bias_triton
 
     grid = (resolution // PATCH, resolution // PATCH)
     tokens = PREFIX + grid[0] * grid[1]
     npos = npos_max or max(grid) + 1
     g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(batch, HEADS, tokens, HEAD_DIM, device="cuda", generator=g) for _ in range(3))
+    q, k = (torch.randn(batch, HEADS, tokens, HEAD_DIM, device="cuda", generator=g) for _ in range(2))
     tx, ty = (torch.randn(HEAD_DIM, npos, device="cuda", generator=g) for _ in range(2))
     scale, mode = HEAD_DIM**-0.5, MODES.index("k")
     ref_bias = lambda: sape2_bias_reference(q, k, tx, ty, grid, scale, "k", PREFIX)
     tri_bias = lambda: sape2_bias_triton(q, k, tx, ty, grid, scale, mode, PREFIX)
-    ref_attn = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=ref_bias() * scale)
-    fused = lambda: sape2_attention_triton(q, k, v, tx, ty, grid, scale, mode, PREFIX)
     with torch.no_grad():
-        q1, k1, v1 = (t[:1].double() for t in (q, k, v))
+        q1, k1 = (t[:1].double() for t in (q, k))
         exact = sape2_bias_reference(q1, k1, tx.double(), ty.double(), grid, scale, "k", PREFIX)
         bias_err = (tri_bias()[:1].double() - exact).abs().max().item() / exact.abs().max().item()
-        exact_attn = F.scaled_dot_product_attention(q1, k1, v1, attn_mask=exact * scale)
-        attn_err = (fused()[:1].double() - exact_attn).abs().max().item()
-        # The interpolation's two forms (kernels.py), each checked and timed: the default is one.
-        forms = {}
-        for name, gather in (("hat", False), ("gather", True)):
-            form = lambda gather=gather: sape2_bias_triton(q, k, tx, ty, grid, scale, mode, PREFIX, gather)
-            err = (form()[:1].double() - exact).abs().max().item() / exact.abs().max().item()
-            forms[name] = {"bias_ms_p50": cuda_time(form, iters), "rel_err_vs_float64": err}
-        timings = {
-            name: cuda_time(fn, iters)
-            for name, fn in [
-                ("reference_bias", ref_bias),
-                ("triton_bias", tri_bias),
-                ("reference_attention", ref_attn),
-                ("fused_attention", fused),
-            ]
-        }
-        memory = {
-            name: peak_extra_mib(fn)
-            for name, fn in [
-                ("reference_bias", ref_bias),
-                ("triton_bias", tri_bias),
-                ("reference_attention", ref_attn),
-                ("fused_attention", fused),
-            ]
-        }
+        timings = {name: cuda_time(fn, iters) for name, fn in [("reference_bias", ref_bias), ("triton_bias", tri_bias)]}
+        memory = {name: peak_extra_mib(fn) for name, fn in [("reference_bias", ref_bias), ("triton_bias", tri_bias)]}
     return {
         "resolution": resolution,
         "grid": grid,
@@ -111,13 +82,9 @@ def bench(resolution: int, batch: int, iters: int, npos_max: int | None = None) 
         "tokens": tokens,
         "batch": batch,
         "triton_bias_rel_err_vs_float64": bias_err,
-        "fused_attention_max_abs_err_vs_float64": attn_err,
         "latency_ms_p50": timings,
         "peak_extra_mib": memory,
-        "default_form": "gather" if kernel_constants(grid, PREFIX, HEAD_DIM, npos, scale, mode)["GATHER"] else "hat",
-        "forms": forms,
         "speedup_triton_bias_over_reference": timings["reference_bias"] / timings["triton_bias"],
-        "speedup_fused_over_reference_attention": timings["reference_attention"] / timings["fused_attention"],
         "bias_mib_if_materialised": batch * HEADS * tokens**2 * 4 / 2**20,
     }
 

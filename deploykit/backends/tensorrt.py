@@ -147,7 +147,7 @@ def with_plugin_nodes(source: OnnxSource, registered: Collection[tuple[str, str]
     among them."""
     import onnx
 
-    from deploykit.export.plugin_nodes import custom_ops, mark_plugin_nodes
+    from deploykit.export.plugin_nodes import mark_plugin_nodes, plugin_ops
 
     if not registered:
         return source, []
@@ -155,7 +155,7 @@ def with_plugin_nodes(source: OnnxSource, registered: Collection[tuple[str, str]
         model = onnx.load_from_string(bytes(source)) if isinstance(source, (bytes, bytearray, memoryview)) else onnx.load(str(source))
     except Exception:  # not ONNX: let TensorRT's parser say so, in its words
         return source, []
-    if not custom_ops(model) & set(registered):
+    if not plugin_ops(model, registered):
         return source, []
     nodes = mark_plugin_nodes(model, registered)
     return model.SerializeToString(), nodes
@@ -164,6 +164,40 @@ def with_plugin_nodes(source: OnnxSource, registered: Collection[tuple[str, str]
 def _plugin_layers(trt: ModuleType, network: Any) -> int:
     kinds = {getattr(trt.LayerType, name) for name in PLUGIN_LAYER_TYPES if hasattr(trt.LayerType, name)}
     return sum(network.get_layer(i).type in kinds for i in range(network.num_layers))
+
+
+# The kind ``IPluginV3QuickAOTBuild`` reports (``interface_info.kind``, TensorRT's
+# ``InterfaceInfo{"PLUGIN_V3QUICKAOT_BUILD", 1, 0}``): read from the plugin's build capability, so
+# a C++ plugin wrapped by the bindings is judged as well as a Python one.
+AOT_BUILD_KIND = "PLUGIN_V3QUICKAOT_BUILD"
+
+
+def plugin_v3_layers(trt: ModuleType, network: Any) -> list[Any]:
+    """The V3 plugin layers of ``network``, as ``IPluginV3Layer``.
+
+    ``network.get_layer(i)`` returns the base ``ILayer`` whatever the layer is (seen with
+    TensorRT-RTX's real builder): no ``plugin`` attribute. As TensorRT's own samples and
+    Polygraphy do, the layer is recognised by its ``type`` and its Python class set to the
+    concrete one, which exposes ``plugin``."""
+    layers = []
+    for i in range(network.num_layers):
+        layer = network.get_layer(i)
+        if layer.type == trt.LayerType.PLUGIN_V3:
+            layer.__class__ = trt.IPluginV3Layer
+            layers.append(layer)
+    return layers
+
+
+def carries_its_kernel(trt: ModuleType, plugin: Any) -> bool:
+    """Whether ``plugin`` (an ``IPluginV3``) is the ahead-of-time build of a quickly deployable
+    plugin: its class, or the kind its build capability reports, is ``IPluginV3QuickAOTBuild``."""
+    aot = getattr(trt, "IPluginV3QuickAOTBuild", None)
+    if aot is not None and isinstance(plugin, aot):
+        return True
+    capability = getattr(trt, "PluginCapabilityType", None)
+    build = plugin.get_capability_interface(capability.BUILD) if capability is not None else None
+    info = getattr(build, "interface_info", None)
+    return getattr(info, "kind", None) == AOT_BUILD_KIND
 
 
 def embedded_plugin_layers(trt: ModuleType, network: Any) -> int:
@@ -175,10 +209,7 @@ def embedded_plugin_layers(trt: ModuleType, network: Any) -> int:
     of any tool that is capable of deserializing and running the engine (like trtexec)":
     NVIDIA/TensorRT samples/python/quickly_deployable_plugins; its ``_TemplateAOTPlugin`` has no
     runtime capability of its own, unlike the JIT one). TensorRT-RTX has no such plugins."""
-    aot = getattr(trt, "IPluginV3QuickAOTBuild", None)
-    if aot is None:
-        return 0
-    return sum(isinstance(getattr(network.get_layer(i), "plugin", None), aot) for i in range(network.num_layers))
+    return sum(carries_its_kernel(trt, layer.plugin) for layer in plugin_v3_layers(trt, network))
 
 
 def _parse(pg: ModuleType, trt: ModuleType, source: OnnxSource, messages: TrtMessages) -> tuple:

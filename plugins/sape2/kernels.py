@@ -1,30 +1,34 @@
-"""Triton kernel for the SaPE² bias: one launch, tile by tile, never storing the signatures.
+"""Triton kernels for the SaPE² bias, in two stages: the axis signatures once per (image, head),
+then the pairwise distances between them.
 
-Program ``(i, j, bh)`` writes the ``[BLOCK, BLOCK]`` tile of ``bias[bh]`` for token rows ``i·BLOCK…``
-and columns ``j·BLOCK…``. It rebuilds the axis signatures of its row and column tokens column by
-column, from the right edge (bottom edge for the column term) inwards, so the reverse cumulative
-sum of the gates (Eq. 10) is a running sum and every step needs only ``[BLOCK]`` vectors:
+``sape2_signature_kernel``: program ``(line, b·h)`` computes the signatures of the ``L`` tokens of
+one row (row term, ``Zx``) or one column (column term, ``Zy``), column by column from the far
+edge inwards, so the reverse cumulative sum of the gates (Eq. 10) is a running sum:
 
-    p_m   = p_{m+1} + σ(s · a_t · b_(line(t), m))          running suffix sum
-    z_m   = Σ_p max(0, 1 − |min(p_m, M−1) − p|) · (c_t · E[:, p])   linear interpolation (Eq. 14)
-    acc  += (z_m(rows) − z_m(cols))²                         direct distance (Eq. 15)
+    p_m  = p_{m+1} + σ(s · a_t · b_(line(t), m))            running suffix sum
+    z_m  = (1 − f) · c_t · E[:, ⌊p⌋] + f · c_t · E[:, ⌊p⌋+1],   p = min(p_m, M − 1)   (Eq. 14)
 
-The interpolation has two forms, chosen per op instance at compile time (``GATHER``): the
-hat-function form, which equals the floor/ceil form exactly (spec §8.5 (b)) and needs no gather,
-projects every token on the whole table once per tile (``tl.dot``, the table in shared memory:
-``4·BLOCK_D·(BLOCK_M + BLOCK)`` bytes); the gather form reads the table's two columns at
-``floor(p)`` and ``floor(p) + 1`` for each token at each step, ``O(d)`` work whatever ``M``, and
-no table in shared memory. Tables of more than 16 entries (grids above 15 patches a side), or
-whose hat form would not fit, take the gather form (``HAT_MAX_BLOCK_M``: measured), so no instance needs more than the 48 KiB of shared memory
-a launch gets without opting in (``SHARED_MEM_OPT_IN``), which TensorRT's AOT launch may not do:
-on an H200, a launch of a 72 KiB instance without the opt-in was refused
-(``benchmarks/results/gpu-lent.json``).
+The interpolation reads the table's two columns around ``p`` for each token at each step: ``O(d)``
+work whatever ``M``, no table in shared memory. All of it costs ``O(N·(H+W)·d)`` per (image,
+head), computed once (the earlier single-kernel form rebuilt them inside every output tile, 40-70
+times over at 384-512 px). The signatures are written in fp32, ``Zx`` ``[B·h, N, W]`` and ``Zy``
+``[B·h, N, H]`` (the layout of ``sape2_axis_signatures``).
 
-All arithmetic is fp32 whatever the input dtype (spec §8.7); prefix rows and columns are written
-as 0. One launch with no workspace is what a TensorRT AOT plugin can run
-(``trt_plugin.py``); the same kernel backs ``torch.ops.deploykit.sape2_bias`` on CUDA.
+``sape2_distance_kernel``: program ``(i, j, b·h)`` writes the ``[BLOCK, BLOCK]`` tile of the bias
+for token rows ``i·BLOCK…`` and columns ``j·BLOCK…``:
 
-Importing this module needs Triton (``pip install 'deploykit[triton]'``).
+    bias = sqrt(Σ_m (Zx_i[m] − Zx_j[m])²) + sqrt(Σ_m (Zy_i[m] − Zy_j[m])²)       direct (Eq. 15)
+
+in fp32 registers, ``CHUNK`` signature entries at a time: the diagonal is exactly zero and the
+tile exactly symmetric (a token's difference with itself is 0, and ``(a−b)² = (b−a)²``), which
+the Gram form is not (spec §8.7). Prefix rows and columns are written as 0. This kernel alone
+is what the TensorRT plugin launches (``trt_plugin.py``): an AOT plugin runs one kernel and has
+no workspace, so there the signature stage stays plain ONNX ops
+(``deploykit.export.plugin_nodes``). ``torch.ops.deploykit.sape2_bias`` on CUDA runs both
+(``sape2_bias_triton``).
+
+All arithmetic is fp32 whatever the input dtype (spec §8.7). Importing this module needs Triton
+(``pip install 'deploykit[triton]'``).
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ import triton
 import triton.language as tl
 
 MODES = ("q", "k", "k_swap")  # the ``mode`` attribute, as deploykit.encodings.sape2.MODES
-BLOCK = 32  # token tile; rows and columns share it so a token's signature is computed identically
+BLOCK = 32  # the distance kernel's token tile (rows and columns)
+CHUNK = 4  # signature entries the distance kernel reads per step, per token (16 bytes)
 # Dynamic shared memory a CUDA launch gets without raising the function's attribute first.
 SHARED_MEM_OPT_IN = 48 * 1024
 
@@ -44,7 +49,7 @@ SHARED_MEM_OPT_IN = 48 * 1024
 @triton.jit
 def _interpolated(c, table_ptr, p, offs_d, mask_d, M):
     """``c_t · E[:, p]`` linearly interpolated at real ``p`` in ``[0, M - 1]`` (Eq. 14), from the
-    two table columns around it: ``[BLOCK]``."""
+    two table columns around it: ``[BLOCK_L]``."""
     lo = p.to(tl.int32)  # p >= 0: truncation is floor
     frac = p - lo.to(tl.float32)
     hi = tl.minimum(lo + 1, M - 1)
@@ -54,68 +59,31 @@ def _interpolated(c, table_ptr, p, offs_d, mask_d, M):
 
 
 @triton.jit
-def _squared_axis_distance(a_ptr, b_ptr, c_ptr, table_ptr, tok_i, tok_j, ALONG_ROW, H, W, P, D, M, SCALE, BLOCK, BLOCK_D, BLOCK_M, GATHER):
-    """``Σ_m (Z_i[m] − Z_j[m])²`` ``[BLOCK, BLOCK]`` for patch tokens ``tok_i``, ``tok_j`` (one axis:
-    the row term when ``ALONG_ROW``). ``ALONG_ROW`` and the arguments after it are compile-time
-    constants: the callers pass the kernels' ``tl.constexpr`` arguments (``kernel_constants``)."""
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_m = tl.arange(0, BLOCK_M)
-    mask_d = offs_d < D
-    rows_i = (P + tok_i)[:, None] * D + offs_d[None, :]
-    rows_j = (P + tok_j)[:, None] * D + offs_d[None, :]
-    a_i = tl.load(a_ptr + rows_i, mask=mask_d[None, :], other=0.0).to(tl.float32)
-    a_j = tl.load(a_ptr + rows_j, mask=mask_d[None, :], other=0.0).to(tl.float32)
-    if GATHER:
-        c_i = tl.load(c_ptr + rows_i, mask=mask_d[None, :], other=0.0).to(tl.float32)
-        c_j = tl.load(c_ptr + rows_j, mask=mask_d[None, :], other=0.0).to(tl.float32)
-    else:
-        table = tl.load(table_ptr + offs_d[:, None] * M + offs_m[None, :], mask=mask_d[:, None] & (offs_m[None, :] < M), other=0.0)
-        table = table.to(tl.float32)
-        # c_t · E[:, p] for every integer p (Eq. 13); ieee: no TF32 rounding of the projection.
-        zint_i = tl.dot(tl.load(c_ptr + rows_i, mask=mask_d[None, :], other=0.0).to(tl.float32), table, input_precision="ieee")
-        zint_j = tl.dot(tl.load(c_ptr + rows_j, mask=mask_d[None, :], other=0.0).to(tl.float32), table, input_precision="ieee")
-    line_i = tok_i // W if ALONG_ROW else tok_i % W  # the token's row (row term) or column
-    line_j = tok_j // W if ALONG_ROW else tok_j % W
+def sape2_signature_kernel(
+    q_ptr,
+    k_ptr,
+    table_ptr,
+    z_ptr,
+    ALONG_ROW: tl.constexpr,
+    H: tl.constexpr,
+    W: tl.constexpr,
+    P: tl.constexpr,
+    D: tl.constexpr,
+    M: tl.constexpr,
+    SCALE: tl.constexpr,
+    MODE: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Grid ``(H if ALONG_ROW else W, B·h)``; q, k ``[B·h, P + H·W, D]``, table ``[D, M]``, z
+    ``[B·h, H·W, L]`` fp32 with ``L = W if ALONG_ROW else H``: one row's (column's) signatures."""
     L: tl.constexpr = W if ALONG_ROW else H
-    p_i = tl.zeros([BLOCK], dtype=tl.float32)
-    p_j = tl.zeros([BLOCK], dtype=tl.float32)
-    acc = tl.zeros([BLOCK, BLOCK], dtype=tl.float32)
-    grid_p = offs_m[None, :].to(tl.float32)
-    for step in range(L):
-        m = L - 1 - step  # from the far edge inwards: p_m is a running suffix sum
-        nb_i = line_i * W + m if ALONG_ROW else m * W + line_i
-        nb_j = line_j * W + m if ALONG_ROW else m * W + line_j
-        b_i = tl.load(b_ptr + (P + nb_i)[:, None] * D + offs_d[None, :], mask=mask_d[None, :], other=0.0).to(tl.float32)
-        b_j = tl.load(b_ptr + (P + nb_j)[:, None] * D + offs_d[None, :], mask=mask_d[None, :], other=0.0).to(tl.float32)
-        p_i += tl.sigmoid(SCALE * tl.sum(a_i * b_i, axis=1))
-        p_j += tl.sigmoid(SCALE * tl.sum(a_j * b_j, axis=1))
-        if GATHER:
-            z_i = _interpolated(c_i, table_ptr, tl.minimum(p_i, M - 1.0), offs_d, mask_d, M)
-            z_j = _interpolated(c_j, table_ptr, tl.minimum(p_j, M - 1.0), offs_d, mask_d, M)
-        else:
-            hat_i = tl.maximum(1.0 - tl.abs(tl.minimum(p_i, M - 1.0)[:, None] - grid_p), 0.0)
-            hat_j = tl.maximum(1.0 - tl.abs(tl.minimum(p_j, M - 1.0)[:, None] - grid_p), 0.0)
-            z_i = tl.sum(hat_i * zint_i, axis=1)
-            z_j = tl.sum(hat_j * zint_j, axis=1)
-        diff = z_i[:, None] - z_j[None, :]
-        acc += diff * diff
-    return acc
-
-
-@triton.jit
-def _bias_tile(q_ptr, k_ptr, table_x_ptr, table_y_ptr, rows, cols, H, W, P, D, M, SCALE, MODE, BLOCK, BLOCK_D, BLOCK_M, GATHER):
-    """The bias ``‖Zx_i − Zx_j‖ + ‖Zy_i − Zy_j‖`` ``[BLOCK, BLOCK]`` of token rows ``rows`` and
-    columns ``cols`` of one batch·head's q, k; 0 where either is a prefix token or past the end.
-
-    One tile computation for both kernels: ``sape2_bias_kernel`` stores it, the fused attention
-    kernel (``fused.py``) adds it to its logits, so the two cannot drift apart. The arguments
-    after ``cols`` are the kernels' compile-time constants (``kernel_constants``).
-    """
     T: tl.constexpr = P + H * W
-    valid_i = (rows >= P) & (rows < T)
-    valid_j = (cols >= P) & (cols < T)
-    tok_i = tl.where(valid_i, rows - P, 0)
-    tok_j = tl.where(valid_j, cols - P, 0)
+    line = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    q_ptr += bh * T * D
+    k_ptr += bh * T * D
+    z_ptr += bh * (H * W) * L
     # mode: gate operands (a, b) and projected c are (q, k, q), (q, k, k) or (k, q, k) (spec A1)
     if MODE == 2:
         a_ptr, b_ptr = k_ptr, q_ptr
@@ -125,67 +93,73 @@ def _bias_tile(q_ptr, k_ptr, table_x_ptr, table_y_ptr, rows, cols, H, W, P, D, M
         c_ptr = q_ptr
     else:
         c_ptr = k_ptr
-    sq_x = _squared_axis_distance(
-        a_ptr, b_ptr, c_ptr, table_x_ptr, tok_i, tok_j, True, H, W, P, D, M, SCALE, BLOCK, BLOCK_D, BLOCK_M, GATHER
-    )
-    sq_y = _squared_axis_distance(
-        a_ptr, b_ptr, c_ptr, table_y_ptr, tok_i, tok_j, False, H, W, P, D, M, SCALE, BLOCK, BLOCK_D, BLOCK_M, GATHER
-    )
-    bias = tl.sqrt(sq_x) + tl.sqrt(sq_y)
-    return tl.where(valid_i[:, None] & valid_j[None, :], bias, 0.0)  # prefix rows/columns: 0
+    offs_l = tl.arange(0, BLOCK_L)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_l, mask_d = offs_l < L, offs_d < D
+    tok = line * W + offs_l if ALONG_ROW else offs_l * W + line  # the line's tokens, in order
+    rows = (P + tok)[:, None] * D + offs_d[None, :]
+    mask = mask_l[:, None] & mask_d[None, :]
+    a = tl.load(a_ptr + rows, mask=mask, other=0.0).to(tl.float32)
+    c = tl.load(c_ptr + rows, mask=mask, other=0.0).to(tl.float32)
+    p = tl.zeros([BLOCK_L], dtype=tl.float32)
+    for step in range(L):
+        m = L - 1 - step  # from the far edge inwards: p_m is a running suffix sum
+        nb = line * W + m if ALONG_ROW else m * W + line
+        b = tl.load(b_ptr + (P + nb) * D + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+        p += tl.sigmoid(SCALE * tl.sum(a * b[None, :], axis=1))
+        z = _interpolated(c, table_ptr, tl.minimum(p, M - 1.0), offs_d, mask_d, M)
+        tl.store(z_ptr + tok * L + m, z, mask=mask_l)
 
 
 @triton.jit
-def sape2_bias_kernel(
-    q_ptr,
-    k_ptr,
-    table_x_ptr,
-    table_y_ptr,
+def _squared_distance(z_ptr, tok_i, tok_j, L: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr):
+    """``Σ_m (z_i[m] − z_j[m])²`` ``[BLOCK, BLOCK]`` for tokens ``tok_i``, ``tok_j`` of ``z`` ``[N, L]``."""
+    acc = tl.zeros([BLOCK, BLOCK], dtype=tl.float32)
+    for m0 in range(0, L, CHUNK):
+        offs = m0 + tl.arange(0, CHUNK)
+        mask = offs[None, :] < L
+        z_i = tl.load(z_ptr + tok_i[:, None] * L + offs[None, :], mask=mask, other=0.0)
+        z_j = tl.load(z_ptr + tok_j[:, None] * L + offs[None, :], mask=mask, other=0.0)
+        diff = z_i[:, None, :] - z_j[None, :, :]
+        acc += tl.sum(diff * diff, axis=2)
+    return acc
+
+
+@triton.jit
+def sape2_distance_kernel(
+    zx_ptr,
+    zy_ptr,
     out_ptr,
     H: tl.constexpr,
     W: tl.constexpr,
     P: tl.constexpr,
-    D: tl.constexpr,
-    M: tl.constexpr,
-    SCALE: tl.constexpr,
-    MODE: tl.constexpr,
     BLOCK: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    GATHER: tl.constexpr,
+    CHUNK: tl.constexpr,
 ):
-    """Grid ``(cdiv(T, BLOCK), cdiv(T, BLOCK), B·h)``; q, k ``[B·h, T, D]``, tables ``[D, M]``, out ``[B·h, T, T]``.
+    """Grid ``(cdiv(T, BLOCK), cdiv(T, BLOCK), B·h)``; zx ``[B·h, H·W, W]``, zy ``[B·h, H·W, H]``
+    fp32, out ``[B·h, T, T]`` with ``T = P + H·W``.
 
     Argument order (inputs, then outputs; everything else compile-time) is what a TensorRT AOT
     plugin launches.
     """
-    T: tl.constexpr = P + H * W
+    N: tl.constexpr = H * W
+    T: tl.constexpr = P + N
     bh = tl.program_id(2).to(tl.int64)
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    q_ptr += bh * T * D
-    k_ptr += bh * T * D
-    bias = _bias_tile(q_ptr, k_ptr, table_x_ptr, table_y_ptr, rows, cols, H, W, P, D, M, SCALE, MODE, BLOCK, BLOCK_D, BLOCK_M, GATHER)
+    valid_i = (rows >= P) & (rows < T)
+    valid_j = (cols >= P) & (cols < T)
+    tok_i = tl.where(valid_i, rows - P, 0)
+    tok_j = tl.where(valid_j, cols - P, 0)
+    sq_x = _squared_distance(zx_ptr + bh * N * W, tok_i, tok_j, W, BLOCK, CHUNK)
+    sq_y = _squared_distance(zy_ptr + bh * N * H, tok_i, tok_j, H, BLOCK, CHUNK)
+    bias = tl.where(valid_i[:, None] & valid_j[None, :], tl.sqrt(sq_x) + tl.sqrt(sq_y), 0.0)  # prefix rows/columns: 0
     out = out_ptr + bh * T * T + rows[:, None] * T + cols[None, :]
     tl.store(out, bias.to(out_ptr.dtype.element_ty), mask=(rows[:, None] < T) & (cols[None, :] < T))
 
 
-# The hat form's work per step grows with the padded table (``BLOCK_M``), and it keeps the table
-# and one operand in shared memory, ``4·BLOCK_D·(BLOCK_M + BLOCK)`` bytes (what Triton 3.6 allots,
-# checked by compiling in plugins/sape2/tests): past either bound the gather form is taken. On an
-# H200 (ViT-B heads, batch 8; benchmarks/results/gpu-lent-kernels.json) the hat form was 1.2x
-# faster with 16 entries (224 px) and slower from 32 on: 1.06x at 384 px, 5.4x at 512, 25x with
-# tables for 2048 px.
-HAT_MAX_BLOCK_M = 16
-
-
-def kernel_constants(
-    grid: tuple[int, int], num_prefix_tokens: int, head_dim: int, npos_max: int, scale: float, mode: int, gather: bool | None = None
-) -> dict:
-    """The compile-time arguments of ``sape2_bias_kernel`` for one op instance (``gather``: force
-    the interpolation's form; None: the hat form where it fits, ``HAT_MAX_BLOCK_M``)."""
-    block_m, block_d = max(16, triton.next_power_of_2(npos_max)), max(16, triton.next_power_of_2(head_dim))
-    hat_fits = block_m <= HAT_MAX_BLOCK_M and 4 * block_d * (block_m + BLOCK) <= SHARED_MEM_OPT_IN
+def signature_constants(grid: tuple[int, int], num_prefix_tokens: int, head_dim: int, npos_max: int, scale: float, mode: int) -> dict:
+    """The compile-time arguments of ``sape2_signature_kernel`` for one op instance, less ``ALONG_ROW``."""
     return dict(
         H=grid[0],
         W=grid[1],
@@ -194,38 +168,67 @@ def kernel_constants(
         M=npos_max,
         SCALE=float(scale),
         MODE=int(mode),
-        BLOCK=BLOCK,
-        BLOCK_D=block_d,
-        BLOCK_M=block_m,
-        GATHER=not hat_fits if gather is None else bool(gather),
+        BLOCK_L=max(16, triton.next_power_of_2(max(grid))),
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
     )
+
+
+def kernel_constants(grid: tuple[int, int], num_prefix_tokens: int) -> dict:
+    """The compile-time arguments of ``sape2_distance_kernel`` (the plugin's kernel) for one op instance."""
+    return dict(H=grid[0], W=grid[1], P=num_prefix_tokens, BLOCK=BLOCK, CHUNK=CHUNK)
 
 
 def launch_grid(num_tokens: int, batch_heads: int) -> tuple[int, int, int]:
     return triton.cdiv(num_tokens, BLOCK), triton.cdiv(num_tokens, BLOCK), batch_heads
 
 
-def sape2_bias_triton(q, k, table_x, table_y, grid, scale, mode, num_prefix_tokens, gather: bool | None = None):
-    """The bias ``[B, h, T, T]`` in q's dtype (torch tensors on a Triton device, or CPU under
-    ``TRITON_INTERPRET=1``); same contract as ``deploykit.encodings.sape2.sape2_bias``
-    (``gather``: the interpolation's form, as ``kernel_constants``)."""
+def sape2_signatures_triton(q, k, table_x, table_y, grid, scale, mode, num_prefix_tokens):
+    """``Zx`` ``[B, h, N, W]`` and ``Zy`` ``[B, h, N, H]`` in fp32 (torch tensors on a Triton
+    device, or CPU under ``TRITON_INTERPRET=1``); the values of
+    ``deploykit.encodings.sape2.sape2_axis_signatures`` for the patch tokens of ``q``, ``k``
+    ``[B, h, P + N, d]``."""
     import torch
 
     B, h, T, D = q.shape
-    out = torch.empty(B, h, T, T, dtype=q.dtype, device=q.device)
-    consts = kernel_constants(grid, num_prefix_tokens, D, table_x.shape[1], scale, mode, gather)
-    sape2_bias_kernel[launch_grid(T, B * h)](q.contiguous(), k.contiguous(), table_x.contiguous(), table_y.contiguous(), out, **consts)
+    H, W = grid
+    q, k = q.contiguous(), k.contiguous()
+    consts = signature_constants(grid, num_prefix_tokens, D, table_x.shape[1], scale, mode)
+    zx = torch.empty(B, h, H * W, W, dtype=torch.float32, device=q.device)
+    zy = torch.empty(B, h, H * W, H, dtype=torch.float32, device=q.device)
+    sape2_signature_kernel[(H, B * h)](q, k, table_x.contiguous(), zx, ALONG_ROW=True, **consts)
+    sape2_signature_kernel[(W, B * h)](q, k, table_y.contiguous(), zy, ALONG_ROW=False, **consts)
+    return zx, zy
+
+
+def sape2_distance_triton(zx, zy, grid, num_prefix_tokens, dtype=None):
+    """The bias ``[B, h, P + N, P + N]`` (``dtype``, default fp32) from fp32 signatures ``zx``
+    ``[B, h, N, W]``, ``zy`` ``[B, h, N, H]``: what the TensorRT plugin's kernel computes."""
+    import torch
+
+    B, h, N, _ = zx.shape
+    T = num_prefix_tokens + N
+    out = torch.empty(B, h, T, T, dtype=dtype or torch.float32, device=zx.device)
+    consts = kernel_constants(grid, num_prefix_tokens)
+    sape2_distance_kernel[launch_grid(T, B * h)](zx.contiguous(), zy.contiguous(), out, **consts)
     return out
+
+
+def sape2_bias_triton(q, k, table_x, table_y, grid, scale, mode, num_prefix_tokens):
+    """The bias ``[B, h, T, T]`` in q's dtype: signatures once, then distances (three launches);
+    same contract as ``deploykit.encodings.sape2.sape2_bias``."""
+    zx, zy = sape2_signatures_triton(q, k, table_x, table_y, grid, scale, mode, num_prefix_tokens)
+    return sape2_distance_triton(zx, zy, grid, num_prefix_tokens, q.dtype)
 
 
 _TRITON_TYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 
-def compile_kernel(io_dtype: str, table_dtype: str, constants: dict, target, ptx_version: int | None = None):
-    """Compile ``sape2_bias_kernel`` ahead of time for one GPU (no GPU needed to compile).
+def compile_kernel(io_dtype: str, constants: dict, target, ptx_version: int | None = None):
+    """Compile ``sape2_distance_kernel`` ahead of time for one GPU (no GPU needed to compile).
 
     Args:
-        io_dtype, table_dtype: ``"float32"``, ``"float16"`` or ``"bfloat16"``: q/k/out, tables.
+        io_dtype: the output's dtype, ``"float32"``, ``"float16"`` or ``"bfloat16"`` (the
+            signatures it reads are fp32).
         constants: from ``kernel_constants``.
         target: a ``triton.backends.compiler.GPUTarget``, the GPU the engine is built for
             (``device_target()``): Triton writes ``sm_90a``-style PTX for 9.0 and newer, which
@@ -239,10 +242,9 @@ def compile_kernel(io_dtype: str, table_dtype: str, constants: dict, target, ptx
     """
     from triton.compiler import ASTSource
 
-    io, tab = f"*{_TRITON_TYPES[io_dtype]}", f"*{_TRITON_TYPES[table_dtype]}"
-    signature = {"q_ptr": io, "k_ptr": io, "table_x_ptr": tab, "table_y_ptr": tab, "out_ptr": io}
+    signature = {"zx_ptr": "*fp32", "zy_ptr": "*fp32", "out_ptr": f"*{_TRITON_TYPES[io_dtype]}"}
     signature.update({name: "constexpr" for name in constants})
-    source = ASTSource(fn=sape2_bias_kernel, signature=signature, constexprs=dict(constants))
+    source = ASTSource(fn=sape2_distance_kernel, signature=signature, constexprs=dict(constants))
     options = {} if ptx_version is None else {"ptx_version": ptx_version}
     return triton.compile(source, target=target, options=options)
 
@@ -335,11 +337,11 @@ class AotKernel:
 
 
 def aot_kernel(io_dtype: str, constants: dict, target, ptx_version: int | None, num_args: int) -> AotKernel:
-    """Compile ``sape2_bias_kernel`` for ``target`` as the TensorRT plugin hands it over: PTX cut
+    """Compile ``sape2_distance_kernel`` for ``target`` as the TensorRT plugin hands it over: PTX cut
     to ``num_args`` parameters, the launch grid of its tokens, its block and shared memory. The
     plugin (``trt_plugin``) and the lent-GPU check (``benchmarks/gpu_lent.py``), which launches it
     with the CUDA driver API, both take it from here."""
-    compiled = compile_kernel(io_dtype, "float32", constants, target, ptx_version)
+    compiled = compile_kernel(io_dtype, constants, target, ptx_version)
     tokens = constants["P"] + constants["H"] * constants["W"]
     tiles_x, tiles_y, _ = launch_grid(tokens, 1)
     meta = compiled.metadata

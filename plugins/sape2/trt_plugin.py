@@ -1,18 +1,24 @@
-"""TensorRT plugin ``deploykit::SaPE2Bias``: a quickly deployable plugin (``tensorrt.plugin``) whose
-kernel is ``kernels.sape2_bias_kernel`` compiled ahead of time to PTX, so a built engine runs
-without Python or Triton.
+"""TensorRT plugin ``deploykit::SaPE2Distance``: a quickly deployable plugin (``tensorrt.plugin``)
+whose kernel is ``kernels.sape2_distance_kernel`` compiled ahead of time to PTX, so a built engine
+runs without Python or Triton.
+
+Why the plugin is the distance stage only: an AOT implementation hands TensorRT exactly one
+kernel (``@trtp.aot_impl`` returns one kernel name, one PTX/CUBIN, one ``KernelLaunchParams`` and
+scalar extra arguments; ``IPluginV3QuickAOTBuild.get_kernel`` returns one ``(name, code)``) and
+has no workspace, so it cannot compute the signatures once in a first launch and read them in a
+second. Recomputing them inside every output tile (the earlier form) costs 40-70 times their
+arithmetic. So the graph TensorRT is given (``deploykit.export.plugin_nodes``) keeps the signature
+stage as plain ONNX ops, once per (image, head), and the plugin node reads ``Zx`` ``[B, h, N, W]``
+and ``Zy`` ``[B, h, N, H]`` (fp32) and writes the ``[B, h, T, T]`` bias (fp32; a ``CastLike``
+after it restores q's dtype).
 
 ``register()`` adds the plugin to TensorRT's registry (call it before parsing the ONNX model);
-importing this module imports neither TensorRT nor Triton. TensorRT's ONNX parser uses it only
-for nodes that carry ``plugin_namespace`` and have no model-local function to inline instead:
-``deploykit build`` hands the parser the graph marked so (``deploykit.export.plugin_nodes``).
-
-The kernel is compiled when the engine is built, for the GPU it is built on (its compute
-capability, as Triton's driver reports it) and in a PTX version the installed driver loads; its
-parameter list is cut to, and checked against, exactly what the plugin launch passes
-(``kernels.launchable_ptx``). The node's attributes (grid, prefix tokens, gate scale, mode) are
-compile-time constants of the kernel, so the engine holds one PTX per SaPE² node configuration;
-the batch dimension stays dynamic (grid z = B·h).
+importing this module imports neither TensorRT nor Triton. The kernel is compiled when the engine
+is built, for the GPU it is built on (its compute capability, as Triton's driver reports it) and
+in a PTX version the installed driver loads; its parameter list is cut to, and checked against,
+exactly what the plugin launch passes (``kernels.launchable_ptx``). The node's attributes (grid,
+prefix tokens) are compile-time constants of the kernel, so the engine holds one PTX per SaPE²
+node configuration; the batch dimension stays dynamic (grid z = B·h).
 """
 
 from __future__ import annotations
@@ -21,9 +27,9 @@ import importlib
 
 from deploykit._lazy import lazy_import
 
-PLUGIN_ID = "deploykit::SaPE2Bias"
-# What the launch passes: q, k, table_x, table_y (inputs), no extra scalars, the bias (output).
-LAUNCH_ARGS = 5
+PLUGIN_ID = "deploykit::SaPE2Distance"
+# What the launch passes: zx, zy (inputs), no extra scalars, the bias (output).
+LAUNCH_ARGS = 3
 _registered = False
 
 
@@ -45,49 +51,30 @@ def register() -> str:
     return PLUGIN_ID
 
 
-def _build_constant(expr, what: str) -> int:
-    """The value of a ``trtp.ShapeExpr`` that must be fixed when the engine is built (it is a
-    compile-time constant of the kernel)."""
-    if not expr.is_constant:
-        raise ValueError(f"SaPE2Bias needs a static {what} to compile its kernel; the exported graph has one")
-    return int(expr.constant_value())
-
-
 def _define(trt, trtp) -> None:
     from deploykit.plugins.sape2 import kernels
 
     @trtp.register(PLUGIN_ID)
-    def _describe(
-        q: trtp.TensorDesc,
-        k: trtp.TensorDesc,
-        table_x: trtp.TensorDesc,
-        table_y: trtp.TensorDesc,
-        grid_h: int,
-        grid_w: int,
-        num_prefix_tokens: int,
-        scale: float,
-        mode: int,
-    ) -> trtp.TensorDesc:
-        # bias [B, h, T, T] in q's dtype, from q [B, h, T, d]
-        out = q.like()
-        out.shape_expr[3] = q.shape_expr[2]
+    def _describe(zx: trtp.TensorDesc, zy: trtp.TensorDesc, grid_h: int, grid_w: int, num_prefix_tokens: int) -> trtp.TensorDesc:
+        # bias [B, h, T, T] fp32 from zx [B, h, N, W], T = P + N
+        out = zx.like()
+        out.shape_expr[2] = zx.shape_expr[2] + num_prefix_tokens
+        out.shape_expr[3] = zx.shape_expr[2] + num_prefix_tokens
         return out
 
     @trtp.autotune(PLUGIN_ID)
-    def _combinations(q, k, table_x, table_y, outputs):
-        # q, k and the output share fp32 or fp16; tables stay fp32 (design: never fp16 tables).
-        return [trtp.AutoTuneCombination("FP32|FP16, FP32|FP16, FP32, FP32, FP32|FP16", "LINEAR")]
+    def _combinations(zx, zy, outputs):
+        # The signatures and the distances stay fp32 whatever the plan's precision (spec §8.7).
+        return [trtp.AutoTuneCombination("FP32, FP32, FP32", "LINEAR")]
 
     @trtp.aot_impl(PLUGIN_ID)
-    def _aot(q, k, table_x, table_y, grid_h: int, grid_w: int, num_prefix_tokens: int, scale: float, mode: int, outputs, tactic):
-        io = "float16" if q.dtype == trt.float16 else "float32"
-        head_dim, npos_max = _build_constant(q.shape_expr[3], "head dim"), _build_constant(table_x.shape_expr[1], "table size")
-        consts = kernels.kernel_constants((grid_h, grid_w), num_prefix_tokens, head_dim, npos_max, scale, mode)
+    def _aot(zx, zy, grid_h: int, grid_w: int, num_prefix_tokens: int, outputs, tactic):
+        consts = kernels.kernel_constants((grid_h, grid_w), num_prefix_tokens)
         target = kernels.device_target()  # the GPU this engine is being built on
-        kernel = kernels.aot_kernel(io, consts, target, kernels.driver_ptx_version(target), LAUNCH_ARGS)
+        kernel = kernels.aot_kernel("float32", consts, target, kernels.driver_ptx_version(target), LAUNCH_ARGS)
         launch = trtp.KernelLaunchParams()
         launch.grid_x, launch.grid_y = kernel.grid_x, kernel.grid_y
-        launch.grid_z = q.shape_expr[0] * q.shape_expr[1]  # B·h, B dynamic
+        launch.grid_z = zx.shape_expr[0] * zx.shape_expr[1]  # B·h, B dynamic
         launch.block_x = kernel.block_x
         launch.shared_mem = kernel.shared_mem
         return kernel.name, kernel.ptx, launch, trtp.SymIntExprs(0)

@@ -1,4 +1,5 @@
-"""Engines whose plugin layers carry their kernel load with no plugin (issue 42, item 6).
+"""Engines whose plugin layers carry their kernel load with no plugin (issue 42, item 6), and the
+build finds those layers on a real network (issue 51).
 
 NVIDIA documents that an engine built with an ahead-of-time (AOT) quickly deployable plugin
 "does not require any Python modules or definitions to be present at runtime" and runs on the
@@ -7,24 +8,34 @@ standard TensorRT runtime, in any tool that deserializes engines, such as trtexe
 for an ``@aot_impl`` is an ``IPluginV3QuickAOTBuild`` with no runtime capability of its own; for
 an ``@impl`` (JIT), an ``IPluginV3QuickRuntime`` that TensorRT calls back into Python at
 inference. The plugin objects below are built as ``tensorrt.plugin``'s ``_TemplateAOTPlugin`` and
-``_TemplateJITPlugin`` are, on TensorRT 11's real classes (``tensorrt_lean``); the network and its
-layers are autospecs of TensorRT-RTX's (full TensorRT, whose builder these come from, does not
-install here).
+``_TemplateJITPlugin`` are, on TensorRT 11's real classes (``tensorrt_lean``).
+
+Detection used to test ``isinstance(network.get_layer(i).plugin, IPluginV3QuickAOTBuild)``, but
+a real network's ``get_layer`` returns the base ``ILayer`` (no ``plugin``), so no layer was ever
+found; its test passed because its mock returned the subclass. The network here is TensorRT-RTX's
+real one, parsed from a real SaPE² export. TensorRT-RTX cannot put a V3 plugin layer in it on
+this machine: it has no ``add_plugin_v3``, its bindings abort on a Python-made plugin that a
+creator hands the parser, and its one built-in V3 creator the parser uses (``ROIAlign_TRT``, for
+``RoiAlign``) fails without a CUDA driver. So only the plugin layer is a stand-in, made of
+autospecs of RTX's ``ILayer`` (what ``get_layer`` returns) and ``IPluginV3Layer`` (what the
+downcast exposes), spliced among the real layers.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from types import SimpleNamespace
 
 import pytest
 
 lean = pytest.importorskip("tensorrt_lean", reason="tensorrt-lean-cu13 is in the test extra (TensorRT 11's runtime classes)")
 rtx = pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx is in the test extra")
 
+from deploykit.backends._polygraphy import backend
 from deploykit.backends.engine_cache import EngineFromPath, engine_paths, read_fingerprint
 from deploykit.backends.plugins import Plugins
-from deploykit.backends.tensorrt import embedded_plugin_layers
+from deploykit.backends.tensorrt import BuildOptions, EngineFromOnnx, carries_its_kernel, embedded_plugin_layers, plugin_v3_layers
 from deploykit.errors import StaleEngineError
 from tests.trt_api import strict_autospec
 
@@ -50,22 +61,102 @@ class _JitPlugin(_QuickPlugin, lean.IPluginV3QuickRuntime):
         lean.IPluginV3QuickRuntime.__init__(self)
 
 
-def _network(*layers):
-    network = strict_autospec(rtx.INetworkDefinition, num_layers=len(layers))
-    network.get_layer.side_effect = list(layers).__getitem__
-    return network
+@pytest.fixture(scope="module")
+def rtx_network(sape2_export):
+    """TensorRT-RTX's real network of the SaPE² export (inlined form), with its parser and builder."""
+    builder, network, parser = backend("tensorrt_rtx").NetworkFromOnnxBytes(
+        (sape2_export / "model_32.onnx").read_bytes(), strongly_typed=True
+    )()
+    return builder, network, parser
 
 
-def _plugin_layer(plugin):
-    return strict_autospec(rtx.IPluginV3Layer, type=rtx.LayerType.PLUGIN_V3, plugin=plugin)
+class _PluginLayerAsGetLayerReturnsIt:
+    """A V3 plugin layer as ``INetworkDefinition.get_layer`` returns it: the base ``ILayer``'s
+    attributes only (no ``plugin``), until its class is set to ``IPluginV3Layer``, as the bindings'
+    downcast does; then ``IPluginV3Layer``'s, ``plugin`` included."""
+
+    def __init__(self, trt, plugin):
+        self._views = {
+            trt.ILayer: strict_autospec(trt.ILayer, type=trt.LayerType.PLUGIN_V3, name="sape2_plugin"),
+            trt.IPluginV3Layer: strict_autospec(trt.IPluginV3Layer, type=trt.LayerType.PLUGIN_V3, name="sape2_plugin", plugin=plugin),
+        }
+        self._class = trt.ILayer
+
+    @property
+    def __class__(self):
+        return self._class
+
+    @__class__.setter
+    def __class__(self, cls):
+        if cls not in self._views:
+            raise TypeError(f"__class__ assignment: {cls.__name__} is not this layer's type")
+        self._class = cls
+
+    def __getattr__(self, name):
+        return getattr(self._views[self._class], name)
 
 
-def test_only_ahead_of_time_plugin_layers_count_as_carrying_their_kernel():
-    plain = strict_autospec(rtx.ILayer, type=rtx.LayerType.MATRIX_MULTIPLY)
-    network = _network(plain, _plugin_layer(_AotPlugin()), _plugin_layer(_JitPlugin()), _plugin_layer(_AotPlugin()))
-    assert embedded_plugin_layers(lean, network) == 2
-    assert embedded_plugin_layers(lean, _network(_plugin_layer(_JitPlugin()), plain)) == 0
-    assert embedded_plugin_layers(rtx, network) == 0  # TensorRT-RTX has no quickly deployable plugins
+class _Network:
+    """The real network's layers with stand-in plugin layers spliced in at ``at``."""
+
+    def __init__(self, network, at: dict):
+        self.network, self.at = network, at
+        self.num_layers = network.num_layers + len(at)
+
+    def get_layer(self, i):
+        if i in self.at:
+            return self.at[i]
+        return self.network.get_layer(i - sum(j < i for j in self.at))
+
+
+def test_a_real_network_returns_base_layers_which_the_plugin_layer_class_can_take(rtx_network):
+    _, network, _ = rtx_network
+    layers = [network.get_layer(i) for i in range(network.num_layers)]
+    assert len(layers) > 20 and {type(layer) for layer in layers} == {rtx.ILayer}  # never the concrete class
+    assert not any(hasattr(layer, "plugin") for layer in layers)  # what the old detection looked for
+    layer = layers[0]
+    layer.__class__ = rtx.IPluginV3Layer  # the downcast TensorRT's samples and Polygraphy make
+    assert isinstance(layer, rtx.IPluginV3Layer) and "plugin" in dir(layer)
+    assert plugin_v3_layers(rtx, network) == [] and embedded_plugin_layers(rtx, network) == 0  # no plugin layer in the inlined form
+
+
+# Full TensorRT 11 as this machine has its parts: network and layer classes as TensorRT-RTX's
+# bindings define them (the same API), plugin classes as tensorrt_lean's (full TensorRT's own).
+TENSORRT_11 = SimpleNamespace(
+    LayerType=rtx.LayerType,
+    ILayer=rtx.ILayer,
+    IPluginV3Layer=rtx.IPluginV3Layer,
+    IPluginV3QuickAOTBuild=lean.IPluginV3QuickAOTBuild,
+    PluginCapabilityType=lean.PluginCapabilityType,
+)
+
+
+def test_aot_plugin_layers_are_found_among_a_real_networks_layers(rtx_network):
+    _, network, _ = rtx_network
+    aot, jit = (_PluginLayerAsGetLayerReturnsIt(rtx, p) for p in (_AotPlugin(), _JitPlugin()))
+    spliced = _Network(network, {3: aot, 10: jit, 11: _PluginLayerAsGetLayerReturnsIt(rtx, _AotPlugin())})
+    assert not hasattr(spliced.get_layer(3), "plugin")  # as get_layer returns it
+    found = plugin_v3_layers(TENSORRT_11, spliced)
+    assert [layer.plugin for layer in found] == [aot.plugin, jit.plugin, spliced.get_layer(11).plugin]
+    assert embedded_plugin_layers(TENSORRT_11, spliced) == 2  # the two AOT layers, not the JIT one
+    assert embedded_plugin_layers(TENSORRT_11, _Network(network, {0: _PluginLayerAsGetLayerReturnsIt(rtx, _JitPlugin())})) == 0
+
+
+def test_only_ahead_of_time_plugins_count_as_carrying_their_kernel():
+    assert carries_its_kernel(lean, _AotPlugin()) and not carries_its_kernel(lean, _JitPlugin())
+    # A plugin the bindings wrap (C++ made): its build capability's kind decides, read through
+    # the real capability classes (TensorRT-RTX has no IPluginV3QuickAOTBuild class of its own).
+    plugin = strict_autospec(rtx.IPluginV3)
+    plugin.get_capability_interface.return_value = lean.IPluginV3QuickAOTBuild()
+    assert carries_its_kernel(rtx, plugin)
+    plugin.get_capability_interface.assert_called_once_with(rtx.PluginCapabilityType.BUILD)
+    plugin.get_capability_interface.return_value = rtx.IPluginV3OneBuild()
+    assert not carries_its_kernel(rtx, plugin)
+
+
+def test_rtx_builds_the_sape2_export_inlined_and_finds_no_embedded_plugin_layer(sape2_export):
+    loader = EngineFromOnnx((sape2_export / "model_32.onnx").read_bytes(), BuildOptions(module="tensorrt_rtx", optimization_level=0))
+    assert len(loader()) > 0 and loader.plugin_nodes == [] and loader.embedded_plugin_layers == 0
 
 
 @pytest.fixture(scope="module")

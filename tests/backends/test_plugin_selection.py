@@ -148,3 +148,118 @@ def test_custom_ops_without_a_registered_plugin_are_left_to_the_function(sape2_e
     exported = (sape2_export / "model_32.onnx").read_bytes()
     assert with_plugin_nodes(exported, {("other", "Op")}) == (exported, [])
     assert with_plugin_nodes(exported, set()) == (exported, [])
+
+
+# -------------------------------------------------------------------- the split SaPE² plugin form
+#
+# The SaPE² plugin is deploykit::SaPE2Distance: an AOT plugin launches one kernel and has no
+# workspace, so each SaPE2Bias node is split into its signature stage (plain ONNX ops) and a marked
+# SaPE2Distance node reading Zx [B, h, N, W] and Zy [B, h, N, H] (deploykit.export.plugin_nodes).
+
+DISTANCE = ("deploykit", "SaPE2Distance")
+
+
+def _one_node_graph(grid, prefix, head_dim, npos_max, mode):
+    from onnx import TensorProto, helper
+
+    tokens = prefix + grid[0] * grid[1]
+    node = helper.make_node(
+        "SaPE2Bias", ["q", "k", "tx", "ty"], ["bias"], domain="deploykit", name="blk", grid_h=grid[0], grid_w=grid[1],
+        num_prefix_tokens=prefix, scale=0.4, mode=mode,
+    )  # fmt: skip
+    shapes = {"q": [2, 3, tokens, head_dim], "k": [2, 3, tokens, head_dim], "tx": [head_dim, npos_max], "ty": [head_dim, npos_max]}
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in shapes.items()]
+    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("bias", TensorProto.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("deploykit", 1)])
+
+
+def _signature_stage(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The split graph cut before its plugin nodes, less all that follows them: the inputs (Zx, Zy)
+    of those whose signature stage is left are the outputs."""
+    from onnx import TensorProto, helper
+
+    plugin = [n for n in model.graph.node if (n.domain, n.op_type) == DISTANCE]
+    after, kept = {o for n in plugin for o in n.output}, []
+    for node in model.graph.node:  # in graph (topological) order: drop everything downstream
+        if node in plugin or after & set(node.input):
+            after |= set(node.output)
+        else:
+            kept.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+    del model.graph.output[:]
+    made = {o for n in kept for o in n.output}  # a later block's signatures follow an earlier plugin
+    model.graph.output.extend(helper.make_tensor_value_info(z, TensorProto.FLOAT, None) for n in plugin for z in n.input if z in made)
+    return model
+
+
+@pytest.mark.parametrize("grid, prefix, head_dim, npos_max, mode", [((3, 5), 1, 8, 4, 0), ((4, 4), 0, 16, 9, 1), ((5, 3), 2, 8, 3, 2)])
+def test_the_split_keeps_the_signatures_as_plain_onnx_equal_to_the_float64_reference(grid, prefix, head_dim, npos_max, mode):
+    """Every mode, non-square grids, prefix tokens, tables clamped (M - 1 below a side)."""
+    import onnxruntime as ort
+    import torch
+
+    from deploykit.encodings.sape2 import MODES, sape2_axis_signatures
+
+    model = _one_node_graph(grid, prefix, head_dim, npos_max, mode)
+    assert mark_plugin_nodes(model, {DISTANCE}) == ["blk/distance"]
+    (node,) = [n for n in model.graph.node if n.domain == "deploykit"]
+    attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    assert (node.op_type, attributes["plugin_namespace"], attributes["plugin_version"]) == ("SaPE2Distance", b"deploykit", b"1")
+    assert (attributes["grid_h"], attributes["grid_w"], attributes["num_prefix_tokens"]) == (*grid, prefix)
+    assert model.graph.node[-1].op_type == "CastLike" and list(model.graph.node[-1].output) == ["bias"]  # q's dtype, same name
+    g = torch.Generator().manual_seed(mode)
+    feeds = {n: torch.randn(*[d.dim_value for d in i.type.tensor_type.shape.dim], generator=g) for i in model.graph.input for n in [i.name]}
+    zx, zy = ort.InferenceSession(_signature_stage(model).SerializeToString()).run(None, {n: t.numpy() for n, t in feeds.items()})
+    q, k, tx, ty = (feeds[n].double() for n in ("q", "k", "tx", "ty"))
+    ref_x, ref_y = sape2_axis_signatures(q[:, :, prefix:], k[:, :, prefix:], tx, ty, grid, 0.4, MODES[mode])
+    assert zx.shape == tuple(ref_x.shape) == (2, 3, grid[0] * grid[1], grid[1]) and zy.shape == tuple(ref_y.shape)
+    for got, ref in ((zx, ref_x), (zy, ref_y)):
+        assert abs(torch.from_numpy(got).double() - ref).max() <= 1e-5 * ref.abs().max()
+
+
+def test_rtx_builds_the_signature_stage_and_hands_each_distance_node_to_the_plugin(sape2_export, probe_distance):
+    """The plugin form on TensorRT-RTX's real parser and builder (CPU): the signature stage builds;
+    the parser hands each SaPE2Distance node to the registered creator with its attributes. RTX
+    cannot host the plugin itself (no quickly deployable plugins; a Python-made plugin aborts its
+    bindings), so the probe creates none and the build of the whole plugin form stops there."""
+    plugins, creator = probe_distance
+    exported = (sape2_export / "model_32.onnx").read_bytes()
+    provided = plugins.load("tensorrt_rtx")
+    graph, marked = with_plugin_nodes(exported, provided)
+    model = onnx.load_from_string(graph)
+    assert _sape2_nodes(model) == [] and list(model.functions) == []  # nothing left to inline
+    assert marked == [n.name for n in model.graph.node if (n.domain, n.op_type) == DISTANCE] and len(marked) == 2
+
+    stage = _signature_stage(onnx.load_from_string(graph))
+    assert len(stage.graph.output) == 2  # the first block's Zx, Zy
+    assert EngineFromOnnx(stage.SerializeToString(), RTX)()  # plain ONNX ops only: built on CPU
+
+    with pytest.raises(ExportError) as err:
+        EngineFromOnnx(exported, RTX, plugins=plugins)()
+    assert "Could not create the plugin" in str(err.value) and "\n" not in str(err.value)
+    (name, fields), *_ = creator.requests
+    first = {a.name: onnx.helper.get_attribute_value(a) for a in _sape2_nodes(onnx.load_from_string(exported))[0].attribute}
+    assert name == marked[0] and fields == {k: [first[k]] for k in ("grid_h", "grid_w", "num_prefix_tokens")}
+
+
+@pytest.fixture
+def probe_distance(tmp_path):
+    """As ``probe``, registered as deploykit::SaPE2Distance with its three attributes."""
+    backend("tensorrt_rtx")
+    root = tmp_path / f"probe_distance_{tmp_path.name}"
+    root.mkdir()
+    source = _PROBE.replace('"SaPE2Bias"', '"SaPE2Distance"').replace(
+        '("grid_h", "grid_w", "num_prefix_tokens", "mode")', '("grid_h", "grid_w", "num_prefix_tokens")'
+    )
+    source = source.replace('[*ints, rtx.PluginField("scale", np.array([]), rtx.PluginFieldType.FLOAT32)]', "ints").replace(
+        "deploykit::SaPE2Bias", "deploykit::SaPE2Distance"
+    )
+    (root / "sape2_probe.py").write_text(source)
+    plugins = Plugins.resolve([root])
+    plugins.load("tensorrt_rtx")
+    module = sys.modules[f"deploykit_plugins.{root.name}.sape2_probe"]
+    try:
+        yield plugins, module.CREATOR
+    finally:
+        rtx.get_plugin_registry().deregister_creator(module.CREATOR)

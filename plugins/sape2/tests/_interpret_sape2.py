@@ -1,5 +1,5 @@
 """Run under TRITON_INTERPRET=1 (set before Triton is imported): the SaPE² kernels on CPU against
-the float64 reference. Prints one JSON object; tests/plugins/test_sape2_kernels.py asserts on it."""
+the float64 reference. Prints one JSON object; plugins/sape2/tests/test_sape2_kernels.py asserts on it."""
 
 import json
 import os
@@ -8,65 +8,47 @@ assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
 import torch
 
-from deploykit.encodings.sape2 import MODES, sape2_bias_reference
-from deploykit.plugins.sape2.kernels import sape2_bias_triton
+from deploykit.encodings.sape2 import MODES, sape2_axis_signatures, sape2_bias_reference
+from deploykit.plugins.sape2.kernels import sape2_bias_triton, sape2_signatures_triton
 
 
 def bias_errors():
     results = []
     g = torch.Generator().manual_seed(0)
-    # (grid, prefix, head dim, M, dtype): non-square, prefix tokens, M < W (clamping), fp16 I/O,
-    # and a grid whose tokens span two tiles with a partial last one.
-    cases = [((3, 5), 1, 8, 4, torch.float32), ((4, 6), 2, 16, 7, torch.float16), ((6, 7), 0, 8, 8, torch.float32)]
-    # Both forms of the interpolation (the hat over the whole table, the gather of two columns).
-    for (grid, prefix, d, m, dtype), mode, gather in [
-        (c, mode, gather) for c in cases for mode in range(len(MODES)) for gather in (False, True)
-    ]:
+    # (grid, prefix, head dim, M, dtype): non-square and square grids, prefix tokens, tables
+    # clamped (M - 1 below the grid's side), head sizes 32/80/128, fp16 I/O, and a grid whose
+    # tokens span two tiles with a partial last one; every mode of each.
+    cases = [
+        ((3, 5), 1, 32, 4, torch.float32),
+        ((4, 6), 2, 80, 7, torch.float16),
+        ((5, 5), 0, 128, 4, torch.float32),
+        ((6, 7), 1, 16, 8, torch.float32),
+    ]
+    for (grid, prefix, d, m, dtype), mode in [(c, mode) for c in cases for mode in range(len(MODES))]:
         q, k = (torch.randn(2, 2, prefix + grid[0] * grid[1], d, generator=g).to(dtype) for _ in range(2))
         tx, ty = (torch.randn(d, m, generator=g) for _ in range(2))
-        out = sape2_bias_triton(q, k, tx, ty, grid, 0.4, mode, prefix, gather)
-        ref = sape2_bias_reference(*(t.double() for t in (q, k, tx, ty)), grid, 0.4, MODES[mode], prefix)
+        out = sape2_bias_triton(q, k, tx, ty, grid, 0.4, mode, prefix)
+        args64 = [t.double() for t in (q, k, tx, ty)]
+        ref = sape2_bias_reference(*args64, grid, 0.4, MODES[mode], prefix)
+        zx, zy = sape2_signatures_triton(q, k, tx, ty, grid, 0.4, mode, prefix)
+        ref_zx, ref_zy = sape2_axis_signatures(args64[0][:, :, prefix:], args64[1][:, :, prefix:], *args64[2:], grid, 0.4, MODES[mode])
         results.append(
             dict(
                 grid=grid,
                 prefix=prefix,
+                head_dim=d,
+                npos_max=m,
                 dtype=str(dtype),
                 mode=mode,
-                gather=gather,
                 out_dtype=str(out.dtype),
                 max_err=(out.double() - ref).abs().max().item(),
                 max_ref=ref.abs().max().item(),
+                signature_shapes=[list(zx.shape), list(zy.shape)],
+                signature_err=max((zx.double() - ref_zx).abs().max().item(), (zy.double() - ref_zy).abs().max().item()),
+                signature_max=max(ref_zx.abs().max().item(), ref_zy.abs().max().item()),
                 diag_zero=bool((out.diagonal(dim1=-2, dim2=-1) == 0).all()),
+                symmetric=bool((out == out.transpose(-1, -2)).all()),
                 prefix_zero=bool((out[..., :prefix, :] == 0).all() and (out[..., :, :prefix] == 0).all()),
-            )
-        )
-    return results
-
-
-def fused_errors():
-    """Fused attention vs softmax((q·k + b)/√d) v in float64 (Eq. 16), and the Eq. 16-off variant."""
-    from deploykit.plugins.sape2.fused import sape2_attention_triton
-
-    results = []
-    g = torch.Generator().manual_seed(1)
-    for grid, prefix, d, m, divided, gather in [
-        ((5, 7), 1, 16, 6, True, False),
-        ((4, 4), 0, 8, 5, False, False),
-        ((5, 7), 1, 16, 6, True, True),
-    ]:
-        q, k, v = (torch.randn(1, 2, prefix + grid[0] * grid[1], d, generator=g) for _ in range(3))
-        tx, ty = (torch.randn(d, m, generator=g) for _ in range(2))
-        out = sape2_attention_triton(q, k, v, tx, ty, grid, 0.3, 1, prefix, divided, gather)
-        q64, k64, v64 = q.double(), k.double(), v.double()
-        bias = sape2_bias_reference(q64, k64, tx.double(), ty.double(), grid, 0.3, "k", prefix)
-        logits = q64 @ k64.transpose(-1, -2) * d**-0.5 + bias * (d**-0.5 if divided else 1.0)
-        ref = logits.softmax(-1) @ v64
-        results.append(
-            dict(
-                grid=grid,
-                max_err=(out.double() - ref).abs().max().item(),
-                bias_max=bias.abs().max().item(),
-                spread=(ref - v64.mean(-2, keepdim=True)).abs().max().item(),
             )
         )
     return results
@@ -95,4 +77,4 @@ def cuda_op_route():
 
 
 if __name__ == "__main__":
-    print(json.dumps({"bias": bias_errors(), "fused": fused_errors(), "cuda_op": cuda_op_route()}))
+    print(json.dumps({"bias": bias_errors(), "cuda_op": cuda_op_route()}))

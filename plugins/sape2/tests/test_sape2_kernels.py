@@ -30,24 +30,23 @@ def interpreted():
 
 
 @pytest.mark.slow
-def test_bias_kernel_matches_reference_under_interpreter(interpreted):
+def test_bias_kernels_match_reference_under_interpreter(interpreted):
     cases = interpreted["bias"]
-    assert len(cases) == 18 and sum(c["gather"] for c in cases) == 9  # each case in both forms
+    assert len(cases) == 12 and {c["mode"] for c in cases} == {0, 1, 2}
+    assert {c["head_dim"] for c in cases} >= {32, 80, 128}
+    assert any(c["npos_max"] - 1 < max(c["grid"]) for c in cases)  # tables clamped
+    assert any(c["grid"][0] != c["grid"][1] for c in cases) and any(c["grid"][0] == c["grid"][1] for c in cases)
     for case in cases:
         # fp32 arithmetic inside: fp16 I/O costs one rounding of the output (2⁻¹¹ relative)
         tol = (2**-10 if case["dtype"] == "torch.float16" else 1e-6) * case["max_ref"]
         assert case["max_err"] <= tol, case
         assert case["out_dtype"] == case["dtype"], case
-        assert case["diag_zero"] and case["prefix_zero"], case
+        assert case["diag_zero"] and case["symmetric"] and case["prefix_zero"], case
         assert case["max_ref"] > 1, case  # std-1 inputs: a real signal
-
-
-def test_fused_attention_matches_reference_under_interpreter(interpreted):
-    cases = interpreted["fused"]
-    assert len(cases) == 3
-    for case in cases:
-        assert case["max_err"] <= 1e-5, case
-        assert case["bias_max"] > 1 and case["spread"] > 0.1, case  # the bias changes the attention
+        # the signatures, computed once per (image, head), in fp32: [B, h, N, W] and [B, h, N, H]
+        (h, w), n = case["grid"], case["grid"][0] * case["grid"][1]
+        assert case["signature_shapes"] == [[2, 2, n, w], [2, 2, n, h]], case
+        assert case["signature_err"] <= 1e-5 * case["signature_max"], case
 
 
 def test_cuda_op_runs_the_kernel_for_fp32_and_the_reference_for_float64(interpreted):
@@ -74,14 +73,14 @@ def _assembles(ptx: str, target_arch: str, arch: int) -> subprocess.CompletedPro
 )
 def test_kernel_compiles_for_the_gpu_with_exactly_the_parameters_the_plugin_passes(io_dtype, capability, target_arch):
     """Triton 3.3+ appends hidden scratch pointers to every kernel's parameters; a TensorRT AOT
-    launch passes inputs, extra scalars and outputs only (5 here). The PTX handed to TensorRT
+    launch passes inputs, extra scalars and outputs only (3 here: zx, zy, bias). The PTX handed to TensorRT
     declares exactly those, targets the GPU asked for, and still assembles."""
     from triton.backends.compiler import GPUTarget
 
     from deploykit.plugins.sape2.kernels import compile_kernel, kernel_constants, launchable_ptx, ptx_parameters
     from deploykit.plugins.sape2.trt_plugin import LAUNCH_ARGS
 
-    compiled = compile_kernel(io_dtype, "float32", kernel_constants((14, 14), 1, 64, 15, 0.125, 1), GPUTarget("cuda", capability, 32))
+    compiled = compile_kernel(io_dtype, kernel_constants((14, 14), 1), GPUTarget("cuda", capability, 32))
     name = compiled.metadata.name
     assert len(ptx_parameters(compiled.asm["ptx"], name)) > LAUNCH_ARGS  # what Triton 3.6 writes: the hazard is real
     ptx = launchable_ptx(compiled, LAUNCH_ARGS)
@@ -105,8 +104,8 @@ def test_ptx_version_is_capped_at_what_the_driver_loads(monkeypatch):
     assert driver_ptx_version(target) == 87  # the driver takes more than this ptxas writes
     monkeypatch.setattr(_nvml, "cuda_driver_version", lambda: None)
     assert driver_ptx_version(target) is None  # no driver (building for another machine): Triton's own choice
-    compiled = compile_kernel("float32", "float32", kernel_constants((4, 4), 1, 16, 5, 1.0, 0), target, ptx_version=84)
-    ptx = launchable_ptx(compiled, 5)
+    compiled = compile_kernel("float32", kernel_constants((4, 4), 1), target, ptx_version=84)
+    ptx = launchable_ptx(compiled, 3)
     assert ".version 8.4\n" in ptx and _assembles(ptx, "sm_90a", 90).returncode == 0
 
 
@@ -117,14 +116,14 @@ def test_a_kernel_that_reads_a_parameter_the_launch_does_not_pass_is_refused():
 
     from deploykit.plugins.sape2.kernels import compile_kernel, kernel_constants, launchable_ptx
 
-    compiled = compile_kernel("float32", "float32", kernel_constants((4, 4), 1, 16, 5, 1.0, 0), GPUTarget("cuda", 80, 32))
+    compiled = compile_kernel("float32", kernel_constants((4, 4), 1), GPUTarget("cuda", 80, 32))
     name = compiled.metadata.name
-    reads_scratch = compiled.asm["ptx"].replace("{", f"{{\n\tld.param.u64 %rd999, [{name}_param_5];", 1)
+    reads_scratch = compiled.asm["ptx"].replace("{", f"{{\n\tld.param.u64 %rd999, [{name}_param_3];", 1)
     edited = SimpleNamespace(asm={"ptx": reads_scratch}, metadata=compiled.metadata)
-    with pytest.raises(ValueError, match=rf"{name} needs parameters beyond the 5 the plugin passes \({name}_param_5\)"):
-        launchable_ptx(edited, 5)
-    with pytest.raises(ValueError, match="takes 7 parameters, but the plugin passes 8"):
-        launchable_ptx(compiled, 8)
+    with pytest.raises(ValueError, match=rf"{name} needs parameters beyond the 3 the plugin passes \({name}_param_3\)"):
+        launchable_ptx(edited, 3)
+    with pytest.raises(ValueError, match="takes 5 parameters, but the plugin passes 6"):
+        launchable_ptx(compiled, 6)
 
 
 def test_the_plugin_hash_follows_the_triton_that_compiles_its_kernel(monkeypatch):
@@ -140,7 +139,7 @@ def test_the_plugin_hash_follows_the_triton_that_compiles_its_kernel(monkeypatch
 
 def test_tensorrt_plugin_module_imports_without_tensorrt():
     module = importlib.import_module("deploykit.plugins.sape2.trt_plugin")
-    assert module.PLUGIN_ID == "deploykit::SaPE2Bias"
+    assert module.PLUGIN_ID == "deploykit::SaPE2Distance"
     if importlib.util.find_spec("tensorrt") is None:
         with pytest.raises(MissingDependencyError, match=r"deploykit\[trt\]"):
             module.register()
@@ -150,12 +149,12 @@ def test_tensorrt_plugin_registers():
     pytest.importorskip("tensorrt", reason="TensorRT not installed (pip install 'deploykit[trt]'); needs an NVIDIA GPU machine")
     from deploykit.plugins.sape2.trt_plugin import register
 
-    assert register() == "deploykit::SaPE2Bias"
-    assert register() == "deploykit::SaPE2Bias"  # idempotent: a second trtp.register would raise
+    assert register() == "deploykit::SaPE2Distance"
+    assert register() == "deploykit::SaPE2Distance"  # idempotent: a second trtp.register would raise
 
 
 class _Expr:
-    """A ``trtp.ShapeExpr`` as documented: build-time constant or symbolic, closed under ``*``."""
+    """A ``trtp.ShapeExpr`` as documented: build-time constant or symbolic, closed under ``*`` and ``+``."""
 
     def __init__(self, value=None, name=None):
         self.value, self.name = value, name
@@ -173,6 +172,12 @@ class _Expr:
         if self.is_constant and other.is_constant:
             return _Expr(self.value * other.value)
         return _Expr(name=f"{self.name or self.value}*{other.name or other.value}")
+
+    def __add__(self, other):
+        other = other if isinstance(other, _Expr) else _Expr(other)
+        if self.is_constant and other.is_constant:
+            return _Expr(self.value + other.value)
+        return _Expr(name=f"{self.name or self.value}+{other.name or other.value}")
 
 
 class _Desc:
@@ -219,44 +224,38 @@ def test_plugin_aot_impl_compiles_the_node_kernel_through_the_documented_api(mon
     monkeypatch.setitem(sys.modules, "tensorrt", trt)
     monkeypatch.setitem(sys.modules, "tensorrt.plugin", trtp)
     monkeypatch.setattr(trt_plugin, "_registered", False)
-    assert trt_plugin.register() == "deploykit::SaPE2Bias"
-    plugin = "deploykit::SaPE2Bias"
+    plugin = "deploykit::SaPE2Distance"
+    assert trt_plugin.register() == plugin
     assert {kind for kind, pid in defined if pid == plugin} == {"register", "autotune", "aot_impl"}
 
-    batch, heads, tokens, head_dim = _Expr(name="B"), _Expr(6), _Expr(197), _Expr(64)
-    q = _Desc(trt.float16, [batch, heads, tokens, head_dim])
-    table = _Desc(trt.float32, [_Expr(64), _Expr(15)])
-    out = defined[("register", plugin)](q, q, table, table, 14, 14, 1, 0.125, 1)
-    assert out.shape_expr[3] is tokens and out.shape_expr[2] is tokens  # [B, h, T, T]
+    # zx [B, 6, 196, 14], zy [B, 6, 196, 14]: a 14x14 grid's signatures, one class token
+    batch, heads, patches, side = _Expr(name="B"), _Expr(6), _Expr(196), _Expr(14)
+    zx = _Desc(trt.float32, [batch, heads, patches, side])
+    out = defined[("register", plugin)](zx, zx, 14, 14, 1)
+    assert out.dtype == trt.float32 and out.shape_expr[:2] == [batch, heads]
+    assert out.shape_expr[2].constant_value() == out.shape_expr[3].constant_value() == 197  # [B, h, T, T], T = P + N
 
-    name, ptx, launch, extra = defined[("aot_impl", plugin)](q, q, table, table, 14, 14, 1, 0.125, 1, [out], 0)
+    name, ptx, launch, extra = defined[("aot_impl", plugin)](zx, zx, 14, 14, 1, [out], 0)
     assert ".target sm_89\n" in ptx and ".version 8.4\n" in ptx
-    assert kernels.ptx_parameters(ptx, name) == [f"{name}_param_{i}" for i in range(5)]  # q, k, table_x, table_y, bias
+    assert kernels.ptx_parameters(ptx, name) == [f"{name}_param_{i}" for i in range(3)]  # zx, zy, bias
     assert launch.grid_x == launch.grid_y == 7  # ceil(197 / 32) token tiles
     assert launch.grid_z.name == "B*6" and launch.block_x % 32 == 0 and extra == []
-    # fp16 I/O compiles a different kernel from fp32 I/O (the tables stay fp32)
-    q32 = _Desc(trt.float32, [batch, heads, tokens, head_dim])
-    assert defined[("aot_impl", plugin)](q32, q32, table, table, 14, 14, 1, 0.125, 1, [out], 0)[1] != ptx
-
-    dynamic = _Desc(trt.float16, [batch, heads, tokens, _Expr(name="d")])
-    with pytest.raises(ValueError, match="static head dim"):
-        defined[("aot_impl", plugin)](dynamic, dynamic, table, table, 14, 14, 1, 0.125, 1, [out], 0)
+    # the grid is compiled into the kernel: another grid, another PTX
+    assert defined[("aot_impl", plugin)](zx, zx, 7, 28, 1, [out], 0)[1] != ptx
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("head_dim, npos_max", [(64, 15), (64, 129), (128, 9), (128, 33), (32, 65)])
-def test_every_instance_fits_the_shared_memory_a_launch_gets_without_opting_in(head_dim, npos_max):
+@pytest.mark.parametrize("grid, prefix", [((14, 14), 1), ((24, 24), 1), ((32, 32), 0), ((16, 40), 1), ((128, 128), 1)])
+def test_every_instance_fits_the_shared_memory_a_launch_gets_without_opting_in(grid, prefix):
     """A TensorRT AOT launch passes the kernel's shared-memory size but need not raise the function's
     48 KiB default first; on an H200 a 72 KiB instance launched without it was refused
-    (benchmarks/results/gpu-lent.json). The default form of every instance stays within 48 KiB."""
+    (benchmarks/results/gpu-lent.json). The distance kernel holds no table: every grid stays within 48 KiB."""
     from triton.backends.compiler import GPUTarget
 
     from deploykit.plugins.sape2.kernels import SHARED_MEM_OPT_IN, aot_kernel, kernel_constants
     from deploykit.plugins.sape2.trt_plugin import LAUNCH_ARGS
 
-    side = npos_max - 1
-    constants = kernel_constants((side, side), 1, head_dim, npos_max, head_dim**-0.5, 1)
-    kernel = aot_kernel("float32", constants, GPUTarget("cuda", 90, 32), None, LAUNCH_ARGS)
-    assert kernel.shared_mem <= SHARED_MEM_OPT_IN, (constants, kernel.shared_mem)
-    hat = aot_kernel("float32", {**constants, "GATHER": False}, GPUTarget("cuda", 90, 32), None, LAUNCH_ARGS)
-    assert constants["GATHER"] or hat.shared_mem == kernel.shared_mem  # control: the form chosen is the one compiled
+    kernel = aot_kernel("float32", kernel_constants(grid, prefix), GPUTarget("cuda", 90, 32), None, LAUNCH_ARGS)
+    assert kernel.shared_mem <= SHARED_MEM_OPT_IN, (grid, kernel.shared_mem)
+    tokens = prefix + grid[0] * grid[1]
+    assert (kernel.grid_x, kernel.grid_y) == (-(-tokens // 32),) * 2
