@@ -153,25 +153,33 @@ def pairwise_distances_gram(zx: Tensor, zy: Tensor, num_prefix_tokens: int = 0) 
     ops, a ``[..., N, N, L]`` difference; here each axis is one product ``[z, |z|², 1] ·
     [−2z, 1, |z|²]ᵀ`` of the centred signatures. Centring (the distance is translation-invariant)
     keeps the product's cancellation at about ``sqrt(ε)·spread(Z)`` where ``sqrt(ε)·|Z|`` would
-    be far larger (spec §8.7); the small negative squares rounding leaves where two signatures
-    (nearly) coincide are clamped to 0, and the diagonal is set to its exact 0. Prefix rows and
-    columns are exactly 0 (zero rows in both factors).
+    be far larger (spec §8.7). Tokens whose signatures are equal along an axis (flat regions of
+    an image) meet the worst of it, and the product gives each such pair exactly the value of
+    each token's own diagonal entry: each square less the mean of its two diagonal entries is
+    exactly 0 for those pairs and on the diagonal, and moves every other entry by at most that
+    rounding; what rounding leaves below 0 is clamped. Prefix rows and columns are exactly 0
+    (their factors' rows make every square with a prefix token ≤ 0).
 
     Args:
         zx, zy: ``[..., N, W]`` and ``[..., N, H]`` signatures of the patch tokens.
         num_prefix_tokens: ``P``, zero rows and columns in front.
     """
-    total = None
-    for z in (zx, zy):
-        z = z - z.mean(-2, keepdim=True)
-        norm = (z * z).sum(-1, keepdim=True)
-        ones = torch.ones_like(norm)
-        left = F.pad(torch.cat([z, norm, ones], -1), (0, 0, num_prefix_tokens, 0))
-        right = F.pad(torch.cat([-2 * z, ones, norm], -1), (0, 0, num_prefix_tokens, 0))
-        distance = torch.matmul(left, right.transpose(-1, -2)).clamp_min_(0).sqrt_()
-        total = distance if total is None else total.add_(distance)
-    total.diagonal(dim1=-2, dim2=-1).zero_()
-    return total
+    return _distance_by_product(zx, num_prefix_tokens).add_(_distance_by_product(zy, num_prefix_tokens))
+
+
+def _distance_by_product(z: Tensor, num_prefix_tokens: int) -> Tensor:
+    z = z - z.mean(-2, keepdim=True)
+    norm = (z * z).sum(-1, keepdim=True)
+    ones = torch.ones_like(norm)
+    # prefix rows [0, 0, −1] and [0, −1, 0]: every square with a prefix token is −|z|² ≤ 0
+    prefix = z.new_zeros(*z.shape[:-2], num_prefix_tokens, z.shape[-1] + 2)
+    left, right = prefix.clone(), prefix
+    left[..., -1], right[..., -2] = -1, -1
+    left = torch.cat([left, torch.cat([z, norm, ones], -1)], -2)
+    right = torch.cat([right, torch.cat([-2 * z, ones, norm], -1)], -2)
+    square = torch.matmul(left, right.transpose(-1, -2))
+    half_own = square.diagonal(dim1=-2, dim2=-1) * 0.5  # a copy: square changes in place below
+    return square.sub_(half_own[..., :, None]).sub_(half_own[..., None, :]).clamp_min_(0).sqrt_()
 
 
 def sape2_bias_reference(

@@ -112,23 +112,40 @@ def SaPE2Bias(
     sig_y = op.Reshape(op.Transpose(z_y, perm=[0, 1, 3, 2, 4]), op.Concat(batch_heads, [-1], rows, axis=0))
     sig_x = op.Sub(sig_x, op.ReduceMean(sig_x, [2]))
     sig_y = op.Sub(sig_y, op.ReduceMean(sig_y, [2]))
-    # ‖z_t − z_n‖² as one product per axis: [z, |z|², 1] · [−2z, 1, |z|²]ᵀ ([B, h, T, T]). Prefix
-    # rows of both factors are 0, so prefix rows and columns come out exactly 0.
+    # ‖z_t − z_n‖² as one product per axis: [z, |z|², 1] · [−2z, 1, |z|²]ᵀ ([B, h, T, T]). A
+    # prefix token's rows are [0, 0, −1] and [0, −1, 0], so every square with a prefix token is
+    # −|z|² ≤ 0 (0 between two of them), which the clamp below makes exactly 0.
     ones = op.Expand(op.Constant(value_float=1.0), op.Concat(batch_heads, op.Mul(rows, cols), [1], axis=0))
-    pads = op.Concat([0, 0], prefix, [0, 0, 0, 0, 0], axis=0)  # at the start of the token axis
+    prefix_shape = op.Concat(batch_heads, prefix, [1], axis=0)
+    no_prefix = op.Expand(op.Constant(value_float=0.0), prefix_shape)
+    minus_prefix = op.Expand(op.Constant(value_float=-1.0), prefix_shape)
     norm_x = op.ReduceSumSquare(sig_x, [-1])
     norm_y = op.ReduceSumSquare(sig_y, [-1])
-    left_x = op.Pad(op.Concat(sig_x, norm_x, ones, axis=-1), pads)
-    left_y = op.Pad(op.Concat(sig_y, norm_y, ones, axis=-1), pads)
-    right_x = op.Pad(op.Concat(op.Mul(sig_x, -2.0), ones, norm_x, axis=-1), pads)
-    right_y = op.Pad(op.Concat(op.Mul(sig_y, -2.0), ones, norm_y, axis=-1), pads)
-    # Relu: rounding can leave a small negative square where two signatures (nearly) coincide.
-    dist_x = op.Sqrt(op.Relu(op.MatMul(left_x, op.Transpose(right_x, perm=[0, 1, 3, 2]))))
-    dist_y = op.Sqrt(op.Relu(op.MatMul(left_y, op.Transpose(right_y, perm=[0, 1, 3, 2]))))
-    # The diagonal is exactly 0 (Eq. 15), not the product's rounding residue: a constant mask.
+    prefix_x = op.Expand(op.Constant(value_float=0.0), op.Concat(batch_heads, prefix, cols, axis=0))
+    prefix_y = op.Expand(op.Constant(value_float=0.0), op.Concat(batch_heads, prefix, rows, axis=0))
+    left_x = op.Concat(op.Concat(prefix_x, no_prefix, minus_prefix, axis=-1), op.Concat(sig_x, norm_x, ones, axis=-1), axis=2)
+    left_y = op.Concat(op.Concat(prefix_y, no_prefix, minus_prefix, axis=-1), op.Concat(sig_y, norm_y, ones, axis=-1), axis=2)
+    right_x = op.Concat(
+        op.Concat(prefix_x, minus_prefix, no_prefix, axis=-1), op.Concat(op.Mul(sig_x, -2.0), ones, norm_x, axis=-1), axis=2
+    )
+    right_y = op.Concat(
+        op.Concat(prefix_y, minus_prefix, no_prefix, axis=-1), op.Concat(op.Mul(sig_y, -2.0), ones, norm_y, axis=-1), axis=2
+    )
+    # Tokens whose signatures are equal along an axis (a flat region of an image) meet the
+    # product's worst cancellation, and its rounding gives each pair of them the same value as each
+    # one's own diagonal entry: less the mean of the two diagonal entries (one Sum, left to right),
+    # those pairs and the diagonal are exactly 0 (Eq. 15), and every other entry moves by at most
+    # that rounding. Relu: what rounding leaves below 0 where signatures nearly coincide.
+    flat = op.Concat(batch_heads, [-1], axis=0)
     tokens = op.Add(prefix, op.Mul(rows, cols))
-    off_diagonal = op.Sub(1.0, op.EyeLike(op.Expand(op.Constant(value_float=0.0), op.Concat(tokens, tokens, axis=0))))
-    bias = op.Mul(op.Add(dist_x, dist_y), off_diagonal)
+    diagonal = op.Mul(op.Range(0, op.Squeeze(tokens), 1), op.Add(tokens, 1))  # in [.., T·T]
+    square_x = op.MatMul(left_x, op.Transpose(right_x, perm=[0, 1, 3, 2]))
+    square_y = op.MatMul(left_y, op.Transpose(right_y, perm=[0, 1, 3, 2]))
+    half_own_x = op.Mul(op.Gather(op.Reshape(square_x, flat), diagonal, axis=2), -0.5)  # [B, h, T]
+    half_own_y = op.Mul(op.Gather(op.Reshape(square_y, flat), diagonal, axis=2), -0.5)
+    dist_x = op.Sqrt(op.Relu(op.Sum(square_x, op.Unsqueeze(half_own_x, [3]), op.Unsqueeze(half_own_x, [2]))))
+    dist_y = op.Sqrt(op.Relu(op.Sum(square_y, op.Unsqueeze(half_own_y, [3]), op.Unsqueeze(half_own_y, [2]))))
+    bias = op.Add(dist_x, dist_y)
     return op.CastLike(bias, q)
 
 

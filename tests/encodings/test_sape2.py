@@ -214,6 +214,10 @@ def test_fp32_op_within_criterion_of_float64_direct_form(mode, grid, prefix, M, 
     zx, _ = sape2_axis_signatures(q[:, :, prefix:], k[:, :, prefix:], ex, ey, grid, d**-0.5, mode)
     coinciding = pairwise_distance(zx)[..., grid[1] : 3 * grid[1], grid[1] : 3 * grid[1]]
     assert coinciding.max() < 1e-12 * reference.max()  # the case is exercised: zero row terms
+    flat = sape2_bias(*(t.float() for t in (q[..., :1, :].expand_as(q), k[..., :1, :].expand_as(k), ex, ey)), *grid, prefix, d**-0.5, 1)
+    # a flat image: every signature equal, so every distance is 0; the square's rounding is
+    # taken back with each token's own diagonal entry (sqrt(ε)·|Z| ≈ 3e-4 of the bias without)
+    assert flat.abs().max() <= 1e-5 * reference.abs().max()
 
 
 def test_centring_keeps_the_matrix_product_form_exact_where_the_plain_gram_form_is_not():
