@@ -38,7 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from results_file import write_results  # noqa: E402
+from results_file import write_results
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GOALS = {224: 1.15, 384: 1.25, 512: 1.35}  # ONNX Runtime SaPE²/APE, ViT-S/16 batch 1
@@ -171,7 +171,7 @@ def model_ratios(name: str, batch: int, resolution: int, runtimes, rounds: int, 
             calls[f"openvino {enc}"] = lambda r=runner: r.infer({"images": images})
         if "torch" in runtimes:
             x = torch.from_numpy(images)
-            calls[f"torch {enc}"] = lambda m=model: m(x)
+            calls[f"torch {enc}"] = lambda m=model, x=x: m(x)
     with torch.no_grad():
         times = _interleaved(calls, rounds, 1)
     ratios = {rt: times[f"{rt} sape2"]["p50_ms"] / times[f"{rt} ape"]["p50_ms"] for rt in runtimes}
