@@ -133,7 +133,7 @@ def SaPE2Bias(
     )
     # Tokens whose signatures are equal along an axis (a flat region of an image) meet the
     # product's worst cancellation, and its rounding gives each pair of them the same value as each
-    # one's own diagonal entry: less the mean of the two diagonal entries (one Sum, left to right),
+    # one's own diagonal entry: less half of each of the two diagonal entries (in that order),
     # those pairs and the diagonal are exactly 0 (Eq. 15), and every other entry moves by at most
     # that rounding. Relu: what rounding leaves below 0 where signatures nearly coincide.
     flat = op.Concat(batch_heads, [-1], axis=0)
@@ -143,8 +143,8 @@ def SaPE2Bias(
     square_y = op.MatMul(left_y, op.Transpose(right_y, perm=[0, 1, 3, 2]))
     half_own_x = op.Mul(op.Gather(op.Reshape(square_x, flat), diagonal, axis=2), -0.5)  # [B, h, T]
     half_own_y = op.Mul(op.Gather(op.Reshape(square_y, flat), diagonal, axis=2), -0.5)
-    dist_x = op.Sqrt(op.Relu(op.Sum(square_x, op.Unsqueeze(half_own_x, [3]), op.Unsqueeze(half_own_x, [2]))))
-    dist_y = op.Sqrt(op.Relu(op.Sum(square_y, op.Unsqueeze(half_own_y, [3]), op.Unsqueeze(half_own_y, [2]))))
+    dist_x = op.Sqrt(op.Relu(op.Add(op.Add(square_x, op.Unsqueeze(half_own_x, [3])), op.Unsqueeze(half_own_x, [2]))))
+    dist_y = op.Sqrt(op.Relu(op.Add(op.Add(square_y, op.Unsqueeze(half_own_y, [3])), op.Unsqueeze(half_own_y, [2]))))
     bias = op.Add(dist_x, dist_y)
     return op.CastLike(bias, q)
 
