@@ -184,13 +184,13 @@ def measured(args) -> dict:
     print(f"machine: {rates['gemm_gflop_per_s']:.0f} GFLOP/s fp32 product, {rates['bandwidth_gb_per_s']:.1f} GB/s", file=sys.stderr)
     records, goals = [], []
     for case in args.case:
-        name, batch, *only = case.split(":")
-        batch = int(batch)
-        for resolution in [int(r) for r in only[0].split(",")] if only else args.resolutions:
+        name, batch, *rest = case.split(":")
+        batch, rounds = int(batch), int(rest[1]) if len(rest) > 1 else args.rounds
+        for resolution in [int(r) for r in rest[0].split(",")] if rest and rest[0] else args.resolutions:
             print(f"{name} batch {batch} @ {resolution} ...", file=sys.stderr, flush=True)
-            model_part, sape2 = model_ratios(name, batch, resolution, args.runtimes, args.rounds, args.quick)
-            op_part = bias_op(sape2, batch, resolution, rates, args.runtimes, args.rounds)
-            record = {"model": name, "batch": batch, "resolution": resolution, **model_part, "bias_op": op_part}
+            model_part, sape2 = model_ratios(name, batch, resolution, args.runtimes, rounds, args.quick)
+            op_part = bias_op(sape2, batch, resolution, rates, args.runtimes, rounds)
+            record = {"model": name, "batch": batch, "resolution": resolution, "rounds": rounds, **model_part, "bias_op": op_part}
             records.append(record)
             ratios = model_part["sape2_over_ape"]
             print("  SaPE²/APE " + ", ".join(f"{rt} {r:.2f}" for rt, r in ratios.items()), file=sys.stderr)
