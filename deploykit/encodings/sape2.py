@@ -221,7 +221,8 @@ def _bias_in_fp32_or_wider(q, k, table_x, table_y, grid_h, grid_w, num_prefix_to
     """float64 inputs: the direct reference (the validation's yardstick); fp32 and narrower: the
     matrix-product form in fp32, what the runtimes compute, judged against that reference."""
     if q.dtype == torch.float64:
-        return sape2_bias_reference(q, k, table_x, table_y, (grid_h, grid_w), scale, MODES[mode], num_prefix_tokens)
+        args = [t.double() for t in (q, k, table_x, table_y)]
+        return sape2_bias_reference(*args, (grid_h, grid_w), scale, MODES[mode], num_prefix_tokens)
     args = [t.float() for t in (q, k, table_x, table_y)]
     P = num_prefix_tokens
     zx, zy = sape2_axis_signatures(args[0][:, :, P:], args[1][:, :, P:], *args[2:], (grid_h, grid_w), scale, MODES[mode])

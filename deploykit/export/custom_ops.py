@@ -33,7 +33,7 @@ TTable = TypeVar("TTable", bound=Union[FLOAT16, BFLOAT16, FLOAT, DOUBLE])  # noq
 
 
 @script(deploykit_opset, default_opset=op)
-def SaPE2Bias(
+def SaPE2AxisSignatures(
     q: TFloat,
     k: TFloat,
     table_x: TTable,
@@ -43,21 +43,12 @@ def SaPE2Bias(
     num_prefix_tokens: int,
     scale: float,
     mode: int,
-) -> TFloat:
-    """SaPE² bias (spec §2.2, §8.5), computed in fp32 and returned in the dtype of ``q``.
+) -> tuple[FLOAT, FLOAT]:
+    """The axis signatures of the patch tokens (Eq. 9-14), fp32: ``Zx`` ``[B, h, N, W]`` and
+    ``Zy`` ``[B, h, N, H]``, tokens row-major; ``SaPE2Bias``'s first stage (same inputs and
+    attributes), and what TensorRT builds before the distance plugin (``plugin_nodes``).
 
     (onnxscript takes only literals here: ``to=1`` is FLOAT, ``to=7`` INT64, 2⁶³−1 "to the end".)
-
-    Inputs: ``q``, ``k`` ``[B, h, P + N, d]`` unscaled, prefix first, patches row-major;
-    ``table_x``, ``table_y`` ``[d, M]``. Attributes: ``grid_h * grid_w = N``, ``num_prefix_tokens
-    = P``, ``scale`` the gate temperature, ``mode`` 0 = q, 1 = k, 2 = k_swap. Output ``[B, h, P +
-    N, P + N]``: the raw ``‖Zx_t − Zx_n‖ + ‖Zy_t − Zy_n‖``, prefix rows and columns 0.
-
-    Cost is the op's arithmetic: signatures once per (image, head), then per axis one
-    ``[T, L + 2] · [L + 2, T]`` product and three passes over ``[B, h, T, T]`` (clamp, sqrt, the
-    sum), one more for the exact diagonal; never a ``[.., N, N, L]`` difference. The steps are
-    those of ``deploykit.encodings.sape2.pairwise_distances_gram``; the float64 direct form
-    (``sape2_bias_reference``) is what both are judged against.
     """
     prefix = op.Reshape(op.Constant(value_int=num_prefix_tokens), [1])
     rows = op.Reshape(op.Constant(value_int=grid_h), [1])
@@ -105,11 +96,46 @@ def SaPE2Bias(
         op.Mul(op.Sub(pos_y, lo_y), op.GatherElements(op.MatMul(c_c, step_y), at_y, axis=-1)),
     )  # [B, h, W, H, H]: (x, y, m)
 
-    # Signatures [B, h, N, L], tokens row-major, centred: the distance is translation-invariant,
-    # and centring bounds the Gram form's cancellation by sqrt(ε)·(spread of Z) instead of
-    # sqrt(ε)·|Z| (spec §8.7). The prefix tokens get zero rows (below).
     sig_x = op.Reshape(z_x, op.Concat(batch_heads, [-1], cols, axis=0))
     sig_y = op.Reshape(op.Transpose(z_y, perm=[0, 1, 3, 2, 4]), op.Concat(batch_heads, [-1], rows, axis=0))
+    return sig_x, sig_y
+
+
+@script(deploykit_opset, default_opset=op)
+def SaPE2Bias(
+    q: TFloat,
+    k: TFloat,
+    table_x: TTable,
+    table_y: TTable,
+    grid_h: int,
+    grid_w: int,
+    num_prefix_tokens: int,
+    scale: float,
+    mode: int,
+) -> TFloat:
+    """SaPE² bias (spec §2.2, §8.5), computed in fp32 and returned in the dtype of ``q``.
+
+    Inputs: ``q``, ``k`` ``[B, h, P + N, d]`` unscaled, prefix first, patches row-major;
+    ``table_x``, ``table_y`` ``[d, M]``. Attributes: ``grid_h * grid_w = N``, ``num_prefix_tokens
+    = P``, ``scale`` the gate temperature, ``mode`` 0 = q, 1 = k, 2 = k_swap. Output ``[B, h, P +
+    N, P + N]``: the raw ``‖Zx_t − Zx_n‖ + ‖Zy_t − Zy_n‖``, prefix rows and columns 0.
+
+    Cost is the op's arithmetic: signatures once per (image, head), then per axis one
+    ``[T, L + 2] · [L + 2, T]`` product and three passes over ``[B, h, T, T]`` (clamp, sqrt, the
+    sum), one more for the exact diagonal; never a ``[.., N, N, L]`` difference. The steps are
+    those of ``deploykit.encodings.sape2.pairwise_distances_gram``; the float64 direct form
+    (``sape2_bias_reference``) is what both are judged against.
+    """
+    sig_x, sig_y = SaPE2AxisSignatures(
+        q, k, table_x, table_y, grid_h=grid_h, grid_w=grid_w, num_prefix_tokens=num_prefix_tokens, scale=scale, mode=mode
+    )
+    prefix = op.Reshape(op.Constant(value_int=num_prefix_tokens), [1])
+    rows = op.Reshape(op.Constant(value_int=grid_h), [1])
+    cols = op.Reshape(op.Constant(value_int=grid_w), [1])
+    batch_heads = op.Slice(op.Shape(q), [0], [2])
+    # Signatures centred: the distance is translation-invariant,
+    # and centring bounds the Gram form's cancellation by sqrt(ε)·(spread of Z) instead of
+    # sqrt(ε)·|Z| (spec §8.7). The prefix tokens get zero rows (below).
     sig_x = op.Sub(sig_x, op.ReduceMean(sig_x, [2]))
     sig_y = op.Sub(sig_y, op.ReduceMean(sig_y, [2]))
     # ‖z_t − z_n‖² as one product per axis: [z, |z|², 1] · [−2z, 1, |z|²]ᵀ ([B, h, T, T]). A
@@ -178,7 +204,51 @@ _SAPE2_NODE = Op(
         attributes=dict(grid_h=_INT, grid_w=_INT, num_prefix_tokens=_INT, scale=_FLOAT, mode=_INT),
     ),
 )
-FUNCTIONS = {("deploykit", "SaPE2Bias"): SaPE2Bias}
+FUNCTIONS = {("deploykit", "SaPE2Bias"): SaPE2Bias, ("deploykit", "SaPE2AxisSignatures"): SaPE2AxisSignatures}
+# Functions attached beside an op's: the first stage the split of TensorRT's plugin form keeps
+# (``deploykit.export.plugin_nodes``).
+COMPANIONS = {("deploykit", "SaPE2Bias"): [("deploykit", "SaPE2AxisSignatures")]}
+
+
+def function_proto(key: tuple[str, str]) -> onnx.FunctionProto:
+    """The function of ``key`` with every call to another ``deploykit`` function written out in its
+    body: TensorRT's ONNX parser (10.x, TensorRT-RTX 1.x) loses attribute references through a
+    function called from a function (a SaPE² graph then fails to parse: "last dimension of
+    input0 = 1"), and gets them right one level deep."""
+    proto = FUNCTIONS[key].to_function_proto()
+    nodes = []
+    for node in proto.node:
+        if node.domain != DOMAIN:
+            nodes.append(node)
+            continue
+        callee = function_proto((node.domain, node.op_type))
+        nodes.extend(_written_out(callee, node, f"{node.op_type}_{len(nodes)}/"))
+    for number, node in enumerate(nodes):  # unique again (ONNX Runtime checks), as onnxscript names them
+        node.name = f"n{number}"
+    del proto.node[:]
+    proto.node.extend(nodes)
+    return proto
+
+
+def _written_out(callee: onnx.FunctionProto, call: onnx.NodeProto, prefix: str) -> list[onnx.NodeProto]:
+    """``callee``'s nodes standing in for ``call``: its inputs and outputs renamed to the call's,
+    its other values prefixed, its attribute references resolved through the call's attributes."""
+    names = dict(zip(callee.input, call.input)) | dict(zip(callee.output, call.output))
+    passed = {a.name: a for a in call.attribute}
+    nodes = []
+    for original in callee.node:
+        node = onnx.NodeProto()
+        node.CopyFrom(original)
+        for values in (node.input, node.output):
+            values[:] = [names.get(v, prefix + v) if v else v for v in values]
+        for attribute in node.attribute:
+            if attribute.ref_attr_name:
+                given = passed[attribute.ref_attr_name]
+                name = attribute.name
+                attribute.CopyFrom(given)
+                attribute.name = name
+        nodes.append(node)
+    return nodes
 
 
 def _bare_node_translation(function: OnnxFunction, node: Op):
@@ -219,8 +289,9 @@ def attach_functions(proto: onnx.ModelProto) -> None:
         raise ExportError(
             f"{names} is defined as an ONNX function in opset {FUNCTION_OPSET}; export this model with --opset {FUNCTION_OPSET}, not {opset}"
         )
-    for key in sorted(used - have):
-        proto.functions.append(FUNCTIONS[key].to_function_proto())
+    needed = used | {companion for key in used for companion in COMPANIONS.get(key, ())}
+    for key in sorted(needed - have):
+        proto.functions.append(function_proto(key))
     if used and not any(o.domain == DOMAIN for o in proto.opset_import):
         proto.opset_import.append(onnx.helper.make_opsetid(DOMAIN, 1))
 

@@ -16,12 +16,14 @@ running the function body.
 Some ops are split instead of marked (``SPLITS``): their plugin computes only the part a single
 ahead-of-time kernel can. ``deploykit::SaPE2Bias`` is one: a TensorRT AOT plugin launches one
 kernel and has no workspace, so the SaPE² plugin is ``deploykit::SaPE2Distance``, the pairwise
-distances of signatures computed once. Each ``SaPE2Bias`` node becomes the signature stage as
-plain ONNX ops (the reference's ``_axis_signature``, in fp32: gates, reverse cumulative sum,
-clamp, interpolation of ``c · E``), ``Zx`` ``[B, h, N, W]`` and ``Zy`` ``[B, h, N, H]``, a marked
-``SaPE2Distance`` node reading them (fp32 ``[B, h, T, T]``) and a ``CastLike`` back to q's dtype.
+distances of signatures computed once. Each ``SaPE2Bias`` node becomes its own first stage, a
+``deploykit::SaPE2AxisSignatures`` node (the model-local function exported beside the bias's,
+whose body the bias's begins with, plain ONNX in fp32: gates, reverse cumulative sum, clamp, interpolation of ``c · E``) giving ``Zx``
+``[B, h, N, W]`` and ``Zy`` ``[B, h, N, H]``, a marked ``SaPE2Distance`` node reading them (fp32
+``[B, h, T, T]``) and a ``CastLike`` back to q's dtype.
 
-Only onnx is imported here (``deploykit build`` loads no exporter).
+Only onnx is imported here (``deploykit build`` loads no exporter), but for a file exported
+before the signature stage was a function of its own.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ def mark_plugin_nodes(model: onnx.ModelProto, registered: Collection[tuple[str, 
             nodes.append(node)
             continue
         if op not in set(registered):  # split: plain ONNX ops, then the plugin's node
-            parts = _SPLITTERS[op](node, index)
+            parts = _SPLITTERS[op](model, node, index)
             nodes.extend(parts)
             node = next(n for n in parts if (n.domain, n.op_type) == SPLITS[op])
         else:
@@ -76,7 +78,8 @@ def mark_plugin_nodes(model: onnx.ModelProto, registered: Collection[tuple[str, 
         marked.append(node.name)
     del model.graph.node[:]
     model.graph.node.extend(nodes)
-    kept = [f for f in model.functions if (f.domain, f.name) not in ops]
+    called = {(n.domain, n.op_type) for n in nodes}  # the marked ops' functions, and any no node calls, go
+    kept = [f for f in model.functions if (f.domain, f.name) in called - ops]
     del model.functions[:]
     model.functions.extend(kept)
     return marked
@@ -90,53 +93,26 @@ def _mark(node: onnx.NodeProto) -> None:
         node.attribute.append(onnx.helper.make_attribute("plugin_version", PLUGIN_VERSION))
 
 
-def _split_sape2_bias(node: onnx.NodeProto, index: int) -> list[onnx.NodeProto]:
-    """``deploykit::SaPE2Bias`` as its signature stage in plain ONNX (fp32), a
-    ``deploykit::SaPE2Distance`` node and a ``CastLike`` to q's dtype (the original output)."""
-    import numpy as np
-    from onnx import TensorProto, helper, numpy_helper
+def _split_sape2_bias(model: onnx.ModelProto, node: onnx.NodeProto, index: int) -> list[onnx.NodeProto]:
+    """``deploykit::SaPE2Bias`` as its signature stage (the model-local function
+    ``deploykit::SaPE2AxisSignatures``, which the parser inlines),
+    a ``deploykit::SaPE2Distance`` node and a ``CastLike`` to q's dtype (the original output)."""
+    from onnx import helper
 
+    if not any((f.domain, f.name) == (node.domain, "SaPE2AxisSignatures") for f in model.functions):
+        from deploykit.export.custom_ops import function_proto  # a file exported before the split
+
+        model.functions.append(function_proto((node.domain, "SaPE2AxisSignatures")))
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    H, W, P = attrs["grid_h"], attrs["grid_w"], attrs["num_prefix_tokens"]
     name = node.name or f"SaPE2Bias_{index}"
-    out: list[onnx.NodeProto] = []
-    count = iter(range(1_000_000))
-
-    def op(op_type: str, *inputs: str, **kwargs) -> str:
-        result = f"{name}/sig/{op_type}_{next(count)}"
-        out.append(helper.make_node(op_type, list(inputs), [result], name=result, **kwargs))
-        return result
-
-    def const(value, dtype) -> str:
-        return op("Constant", value=numpy_helper.from_array(np.asarray(value, dtype=dtype)))
-
-    q, k, table_x, table_y = (op("Cast", t, to=TensorProto.FLOAT) for t in node.input[:4])
-    gate_a, gate_b, project = {0: (q, k, q), 1: (q, k, k), 2: (k, q, k)}[attrs["mode"]]
-    rows = {}
-    for t in dict.fromkeys((gate_a, gate_b, project)):  # [B, h, P + N, d] -> [B, h, H, W, d]
-        patches = op("Slice", t, const([P], np.int64), const([np.iinfo(np.int64).max], np.int64), const([2], np.int64))
-        rows[t] = op("Reshape", patches, const([0, 0, H, W, -1], np.int64))
-    cols = {t: op("Transpose", r, perm=[0, 1, 3, 2, 4]) for t, r in rows.items()}  # [B, h, W, H, d]
-    scale, one, last = const(attrs["scale"], np.float32), const(1.0, np.float32), const(-1, np.int64)
-
-    def signature(lines: dict, table: str) -> str:  # Eq. 9-14, deploykit.encodings.sape2._axis_signature
-        gates = op("Sigmoid", op("Mul", op("MatMul", lines[gate_a], op("Transpose", lines[gate_b], perm=[0, 1, 2, 4, 3])), scale))
-        top = op("Sub", op("Cast", op("Shape", table, start=1, end=2), to=TensorProto.FLOAT), one)  # M - 1
-        pos = op("Min", op("CumSum", gates, last, reverse=1), top)
-        lo, hi = op("Floor", pos), op("Ceil", pos)
-        weight = op("Sub", pos, lo)
-        logits = op("MatMul", lines[project], table)  # c · E[:, p] for every integer p
-        at_lo = op("GatherElements", logits, op("Cast", lo, to=TensorProto.INT64), axis=-1)
-        at_hi = op("GatherElements", logits, op("Cast", hi, to=TensorProto.INT64), axis=-1)
-        return op("Add", op("Mul", at_hi, weight), op("Mul", at_lo, op("Sub", one, weight)))
-
-    zx = op("Reshape", signature(rows, table_x), const([0, 0, -1, W], np.int64))  # [B, h, N, W]
-    zy = op("Reshape", op("Transpose", signature(cols, table_y), perm=[0, 1, 3, 2, 4]), const([0, 0, -1, H], np.int64))
+    zx, zy, bias = f"{name}/zx", f"{name}/zy", f"{name}/distance"
     plugin_domain, plugin_op = SPLITS[(node.domain, node.op_type)]
-    bias = f"{name}/distance"
-    out.append(helper.make_node(plugin_op, [zx, zy], [bias], name=bias, domain=plugin_domain, grid_h=H, grid_w=W, num_prefix_tokens=P))
-    out.append(helper.make_node("CastLike", [bias, node.input[0]], list(node.output), name=f"{name}/cast"))
-    return out
+    grid = {key: attrs[key] for key in ("grid_h", "grid_w", "num_prefix_tokens")}
+    return [
+        helper.make_node("SaPE2AxisSignatures", list(node.input[:4]), [zx, zy], name=f"{name}/signatures", domain=node.domain, **attrs),
+        helper.make_node(plugin_op, [zx, zy], [bias], name=bias, domain=plugin_domain, **grid),
+        helper.make_node("CastLike", [bias, node.input[0]], list(node.output), name=f"{name}/cast"),
+    ]
 
 
 _SPLITTERS = {("deploykit", "SaPE2Bias"): _split_sape2_bias}

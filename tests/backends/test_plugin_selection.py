@@ -203,7 +203,10 @@ def test_the_split_keeps_the_signatures_as_plain_onnx_equal_to_the_float64_refer
 
     model = _one_node_graph(grid, prefix, head_dim, npos_max, mode)
     assert mark_plugin_nodes(model, {DISTANCE}) == ["blk/distance"]
-    (node,) = [n for n in model.graph.node if n.domain == "deploykit"]
+    stage, node = [n for n in model.graph.node if n.domain == "deploykit"]  # the signature stage, then the plugin's node
+    assert stage.op_type == "SaPE2AxisSignatures" and [(f.domain, f.name) for f in model.functions] == [
+        ("deploykit", "SaPE2AxisSignatures")
+    ]
     attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     assert (node.op_type, attributes["plugin_namespace"], attributes["plugin_version"]) == ("SaPE2Distance", b"deploykit", b"1")
     assert (attributes["grid_h"], attributes["grid_w"], attributes["num_prefix_tokens"]) == (*grid, prefix)
@@ -228,7 +231,8 @@ def test_rtx_builds_the_signature_stage_and_hands_each_distance_node_to_the_plug
     provided = plugins.load("tensorrt_rtx")
     graph, marked = with_plugin_nodes(exported, provided)
     model = onnx.load_from_string(graph)
-    assert _sape2_nodes(model) == [] and list(model.functions) == []  # nothing left to inline
+    assert _sape2_nodes(model) == []  # nothing left to inline but the signature stage the split calls
+    assert [(f.domain, f.name) for f in model.functions] == [("deploykit", "SaPE2AxisSignatures")]
     assert marked == [n.name for n in model.graph.node if (n.domain, n.op_type) == DISTANCE] and len(marked) == 2
 
     stage = _signature_stage(onnx.load_from_string(graph))
