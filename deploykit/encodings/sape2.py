@@ -13,13 +13,20 @@ with the column term ``Zy`` the same along columns (suffix towards the bottom ed
 table. ``(a, b, c)`` are ``(q, k, q)``, ``(q, k, k)`` or ``(k, q, k)`` by ``mode`` (spec A1). The
 tables ``E`` ``[d, M]`` are learned, shared by the heads of a block, one pair per block (A10).
 Attention is ``softmax((q·k + b) / √d)`` (Eq. 16, A3). Prefix (class) tokens get zero bias rows
-and columns (A6). The distance is written out (never ``torch.cdist``: Gram-form rounding and
-exporter failures, A14).
+and columns (A6).
 
-In the trunk the bias is one op, ``torch.ops.deploykit.sape2_bias``: the float64-capable
-reference below on CPU, the Triton kernel of ``deploykit.plugins.sape2`` on CUDA, and on export
-one ONNX node ``deploykit::SaPE2Bias`` whose model-local function body is plain ONNX
-(``deploykit.export.custom_ops``).
+Two forms of the distance, one judge: the reference (``sape2_bias_reference``, float64 in
+validation) sums ``(Zx_t − Zx_n)²`` directly, exact and exactly zero on the diagonal;
+what runs (fp32) costs the op's arithmetic: the signatures once per image and head, then per
+axis one matrix product of centred signatures with exact zeros restored where signatures
+coincide (``pairwise_distances_gram``), within 1e-3 of the reference's largest value (tested),
+never the ``[.., N, N, L]`` difference the direct form would write out as tensor ops.
+
+In the trunk the bias is one op, ``torch.ops.deploykit.sape2_bias``: the float64 reference or
+the fp32 form on CPU, the Triton kernels of ``deploykit.plugins.sape2`` on CUDA (signatures,
+then direct distances), and on export one ONNX node ``deploykit::SaPE2Bias`` whose model-local
+function body is plain ONNX (``deploykit.export.custom_ops``). The 1/√d of Eq. 16 scales the
+``[d, M]`` tables, not the ``[N, N]`` bias (the bias is homogeneous in them).
 """
 
 from __future__ import annotations
@@ -65,8 +72,10 @@ class SaPE2Config(EncodingConfig):
         interpolation: how that APE is resized to another grid (timm: bicubic).
         antialias: the resize's antialias, as timm's ``resample_abs_pos_embed`` (default True;
             see ``deploykit.encodings.ape``); False is the plain bicubic of older checkpoints.
-        distance: ``"direct"`` ``sqrt(Σ(a−b)²)``, exact zero diagonal (A14); the Gram form is
-            not offered.
+        distance: ``"direct"``: Eq. 15 as ``sqrt(Σ(a−b)²)`` (A14), the definition every form
+            is judged by; fp32 runtimes compute it as centred matrix products with coinciding
+            signatures restored to exact zeros (module docstring), never the uncentred Gram
+            form ``torch.cdist`` takes.
         prefix_bias: ``"zero"``: prefix tokens get no positional bias (A6).
     """
 
