@@ -95,3 +95,23 @@ def test_serve_overhead_splits_a_served_request_into_its_layers(tmp_path):
     assert {"front", "Triton queue", "Python backend (stub hop, checks, top-k)", "runner"} <= set(layers), sorted(layers)
     assert layers["runner"] > 0 and result["client_via_front_ms"] > layers["runner"]
     assert result["triton_ms"]["requests"] == 2 * 31 and result["environment_line"]  # each path: 30 timed, 1 warm-up
+
+
+@pytest.mark.slow
+def test_sape2_floor_times_every_runtime_against_ape_and_the_op_against_its_floor(tmp_path):
+    _run("sape2_floor.py", "--output-dir", str(tmp_path))
+    result = json.loads((tmp_path / "sape2-floor-quick.json").read_text())
+    rates = result["machine_rates"]
+    assert rates["gemm_gflop_per_s"] > 0 and rates["bandwidth_gb_per_s"] > 0 and result["environment"]["cpu_instruction_sets"]
+    assert [(r["model"], r["batch"], r["resolution"]) for r in result["records"]] == [
+        ("vit_tiny_patch16", 1, 32),
+        ("vit_tiny_patch16", 1, 64),
+    ]
+    for record in result["records"]:
+        assert set(record["sape2_over_ape"]) == {"ort", "openvino", "torch"} and all(r > 0 for r in record["sape2_over_ape"].values())
+        op = record["bias_op"]
+        floor = op["floor"]
+        assert floor["floor_ms"] == max(floor["compute_ms"], floor["memory_ms"]) > 0
+        # nothing runs faster than the machine allows: the floor is a lower bound of every runtime's call
+        assert all(op[rt]["min_ms"] >= floor["floor_ms"] and op[rt]["over_floor"] >= 1 for rt in ("ort", "openvino", "torch"))
+    assert result["goals"] == []  # the goals are ViT-S/16's; a smoke run judges none
