@@ -39,7 +39,7 @@ def test_graph(export_dir, tmp_path):
     info = inspect_path(export_dir / "model_32_fp16.onnx")
     assert info["kind"] == "graph" and info["encoding"]["name"] == "sape2" and info["precision_plan"] == "fp16"
     assert info["opset"]["ai.onnx"] >= 17 and info["custom_ops"] == {"deploykit::SaPE2Bias": DEPTH}
-    assert info["functions"] == ["deploykit::SaPE2Bias"]
+    assert info["functions"] == ["deploykit::SaPE2AxisSignatures", "deploykit::SaPE2Bias"]  # the plugin form's first stage too
     assert len(info["tables"]) == 2 * DEPTH and all(t["dtype"] == "float32" for t in info["tables"])  # tables stay fp32
     assert info["initializer_dtypes"].get("float16", 0) > 0 and info["casts"] > 0  # the plan's fp16 weights and casts
     assert info["inputs"] == [{"name": "images", "shape": ["batch", 3, 32, 32], "dtype": "float32"}]

@@ -354,11 +354,15 @@ class SaPE2(PositionalEncoding):
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
 
     def tables(self, grid: tuple[int, int]) -> PETables:
-        """Per block: the two learned tables ``[d, M]``, plus the grid; with ``ape`` the resized APE.
+        """Per block: the two learned tables ``[d, M]`` times Eq. 16's 1/√d (when the bias is
+        divided by it); with ``ape`` the resized APE.
 
-        Nothing here depends on the grid but the APE: the bias itself depends on the content.
+        The bias is homogeneous in the tables (Z is linear in E, and ‖s·Zt − s·Zn‖ = s·‖Zt − Zn‖),
+        so the ``[d, M]`` tables take the 1/√d, not each block's ``[N, N]`` bias: one pass less
+        over it. Nothing here depends on the grid but the APE: the bias depends on the content.
         """
-        layers = [{"table_x": b.sape_x.pos_emb[0].double(), "table_y": b.sape_y.pos_emb[0].double()} for b in self.blocks]
+        scale = self.dims.head_dim**-0.5 if self.config.bias_divided_by_sqrt_d else 1.0
+        layers = [{"table_x": b.sape_x.pos_emb[0].double() * scale, "table_y": b.sape_y.pos_emb[0].double() * scale} for b in self.blocks]
         model = {}
         if self.config.ape:
             model["pos_embed"] = resample_pos_embed(
@@ -377,10 +381,5 @@ class SaPE2(PositionalEncoding):
     def logits_bias(self, q: Tensor, k: Tensor, tables: dict[str, Tensor], grid: tuple[int, int]) -> Tensor:
         mode = MODES.index(self.config.mode)
         P = self.dims.num_prefix_tokens
-        table_x, table_y = tables["table_x"], tables["table_y"]
-        if self.config.bias_divided_by_sqrt_d:
-            # Eq. 16: (q·k + b) / √d, and SDPA adds the mask to q·k / √d. The bias is homogeneous
-            # in the tables (Z is linear in E, and ‖s·Zt − s·Zn‖ = s·‖Zt − Zn‖), so the [d, M]
-            # tables take the 1/√d (a constant in the exported graph), not the [N, N] bias.
-            table_x, table_y = (t * self.dims.head_dim**-0.5 for t in (table_x, table_y))
-        return sape2_bias(q, k, table_x, table_y, *grid, P, self.gate_scale, mode)
+        # the tables carry Eq. 16's 1/√d (``tables``): SDPA adds the mask to q·k / √d
+        return sape2_bias(q, k, tables["table_x"], tables["table_y"], *grid, P, self.gate_scale, mode)

@@ -278,7 +278,9 @@ def test_eq16_scaling_and_config_defaults():
     assert enc.blocks[0].sape_x.pos_emb.shape == (1, 64, 5)
     q, k = torch.randn(2, 2, 3, 17, 64).unbind(0)
     tables = {key: value.float() for key, value in enc.tables((4, 4)).layers[0].items()}
-    raw = sape2_bias(q, k, tables["table_x"], tables["table_y"], 4, 4, 1, 0.125, MODES.index("k"))
+    learned = [unit.pos_emb[0].detach() for unit in (enc.blocks[0].sape_x, enc.blocks[0].sape_y)]
+    torch.testing.assert_close(tables["table_x"], learned[0] / 8)  # the tables carry the 1/√d
+    raw = sape2_bias(q, k, *learned, 4, 4, 1, 0.125, MODES.index("k"))
     torch.testing.assert_close(enc.logits_bias(q, k, tables, (4, 4)), raw / 8)  # Eq. 16: (q·k + b) / √d
     other = create_model(
         "vit_tiny_patch16",

@@ -61,11 +61,12 @@ def _assembles(ptx: str, target_arch: str, arch: int) -> subprocess.CompletedPro
     """Triton's own ptxas (it runs without a GPU) on the PTX as the plugin hands it to TensorRT."""
     from triton.backends.nvidia.compiler import get_ptxas
 
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-        f.write(ptx)
-    return subprocess.run(
-        [get_ptxas(arch).path, f"--gpu-name={target_arch}", f.name, "-o", f.name + ".cubin"], capture_output=True, text=True
-    )
+    with tempfile.TemporaryDirectory() as folder:  # the PTX and cubin go with it
+        source = Path(folder) / "kernel.ptx"
+        source.write_text(ptx)
+        return subprocess.run(
+            [get_ptxas(arch).path, f"--gpu-name={target_arch}", str(source), "-o", f"{source}.cubin"], capture_output=True, text=True
+        )
 
 
 @pytest.mark.parametrize(
