@@ -102,6 +102,7 @@ DEPLOYKIT_SOURCE = use_checkout()
 
 import torch  # noqa: E402
 from checks import Checks, Failed  # noqa: E402
+from sape2_gpu import median_ms  # noqa: E402
 
 from deploykit._io import write_json_atomic  # noqa: E402
 from deploykit.profile.environment import capture_environment, environment_line  # noqa: E402
@@ -146,6 +147,18 @@ class KernelShape:
         flops = bh * (2 * n * (h + w) * 3 * self.head_dim + 3 * self.tokens**2 * (h + w))
         nbytes = 4 * bh * (2 * self.tokens * self.head_dim + self.tokens**2)
         return float(flops), float(nbytes)
+
+    def distance_flops_and_bytes(self) -> tuple[float, float]:
+        """The distance stage's (the plugin's) share: ``T²·(H+W)`` differences, squares and adds;
+        the fp32 signatures read, the fp32 bias written once."""
+        h, w = self.grid
+        bh = self.batch * self.heads
+        return 3.0 * bh * self.tokens**2 * (h + w), 4.0 * bh * (self.tokens**2 + h * w * (h + w))
+
+
+def floor_ms(flops: float, nbytes: float, machine: dict) -> float:
+    """``max(bytes / bandwidth, flops / fp32 rate)`` in ms, from the rates ``rates_check`` measured."""
+    return max(nbytes / (machine["bandwidth_gb_s"] * 1e9), flops / (machine["fp32_tflops"] * 1e12)) * 1e3
 
 
 SHAPES = (
@@ -253,29 +266,6 @@ def _rel_err(got, exact) -> float:
     return ((got.double().cpu() - exact).abs().max() / exact.abs().max()).item()
 
 
-def median_ms(fn, iters: int, device: str, warmup: int = 3, before=None) -> float:
-    """Median time of ``fn`` in ms: CUDA events around the call on a GPU, the wall clock on the
-    CPU; ``before`` (an L2 flush) runs before each call, outside the timed span."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        if before is not None:
-            before()
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            start = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
-
 def rates_check(device: str, machine: dict, dry: bool):
     """Memory bandwidth (a copy: bytes read + written) and fp32 / TF32 matrix-product rates."""
 
@@ -341,7 +331,7 @@ def floor_check(shape: KernelShape, device: str, machine: dict, iters: int):
         warm = median_ms(run, iters, device)
         flushed = median_ms(run, iters, device, before=scratch.zero_)
         flops, nbytes = shape.flops_and_bytes()
-        floor = max(nbytes / (machine["bandwidth_gb_s"] * 1e9), flops / (machine["fp32_tflops"] * 1e12)) * 1e3
+        floor = floor_ms(flops, nbytes, machine)
         details = {
             "shape": shape.label,
             "bias_ms_p50": warm,
@@ -543,12 +533,9 @@ def plugin_graph_check(shape: KernelShape, machine: dict, launches: int = 20):
             for _ in range(launches):
                 driver.check(driver.launch(func, grid, kernel.block_x, kernel.shared_mem, stream.cuda_stream, pointers), "cuLaunchKernel")
         ms = median_ms(graph.replay, 10, "cuda") / launches
-        h, w = shape.grid
-        flops = 3.0 * shape.batch * shape.heads * shape.tokens**2 * (h + w)
-        nbytes = 4.0 * shape.batch * shape.heads * (shape.tokens**2 + h * w * (h + w))
         details.update(launches_per_graph=launches, ms_per_launch=ms, rel_err_vs_float64=_rel_err(out[:1], exact))
         if machine.get("bandwidth_gb_s"):
-            floor = max(nbytes / (machine["bandwidth_gb_s"] * 1e9), flops / (machine["fp32_tflops"] * 1e12)) * 1e3
+            floor = floor_ms(*shape.distance_flops_and_bytes(), machine)
             details.update(floor_ms=floor, ratio_to_floor=ms / floor)
         if not details["rel_err_vs_float64"] <= 1e-5:
             raise Failed("the plugin's kernel, replayed in a CUDA graph, disagrees with the float64 reference", details)

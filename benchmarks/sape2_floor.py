@@ -28,9 +28,7 @@ Writes ``benchmarks/results/sape2-floor.json`` (``-quick`` for a smoke run) with
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -39,33 +37,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from results_file import write_results
+from sape2_cpu import interleaved, ort_session
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GOALS = {224: 1.15, 384: 1.25, 512: 1.35}  # ONNX Runtime SaPE²/APE, ViT-S/16 batch 1
 OPENVINO_SLACK = 1.1  # or OpenVINO's ratio within 1.1× of ONNX Runtime's
 RUNTIMES = ("ort", "openvino", "torch")
-
-
-def _interleaved(calls: dict, rounds: int, warmup: int) -> dict[str, dict]:
-    """p50/min ms of each callable, called in turn ``rounds`` times after ``warmup`` turns."""
-    for _ in range(warmup):
-        for call in calls.values():
-            call()
-    samples = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, call in calls.items():
-            start = time.perf_counter()
-            call()
-            samples[name].append((time.perf_counter() - start) * 1e3)
-    return {name: {"p50_ms": statistics.median(s), "min_ms": min(s), "n": len(s)} for name, s in samples.items()}
-
-
-def _ort_session(proto):
-    import onnxruntime as ort
-
-    from deploykit.backends.onnxrt import session_options
-
-    return ort.InferenceSession(proto.SerializeToString(), session_options(), providers=["CPUExecutionProvider"])
 
 
 def machine_rates(quick: bool) -> dict:
@@ -75,14 +52,14 @@ def machine_rates(quick: bool) -> dict:
     def graph(node, inputs):
         g = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in inputs],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])  # fmt: skip
-        return _ort_session(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]))
+        return ort_session(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]))
 
     n = 256 if quick else 1024
     a, b = (np.random.default_rng(i).standard_normal((n, n), dtype=np.float32) for i in (0, 1))
     matmul = graph(helper.make_node("MatMul", ["a", "b"], ["y"]), ["a", "b"])
     big = np.ones((2**20 if quick else 2**26,), np.float32)  # 256 MiB
     relu = graph(helper.make_node("Relu", ["x"], ["y"]), ["x"])
-    times = _interleaved(
+    times = interleaved(
         {"gemm": lambda: matmul.run(None, {"a": a, "b": b}), "stream": lambda: relu.run(None, {"x": big})}, 3 if quick else 9, 2
     )
     return {
@@ -132,7 +109,7 @@ def bias_op(model, batch: int, resolution: int, rates: dict, runtimes, rounds: i
     feed = {"q": q.numpy(), "k": k.numpy(), "table_x": tx.numpy(), "table_y": ty.numpy()}
     calls = {}
     if "ort" in runtimes:
-        session = _ort_session(proto)
+        session = ort_session(proto)
         calls["ort"] = lambda: session.run(None, feed)
     if "openvino" in runtimes:
         ov = OpenvinoRunner(proto.SerializeToString())
@@ -142,7 +119,7 @@ def bias_op(model, batch: int, resolution: int, rates: dict, runtimes, rounds: i
     if "torch" in runtimes:
         calls["torch"] = lambda: torch.ops.deploykit.sape2_bias(q, k, tx, ty, *attrs)
     with torch.no_grad():
-        times = _interleaved(calls, rounds, 2)
+        times = interleaved(calls, rounds, 2)
     floor = bias_floor_ms(batch, heads, tokens, prefix, grid, d, enc.npos_max, rates)
     return {"floor": floor, **{rt: {**t, "over_floor": t["min_ms"] / floor["floor_ms"]} for rt, t in times.items()}}
 
@@ -163,7 +140,7 @@ def model_ratios(name: str, batch: int, resolution: int, runtimes, rounds: int, 
     for enc, model in models.items():
         proto = onnx_from_model(model, (resolution, resolution))
         if "ort" in runtimes:
-            session = _ort_session(proto)
+            session = ort_session(proto)
             calls[f"ort {enc}"] = lambda s=session: s.run(None, {"images": images})
         if "openvino" in runtimes:
             runner = OpenvinoRunner(proto.SerializeToString())
@@ -173,7 +150,7 @@ def model_ratios(name: str, batch: int, resolution: int, runtimes, rounds: int, 
             x = torch.from_numpy(images)
             calls[f"torch {enc}"] = lambda m=model, x=x: m(x)
     with torch.no_grad():
-        times = _interleaved(calls, rounds, 1)
+        times = interleaved(calls, rounds, 1)
     ratios = {rt: times[f"{rt} sape2"]["p50_ms"] / times[f"{rt} ape"]["p50_ms"] for rt in runtimes}
     return {"latency": times, "sape2_over_ape": ratios}, models["sape2"]
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -32,17 +33,26 @@ RESULTS = Path(__file__).resolve().parent / "results" / "sape2_gpu.json"
 HEADS, HEAD_DIM, PATCH, PREFIX = 12, 64, 16, 1
 
 
-def cuda_time(fn, iters: int, warmup: int = 5) -> float:
+def median_ms(fn, iters: int, device: str, warmup: int = 3, before=None) -> float:
+    """Median time of ``fn`` in ms: CUDA events around the call on a GPU, the wall clock on the
+    CPU; ``before`` (an L2 flush) runs before each call, outside the timed span."""
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
+        if before is not None:
+            before()
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times)
 
 
@@ -73,7 +83,7 @@ def bench(resolution: int, batch: int, iters: int, npos_max: int | None = None) 
         q1, k1 = (t[:1].double() for t in (q, k))
         exact = sape2_bias_reference(q1, k1, tx.double(), ty.double(), grid, scale, "k", PREFIX)
         bias_err = (tri_bias()[:1].double() - exact).abs().max().item() / exact.abs().max().item()
-        timings = {name: cuda_time(fn, iters) for name, fn in [("reference_bias", ref_bias), ("triton_bias", tri_bias)]}
+        timings = {name: median_ms(fn, iters, "cuda", warmup=5) for name, fn in [("reference_bias", ref_bias), ("triton_bias", tri_bias)]}
         memory = {name: peak_extra_mib(fn) for name, fn in [("reference_bias", ref_bias), ("triton_bias", tri_bias)]}
     return {
         "resolution": resolution,

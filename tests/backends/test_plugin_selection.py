@@ -66,13 +66,12 @@ _PROBE = textwrap.dedent(
 )
 
 
-@pytest.fixture
-def probe(tmp_path):
-    """``(plugins, creator)``: a plugin directory registering the probe when loaded, and the probe."""
+def _loaded_probe(root, source: str):
+    """``(plugins, creator)``: a plugin directory at ``root`` whose module ``source`` registers the
+    probe when loaded, and the probe, deregistered afterwards."""
     backend("tensorrt_rtx")  # Polygraphy on TensorRT-RTX, as every build here
-    root = tmp_path / f"probe_{tmp_path.name}"  # module names are cached per process
     root.mkdir()
-    (root / "sape2_probe.py").write_text(_PROBE)
+    (root / "sape2_probe.py").write_text(source)
     plugins = Plugins.resolve([root])
     plugins.load("tensorrt_rtx")
     module = sys.modules[f"deploykit_plugins.{root.name}.sape2_probe"]
@@ -80,6 +79,12 @@ def probe(tmp_path):
         yield plugins, module.CREATOR
     finally:
         rtx.get_plugin_registry().deregister_creator(module.CREATOR)  # later builds in this process must not see it
+
+
+@pytest.fixture
+def probe(tmp_path):
+    """``(plugins, creator)``: a plugin directory registering the probe when loaded, and the probe."""
+    yield from _loaded_probe(tmp_path / f"probe_{tmp_path.name}", _PROBE)  # module names are cached per process
 
 
 def _sape2_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
@@ -250,20 +255,10 @@ def test_rtx_builds_the_signature_stage_and_hands_each_distance_node_to_the_plug
 @pytest.fixture
 def probe_distance(tmp_path):
     """As ``probe``, registered as deploykit::SaPE2Distance with its three attributes."""
-    backend("tensorrt_rtx")
-    root = tmp_path / f"probe_distance_{tmp_path.name}"
-    root.mkdir()
     source = _PROBE.replace('"SaPE2Bias"', '"SaPE2Distance"').replace(
         '("grid_h", "grid_w", "num_prefix_tokens", "mode")', '("grid_h", "grid_w", "num_prefix_tokens")'
     )
     source = source.replace('[*ints, rtx.PluginField("scale", np.array([]), rtx.PluginFieldType.FLOAT32)]', "ints").replace(
         "deploykit::SaPE2Bias", "deploykit::SaPE2Distance"
     )
-    (root / "sape2_probe.py").write_text(source)
-    plugins = Plugins.resolve([root])
-    plugins.load("tensorrt_rtx")
-    module = sys.modules[f"deploykit_plugins.{root.name}.sape2_probe"]
-    try:
-        yield plugins, module.CREATOR
-    finally:
-        rtx.get_plugin_registry().deregister_creator(module.CREATOR)
+    yield from _loaded_probe(tmp_path / f"probe_distance_{tmp_path.name}", source)
