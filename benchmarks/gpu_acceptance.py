@@ -443,7 +443,7 @@ def plugin_engine_check(out: Path, flavour: str, specs: list[str]):
     from deploykit.backends.plugins import Plugins
     from deploykit.build import build
     from deploykit.export.manifest import Manifest
-    from deploykit.export.plugin_nodes import STANDARD_DOMAINS
+    from deploykit.graph.plugin_nodes import STANDARD_DOMAINS
     from deploykit.inspection import inspect_engine
     from deploykit.validate import validate
 

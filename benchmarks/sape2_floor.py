@@ -7,8 +7,11 @@ interleaved call by call (the machine is shared: only ratios measured side by si
 anything):
 
 * ``model``: the exported graph of each encoding (SaPE² with one ``deploykit::SaPE2Bias`` node
-  per block, its plain-ONNX body) on ONNX Runtime and on OpenVINO (f32 hint), and the PyTorch
-  model (fp32, ``torch.ops.deploykit.sape2_bias``'s CPU form) — SaPE²/APE per runtime.
+  per block) on ONNX Runtime as deploykit runs it (``ort``: the distances in its compiled kernel,
+  ``deploykit.backends.ort_kernels``), on ONNX Runtime alone (``ort-body``: the op's plain-ONNX
+  function body, what any ONNX Runtime runs), on OpenVINO (f32 hint), and the PyTorch model
+  (fp32, ``torch.ops.deploykit.sape2_bias``'s CPU form) — SaPE²/APE per runtime, each APE graph
+  run by the same runner as its SaPE² graph.
 * ``bias_op``: one block's op alone (the model's shapes, random q/k, std-1 tables) on each
   runtime, against its floor ``max(flops / gemm_rate, bytes / bandwidth)``: the flops of the
   signatures (gates q·k within lines, the table products) and of one ``[T, L + 2] · [L + 2, T]``
@@ -42,7 +45,7 @@ from sape2_cpu import interleaved, ort_session
 RESULTS = Path(__file__).resolve().parent / "results"
 GOALS = {224: 1.15, 384: 1.25, 512: 1.35}  # ONNX Runtime SaPE²/APE, ViT-S/16 batch 1
 OPENVINO_SLACK = 1.1  # or OpenVINO's ratio within 1.1× of ONNX Runtime's
-RUNTIMES = ("ort", "openvino", "torch")
+RUNTIMES = ("ort", "ort-body", "openvino", "torch")
 
 
 def machine_rates(quick: bool) -> dict:
@@ -107,10 +110,12 @@ def bias_op(model, batch: int, resolution: int, rates: dict, runtimes, rounds: i
                                   custom_translation_table=CUSTOM_TRANSLATIONS).model_proto  # fmt: skip
     attach_functions(proto)
     feed = {"q": q.numpy(), "k": k.numpy(), "table_x": tx.numpy(), "table_y": ty.numpy()}
-    calls = {}
-    if "ort" in runtimes:
-        session = ort_session(proto)
-        calls["ort"] = lambda: session.run(None, feed)
+    calls, kernels = {}, {}
+    for runtime in ("ort", "ort-body"):
+        if runtime in runtimes:
+            runner = ort_runner(proto, runtime)
+            calls[runtime] = lambda r=runner: r.infer(feed)
+            kernels[runtime] = runner.info.kernels
     if "openvino" in runtimes:
         ov = OpenvinoRunner(proto.SerializeToString())
         ov.activate()
@@ -121,7 +126,16 @@ def bias_op(model, batch: int, resolution: int, rates: dict, runtimes, rounds: i
     with torch.no_grad():
         times = interleaved(calls, rounds, 2)
     floor = bias_floor_ms(batch, heads, tokens, prefix, grid, d, enc.npos_max, rates)
-    return {"floor": floor, **{rt: {**t, "over_floor": t["min_ms"] / floor["floor_ms"]} for rt, t in times.items()}}
+    return {"floor": floor, "kernels": kernels, **{rt: {**t, "over_floor": t["min_ms"] / floor["floor_ms"]} for rt, t in times.items()}}
+
+
+def ort_runner(proto, runtime: str):
+    """deploykit's ONNX Runtime runner, active: ``ort`` with its compiled kernels, ``ort-body`` without."""
+    from deploykit.backends.onnxrt import CPU, OnnxrtRunner
+
+    runner = OnnxrtRunner(proto.SerializeToString(), providers=[CPU], compiled_kernels=runtime == "ort")
+    runner.activate()
+    return runner
 
 
 def model_ratios(name: str, batch: int, resolution: int, runtimes, rounds: int, quick: bool) -> tuple[dict, object]:
@@ -136,12 +150,14 @@ def model_ratios(name: str, batch: int, resolution: int, runtimes, rounds: int, 
         torch.manual_seed(0)
         models[enc] = create_model(name, encoding=enc, **kwargs).eval()
     images = np.random.default_rng(0).standard_normal((batch, 3, resolution, resolution), dtype=np.float32)
-    calls = {}
+    calls, kernels = {}, {}
     for enc, model in models.items():
         proto = onnx_from_model(model, (resolution, resolution))
-        if "ort" in runtimes:
-            session = ort_session(proto)
-            calls[f"ort {enc}"] = lambda s=session: s.run(None, {"images": images})
+        for runtime in ("ort", "ort-body"):
+            if runtime in runtimes:
+                runner = ort_runner(proto, runtime)
+                calls[f"{runtime} {enc}"] = lambda r=runner: r.infer({"images": images})
+                kernels[runtime] = runner.info.kernels or kernels.get(runtime, "")
         if "openvino" in runtimes:
             runner = OpenvinoRunner(proto.SerializeToString())
             runner.activate()
@@ -152,7 +168,7 @@ def model_ratios(name: str, batch: int, resolution: int, runtimes, rounds: int, 
     with torch.no_grad():
         times = interleaved(calls, rounds, 1)
     ratios = {rt: times[f"{rt} sape2"]["p50_ms"] / times[f"{rt} ape"]["p50_ms"] for rt in runtimes}
-    return {"latency": times, "sape2_over_ape": ratios}, models["sape2"]
+    return {"latency": times, "sape2_over_ape": ratios, "kernels": kernels}, models["sape2"]
 
 
 def measured(args) -> dict:

@@ -81,6 +81,7 @@ class Record:
     quantization: dict | None = None  # a quantized plan's record (what stayed float and why), from the manifest
     node_placement: dict | None = None  # ort-cuda: nodes per execution provider, and compute nodes on the CPU
     precision_hint: str = ""  # the precision a runtime computes float ops in, where it takes a hint (OpenVINO: f32, bf16)
+    kernels: str = ""  # ONNX Runtime on the CPU: what computed deploykit's custom ops (compiled kernel or function body)
 
     @classmethod
     def of(cls, checked: Checked, run: Run, reference: Reference, resolution: tuple[int, ...], batch: int, block: str | None) -> Record:
@@ -108,6 +109,7 @@ class Record:
             quantization=run.entry.quantization,
             node_placement=run.node_placement,
             precision_hint=run.precision_hint,
+            kernels=run.kernels,
         )
 
     @property
@@ -274,13 +276,14 @@ class Run:
     provider: str
     node_placement: dict | None
     precision_hint: str
+    kernels: str
 
     @classmethod
     def of(cls, runner: Runner, backend: str, precision: str, entry: GraphEntry, inputs: dict | None) -> Run:
         info = runner.info
         placement = info.placement.to_dict()["node_placement"] if info.placement else None
         hint = info.precision.hint if info.precision else ""
-        return cls(backend, precision, entry, inputs, bool(runner.profiled_shapes), info.provider, placement, hint)
+        return cls(backend, precision, entry, inputs, bool(runner.profiled_shapes), info.provider, placement, hint, info.kernels)
 
 
 @dataclass

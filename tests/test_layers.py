@@ -53,7 +53,7 @@ LAYERS = [
     # Running graphs, torch-free: the Runner interface and batched runs, ONNX Runtime's runners and
     # their inference streams. In the backends' folder with every other runner, but below export,
     # whose checks (calibration fallback, plan check) run graphs through them.
-    ("runners", ("deploykit.backends.base", "deploykit.backends.onnxrt", "deploykit.backends.streams")),
+    ("runners", ("deploykit.backends.base", "deploykit.backends.onnxrt", "deploykit.backends.ort_kernels", "deploykit.backends.streams")),
     # One judge of outputs against a reference, torch-free: criteria (numpy) and the check that runs
     # a runner against them. Below export, whose plan check and INT8 fallback judge by it.
     ("checks", ("deploykit.checks",)),

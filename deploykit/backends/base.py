@@ -113,16 +113,20 @@ class RunInfo:
         cuda_graphs: engine runners.
         placement: ONNX Runtime on the GPU.
         precision: runners that take a precision hint (OpenVINO).
+        kernels: ONNX Runtime on the CPU: what computed deploykit's custom ops, for instance
+            ``"deploykit::SaPE2Distance compiled"``, or the function body and why
+            (``deploykit.backends.ort_kernels``); empty for a graph without them.
     """
 
     provider: str
     cuda_graphs: CudaGraphUse | None = None
     placement: NodePlacement | None = None
     precision: CpuPrecision | None = None
+    kernels: str = ""
 
     def to_dict(self) -> dict:
         """``provider`` and each present part's keys, as validate and profile write them."""
-        out = {"provider": self.provider}
+        out = {"provider": self.provider} | ({"kernels": self.kernels} if self.kernels else {})
         for part in (self.cuda_graphs, self.placement, self.precision):
             if part is not None:
                 out.update(part.to_dict())

@@ -11,6 +11,12 @@ refused. ``ort-cuda`` instead profiles one run when it activates (ONNX Runtime's
 each node's provider and output types), and refuses any node on the CPU that computes anything
 but an int64 shape, naming them, unless ``allow_cpu_fallback``. ``placement`` (and the runner's
 ``info``, which reports record) say where every node ran.
+
+deploykit's custom ops. On the CPU provider alone, a graph with ``deploykit::SaPE2Bias`` nodes
+runs their pairwise distances in deploykit's compiled kernel (``deploykit.backends.ort_kernels``;
+the signature stage stays the exported function's plain ONNX), unless ``compiled_kernels=False``
+or the kernel cannot be built here, when ONNX Runtime runs the function body; ``info.kernels``
+says which. ``cpu_runner``, what the exporter's checks run, always runs the function body.
 """
 
 from __future__ import annotations
@@ -136,6 +142,8 @@ class OnnxrtRunner(Runner):
             (``intra_op_threads`` each, unless set), so that concurrent calls run in parallel
             instead of sharing one thread pool; beside them one session of all the cores, which a
             call that finds the runner idle keeps (``deploykit.backends.streams.StreamScheduler``).
+        compiled_kernels: on the CPU provider alone, run deploykit's custom ops in its compiled
+            kernels where they build here (module docstring); False runs their function bodies.
     """
 
     name = "ort"
@@ -150,6 +158,7 @@ class OnnxrtRunner(Runner):
         intra_op_threads: int = 0,
         range_low: tuple[int, ...] | None = None,
         streams: int = 1,
+        compiled_kernels: bool = True,
     ):
         super().__init__()
         self.model = model
@@ -157,10 +166,14 @@ class OnnxrtRunner(Runner):
         self.streams = check_streams(streams)
         self.intra_op_threads = intra_op_threads or (threads_per_stream(streams) if streams > 1 else 0)
         self.range_low = tuple(range_low) if range_low else None
+        self.compiled_kernels = compiled_kernels
+        self.kernels = ""  # what ran deploykit's custom ops (RunInfo.kernels), once active
+        self._library: str | None = None
         self._session = self._scheduler = None
 
     def _activate(self, options=None) -> None:
         source = self.model if isinstance(self.model, bytes) else str(self.model)
+        source = self._with_kernels(source)
         try:
             # one session per stream (the same graph and options, a thread pool each), and with
             # streams the wide session of all the cores
@@ -172,14 +185,51 @@ class OnnxrtRunner(Runner):
         self._scheduler = StreamScheduler(wide, streams, self._run) if wide else None
         self._outputs = [o.name for o in self._session.get_outputs()]
 
+    def _with_kernels(self, source: str | bytes) -> str | bytes:
+        """``source``, or the graph split for deploykit's compiled kernels (``self._library`` set)
+        where it has their ops and runs on the CPU provider alone; ``self.kernels`` says which."""
+        from deploykit.graph.plugin_nodes import SPLITS
+
+        self._library, self.kernels = None, ""
+        if (self.providers or default_providers()) != [CPU] or not _mentions(source, [op for _, op in SPLITS]):
+            return source
+        import onnx
+
+        from deploykit.backends.ort_kernels import OPS, compiled_library
+        from deploykit.graph.plugin_nodes import has_companions, mark_plugin_nodes, plugin_ops
+
+        try:
+            model = onnx.load_from_string(source) if isinstance(source, bytes) else onnx.load(source)
+        except Exception:  # not ONNX: ONNX Runtime says so in its words
+            return source
+        ops = plugin_ops(model, OPS)
+        if not ops:
+            return source
+        names = ", ".join(f"{domain}::{op}" for domain, op in sorted(ops))
+        library = compiled_library() if self.compiled_kernels else None
+        if library is None or library.path is None or not has_companions(model):
+            why = "compiled_kernels=False" if library is None else library.reason or "exported before its signature stage was a function"
+            self.kernels = f"{names}: ONNX function body ({why})"
+            return source
+        mark_plugin_nodes(model, OPS)
+        self._library = str(library.path)
+        self.kernels = f"{names}: distances in deploykit's compiled kernel ({', '.join(f'{d}::{o}' for d, o in sorted(OPS))})"
+        return model.SerializeToString()
+
     def _new_session(self, source, options):
         import onnxruntime as ort
 
+        if self._library:
+            options.register_custom_ops_library(self._library)
         with denormal_mode_kept():
             return ort.InferenceSession(source, sess_options=options, providers=self.providers or default_providers())
 
     def _label(self) -> str:
         return "model bytes" if isinstance(self.model, bytes) else str(self.model)
+
+    @property
+    def info(self) -> RunInfo:
+        return RunInfo(self.provider, kernels=self.kernels)
 
     @property
     def parallel_calls(self) -> int:
@@ -287,8 +337,18 @@ class OnnxrtCudaRunner(OnnxrtRunner):
 
 def cpu_runner(proto) -> OnnxrtRunner:
     """A runner of a graph (``onnx.ModelProto``) on ONNX Runtime's CPU provider: what the
-    exporter's checks run (the same results on every machine, GPU or not)."""
-    return OnnxrtRunner(proto.SerializeToString(), providers=[CPU])
+    exporter's checks run (the same results on every machine, GPU or not: function bodies, no
+    compiled kernel)."""
+    return OnnxrtRunner(proto.SerializeToString(), providers=[CPU], compiled_kernels=False)
+
+
+def _mentions(source: str | bytes, names: Iterable[str]) -> bool:
+    """Whether a graph's bytes (or file) contain any of ``names``: a cheap look before parsing it."""
+    try:
+        data = source if isinstance(source, bytes) else Path(source).read_bytes() if Path(source).is_file() else b""
+    except OSError:
+        return False
+    return any(name.encode() in data for name in names)
 
 
 def run_graph(

@@ -142,12 +142,12 @@ PLUGIN_LAYER_TYPES = ("PLUGIN", "PLUGIN_V2", "PLUGIN_V3")
 
 def with_plugin_nodes(source: OnnxSource, registered: Collection[tuple[str, str]]) -> tuple[OnnxSource, list[str]]:
     """``source`` as TensorRT's parser must see it for the plugins ``registered`` (``(namespace,
-    name)``: those the build was given) to be used (``deploykit.export.plugin_nodes``), and the
+    name)``: those the build was given) to be used (``deploykit.graph.plugin_nodes``), and the
     nodes that must become plugin layers; ``source`` itself when no custom op of the graph is
     among them."""
     import onnx
 
-    from deploykit.export.plugin_nodes import mark_plugin_nodes, plugin_ops
+    from deploykit.graph.plugin_nodes import has_companions, mark_plugin_nodes, plugin_ops
 
     if not registered:
         return source, []
@@ -157,6 +157,10 @@ def with_plugin_nodes(source: OnnxSource, registered: Collection[tuple[str, str]
         return source, []
     if not plugin_ops(model, registered):
         return source, []
+    if not has_companions(model):  # a file exported before the signature stage was a function of its own
+        from deploykit.export.custom_ops import attach_functions
+
+        attach_functions(model)
     nodes = mark_plugin_nodes(model, registered)
     return model.SerializeToString(), nodes
 

@@ -46,7 +46,7 @@ def SaPE2AxisSignatures(
 ) -> tuple[FLOAT, FLOAT]:
     """The axis signatures of the patch tokens (Eq. 9-14), fp32: ``Zx`` ``[B, h, N, W]`` and
     ``Zy`` ``[B, h, N, H]``, tokens row-major; ``SaPE2Bias``'s first stage (same inputs and
-    attributes), and what TensorRT builds before the distance plugin (``plugin_nodes``).
+    attributes), and what TensorRT builds before the distance plugin (``deploykit.graph.plugin_nodes``).
 
     (onnxscript takes only literals here: ``to=1`` is FLOAT, ``to=7`` INT64, 2⁶³−1 "to the end".)
     """
@@ -206,7 +206,7 @@ _SAPE2_NODE = Op(
 )
 FUNCTIONS = {("deploykit", "SaPE2Bias"): SaPE2Bias, ("deploykit", "SaPE2AxisSignatures"): SaPE2AxisSignatures}
 # Functions attached beside an op's: the first stage the split of TensorRT's plugin form keeps
-# (``deploykit.export.plugin_nodes``).
+# (``deploykit.graph.plugin_nodes``).
 COMPANIONS = {("deploykit", "SaPE2Bias"): [("deploykit", "SaPE2AxisSignatures")]}
 
 

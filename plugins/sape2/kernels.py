@@ -24,7 +24,7 @@ tile exactly symmetric (a token's difference with itself is 0, and ``(a−b)² =
 the Gram form is not (spec §8.7). Prefix rows and columns are written as 0. This kernel alone
 is what the TensorRT plugin launches (``trt_plugin.py``): an AOT plugin runs one kernel and has
 no workspace, so there the signature stage stays plain ONNX ops
-(``deploykit.export.plugin_nodes``). ``torch.ops.deploykit.sape2_bias`` on CUDA runs both
+(``deploykit.graph.plugin_nodes``). ``torch.ops.deploykit.sape2_bias`` on CUDA runs both
 (``sape2_bias_triton``).
 
 All arithmetic is fp32 whatever the input dtype (spec §8.7). Importing this module needs Triton

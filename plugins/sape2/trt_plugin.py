@@ -7,7 +7,7 @@ kernel (``@trtp.aot_impl`` returns one kernel name, one PTX/CUBIN, one ``KernelL
 scalar extra arguments; ``IPluginV3QuickAOTBuild.get_kernel`` returns one ``(name, code)``) and
 has no workspace, so it cannot compute the signatures once in a first launch and read them in a
 second. Recomputing them inside every output tile (the earlier form) costs 40-70 times their
-arithmetic. So the graph TensorRT is given (``deploykit.export.plugin_nodes``) keeps the signature
+arithmetic. So the graph TensorRT is given (``deploykit.graph.plugin_nodes``) keeps the signature
 stage as plain ONNX ops, once per (image, head), and the plugin node reads ``Zx`` ``[B, h, N, W]``
 and ``Zy`` ``[B, h, N, H]`` (fp32) and writes the ``[B, h, T, T]`` bias (fp32; a ``CastLike``
 after it restores q's dtype).

@@ -5,7 +5,7 @@ The parser uses a registered plugin for a node only when the node carries ``plug
 otherwise a model-local function of the same name wins and is inlined. The exported graph keeps
 the function (ONNX Runtime runs it) and no such attribute, so a build with the plugin loaded
 inlined every SaPE² node while its fingerprint demanded the plugin (defect 2). ``deploykit build``
-now hands the parser the graph marked for the plugins it was given (``deploykit.export.plugin_nodes``),
+now hands the parser the graph marked for the plugins it was given (``deploykit.graph.plugin_nodes``),
 and only those: a plugin another build or import registered earlier in the process is not used
 (issue 42, item 7).
 
@@ -30,7 +30,7 @@ from deploykit.backends._polygraphy import backend
 from deploykit.backends.plugins import Plugins, registered_creators
 from deploykit.backends.tensorrt import BuildOptions, EngineFromOnnx, with_plugin_nodes
 from deploykit.errors import ExportError
-from deploykit.export.plugin_nodes import mark_plugin_nodes
+from deploykit.graph.plugin_nodes import mark_plugin_nodes
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
 RTX = BuildOptions(module="tensorrt_rtx", optimization_level=0)
@@ -159,13 +159,15 @@ def test_custom_ops_without_a_registered_plugin_are_left_to_the_function(sape2_e
 #
 # The SaPE² plugin is deploykit::SaPE2Distance: an AOT plugin launches one kernel and has no
 # workspace, so each SaPE2Bias node is split into its signature stage (plain ONNX ops) and a marked
-# SaPE2Distance node reading Zx [B, h, N, W] and Zy [B, h, N, H] (deploykit.export.plugin_nodes).
+# SaPE2Distance node reading Zx [B, h, N, W] and Zy [B, h, N, H] (deploykit.graph.plugin_nodes).
 
 DISTANCE = ("deploykit", "SaPE2Distance")
 
 
 def _one_node_graph(grid, prefix, head_dim, npos_max, mode):
     from onnx import TensorProto, helper
+
+    from deploykit.export.custom_ops import attach_functions
 
     tokens = prefix + grid[0] * grid[1]
     node = helper.make_node(
@@ -175,7 +177,9 @@ def _one_node_graph(grid, prefix, head_dim, npos_max, mode):
     shapes = {"q": [2, 3, tokens, head_dim], "k": [2, 3, tokens, head_dim], "tx": [head_dim, npos_max], "ty": [head_dim, npos_max]}
     inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in shapes.items()]
     graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("bias", TensorProto.FLOAT, None)])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("deploykit", 1)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("deploykit", 1)])
+    attach_functions(model)  # the op's function and its signature stage, as the exporter writes them
+    return model
 
 
 def _signature_stage(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -22,8 +22,10 @@ whose body the bias's begins with, plain ONNX in fp32: gates, reverse cumulative
 ``[B, h, N, W]`` and ``Zy`` ``[B, h, N, H]``, a marked ``SaPE2Distance`` node reading them (fp32
 ``[B, h, T, T]``) and a ``CastLike`` back to q's dtype.
 
-Only onnx is imported here (``deploykit build`` loads no exporter), but for a file exported
-before the signature stage was a function of its own.
+The split needs that companion function in the file (exports since it existed have it;
+``deploykit.export.custom_ops.attach_functions`` adds it to an older one). Only onnx is imported
+here: ``deploykit build`` loads no exporter, and ONNX Runtime's runner makes the same split for
+its compiled ``SaPE2Distance`` kernel (``deploykit.backends.ort_kernels``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,11 @@ STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
 PLUGIN_VERSION = "1"
 # (domain, op) exported -> (namespace, name) of the plugin that computes its last stage.
 SPLITS = {("deploykit", "SaPE2Bias"): ("deploykit", "SaPE2Distance")}
+
+
+def has_companions(model: onnx.ModelProto) -> bool:
+    """Whether the graph holds the first-stage function each split needs (``SPLITS``)."""
+    return any((f.domain, f.name) == ("deploykit", "SaPE2AxisSignatures") for f in model.functions)
 
 
 def custom_ops(model: onnx.ModelProto) -> set[tuple[str, str]]:
@@ -99,10 +106,8 @@ def _split_sape2_bias(model: onnx.ModelProto, node: onnx.NodeProto, index: int) 
     a ``deploykit::SaPE2Distance`` node and a ``CastLike`` to q's dtype (the original output)."""
     from onnx import helper
 
-    if not any((f.domain, f.name) == (node.domain, "SaPE2AxisSignatures") for f in model.functions):
-        from deploykit.export.custom_ops import function_proto  # a file exported before the split
-
-        model.functions.append(function_proto((node.domain, "SaPE2AxisSignatures")))
+    if not has_companions(model):
+        raise ValueError("the graph has no deploykit::SaPE2AxisSignatures function to split SaPE2Bias with (attach_functions adds it)")
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     name = node.name or f"SaPE2Bias_{index}"
     zx, zy, bias = f"{name}/zx", f"{name}/zy", f"{name}/distance"
