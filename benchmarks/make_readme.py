@@ -126,7 +126,8 @@ TABLES = (
         "sape2-floor.json",
         "records",
         "model,batch,resolution,sape2_over_ape.ort=ORT_SaPE²/APE,sape2_over_ape.ort-body=ORT_function_body_SaPE²/APE,"
-        "sape2_over_ape.openvino=OpenVINO_SaPE²/APE,sape2_over_ape.torch=PyTorch_SaPE²/APE,bias_op.floor.floor_ms=op_floor_ms,"
+        "sape2_over_ape.openvino=OpenVINO_SaPE²/APE,sape2_over_ape.openvino-body=OpenVINO_function_body_SaPE²/APE,"
+        "sape2_over_ape.torch=PyTorch_SaPE²/APE,bias_op.floor.floor_ms=op_floor_ms,"
         "bias_op.ort.min_ms=op_ORT_ms,bias_op.ort.over_floor=ORT_×_floor,bias_op.ort-body.over_floor=ORT_function_body_×_floor,"
         "bias_op.openvino.over_floor=OpenVINO_×_floor,bias_op.torch.over_floor=PyTorch_×_floor",
     ),

@@ -8,8 +8,9 @@ anything):
 
 * ``model``: the exported graph of each encoding (SaPE² with one ``deploykit::SaPE2Bias`` node
   per block) on ONNX Runtime as deploykit runs it (``ort``: the distances in its compiled kernel,
-  ``deploykit.backends.ort_kernels``), on ONNX Runtime alone (``ort-body``: the op's plain-ONNX
-  function body, what any ONNX Runtime runs), on OpenVINO (f32 hint), and the PyTorch model
+  ``deploykit.backends.cpu_kernels``), on ONNX Runtime alone (``ort-body``: the op's plain-ONNX
+  function body, what any ONNX Runtime runs), on OpenVINO (f32 hint) likewise (``openvino``: the
+  distances in deploykit's compiled extension; ``openvino-body``: the function body), and the PyTorch model
   (fp32, ``torch.ops.deploykit.sape2_bias``'s CPU form) — SaPE²/APE per runtime, each APE graph
   run by the same runner as its SaPE² graph.
 * ``bias_op``: one block's op alone (the model's shapes, random q/k, std-1 tables) on each
@@ -45,7 +46,7 @@ from sape2_cpu import interleaved, ort_session
 RESULTS = Path(__file__).resolve().parent / "results"
 GOALS = {224: 1.15, 384: 1.25, 512: 1.35}  # ONNX Runtime SaPE²/APE, ViT-S/16 batch 1
 OPENVINO_SLACK = 1.1  # or OpenVINO's ratio within 1.1× of ONNX Runtime's
-RUNTIMES = ("ort", "ort-body", "openvino", "torch")
+RUNTIMES = ("ort", "ort-body", "openvino", "openvino-body", "torch")
 
 
 def machine_rates(quick: bool) -> dict:
@@ -116,11 +117,13 @@ def bias_op(model, batch: int, resolution: int, rates: dict, runtimes, rounds: i
             runner = ort_runner(proto, runtime)
             calls[runtime] = lambda r=runner: r.infer(feed)
             kernels[runtime] = runner.info.kernels
-    if "openvino" in runtimes:
-        ov = OpenvinoRunner(proto.SerializeToString())
-        ov.activate()
-        ov_feed = dict(zip(ov.input_names(), feed.values()))
-        calls["openvino"] = lambda: ov.infer(ov_feed)
+    for runtime in ("openvino", "openvino-body"):
+        if runtime in runtimes:
+            ov = OpenvinoRunner(proto.SerializeToString(), compiled_kernels=runtime == "openvino")
+            ov.activate()
+            ov_feed = dict(zip(ov.input_names(), feed.values()))
+            calls[runtime] = lambda r=ov, f=ov_feed: r.infer(f)
+            kernels[runtime] = ov.info.kernels
     if "torch" in runtimes:
         calls["torch"] = lambda: torch.ops.deploykit.sape2_bias(q, k, tx, ty, *attrs)
     with torch.no_grad():
@@ -158,10 +161,12 @@ def model_ratios(name: str, batch: int, resolution: int, runtimes, rounds: int, 
                 runner = ort_runner(proto, runtime)
                 calls[f"{runtime} {enc}"] = lambda r=runner: r.infer({"images": images})
                 kernels[runtime] = runner.info.kernels or kernels.get(runtime, "")
-        if "openvino" in runtimes:
-            runner = OpenvinoRunner(proto.SerializeToString())
-            runner.activate()
-            calls[f"openvino {enc}"] = lambda r=runner: r.infer({"images": images})
+        for runtime in ("openvino", "openvino-body"):
+            if runtime in runtimes:
+                runner = OpenvinoRunner(proto.SerializeToString(), compiled_kernels=runtime == "openvino")
+                runner.activate()
+                calls[f"{runtime} {enc}"] = lambda r=runner: r.infer({"images": images})
+                kernels[runtime] = runner.info.kernels or kernels.get(runtime, "")
         if "torch" in runtimes:
             x = torch.from_numpy(images)
             calls[f"torch {enc}"] = lambda m=model, x=x: m(x)

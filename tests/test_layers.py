@@ -38,9 +38,10 @@ LAYERS = [
             "deploykit.backends.table",
         ),
     ),
-    # GPU kernels and TensorRT plugins: imported by the encodings' own ops (SaPE²'s CUDA kernel),
-    # importing nothing of deploykit but the lazy importer.
-    ("kernels", ("deploykit.plugins",)),
+    # GPU kernels and TensorRT plugins, and the CPU runtimes' compiled kernels: imported by the
+    # encodings' own ops (SaPE²'s CUDA kernel, its CPU distances) and the runners, importing nothing
+    # of deploykit but the lazy importer.
+    ("kernels", ("deploykit.plugins", "deploykit.backends.cpu_kernels")),
     ("encodings", ("deploykit.encodings",)),
     ("nn", ("deploykit.nn",)),
     # The table of the papers' importers (``deploykit import gridpe|mope|wepe``): torch-free, so the
@@ -53,7 +54,7 @@ LAYERS = [
     # Running graphs, torch-free: the Runner interface and batched runs, ONNX Runtime's runners and
     # their inference streams. In the backends' folder with every other runner, but below export,
     # whose checks (calibration fallback, plan check) run graphs through them.
-    ("runners", ("deploykit.backends.base", "deploykit.backends.onnxrt", "deploykit.backends.ort_kernels", "deploykit.backends.streams")),
+    ("runners", ("deploykit.backends.base", "deploykit.backends.onnxrt", "deploykit.backends.streams")),
     # One judge of outputs against a reference, torch-free: criteria (numpy) and the check that runs
     # a runner against them. Below export, whose plan check and INT8 fallback judge by it.
     ("checks", ("deploykit.checks",)),

@@ -115,7 +115,7 @@ class RunInfo:
         precision: runners that take a precision hint (OpenVINO).
         kernels: ONNX Runtime on the CPU: what computed deploykit's custom ops, for instance
             ``"deploykit::SaPE2Distance compiled"``, or the function body and why
-            (``deploykit.backends.ort_kernels``); empty for a graph without them.
+            (``deploykit.backends.cpu_kernels``); empty for a graph without them.
     """
 
     provider: str

@@ -13,7 +13,7 @@ but an int64 shape, naming them, unless ``allow_cpu_fallback``. ``placement`` (a
 ``info``, which reports record) say where every node ran.
 
 deploykit's custom ops. On the CPU provider alone, a graph with ``deploykit::SaPE2Bias`` nodes
-runs their pairwise distances in deploykit's compiled kernel (``deploykit.backends.ort_kernels``;
+runs their pairwise distances in deploykit's compiled kernel (``deploykit.backends.cpu_kernels``;
 the signature stage stays the exported function's plain ONNX), unless ``compiled_kernels=False``
 or the kernel cannot be built here, when ONNX Runtime runs the function body; ``info.kernels``
 says which. ``cpu_runner``, what the exporter's checks run, always runs the function body.
@@ -195,7 +195,7 @@ class OnnxrtRunner(Runner):
             return source
         import onnx
 
-        from deploykit.backends.ort_kernels import OPS, compiled_library
+        from deploykit.backends.cpu_kernels import OPS, compiled_library
         from deploykit.graph.plugin_nodes import has_companions, mark_plugin_nodes, plugin_ops
 
         try:

@@ -81,8 +81,17 @@ class OpenvinoRunner(Runner):
     # Each call takes an infer request of its own from the pool (one per stream).
     thread_safe = True
 
-    def __init__(self, model: str | os.PathLike | bytes, precision_hint: str | None = "f32", threads: int = 0, streams: int = 1):
+    def __init__(
+        self,
+        model: str | os.PathLike | bytes,
+        precision_hint: str | None = "f32",
+        threads: int = 0,
+        streams: int = 1,
+        compiled_kernels: bool = True,
+    ):
         super().__init__()
+        self.compiled_kernels = compiled_kernels
+        self.kernels = ""  # what computed deploykit's custom ops (RunInfo.kernels), once active
         if precision_hint is not None and precision_hint not in HINTS:
             raise DeployKitError(unknown_choice("OpenVINO precision hint", precision_hint, HINTS))
         self.model, self.precision_hint, self.threads, self.streams = model, precision_hint, threads, check_streams(streams)
@@ -106,7 +115,8 @@ class OpenvinoRunner(Runner):
             )
         core = ov.Core()
         try:
-            source = openvino_source(self.model, self.precision_hint, self.seven_bit_weights)
+            kernel_threads = self._kernels(core)
+            source = openvino_source(self.model, self.precision_hint, self.seven_bit_weights, kernel_threads)
             self.narrowed_weights = source.narrowed_weights
             model = core.read_model(source.graph)
             if self.precision_hint == "bf16":
@@ -126,6 +136,33 @@ class OpenvinoRunner(Runner):
         self._first_calls = threading.Lock()
         self._inputs = [port.get_any_name() for port in self._compiled.inputs]
         self._outputs = [port.get_any_name() for port in self._compiled.outputs]
+
+    def _kernels(self, core) -> int | None:
+        """Load the compiled extension into ``core`` where the graph has deploykit's ops and an f32
+        hint (a bf16 plan keeps the op's body, marked f32); the threads its op is to use, else None.
+        ``self.kernels`` says which form runs."""
+        from deploykit.backends.cpu_kernels import compiled_library
+        from deploykit.backends.onnxrt import _mentions
+
+        self.kernels = ""
+        source = self.model if isinstance(self.model, bytes) else str(self.model)
+        if not _mentions(source, ["SaPE2Bias"]):
+            return None
+        why = (
+            "compiled_kernels=False"
+            if not self.compiled_kernels
+            else "a bf16 hint keeps the op's body, marked f32"
+            if self.precision_hint == "bf16"
+            else ""
+        )
+        library = None if why else compiled_library("openvino")
+        if library is None or library.path is None:
+            self.kernels = f"deploykit::SaPE2Bias: ONNX function body ({why or library.reason})"
+            return None
+        core.add_extension(str(library.path))
+        self.kernels = "deploykit::SaPE2Bias: distances in deploykit's compiled extension (deploykit::SaPE2Distance)"
+        cores = os.cpu_count() or 1
+        return self.threads or max(1, cores // self.streams)
 
     def _config(self) -> dict:
         config = {"PERFORMANCE_HINT": "LATENCY"} if self.streams == 1 else {"PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": self.streams}
@@ -173,7 +210,7 @@ class OpenvinoRunner(Runner):
         precision = CpuPrecision(
             self.resolved_hint, streams, self.computes_in, self.kept_fp32, self.lowered_despite_mark, self.lowered_elsewhere, weights
         )
-        return RunInfo(self.provider, precision=precision)
+        return RunInfo(self.provider, precision=precision, kernels=self.kernels)
 
     def runtime_precisions(self) -> dict[str, str]:
         """Compiled node name → the precision the CPU plugin runs it in (its execution graph)."""
@@ -230,7 +267,7 @@ class OpenvinoSource(NamedTuple):
 
 
 def openvino_source(
-    model: str | os.PathLike | bytes, precision_hint: str | None = "f32", seven_bit_weights: bool = False
+    model: str | os.PathLike | bytes, precision_hint: str | None = "f32", seven_bit_weights: bool = False, kernel_threads: int | None = None
 ) -> OpenvinoSource:
     """What OpenVINO reads for an exported graph (its path, or ONNX bytes) and, under a bf16
     hint, the tensors to keep in f32 and the part of them that must stay there
@@ -238,7 +275,9 @@ def openvino_source(
     (``deploykit.graph.openvino.prepare_for_openvino``) is applied in memory. A model-local
     function's inlined body is the custom op's: kept in f32 as the bf16 plan keeps the op. With
     ``seven_bit_weights`` (``OpenvinoRunner`` on a CPU where ``int8_saturates``), int8 weights are
-    narrowed to 7 bits.
+    narrowed to 7 bits. With ``kernel_threads`` (the extension of ``deploykit.backends.cpu_kernels``
+    is loaded), each ``deploykit::SaPE2Bias`` is split as TensorRT's plugin form is: its signature
+    stage inlined, its distances the extension's ``SaPE2Distance`` on that many threads.
     """
     import onnx
 
@@ -251,9 +290,28 @@ def openvino_source(
     except Exception as err:  # protobuf's DecodeError, a missing file, ...
         raise DeployKitError(one_line(f"openvino cannot load {label}: not a readable ONNX graph: {err}")) from err
     fp32, required = fp32_tensors(proto) if precision_hint == "bf16" else Fp32Tensors(set(), set())
+    split = kernel_threads is not None and _split_for_kernels(proto, kernel_threads)
     prepared = prepare_for_openvino(proto, seven_bit_weights)
     if precision_hint == "bf16":
         fp32 |= prepared.inlined
         required |= prepared.inlined
-    graph = prepared.proto.SerializeToString() if prepared.changed else model if isinstance(model, bytes) else str(model)
+    graph = prepared.proto.SerializeToString() if prepared.changed or split else model if isinstance(model, bytes) else str(model)
     return OpenvinoSource(graph, fp32, prepared.narrowed_weights, frozenset(required))
+
+
+def _split_for_kernels(proto, threads: int) -> bool:
+    """Split every ``deploykit::SaPE2Bias`` of ``proto`` (in place) for the compiled extension,
+    its distance nodes told their threads; False where the graph has none (or predates the
+    signature stage's own function)."""
+    from onnx import helper
+
+    from deploykit.backends.cpu_kernels import OPS
+    from deploykit.graph.plugin_nodes import has_companions, mark_plugin_nodes, plugin_ops
+
+    if not plugin_ops(proto, OPS) or not has_companions(proto):
+        return False
+    mark_plugin_nodes(proto, OPS)
+    for node in proto.graph.node:
+        if (node.domain, node.op_type) in OPS:
+            node.attribute.append(helper.make_attribute("threads", threads))
+    return True

@@ -1,6 +1,7 @@
-"""deploykit's compiled SaPE2Distance kernel for ONNX Runtime (``deploykit.backends.ort_kernels``):
-the op against float64 direct distances, the runner's split graph against the function body and
-PyTorch, and the fallback when no kernel can be built."""
+"""deploykit's compiled SaPE2Distance kernel for the CPU runtimes (``deploykit.backends.cpu_kernels``):
+the op against float64 direct distances, each runner's split graph (ONNX Runtime's custom-op
+library, OpenVINO's extension) against the function body and PyTorch, and the fallback when no
+kernel can be built."""
 
 from __future__ import annotations
 
@@ -8,14 +9,14 @@ import numpy as np
 import onnx
 import pytest
 
-from deploykit.backends import ort_kernels
+from deploykit.backends import cpu_kernels
 from deploykit.backends.onnxrt import CPU, OnnxrtRunner
 from deploykit.graph.plugin_nodes import mark_plugin_nodes
 
 
 @pytest.fixture(scope="module")
 def library():
-    built = ort_kernels.compiled_library()
+    built = cpu_kernels.compiled_library()
     assert built.path is not None, f"the kernel does not build here: {built.reason}"  # a compiler is part of CI's image
     return built.path
 
@@ -46,7 +47,7 @@ def test_the_kernel_equals_float64_direct_distances_with_exact_zeros_and_symmetr
     zy = rng.standard_normal((batch, heads, rows * cols, rows)).astype(np.float32) * 30  # another scale per axis
     if rows * cols > 4:  # a flat region: tokens 1 and 4 share both signatures
         zx[:, :, 4], zy[:, :, 4] = zx[:, :, 1], zy[:, :, 1]
-    got = ort_kernels.distances(library, zx, zy, prefix)
+    got = cpu_kernels.distances(library, zx, zy, prefix)
     want = _direct(zx, zy, prefix)
     assert got.shape == want.shape and got.dtype == np.float32
     assert np.abs(got - want).max() <= 1e-6 * want.max()
@@ -85,10 +86,18 @@ def test_the_op_refuses_signatures_that_do_not_fit_its_grid(library):
     assert good.shape == (1, 1, 13, 13) and not good.any()  # control: the same session runs signatures that fit
 
 
-@pytest.mark.parametrize("plan", ["fp32", "fp16"])
-def test_onnx_runtime_runs_a_sape2_export_through_the_kernel_as_the_function_body_does(encoding_export, plan):
+def _runner(runtime: str, graph, compiled: bool):
+    from deploykit.backends.openvino import OpenvinoRunner
+
+    if runtime == "onnxruntime":
+        return OnnxrtRunner(graph, providers=[CPU], compiled_kernels=compiled)
+    return OpenvinoRunner(graph, compiled_kernels=compiled)
+
+
+@pytest.mark.parametrize("runtime, plan", [("onnxruntime", "fp32"), ("onnxruntime", "fp16"), ("openvino", "fp32")])
+def test_each_cpu_runtime_runs_a_sape2_export_through_the_kernel_as_the_function_body_does(encoding_export, runtime, plan):
     """The export's own graph: the runner splits it, and the kernel's outputs equal the function
-    body's (ONNX Runtime without deploykit) within fp32 rounding, at 1x and 2x."""
+    body's (the runtime without deploykit) within fp32 rounding, at 1x and 2x."""
     import torch
 
     from tests.encoding_params import EXPORT_BASE, encoding_model
@@ -98,9 +107,9 @@ def test_onnx_runtime_runs_a_sape2_export_through_the_kernel_as_the_function_bod
         name = f"model_{size}.onnx" if plan == "fp32" else f"model_{size}_{plan}.onnx"
         graph = encoding_export("sape2") / name
         images = np.random.default_rng(size).standard_normal((2, 3, size, size)).astype(np.float32)
-        with OnnxrtRunner(graph, providers=[CPU]) as compiled, OnnxrtRunner(graph, providers=[CPU], compiled_kernels=False) as body:
+        with _runner(runtime, graph, True) as compiled, _runner(runtime, graph, False) as body:
             got, plain = (next(iter(r.infer({"images": images}).values())) for r in (compiled, body))
-            assert "compiled kernel" in compiled.info.kernels and "function body" in body.info.kernels
+            assert "compiled" in compiled.info.kernels and "function body" in body.info.kernels
         with torch.no_grad():
             want = model(torch.from_numpy(images)).numpy()
         scale = np.abs(want).max()
@@ -114,7 +123,7 @@ def test_the_split_graph_needs_the_kernel(encoding_export, library):
     import onnxruntime as ort
 
     model = onnx.load(encoding_export("sape2") / f"model_{64}.onnx")
-    mark_plugin_nodes(model, ort_kernels.OPS)
+    mark_plugin_nodes(model, cpu_kernels.OPS)
     assert not [f for f in model.functions if f.name == "SaPE2Bias"]
     with pytest.raises(Exception, match="SaPE2Distance"):
         ort.InferenceSession(model.SerializeToString(), providers=[CPU])
@@ -123,37 +132,51 @@ def test_the_split_graph_needs_the_kernel(encoding_export, library):
     assert ort.InferenceSession(model.SerializeToString(), options, providers=[CPU])  # control: with it, it loads
 
 
+@pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])
 @pytest.mark.parametrize("compiler", ["no-such-cc", "false"])
-def test_without_a_working_compiler_the_runner_runs_the_function_body_and_says_why(encoding_export, monkeypatch, tmp_path, compiler):
-    monkeypatch.setenv("CC", compiler)
+def test_without_a_working_compiler_the_runner_runs_the_function_body_and_says_why(
+    encoding_export, monkeypatch, tmp_path, compiler, runtime
+):
+    monkeypatch.setenv("CC" if runtime == "onnxruntime" else "CXX", compiler)
     monkeypatch.setenv("DEPLOYKIT_CACHE", str(tmp_path))
-    ort_kernels.compiled_library.cache_clear()
+    cpu_kernels.compiled_library.cache_clear()
     try:
-        built = ort_kernels.compiled_library()
+        built = cpu_kernels.compiled_library(runtime)
         assert built.path is None and built.reason.count("\n") == 0
-        assert ("no C compiler" in built.reason) if compiler == "no-such-cc" else ("false failed" in built.reason)
+        assert ("compiler (no-such-cc) on PATH" in built.reason) if compiler == "no-such-cc" else ("false failed" in built.reason)
         graph = encoding_export("sape2") / "model_64.onnx"
         images = np.zeros((1, 3, 64, 64), np.float32)
-        with OnnxrtRunner(graph, providers=[CPU]) as runner:
+        with _runner(runtime, graph, True) as runner:
             assert np.isfinite(next(iter(runner.infer({"images": images}).values()))).all()
             assert runner.info.kernels.startswith("deploykit::SaPE2Bias: ONNX function body") and built.reason in runner.info.kernels
     finally:
-        ort_kernels.compiled_library.cache_clear()
+        cpu_kernels.compiled_library.cache_clear()
 
 
 def test_a_build_is_reused_and_keyed_by_its_source(tmp_path, monkeypatch):
-    compiler = ort_kernels._compiler()
+    compiler = cpu_kernels._compiler()
     assert compiler, "no C compiler"
-    first = ort_kernels.build(compiler, tmp_path)
+    first = cpu_kernels.build(compiler, tmp_path)
     stamp = first.stat().st_mtime_ns
-    assert ort_kernels.build(compiler, tmp_path) == first and first.stat().st_mtime_ns == stamp  # not compiled again
+    assert cpu_kernels.build(compiler, tmp_path) == first and first.stat().st_mtime_ns == stamp  # not compiled again
+    assert cpu_kernels.build(cpu_kernels._compiler("openvino"), tmp_path, "openvino") != first  # a library per runtime
     edited = tmp_path / "edited.c"
-    edited.write_text(ort_kernels.SOURCE.read_text() + "\n/* another source */\n")
-    monkeypatch.setattr(ort_kernels, "SOURCE", edited)
-    assert ort_kernels.build(compiler, tmp_path) != first  # another source, another library
+    edited.write_text(cpu_kernels.SOURCE.read_text() + "\n/* another source */\n")
+    monkeypatch.setattr(cpu_kernels, "SOURCE", edited)
+    assert cpu_kernels.build(compiler, tmp_path) != first  # another source, another library
 
 
-def test_graphs_without_deploykit_ops_and_other_providers_are_left_as_they_are(good_export):
-    graph = good_export / "model_32.onnx"
-    with OnnxrtRunner(graph, providers=[CPU]) as runner:
+@pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])
+def test_graphs_without_deploykit_ops_are_left_as_they_are(good_export, runtime):
+    with _runner(runtime, good_export / "model_32.onnx", True) as runner:
         assert runner.info.kernels == "" and "kernels" not in runner.info.to_dict()
+
+
+def test_a_bf16_hint_keeps_the_function_body(encoding_export):
+    """OpenVINO's bf16 plan keeps the op's body marked f32; the extension's op computes f32 only."""
+    from deploykit.backends.openvino import OpenvinoRunner, cpu_capabilities
+
+    if "BF16" not in cpu_capabilities():
+        pytest.skip("this CPU has no native bf16")
+    with OpenvinoRunner(encoding_export("sape2") / "model_64_bf16.onnx", precision_hint="bf16") as runner:
+        assert "function body (a bf16 hint" in runner.info.kernels
