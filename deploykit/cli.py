@@ -183,10 +183,16 @@ def export(
 )
 @defaulted("--seed", type=click.IntRange(min=0), default=VALIDATION_SEED, help="Seed of the noise inputs.")
 @path_option("--report", default=None, help="Write the JSON report here.")
+@path_option(
+    "--bundle",
+    default=None,
+    help="Also write a replay bundle here: each graph, its inputs and the float64 reference in trtexec's, Polygraphy's "
+    "and numpy's forms, with the command lines that replay the check without deploykit (written on failure too).",
+)
 @plugins_option()
 @cpu_fallback_option
 def validate(
-    export_dir, resolutions, backends, precision, inputs_path, num_random, num_real, seed, report, plugin_specs, allow_cpu_fallback
+    export_dir, resolutions, backends, precision, inputs_path, num_random, num_real, seed, report, bundle, plugin_specs, allow_cpu_fallback
 ):
     """Compare exported graphs with the PyTorch float64 reference; exit 1 on failure."""
     from deploykit._io import check_file_destination, write_output_json
@@ -209,11 +215,14 @@ def validate(
             progress=step,
             plugins=Plugins.resolve(plugin_specs) if plugin_specs else None,
             allow_cpu_fallback=allow_cpu_fallback,
+            bundle=bundle,
         )
     render.validation(console, result)
     if report:
         write_output_json(report, result.to_json())
         render.say(console, f"report: {report}")
+    if bundle:
+        render.say(console, f"replay bundle: {bundle} (see its README.md)")
     result.raise_for_failure()
 
 
