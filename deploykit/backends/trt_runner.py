@@ -8,9 +8,10 @@ buffers, stream, shapes, output allocation). Ours around it:
   line naming the backend to use instead, and so is a TensorRT wheel built for a newer CUDA than
   the driver runs (naming the wheel to install); then the fingerprint and plugin checks
   (``EngineFromPath``), and for TensorRT-RTX its own verdict on the engine's header;
-* feeds of any batch size (a batch above the engine's profile is split, one below a static
-  engine's is zero-padded and the padding dropped), one call at a time per runner (an execution
-  context is not thread-safe);
+* feeds of any batch size (a batch above the engine's profiles is split, one below every
+  profile's is zero-padded and the padding dropped), each call run in the optimization profile
+  that fits it (``deploykit.backends.profiles.choose_profile``: an engine may have several), one
+  call at a time per runner (an execution context is not thread-safe);
 * CUDA graphs, which Polygraphy's runner does not do (``deploykit.backends.cuda_graphs``):
   TensorRT-RTX captures them itself when its context is created for it (reported as used only
   while that context reads the strategy back and TensorRT-RTX says each execution run so far
@@ -40,6 +41,7 @@ from deploykit.backends.base import CudaGraphUse, RunInfo, Runner
 from deploykit.backends.cuda_graphs import CudaGraphExecutor, io_names, rtx_capture_note, rtx_graph_note
 from deploykit.backends.devices import Device, check_cuda_build, check_device, check_rtx_engine, probe_device
 from deploykit.backends.plugins import Plugins
+from deploykit.backends.profiles import batch_range, choose_profile
 from deploykit.backends.rtx_runtime import RuntimeCache, rtx_context
 from deploykit.backends.table import flavour
 from deploykit.errors import DeployKitError, one_line
@@ -91,7 +93,7 @@ class TrtRunner(Runner):
         with self._tensorrt("cannot deserialize the engine"):
             engine = pg.EngineFromBytes(data, runtime=runtime)()
         inputs = [n for n in io_names(engine) if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
-        lo, opt, hi = (tuple(s) for s in engine.get_tensor_profile_shape(inputs[0], 0))
+        profiles = [tuple(tuple(s) for s in engine.get_tensor_profile_shape(inputs[0], i)) for i in range(engine.num_optimization_profiles)]
         executor, note = self._executor(engine, trt, pg)
         with self._tensorrt("cannot create an execution context"):
             executor.activate()
@@ -99,8 +101,10 @@ class TrtRunner(Runner):
             engine=engine,
             executor=executor,
             inputs=inputs,
-            batch_range=(lo[0], hi[0]),
-            profiled_shapes=tuple(dict.fromkeys((lo, opt, hi))),
+            profiles=profiles,
+            profile=0,  # the execution context starts in profile 0
+            batch_range=batch_range(profiles),
+            profiled_shapes=tuple(dict.fromkeys(s for p in profiles for s in p)),
             note=note,
         )
 
@@ -162,7 +166,7 @@ class TrtRunner(Runner):
 
     @property
     def batch_range(self) -> tuple[int, int]:
-        """Smallest and largest batch of the engine's optimization profile."""
+        """Smallest and largest batch of the engine's optimization profiles."""
         return self._state["batch_range"]
 
     @property
@@ -170,18 +174,34 @@ class TrtRunner(Runner):
         return self._state["profiled_shapes"]
 
     def _infer(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        lo, hi = self.batch_range
+        hi = self.batch_range[1]
         total = len(next(iter(feed.values())))
         parts = []
         with self._lock:  # one execution context: callers on several threads (a server) take turns
             for start in range(0, total, hi):
                 chunk = {k: np.ascontiguousarray(v[start : start + hi]) for k, v in feed.items()}
                 n = len(next(iter(chunk.values())))
-                if n < lo:  # a static engine: pad, then drop the padded rows
-                    chunk = {k: np.concatenate([v, np.zeros((lo - n, *v.shape[1:]), v.dtype)]) for k, v in chunk.items()}
+                padded = self._select_profile(tuple(next(iter(chunk.values())).shape))
+                if n < padded:  # below the profile's batches (a static engine): pad, then drop the padded rows
+                    chunk = {k: np.concatenate([v, np.zeros((padded - n, *v.shape[1:]), v.dtype)]) for k, v in chunk.items()}
                 # Copies: Polygraphy returns views of host buffers it reuses on the next call.
                 parts.append({k: np.array(v[:n], dtype=_host_dtype(v)) for k, v in self._run(chunk).items()})
         return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+
+    def _select_profile(self, shape: tuple[int, ...]) -> int:
+        """Switch the context to the profile that fits a call of ``shape`` (``choose_profile``);
+        a batch below every profile's runs padded to the smallest batch that fits. Returns the
+        batch the call runs at."""
+        profiles = self._state["profiles"]
+        batch = shape[0]
+        if all(batch < p[0][0] for p in profiles):
+            batch = min(p[0][0] for p in profiles)
+        index = choose_profile(profiles, (batch, *shape[1:]))
+        if index != self._state["profile"]:
+            with self._tensorrt(f"cannot switch to optimization profile {index}"):
+                self._state["executor"].set_profile(index)
+            self._state["profile"] = index
+        return batch
 
     def _run(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         with self._tensorrt("inference failed"):
