@@ -264,8 +264,7 @@ def _prepare_build(
         samples = [[*sample[:-2], *shape] for shape in (low, entry.resolution, high)]
         options = dataclasses.replace(options, sample_shapes=tuple(tuple(s) for s in samples))
     if requests and entry.file in requests:
-        fixed = tuple(sample) if entry.resolution_range is None else tuple(sample[:-2])
-        wanted = [r.shapes(fixed, options.opt_batch, entry.resolution_range, tuple(entry.resolution)) for r in requests[entry.file]]
+        wanted = [r.shapes(tuple(sample), options.opt_batch, entry.resolution_range, tuple(entry.resolution)) for r in requests[entry.file]]
         options = dataclasses.replace(options, profiles=tuple(wanted))
     shapes = profile_shapes(name, samples, options)
     fingerprint = current_fingerprint(path, GraphMetadata.of_file(path), shapes, options, plugins, device)

@@ -15,32 +15,20 @@ import pytest
 
 from deploykit.validate_bundle import BUNDLE_FILE, REPLAY_SCRIPT, TRTEXEC_ALGORITHMS, TRTEXEC_FLAGS
 
-RESOLUTIONS = (32, 48)
+RESOLUTIONS = (32, 48)  # as zoo_ape_export exported them
 
 # Polygraphy reads its plugin entry points through a deprecated importlib interface; not ours to fix.
 pytestmark = pytest.mark.filterwarnings("ignore:SelectableGroups dict interface:DeprecationWarning")
 
 
 @pytest.fixture(scope="module")
-def zoo_export(tmp_path_factory) -> Path:
-    """The zoo's APE model (``models/shapes-ape``, trained at 48 px) exported at 32 and 48 px."""
-    from deploykit.export import export
-    from deploykit.zoo.resolve import resolve_model
-
-    model, _ = resolve_model(encoding="ape")
-    out = tmp_path_factory.mktemp("bundle") / "export"
-    export(model, [(r, r) for r in RESOLUTIONS], out)
-    return out
-
-
-@pytest.fixture(scope="module")
-def bundle(zoo_export, tmp_path_factory) -> Path:
+def bundle(zoo_ape_export, tmp_path_factory) -> Path:
     """``deploykit validate --bundle`` on the export (4 noise + 4 real inputs per resolution)."""
     from deploykit.cli import main
 
     dest = tmp_path_factory.mktemp("bundle-out") / "bundle"
     try:
-        main(["validate", str(zoo_export), "--num-random", "4", "--num-real", "4", "--bundle", str(dest)])
+        main(["validate", str(zoo_ape_export), "--num-random", "4", "--num-real", "4", "--bundle", str(dest)])
     except SystemExit as exit_:
         assert exit_.code in (0, None), f"validate --bundle failed with {exit_.code}"
     return dest
@@ -183,11 +171,11 @@ def test_bundle_records_tolerance_report_and_environment(bundle):
     assert (bundle / "commands.sh").read_text().count("\ntrtexec ") == 2 * len(RESOLUTIONS)
 
 
-def test_existing_directory_that_is_not_a_bundle_is_refused(zoo_export, tmp_path, deploykit_cli):
+def test_existing_directory_that_is_not_a_bundle_is_refused(zoo_ape_export, tmp_path, deploykit_cli):
     dest = tmp_path / "notes"
     dest.mkdir()
     (dest / "mine.txt").write_text("keep me")
-    code, err = deploykit_cli("validate", zoo_export, "--num-random", "1", "--num-real", "0", "--bundle", dest)
+    code, err = deploykit_cli("validate", zoo_ape_export, "--num-random", "1", "--num-real", "0", "--bundle", dest)
     assert code == 1
     assert [line for line in err.splitlines() if line.startswith("error:")] == [
         f"error: --bundle {dest} exists and is not a validate bundle; give a new or empty directory"

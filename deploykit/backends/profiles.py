@@ -50,7 +50,7 @@ class ProfileRequest:
 
     def shapes(self, sample: Sequence[int], opt_batch: int, graph_range: tuple[Shape, Shape] | None, tuned: Shape) -> ProfileShapes:
         """The input's ``[min, opt, max]`` for a graph whose per-sample shape is ``sample``
-        (``[C, H, W]``), tuned for ``opt_batch`` when the batch range holds it, else for the range's
+        (``[C, H, W]``; a range graph's ``H, W`` are its dynamic dims, replaced here), tuned for ``opt_batch`` when the batch range holds it, else for the range's
         largest batch, and for resolution ``tuned`` (clamped into the bucket); ``graph_range`` is
         a range graph's ``(min, max)`` resolution.
 
