@@ -21,6 +21,8 @@ buffers, stream, shapes, output allocation). Ours around it:
 * TensorRT-RTX's runtime cache (``deploykit.backends.rtx_runtime``): the kernels it compiles
   for the GPU, read from a file beside the engine and written back when the runner deactivates,
   so the next process does not compile them again;
+* a weight-stripped engine (``deploykit build --strip-weights``) gets its weights back from the
+  graph it was built from when it is deserialized (``refit_from_onnx``), before any call;
 * TensorRT's own messages: every call runs inside ``TrtMessages``, so an error TensorRT logs
   becomes the one-line ``DeployKitError`` of a failed call and its warnings reach the log.
 """
@@ -44,7 +46,7 @@ from deploykit.backends.plugins import Plugins
 from deploykit.backends.profiles import batch_range, choose_profile
 from deploykit.backends.rtx_runtime import RuntimeCache, rtx_context
 from deploykit.backends.table import flavour
-from deploykit.errors import DeployKitError, one_line
+from deploykit.errors import DeployKitError, StaleEngineError, one_line
 
 EngineSource = bytes | Callable[[], bytes]
 
@@ -63,6 +65,8 @@ class TrtRunner(Runner):
         device_info: what ``probe_device(device)`` reports; probed when None (tests pass one in).
         runtime_cache: portable flavours only (TensorRT-RTX): the file its runtime cache is kept in (read when the
             runner activates, written when it deactivates); None keeps none.
+        refit_from: the ONNX graph a weight-stripped engine was built from, refitted from it
+            when deserialized; None for an engine that carries its weights.
     """
 
     def __init__(
@@ -73,8 +77,10 @@ class TrtRunner(Runner):
         device: int = 0,
         device_info: Device | None = None,
         runtime_cache: str | os.PathLike | None = None,
+        refit_from: str | os.PathLike | None = None,
     ):
         super().__init__()
+        self.refit_from = refit_from
         self.engine, self.module, self.cuda_graph, self.device, self.device_info = engine, module, cuda_graph, device, device_info
         self.flavour = flavour(module)
         self.runtime_cache = RuntimeCache(runtime_cache) if runtime_cache is not None and self.flavour.portable else None
@@ -92,6 +98,9 @@ class TrtRunner(Runner):
             check_rtx_engine(runtime, data, f"the {self.name} engine")
         with self._tensorrt("cannot deserialize the engine"):
             engine = pg.EngineFromBytes(data, runtime=runtime)()
+        if self.refit_from is not None:
+            with self._tensorrt(f"cannot refit the weight-stripped engine from {os.path.basename(self.refit_from)}"):
+                refit_from_onnx(trt, engine, self.refit_from, pg.get_trt_logger())
         inputs = [n for n in io_names(engine) if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         profiles = [tuple(tuple(s) for s in engine.get_tensor_profile_shape(inputs[0], i)) for i in range(engine.num_optimization_profiles)]
         executor, note = self._executor(engine, trt, pg)
@@ -222,6 +231,25 @@ class TrtRunner(Runner):
             self.runtime_cache.save()
 
 
+def refit_from_onnx(trt: Any, engine: Any, onnx_path: str | os.PathLike, logger: Any) -> None:
+    """Give a weight-stripped (``STRIP_PLAN``) engine the weights of the graph it was built from,
+    through TensorRT's ONNX parser refitter (``OnnxParserRefitter.refit_from_file``, then
+    ``Refitter.refit_cuda_engine``), as NVIDIA's developer guide describes for stripped engines.
+
+    Raises:
+        DeployKitError: the parser could not read the weights, or TensorRT did not refit the engine.
+    """
+    refitter = trt.Refitter(engine, logger)
+    parser = trt.OnnxParserRefitter(refitter, logger)
+    if not parser.refit_from_file(str(onnx_path)):
+        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors)) or "no detail"
+        raise DeployKitError(f"TensorRT's parser could not read the weights of {os.path.basename(onnx_path)}: {errors}")
+    if not refitter.refit_cuda_engine():
+        raise DeployKitError(
+            f"TensorRT did not refit the engine from {os.path.basename(onnx_path)} (weights missing: {refitter.get_missing_weights()})"
+        )
+
+
 def _host_dtype(array: np.ndarray) -> np.dtype:
     """float32 for a half-precision output (what callers compare in), else its own dtype."""
     return np.dtype(np.float32) if array.dtype == np.float16 else array.dtype
@@ -238,11 +266,16 @@ def engine_runner(
     Raises:
         DeployKitError: no engine was built for ``onnx_path`` (at once; the rest when activated).
     """
-    from deploykit.backends.engine_cache import EngineFromPath, require_engine, runtime_cache_path
+    from deploykit.backends.engine_cache import EngineFromPath, read_fingerprint, require_engine, runtime_cache_path
 
-    require_engine(onnx_path, module)  # said first: whatever the machine, the engine is to be built
+    _, fp_path = require_engine(onnx_path, module)  # said first: whatever the machine, the engine is to be built
     source = EngineFromPath(onnx_path, module, device, plugins)
-    return TrtRunner(source, module=module, cuda_graph=cuda_graph, device_info=device, runtime_cache=runtime_cache_path(onnx_path))
+    try:
+        stripped = read_fingerprint(fp_path).weights_stripped
+    except StaleEngineError:  # EngineFromPath refuses it when the runner activates, in order with the device checks
+        stripped = False
+    cache = runtime_cache_path(onnx_path)
+    return TrtRunner(source, module, cuda_graph, device_info=device, runtime_cache=cache, refit_from=onnx_path if stripped else None)
 
 
 def debug_engine_runner(

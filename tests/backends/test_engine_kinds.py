@@ -219,3 +219,29 @@ def test_engines_of_the_default_kind_keep_their_fingerprint():
     assert set(build_settings(BuildOptions())) == {"workspace_mib", "optimization_level", "min_batch", "opt_batch", "max_batch"}
     asked = build_settings(BuildOptions(refittable=True, hardware_compatibility="ampere_plus"))
     assert json.loads(json.dumps(asked))["refittable"] is True and asked["hardware_compatibility"] == "ampere_plus"
+
+
+def test_a_weight_stripped_engine_is_refitted_from_its_graph(zoo_ape_export):
+    """Deserialising needs a GPU, so the refit runs against TensorRT-RTX's real ``Refitter`` and
+    ``OnnxParserRefitter`` classes, autospecced (their signatures are the real ones)."""
+    import types
+
+    import tensorrt_rtx as trt
+
+    from deploykit.backends.trt_runner import refit_from_onnx
+
+    graph = zoo_ape_export / "model_48.onnx"
+    refitter, parser = create_autospec(trt.Refitter, instance=True), create_autospec(trt.OnnxParserRefitter, instance=True)
+    module = types.SimpleNamespace(Refitter=create_autospec(trt.Refitter, return_value=refitter))
+    module.OnnxParserRefitter = create_autospec(trt.OnnxParserRefitter, return_value=parser)
+    engine, logger = object(), trt.Logger(trt.Logger.ERROR)
+    parser.refit_from_file.return_value, refitter.refit_cuda_engine.return_value = True, True
+    refit_from_onnx(module, engine, graph, logger)
+    module.Refitter.assert_called_once_with(engine, logger)
+    parser.refit_from_file.assert_called_once_with(str(graph))
+    refitter.refit_cuda_engine.assert_called_once_with()
+    refitter.refit_cuda_engine.return_value, refitter.get_missing_weights.return_value = False, ["blocks.0.attn.qkv.weight"]
+    with pytest.raises(
+        DeployKitError, match=r"did not refit the engine from model_48.onnx \(weights missing: \['blocks.0.attn.qkv.weight'\]\)"
+    ):
+        refit_from_onnx(module, engine, graph, logger)
