@@ -42,6 +42,7 @@ from deploykit.backends.base import run_batched
 from deploykit.checks import Reference, Tolerance
 from deploykit.errors import ConfigError
 from deploykit.export.directory import engine_files
+from deploykit.layer_map import node_origins
 from deploykit.nn.factory import Model
 from deploykit.nn.spec import block_paths
 from deploykit.resolutions import resolution_tag
@@ -154,6 +155,8 @@ def _write_check(stage: Path, model: Model, graph: Path, resolution: tuple[int, 
     output_files = {name: _save_tensor(stage, folder, name, outputs[name], outputs64[name]) for name in outputs}
     pg_inputs, pg_outputs = _save_polygraphy(stage, folder, inputs, outputs)
     blocks = _save_blocks(stage, folder, model, graph, reference.inputs)
+    # What TensorRT names its layers after (ONNX nodes, fused as "a + b" or "{ForeignNode[a...b]}"), to the modules they come from.
+    write_json_atomic(stage / folder / "nodes.json", [o.to_dict() for o in node_origins(proto)])
     return BundleCheck(graph.name, tuple(resolution), input_files, output_files, pg_inputs, pg_outputs, blocks)
 
 
@@ -284,7 +287,9 @@ def _readme(checks: Sequence[BundleCheck], commands: Sequence[str], tolerance: T
         "",
         "Files: `bundle.json` (tolerance, report, engine fingerprints, environment); per check a folder with raw `.bin`",
         "tensors (trtexec), `.npy` (float64 reference), `inputs.json`/`reference.json` (Polygraphy), and `blocks.npz`",
-        "with the graph whose block outputs are marked (first divergent block).",
+        "with the graph whose block outputs are marked (first divergent block), and `nodes.json`: each ONNX node (what",
+        "TensorRT names a layer after; a fused layer is `a + b` or `{ForeignNode[a...b]}`, the nodes from a to b) with the",
+        "module it comes from, so a layer Polygraphy or trtexec reports maps back to the model.",
         "",
     ]
     return "\n".join(lines)

@@ -169,6 +169,9 @@ def test_bundle_records_tolerance_report_and_environment(bundle):
     assert [r["resolution"] for r in manifest["report"]] == [[r, r] for r in RESOLUTIONS]
     assert manifest["environment"]["versions"]["onnxruntime"]
     assert (bundle / "commands.sh").read_text().count("\ntrtexec ") == 2 * len(RESOLUTIONS)
+    for check in manifest["checks"]:  # each ONNX node (what TensorRT names layers after) with its module
+        nodes = json.loads((bundle / Path(check["polygraphy_inputs"]).parent / "nodes.json").read_text())
+        assert {"blocks.0.attn", "head"} <= {n["module"] for n in nodes}
 
 
 def test_existing_directory_that_is_not_a_bundle_is_refused(zoo_ape_export, tmp_path, deploykit_cli):
