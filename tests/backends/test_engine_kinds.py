@@ -56,6 +56,9 @@ def test_three_profiles_are_built_and_recorded(three_profiles, deploykit_cli):
         ((9, 3, 48, 48), (32, 3, 48, 48), (32, 3, 48, 48)),
     ]
     assert record.fingerprint.shapes == {"images": [list(s) for s in record.profiles[0]]}
+    from deploykit.inspection import inspect_path
+
+    assert inspect_path(engine)["profiles"] == [[list(s) for s in p] for p in record.profiles]  # deploykit inspect shows each
     # the recorded settings read back as the same build: asked again, the engine is kept, not rebuilt
     before = engine.stat().st_mtime_ns
     code, err = deploykit_cli(
