@@ -59,7 +59,13 @@ def test_three_profiles_are_built_and_recorded(three_profiles, deploykit_cli):
     from deploykit.inspection import inspect_path
 
     assert inspect_path(engine)["profiles"] == [[list(s) for s in p] for p in record.profiles]  # deploykit inspect shows each
-    # the recorded settings read back as the same build: asked again, the engine is kept, not rebuilt
+    # a runner's loader reads the record back as the same build (for an RTX 4090: a GPU it was built for)
+    from deploykit.backends.devices import Device
+    from deploykit.backends.engine_cache import EngineFromPath
+
+    rtx_4090 = Device("13.0", "580.65", "NVIDIA GeForce RTX 4090", "8.9")
+    assert EngineFromPath(three_profiles / "model_48.onnx", "tensorrt_rtx", device=rtx_4090)() == engine.read_bytes()
+    # and so does build: asked again, the engine is kept, not rebuilt
     before = engine.stat().st_mtime_ns
     code, err = deploykit_cli(
         "build", three_profiles, "--backend", "rtx", "-r", "48", "--opt-level", "0", *(a for p in THREE_PROFILES for a in ("--profile", p))
