@@ -125,6 +125,8 @@ def build_options(module: str, export_dir: Path, settings: BuildSettings) -> Bui
     cache = str(ExportDir(export_dir).timing_cache_file) if flavour(module).timing_cache else None
     if settings.profiles and settings.profiles_from_resolutions:
         raise ConfigError("give --profile or --profiles-from-resolutions, not both")
+    if settings.dynamic and (settings.profiles or settings.profiles_from_resolutions):
+        raise ConfigError("--dynamic is one batch profile; with --profile or --profiles-from-resolutions each profile names its batches")
     try:
         return BuildOptions(
             module=module,

@@ -205,6 +205,7 @@ def test_rtx_has_no_hardware_compatibility_level(zoo_ape_export, tmp_path, deplo
         (("--profile", "1-8@32-48"), "--profile 1-8@32-48: a resolution bucket needs a graph exported over a resolution range"),
         (("--exclude-lean-runtime",), "exclude_lean_runtime (--exclude-lean-runtime) applies to version-compatible engines"),
         (("--profiles-from-resolutions",), "--profiles-from-resolutions needs a graph exported over a resolution range"),
+        (("--dynamic", "--profile", "1-8"), "--dynamic is one batch profile; with --profile or --profiles-from-resolutions each"),
     ],
 )
 def test_bad_engine_requests_are_one_line_before_any_build(zoo_ape_export, tmp_path, deploykit_cli, flags, message):
