@@ -242,6 +242,12 @@ def replay_commands(check: BundleCheck, tolerance: Tolerance) -> list[str]:
             ]
             polygraphy += ["--atol", f"{tolerance.max_abs:.6g}", "--rtol", "0", "--check-error-stat", "max"]
             commands.append(shlex.join(polygraphy))
+        # Layer by layer, TensorRT against ONNX Runtime with every tensor marked ("*": Polygraphy 0.53 deprecates "mark all"; it changes fusion and
+        # needs memory: for locating a divergence on a small model); nodes.json maps each tensor to its module.
+        layerwise = ["polygraphy", "run", check.graph, "--trt", "--strongly-typed", "--onnxrt", "--input-shapes", shape_arg]
+        layerwise += ["--load-inputs", check.polygraphy_inputs, "--trt-outputs", "*", "--onnx-outputs", "*"]
+        layerwise += ["--atol", f"{tolerance.max_abs:.6g}", "--rtol", "0", "--check-error-stat", "max", "--fail-fast"]
+        commands.append(shlex.join(layerwise))
     return commands
 
 
@@ -280,7 +286,8 @@ def _readme(checks: Sequence[BundleCheck], commands: Sequence[str], tolerance: T
         "",
         "With TensorRT (`commands.sh` holds every line). trtexec's `--accuracyAlgorithm`/`--accuracyThreshold` need a",
         "trtexec that lists them in `trtexec --help`; its `cos` is over the whole output tensor, looser than the",
-        "per-input cosine above. Polygraphy has no cosine comparison, so it checks the max abs error"
+        "per-input cosine above. Polygraphy has no cosine comparison, so it checks the max abs error (its last line per",
+        "graph compares TensorRT with ONNX Runtime tensor by tensor, stopping at the first that differs)"
         + ("." if tolerance.max_abs is not None else ": this plan has no max-abs bar, so no Polygraphy line is given."),
         "",
         *(f"    {c}" for c in commands),
