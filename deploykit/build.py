@@ -37,9 +37,10 @@ from deploykit.backends.engine_cache import (
     write_fingerprint,
 )
 from deploykit.backends.plugins import Plugins
+from deploykit.backends.profiles import ProfileRequest, profiles_from_resolutions
 from deploykit.backends.registry import check_backend
 from deploykit.backends.table import engine_flavours, flavour
-from deploykit.backends.tensorrt import BuildOptions, BuildProgress, EngineFromOnnx, save_engine
+from deploykit.backends.tensorrt import BuildOptions, BuildProgress, EngineFromOnnx, lean_runtime_note, save_engine
 from deploykit.errors import ConfigError, StaleEngineError
 from deploykit.export.directory import ExportDir
 from deploykit.export.manifest import GraphEntry, Manifest, sha256_file
@@ -76,6 +77,14 @@ class BuildSettings:
         compute_capabilities: TensorRT-RTX only: the GPUs (``"7.5"``) to build for; empty:
             every supported one but Turing, or on a Turing GPU 7.5 alone
             (``deploykit.backends.devices.rtx_targets``).
+        profiles: several optimization profiles per engine, as ``--profile`` names them
+            (``"1-8"``, ``"1-8@32-48"``: ``deploykit.backends.profiles.ProfileRequest``), each
+            tuned for ``batch``; empty: one profile, as ``dynamic`` says.
+        profiles_from_resolutions: for a graph exported over a resolution range, one profile per
+            bucket between the exported resolutions inside it (batches 1 to ``max_batch``).
+        version_compatible, exclude_lean_runtime, hardware_compatibility, refittable,
+            strip_weights: the engine kind (``BuildOptions``); ``strip_weights`` implies
+            ``refittable``.
     """
 
     dynamic: bool = False
@@ -87,6 +96,13 @@ class BuildSettings:
     optimization_level: int | None = None
     rebuild: bool = False
     compute_capabilities: Sequence[str] = ()
+    profiles: Sequence[str] = ()
+    profiles_from_resolutions: bool = False
+    version_compatible: bool = False
+    exclude_lean_runtime: bool = False
+    hardware_compatibility: str = "none"
+    refittable: bool = False
+    strip_weights: bool = False
 
 
 @dataclass(frozen=True)
@@ -107,15 +123,27 @@ def build_options(module: str, export_dir: Path, settings: BuildSettings) -> Bui
     low, high = (1, max_batch) if settings.dynamic else (batch, batch)
     # TensorRT-RTX tunes at run time: a timing cache does nothing there.
     cache = str(ExportDir(export_dir).timing_cache_file) if flavour(module).timing_cache else None
-    return BuildOptions(
-        module=module,
-        workspace_mib=settings.workspace_mib,
-        optimization_level=settings.optimization_level,
-        min_batch=low,
-        opt_batch=batch,
-        max_batch=high,
-        timing_cache=cache,
-    )
+    if settings.profiles and settings.profiles_from_resolutions:
+        raise ConfigError("give --profile or --profiles-from-resolutions, not both")
+    if settings.dynamic and (settings.profiles or settings.profiles_from_resolutions):
+        raise ConfigError("--dynamic is one batch profile; with --profile or --profiles-from-resolutions each profile names its batches")
+    try:
+        return BuildOptions(
+            module=module,
+            workspace_mib=settings.workspace_mib,
+            optimization_level=settings.optimization_level,
+            min_batch=low,
+            opt_batch=batch,
+            max_batch=high,
+            timing_cache=cache,
+            version_compatible=settings.version_compatible,
+            exclude_lean_runtime=settings.exclude_lean_runtime,
+            hardware_compatibility=settings.hardware_compatibility,
+            refittable=settings.refittable or settings.strip_weights,
+            strip_weights=settings.strip_weights,
+        )
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
 
 
 def build(
@@ -167,7 +195,10 @@ def build(
         names = ", ".join(s.describe() for s in plugins.python)
         _log.warning("%s has no Python plugins: %s not loaded; custom ops run their ONNX function bodies", made_by.title, names)
         plugins = plugins.without_python()
-    jobs = [_prepare_build(export_dir, entry, options, plugins, settings.rebuild, device) for entry in entries]  # refuse before building
+    requests = _profile_requests(settings, entries, ExportDir(export_dir).manifest())
+    jobs = [
+        _prepare_build(export_dir, entry, options, plugins, settings.rebuild, device, requests) for entry in entries
+    ]  # refuse before building
     return [_build_one(job, plugins, progress) for job in jobs]
 
 
@@ -181,7 +212,8 @@ def _build_one(job: BuildJob, plugins: Plugins, progress: BuildProgress | None) 
         loader = EngineFromOnnx(job.graph, job.options, progress, plugins)
         save_engine(loader(), engine)
         layers = len(loader.plugin_nodes)
-        write_fingerprint(fp_path, job.fingerprint, sha256_file(engine), plugins, layers, loader.embedded_plugin_layers)
+        lean = lean_runtime_note(job.options, job.fingerprint.trt_version)
+        write_fingerprint(fp_path, job.fingerprint, sha256_file(engine), plugins, layers, loader.embedded_plugin_layers, lean)
     return BuiltEngine(job.graph.name, engine, fp_path, job.cached, time.perf_counter() - start)
 
 
@@ -208,7 +240,23 @@ def _select(manifest: Manifest, precisions, resolutions) -> list[GraphEntry]:
     return [g for p in precisions for g in manifest.graphs_at(p, ranges=True)]
 
 
-def _prepare_build(export_dir: Path, entry: GraphEntry, options: BuildOptions, plugins: Plugins, rebuild: bool, device) -> BuildJob:
+def _profile_requests(settings: BuildSettings, entries: Sequence[GraphEntry], manifest: Manifest) -> dict[str, list[ProfileRequest]]:
+    """The profiles asked for, per graph file (none: one profile, as before)."""
+    if settings.profiles:
+        requests = [ProfileRequest.parse(spec) for spec in settings.profiles]
+        return {entry.file: requests for entry in entries}
+    if not settings.profiles_from_resolutions:
+        return {}
+    exported = [tuple(g.resolution) for g in manifest.graphs if g.resolution_range is None]
+    ranged = [e for e in entries if e.resolution_range is not None]
+    if not ranged:
+        raise ConfigError("--profiles-from-resolutions needs a graph exported over a resolution range (export --resolution-range)")
+    return {e.file: profiles_from_resolutions(exported, e.resolution_range, (1, settings.max_batch)) for e in ranged}
+
+
+def _prepare_build(
+    export_dir: Path, entry: GraphEntry, options: BuildOptions, plugins: Plugins, rebuild: bool, device, requests: dict | None = None
+) -> BuildJob:
     """What to do for one graph; raises if a stale engine is in the way."""
     path = ExportDir(export_dir).graph(entry)
     name, sample = _input_shape(path)
@@ -217,6 +265,9 @@ def _prepare_build(export_dir: Path, entry: GraphEntry, options: BuildOptions, p
         low, high = entry.resolution_range
         samples = [[*sample[:-2], *shape] for shape in (low, entry.resolution, high)]
         options = dataclasses.replace(options, sample_shapes=tuple(tuple(s) for s in samples))
+    if requests and entry.file in requests:
+        wanted = [r.shapes(tuple(sample), options.opt_batch, entry.resolution_range, tuple(entry.resolution)) for r in requests[entry.file]]
+        options = dataclasses.replace(options, profiles=tuple(wanted))
     shapes = profile_shapes(name, samples, options)
     fingerprint = current_fingerprint(path, GraphMetadata.of_file(path), shapes, options, plugins, device)
     engine, fp_path = engine_paths(path, options.module)

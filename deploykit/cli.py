@@ -183,10 +183,16 @@ def export(
 )
 @defaulted("--seed", type=click.IntRange(min=0), default=VALIDATION_SEED, help="Seed of the noise inputs.")
 @path_option("--report", default=None, help="Write the JSON report here.")
+@path_option(
+    "--bundle",
+    default=None,
+    help="Also write a replay bundle here: each graph, its inputs and the float64 reference in trtexec's, Polygraphy's "
+    "and numpy's forms, with the command lines that replay the check without deploykit (written on failure too).",
+)
 @plugins_option()
 @cpu_fallback_option
 def validate(
-    export_dir, resolutions, backends, precision, inputs_path, num_random, num_real, seed, report, plugin_specs, allow_cpu_fallback
+    export_dir, resolutions, backends, precision, inputs_path, num_random, num_real, seed, report, bundle, plugin_specs, allow_cpu_fallback
 ):
     """Compare exported graphs with the PyTorch float64 reference; exit 1 on failure."""
     from deploykit._io import check_file_destination, write_output_json
@@ -209,11 +215,14 @@ def validate(
             progress=step,
             plugins=Plugins.resolve(plugin_specs) if plugin_specs else None,
             allow_cpu_fallback=allow_cpu_fallback,
+            bundle=bundle,
         )
     render.validation(console, result)
     if report:
         write_output_json(report, result.to_json())
         render.say(console, f"report: {report}")
+    if bundle:
+        render.say(console, f"replay bundle: {bundle} (see its README.md)")
     result.raise_for_failure()
 
 
@@ -248,6 +257,35 @@ def validate(
     help="rtx: a GPU's compute capability to build for (repeatable, e.g. 7.5 for Turing); "
     "default every supported one but Turing, or on a Turing GPU 7.5 alone.",
 )
+@click.option(
+    "--profile",
+    "profiles",
+    multiple=True,
+    help="Repeatable: one optimization profile per engine each, as a batch range (1-8) and, for a graph exported over a "
+    "resolution range, a resolution bucket (1-8@32-48); each tuned for --batch. The runners pick the one that fits each call.",
+)
+@click.option(
+    "--profiles-from-resolutions",
+    is_flag=True,
+    help="For a resolution-range graph: one profile per bucket between the exported resolutions inside its range (batches 1..--max-batch).",
+)
+@click.option("--version-compatible", is_flag=True, help="An engine later TensorRT versions run (VERSION_COMPATIBLE).")
+@click.option(
+    "--exclude-lean-runtime", is_flag=True, help="With --version-compatible: leave the lean runtime out (the loader must provide it)."
+)
+@click.option(
+    "--hardware-compatibility",
+    type=click.Choice(["none", "ampere_plus", "same_compute_capability"]),
+    default="none",
+    show_default=True,
+    help="trt: one engine for several GPU models (TensorRT's hardware compatibility level).",
+)
+@click.option("--refittable", is_flag=True, help="Weights refittable with identical ones (REFIT_IDENTICAL).")
+@click.option(
+    "--strip-weights",
+    is_flag=True,
+    help="A weight-stripped engine (STRIP_PLAN, implies --refittable), refitted from the graph's own ONNX when loaded.",
+)
 @click.option("--rebuild", is_flag=True, help="Replace engines whose fingerprint no longer matches (otherwise refused).")
 def build(
     export_dir,
@@ -261,6 +299,13 @@ def build(
     optimization_level,
     plugin_specs,
     compute_capabilities,
+    profiles,
+    profiles_from_resolutions,
+    version_compatible,
+    exclude_lean_runtime,
+    hardware_compatibility,
+    refittable,
+    strip_weights,
     rebuild,
 ):
     """Build one TensorRT engine per exported graph, beside it, with a fingerprint (-v: every
@@ -282,6 +327,13 @@ def build(
         optimization_level=optimization_level,
         rebuild=rebuild,
         compute_capabilities=compute_capabilities,
+        profiles=profiles,
+        profiles_from_resolutions=profiles_from_resolutions,
+        version_compatible=version_compatible,
+        exclude_lean_runtime=exclude_lean_runtime,
+        hardware_compatibility=hardware_compatibility,
+        refittable=refittable,
+        strip_weights=strip_weights,
     )
     console = render.console()
     progress = BuildProgress()

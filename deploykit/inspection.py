@@ -149,6 +149,8 @@ def inspect_engine(path: Path) -> dict:
             plugin_layers=record.plugin_layers,
             matches_fingerprint=sha256_file(path) == record.engine_sha256,
             profile_shapes=record.fingerprint.shapes,
+            profiles=[[list(shape) for shape in profile] for profile in record.profiles],  # every optimization profile
+            lean_runtime=record.lean_runtime,
         )
         # Plugins whose kernels the engine carries need loading no more than TensorRT needs them.
         module, installed = record.fingerprint.module, [] if record.self_contained else record.installed_plugins

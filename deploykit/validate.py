@@ -196,6 +196,7 @@ def validate(
     progress: Callable[[str], None] | None = None,
     plugins: Plugins | None = None,
     allow_cpu_fallback: bool = False,
+    bundle: str | os.PathLike | None = None,
 ) -> ValidationReport:
     """Validate what ``deploykit export`` wrote to ``export_dir``.
 
@@ -215,6 +216,10 @@ def validate(
             installed plugin packages each engine's fingerprint names.
         allow_cpu_fallback: ``ort-cuda`` accepts nodes ONNX Runtime runs on the CPU (records
             name them in ``node_placement``); refused by default.
+        bundle: also write a replay bundle here (``deploykit.validate_bundle``): each graph, its
+            inputs and the float64 reference in trtexec's, Polygraphy's and numpy's forms, with
+            the command lines that replay the check without deploykit; written whether or not
+            the check passed.
 
     Returns:
         The report (``bool(report)`` tells pass/fail).
@@ -226,6 +231,10 @@ def validate(
     export_dir = Path(export_dir)
     plan = check_precision(precision)
     _check_request(backends, num_random, num_real, inputs)
+    if bundle is not None:
+        from deploykit.validate_bundle import check_bundle_destination
+
+        check_bundle_destination(bundle)  # before the work, not after it
     directory = ExportDir(export_dir)
     manifest = directory.manifest()
     # --precision picks the graphs (model_224_fp16.onnx, ...) as well as the criteria.
@@ -261,7 +270,13 @@ def validate(
                         path, model, references.at(model, resolution).inputs, tolerance, batch, backend, plugins, num_real
                     )
                 records.append(Record.of(checked, run, references.at(model, resolution), resolution, batch, block))
-    return ValidationReport(records)
+    report = ValidationReport(records)
+    if bundle is not None:
+        from deploykit.validate_bundle import write_bundle
+
+        graphs = [(directory.graph(e, manifest.encoding), tuple(r), references.at(model, r)) for e in entries for r in e.shapes]
+        write_bundle(bundle, model, graphs, plan.tolerance, precision=precision, report=report.to_json())
+    return report
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,19 @@ def zoo_int8_export(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def zoo_ape_export(tmp_path_factory):
+    """The zoo's APE model (``models/shapes-ape``, trained at 48 px) exported at 32 and 48 px, once
+    (shared: copy it before modifying)."""
+    from deploykit.export import export
+    from deploykit.zoo.resolve import resolve_model
+
+    model, _ = resolve_model(encoding="ape")
+    out = tmp_path_factory.mktemp("zoo-ape") / "exp"
+    export(model, [(32, 32), (48, 48)], out)
+    return out
+
+
+@pytest.fixture(scope="session")
 def sape2_export(tmp_path_factory):
     """A two-block SaPE² ViT at 32x32 exported once: ``model_32.onnx`` holds two
     ``deploykit::SaPE2Bias`` nodes and their model-local function (shared; copy before modifying)."""

@@ -79,6 +79,7 @@ def test_engine(export_dir, tmp_path):
     recorded = json.loads(built.fingerprint.read_text())["fingerprint"]
     assert info["kind"] == "engine" and info["fingerprint"] == recorded and info["matches_fingerprint"] is True
     assert info["profile_shapes"] == {"images": [[1, 3, 32, 32], [1, 3, 32, 32], [4, 3, 32, 32]]}
+    assert info["profiles"] == [info["profile_shapes"]["images"]] and info["lean_runtime"] == ""  # one profile, not version-compatible
     if not torch.cuda.is_available():
         assert info["layers"]["note"].startswith("layers unavailable: cannot deserialize the engine here")
     else:

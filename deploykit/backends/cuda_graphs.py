@@ -121,6 +121,13 @@ class CudaGraphExecutor:
         self.graphs: dict[tuple, Any] = {}
         self.is_active = True
 
+    def set_profile(self, index: int) -> None:
+        """Run in optimization profile ``index`` from now on (as Polygraphy's ``TrtRunner.set_profile``);
+        the buffers and graphs of the previous profile are dropped, since shapes were bound in it."""
+        if not self.context.set_optimization_profile_async(index, self.stream.cuda_stream):
+            raise DeployKitError(f"TensorRT could not switch the execution context to optimization profile {index}")
+        self.buffers, self.graphs = {}, {}
+
     def deactivate(self) -> None:
         self.graphs, self.buffers, self.context, self.stream = {}, {}, None, None
         self.is_active = False

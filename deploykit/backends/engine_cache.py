@@ -136,6 +136,8 @@ def profile_shapes(input_name: str, sample_shapes: Sequence[Sequence[int]], opti
     """The input's profile ``[min, opt, max]``: per-sample shapes (``[C, H, W]`` images, ``[T]``
     tokens; three of them, equal unless the graph covers a resolution range) with the options'
     batches in front."""
+    if options.profiles:  # several: the first is the fingerprint's shapes, every one is in its build settings
+        return {input_name: [list(s) for s in options.profiles[0]]}
     batches = (options.min_batch, options.opt_batch, options.max_batch)
     return {input_name: [[b, *sample] for b, sample in zip(batches, sample_shapes)]}
 
@@ -148,7 +150,16 @@ def build_settings(options: BuildOptions) -> dict:
     settings = {k: v for k, v in dataclasses.asdict(options).items() if k not in skip}
     if not options.compute_capabilities:  # TensorRT's, and TensorRT-RTX fingerprints written before targets were set
         del settings["compute_capabilities"]
+    # The engine kind and several profiles, recorded when asked for: an engine of the default kind
+    # keeps the fingerprint it had before they could be asked for.
+    for name in ENGINE_KIND_FIELDS:
+        if settings[name] == _DEFAULTS[name]:
+            del settings[name]
     return settings
+
+
+ENGINE_KIND_FIELDS = ("profiles", "version_compatible", "exclude_lean_runtime", "hardware_compatibility", "refittable", "strip_weights")
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(BuildOptions)}
 
 
 def current_fingerprint(
@@ -207,6 +218,8 @@ class EngineRecord:
         embedded_plugin_layers: how many of those carry their compiled kernel in the engine
             (ahead-of-time quickly deployable plugins), which TensorRT runs with no plugin
             registered (0 in records written before this was recorded: a plugin is loaded).
+        lean_runtime: what a version-compatible engine needs where it is loaded
+            (``tensorrt.lean_runtime_note``); "" for any other engine.
     """
 
     fingerprint: Fingerprint
@@ -215,6 +228,20 @@ class EngineRecord:
     installed_plugins: list[str]
     plugin_layers: int
     embedded_plugin_layers: int = 0
+    lean_runtime: str = ""
+
+    @property
+    def profiles(self) -> list:
+        """Every optimization profile of the engine, as the input's ``[min, opt, max]`` shapes
+        (``deploykit.backends.profiles``)."""
+        from deploykit.backends.profiles import recorded_profiles
+
+        return recorded_profiles(self.fingerprint.build, self.fingerprint.shapes)
+
+    @property
+    def weights_stripped(self) -> bool:
+        """Built with ``STRIP_PLAN``: refitted from the graph's ONNX when loaded."""
+        return bool(self.fingerprint.build.get("strip_weights"))
 
     @property
     def self_contained(self) -> bool:
@@ -231,6 +258,7 @@ def write_fingerprint(
     plugins: Plugins = Plugins(),
     plugin_layers: int = 0,
     embedded_plugin_layers: int = 0,
+    lean_runtime: str = "",
 ) -> None:
     """Store the fingerprint with the engine's own hash, where its plugins came from (named in
     messages only: nothing is ever loaded from these paths), how many plugin layers it has and
@@ -243,6 +271,8 @@ def write_fingerprint(
         "plugin_layers": plugin_layers,
         "embedded_plugin_layers": embedded_plugin_layers,
     }
+    if lean_runtime:
+        record["lean_runtime"] = lean_runtime
     write_json_atomic(path, record)
 
 
@@ -262,6 +292,7 @@ def read_fingerprint(path: str | os.PathLike) -> EngineRecord:
             [str(p) for p in record["installed_plugins"]],
             int(record["plugin_layers"]),
             int(record.get("embedded_plugin_layers", 0)),
+            str(record.get("lean_runtime", "")),
         )
     except FileNotFoundError:
         raise StaleEngineError(f"engine fingerprint {path} is missing; rebuild with deploykit build --rebuild") from None

@@ -52,12 +52,17 @@ class RuntimeCache:
         self.cache = cache
 
     def save(self) -> None:
-        """Write the cache, with what this process compiled, atomically over ``path``."""
+        """Write the cache, with what this process compiled, atomically over ``path``. A cache that
+        cannot be written (a read-only export directory, a full disk) is a warning, not a failure:
+        the run it follows succeeded, and the next process only compiles the kernels again."""
         if self.cache is None:
             return
         data = bytes(self.cache.serialize())
-        with atomic_path(self.path) as tmp:
-            tmp.write_bytes(data)
+        try:
+            with atomic_path(self.path) as tmp:
+                tmp.write_bytes(data)
+        except (DeployKitError, OSError) as err:
+            _log.warning("TensorRT-RTX's runtime cache was not saved (%s); the next run compiles the kernels again", err)
 
 
 def rtx_context(engine: Any, trt: Any, cuda_graph: bool = False, cache: RuntimeCache | None = None) -> Any:

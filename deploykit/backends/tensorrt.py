@@ -25,10 +25,14 @@ from deploykit._io import atomic_path
 from deploykit.backends import defaults
 from deploykit.backends._polygraphy import TrtMessages, backend, import_trt
 from deploykit.backends.plugins import Plugins
+from deploykit.backends.profiles import ProfileShapes
 from deploykit.backends.table import FLAVOURS, Flavour, flavour
 from deploykit.errors import ExportError
 
 _MAX_OPT_LEVEL = 5
+
+# --hardware-compatibility → TensorRT's HardwareCompatibilityLevel member.
+HARDWARE_LEVELS = {"none": "NONE", "ampere_plus": "AMPERE_PLUS", "same_compute_capability": "SAME_COMPUTE_CAPABILITY"}
 
 _log = logging.getLogger(__name__)
 
@@ -54,6 +58,19 @@ class BuildOptions:
         compute_capabilities: TensorRT-RTX only: the GPUs' compute capabilities (``"7.5"``) the
             engine is built for, set on the builder config; empty keeps TensorRT-RTX's default,
             which leaves Turing out (``deploykit.backends.devices.rtx_targets`` picks them).
+        profiles: several optimization profiles, each the input's full ``[min, opt, max]``
+            shapes (``deploykit.backends.profiles``); empty: the one profile the batches and
+            ``sample_shapes`` above give.
+        version_compatible: ``VERSION_COMPATIBLE``: the engine runs on later TensorRT versions
+            (through the lean runtime, embedded unless ``exclude_lean_runtime``).
+        exclude_lean_runtime: ``EXCLUDE_LEAN_RUNTIME``: leave the lean runtime out of a
+            version-compatible engine; whoever loads it must load one (``lean_runtime_note``).
+        hardware_compatibility: ``none``, ``ampere_plus`` or ``same_compute_capability``
+            (TensorRT's hardware compatibility level: one engine for several GPU models).
+        refittable: ``REFIT_IDENTICAL``: weights can be refitted with the identical ones (TensorRT
+            11.3's release notes advise it over ``REFIT``: the builder may optimise for them).
+        strip_weights: ``STRIP_PLAN``: the engine carries no refittable weights; they are refitted
+            from the graph's own ONNX when it is loaded (needs ``refittable``).
     """
 
     module: str = "tensorrt"
@@ -65,10 +82,20 @@ class BuildOptions:
     timing_cache: str | None = None
     sample_shapes: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None = None
     compute_capabilities: tuple[str, ...] = ()
+    profiles: tuple[ProfileShapes, ...] = ()
+    version_compatible: bool = False
+    exclude_lean_runtime: bool = False
+    hardware_compatibility: str = "none"
+    refittable: bool = False
+    strip_weights: bool = False
 
     def __post_init__(self) -> None:
+        # As tuples, however given (a fingerprint read back from JSON holds lists).
+        object.__setattr__(self, "profiles", tuple(tuple(tuple(int(d) for d in s) for s in p) for p in self.profiles))
+        object.__setattr__(self, "compute_capabilities", tuple(self.compute_capabilities))
         # Fail on construction, before minutes of building, rather than inside TensorRT.
         made_by = self.flavour
+        self._check_engine_kind()
         if not 1 <= self.min_batch <= self.opt_batch <= self.max_batch:
             batches = (self.min_batch, self.opt_batch, self.max_batch)
             raise ValueError(f"batch sizes must satisfy 1 <= min <= opt <= max, got {batches}")
@@ -82,6 +109,31 @@ class BuildOptions:
         unsupported = [cc for cc in self.compute_capabilities if not made_by.supports(cc)]
         if unsupported:
             raise ValueError(f"{made_by.title} cannot build for compute capability {unsupported[0]} ({made_by.supported_text()})")
+
+    def _check_engine_kind(self) -> None:
+        if self.hardware_compatibility not in HARDWARE_LEVELS:
+            raise ValueError(f"hardware_compatibility must be one of {', '.join(HARDWARE_LEVELS)}, got {self.hardware_compatibility!r}")
+        if self.exclude_lean_runtime and not self.version_compatible:
+            raise ValueError(
+                "exclude_lean_runtime (--exclude-lean-runtime) applies to version-compatible engines (--version-compatible) only"
+            )
+        if self.strip_weights and not self.refittable:
+            raise ValueError("strip_weights needs refittable (--refittable): a weight-stripped engine is refitted when it is loaded")
+        for profile in self.profiles:
+            low, opt, high = profile
+            if not len(low) == len(opt) == len(high) or not all(a <= b <= c for a, b, c in zip(low, opt, high)):
+                raise ValueError(f"a profile's shapes must satisfy min <= opt <= max dim by dim, got {[list(s) for s in profile]}")
+
+    @property
+    def engine_flags(self) -> tuple[str, ...]:
+        """The ``BuilderFlag`` members these options set."""
+        wanted = {
+            "VERSION_COMPATIBLE": self.version_compatible,
+            "EXCLUDE_LEAN_RUNTIME": self.exclude_lean_runtime,
+            "REFIT_IDENTICAL": self.refittable,
+            "STRIP_PLAN": self.strip_weights,
+        }
+        return tuple(name for name, on in wanted.items() if on)
 
     @property
     def flavour(self) -> Flavour:
@@ -244,8 +296,11 @@ def _profiles(pg: ModuleType, network: Any, options: BuildOptions) -> list:
 
     Without ``sample_shapes`` only dim 0 may be dynamic: such a model was exported at one
     resolution, so any other dynamic dim means the export went wrong, and guessing its range
-    would build a slow or wrong engine.
+    would build a slow or wrong engine. With ``options.profiles``, one profile each, for the
+    graph's one dynamic input, each checked to fit it.
     """
+    if options.profiles:
+        return _several_profiles(pg, network, options.profiles)
     profile = pg.Profile()
     batches = (options.min_batch, options.opt_batch, options.max_batch)
     for i in range(network.num_inputs):
@@ -268,6 +323,58 @@ def _profiles(pg: ModuleType, network: Any, options: BuildOptions) -> list:
             samples = [dims[1:]] * 3
         profile.add(tensor.name, *[(batch, *sample) for batch, sample in zip(batches, samples)])
     return [profile] if len(profile) else []
+
+
+def _several_profiles(pg: ModuleType, network: Any, profiles: tuple[ProfileShapes, ...]) -> list:
+    dynamic = [network.get_input(i) for i in range(network.num_inputs) if any(d < 0 for d in network.get_input(i).shape)]
+    if len(dynamic) != 1:
+        raise ExportError(f"several optimization profiles need a graph with one dynamic input; it has {len(dynamic)}")
+    (tensor,) = dynamic
+    dims, built = tuple(tensor.shape), []
+    for shapes in profiles:
+        if not all(_fits_dims(dims, s) for s in shapes):
+            raise ExportError(f"input {tensor.name!r} has shape {list(dims)}; the profile {[list(s) for s in shapes]} does not fit it")
+        built.append(pg.Profile().add(tensor.name, *shapes))
+    return built
+
+
+def _fits_dims(dims: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    """Whether ``shape`` has the network input's rank and its static dims."""
+    return len(shape) == len(dims) and all(d < 0 or d == v for d, v in zip(dims, shape))
+
+
+def _apply_engine_kind(trt: ModuleType, config: Any, opts: BuildOptions, title: str) -> None:
+    """Set the builder flags and hardware compatibility level ``opts`` ask for, reading each back:
+    a flavour that does not take one (TensorRT-RTX has no hardware compatibility level: it warns
+    and keeps ``NONE``) is refused in one line before the build, not found out where it is loaded."""
+    for name in opts.engine_flags:
+        flag = getattr(trt.BuilderFlag, name, None)
+        if flag is None:
+            raise ExportError(f"{title} has no builder flag {name}; build this engine with the other TensorRT flavour")
+        config.set_flag(flag)
+        if not config.get_flag(flag):
+            raise ExportError(f"{title} did not take the builder flag {name}")
+    if opts.hardware_compatibility != "none":
+        level = getattr(getattr(trt, "HardwareCompatibilityLevel", None), HARDWARE_LEVELS[opts.hardware_compatibility], None)
+        if level is not None:
+            config.hardware_compatibility_level = level
+        if level is None or config.hardware_compatibility_level != level:
+            raise ExportError(
+                f"{title} does not build hardware-compatible engines (--hardware-compatibility {opts.hardware_compatibility}); "
+                + ("name the GPUs with --compute-capability instead" if opts.flavour.portable else "it kept the level NONE")
+            )
+
+
+def lean_runtime_note(options: BuildOptions, trt_version: str) -> str:
+    """What a version-compatible engine needs where it is loaded ("" for any other engine)."""
+    if not options.version_compatible:
+        return ""
+    if not options.exclude_lean_runtime:
+        return "lean runtime embedded in the engine (the loading runtime must allow it: IRuntime.engine_host_code_allowed)"
+    major = trt_version.split(".")[0]
+    return (
+        f"lean runtime not embedded: load libnvinfer_lean.so.{major} of {options.flavour.title} {major}.x with IRuntime.load_runtime first"
+    )
 
 
 def _create_config(pg: ModuleType, opts: BuildOptions) -> Callable[..., Any]:
@@ -388,6 +495,7 @@ class EngineFromOnnx:
                 progress_monitor=monitor,
             )(builder, network)
         _check_targets(trt, config, opts.compute_capabilities)
+        _apply_engine_kind(trt, config, opts, opts.flavour.title)
         cache_path = cache = None
         if opts.timing_cache is not None:
             if opts.flavour.timing_cache and hasattr(config, "create_timing_cache"):
@@ -395,8 +503,16 @@ class EngineFromOnnx:
                 cache = _load_timing_cache(config, cache_path)  # must stay alive through the build
             else:
                 _log.warning("timing cache ignored: %s has no usable timing cache", opts.module)
-        with messages.failing_as("TensorRT engine build failed"):
-            serialized = pg.EngineBytesFromNetwork((builder, network, parser), config)()
+        flags = f" with {', '.join(opts.engine_flags)}" if opts.engine_flags else ""
+        try:
+            with messages.failing_as(
+                f"{opts.flavour.title} refused to build the engine{flags}" if flags else "TensorRT engine build failed"
+            ):
+                serialized = pg.EngineBytesFromNetwork((builder, network, parser), config)()
+        except ExportError as err:
+            if opts.version_compatible and not opts.exclude_lean_runtime and "lean" in str(err):
+                raise ExportError(f"{err}; it embeds a lean runtime it could not load: build with --exclude-lean-runtime") from err
+            raise
         del parser, cache, monitor  # only now: the network used weights the parser owned
         if cache_path is not None:  # the config's cache now also holds this build's timings
             _save_timing_cache(config, cache_path)

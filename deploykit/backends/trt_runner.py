@@ -8,9 +8,10 @@ buffers, stream, shapes, output allocation). Ours around it:
   line naming the backend to use instead, and so is a TensorRT wheel built for a newer CUDA than
   the driver runs (naming the wheel to install); then the fingerprint and plugin checks
   (``EngineFromPath``), and for TensorRT-RTX its own verdict on the engine's header;
-* feeds of any batch size (a batch above the engine's profile is split, one below a static
-  engine's is zero-padded and the padding dropped), one call at a time per runner (an execution
-  context is not thread-safe);
+* feeds of any batch size (a batch above the engine's profiles is split, one below every
+  profile's is zero-padded and the padding dropped), each call run in the optimization profile
+  that fits it (``deploykit.backends.profiles.choose_profile``: an engine may have several), one
+  call at a time per runner (an execution context is not thread-safe);
 * CUDA graphs, which Polygraphy's runner does not do (``deploykit.backends.cuda_graphs``):
   TensorRT-RTX captures them itself when its context is created for it (reported as used only
   while that context reads the strategy back and TensorRT-RTX says each execution run so far
@@ -20,6 +21,8 @@ buffers, stream, shapes, output allocation). Ours around it:
 * TensorRT-RTX's runtime cache (``deploykit.backends.rtx_runtime``): the kernels it compiles
   for the GPU, read from a file beside the engine and written back when the runner deactivates,
   so the next process does not compile them again;
+* a weight-stripped engine (``deploykit build --strip-weights``) gets its weights back from the
+  graph it was built from when it is deserialized (``refit_from_onnx``), before any call;
 * TensorRT's own messages: every call runs inside ``TrtMessages``, so an error TensorRT logs
   becomes the one-line ``DeployKitError`` of a failed call and its warnings reach the log.
 """
@@ -40,9 +43,10 @@ from deploykit.backends.base import CudaGraphUse, RunInfo, Runner
 from deploykit.backends.cuda_graphs import CudaGraphExecutor, io_names, rtx_capture_note, rtx_graph_note
 from deploykit.backends.devices import Device, check_cuda_build, check_device, check_rtx_engine, probe_device
 from deploykit.backends.plugins import Plugins
+from deploykit.backends.profiles import batch_range, choose_profile
 from deploykit.backends.rtx_runtime import RuntimeCache, rtx_context
 from deploykit.backends.table import flavour
-from deploykit.errors import DeployKitError, one_line
+from deploykit.errors import DeployKitError, StaleEngineError, one_line
 
 EngineSource = bytes | Callable[[], bytes]
 
@@ -61,6 +65,8 @@ class TrtRunner(Runner):
         device_info: what ``probe_device(device)`` reports; probed when None (tests pass one in).
         runtime_cache: portable flavours only (TensorRT-RTX): the file its runtime cache is kept in (read when the
             runner activates, written when it deactivates); None keeps none.
+        refit_from: the ONNX graph a weight-stripped engine was built from, refitted from it
+            when deserialized; None for an engine that carries its weights.
     """
 
     def __init__(
@@ -71,8 +77,10 @@ class TrtRunner(Runner):
         device: int = 0,
         device_info: Device | None = None,
         runtime_cache: str | os.PathLike | None = None,
+        refit_from: str | os.PathLike | None = None,
     ):
         super().__init__()
+        self.refit_from = refit_from
         self.engine, self.module, self.cuda_graph, self.device, self.device_info = engine, module, cuda_graph, device, device_info
         self.flavour = flavour(module)
         self.runtime_cache = RuntimeCache(runtime_cache) if runtime_cache is not None and self.flavour.portable else None
@@ -90,8 +98,11 @@ class TrtRunner(Runner):
             check_rtx_engine(runtime, data, f"the {self.name} engine")
         with self._tensorrt("cannot deserialize the engine"):
             engine = pg.EngineFromBytes(data, runtime=runtime)()
+        if self.refit_from is not None:
+            with self._tensorrt(f"cannot refit the weight-stripped engine from {os.path.basename(self.refit_from)}"):
+                refit_from_onnx(trt, engine, self.refit_from, pg.get_trt_logger())
         inputs = [n for n in io_names(engine) if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
-        lo, opt, hi = (tuple(s) for s in engine.get_tensor_profile_shape(inputs[0], 0))
+        profiles = [tuple(tuple(s) for s in engine.get_tensor_profile_shape(inputs[0], i)) for i in range(engine.num_optimization_profiles)]
         executor, note = self._executor(engine, trt, pg)
         with self._tensorrt("cannot create an execution context"):
             executor.activate()
@@ -99,8 +110,10 @@ class TrtRunner(Runner):
             engine=engine,
             executor=executor,
             inputs=inputs,
-            batch_range=(lo[0], hi[0]),
-            profiled_shapes=tuple(dict.fromkeys((lo, opt, hi))),
+            profiles=profiles,
+            profile=0,  # the execution context starts in profile 0
+            batch_range=batch_range(profiles),
+            profiled_shapes=tuple(dict.fromkeys(s for p in profiles for s in p)),
             note=note,
         )
 
@@ -162,7 +175,7 @@ class TrtRunner(Runner):
 
     @property
     def batch_range(self) -> tuple[int, int]:
-        """Smallest and largest batch of the engine's optimization profile."""
+        """Smallest and largest batch of the engine's optimization profiles."""
         return self._state["batch_range"]
 
     @property
@@ -170,18 +183,34 @@ class TrtRunner(Runner):
         return self._state["profiled_shapes"]
 
     def _infer(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        lo, hi = self.batch_range
+        hi = self.batch_range[1]
         total = len(next(iter(feed.values())))
         parts = []
         with self._lock:  # one execution context: callers on several threads (a server) take turns
             for start in range(0, total, hi):
                 chunk = {k: np.ascontiguousarray(v[start : start + hi]) for k, v in feed.items()}
                 n = len(next(iter(chunk.values())))
-                if n < lo:  # a static engine: pad, then drop the padded rows
-                    chunk = {k: np.concatenate([v, np.zeros((lo - n, *v.shape[1:]), v.dtype)]) for k, v in chunk.items()}
+                padded = self._select_profile(tuple(next(iter(chunk.values())).shape))
+                if n < padded:  # below the profile's batches (a static engine): pad, then drop the padded rows
+                    chunk = {k: np.concatenate([v, np.zeros((padded - n, *v.shape[1:]), v.dtype)]) for k, v in chunk.items()}
                 # Copies: Polygraphy returns views of host buffers it reuses on the next call.
                 parts.append({k: np.array(v[:n], dtype=_host_dtype(v)) for k, v in self._run(chunk).items()})
         return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+
+    def _select_profile(self, shape: tuple[int, ...]) -> int:
+        """Switch the context to the profile that fits a call of ``shape`` (``choose_profile``);
+        a batch below every profile's runs padded to the smallest batch that fits. Returns the
+        batch the call runs at."""
+        profiles = self._state["profiles"]
+        batch = shape[0]
+        if all(batch < p[0][0] for p in profiles):
+            batch = min(p[0][0] for p in profiles)
+        index = choose_profile(profiles, (batch, *shape[1:]))
+        if index != self._state["profile"]:
+            with self._tensorrt(f"cannot switch to optimization profile {index}"):
+                self._state["executor"].set_profile(index)
+            self._state["profile"] = index
+        return batch
 
     def _run(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         with self._tensorrt("inference failed"):
@@ -202,6 +231,25 @@ class TrtRunner(Runner):
             self.runtime_cache.save()
 
 
+def refit_from_onnx(trt: Any, engine: Any, onnx_path: str | os.PathLike, logger: Any) -> None:
+    """Give a weight-stripped (``STRIP_PLAN``) engine the weights of the graph it was built from,
+    through TensorRT's ONNX parser refitter (``OnnxParserRefitter.refit_from_file``, then
+    ``Refitter.refit_cuda_engine``), as NVIDIA's developer guide describes for stripped engines.
+
+    Raises:
+        DeployKitError: the parser could not read the weights, or TensorRT did not refit the engine.
+    """
+    refitter = trt.Refitter(engine, logger)
+    parser = trt.OnnxParserRefitter(refitter, logger)
+    if not parser.refit_from_file(str(onnx_path)):
+        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors)) or "no detail"
+        raise DeployKitError(f"TensorRT's parser could not read the weights of {os.path.basename(onnx_path)}: {errors}")
+    if not refitter.refit_cuda_engine():
+        raise DeployKitError(
+            f"TensorRT did not refit the engine from {os.path.basename(onnx_path)} (weights missing: {refitter.get_missing_weights()})"
+        )
+
+
 def _host_dtype(array: np.ndarray) -> np.dtype:
     """float32 for a half-precision output (what callers compare in), else its own dtype."""
     return np.dtype(np.float32) if array.dtype == np.float16 else array.dtype
@@ -218,11 +266,16 @@ def engine_runner(
     Raises:
         DeployKitError: no engine was built for ``onnx_path`` (at once; the rest when activated).
     """
-    from deploykit.backends.engine_cache import EngineFromPath, require_engine, runtime_cache_path
+    from deploykit.backends.engine_cache import EngineFromPath, read_fingerprint, require_engine, runtime_cache_path
 
-    require_engine(onnx_path, module)  # said first: whatever the machine, the engine is to be built
+    _, fp_path = require_engine(onnx_path, module)  # said first: whatever the machine, the engine is to be built
     source = EngineFromPath(onnx_path, module, device, plugins)
-    return TrtRunner(source, module=module, cuda_graph=cuda_graph, device_info=device, runtime_cache=runtime_cache_path(onnx_path))
+    try:
+        stripped = read_fingerprint(fp_path).weights_stripped
+    except StaleEngineError:  # EngineFromPath refuses it when the runner activates, in order with the device checks
+        stripped = False
+    cache = runtime_cache_path(onnx_path)
+    return TrtRunner(source, module, cuda_graph, device_info=device, runtime_cache=cache, refit_from=onnx_path if stripped else None)
 
 
 def debug_engine_runner(

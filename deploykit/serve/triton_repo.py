@@ -127,8 +127,10 @@ def _warmup(input_name: str, dtype: str, shape, batch_sizes) -> list:
     return [pb.ModelWarmup(name=f"zeros_batch{b}", batch_size=b, count=2, inputs={input_name: sample}) for b in batch_sizes]
 
 
-def vit_config(name: str, platform: str, shape, num_classes: int, kind: str, opts: RepositoryOptions) -> str:
-    """``config.pbtxt`` of one inference model (``tensorrt_plan`` or ``onnxruntime_onnx``)."""
+def vit_config(name: str, platform: str, shape, num_classes: int, kind: str, opts: RepositoryOptions, profiles: int = 1) -> str:
+    """``config.pbtxt`` of one inference model (``tensorrt_plan`` or ``onnxruntime_onnx``); an
+    engine of several optimization ``profiles`` has every one named in its instance group, since
+    Triton runs profile 0 alone unless told (it then picks, per request, the one that fits)."""
     pb = _pb()
     config = pb.ModelConfig(
         name=name,
@@ -138,7 +140,9 @@ def vit_config(name: str, platform: str, shape, num_classes: int, kind: str, opt
         output=[_tensor(pb.ModelOutput, OUTPUT_NAME, "TYPE_FP32", [num_classes])],
         instance_group=[
             pb.ModelInstanceGroup(
-                kind=pb.ModelInstanceGroup.Kind.Value(f"KIND_{kind.upper()}"), count=opts.gpu_instances if kind == "gpu" else 1
+                kind=pb.ModelInstanceGroup.Kind.Value(f"KIND_{kind.upper()}"),
+                count=opts.gpu_instances if kind == "gpu" else 1,
+                profile=[str(i) for i in range(profiles)] if profiles > 1 else [],
             )
         ],
         dynamic_batching=_batching(opts),
@@ -236,6 +240,7 @@ class FoundEngines:
         libraries: plugin libraries the engine's plugin layers need (given, hash-checked).
         rtx_engine: a TensorRT-RTX engine beside the graph, None when not built.
         embedded_plugin_layers: plugin layers that carry their kernel (they need no plugin in Triton).
+        profiles: how many optimization profiles the engine has (``batches`` spans them all).
     """
 
     engine: Path | None = None
@@ -244,6 +249,7 @@ class FoundEngines:
     libraries: tuple[Path, ...] = ()
     rtx_engine: Path | None = None
     embedded_plugin_layers: int = 0
+    profiles: int = 1
 
 
 def _find_engines(graph: Path, plugins) -> FoundEngines:
@@ -280,10 +286,12 @@ def _find_engines(graph: Path, plugins) -> FoundEngines:
             )
         check_plugins(trt_engine, stored.plugin_sha256, record.plugins, plugins, f"pass them to package triton with --plugins; {hint}")
         libraries = tuple(s.path for s in plugins.sources)
-    (shapes,) = stored.shapes.values()  # the input's [min, opt, max]
+    from deploykit.backends.profiles import batch_range
+
+    profiles = record.profiles  # every profile's [min, opt, max] of the input
     built_with = f"TensorRT {stored.trt_version} on {stored.gpu} (compute capability {stored.compute_capability})"
     embedded = record.plugin_layers if record.self_contained else 0
-    return FoundEngines(trt_engine, (shapes[0][0], shapes[2][0]), built_with, libraries, rtx_engine, embedded)
+    return FoundEngines(trt_engine, batch_range(profiles), built_with, libraries, rtx_engine, embedded, len(profiles))
 
 
 def _write_openvino_graph(graph: Path, dest: Path) -> None:
@@ -329,7 +337,9 @@ def _write_resolution(repo: Path, export_dir: Path, entry, config, opts: Reposit
     shape = (config.in_chans, *res)
     names = {"trt": f"vit_{tag}_trt", "onnx": f"vit_{tag}_onnx", "openvino": f"vit_{tag}_openvino", "pre": f"preprocess_{tag}"}
     files = {
-        f"{names['trt']}/config.pbtxt": vit_config(names["trt"], "tensorrt_plan", shape, config.num_classes, "gpu", trt_opts),
+        f"{names['trt']}/config.pbtxt": vit_config(
+            names["trt"], "tensorrt_plan", shape, config.num_classes, "gpu", trt_opts, found.profiles
+        ),
         f"{names['onnx']}/config.pbtxt": vit_config(names["onnx"], "onnxruntime_onnx", shape, config.num_classes, opts.onnx_kind, opts),
         f"{names['openvino']}/config.pbtxt": openvino_config(names["openvino"], shape, config.num_classes, opts),
         f"{names['pre']}/config.pbtxt": preprocess_config(names["pre"], res, config, opts),

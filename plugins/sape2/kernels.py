@@ -33,7 +33,9 @@ All arithmetic is fp32 whatever the input dtype (spec §8.7). Importing this mod
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from dataclasses import dataclass
 
 import triton
@@ -249,10 +251,35 @@ def compile_kernel(io_dtype: str, constants: dict, target, ptx_version: int | No
     return triton.compile(source, target=target, options=options)
 
 
+def build_needs() -> list[str]:
+    """What compiling the kernel ahead of time needs and this host lacks: Triton's CUDA driver is
+    active only under a CUDA build of torch that sees a GPU (``CudaDriver.is_active``), and it
+    compiles its launcher stubs with a C compiler, found as Triton finds it (``CC``, else gcc,
+    else clang on ``PATH``: ``triton.runtime.build``)."""
+    import torch
+
+    missing = []
+    if not torch.cuda.is_available() or torch.version.hip is not None:
+        missing.append(f"a CUDA build of torch that sees a GPU (torch {torch.__version__} sees none)")
+    if not (os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang")):
+        missing.append("a C compiler (gcc or clang on PATH, or CC) for Triton's launcher stubs")
+    return missing
+
+
 def device_target():
-    """The ``GPUTarget`` of the current CUDA device (what ``triton.compile`` targets by default)."""
+    """The ``GPUTarget`` of the current CUDA device (what ``triton.compile`` targets by default).
+
+    Raises:
+        MissingDependencyError: what ``build_needs`` finds missing, in one line, instead of
+            Triton's "0 active drivers" or "Failed to find C compiler" from deep in the build.
+    """
     from triton.runtime import driver
 
+    from deploykit.errors import MissingDependencyError
+
+    missing = build_needs()
+    if missing:
+        raise MissingDependencyError(f"the SaPE² plugin compiles its kernel when the engine is built and needs {' and '.join(missing)}")
     return driver.active.get_current_target()
 
 

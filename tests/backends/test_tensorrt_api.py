@@ -443,3 +443,24 @@ def test_concurrent_runners_each_hear_only_their_own_tensorrt_messages():
     assert not any(t.is_alive() for t in threads)
     for name in ("a", "b"):
         assert heard[name] == (["engine uses a slow fallback kernel"], [f"enqueue failed on runner {name}"])
+
+
+def test_a_runtime_cache_that_cannot_be_written_is_a_warning_after_the_run(rtx_runner, tmp_path, caplog):
+    """Issue 54: a run that succeeded beside a read-only export directory ended in an error when
+    the runtime cache was written back; it is a warning. (These tests run as root, whom a
+    read-only mode does not stop, so the directory is made unwritable by being a file.)"""
+    make, engine, _ = rtx_runner
+    config, cache = engine.create_runtime_config.return_value, strict_autospec(rtx.IRuntimeCache)
+    config.create_runtime_cache.return_value = cache
+    config.set_runtime_cache.return_value = True
+    cache.serialize.return_value = memoryview(b"kernels for this GPU")
+    not_a_directory = tmp_path / "export"
+    not_a_directory.write_bytes(b"a file where the directory should be")
+    path = not_a_directory / "model_32.rtx.runtime-cache"
+    with caplog.at_level(logging.WARNING, logger="deploykit.backends.rtx_runtime"):
+        with make(cuda_graph=False, runtime_cache=path) as runner:
+            runner.infer({"images": np.zeros((1, 3, 32, 32), np.float32)})
+    assert [r.getMessage() for r in caplog.records] == [
+        f"TensorRT-RTX's runtime cache was not saved (cannot write {path}: Not a directory); the next run compiles the kernels again"
+    ]
+    assert not_a_directory.read_bytes() == b"a file where the directory should be"

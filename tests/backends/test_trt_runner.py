@@ -74,7 +74,9 @@ class _Echo(TrtRunner):
         self._range = batch_range
 
     def _activate(self):
-        self._state = {"batch_range": self._range, "inputs": ["images"]}
+        lo, hi = self._range
+        profile = ((lo, 3, 2, 2), (lo, 3, 2, 2), (hi, 3, 2, 2))
+        self._state = {"batch_range": self._range, "inputs": ["images"], "profiles": [profile], "profile": 0}
 
     def _run(self, feed):
         self.calls.append(len(feed["images"]))

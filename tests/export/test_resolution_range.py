@@ -133,6 +133,24 @@ def test_rtx_builds_the_range_with_its_profile(exported):
     assert read_fingerprint(result.fingerprint).fingerprint.shapes == {"images": [[1, 3, 64, 64], [2, 3, 96, 96], [4, 3, 128, 128]]}
 
 
+@pytest.mark.slow
+def test_rtx_builds_resolution_buckets_between_the_exported_resolutions(exported, tmp_path):
+    pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed")
+    import shutil
+
+    from deploykit.backends.engine_cache import read_fingerprint
+    from deploykit.build import build
+
+    out = shutil.copytree(exported[1], tmp_path / "exp")
+    built = build(out, "rtx", precisions=["fp32"], optimization_level=0, max_batch=4, profiles_from_resolutions=True, rebuild=True)
+    (result,) = [b for b in built if b.graph == "model_64-128.onnx"]
+    # 96 px is exported inside the range 64-128: one profile below it, one above, each tuned at 96 px
+    assert read_fingerprint(result.fingerprint).profiles == [
+        ((1, 3, 64, 64), (1, 3, 96, 96), (4, 3, 96, 96)),
+        ((1, 3, 96, 96), (1, 3, 96, 96), (4, 3, 128, 128)),
+    ]
+
+
 def test_cli_refuses_a_range_without_its_tuned_shape(tmp_path, capsys):
     """(tests/test_cli_output.py exports a range from the command line.)"""
     from deploykit.cli import main

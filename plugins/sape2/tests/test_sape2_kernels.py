@@ -260,3 +260,27 @@ def test_every_instance_fits_the_shared_memory_a_launch_gets_without_opting_in(g
     assert kernel.shared_mem <= SHARED_MEM_OPT_IN, (grid, kernel.shared_mem)
     tokens = prefix + grid[0] * grid[1]
     assert (kernel.grid_x, kernel.grid_y) == (-(-tokens // 32),) * 2
+
+
+def test_the_kernel_build_says_in_one_line_what_this_host_lacks(monkeypatch):
+    """Issue 54: without a CUDA torch Triton raised "0 active drivers", without a C compiler
+    "Failed to find C compiler", both from deep inside the engine build."""
+    import shutil
+
+    import torch
+
+    from deploykit.plugins.sape2 import kernels
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(MissingDependencyError) as err:
+        kernels.device_target()
+    assert str(err.value) == (
+        f"the SaPE² plugin compiles its kernel when the engine is built and needs a CUDA build of torch that sees a GPU "
+        f"(torch {torch.__version__} sees none)"
+    )
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(MissingDependencyError, match=r"sees none\) and a C compiler \(gcc or clang on PATH, or CC\) for Triton's"):
+        kernels.device_target()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert kernels.build_needs() == ["a C compiler (gcc or clang on PATH, or CC) for Triton's launcher stubs"]
