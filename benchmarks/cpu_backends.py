@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from deploykit._io import write_json_atomic
+from deploykit.backends.environment import capture_environment
 from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.backends.openvino import OpenvinoBf16Runner, OpenvinoRunner, cpu_capabilities
 from deploykit.backends.registry import available_backends
@@ -43,7 +44,6 @@ from deploykit.export.int8_static import CalibrationOptions
 from deploykit.inputs.builtin import validation_inputs
 from deploykit.nn import create_model, load_model
 from deploykit.profile import Budget, LatencyStats, measure
-from deploykit.profile.environment import capture_environment
 from deploykit.zoo.registry import DEFAULT_ZOO_MODEL, model_dir
 from deploykit.zoo.resolve import resolve_model
 

@@ -52,8 +52,8 @@ from checks import Checks, Failed
 from deploykit._io import write_json_atomic
 from deploykit._lazy import is_available
 from deploykit.backends.devices import Device, probe_device, supported_text, supports
+from deploykit.backends.environment import capture_environment, environment_line
 from deploykit.backends.table import engine_flavours
-from deploykit.profile.environment import capture_environment, environment_line
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gpu_acceptance.json"
 FLAVOURS = {tag: flavour.module for tag, flavour in reversed(engine_flavours().items())}  # TensorRT-RTX first

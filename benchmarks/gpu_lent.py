@@ -105,7 +105,7 @@ from checks import Checks, Failed  # noqa: E402
 from sape2_gpu import median_ms  # noqa: E402
 
 from deploykit._io import write_json_atomic  # noqa: E402
-from deploykit.profile.environment import capture_environment, environment_line  # noqa: E402
+from deploykit.backends.environment import capture_environment, environment_line  # noqa: E402
 
 
 @dataclass(frozen=True)

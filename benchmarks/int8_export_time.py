@@ -37,13 +37,13 @@ import numpy as np
 import torch
 
 from deploykit._io import write_json_atomic
+from deploykit.backends.environment import capture_environment, environment_line
 from deploykit.export import export
 from deploykit.export.int8_static import CalibrationOptions
 from deploykit.export.sensitivity import QualityTarget
 from deploykit.inputs.builtin import sample_images
 from deploykit.inputs.user import UserCalibration, read_inputs
 from deploykit.nn import create_model
-from deploykit.profile.environment import capture_environment, environment_line
 from deploykit.zoo.resolve import resolve_model
 
 RESULTS = Path(__file__).parent / "results"

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from deploykit._io import write_json_atomic
+from deploykit.backends.environment import capture_environment
 from deploykit.backends.onnxrt import run_graph
 from deploykit.encodings import encoding_name, list_encodings
 from deploykit.export import onnx_from_model
@@ -40,7 +41,6 @@ from deploykit.export.int8_static import Calibration, CalibrationOptions, quanti
 from deploykit.inputs.builtin import normalise, validation_inputs
 from deploykit.nn import create_model
 from deploykit.profile import Budget, LatencyStats, measure
-from deploykit.profile.environment import capture_environment
 
 RESULTS = Path(__file__).parent / "results"
 PLANS = ("fp32", "int8", "int8-dynamic", "int8-mha", "fp32-mha")

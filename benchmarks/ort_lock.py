@@ -20,10 +20,10 @@ import numpy as np
 import torch
 
 from deploykit._io import write_json_atomic
+from deploykit.backends.environment import capture_environment
 from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.export import export
 from deploykit.nn import create_model
-from deploykit.profile.environment import capture_environment
 from deploykit.serve import Pipeline
 from deploykit.serve.bench.loadgen import Concurrency
 

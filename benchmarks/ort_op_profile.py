@@ -26,11 +26,11 @@ import onnxruntime as ort
 import torch
 
 from deploykit._io import write_json_atomic
+from deploykit.backends.environment import capture_environment, environment_line
 from deploykit.backends.onnxrt import session_options
 from deploykit.export import onnx_from_model
 from deploykit.graph import RuleSet
 from deploykit.nn import create_model
-from deploykit.profile.environment import capture_environment, environment_line
 from deploykit.resolutions import parse_resolution, resolution_tag
 
 RESULTS = Path(__file__).parent / "results"

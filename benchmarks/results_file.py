@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from deploykit._io import write_json_atomic
-from deploykit.profile.environment import capture_environment
+from deploykit.backends.environment import capture_environment
 
 
 def write_results(script: str, argv: list[str] | None, output_dir: Path, quick: bool, measured: Callable[[], dict]) -> Path:

@@ -370,7 +370,7 @@ def measure(quick: bool, count: int) -> dict:
     import torch
 
     import deploykit
-    from deploykit.profile.environment import capture_environment, environment_line
+    from deploykit.backends.environment import capture_environment, environment_line
 
     line = environment_line(capture_environment(torch.device("cpu")))
     with tempfile.TemporaryDirectory(prefix="serve_hostile_") as tmp:

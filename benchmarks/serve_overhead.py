@@ -32,9 +32,9 @@ import numpy as np
 import torch
 
 from deploykit._io import write_json_atomic
+from deploykit.backends.environment import capture_environment, environment_line
 from deploykit.export import export
 from deploykit.nn import create_model
-from deploykit.profile.environment import capture_environment, environment_line
 from deploykit.serve.bench.triton_stats import model_stats_delta, snapshot
 from deploykit.serve.door import free_loopback_ports
 from deploykit.serve.front import GRPC_TOKEN_KEY

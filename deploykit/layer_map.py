@@ -22,11 +22,14 @@ import ast
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
 
+from deploykit.backends.onnxrt import with_outputs
 from deploykit.checks import Tolerance, first_divergent
+from deploykit.export.metadata import GraphMetadata
 
 NAME_SCOPES = "pkg.torch.onnx.name_scopes"
 _EXPORT_WRAPPER = "model."  # deploykit.export.onnx_export.BakedModel holds the model as ``model``
@@ -115,3 +118,14 @@ def first_divergent_node(
             if first_divergent([rows], [got], tolerance) is not None:
                 return DivergentNode(origin, tensor, layer_of(origin.node, layers, order))
     return None
+
+
+def marked_graph(onnx_path: Path) -> tuple[bytes, list[str]]:
+    """The graph with its recorded block outputs (``deploykit.block_outputs`` metadata) also
+    marked as graph outputs (``backends.onnxrt.with_outputs``, as the int8 plan check marks them), and
+    their names; ``(b"", [])`` when none were recorded."""
+    proto = onnx.load(str(onnx_path))
+    names = list(GraphMetadata.of(proto).block_outputs)
+    if not names:
+        return b"", []
+    return with_outputs(proto, names).SerializeToString(), names

@@ -20,13 +20,11 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
-import onnx
 
 from deploykit._terminal import counter
 from deploykit.backends import TorchRunner, registry
 from deploykit.backends.base import Runner, run_batched
 from deploykit.backends.defaults import RUNNER
-from deploykit.backends.onnxrt import with_outputs
 from deploykit.backends.plugins import Plugins
 from deploykit.catalog import OUTPUT_NAME
 from deploykit.checks import Checked, Reference, Tolerance, bar_of, check_runner, first_divergent
@@ -34,7 +32,6 @@ from deploykit.errors import ConfigError, ValidationError
 from deploykit.export.bundle import load_reference
 from deploykit.export.directory import ExportDir
 from deploykit.export.manifest import GraphEntry
-from deploykit.export.metadata import GraphMetadata
 from deploykit.export.precision import check_precision
 from deploykit.inputs.builtin import (
     VALIDATION_NOISE,
@@ -45,6 +42,7 @@ from deploykit.inputs.builtin import (
     validation_inputs,
 )
 from deploykit.inputs.user import InputData
+from deploykit.layer_map import marked_graph
 from deploykit.nn.factory import Model
 from deploykit.nn.spec import block_paths, deploy_spec
 from deploykit.resolutions import resolution_tag
@@ -137,17 +135,6 @@ class ValidationReport:
         if failed:
             parts = [f"{r.label}: {', '.join(r.failures)}" for r in failed]
             raise ValidationError(f"{len(failed)} of {len(self.records)} checks failed: {'; '.join(parts)}")
-
-
-def marked_graph(onnx_path: Path) -> tuple[bytes, list[str]]:
-    """The graph with its recorded block outputs (``deploykit.block_outputs`` metadata) also
-    marked as graph outputs (``backends.onnxrt.with_outputs``, as the int8 plan check marks them), and
-    their names; ``(b"", [])`` when none were recorded."""
-    proto = onnx.load(str(onnx_path))
-    names = list(GraphMetadata.of(proto).block_outputs)
-    if not names:
-        return b"", []
-    return with_outputs(proto, names).SerializeToString(), names
 
 
 def first_divergent_block(

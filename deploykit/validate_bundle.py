@@ -42,7 +42,7 @@ from deploykit.backends.base import run_batched
 from deploykit.checks import Reference, Tolerance
 from deploykit.errors import ConfigError
 from deploykit.export.directory import engine_files
-from deploykit.layer_map import node_origins
+from deploykit.layer_map import marked_graph, node_origins
 from deploykit.nn.factory import Model
 from deploykit.nn.spec import block_paths
 from deploykit.resolutions import resolution_tag
@@ -195,7 +195,6 @@ def _save_blocks(stage: Path, folder: str, model: Model, graph: Path, inputs: np
     """Each block's float64 reference output (``blocks.npz``, keyed by module path) and the graph
     with the block outputs marked, for the replay's first-divergent-block search; None when the
     graph recorded no block outputs."""
-    from deploykit.validate import marked_graph
 
     marked, tensors = marked_graph(graph)
     if not tensors:
@@ -267,7 +266,7 @@ def _copy_fingerprints(stage: Path, graphs: Sequence[Path]) -> dict[str, dict]:
 def _environment() -> dict:
     import torch
 
-    from deploykit.profile.environment import capture_environment
+    from deploykit.backends.environment import capture_environment
 
     return capture_environment(torch.device("cpu"))
 

@@ -67,6 +67,9 @@ LAYERS = [
         "tools",
         (
             "deploykit.validate",
+            "deploykit.validate_bundle",
+            "deploykit.layer_map",
+            "deploykit.replay_script",
             "deploykit.build",
             "deploykit.profile",
             "deploykit.inspection",

@@ -260,7 +260,7 @@ def test_environment_is_what_this_process_runs_with(monkeypatch):
     import importlib.metadata
     import os
 
-    from deploykit.profile.environment import capture_environment, environment_line
+    from deploykit.backends.environment import capture_environment, environment_line
 
     threads = torch.get_num_threads()
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
@@ -277,7 +277,7 @@ def test_environment_is_what_this_process_runs_with(monkeypatch):
 
 
 def test_instruction_sets_are_read_from_the_cpu_flags():
-    from deploykit.profile.environment import cpu_instruction_sets
+    from deploykit.backends.environment import cpu_instruction_sets
 
     x86 = {"flags": "fpu sse4_2 avx avx2 fma avx512f avx512_vnni avx512_bf16 ht"}
     assert cpu_instruction_sets(x86) == ["sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16"]

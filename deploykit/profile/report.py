@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from deploykit._io import write_output_json
+from deploykit.backends.environment import environment_line
 from deploykit.backends.table import REFERENCE
-from deploykit.profile.environment import environment_line
 from deploykit.profile.timing import LatencyStats
 
 # The record schema (CSV column order); extra fields follow these.

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from deploykit.backends.environment import capture_environment
 from deploykit.backends.registry import check_backend
 from deploykit.errors import ConfigError, DeployKitError, unknown_choice
 from deploykit.export.directory import ExportDir
@@ -28,7 +29,6 @@ from deploykit.profile.choice import (
     not_default_lines,
     slower_lines,
 )
-from deploykit.profile.environment import capture_environment
 from deploykit.profile.flops import model_flops
 from deploykit.profile.options import ProfileOptions
 from deploykit.profile.report import BASELINE_ENCODING, FP32, TORCH_BACKEND, ProfileRecord, ProfileReport, add_ratios

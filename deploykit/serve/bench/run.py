@@ -214,7 +214,7 @@ def bench_serving(
     """
     import torch
 
-    from deploykit.profile.environment import capture_environment
+    from deploykit.backends.environment import capture_environment
 
     export_dir = Path(export_dir)
     perf = None if options.ray else _perf_analyzer(options.client)
