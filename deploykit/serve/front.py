@@ -358,8 +358,11 @@ class Front:
             headers[HEADER_LENGTH] = header_length
         if self.options.upstream_token:
             headers[TOKEN_HEADER] = self.options.upstream_token
+        # HEAD (load balancers' probe) is asked of Triton as GET, which it serves; aiohttp answers
+        # the client's HEAD with the GET's status and headers and no body
+        method = "GET" if request.method == "HEAD" else request.method
         try:
-            async with self._session.request(request.method, upstream + request.rel_url.raw_path_qs, data=body, headers=headers) as answer:
+            async with self._session.request(method, upstream + request.rel_url.raw_path_qs, data=body, headers=headers) as answer:
                 payload = await answer.read()
                 status, kept = answer.status, {h: answer.headers[h] for h in ANSWER_HEADERS if h in answer.headers}
         except aiohttp.ClientError as err:
@@ -368,7 +371,7 @@ class Front:
         if status >= 500:
             _log.debug("Triton answered %s %s with %d: %s", request.method, request.path, status, payload[:4000])
             return self._error(status, client_message(_error_text(payload)))
-        if status == 200 and request.method == "GET" and HTTP_CONFIG.match(request.path):
+        if status == 200 and method == "GET" and HTTP_CONFIG.match(request.path):
             payload = json.dumps(public_model_config(json.loads(payload))).encode()
         return web.Response(body=payload, status=status, headers=kept)
 

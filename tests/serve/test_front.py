@@ -265,3 +265,21 @@ def test_a_large_grpc_message_is_checked_off_the_event_loop(monkeypatch):
             for channel in channels:
                 channel.close()
     assert large_saw_small == [True]
+
+
+@pytest.mark.parametrize("path", ["/v2/health/ready", "/v2/health/live", "/v2/models/logits_32/config"])
+def test_head_is_answered_as_get_without_a_body(front, path):
+    """Item 10 of issue 52: load balancers probe readiness with HEAD, which Triton's HTTP server
+    does not serve (the front answered 502). The front asks Triton with GET and answers HEAD with
+    its status and headers, no body."""
+    _, port, stub = front
+    get_status, get_headers, get_body = raw_request(port, f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1".encode())
+    with socket.create_connection(("127.0.0.1", port), timeout=GUARD_S) as sock:
+        sock.sendall(f"HEAD {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, after = answer.partition(b"\r\n\r\n")
+    assert get_status == 200 and get_body and head.startswith(b"HTTP/1.1 200") and after == b""
+    assert stub.seen[-1].method == "GET" and stub.seen[-1].path == path
+    assert f"Content-Length: {len(get_body)}".encode() in head
