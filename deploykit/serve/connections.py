@@ -5,6 +5,11 @@
   connection multiplexes calls, so one client could otherwise hold the whole budget and leave
   everyone else 503). A body is counted as its bytes arrive, so a slow client holds only what it
   sent; one that would go over either limit is answered 503 with ``Retry-After``.
+* ``ReceiveSlots``: gRPC messages being received at once, in all and by one connection. grpc
+  buffers a message until it is whole and shows the front nothing before, so the bytes of an
+  incomplete message cannot be counted as they arrive; instead grpc is asked for a call's message
+  only once the call has a slot (until then the client can send no more than HTTP/2's initial
+  stream window), and within the body deadline.
 * ``TimedConnection``: aiohttp's connection handler, noting when the head of a request began
   (the connection opened, or the first byte after an answer arrived) and whether the front's
   handler has taken it; ``cut_slow_heads`` closes the connections whose head is still not
@@ -68,6 +73,44 @@ class HeldBytes:
     def release(self) -> None:
         self.budget.give(self.count)
         self.count = 0
+
+
+class ReceiveSlots:
+    """Messages received at once, in all and by each holder (a connection), waited for in turn;
+    used on the front's event loop only.
+
+    Args:
+        limit: most messages received at once in all.
+        per_holder: most one holder receives at once.
+    """
+
+    def __init__(self, limit: int, per_holder: int = 1):
+        self.limit, self.per_holder, self.used = max(1, limit), per_holder, 0
+        self._held: dict[object, int] = {}
+        self._waiters: list[asyncio.Future] = []
+
+    async def take(self, holder: object) -> None:
+        """Wait until ``holder`` may receive one more message, and count it in."""
+        while self.used >= self.limit or self._held.get(holder, 0) >= self.per_holder:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+        self.used += 1
+        self._held[holder] = self._held.get(holder, 0) + 1
+
+    def give(self, holder: object) -> None:
+        self.used -= 1
+        left = self._held.pop(holder) - 1
+        if left:
+            self._held[holder] = left
+        for waiter in self._waiters:  # each checks again whether its turn came
+            if not waiter.done():
+                waiter.set_result(None)
+        self._waiters.clear()
 
 
 @functools.cache

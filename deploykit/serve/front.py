@@ -14,9 +14,13 @@ adds the token, and passes on what it has checked (``requests.py``):
   loses the parameters that hold a file-system path (PyTriton's workspace).
 * gRPC (grpcio): the same endpoints of ``inference.GRPCInferenceService``, unary calls only
   (``ModelStreamInfer`` is not served); messages over ``max_request_bytes`` are refused by grpc;
-  the messages of calls in flight count against ``max_inflight_bytes``, and those of one
-  connection against ``max_request_bytes`` (a fair share: UNAVAILABLE beyond either); each
-  ``ModelInfer`` request is parsed and checked.
+  a call's message is asked of grpc only when the call gets a receive slot (``ReceiveSlots``:
+  ``max_inflight_bytes // max_request_bytes`` messages received at once, one per connection),
+  and must be whole ``body_timeout_s`` after the call began (DEADLINE_EXCEEDED, the call cut);
+  until then a call's stream holds at most HTTP/2's initial window, and a connection at most
+  ``GRPC_STREAMS`` calls. The messages of calls in flight count against ``max_inflight_bytes``,
+  and those of one connection against ``max_request_bytes`` (a fair share: UNAVAILABLE beyond
+  either); each ``ModelInfer`` request is parsed and checked.
 * metrics: ``GET /metrics``.
 
 Deadlines (``connections.py``): a request head not complete ``header_timeout_s`` after it began
@@ -48,7 +52,7 @@ from dataclasses import dataclass, field
 from deploykit._lazy import lazy_import
 from deploykit.errors import DeployKitError
 from deploykit.serve import defaults
-from deploykit.serve.connections import ByteBudget, HeldBytes, cut_slow_heads, timed_server_class
+from deploykit.serve.connections import ByteBudget, HeldBytes, ReceiveSlots, cut_slow_heads, timed_server_class
 from deploykit.serve.door import accept_queue_length, listening_sockets, refuse_new_connections
 from deploykit.serve.requests import (
     HEADER_LENGTH,
@@ -86,6 +90,12 @@ INLINE_CHECK_BYTES = 1 << 20  # parsed and checked in well under a millisecond
 SMALL_BODY = 64 * 1024  # checked on the event loop; larger bodies are parsed in a worker thread
 CHECKS_AT_ONCE = 2  # larger bodies checked at once: each may take up to ~100 B per JSON value
 LINGER_S = 10.0  # aiohttp's default
+# Calls one gRPC connection may have open (HTTP/2's MAX_CONCURRENT_STREAMS; grpc's default is
+# unbounded): each may hold an initial window of message bytes while it waits for a receive slot.
+GRPC_STREAMS = 128
+# HTTP/2's initial stream window the front announces, and keeps: grpc would otherwise widen it to
+# its estimate of the connection's bandwidth-delay product (megabytes on loopback) for every call.
+GRPC_STREAM_WINDOW = 64 * 1024
 DOOR_CLOSE_S = 2.0  # longest wait, once no new handshake completes, for queued and open connections
 
 
@@ -134,6 +144,8 @@ class Front:
         self._draining, self._inflight = False, 0
         # a fair share: no one connection holds more than one largest request's bytes at once
         self._budget = ByteBudget(options.max_inflight_bytes, per_holder=options.max_request_bytes)
+        # as many gRPC messages received at once as the budget holds largest requests, one per connection
+        self._receiving = ReceiveSlots(options.max_inflight_bytes // options.max_request_bytes, per_holder=1)
         self._stopping = asyncio.Event()  # set at drain: bodies still arriving are cut
         self._checks = asyncio.Semaphore(CHECKS_AT_ONCE)  # bounds the memory of checks running at once
         self._runners, self._grpc, self._channel, self._session, self._watchdog = [], None, None, None, None
@@ -211,6 +223,9 @@ class Front:
                 ("grpc.max_receive_message_length", o.max_request_bytes),
                 ("grpc.max_send_message_length", -1),
                 ("grpc.server_handshake_timeout_ms", max(1, int(o.header_timeout_s * 1000))),
+                ("grpc.max_concurrent_streams", GRPC_STREAMS),
+                ("grpc.http2.bdp_probe", 0),
+                ("grpc.http2.lookahead_bytes", GRPC_STREAM_WINDOW),
             ]
         )
         self._grpc.add_generic_rpc_handlers((_GrpcHandler(self),))
@@ -375,9 +390,27 @@ class Front:
             payload = json.dumps(public_model_config(json.loads(payload))).encode()
         return web.Response(body=payload, status=status, headers=kept)
 
-    async def _grpc_call(self, method: str, request: bytes, context):
+    async def _grpc_receive(self, messages, connection: str, context) -> bytes:
+        """The call's one message, asked of grpc once the connection has a receive slot, whole
+        within ``body_timeout_s`` of the call's start (else the call is cut)."""
+        grpc, timeout_s = lazy_import("grpc"), self.options.body_timeout_s
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._receiving.take(connection)
+                try:
+                    request = await anext(messages, None)
+                finally:
+                    self._receiving.give(connection)
+        except TimeoutError:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"request message not received within {timeout_s:g} s")
+        if request is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call sent no request message")
+        return request
+
+    async def _grpc_call(self, method: str, messages, context):
         grpc = lazy_import("grpc")
         connection = context.peer()  # the client's address and port: one per connection
+        request = await self._grpc_receive(messages, connection, context)
         if not self._budget.take(len(request), connection):
             await context.abort(
                 grpc.StatusCode.UNAVAILABLE,
@@ -440,7 +473,9 @@ def _public_grpc_config(answer: bytes) -> bytes:
 
 
 class _GrpcHandler:
-    """grpc's generic handler: the allowed unary methods, forwarded as bytes."""
+    """grpc's generic handler: the allowed unary methods, forwarded as bytes. Each is served as a
+    client-streaming method (the same frames on the wire) so that the front, not grpc, decides when
+    a call's message is read: a unary handler's message is read in full before it runs."""
 
     def __init__(self, front: Front):
         self.front = front
@@ -452,9 +487,9 @@ class _GrpcHandler:
             return None  # grpc answers UNIMPLEMENTED
         front = self.front
 
-        async def call(request: bytes, context):
+        async def call(messages, context):
             if front._draining:
                 await context.abort(self._grpc.StatusCode.UNAVAILABLE, "server is shutting down")
-            return await front._grpc_call(method, request, context)
+            return await front._grpc_call(method, messages, context)
 
-        return self._grpc.unary_unary_rpc_method_handler(call)
+        return self._grpc.stream_unary_rpc_method_handler(call)
