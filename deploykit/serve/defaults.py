@@ -51,3 +51,5 @@ BENCH_CLIENTS = ("auto", "perf_analyzer", "builtin")
 BENCH_SCHEDULE = "poisson"
 BENCH_SCHEDULES = ("poisson", "constant")
 BENCH_MAX_OUTSTANDING = 64
+# Longest wait for one answer: a server that never answers ends the benchmark, not hangs it.
+BENCH_REQUEST_TIMEOUT_S = 60.0
