@@ -116,6 +116,7 @@ class FrontOptions:
         max_json_values: most values one request's JSON may hold.
         upstream_token: the token Triton asks of every request (its restricted APIs); empty:
             none is sent.
+        metrics_host: the address of the metrics port; None: ``host``.
     """
 
     host: str
@@ -132,6 +133,7 @@ class FrontOptions:
     max_inflight_bytes: int = defaults.IN_FLIGHT_BODIES * defaults.MAX_REQUEST_BYTES
     max_json_values: int = defaults.MAX_JSON_VALUES
     upstream_token: str = field(default="", repr=False)
+    metrics_host: str | None = None
 
 
 class Front:
@@ -199,7 +201,11 @@ class Front:
         o = self.options
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False)
         server_class = timed_server_class()
-        for port, upstream, route in ((o.http_port, o.upstream_http, self._http), (o.metrics_port, o.upstream_metrics, self._metrics)):
+        endpoints = (
+            (o.host, o.http_port, o.upstream_http, self._http),
+            (o.metrics_host or o.host, o.metrics_port, o.upstream_metrics, self._metrics),
+        )
+        for host, port, upstream, route in endpoints:
             handler = functools.partial(self._handle, route, f"http://127.0.0.1:{upstream}")
             # auto_decompress=False: the body checked is the body as sent, whatever Content-Encoding says;
             # lingering_time: the rest of a refused body is read (so the client reads the answer, not a
@@ -208,7 +214,7 @@ class Front:
             runner = web.ServerRunner(server, handle_signals=False, shutdown_timeout=1.0)
             await runner.setup()
             self._runners.append(runner)
-            for sock in listening_sockets(o.host, port):
+            for sock in listening_sockets(host, port):
                 self._listeners.append(sock)
                 await web.SockSite(runner, sock).start()
         self._watchdog = asyncio.ensure_future(cut_slow_heads([runner.server for runner in self._runners], o.header_timeout_s))

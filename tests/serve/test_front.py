@@ -283,3 +283,29 @@ def test_head_is_answered_as_get_without_a_body(front, path):
     assert get_status == 200 and get_body and head.startswith(b"HTTP/1.1 200") and after == b""
     assert stub.seen[-1].method == "GET" and stub.seen[-1].path == path
     assert f"Content-Length: {len(get_body)}".encode() in head
+
+
+def test_the_metrics_port_binds_to_its_own_host():
+    """Item 10 of issue 52: the metrics port always bound to ``--host``, so exposing inference
+    exposed metrics too. With ``metrics_host`` it listens there and only there (127.0.0.2 is
+    loopback on Linux, and another address than the front's host)."""
+    with front_before_stub(metrics_host="127.0.0.2") as (front, port, _):
+        metrics = front.options.metrics_port
+        with socket.create_connection(("127.0.0.2", metrics), timeout=GUARD_S) as sock:
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.2\r\nConnection: close\r\n\r\n")
+            assert sock.recv(12).startswith(b"HTTP/1.1 502")  # the front's own answer: the stub has no metrics port behind it
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", metrics), timeout=GUARD_S).close()
+        assert raw_request(port, b"GET /v2/health/ready HTTP/1.1\r\nHost: 127.0.0.1")[0] == 200  # the rest stays on host
+
+
+def test_a_metrics_host_that_cannot_be_listened_on_is_named_before_anything_starts():
+    from deploykit.errors import ConfigError
+    from deploykit.serve.door import free_loopback_ports
+    from deploykit.serve.triton_server import ServerOptions, check_listen_addresses
+
+    http, grpc_port, metrics = free_loopback_ports(3)
+    options = ServerOptions(http_port=http, grpc_port=grpc_port, metrics_port=metrics, metrics_host="192.0.2.1")  # TEST-NET: not local
+    with pytest.raises(ConfigError, match=rf"cannot listen on 192\.0\.2\.1:{metrics} \(metrics port\)"):
+        check_listen_addresses(options)
+    assert ServerOptions(metrics_host=None).metrics_address == ServerOptions().host
