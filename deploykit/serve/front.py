@@ -52,7 +52,15 @@ from dataclasses import dataclass, field
 from deploykit._lazy import lazy_import
 from deploykit.errors import DeployKitError
 from deploykit.serve import defaults
-from deploykit.serve.connections import ByteBudget, HeldBytes, ReceiveSlots, cut_slow_heads, timed_server_class
+from deploykit.serve.connections import (
+    SMALL_REQUEST_BYTES,
+    ByteBudget,
+    HeldBytes,
+    ReceiveSlots,
+    client_address,
+    cut_slow_heads,
+    timed_server_class,
+)
 from deploykit.serve.door import accept_queue_length, listening_sockets, refuse_new_connections
 from deploykit.serve.requests import (
     HEADER_LENGTH,
@@ -117,6 +125,8 @@ class FrontOptions:
         upstream_token: the token Triton asks of every request (its restricted APIs); empty:
             none is sent.
         metrics_host: the address of the metrics port; None: ``host``.
+        max_connections_per_client: HTTP connections one client address may hold open at once
+            (those past it are closed as they open).
     """
 
     host: str
@@ -134,6 +144,7 @@ class FrontOptions:
     max_json_values: int = defaults.MAX_JSON_VALUES
     upstream_token: str = field(default="", repr=False)
     metrics_host: str | None = None
+    max_connections_per_client: int = defaults.MAX_CONNECTIONS_PER_CLIENT
 
 
 class Front:
@@ -144,8 +155,15 @@ class Front:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="deploykit-front", daemon=True)
         self._draining, self._inflight = False, 0
-        # a fair share: no one connection holds more than one largest request's bytes at once
-        self._budget = ByteBudget(options.max_inflight_bytes, per_holder=options.max_request_bytes)
+        # a fair share: no one client holds more than one largest request's bytes at once, and
+        # large requests leave a quarter of the budget to small ones
+        small_room = max(0, min(options.max_inflight_bytes // 4, options.max_inflight_bytes - options.max_request_bytes))
+        self._budget = ByteBudget(
+            options.max_inflight_bytes,
+            per_holder=options.max_request_bytes,
+            small_room=small_room,
+            small_request=min(SMALL_REQUEST_BYTES, options.max_request_bytes // 8),
+        )
         # as many gRPC messages received at once as the budget holds largest requests, one per connection
         self._receiving = ReceiveSlots(options.max_inflight_bytes // options.max_request_bytes, per_holder=1)
         self._stopping = asyncio.Event()  # set at drain: bodies still arriving are cut
@@ -210,7 +228,13 @@ class Front:
             # auto_decompress=False: the body checked is the body as sent, whatever Content-Encoding says;
             # lingering_time: the rest of a refused body is read (so the client reads the answer, not a
             # reset) within the body deadline at most
-            server = server_class(handler, access_log=None, auto_decompress=False, lingering_time=min(LINGER_S, o.body_timeout_s))
+            server = server_class(
+                handler,
+                max_connections_per_client=o.max_connections_per_client,
+                access_log=None,
+                auto_decompress=False,
+                lingering_time=min(LINGER_S, o.body_timeout_s),
+            )
             runner = web.ServerRunner(server, handle_signals=False, shutdown_timeout=1.0)
             await runner.setup()
             self._runners.append(runner)
@@ -295,7 +319,7 @@ class Front:
             return self._error(503, "server is shutting down", close=True)
         connection.taken(has_body=request.method == "POST" and bool(HTTP_INFER.match(request.path)))
         self._inflight += 1
-        held = HeldBytes(self._budget)
+        held = HeldBytes(self._budget, client_address(request.remote), request.content_length)
         try:
             response = await route(upstream, request, held)
         finally:
@@ -358,7 +382,12 @@ class Front:
             if len(body) + len(chunk) > limit:
                 raise RequestRejected(f"request body over {limit} bytes", status=413)
             if not held.take(len(chunk)):
-                raise RequestRejected(f"the server holds {self.options.max_inflight_bytes} bytes of request bodies; retry", status=503)
+                o = self.options
+                raise RequestRejected(
+                    f"the server holds {o.max_inflight_bytes} bytes of request bodies in all, "
+                    f"at most {o.max_request_bytes} of large ones per client; retry",
+                    status=503,
+                )
             body += chunk
         return body
 
@@ -417,11 +446,12 @@ class Front:
         grpc = lazy_import("grpc")
         connection = context.peer()  # the client's address and port: one per connection
         request = await self._grpc_receive(messages, connection, context)
-        if not self._budget.take(len(request), connection):
+        client, large = client_address(connection), len(request) > self._budget.small_request
+        if not self._budget.take(len(request), client, large):
             await context.abort(
                 grpc.StatusCode.UNAVAILABLE,
                 f"the server holds {self.options.max_inflight_bytes} bytes of requests in all, "
-                f"at most {self.options.max_request_bytes} per connection; retry",
+                f"at most {self.options.max_request_bytes} of large ones per client; retry",
             )
         self._inflight += 1
         try:
@@ -446,7 +476,7 @@ class Front:
             return _public_grpc_config(answer) if method.endswith("/ModelConfig") else answer
         finally:
             self._inflight -= 1
-            self._budget.give(len(request), connection)
+            self._budget.give(len(request), client, large)
 
 
 def _error_text(payload: bytes) -> str:

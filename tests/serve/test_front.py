@@ -198,11 +198,12 @@ def test_shutdown_is_not_held_by_slow_clients():
         assert all(cut_within(sock) for sock in bodies + heads)
 
 
-def test_one_grpc_connection_holds_at_most_one_largest_request_s_bytes():
-    """A gRPC connection multiplexes calls, so one client could hold the whole budget and leave
-    everyone else UNAVAILABLE. Triton here accepts and never answers (a silent listener), so the
-    calls stay in flight: a second 60 kB call on the same connection is over its 100 kB share,
-    while the same call from another connection gets past the budget (and waits for Triton)."""
+def test_one_grpc_client_holds_at_most_one_largest_request_s_bytes():
+    """A gRPC connection multiplexes calls, and a client may open several: one client could hold
+    the whole budget and leave everyone else UNAVAILABLE. Triton here accepts and never answers
+    (a silent listener), so the calls stay in flight: a second 60 kB call of the same client, on
+    its connection or another, is over its 100 kB share, while a small call (the room kept for
+    small requests) gets past the budget (and waits for Triton)."""
     import grpc
 
     with front_before_stub(max_request_bytes=100_000, max_inflight_bytes=1_000_000) as (front, _, _):
@@ -210,20 +211,21 @@ def test_one_grpc_connection_holds_at_most_one_largest_request_s_bytes():
         method = "/inference.GRPCInferenceService/ServerLive"  # forwarded as sent, unparsed
         first_client = grpc.insecure_channel(f"127.0.0.1:{front.options.grpc_port}")
         # a connection of its own (grpc shares one between channels of a process unless told not to)
-        other_client = grpc.insecure_channel(f"127.0.0.1:{front.options.grpc_port}", options=[("grpc.use_local_subchannel_pool", 1)])
+        other_connection = grpc.insecure_channel(f"127.0.0.1:{front.options.grpc_port}", options=[("grpc.use_local_subchannel_pool", 1)])
         try:
             held = first_client.unary_unary(method).future(b"\0" * 60_000, timeout=GUARD_S)
             until(lambda: front.bytes_held >= 60_000)
-            with pytest.raises(grpc.RpcError) as refused:
-                first_client.unary_unary(method)(b"\0" * 60_000, timeout=GUARD_S)
-            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE and "per connection" in refused.value.details()
+            for channel in (first_client, other_connection):
+                with pytest.raises(grpc.RpcError) as refused:
+                    channel.unary_unary(method)(b"\0" * 60_000, timeout=GUARD_S)
+                assert refused.value.code() == grpc.StatusCode.UNAVAILABLE and "per client" in refused.value.details()
             with pytest.raises(grpc.RpcError) as waited:
-                other_client.unary_unary(method)(b"\0" * 60_000, timeout=2)
+                other_connection.unary_unary(method)(b"\0" * 1_000, timeout=2)
             assert waited.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED  # let in: Triton never answered it
             held.cancel()
         finally:
             first_client.close()
-            other_client.close()
+            other_connection.close()
             silent.close()
 
 
@@ -309,3 +311,61 @@ def test_a_metrics_host_that_cannot_be_listened_on_is_named_before_anything_star
     with pytest.raises(ConfigError, match=rf"cannot listen on 192\.0\.2\.1:{metrics} \(metrics port\)"):
         check_listen_addresses(options)
     assert ServerOptions(metrics_host=None).metrics_address == ServerOptions().host
+
+
+def _connect(port: int, source: str = "127.0.0.1") -> socket.socket:
+    """A connection to the front from ``source`` (any 127.x.y.z is this machine's, a client of its own)."""
+    return socket.create_connection(("127.0.0.1", port), timeout=GUARD_S, source_address=(source, 0))
+
+
+def test_one_client_s_uploads_leave_others_and_its_own_small_requests_room():
+    """Item 2 of issue 52: four connections each sending all but the last byte of a largest body
+    left 4 bytes of the shared budget, and for 70 s every request on every route was refused. A
+    client address now holds at most one largest body (its other large bodies are 503), and large
+    bodies leave room to small ones: the same client's small request, and another client's large
+    upload, are answered."""
+    large = 1 << 20
+    with front_before_stub(max_request_bytes=large, max_inflight_bytes=4 * large) as (front, port, _):
+        uploads = [_connect(port) for _ in range(4)]
+        try:
+            for sock in uploads:
+                sock.sendall(infer_head(large) + b"\r\n\r\n" + b"\0" * (large - 1))
+            until(lambda: front.bytes_held == large - 1)
+            refused = [sock.recv(12) for sock in uploads[1:]]
+            assert refused == [b"HTTP/1.1 503"] * 3 and front.bytes_held == large - 1
+            assert raw_request(port, infer_head(len(OK)), OK)[0] == 200  # the same address, a small request
+            with _connect(port, "127.0.0.2") as other:
+                body = json.dumps({"inputs": [{"name": "x", "datatype": "UINT8", "shape": [1], "data": [1]}], "id": " " * (large - 200)})
+                other.sendall(infer_head(len(body)) + b"\r\n\r\n" + body.encode())
+                assert other.recv(12) == b"HTTP/1.1 200"  # another client's large upload
+        finally:
+            for sock in uploads:
+                sock.close()
+
+
+def test_a_client_s_connections_past_its_cap_are_closed_as_they_open():
+    with front_before_stub(max_connections_per_client=2) as (_, port, _):
+        kept = [_connect(port), _connect(port)]
+        with _connect(port) as third:
+            assert third.recv(1) == b""  # closed at once, before any request
+        with _connect(port, "127.0.0.2") as other:
+            other.sendall(infer_head(len(OK)) + b"\r\n\r\n" + OK)
+            assert other.recv(12) == b"HTTP/1.1 200"  # another client's connection
+        kept.pop().close()
+        assert until_answered(port)
+        for sock in kept:
+            sock.close()
+
+
+def until_answered(port: int) -> bool:
+    """Whether a fresh connection of 127.0.0.1 is answered within the guard (its slot freed)."""
+    for _ in range(GUARD_S * 10):
+        with _connect(port) as sock:
+            try:
+                sock.sendall(infer_head(len(OK)) + b"\r\n\r\n" + OK)
+                if sock.recv(12) == b"HTTP/1.1 200":
+                    return True
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # closed as it opened: the slot is not free yet
+        threading.Event().wait(0.1)
+    return False
