@@ -349,6 +349,7 @@ def classify_config(pipeline: Pipeline, options: ServerOptions) -> str:
         max_bytes=options.limits.max_bytes,
         max_side=options.limits.max_side,
         max_aspect=options.limits.max_aspect,
+        max_request_pixels=options.limits.request_pixels,
         max_batch_size=options.max_batch_size,
     )
     return python_model_config(
