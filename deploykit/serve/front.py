@@ -58,6 +58,7 @@ from deploykit.serve.connections import (
     HeldBytes,
     ReceiveSlots,
     client_address,
+    connection_cap,
     cut_slow_heads,
     timed_server_class,
 )
@@ -126,7 +127,8 @@ class FrontOptions:
             none is sent.
         metrics_host: the address of the metrics port; None: ``host``.
         max_connections_per_client: HTTP connections one client address may hold open at once
-            (those past it are closed as they open).
+            (those past it are closed as they open); at most an eighth of the process's file
+            descriptors (``connections.connection_cap``).
     """
 
     host: str
@@ -230,7 +232,7 @@ class Front:
             # reset) within the body deadline at most
             server = server_class(
                 handler,
-                max_connections_per_client=o.max_connections_per_client,
+                max_connections_per_client=connection_cap(o.max_connections_per_client),
                 access_log=None,
                 auto_decompress=False,
                 lingering_time=min(LINGER_S, o.body_timeout_s),
