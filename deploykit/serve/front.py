@@ -6,21 +6,23 @@ adds the token, and passes on what it has checked (``requests.py``):
 
 * HTTP (aiohttp): ``POST .../infer`` bodies are read as sent (aiohttp inflates nothing), counted
   against ``max_request_bytes`` (413) and against ``max_inflight_bytes`` for every body held at
-  once (503 with ``Retry-After``) as they arrive, checked, and forwarded byte for byte with the
-  one header length that was checked; a ``Content-Encoding`` other than ``identity`` in any of
-  its headers is 415 (Triton would inflate the body unbounded). Only the KServe v2 read
-  endpoints (health, metadata, readiness, config, statistics) and inference are forwarded,
-  everything else (model control, shared memory, tracing, logging) is 404 here. A model config
-  loses the parameters that hold a file-system path (PyTriton's workspace).
+  once, per client address for large ones (503 with ``Retry-After``; ``ByteBudget``) as they
+  arrive, checked, and forwarded byte for byte with the one header length that was checked; a
+  ``Content-Encoding`` other than ``identity`` in any of its headers is 415 (Triton would inflate
+  the body unbounded). Only the KServe v2 read endpoints (health, metadata, readiness, config,
+  statistics) and inference are forwarded, everything else (model control, shared memory,
+  tracing, logging) is 404 here. A model config loses the parameters that hold a file-system
+  path (PyTriton's workspace).
 * gRPC (grpcio): the same endpoints of ``inference.GRPCInferenceService``, unary calls only
   (``ModelStreamInfer`` is not served); messages over ``max_request_bytes`` are refused by grpc;
   a call's message is asked of grpc only when the call gets a receive slot (``ReceiveSlots``:
   ``max_inflight_bytes // max_request_bytes`` messages received at once, one per connection),
   and must be whole ``body_timeout_s`` after the call began (DEADLINE_EXCEEDED, the call cut);
   until then a call's stream holds at most HTTP/2's initial window, and a connection at most
-  ``GRPC_STREAMS`` calls. The messages of calls in flight count against ``max_inflight_bytes``,
-  and those of one connection against ``max_request_bytes`` (a fair share: UNAVAILABLE beyond
-  either); each ``ModelInfer`` request is parsed and checked.
+  ``GRPC_STREAMS`` calls. The messages of calls in flight count against ``max_inflight_bytes``
+  as HTTP bodies do (``ByteBudget``: large ones of one client address against
+  ``max_request_bytes``, a quarter kept for small ones; UNAVAILABLE beyond); each ``ModelInfer``
+  request is parsed and checked.
 * metrics: ``GET /metrics``.
 
 Deadlines (``connections.py``): a request head not complete ``header_timeout_s`` after it began
