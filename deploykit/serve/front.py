@@ -433,14 +433,17 @@ class Front:
         """The call's one message, asked of grpc once the connection has a receive slot, whole
         within ``body_timeout_s`` of the call's start (else the call is cut)."""
         grpc, timeout_s = lazy_import("grpc"), self.options.body_timeout_s
+
+        async def in_turn() -> bytes | None:
+            await self._receiving.take(connection)
+            try:
+                return await anext(messages, None)
+            finally:
+                self._receiving.give(connection)
+
         try:
-            async with asyncio.timeout(timeout_s):
-                await self._receiving.take(connection)
-                try:
-                    request = await anext(messages, None)
-                finally:
-                    self._receiving.give(connection)
-        except TimeoutError:
+            request = await asyncio.wait_for(in_turn(), timeout_s)  # not asyncio.timeout: Python 3.10 has none
+        except asyncio.TimeoutError:
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"request message not received within {timeout_s:g} s")
         if request is None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call sent no request message")
