@@ -329,9 +329,11 @@ def test_one_client_s_uploads_leave_others_and_its_own_small_requests_room():
     with front_before_stub(max_request_bytes=large, max_inflight_bytes=4 * large) as (front, port, _):
         uploads = [_connect(port) for _ in range(4)]
         try:
-            for sock in uploads:
-                sock.sendall(infer_head(large) + b"\r\n\r\n" + b"\0" * (large - 1))
-            until(lambda: front.bytes_held == large - 1)
+            upload = infer_head(large) + b"\r\n\r\n" + b"\0" * (large - 1)
+            uploads[0].sendall(upload)
+            until(lambda: front.bytes_held == large - 1)  # the first holds its share (the others' bytes would race it)
+            for sock in uploads[1:]:
+                sock.sendall(upload)
             refused = [sock.recv(12) for sock in uploads[1:]]
             assert refused == [b"HTTP/1.1 503"] * 3 and front.bytes_held == large - 1
             assert raw_request(port, infer_head(len(OK)), OK)[0] == 200  # the same address, a small request
