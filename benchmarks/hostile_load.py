@@ -16,8 +16,16 @@ one client hurting another through what a request makes the server do, not a flo
 * raw HTTP: a gzip body under ``Content-Encoding: gzip``, the same under ``identity`` then
   ``gzip`` (two headers), JSON with a key twice, a non-ASCII digit
   ``Inference-Header-Content-Length``, JSON of ``MAX_JSON_VALUES + 1`` values;
-* slow clients (``SlowClients``): HTTP connections trickling a request head that never ends, and
-  gRPC connections trickling HTTP/2's preface, one byte a second each, reopened when cut.
+* slow clients (``SlowClients``): HTTP connections trickling a request head that never ends, or
+  a body after a whole head, and gRPC connections trickling HTTP/2's preface, one byte a second
+  each, reopened when cut (issue 52, item 8: reconnecting as the deadlines cut them);
+* held uploads (``HeldUploads``, issue 52, item 2): HTTP connections each sending all but the last
+  byte of a largest body and waiting, reopened when answered or cut (from ``UPLOADER``);
+* incomplete gRPC messages (``IncompleteGrpcMessages``, issue 52, item 1): one HTTP/2 connection
+  of ``ModelInfer`` streams each declaring a largest message and sending what the server's
+  flow-control windows let it, never the rest, reopened when cut (from ``GRPC_HOLDER``);
+* one ``classify`` request of ``WORST_IN_ONE_REQUEST`` worst accepted images (issue 52, item 3):
+  refused when they hold more pixels than one request may, else decoded.
 
 Classify and tensor kinds alternate HTTP and gRPC (tritonclient). Outcomes are labelled
 ``"http 400"``, ``"grpc INVALID_ARGUMENT"``, ``"grpc OK"``, ``"cut by server"``, ...
@@ -40,7 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from deploykit import imaging
-from deploykit.serve.defaults import MAX_JSON_VALUES
+from deploykit.serve.defaults import MAX_JSON_VALUES, MAX_REQUEST_BYTES
 
 sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))  # image_bombs.py: the tests' decode bombs
 sys.path.append(str(Path(__file__).resolve().parents[1] / "tests" / "serve"))  # stub_triton.py: the front's tests' raw sender
@@ -51,7 +59,11 @@ PAUSE_S = 0.1  # after each answer, per cheap kind
 TRICKLE_S = 1.0  # one byte per slow connection per second
 TIMEOUT_S = 120.0  # longest wait for one hostile answer
 REFUSED = frozenset({"http 400", "grpc INVALID_ARGUMENT"})
+# The clients that hold bytes come from addresses of their own (any 127.x.y.z is this machine): the
+# server's budgets are per client address, and each of these is a client of its own.
+UPLOADER, GRPC_HOLDER = "127.0.0.2", "127.0.0.3"
 WORST = "worst accepted image"
+WORST_IN_ONE_REQUEST = 32  # a [32, 1] request: the classify model's largest batch
 
 
 @dataclass(frozen=True)
@@ -77,6 +89,10 @@ class LoadSpec:
     at_limits: bool
     slow_http: int = 32
     slow_grpc: int = 4
+    slow_bodies: int = 16
+    held_uploads: int = 4
+    incomplete_grpc_streams: int = 8
+    max_request_bytes: int = MAX_REQUEST_BYTES
 
 
 @dataclass(frozen=True)
@@ -181,7 +197,17 @@ def bomb_kinds(spec: LoadSpec) -> list[Kind]:
         bombs["worst accepted, one chunk over the limit"] = over_chunk_limit(spec.worst)
     kinds = [_image_kind(name, data) for name, data in bombs.items()]
     accepted = frozenset({"http 200", "grpc OK"})
-    return [*kinds, _image_kind(WORST, spec.worst, accepted, spec.worst_senders, pause_s=0.0)]
+    # one request of many worst images: over the per-request pixel bound at full size (refused
+    # before any is decoded), within it in the quick run's small ones (decoded, answered)
+    size = imaging.read_structure(spec.worst).size
+    many = REFUSED if WORST_IN_ONE_REQUEST * size[0] * size[1] > imaging.REQUEST_IMAGES_OF_MAX * imaging.MAX_PIXELS else accepted
+    batch = np.array([[spec.worst]] * WORST_IN_ONE_REQUEST, dtype=object)
+    in_one = Kind(
+        f"{WORST_IN_ONE_REQUEST} worst accepted images in one request",
+        _alternating(lambda c, p: c.infer(p, "classify", "image", batch)),
+        many,
+    )
+    return [*kinds, _image_kind(WORST, spec.worst, accepted, spec.worst_senders, pause_s=0.0), in_one]
 
 
 def tensor_kinds(spec: LoadSpec) -> list[Kind]:
@@ -263,29 +289,36 @@ class SlowClients:
     cuts is counted with how long it lasted, and replaced."""
 
     HTTP_HEAD = b"POST /v2/models/classify/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 4096
+    BODY_HEAD = b"POST /v2/models/classify/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 4096\r\n\r\n"
     GRPC_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
     def __init__(self, spec: LoadSpec, tally: Tally):
         self.tally = tally
-        self.kinds = {  # name: (port, bytes to trickle, connections kept open)
-            "slow http head": (spec.http_port, self.HTTP_HEAD, spec.slow_http),
-            "slow grpc handshake": (spec.grpc_port, self.GRPC_PREFACE[:-1], spec.slow_grpc),
+        self.kinds = {  # name: (port, bytes sent at once on opening, bytes to trickle, connections kept open)
+            "slow http head": (spec.http_port, b"", self.HTTP_HEAD, spec.slow_http),
+            "slow http body": (spec.http_port, self.BODY_HEAD, b"a" * 4095, spec.slow_bodies),
+            "slow grpc handshake": (spec.grpc_port, b"", self.GRPC_PREFACE[:-1], spec.slow_grpc),
         }
         self.open: dict[str, list[_Slow]] = {name: [] for name in self.kinds}
 
+    def _connect(self, port: int, opening: bytes) -> _Slow:
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.sendall(opening)
+        return _Slow(sock, time.monotonic())
+
     def run(self, running: threading.Barrier, stop: threading.Event) -> None:
-        for name, (port, _, count) in self.kinds.items():
-            self.open[name] = [_Slow(socket.create_connection(("127.0.0.1", port)), time.monotonic()) for _ in range(count)]
+        for name, (port, opening, _, count) in self.kinds.items():
+            self.open[name] = [self._connect(port, opening) for _ in range(count)]
         running.wait()
         while not stop.wait(TRICKLE_S):
-            for name, (port, data, _) in self.kinds.items():
-                self.open[name] = [self._trickle(name, port, data, slow) for slow in self.open[name]]
+            for name, (port, opening, data, _) in self.kinds.items():
+                self.open[name] = [self._trickle(name, port, opening, data, slow) for slow in self.open[name]]
         for name, connections in self.open.items():
             for slow in connections:
                 self.tally.add(name, "open at stop")
                 slow.sock.close()
 
-    def _trickle(self, name: str, port: int, data: bytes, slow: _Slow) -> _Slow:
+    def _trickle(self, name: str, port: int, opening: bytes, data: bytes, slow: _Slow) -> _Slow:
         """One more byte on ``slow``; a new connection in its place when the server cut it."""
         try:
             readable, _, _ = select.select([slow.sock], [], [], 0)
@@ -297,7 +330,111 @@ class SlowClients:
         except OSError:
             self.tally.add(name, "cut by server", cut_after_s=time.monotonic() - slow.opened)
             slow.sock.close()
-            return _Slow(socket.create_connection(("127.0.0.1", port)), time.monotonic())
+            return self._connect(port, opening)
+
+
+class HeldUploads:
+    """``held_uploads`` HTTP connections, each sending a head declaring a largest body and all but
+    its last byte, then waiting: the server answers 503 (over the client's share) or 408 (the body
+    deadline), or the connection is open at stop. Reopened after each answer."""
+
+    NAME = "slow large upload, all but its last byte"
+
+    def __init__(self, spec: LoadSpec, tally: Tally):
+        self.spec, self.tally = spec, tally
+
+    def run(self, running: threading.Barrier, stop: threading.Event) -> None:
+        threads = [threading.Thread(target=self._one, args=(stop,), daemon=True) for _ in range(self.spec.held_uploads)]
+        for thread in threads:
+            thread.start()
+        running.wait()
+        for thread in threads:
+            thread.join()
+
+    def _one(self, stop: threading.Event) -> None:
+        size, chunk = self.spec.max_request_bytes, b"\0" * (1 << 20)
+        while not stop.is_set():
+            opened = time.monotonic()
+            with socket.create_connection(("127.0.0.1", self.spec.http_port), timeout=TIMEOUT_S, source_address=(UPLOADER, 0)) as sock:
+                outcome = None
+                try:
+                    sock.sendall(infer_head(self.spec.model, size) + b"\r\n\r\n")
+                    left = size - 1
+                    while left and outcome is None:
+                        sock.sendall(chunk[: min(left, len(chunk))])
+                        left -= min(left, len(chunk))
+                        if select.select([sock], [], [], 0)[0]:
+                            outcome = sock.recv(12).decode(errors="replace").removeprefix("HTTP/1.1 ") or "cut by server"
+                    while outcome is None and not stop.is_set():
+                        if select.select([sock], [], [], 0.5)[0]:
+                            outcome = sock.recv(12).decode(errors="replace").removeprefix("HTTP/1.1 ") or "cut by server"
+                except OSError:
+                    outcome = "cut by server"
+                self.tally.add(self.NAME, f"http {outcome}" if outcome and outcome[:1].isdigit() else (outcome or "open at stop"))
+                if outcome is not None:
+                    self.tally.cut_after_s.setdefault(self.NAME, []).append(time.monotonic() - opened)
+            stop.wait(PAUSE_S)
+
+
+class IncompleteGrpcMessages:
+    """One HTTP/2 connection of ``incomplete_grpc_streams`` ``ModelInfer`` streams, each declaring a
+    largest message and sending what the server's windows let it, never the rest; counted when
+    the server ends a stream (reset, or a status: its body deadline) and reopened when all ended."""
+
+    NAME = "slow grpc messages, never finished"
+
+    def __init__(self, spec: LoadSpec, tally: Tally):
+        self.spec, self.tally = spec, tally
+
+    def run(self, running: threading.Barrier, stop: threading.Event) -> None:
+        import h2.config
+        import h2.connection
+        import h2.events
+
+        first = True
+        while not stop.is_set():
+            sock = socket.create_connection(("127.0.0.1", self.spec.grpc_port), timeout=TIMEOUT_S, source_address=(GRPC_HOLDER, 0))
+            conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+            conn.initiate_connection()
+            streams, opened = [], time.monotonic()
+            for _ in range(self.spec.incomplete_grpc_streams):
+                stream = conn.get_next_available_stream_id()
+                headers = [(":method", "POST"), (":scheme", "http"), (":path", "/inference.GRPCInferenceService/ModelInfer")]
+                conn.send_headers(stream, [*headers, (":authority", "x"), ("content-type", "application/grpc"), ("te", "trailers")])
+                streams.append(stream)
+            sock.sendall(conn.data_to_send())
+            message = self.spec.max_request_bytes
+            sent, ended = dict.fromkeys(streams, 0), set()
+            prefix = b"\0" + message.to_bytes(4, "big")
+            if first:
+                running.wait()
+                first = False
+            sock.settimeout(0.2)
+            while len(ended) < len(streams) and not stop.is_set():
+                for stream in streams:
+                    room = 0 if stream in ended else min(message + 4 - sent[stream], conn.local_flow_control_window(stream), 1 << 14)
+                    if room > 0:
+                        data = (prefix + b"\0" * (room - 5)) if sent[stream] == 0 and room >= 5 else b"\0" * room
+                        conn.send_data(stream, data)
+                        sent[stream] += len(data)
+                try:
+                    sock.sendall(conn.data_to_send())
+                    data = sock.recv(1 << 16)
+                except TimeoutError:
+                    continue
+                except OSError:
+                    data = b""
+                if not data:
+                    ended.update(streams)
+                    break
+                for event in conn.receive_data(data):
+                    if isinstance(event, (h2.events.StreamReset, h2.events.TrailersReceived, h2.events.StreamEnded)):
+                        ended.add(event.stream_id)
+            for stream in streams:
+                self.tally.add(self.NAME, "cut by server" if stream in ended else "open at stop")
+            if ended:
+                self.tally.cut_after_s.setdefault(self.NAME, []).append(time.monotonic() - opened)
+            sock.close()
 
 
 def run_load(spec: LoadSpec, started, stop, results) -> None:
@@ -309,9 +446,9 @@ def run_load(spec: LoadSpec, started, stop, results) -> None:
     ``started``, ``stop``: multiprocessing events; ``results``: a multiprocessing queue."""
     kinds = build_kinds(spec)
     tally, halt = Tally(), threading.Event()
-    slow = SlowClients(spec, tally)
-    barrier = threading.Barrier(sum(k.senders for k in kinds) + 2)
-    threads = [threading.Thread(target=slow.run, args=(barrier, halt), daemon=True)]
+    holders = [SlowClients(spec, tally), HeldUploads(spec, tally), IncompleteGrpcMessages(spec, tally)]
+    barrier = threading.Barrier(sum(k.senders for k in kinds) + len(holders) + 1)
+    threads = [threading.Thread(target=holder.run, args=(barrier, halt), daemon=True) for holder in holders]
     threads += [
         threading.Thread(target=send_continuously, args=(kind, spec, tally, barrier, halt), daemon=True)
         for kind in kinds
@@ -334,7 +471,10 @@ def summarize(kinds: list[Kind], tally: Tally) -> list[dict]:
     the accepted kind, how long slow connections lasted."""
     from deploykit.profile.timing import LatencyStats
 
-    expected = {k.name: k.expected for k in kinds} | {"slow http head": {"cut by server"}, "slow grpc handshake": {"cut by server"}}
+    cut = {"cut by server"}
+    held = {HeldUploads.NAME: {"http 503", "http 408", "cut by server"}, IncompleteGrpcMessages.NAME: cut}
+    slow = {"slow http head": cut, "slow http body": cut, "slow grpc handshake": cut}
+    expected = {k.name: k.expected for k in kinds} | slow | held
     records = []
     for name, wanted in expected.items():
         outcomes = tally.outcomes.get(name, Counter())

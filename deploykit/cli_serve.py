@@ -42,10 +42,11 @@ streams_option = click.option(
 
 @click.command(cls=Command)
 @EXPORT_DIR
-@defaulted("--host", default=serve_defaults.HOST, help="Address every endpoint binds to.")
+@defaulted("--host", default=serve_defaults.HOST, help="Address every endpoint binds to (metrics: unless --metrics-host).")
 @defaulted("--port", default=serve_defaults.HTTP_PORT, help="HTTP port (KServe v2).")
 @defaulted("--grpc-port", default=serve_defaults.GRPC_PORT, help="gRPC port (KServe v2).")
 @defaulted("--metrics-port", default=serve_defaults.METRICS_PORT, help="Prometheus metrics port.")
+@click.option("--metrics-host", default=None, help="Address the metrics port binds to [default: --host].")
 @batching_options("Largest batch per request and per merged execution.", "Dynamic batcher wait to fill a batch.")
 @defaulted("--backend", "-b", default=serve_defaults.BACKEND, help="auto (TensorRT if usable, else ONNX Runtime) or a backend name.")
 @precision_option(
@@ -82,7 +83,18 @@ def serve(export_dir, max_image_pixels, max_image_bytes, use_ray, replicas, ray_
 
 
 def _serve_ray(
-    export_dir, limits, replicas, address, *, max_queue_delay_us, grpc_port, metrics_port, max_request_bytes, drain_timeout, **settings
+    export_dir,
+    limits,
+    replicas,
+    address,
+    *,
+    max_queue_delay_us,
+    grpc_port,
+    metrics_port,
+    metrics_host,
+    max_request_bytes,
+    drain_timeout,
+    **settings,
 ):
     """``serve --ray``: Ray Serve on ``--host``/``--port`` (the gRPC and metrics ports, the request
     size limit and the drain timeout are Triton's)."""

@@ -67,6 +67,10 @@ FORMATS = ("PNG", "JPEG", "WEBP", "BMP")
 # time, in Python. Animated images are refused (a classifier takes one
 # still image, and an APNG or WebP animation's frames each cost a canvas); so are RLE BMPs,
 # which Pillow decodes in Python, pixel by pixel.
+# Pixels one request's images may hold in all, in largest images (``check_request_pixels``): the
+# per-image bounds alone let one request of 32 worst-case images take minutes of decoding, which
+# its batch-mates wait for (a batch is answered when its every image is prepared).
+REQUEST_IMAGES_OF_MAX = 2
 MAX_CHUNKS = 20_000
 MAX_SCANS = 64
 MAX_STRAY_BYTES = 65_536
@@ -158,6 +162,28 @@ def decode(
         raise ImageRejected(f"image is too large: {_first_line(err)}; this server takes at most {max_pixels} pixels") from err
     except Exception as err:  # any other failure to decode these bytes is theirs (docstring)
         raise ImageRejected(f"cannot decode image bytes: {_first_line(err)}") from err
+
+
+def check_request_pixels(images: Sequence[bytes], max_request_pixels: int) -> None:
+    """Refuse a request of several images whose headers hold more than ``max_request_pixels``
+    pixels in all, before any is decoded (a lone image is judged by its own limits in ``decode``,
+    as is an image whose size cannot be read, which counts nothing here).
+
+    Raises:
+        ImageRejected: naming the request's pixels and the bound.
+    """
+    if len(images) < 2:
+        return
+    total = 0
+    for data in images:
+        structure = read_structure(bytes(data))
+        if structure is not None and structure.size is not None:
+            total += structure.size[0] * structure.size[1]
+    if total > max_request_pixels:
+        raise ImageRejected(
+            f"this request's {len(images)} images hold {total:,} pixels; this server decodes at most "
+            f"{max_request_pixels:,} per request: send them in several requests"
+        )
 
 
 def _first_line(err: BaseException, limit: int = 200) -> str:

@@ -21,14 +21,61 @@ from typing import Any
 
 import onnx
 
-from deploykit.errors import DeployKitError
+from deploykit._fields import check_values, json_nesting, show
+from deploykit.errors import DeployKitError, one_line
 
 PREFIX = "deploykit."
 
+# deploykit writes at most 6 levels (quantization → agreement → trials → trial → moved nodes); a
+# graph's metadata nested deeper was not written by it, and Python's JSON reader would recurse
+# once per level into a RecursionError. Sides bounded as the manifest bounds them.
+MAX_NESTING = 12
+MAX_SIDE = 1 << 16
+
+
+def _object(value: Any) -> dict:
+    if not isinstance(value, dict):
+        raise TypeError(f"expected an object, got {show(value)}")
+    return value
+
+
+def _shape(value: Any) -> tuple[int, ...]:
+    """A resolution: 1 or 2 positive integers (``[224, 224]``, ``[128]``)."""
+    if not (isinstance(value, list) and len(value) in (1, 2) and all(type(n) is int and 0 < n <= MAX_SIDE for n in value)):
+        raise ValueError(f"expected 1 or 2 integers from 1 to {MAX_SIDE:,}, got {show(value)}")
+    return tuple(value)
+
 
 def _range(value: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    low, high = value
-    return tuple(low), tuple(high)
+    """``[min, max]``: two resolutions of one rank, min at most max on every side."""
+    if not (isinstance(value, list) and len(value) == 2):
+        raise ValueError(f"expected [min, max] resolutions, got {show(value)}")
+    low, high = _shape(value[0]), _shape(value[1])
+    if len(low) != len(high) or any(a > b for a, b in zip(low, high)):
+        raise ValueError(f"expected min at most max, got {list(low)} and {list(high)}")
+    return low, high
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    if not (isinstance(value, list) and all(isinstance(name, str) for name in value)):
+        raise TypeError(f"expected a list of strings, got {show(value)}")
+    return tuple(value)
+
+
+def _channel_order(value: Any) -> tuple[int, ...]:
+    """A permutation of the channels (``export.qk_channels``): each index once."""
+    if not (isinstance(value, list) and all(type(i) is int for i in value) and sorted(value) == list(range(len(value)))):
+        raise ValueError(f"expected a permutation of 0 … n-1, got {show(value)}")
+    return tuple(value)
+
+
+def _count(low: int) -> Any:
+    def read(value: Any) -> int:
+        if type(value) is not int or not low <= value <= MAX_SIDE:
+            raise ValueError(f"expected an integer from {low} to {MAX_SIDE:,}, got {show(value)}")
+        return value
+
+    return read
 
 
 @dataclass(frozen=True)
@@ -96,25 +143,43 @@ class QuantizationRecord:
 
     @classmethod
     def from_dict(cls, record: Mapping[str, Any]) -> QuantizationRecord:
-        """Read ``to_dict``'s form back (keys this version does not know are ignored)."""
+        """Read ``to_dict``'s form back (keys this version does not know are ignored), every field
+        checked for the type ``to_dict`` writes before it is kept.
+
+        Raises:
+            TypeError, ConfigError: a field of another type than ``to_dict`` writes (names it).
+        """
         known = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in record.items() if k in known}
-        values["kept_float"] = tuple(KeptFloat(**entry) for entry in record.get("kept_float", ()))
+        values = {k: v for k, v in _object(record).items() if k in known}
+        check_values(cls, {k: v for k, v in values.items() if k != "kept_float"})  # the str/int/bool fields
+        for name in ("inputs", "sensitivity", "agreement", "float_nodes"):
+            if values.get(name) is not None:
+                _object(values[name])
+        for nodes in (values.get("float_nodes") or {}).values():
+            _names(nodes)
+        kept = values.get("kept_float", [])
+        if not isinstance(kept, (list, tuple)):
+            raise TypeError(f"kept_float: expected a list, got {show(kept)}")
+        for entry in kept:
+            check_values(KeptFloat, _object(entry), prefix="kept_float.")
+        values["kept_float"] = tuple(KeptFloat(**entry) for entry in kept)
         return cls(**values)
 
 
-# How each field's text is read back: JSON then the converter, an int, or (any other field) the text as is.
+# How each field's text is read back: parsed as JSON, then checked and converted by its reader
+# (integers are written as their digits, which JSON reads); any other field is the text as is.
 _JSON_FIELDS = {
-    "encoding_config": dict,
-    "model_config": dict,
-    "resolution": tuple,
+    "encoding_config": _object,
+    "model_config": _object,
+    "resolution": _shape,
     "resolution_range": _range,
-    "block_outputs": tuple,
-    "float_modules": tuple,
-    "qk_channel_order": tuple,
+    "patch_size": _count(1),
+    "block_outputs": _names,
+    "float_modules": _names,
+    "qk_channel_order": _channel_order,
     "quantization": QuantizationRecord.from_dict,
+    "fused_attention": _count(0),
 }
-_INT_FIELDS = frozenset({"patch_size", "fused_attention"})
 
 
 @dataclass(frozen=True)
@@ -184,14 +249,9 @@ class GraphMetadata:
                 continue
             text = props[key]
             try:
-                if f.name in _JSON_FIELDS:
-                    values[f.name] = _JSON_FIELDS[f.name](json.loads(text))
-                elif f.name in _INT_FIELDS:
-                    values[f.name] = int(text)
-                else:
-                    values[f.name] = text
-            except (TypeError, ValueError) as err:  # JSONDecodeError is a ValueError
-                raise DeployKitError(f"the graph's {key} metadata is not readable ({type(err).__name__}: {str(err)[:80]})") from err
+                values[f.name] = _JSON_FIELDS[f.name](_json(text)) if f.name in _JSON_FIELDS else text
+            except (TypeError, ValueError, DeployKitError) as err:  # JSONDecodeError is a ValueError
+                raise DeployKitError(f"the graph's {key} metadata is not readable ({one_line(err, 160)})") from err
         return cls(**values)
 
     @classmethod
@@ -229,6 +289,15 @@ class GraphMetadata:
         record = dataclasses.replace(cls.of(proto), **changes)
         record.write(proto)
         return record
+
+
+def _json(text: str) -> Any:
+    """``text`` parsed as JSON, its nesting bounded before the parser recurses into it."""
+    if text.count("[") + text.count("{") > MAX_NESTING:  # the scan below is needed only then
+        depth, _ = json_nesting(text)
+        if depth > MAX_NESTING:
+            raise ValueError(f"it nests {depth:,} levels deep; deploykit writes {MAX_NESTING} at most")
+    return json.loads(text)
 
 
 def copy_metadata(source: onnx.ModelProto, target: onnx.ModelProto) -> None:

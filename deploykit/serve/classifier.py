@@ -31,6 +31,9 @@ class ImageLimits:
         max_bytes: most encoded bytes per image.
         max_side: most pixels on either side.
         max_aspect: largest ratio of the long side to the short one.
+
+    One request's images may hold ``request_pixels`` in all (``imaging.REQUEST_IMAGES_OF_MAX``
+    largest images): decode work is bounded per request as well as per image.
     """
 
     max_pixels: int = imaging.MAX_PIXELS
@@ -44,6 +47,11 @@ class ImageLimits:
                 f"image limits must be >= 1, got max_pixels={self.max_pixels}, max_bytes={self.max_bytes}, "
                 f"max_side={self.max_side}, max_aspect={self.max_aspect}"
             )
+
+    @property
+    def request_pixels(self) -> int:
+        """Most pixels one request's images may hold in all."""
+        return imaging.REQUEST_IMAGES_OF_MAX * self.max_pixels
 
     def check(self, height: int, width: int) -> None:
         """``imaging.check_size`` with these limits."""

@@ -30,6 +30,8 @@ MAX_JSON_VALUES = 2**20
 # The front's read deadlines: a request head from its first byte (or the connection's opening),
 # then its body.
 HEADER_TIMEOUT_S = 10.0
+# HTTP connections one client address may hold open at once (its own share of file descriptors).
+MAX_CONNECTIONS_PER_CLIENT = 512
 BODY_TIMEOUT_S = 60.0
 DRAIN_TIMEOUT_S = 30.0
 
@@ -51,3 +53,5 @@ BENCH_CLIENTS = ("auto", "perf_analyzer", "builtin")
 BENCH_SCHEDULE = "poisson"
 BENCH_SCHEDULES = ("poisson", "constant")
 BENCH_MAX_OUTSTANDING = 64
+# Longest wait for one answer: a server that never answers ends the benchmark, not hangs it.
+BENCH_REQUEST_TIMEOUT_S = 60.0

@@ -6,17 +6,23 @@ adds the token, and passes on what it has checked (``requests.py``):
 
 * HTTP (aiohttp): ``POST .../infer`` bodies are read as sent (aiohttp inflates nothing), counted
   against ``max_request_bytes`` (413) and against ``max_inflight_bytes`` for every body held at
-  once (503 with ``Retry-After``) as they arrive, checked, and forwarded byte for byte with the
-  one header length that was checked; a ``Content-Encoding`` other than ``identity`` in any of
-  its headers is 415 (Triton would inflate the body unbounded). Only the KServe v2 read
-  endpoints (health, metadata, readiness, config, statistics) and inference are forwarded,
-  everything else (model control, shared memory, tracing, logging) is 404 here. A model config
-  loses the parameters that hold a file-system path (PyTriton's workspace).
+  once, per client address for large ones (503 with ``Retry-After``; ``ByteBudget``) as they
+  arrive, checked, and forwarded byte for byte with the one header length that was checked; a
+  ``Content-Encoding`` other than ``identity`` in any of its headers is 415 (Triton would inflate
+  the body unbounded). Only the KServe v2 read endpoints (health, metadata, readiness, config,
+  statistics) and inference are forwarded, everything else (model control, shared memory,
+  tracing, logging) is 404 here. A model config loses the parameters that hold a file-system
+  path (PyTriton's workspace).
 * gRPC (grpcio): the same endpoints of ``inference.GRPCInferenceService``, unary calls only
   (``ModelStreamInfer`` is not served); messages over ``max_request_bytes`` are refused by grpc;
-  the messages of calls in flight count against ``max_inflight_bytes``, and those of one
-  connection against ``max_request_bytes`` (a fair share: UNAVAILABLE beyond either); each
-  ``ModelInfer`` request is parsed and checked.
+  a call's message is asked of grpc only when the call gets a receive slot (``ReceiveSlots``:
+  ``max_inflight_bytes // max_request_bytes`` messages received at once, one per connection),
+  and must be whole ``body_timeout_s`` after the call began (DEADLINE_EXCEEDED, the call cut);
+  until then a call's stream holds at most HTTP/2's initial window, and a connection at most
+  ``GRPC_STREAMS`` calls. The messages of calls in flight count against ``max_inflight_bytes``
+  as HTTP bodies do (``ByteBudget``: large ones of one client address against
+  ``max_request_bytes``, a quarter kept for small ones; UNAVAILABLE beyond); each ``ModelInfer``
+  request is parsed and checked.
 * metrics: ``GET /metrics``.
 
 Deadlines (``connections.py``): a request head not complete ``header_timeout_s`` after it began
@@ -48,7 +54,16 @@ from dataclasses import dataclass, field
 from deploykit._lazy import lazy_import
 from deploykit.errors import DeployKitError
 from deploykit.serve import defaults
-from deploykit.serve.connections import ByteBudget, HeldBytes, cut_slow_heads, timed_server_class
+from deploykit.serve.connections import (
+    SMALL_REQUEST_BYTES,
+    ByteBudget,
+    HeldBytes,
+    ReceiveSlots,
+    client_address,
+    connection_cap,
+    cut_slow_heads,
+    timed_server_class,
+)
 from deploykit.serve.door import accept_queue_length, listening_sockets, refuse_new_connections
 from deploykit.serve.requests import (
     HEADER_LENGTH,
@@ -86,6 +101,12 @@ INLINE_CHECK_BYTES = 1 << 20  # parsed and checked in well under a millisecond
 SMALL_BODY = 64 * 1024  # checked on the event loop; larger bodies are parsed in a worker thread
 CHECKS_AT_ONCE = 2  # larger bodies checked at once: each may take up to ~100 B per JSON value
 LINGER_S = 10.0  # aiohttp's default
+# Calls one gRPC connection may have open (HTTP/2's MAX_CONCURRENT_STREAMS; grpc's default is
+# unbounded): each may hold an initial window of message bytes while it waits for a receive slot.
+GRPC_STREAMS = 128
+# HTTP/2's initial stream window the front announces, and keeps: grpc would otherwise widen it to
+# its estimate of the connection's bandwidth-delay product (megabytes on loopback) for every call.
+GRPC_STREAM_WINDOW = 64 * 1024
 DOOR_CLOSE_S = 2.0  # longest wait, once no new handshake completes, for queued and open connections
 
 
@@ -106,6 +127,10 @@ class FrontOptions:
         max_json_values: most values one request's JSON may hold.
         upstream_token: the token Triton asks of every request (its restricted APIs); empty:
             none is sent.
+        metrics_host: the address of the metrics port; None: ``host``.
+        max_connections_per_client: HTTP connections one client address may hold open at once
+            (those past it are closed as they open); at most an eighth of the process's file
+            descriptors (``connections.connection_cap``).
     """
 
     host: str
@@ -122,6 +147,8 @@ class FrontOptions:
     max_inflight_bytes: int = defaults.IN_FLIGHT_BODIES * defaults.MAX_REQUEST_BYTES
     max_json_values: int = defaults.MAX_JSON_VALUES
     upstream_token: str = field(default="", repr=False)
+    metrics_host: str | None = None
+    max_connections_per_client: int = defaults.MAX_CONNECTIONS_PER_CLIENT
 
 
 class Front:
@@ -132,8 +159,17 @@ class Front:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="deploykit-front", daemon=True)
         self._draining, self._inflight = False, 0
-        # a fair share: no one connection holds more than one largest request's bytes at once
-        self._budget = ByteBudget(options.max_inflight_bytes, per_holder=options.max_request_bytes)
+        # a fair share: no one client holds more than one largest request's bytes at once, and
+        # large requests leave a quarter of the budget to small ones
+        small_room = max(0, min(options.max_inflight_bytes // 4, options.max_inflight_bytes - options.max_request_bytes))
+        self._budget = ByteBudget(
+            options.max_inflight_bytes,
+            per_holder=options.max_request_bytes,
+            small_room=small_room,
+            small_request=min(SMALL_REQUEST_BYTES, options.max_request_bytes // 8),
+        )
+        # as many gRPC messages received at once as the budget holds largest requests, one per connection
+        self._receiving = ReceiveSlots(options.max_inflight_bytes // options.max_request_bytes, per_holder=1)
         self._stopping = asyncio.Event()  # set at drain: bodies still arriving are cut
         self._checks = asyncio.Semaphore(CHECKS_AT_ONCE)  # bounds the memory of checks running at once
         self._runners, self._grpc, self._channel, self._session, self._watchdog = [], None, None, None, None
@@ -187,16 +223,26 @@ class Front:
         o = self.options
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False)
         server_class = timed_server_class()
-        for port, upstream, route in ((o.http_port, o.upstream_http, self._http), (o.metrics_port, o.upstream_metrics, self._metrics)):
+        endpoints = (
+            (o.host, o.http_port, o.upstream_http, self._http),
+            (o.metrics_host or o.host, o.metrics_port, o.upstream_metrics, self._metrics),
+        )
+        for host, port, upstream, route in endpoints:
             handler = functools.partial(self._handle, route, f"http://127.0.0.1:{upstream}")
             # auto_decompress=False: the body checked is the body as sent, whatever Content-Encoding says;
             # lingering_time: the rest of a refused body is read (so the client reads the answer, not a
             # reset) within the body deadline at most
-            server = server_class(handler, access_log=None, auto_decompress=False, lingering_time=min(LINGER_S, o.body_timeout_s))
+            server = server_class(
+                handler,
+                max_connections_per_client=connection_cap(o.max_connections_per_client),
+                access_log=None,
+                auto_decompress=False,
+                lingering_time=min(LINGER_S, o.body_timeout_s),
+            )
             runner = web.ServerRunner(server, handle_signals=False, shutdown_timeout=1.0)
             await runner.setup()
             self._runners.append(runner)
-            for sock in listening_sockets(o.host, port):
+            for sock in listening_sockets(host, port):
                 self._listeners.append(sock)
                 await web.SockSite(runner, sock).start()
         self._watchdog = asyncio.ensure_future(cut_slow_heads([runner.server for runner in self._runners], o.header_timeout_s))
@@ -211,6 +257,9 @@ class Front:
                 ("grpc.max_receive_message_length", o.max_request_bytes),
                 ("grpc.max_send_message_length", -1),
                 ("grpc.server_handshake_timeout_ms", max(1, int(o.header_timeout_s * 1000))),
+                ("grpc.max_concurrent_streams", GRPC_STREAMS),
+                ("grpc.http2.bdp_probe", 0),
+                ("grpc.http2.lookahead_bytes", GRPC_STREAM_WINDOW),
             ]
         )
         self._grpc.add_generic_rpc_handlers((_GrpcHandler(self),))
@@ -274,7 +323,7 @@ class Front:
             return self._error(503, "server is shutting down", close=True)
         connection.taken(has_body=request.method == "POST" and bool(HTTP_INFER.match(request.path)))
         self._inflight += 1
-        held = HeldBytes(self._budget)
+        held = HeldBytes(self._budget, client_address(request.remote), request.content_length)
         try:
             response = await route(upstream, request, held)
         finally:
@@ -337,7 +386,12 @@ class Front:
             if len(body) + len(chunk) > limit:
                 raise RequestRejected(f"request body over {limit} bytes", status=413)
             if not held.take(len(chunk)):
-                raise RequestRejected(f"the server holds {self.options.max_inflight_bytes} bytes of request bodies; retry", status=503)
+                o = self.options
+                raise RequestRejected(
+                    f"the server holds {o.max_inflight_bytes} bytes of request bodies in all, "
+                    f"at most {o.max_request_bytes} of large ones per client; retry",
+                    status=503,
+                )
             body += chunk
         return body
 
@@ -358,8 +412,11 @@ class Front:
             headers[HEADER_LENGTH] = header_length
         if self.options.upstream_token:
             headers[TOKEN_HEADER] = self.options.upstream_token
+        # HEAD (load balancers' probe) is asked of Triton as GET, which it serves; aiohttp answers
+        # the client's HEAD with the GET's status and headers and no body
+        method = "GET" if request.method == "HEAD" else request.method
         try:
-            async with self._session.request(request.method, upstream + request.rel_url.raw_path_qs, data=body, headers=headers) as answer:
+            async with self._session.request(method, upstream + request.rel_url.raw_path_qs, data=body, headers=headers) as answer:
                 payload = await answer.read()
                 status, kept = answer.status, {h: answer.headers[h] for h in ANSWER_HEADERS if h in answer.headers}
         except aiohttp.ClientError as err:
@@ -368,18 +425,40 @@ class Front:
         if status >= 500:
             _log.debug("Triton answered %s %s with %d: %s", request.method, request.path, status, payload[:4000])
             return self._error(status, client_message(_error_text(payload)))
-        if status == 200 and request.method == "GET" and HTTP_CONFIG.match(request.path):
+        if status == 200 and method == "GET" and HTTP_CONFIG.match(request.path):
             payload = json.dumps(public_model_config(json.loads(payload))).encode()
         return web.Response(body=payload, status=status, headers=kept)
 
-    async def _grpc_call(self, method: str, request: bytes, context):
+    async def _grpc_receive(self, messages, connection: str, context) -> bytes:
+        """The call's one message, asked of grpc once the connection has a receive slot, whole
+        within ``body_timeout_s`` of the call's start (else the call is cut)."""
+        grpc, timeout_s = lazy_import("grpc"), self.options.body_timeout_s
+
+        async def in_turn() -> bytes | None:
+            await self._receiving.take(connection)
+            try:
+                return await anext(messages, None)
+            finally:
+                self._receiving.give(connection)
+
+        try:
+            request = await asyncio.wait_for(in_turn(), timeout_s)  # not asyncio.timeout: Python 3.10 has none
+        except asyncio.TimeoutError:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"request message not received within {timeout_s:g} s")
+        if request is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call sent no request message")
+        return request
+
+    async def _grpc_call(self, method: str, messages, context):
         grpc = lazy_import("grpc")
         connection = context.peer()  # the client's address and port: one per connection
-        if not self._budget.take(len(request), connection):
+        request = await self._grpc_receive(messages, connection, context)
+        client, large = client_address(connection), len(request) > self._budget.small_request
+        if not self._budget.take(len(request), client, large):
             await context.abort(
                 grpc.StatusCode.UNAVAILABLE,
                 f"the server holds {self.options.max_inflight_bytes} bytes of requests in all, "
-                f"at most {self.options.max_request_bytes} per connection; retry",
+                f"at most {self.options.max_request_bytes} of large ones per client; retry",
             )
         self._inflight += 1
         try:
@@ -404,7 +483,7 @@ class Front:
             return _public_grpc_config(answer) if method.endswith("/ModelConfig") else answer
         finally:
             self._inflight -= 1
-            self._budget.give(len(request), connection)
+            self._budget.give(len(request), client, large)
 
 
 def _error_text(payload: bytes) -> str:
@@ -437,7 +516,9 @@ def _public_grpc_config(answer: bytes) -> bytes:
 
 
 class _GrpcHandler:
-    """grpc's generic handler: the allowed unary methods, forwarded as bytes."""
+    """grpc's generic handler: the allowed unary methods, forwarded as bytes. Each is served as a
+    client-streaming method (the same frames on the wire) so that the front, not grpc, decides when
+    a call's message is read: a unary handler's message is read in full before it runs."""
 
     def __init__(self, front: Front):
         self.front = front
@@ -449,9 +530,9 @@ class _GrpcHandler:
             return None  # grpc answers UNIMPLEMENTED
         front = self.front
 
-        async def call(request: bytes, context):
+        async def call(messages, context):
             if front._draining:
                 await context.abort(self._grpc.StatusCode.UNAVAILABLE, "server is shutting down")
-            return await front._grpc_call(method, request, context)
+            return await front._grpc_call(method, messages, context)
 
-        return self._grpc.unary_unary_rpc_method_handler(call)
+        return self._grpc.stream_unary_rpc_method_handler(call)

@@ -133,12 +133,11 @@ def check_http_infer(body: bytes | bytearray, header_length: str | None, max_jso
     request = read_json(body if split == len(body) else body[:split], max_json_values)
     if not isinstance(request, dict) or not isinstance(request.get("inputs"), list) or not request["inputs"]:
         raise RequestRejected('the request must be a JSON object with a non-empty "inputs" list')
+    _check_request_fields(request)
     binary, offset = memoryview(body)[split:], 0
     for tensor in request["inputs"]:
         name, datatype, shape = _described(tensor)
-        params = tensor.get("parameters") or {}
-        if not isinstance(params, dict):
-            raise RequestRejected(f'input {name}: "parameters" must be an object')
+        params = _parameters(f"input {name}", tensor)
         if any(str(key).startswith("shared_memory") for key in params):
             raise RequestRejected(f"input {name}: shared-memory inputs are not served; send the data in the request")
         size = params.get("binary_data_size")
@@ -151,6 +150,39 @@ def check_http_infer(body: bytes | bytearray, header_length: str | None, max_jso
         offset += size
     if offset != len(binary):
         raise RequestRejected(f"{len(binary) - offset} bytes after the last input's binary data")
+
+
+def _check_request_fields(request: dict) -> None:
+    """The request's ``id``, ``parameters`` and ``outputs`` of the JSON types Triton reads them as:
+    it reads each with ``AsString``/``AsBool``/``AsInt``, which answer a value of another type
+    with an internal error (500) where the client sent a malformed request."""
+    if "id" in request and not isinstance(request["id"], str):
+        raise RequestRejected('"id" must be a string')
+    _parameters("the request", request)
+    outputs = request.get("outputs", [])
+    if not isinstance(outputs, list):
+        raise RequestRejected('"outputs" must be a list')
+    for output in outputs:
+        if not isinstance(output, dict) or not isinstance(output.get("name"), str):
+            raise RequestRejected('each output must be an object with a "name"')
+        params = _parameters(f"output {output['name'][:64]}", output)
+        for key, kind in (("binary_data", bool), ("classification", int)):
+            if key in params and (type(params[key]) is not kind):
+                raise RequestRejected(f"output {output['name'][:64]}: {key} must be {'true or false' if kind is bool else 'an integer'}")
+
+
+def _parameters(owner: str, holder: dict) -> dict:
+    """``holder``'s ``parameters``: an object of KServe v2 parameter values (a string, a number
+    or a boolean each), or empty when absent."""
+    params = holder.get("parameters")
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise RequestRejected(f'{owner}: "parameters" must be an object')
+    for key, value in params.items():
+        if not isinstance(value, (str, int, float)):  # bool is an int; read_json let only finite floats in
+            raise RequestRejected(f"{owner}: parameter {str(key)[:40]!r} must be a string, a number or a boolean")
+    return params
 
 
 def _described(tensor: object) -> tuple[str, str, list[int]]:

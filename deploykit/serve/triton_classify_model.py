@@ -5,10 +5,13 @@ Written into the server's model repository as ``classify/1/model.py``, beside
 and preprocessing, so served and in-process answers come from the same pixels). Settings come
 from the ``settings`` JSON parameter of ``config.pbtxt`` (written by ``classify_config``).
 
-Per request: every image's size and decode work are read from its header and checked against the
-limits, then it is decoded, routed to the nearest exported resolution and preprocessed. The images
+Per request: its images' pixels in all are read from their headers and bounded (``max_request_pixels``:
+a batch is answered once its every image is prepared, so one request's decode work is what its
+batch-mates may wait for), then every image's size and decode work are checked against the
+limits, and it is decoded, routed to the nearest exported resolution and preprocessed. The images
 of a batch are prepared in parallel, on a pool of threads (Pillow's decoders and resizes release the
-GIL), so a valid image does not wait behind the decode of a worst-case one before it. Any
+GIL), taken in turns across requests (every request's first image before any request's second),
+so a valid image does not wait behind the decode of a worst-case one, or of another request's many. Any
 failure there is that request's alone: INVALID_ARGUMENT (HTTP 400) with one line and no
 traceback or path (an ``ImageRejected`` says why; anything else names its exception type, and its
 traceback goes to Triton's log); the other requests of the same batch are answered. The images
@@ -44,6 +47,7 @@ class TritonPythonModel:
         self.preprocessing = self.imaging.Preprocessing(**settings["preprocessing"])
         self.limits = [settings[k] for k in ("max_pixels", "max_bytes", "max_side", "max_aspect")]
         self.max_batch_size = settings["max_batch_size"]
+        self.max_request_pixels = settings["max_request_pixels"]
         # decoding threads: one per core, and at least a few, so that a worst-case image does not hold
         # the others even on one core (the OS shares it between them); no more than a batch holds
         threads = min(self.max_batch_size, max(DECODE_THREADS, os.cpu_count() or 1))
@@ -53,12 +57,20 @@ class TritonPythonModel:
         self.decoders.shutdown(wait=False, cancel_futures=True)
 
     def execute(self, requests):
-        errors, pending = {}, []  # request index -> TritonError; (request, [futures of its images])
+        errors, taken = {}, []  # request index -> TritonError; (request, its encoded images)
         for i, request in enumerate(requests):
             try:
-                pending.append((i, [self.decoders.submit(self._prepare, data) for data in self._items(request)]))
-            except Exception as err:  # a request without its images fails alone
+                items = self._items(request)
+                self.imaging.check_request_pixels(items, self.max_request_pixels)
+                taken.append((i, items))
+            except Exception as err:  # a request without its images, or with too many pixels, fails alone
                 errors[i] = self._rejected(err)
+        futures = {i: [] for i, _ in taken}
+        for j in range(max((len(items) for _, items in taken), default=0)):  # in turns across requests
+            for i, items in taken:
+                if j < len(items):
+                    futures[i].append(self.decoders.submit(self._prepare, items[j]))
+        pending = list(futures.items())
         images, counts = [], [0] * len(requests)  # (request, item, resolution, [3, h, w])
         for i, futures in pending:
             try:

@@ -5,8 +5,9 @@ Copied verbatim into a generated model repository as ``preprocess_<res>/1/model.
 only, and preprocesses with the code the in-process pipeline and validation use: the served
 tensors equal ``deploykit.imaging.Preprocessing`` to float32 rounding. Settings come from the
 ``parameters`` of its ``config.pbtxt``: ``height``, ``width``, ``preprocessing`` (the model's, as
-``config.json`` records it), ``max_pixels``, ``max_bytes``. An image that is not one, or is over a
-limit (size and decode work, checked from its header before decoding), gets INVALID_ARGUMENT with
+``config.json`` records it), ``max_pixels``, ``max_bytes``, ``max_request_pixels``. An image that is
+not one, or is over a limit (size and decode work, checked from its header before decoding; its
+request's images' pixels in all), gets INVALID_ARGUMENT with
 one line; so does a request that fails in any other way, with its exception's type only (no path,
 no traceback: that goes to Triton's log). The other requests are answered.
 """
@@ -31,6 +32,7 @@ class TritonPythonModel:
         self.resolution = int(params["height"]), int(params["width"])
         self.preprocessing = self.imaging.Preprocessing(**json.loads(params["preprocessing"]))
         self.max_pixels, self.max_bytes = int(params["max_pixels"]), int(params["max_bytes"])
+        self.max_request_pixels = int(params["max_request_pixels"])
 
     def _preprocess(self, data: bytes) -> np.ndarray:
         image = self.imaging.decode(data, self.max_pixels, self.max_bytes)
@@ -43,6 +45,7 @@ class TritonPythonModel:
         for request in requests:  # one bad request fails alone, not the whole batch
             try:
                 items = pb_utils.get_input_tensor_by_name(request, self.imaging.ENCODED_INPUT).as_numpy().reshape(-1)
+                self.imaging.check_request_pixels(items, self.max_request_pixels)
                 images = np.stack([self._preprocess(bytes(b)) for b in items])
                 responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("images", images)]))
             except Exception as err:

@@ -189,6 +189,7 @@ def preprocess_config(name: str, resolution: tuple[int, int], config, opts: Repo
         preprocessing=json.dumps(config.preprocessing.to_dict()),
         max_pixels=opts.limits.max_pixels,
         max_bytes=opts.limits.max_bytes,
+        max_request_pixels=opts.limits.request_pixels,
     )
     return _text(
         pb.ModelConfig(

@@ -98,6 +98,8 @@ class ServerOptions:
     Attributes:
         host: address every endpoint binds to (loopback by default: nothing is exposed).
         http_port, grpc_port, metrics_port: the three endpoints' ports.
+        metrics_host: address the metrics port binds to; None: ``host`` (a deployment may expose
+            inference and keep metrics on loopback, or the other way round).
         max_batch_size: largest batch one request may carry and one execution may merge.
         max_queue_delay_us: how long the dynamic batcher waits to fill a batch (microseconds).
         backend: pipeline backend (``"auto"``, ``"ort"``, ...).
@@ -135,6 +137,12 @@ class ServerOptions:
     body_timeout_s: float = defaults.BODY_TIMEOUT_S
     verbosity: int = 0
     streams: int | None = None
+    metrics_host: str | None = None
+
+    @property
+    def metrics_address(self) -> str:
+        """Where the metrics port binds: ``metrics_host``, else ``host``."""
+        return self.metrics_host or self.host
 
     def __post_init__(self) -> None:
         if min(self.max_batch_size, self.top_k, self.classify_instances, self.max_request_bytes) < 1 or self.max_queue_delay_us < 0:
@@ -188,18 +196,19 @@ def check_listen_addresses(options: ServerOptions) -> None:
     Raises:
         ConfigError: the host does not resolve or is not local, or a port is in use.
     """
-    for label, port in (("HTTP", options.http_port), ("gRPC", options.grpc_port), ("metrics", options.metrics_port)):
+    endpoints = (("HTTP", options.host, options.http_port), ("gRPC", options.host, options.grpc_port))
+    for label, host, port in (*endpoints, ("metrics", options.metrics_address, options.metrics_port)):
         try:
-            family, kind, proto, _, address = socket.getaddrinfo(options.host, port, type=socket.SOCK_STREAM)[0]
+            family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         except (socket.gaierror, UnicodeError) as err:
-            raise ConfigError(f"cannot listen on host {options.host!r}: {getattr(err, 'strerror', None) or err}") from err
+            raise ConfigError(f"cannot listen on host {host!r}: {getattr(err, 'strerror', None) or err}") from err
         with socket.socket(family, kind, proto) as probe:
             # SO_REUSEADDR: a port a previous server left in TIME_WAIT counts as free, a listening one does not
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 probe.bind(address)
             except OSError as err:
-                raise ConfigError(f"cannot listen on {options.host}:{port} ({label} port): {err.strerror or err}") from err
+                raise ConfigError(f"cannot listen on {host}:{port} ({label} port): {err.strerror or err}") from err
 
 
 def _logits_fn(pipeline: Pipeline) -> Callable:
@@ -340,6 +349,7 @@ def classify_config(pipeline: Pipeline, options: ServerOptions) -> str:
         max_bytes=options.limits.max_bytes,
         max_side=options.limits.max_side,
         max_aspect=options.limits.max_aspect,
+        max_request_pixels=options.limits.request_pixels,
         max_batch_size=options.max_batch_size,
     )
     return python_model_config(
@@ -407,6 +417,7 @@ def front_options(options: ServerOptions, internal: tuple[int, int, int], token:
         body_timeout_s=o.body_timeout_s,
         max_inflight_bytes=defaults.IN_FLIGHT_BODIES * o.max_request_bytes,
         upstream_token=token,
+        metrics_host=o.metrics_address,
     )
 
 
@@ -472,7 +483,11 @@ class TritonServer:
             raise
         o = self.options
         self.ready = ServerReady(
-            names, self.pipeline.describe_backends(), f"{o.host}:{o.http_port}", f"{o.host}:{o.grpc_port}", f"{o.host}:{o.metrics_port}"
+            names,
+            self.pipeline.describe_backends(),
+            f"{o.host}:{o.http_port}",
+            f"{o.host}:{o.grpc_port}",
+            f"{o.metrics_address}:{o.metrics_port}",
         )
         return self
 
@@ -550,7 +565,8 @@ def serve(
     check_listen_addresses(options)  # before anything loads: a taken port fails in a second
     lazy_import("pytriton.triton")  # a missing extra is said before the export is opened
     lazy_import("aiohttp.web")
-    warn_if_exposed(options.host)
+    for host in dict.fromkeys((options.host, options.metrics_address)):
+        warn_if_exposed(host)
     pipeline = Pipeline.for_server(export_dir, options)
     with pipeline, TritonServer(pipeline, options) as server:
         for res in pipeline.resolutions:

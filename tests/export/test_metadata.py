@@ -6,6 +6,7 @@ metadata module spells a ``deploykit.*`` key."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import onnx
@@ -14,6 +15,7 @@ import pytest
 import deploykit
 from deploykit.errors import DeployKitError
 from deploykit.export.metadata import GraphMetadata, QuantizationRecord
+from tests.test_cli import run_cli
 
 # As an exported int8 graph of a resolution range carried them (text typed out here, not produced
 # by the module under test).
@@ -110,3 +112,39 @@ def test_a_quantization_record_reads_into_types_and_writes_back_the_same_text():
     assert record.untrained_weights is None and record.sensitivity is None  # absent: not written back
     GraphMetadata.of(proto).write(proto)
     assert {p.key: p.value for p in proto.metadata_props}["deploykit.quantization"] == text
+
+
+# Item 7 of issue 52: values deploykit never writes, each of which was read as given (zero or
+# fractional sides, numbers for names, a list read as a dict) or gave a traceback (an int for the
+# quantization record; nesting past Python's recursion limit).
+TAMPERED = {
+    "resolution zero": ("deploykit.resolution", "[0, 0]", r"expected 1 or 2 integers from 1 to 65,536, got \[0, 0\]"),
+    "resolution a fraction": ("deploykit.resolution", "[48.5, 48]", r"got \[48\.5, 48\]"),
+    "resolution a boolean": ("deploykit.resolution", "[true, 48]", r"got \[true, 48\]"),
+    "resolution a string": ("deploykit.resolution", '"x"', r"got 'x'"),
+    "resolution nested deep": ("deploykit.resolution", "[" * 100_000 + "]" * 100_000, r"it nests 100,000 levels deep; deploykit writes 12"),
+    "range min above max": ("deploykit.resolution_range", "[[384, 384], [128, 128]]", r"expected min at most max"),
+    "config a list of pairs": ("deploykit.encoding_config", "[[1, 2]]", r"expected an object, got a list of 1 item"),
+    "quantization a number": ("deploykit.quantization", "5", r"expected an object, got 5"),
+    "quantization plan a number": ("deploykit.quantization", '{"plan": 5}', r"plan must be a string, got 5"),
+    "kept float a number": ("deploykit.quantization", '{"plan": "int8", "kept_float": [5]}', r"expected an object, got 5"),
+    "block outputs numbers": ("deploykit.block_outputs", "[1, 2]", r"expected a list of strings, got \[1, 2\]"),
+    "patch size zero": ("deploykit.patch_size", "0", r"expected an integer from 1 to 65,536, got 0"),
+    "channel order repeated": ("deploykit.qk_channel_order", "[0, 0]", r"expected a permutation"),
+}
+
+
+@pytest.mark.parametrize("case", TAMPERED)
+def test_a_value_deploykit_never_writes_is_refused_in_one_line(case):
+    key, text, expected = TAMPERED[case]
+    with pytest.raises(DeployKitError, match=rf"^the graph's {re.escape(key)} metadata is not readable \(.*{expected}") as err:
+        GraphMetadata.of(graph({**WRITTEN, key: text}))
+    assert "\n" not in str(err.value) and len(str(err.value)) < 300
+
+
+def test_inspect_names_a_tampered_graph_in_one_error_line(tmp_path, capsys):
+    path = tmp_path / "model_48.onnx"
+    onnx.save(graph({**WRITTEN, "deploykit.resolution": "[" * 100_000 + "]" * 100_000}), path)
+    code, stdout, stderr = run_cli(capsys, "inspect", path)
+    assert code == 1 and stderr.startswith("error: ") and len(stderr.strip().splitlines()) == 1
+    assert "deploykit.resolution metadata is not readable (it nests 100,000 levels deep" in stderr

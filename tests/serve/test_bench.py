@@ -157,3 +157,73 @@ def test_the_builtin_clients_prepared_request_is_what_the_front_checks_and_forwa
         ("images", "FP32", [1, 3, 8, 8])
     ]
     np.testing.assert_array_equal(np.frombuffer(request.raw_input_contents[0], np.float32).reshape(x.shape), x)
+
+
+@pytest.fixture
+def logits_server():
+    """A gRPC server answering every ``ModelInfer`` with ``answers["logits"]`` (a float32 array)
+    as its one raw output, fast: what a broken server looks like to the benchmark."""
+    from concurrent import futures
+
+    import grpc
+    import numpy as np
+    from tritonclient.grpc import service_pb2
+
+    answers = {"logits": np.zeros((1, 10), np.float32)}
+
+    def infer(request: bytes, context) -> bytes:
+        logits = answers["logits"]
+        response = service_pb2.ModelInferResponse(model_name="logits_8")
+        response.outputs.add(name="logits", datatype="FP32", shape=list(logits.shape))
+        response.raw_output_contents.append(logits.tobytes())
+        return response.SerializeToString()
+
+    handler = grpc.method_handlers_generic_handler(
+        "inference.GRPCInferenceService", {"ModelInfer": grpc.unary_unary_rpc_method_handler(infer)}
+    )
+    server = grpc.server(futures.ThreadPoolExecutor(2), handlers=[handler])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}", answers
+    finally:
+        server.stop(None)
+
+
+def test_the_builtin_client_reports_wrong_answers_as_wrong_not_fast(logits_server):
+    """Item 10 of issue 52: a server answering NaN logits of the wrong shape came out 2.6x faster
+    than in-process. Every answer is checked against the in-process logits' shape and for NaN/Inf,
+    and the level fails in one line."""
+    import numpy as np
+
+    from deploykit.errors import DeployKitError
+    from deploykit.serve.bench.clients import GrpcClient
+    from deploykit.serve.bench.loadgen import closed_loop
+
+    url, answers = logits_server
+    client = GrpcClient(url, "logits_8", answer_shape=(1, 10))
+    requests = [client.prepare(np.zeros((1, 3, 8, 8), np.float32))] * 4
+    assert closed_loop(client, requests, 2, "builtin").sent == 4  # the control: right answers pass
+    for logits, message in [
+        (np.full((1, 3), np.nan, np.float32), r"answered 12 bytes as logits of shape \[1, 3\]; in-process gives \[1, 10\]"),
+        (np.full((1, 10), np.nan, np.float32), r"served logits_8 at .* answered NaN/Inf for 1 of 1 images"),
+    ]:
+        answers["logits"] = logits
+        with pytest.raises(DeployKitError, match=message):
+            closed_loop(client, requests, 2, "builtin")
+
+
+def test_the_builtin_client_gives_up_on_a_server_that_never_answers():
+    """A listener that accepts and never answers hung serve-bench; each request now waits at most
+    the client's timeout."""
+    import socket
+
+    import numpy as np
+
+    from deploykit.errors import DeployKitError
+    from deploykit.serve.bench.clients import GrpcClient
+
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        client = GrpcClient(f"127.0.0.1:{silent.getsockname()[1]}", "logits_8", timeout_s=0.5)
+        with pytest.raises(DeployKitError, match=r"did not answer within 0\.5 s"):
+            client(client.prepare(np.zeros((1, 3, 8, 8), np.float32)))

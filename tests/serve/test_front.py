@@ -10,6 +10,7 @@ import gzip
 import json
 import socket
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -198,11 +199,12 @@ def test_shutdown_is_not_held_by_slow_clients():
         assert all(cut_within(sock) for sock in bodies + heads)
 
 
-def test_one_grpc_connection_holds_at_most_one_largest_request_s_bytes():
-    """A gRPC connection multiplexes calls, so one client could hold the whole budget and leave
-    everyone else UNAVAILABLE. Triton here accepts and never answers (a silent listener), so the
-    calls stay in flight: a second 60 kB call on the same connection is over its 100 kB share,
-    while the same call from another connection gets past the budget (and waits for Triton)."""
+def test_one_grpc_client_holds_at_most_one_largest_request_s_bytes():
+    """A gRPC connection multiplexes calls, and a client may open several: one client could hold
+    the whole budget and leave everyone else UNAVAILABLE. Triton here accepts and never answers
+    (a silent listener), so the calls stay in flight: a second 60 kB call of the same client, on
+    its connection or another, is over its 100 kB share, while a small call (the room kept for
+    small requests) gets past the budget (and waits for Triton)."""
     import grpc
 
     with front_before_stub(max_request_bytes=100_000, max_inflight_bytes=1_000_000) as (front, _, _):
@@ -210,20 +212,21 @@ def test_one_grpc_connection_holds_at_most_one_largest_request_s_bytes():
         method = "/inference.GRPCInferenceService/ServerLive"  # forwarded as sent, unparsed
         first_client = grpc.insecure_channel(f"127.0.0.1:{front.options.grpc_port}")
         # a connection of its own (grpc shares one between channels of a process unless told not to)
-        other_client = grpc.insecure_channel(f"127.0.0.1:{front.options.grpc_port}", options=[("grpc.use_local_subchannel_pool", 1)])
+        other_connection = grpc.insecure_channel(f"127.0.0.1:{front.options.grpc_port}", options=[("grpc.use_local_subchannel_pool", 1)])
         try:
             held = first_client.unary_unary(method).future(b"\0" * 60_000, timeout=GUARD_S)
             until(lambda: front.bytes_held >= 60_000)
-            with pytest.raises(grpc.RpcError) as refused:
-                first_client.unary_unary(method)(b"\0" * 60_000, timeout=GUARD_S)
-            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE and "per connection" in refused.value.details()
+            for channel in (first_client, other_connection):
+                with pytest.raises(grpc.RpcError) as refused:
+                    channel.unary_unary(method)(b"\0" * 60_000, timeout=GUARD_S)
+                assert refused.value.code() == grpc.StatusCode.UNAVAILABLE and "per client" in refused.value.details()
             with pytest.raises(grpc.RpcError) as waited:
-                other_client.unary_unary(method)(b"\0" * 60_000, timeout=2)
+                other_connection.unary_unary(method)(b"\0" * 1_000, timeout=2)
             assert waited.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED  # let in: Triton never answered it
             held.cancel()
         finally:
             first_client.close()
-            other_client.close()
+            other_connection.close()
             silent.close()
 
 
@@ -265,3 +268,139 @@ def test_a_large_grpc_message_is_checked_off_the_event_loop(monkeypatch):
             for channel in channels:
                 channel.close()
     assert large_saw_small == [True]
+
+
+@pytest.mark.parametrize("path", ["/v2/health/ready", "/v2/health/live", "/v2/models/logits_32/config"])
+def test_head_is_answered_as_get_without_a_body(front, path):
+    """Item 10 of issue 52: load balancers probe readiness with HEAD, which Triton's HTTP server
+    does not serve (the front answered 502). The front asks Triton with GET and answers HEAD with
+    its status and headers, no body."""
+    _, port, stub = front
+    get_status, get_headers, get_body = raw_request(port, f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1".encode())
+    with socket.create_connection(("127.0.0.1", port), timeout=GUARD_S) as sock:
+        sock.sendall(f"HEAD {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, after = answer.partition(b"\r\n\r\n")
+    assert get_status == 200 and get_body and head.startswith(b"HTTP/1.1 200") and after == b""
+    assert stub.seen[-1].method == "GET" and stub.seen[-1].path == path
+    assert f"Content-Length: {len(get_body)}".encode() in head
+
+
+def test_the_metrics_port_binds_to_its_own_host():
+    """Item 10 of issue 52: the metrics port always bound to ``--host``, so exposing inference
+    exposed metrics too. With ``metrics_host`` it listens there and only there (127.0.0.2 is
+    loopback on Linux, and another address than the front's host)."""
+    with front_before_stub(metrics_host="127.0.0.2") as (front, port, _):
+        metrics = front.options.metrics_port
+        with socket.create_connection(("127.0.0.2", metrics), timeout=GUARD_S) as sock:
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.2\r\nConnection: close\r\n\r\n")
+            assert sock.recv(12).startswith(b"HTTP/1.1 502")  # the front's own answer: the stub has no metrics port behind it
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", metrics), timeout=GUARD_S).close()
+        assert raw_request(port, b"GET /v2/health/ready HTTP/1.1\r\nHost: 127.0.0.1")[0] == 200  # the rest stays on host
+
+
+def test_a_metrics_host_that_cannot_be_listened_on_is_named_before_anything_starts():
+    from deploykit.errors import ConfigError
+    from deploykit.serve.door import free_loopback_ports
+    from deploykit.serve.triton_server import ServerOptions, check_listen_addresses
+
+    http, grpc_port, metrics = free_loopback_ports(3)
+    options = ServerOptions(http_port=http, grpc_port=grpc_port, metrics_port=metrics, metrics_host="192.0.2.1")  # TEST-NET: not local
+    with pytest.raises(ConfigError, match=rf"cannot listen on 192\.0\.2\.1:{metrics} \(metrics port\)"):
+        check_listen_addresses(options)
+    assert ServerOptions(metrics_host=None).metrics_address == ServerOptions().host
+
+
+def _connect(port: int, source: str = "127.0.0.1") -> socket.socket:
+    """A connection to the front from ``source`` (any 127.x.y.z is this machine's, a client of its own)."""
+    return socket.create_connection(("127.0.0.1", port), timeout=GUARD_S, source_address=(source, 0))
+
+
+def test_one_client_s_uploads_leave_others_and_its_own_small_requests_room():
+    """Item 2 of issue 52: four connections each sending all but the last byte of a largest body
+    left 4 bytes of the shared budget, and for 70 s every request on every route was refused. A
+    client address now holds at most one largest body (its other large bodies are 503), and large
+    bodies leave room to small ones: the same client's small request, and another client's large
+    upload, are answered."""
+    large = 1 << 20
+    with front_before_stub(max_request_bytes=large, max_inflight_bytes=4 * large) as (front, port, _):
+        uploads = [_connect(port) for _ in range(4)]
+        try:
+            upload = infer_head(large) + b"\r\n\r\n" + b"\0" * (large - 1)
+            uploads[0].sendall(upload)
+            until(lambda: front.bytes_held == large - 1)  # the first holds its share (the others' bytes would race it)
+            for sock in uploads[1:]:
+                sock.sendall(upload)
+            refused = [sock.recv(12) for sock in uploads[1:]]
+            assert refused == [b"HTTP/1.1 503"] * 3 and front.bytes_held == large - 1
+            assert raw_request(port, infer_head(len(OK)), OK)[0] == 200  # the same address, a small request
+            with _connect(port, "127.0.0.2") as other:
+                body = json.dumps({"inputs": [{"name": "x", "datatype": "UINT8", "shape": [1], "data": [1]}], "id": " " * (large - 200)})
+                other.sendall(infer_head(len(body)) + b"\r\n\r\n" + body.encode())
+                assert other.recv(12) == b"HTTP/1.1 200"  # another client's large upload
+        finally:
+            for sock in uploads:
+                sock.close()
+
+
+def test_a_client_s_connections_past_its_cap_are_closed_as_they_open():
+    with front_before_stub(max_connections_per_client=2) as (_, port, _):
+        kept = [_connect(port), _connect(port)]
+        with _connect(port) as third:
+            assert third.recv(1) == b""  # closed at once, before any request
+        with _connect(port, "127.0.0.2") as other:
+            other.sendall(infer_head(len(OK)) + b"\r\n\r\n" + OK)
+            assert other.recv(12) == b"HTTP/1.1 200"  # another client's connection
+        kept.pop().close()
+        assert until_answered(port)
+        for sock in kept:
+            sock.close()
+
+
+def until_answered(port: int) -> bool:
+    """Whether a fresh connection of 127.0.0.1 is answered within the guard (its slot freed)."""
+    for _ in range(GUARD_S * 10):
+        with _connect(port) as sock:
+            try:
+                sock.sendall(infer_head(len(OK)) + b"\r\n\r\n" + OK)
+                if sock.recv(12) == b"HTTP/1.1 200":
+                    return True
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # closed as it opened: the slot is not free yet
+        threading.Event().wait(0.1)
+    return False
+
+
+def test_one_client_gets_at_most_an_eighth_of_the_file_descriptors(tmp_path):
+    """Item 8 of issue 52: slow clients reconnecting as the deadlines cut them kept 10 of 12 valid
+    probes out of a server at 256 descriptors. Under a 256 soft limit one client address holds at
+    most 32 connections; another client still gets in (a process of its own: the limit is the
+    process's)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "cap.py"
+    script.write_text(
+        "import resource, socket, sys\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
+        f"sys.path[:0] = [{str(Path(__file__).parent)!r}]\n"
+        "from stub_triton import front_before_stub\n"
+        "with front_before_stub(header_timeout_s=300.0) as (_, port, _):\n"
+        "    held = [socket.create_connection(('127.0.0.1', port), timeout=30) for _ in range(40)]\n"
+        "    closed = 0\n"
+        "    for sock in held:\n"
+        "        sock.settimeout(0.2)\n"
+        "        try:\n"
+        "            closed += sock.recv(1) == b''\n"
+        "        except TimeoutError:\n"
+        "            pass\n"
+        "    other = socket.create_connection(('127.0.0.1', port), timeout=30, source_address=('127.0.0.2', 0))\n"
+        "    other.sendall(b'GET /v2/health/ready HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n')\n"
+        "    print(closed, other.recv(12).decode())\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["8", "HTTP/1.1", "200"], done.stdout  # 40 opened, 32 kept

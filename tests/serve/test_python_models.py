@@ -254,3 +254,47 @@ def test_a_nan_answer_of_the_logits_model_fails_only_the_requests_it_spoils(tmp_
     outputs = {t.name: t.array for t in ok.output_tensors}
     np.testing.assert_allclose(outputs["logits"], np.full((1, 3), np.log(16.0)), rtol=1e-6)
     assert outputs["classes"].shape == (1, 2) and np.allclose(outputs["scores"], 1 / 3)
+
+
+def test_one_request_s_decode_work_is_bounded_and_its_images_take_turns_with_others(pipeline, valid_images, monkeypatch):
+    """Item 3 of issue 52: the bounds held per image, so one request of 32 worst-case images took
+    minutes of decoding, and a valid request batched with it waited for all of them (194 s). A
+    request whose images hold more than ``REQUEST_IMAGES_OF_MAX`` largest images' pixels is
+    refused before anything is decoded; the others of its batch are answered, and the decode pool
+    takes every request's first image before any request's second."""
+    from deploykit.imaging import REQUEST_IMAGES_OF_MAX
+    from deploykit.serve.classifier import ImageLimits
+    from deploykit.serve.triton_server import CLASSIFY_MODEL_SOURCE, ServerOptions, classify_config
+
+    side = 50 * 70  # each image below is 50 x 70: within the per-image bound of 1.5 such images
+    limits = ImageLimits(max_pixels=side * 3 // 2)
+    text = classify_config(pipeline, ServerOptions(top_k=3, limits=limits))
+    settings = json.loads(text.split("string_value: ", 1)[1].rsplit(" }", 2)[0])
+    model = load_model(CLASSIFY_MODEL_SOURCE, {"parameters": {"settings": {"string_value": settings}}}, monkeypatch, pipeline)
+    image = image_bombs.encoded("PNG", (50, 70))
+    fits = REQUEST_IMAGES_OF_MAX * limits.max_pixels // side  # images of this size one request may hold
+    order, submit = [], model.decoders.submit
+
+    def recorded(fn, data):  # the real pool, its submission order noted
+        order.append(bytes(data))
+        return submit(fn, data)
+
+    monkeypatch.setattr(model.decoders, "submit", recorded)
+    small = image_bombs.encoded("PNG", (32, 32))
+    responses = model.execute([images_request(*[image] * (fits + 1)), images_request(*[image] * fits), images_request(small)])
+    assert_client_error(responses[0], f"this request's {fits + 1} images hold {(fits + 1) * side:,} pixels; this server decodes at most")
+    assert not responses[1].has_error() and not responses[2].has_error()
+    assert order.index(small) == 1  # in the first round: after the other request's first image, not its last
+    model.finalize()
+
+
+def test_the_packaged_preprocess_model_bounds_a_request_s_pixels_too(pipeline, monkeypatch):
+    from deploykit.imaging import MAX_PIXELS, REQUEST_IMAGES_OF_MAX
+
+    model = preprocess_model(pipeline, monkeypatch)
+    assert model.max_request_pixels == REQUEST_IMAGES_OF_MAX * MAX_PIXELS
+    model.max_request_pixels = 2 * 40 * 40  # as a repository packaged with --max-image-pixels 1600 would hold
+    image = image_bombs.encoded("PNG", (40, 40))
+    responses = model.execute([images_request(image, image, image), images_request(image, image)])
+    assert_client_error(responses[0], "this request's 3 images hold 4,800 pixels; this server decodes at most 3,200 per request")
+    assert not responses[1].has_error()

@@ -210,3 +210,37 @@ def test_a_bad_value_is_found_in_any_slice_of_a_long_tensor(datatype):
             raw = (values.view(np.uint32) >> 16).astype("<u2").tobytes() if datatype == "BF16" else values.tobytes()
             with pytest.raises(RequestRejected, match=said):
                 check_raw("images", datatype, [count], raw)
+
+
+OK_INPUTS = '"inputs": [{"name": "images", "datatype": "FP32", "shape": [1], "data": [0.5]}]'
+# Item 10 of issue 52: Triton reads these fields with AsString/AsBool/AsInt, which answer a value
+# of another JSON type with 500 (an internal error) for what is the client's malformed request.
+WRONG_FIELD_TYPES = {
+    "id a number": ('{"id": 5, %s}', '"id" must be a string'),
+    "id an object": ('{"id": {"a": 1}, %s}', '"id" must be a string'),
+    "parameters a list": ('{"parameters": [1], %s}', 'the request: "parameters" must be an object'),
+    "a parameter an object": ('{"parameters": {"priority": {}}, %s}', "parameter 'priority' must be a string, a number or a boolean"),
+    "outputs an object": ('{"outputs": {"name": "logits"}, %s}', '"outputs" must be a list'),
+    "an output without a name": ('{"outputs": [{"nam": "logits"}], %s}', 'each output must be an object with a "name"'),
+    "binary_data a string": (
+        '{"outputs": [{"name": "logits", "parameters": {"binary_data": "yes"}}], %s}',
+        "binary_data must be true or false",
+    ),
+    "input parameters a list": (
+        '{"inputs": [{"name": "images", "datatype": "FP32", "shape": [1], "data": [0.5], "parameters": []}]}',
+        '"parameters" must be an object',
+    ),
+}
+
+
+@pytest.mark.parametrize("case", WRONG_FIELD_TYPES)
+def test_fields_of_another_type_than_triton_reads_are_the_client_s_400(case):
+    template, expected = WRONG_FIELD_TYPES[case]
+    body = (template % OK_INPUTS if "%s" in template else template).encode()
+    refused = refusal(body)
+    assert refused.status == 400 and expected in str(refused)
+
+
+def test_the_same_fields_of_the_types_triton_reads_pass():
+    body = '{"id": "r1", "parameters": {"priority": 1, "tag": "x", "ratio": 0.5, "flag": true}, "outputs": [{"name": "logits", "parameters": {"binary_data": false, "classification": 2}}], %s}'
+    check_http_infer((body % OK_INPUTS).encode(), None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import http.client
+import math
 import subprocess
 import threading
 from pathlib import Path
@@ -12,8 +13,10 @@ from pathlib import Path
 import numpy as np
 
 from deploykit._lazy import lazy_import
+from deploykit.answers import unranked
 from deploykit.catalog import OUTPUT_NAME
-from deploykit.errors import DeployKitError
+from deploykit.errors import DeployKitError, one_line
+from deploykit.serve import defaults
 from deploykit.serve.bench.records import LatencyMs, SideStats
 from deploykit.serve.classifier import INPUT_NAME
 
@@ -22,12 +25,21 @@ class GrpcClient:
     """Our loopback Triton client: requests serialized once before the level (``prepare``, as
     ``perf_analyzer`` prepares its input data), sent as bytes over one gRPC channel per thread, so
     requests do not queue behind each other's HTTP/2 stream and the client spends its share of the
-    machine on sending, not on building protobufs. A request Triton refuses raises ``grpc.RpcError``."""
+    machine on sending, not on building protobufs.
+
+    Every answer is checked (a server answering NaN, or logits of another shape, fast would
+    otherwise be reported as faster than in-process) and waited for at most ``timeout_s``.
+
+    Args:
+        url, model: the server's gRPC ``host:port`` and the logits model.
+        timeout_s: longest wait for one answer.
+        answer_shape: the logits' shape in-process for one image; None: not compared.
+    """
 
     METHOD = "/inference.GRPCInferenceService/ModelInfer"
 
-    def __init__(self, url: str, model: str):
-        self.url, self.model = url, model
+    def __init__(self, url: str, model: str, timeout_s: float = defaults.BENCH_REQUEST_TIMEOUT_S, answer_shape: tuple | None = None):
+        self.url, self.model, self.timeout_s, self.answer_shape = url, model, timeout_s, answer_shape
         self.grpc, self.service = lazy_import("grpc"), lazy_import("tritonclient.grpc.service_pb2")
         self.local = threading.local()
 
@@ -45,15 +57,39 @@ class GrpcClient:
                 self.url, options=[("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
             )
             self.local.infer = channel.unary_unary(self.METHOD, response_deserializer=self.service.ModelInferResponse.FromString)
-        answer = self.local.infer(request)
-        return np.frombuffer(answer.raw_output_contents[0], np.float32).reshape(tuple(answer.outputs[0].shape))
+        """The logits of one prepared request.
+
+        Raises:
+            DeployKitError: no answer within ``timeout_s``, a refusal, or an answer that is not
+                finite logits of ``answer_shape``.
+        """
+        try:
+            answer = self.local.infer(request, timeout=self.timeout_s)
+        except self.grpc.RpcError as err:
+            if err.code() == self.grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise DeployKitError(f"the server at {self.url} did not answer within {self.timeout_s:g} s") from None
+            raise DeployKitError(one_line(f"the server at {self.url} answered {err.code().name}: {err.details()}", 300)) from None
+        return self._checked(answer)
+
+    def _checked(self, answer) -> np.ndarray:
+        shape = tuple(answer.outputs[0].shape) if answer.outputs and answer.raw_output_contents else None
+        raw = answer.raw_output_contents[0] if shape is not None else b""
+        if shape is None or len(raw) != 4 * math.prod(shape) or (self.answer_shape is not None and shape != tuple(self.answer_shape)):
+            got = "no logits" if shape is None else f"{len(raw)} bytes as logits of shape {list(shape)}"
+            raise DeployKitError(f"the server at {self.url} answered {got}; in-process gives {list(self.answer_shape or ())}")
+        logits = np.frombuffer(raw, np.float32).reshape(shape)
+        rows = logits.reshape(logits.shape[0] if logits.ndim and logits.shape[0] else 1, -1)  # [B, classes], as unranked reads
+        problem = unranked(rows, f"served {self.model} at {self.url}")
+        if problem:
+            raise DeployKitError(problem)
+        return logits
 
 
 class HttpImageClient:
     """Our client of ``deploykit serve --ray``: ``POST /`` with one encoded image as the body,
     one keep-alive connection per thread; any answer but 200 fails the request."""
 
-    def __init__(self, host: str, port: int, timeout_s: float = 60.0):
+    def __init__(self, host: str, port: int, timeout_s: float = defaults.BENCH_REQUEST_TIMEOUT_S):
         self.host, self.port, self.timeout_s = host, port, timeout_s
         self.local = threading.local()
 

@@ -122,8 +122,9 @@ def _warmed(load, call: Callable, items: Sequence, client: str) -> SideStats:
 class TritonTarget:
     """The served side on Triton: one preprocessed tensor per request to the logits model."""
 
-    def __init__(self, server: ServerProcess, model: str, perf_analyzer: str | None, workdir: Path):
+    def __init__(self, server: ServerProcess, model: str, perf_analyzer: str | None, workdir: Path, answer_shape: tuple):
         self.server, self.model, self.perf_analyzer, self.workdir = server, model, perf_analyzer, workdir
+        self.answer_shape = answer_shape  # every served answer must have the in-process logits' shape
 
     @staticmethod
     def items(pipeline: Pipeline, res: tuple[int, int], count: int) -> np.ndarray:
@@ -138,7 +139,7 @@ class TritonTarget:
 
     def measure(self, load, items: Sequence) -> tuple[SideStats, tuple, float | None]:
         """The served side at ``load``, and Triton's per-model statistics over it."""
-        client = GrpcClient(self.server.grpc_url, self.model)
+        client = GrpcClient(self.server.grpc_url, self.model, answer_shape=self.answer_shape)
         requests = [client.prepare(x) for x in items]
         _warm_up(load, client, requests)
         before = snapshot(self.server.grpc_url)
@@ -232,7 +233,10 @@ def bench_serving(
         environment = capture_environment(torch.device("cpu"))
         server = ServerProcess(export_dir, options, Path(tmp) / "server.log")
         try:
-            target = RayTarget(server) if options.ray else TritonTarget(server, logits_model_name(res), perf, Path(tmp))
+            if options.ray:
+                target = RayTarget(server)
+            else:
+                target = TritonTarget(server, logits_model_name(res), perf, Path(tmp), np.shape(local(items[0])))
             target.wait_ready(items[0])
             levels = []
             for load in options.loads():
