@@ -5,6 +5,8 @@ kernel can be built."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import onnx
 import pytest
@@ -180,3 +182,15 @@ def test_a_bf16_hint_keeps_the_function_body(encoding_export):
         pytest.skip("this CPU has no native bf16")
     with OpenvinoRunner(encoding_export("sape2") / "model_64_bf16.onnx", precision_hint="bf16") as runner:
         assert "function body (a bf16 hint" in runner.info.kernels
+
+
+def test_a_home_that_cannot_be_written_builds_in_a_private_temporary_folder(tmp_path, monkeypatch):
+    blocked = tmp_path / "home-cache"
+    blocked.write_text("a file where the cache folder would go")  # mkdir under it fails, even as root
+    monkeypatch.setenv("DEPLOYKIT_CACHE", str(blocked))
+    monkeypatch.setattr(cpu_kernels.tempfile, "tempdir", str(tmp_path))
+    chosen = cpu_kernels.cache_dir()
+    assert chosen == tmp_path / f"deploykit-{os.getuid()}" / "cpu-kernels"
+    assert chosen.parent.stat().st_mode & 0o777 == 0o700
+    (tmp_path / f"deploykit-{os.getuid()}").chmod(0o777)  # a folder others can write is never used
+    assert cpu_kernels.cache_dir() == blocked / "cpu-kernels"

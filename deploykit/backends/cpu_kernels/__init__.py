@@ -53,9 +53,24 @@ class CompiledLibrary:
 
 def cache_dir() -> Path:
     """Where built libraries are kept: ``$DEPLOYKIT_CACHE``, else ``$XDG_CACHE_HOME/deploykit``
-    (``~/.cache/deploykit``), under ``cpu-kernels``."""
+    (``~/.cache/deploykit``), under ``cpu-kernels``; where that cannot be written (a read-only
+    home), a folder of this user's in the temporary directory."""
     root = os.environ.get("DEPLOYKIT_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "deploykit"
-    return Path(root) / "cpu-kernels"
+    wanted = Path(root) / "cpu-kernels"
+    try:
+        wanted.mkdir(parents=True, exist_ok=True)
+        if os.access(wanted, os.W_OK):
+            return wanted
+    except OSError:
+        pass
+    private = Path(tempfile.gettempdir()) / f"deploykit-{os.getuid()}"
+    try:
+        private.mkdir(mode=0o700, exist_ok=True)
+        owned = private.stat()
+    except OSError:
+        return wanted  # the build fails there and says why
+    # a library is loaded from here: only a folder of this user's that nobody else can write
+    return private / "cpu-kernels" if owned.st_uid == os.getuid() and not owned.st_mode & 0o022 else wanted
 
 
 def _cpu_flags() -> str:
