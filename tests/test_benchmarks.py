@@ -70,7 +70,6 @@ def test_openvino_qkv_times_both_forms_of_every_openvino_lane(tmp_path):
 
 @pytest.mark.slow
 def test_serve_hostile_checks_every_valid_answer_under_every_hostile_kind(tmp_path):
-    pytest.importorskip("pytriton", reason="needs the serve extra: pip install 'deploykit[serve]'")
     _run("serve_hostile.py", "--output-dir", str(tmp_path))
     result = json.loads((tmp_path / "serve-hostile-quick.json").read_text())
     quiet, hostile = result["phases"]["quiet"], result["phases"]["hostile"]
@@ -88,7 +87,6 @@ def test_serve_hostile_checks_every_valid_answer_under_every_hostile_kind(tmp_pa
 
 @pytest.mark.slow
 def test_serve_overhead_splits_a_served_request_into_its_layers(tmp_path):
-    pytest.importorskip("pytriton", reason="needs the serve extra")
     _run("serve_overhead.py", "--output", str(tmp_path / "r.json"))
     result = json.loads((tmp_path / "r.json").read_text())
     layers = result["layers_ms"]

@@ -8,13 +8,12 @@ import struct
 import zlib
 
 import numpy as np
+import PIL.Image as PIL
 import pytest
 
 from deploykit import imaging
 from tests import image_bombs
 from tests.serve.serve_reference import torch_preprocess
-
-PIL = pytest.importorskip("PIL.Image", reason="pillow comes with the images extra")
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 

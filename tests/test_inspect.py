@@ -61,7 +61,6 @@ def test_graph(export_dir, tmp_path):
 
 
 def test_graph_as_openvino_reads_it(export_dir):
-    pytest.importorskip("openvino", reason="the openvino extra is not installed")
     info = inspect_path(export_dir / "model_32.onnx")["openvino"]
     # SaPE²'s custom node is read through its inlined body; a bf16 hint keeps (at least) each
     # block's bias body, both LayerNorms and the Softmax in f32.
@@ -70,7 +69,6 @@ def test_graph_as_openvino_reads_it(export_dir):
 
 
 def test_engine(export_dir, tmp_path):
-    pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed")
     from deploykit.build import build
 
     out = shutil.copytree(export_dir, tmp_path / "exp")
@@ -112,7 +110,8 @@ def test_engine_layers_read_the_inspector_json_of_tensorrt_11(tmp_path, monkeypa
     ``Format/Datatype`` into ``Datatype`` and ``Format`` (NVIDIA's Polygraphy reads both; the 11.4
     runtime library holds ``Datatype`` and no ``Format/Datatype``), so every output read "?". The
     engine and its inspector are autospecs of TensorRT-RTX's classes."""
-    rtx = pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed")
+    import tensorrt_rtx as rtx
+
     from deploykit.backends._polygraphy import backend
     from deploykit.inspection import _engine_layers
     from tests.trt_api import strict_autospec

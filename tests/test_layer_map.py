@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import pytest
 from onnx import numpy_helper
 
 from deploykit.backends.onnxrt import with_outputs
@@ -38,7 +37,8 @@ def _planted(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
 
 
 def test_a_planted_wrong_layer_is_named_with_its_node_and_module(zoo_ape_export):
-    rtx = pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed")
+    import tensorrt_rtx as rtx
+
     proto = onnx.load(str(zoo_ape_export / "model_48.onnx"))
     planted, node = _planted(proto)
     images = np.random.default_rng(0).standard_normal((2, 3, 48, 48)).astype(np.float32)

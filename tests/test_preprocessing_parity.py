@@ -14,6 +14,7 @@ import sys
 import types
 
 import numpy as np
+import PIL.Image as PIL
 import pytest
 import torch
 
@@ -29,7 +30,6 @@ from tests.serve.serve_reference import torch_preprocess
 # ``deploykit.validate`` is the step function; the module is imported by its full name.
 validate_module = importlib.import_module("deploykit.validate")
 
-PIL = pytest.importorskip("PIL.Image", reason="pillow comes with the images extra")
 SETTINGS = dict(crop_pct=0.95, crop_mode="squash", interpolation="bilinear", mean=(0.5, 0.4, 0.3), std=(0.2, 0.25, 0.3))
 RES = (32, 32)
 SECOND = (48, 48)  # a second resolution: validate reads the user's inputs once per resolution
@@ -123,7 +123,6 @@ def _triton_classify_model(pipeline, monkeypatch):
 
 
 def _triton_preprocess_model(pipeline, monkeypatch):
-    pytest.importorskip("tritonclient.grpc.model_config_pb2", reason="needs tritonclient (serve extra)")
     from google.protobuf import json_format, text_format
     from tritonclient.grpc import model_config_pb2
 

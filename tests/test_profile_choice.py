@@ -13,8 +13,6 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-pytest.importorskip("openvino", reason="the openvino extra is not installed (pip install 'deploykit[openvino]')")
-
 from deploykit.export.directory import CHOICE_FILE, ExportDir
 from deploykit.export.manifest import MANIFEST_FILE, sha256_file
 from deploykit.profile import Budget, Subject, profile

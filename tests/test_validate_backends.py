@@ -102,7 +102,6 @@ class _StandInStop(Exception):
 def test_debug_engine_is_built_from_the_marked_graph_with_the_engine_s_settings(export_dir, tmp_path, monkeypatch):
     """TensorRT-RTX on CPU: the marked graph's block outputs survive TensorRT's parser under their
     ONNX names, and the debug engine is built with the settings recorded for the failing engine."""
-    pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed")
     from deploykit.backends import tensorrt, trt_runner
     from deploykit.backends._polygraphy import backend
     from deploykit.backends.devices import Device
@@ -136,7 +135,6 @@ def test_debug_engine_is_built_from_the_marked_graph_with_the_engine_s_settings(
 
 
 def test_a_debug_engine_is_refused_when_the_engine_is_stale(export_dir, tmp_path, monkeypatch):
-    pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed")
     from deploykit.backends import trt_runner
     from deploykit.backends.devices import Device
     from deploykit.build import build

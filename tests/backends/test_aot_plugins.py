@@ -28,9 +28,8 @@ import shutil
 from types import SimpleNamespace
 
 import pytest
-
-lean = pytest.importorskip("tensorrt_lean", reason="tensorrt-lean-cu13 is in the test extra (TensorRT 11's runtime classes)")
-rtx = pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx is in the test extra")
+import tensorrt_lean as lean
+import tensorrt_rtx as rtx
 
 from deploykit.backends._polygraphy import backend
 from deploykit.backends.engine_cache import EngineFromPath, engine_paths, read_fingerprint

@@ -56,7 +56,6 @@ def test_plugin_hash_follows_sources(tmp_path):
 
 
 def test_progress_records_phases_from_rtx_build(tmp_path):
-    pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed")
     import torch
     from rich.console import Console
 
@@ -83,7 +82,6 @@ def test_progress_records_phases_from_rtx_build(tmp_path):
 
 @pytest.mark.slow
 def test_cli_build_and_refusal(tmp_path, capsys, ckpt_dir):
-    pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed")
     from deploykit.cli import main
 
     out = tmp_path / "exp"
@@ -107,7 +105,6 @@ def test_tensorrt_warnings_are_summarised_once(sape2_export, tmp_path):
     """A SaPE² graph inlines its function body once per block; TensorRT-RTX's parser warns about
     every repeated node name. One summary line, not one line per node; -v shows each. (Fresh
     processes: the parser gives each such warning once per process.)"""
-    pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed")
     import shutil
     import subprocess
 

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+import tensorrt_rtx as rtx
 import tomllib
 
 from deploykit import _nvml
@@ -16,7 +17,6 @@ from deploykit.backends import devices
 from deploykit.backends.devices import Device, check_cuda_build, cuda_build
 from deploykit.errors import DeployKitError
 
-rtx = pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx is in the test extra")
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 RTX_4090 = Device("12.8", "570.133.20", "NVIDIA GeForce RTX 4090", "8.9")
 

@@ -14,8 +14,6 @@ from unittest.mock import call, create_autospec
 import numpy as np
 import pytest
 
-pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed")
-
 from deploykit.backends.engine_cache import build_settings, engine_paths, read_fingerprint
 from deploykit.backends.profiles import ProfileRequest, choose_profile, profiles_from_resolutions
 from deploykit.backends.tensorrt import BuildOptions
@@ -123,7 +121,7 @@ def test_choice_is_the_tightest_profile_and_a_misfit_is_named():
 def test_package_triton_names_every_profile(three_profiles, tmp_path):
     """Triton packages TensorRT engines only, which do not install here: the stand-in TensorRT
     record carries the profiles the real TensorRT-RTX build recorded."""
-    model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2", reason="needs tritonclient (serve extra)")
+    import tritonclient.grpc.model_config_pb2 as model_config_pb2
     from google.protobuf import text_format
 
     from deploykit.backends.engine_cache import write_fingerprint

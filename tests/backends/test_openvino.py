@@ -10,12 +10,10 @@ import shutil
 import sys
 from unittest import mock
 
-import pytest
-
-ov = pytest.importorskip("openvino", reason="the openvino extra is not installed (pip install 'deploykit[openvino]')")
-
 import numpy as np
 import onnx
+import openvino as ov
+import pytest
 import torch
 
 from deploykit.backends import registry

@@ -23,8 +23,7 @@ import textwrap
 
 import onnx
 import pytest
-
-rtx = pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx is in the test extra")
+import tensorrt_rtx as rtx
 
 from deploykit.backends._polygraphy import backend
 from deploykit.backends.plugins import Plugins, registered_creators

@@ -25,7 +25,6 @@ from deploykit.errors import ExportError, StaleEngineError
 from deploykit.export import export
 from deploykit.nn import create_model
 
-pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed (pip install 'deploykit[rtx]')")
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
 MAPS = Path("/proc/self/maps")
 

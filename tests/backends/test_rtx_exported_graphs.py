@@ -8,9 +8,6 @@ import json
 import shutil
 
 import pytest
-
-pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed (pip install 'deploykit[rtx]')")
-
 import torch
 
 from deploykit.backends.devices import Device

@@ -16,8 +16,6 @@ import numpy as np
 import pytest
 from onnx import helper, numpy_helper
 
-pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx is in the test extra")
-
 from deploykit.backends.devices import Device, rtx_targets
 from deploykit.backends.engine_cache import EngineFromPath, engine_paths
 from deploykit.backends.tensorrt import BuildOptions, EngineFromOnnx

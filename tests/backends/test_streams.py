@@ -34,7 +34,6 @@ def _graph() -> bytes:
 
 
 def _openvino(streams: int):
-    pytest.importorskip("openvino", reason="the openvino extra is not installed")
     from deploykit.backends.openvino import OpenvinoRunner
 
     return OpenvinoRunner(_graph(), streams=streams)
@@ -87,8 +86,9 @@ def test_concurrent_infer_calls_on_openvino_streams_all_answer_right():
 def test_openvino_requests_specialize_a_new_shape_one_at_a_time_and_then_run_together():
     """A request's first call at a shape runs alone (concurrent specializations can deadlock the
     CPU plugin on few cores); calls at shapes their requests have run overlap."""
-    ov = pytest.importorskip("openvino", reason="the openvino extra is not installed")
     from unittest import mock
+
+    import openvino as ov
 
     with _openvino(2) as runner:
         inside, most, lock = [0], [0], threading.Lock()
@@ -260,7 +260,6 @@ def test_an_openvino_runner_on_a_share_of_the_cores_leaves_its_threads_unpinned(
     """Runners side by side, each on its share of the cores (a served model's instances, each a
     process): OpenVINO would pin every process's threads from core 0 up, putting them all on the
     same cores. A runner left to OpenVINO's own thread count keeps OpenVINO's pinning."""
-    pytest.importorskip("openvino", reason="the openvino extra is not installed")
     from deploykit.backends.openvino import OpenvinoRunner
 
     with OpenvinoRunner(_graph(), threads=1) as share, OpenvinoRunner(_graph()) as whole:

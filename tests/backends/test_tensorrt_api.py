@@ -16,6 +16,8 @@ from unittest import mock
 
 import numpy as np
 import pytest
+import tensorrt_lean as lean
+import tensorrt_rtx as rtx
 import torch
 
 from deploykit.backends import cuda_graphs
@@ -23,9 +25,6 @@ from deploykit.backends.cuda_graphs import CAPTURE_REFUSED, CudaGraphExecutor, r
 from deploykit.backends.rtx_runtime import rtx_context
 from deploykit.errors import DeployKitError
 from tests.trt_api import strict_autospec
-
-lean = pytest.importorskip("tensorrt_lean", reason="tensorrt-lean-cu13 is in the test extra (TensorRT 11's runtime classes)")
-rtx = pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx is in the test extra")
 
 
 class _Stream:

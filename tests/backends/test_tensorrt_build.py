@@ -5,9 +5,6 @@ from __future__ import annotations
 import random
 
 import pytest
-
-pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed")
-
 import torch
 from torch import nn
 

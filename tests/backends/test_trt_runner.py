@@ -103,7 +103,6 @@ def test_ort_cuda_refuses_cpu_only_onnxruntime(tmp_path):
 
 @pytest.fixture(scope="module")
 def rtx_dir(tmp_path_factory):
-    pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed")
     from deploykit.build import build
 
     torch.manual_seed(0)
@@ -162,7 +161,6 @@ def test_rtx_engine_matches_reference_on_gpu(rtx_dir, precision):
 @needs_gpu
 @pytest.mark.parametrize("cuda_graph", [False, True])
 def test_tensorrt_engine_matches_onnxruntime(tmp_path, cuda_graph):
-    pytest.importorskip("tensorrt", reason="TensorRT not installed (pip install 'deploykit[trt]')")
     import sys
 
     if "polygraphy.backend.trt" in sys.modules and sys.modules["polygraphy.config"].USE_TENSORRT_RTX:

@@ -123,7 +123,6 @@ def test_range_off_the_patch_grid_is_refused():
 
 
 def test_rtx_builds_the_range_with_its_profile(exported):
-    pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed")
     from deploykit.backends.engine_cache import read_fingerprint
     from deploykit.build import build
 
@@ -135,7 +134,6 @@ def test_rtx_builds_the_range_with_its_profile(exported):
 
 @pytest.mark.slow
 def test_rtx_builds_resolution_buckets_between_the_exported_resolutions(exported, tmp_path):
-    pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed")
     import shutil
 
     from deploykit.backends.engine_cache import read_fingerprint

@@ -128,7 +128,6 @@ def test_exported_model_matches_pytorch_fp32(name, encoding, resolution, depth):
 
 
 def test_inlined_graph_parses_and_builds_in_tensorrt_rtx():
-    pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed (pip install 'deploykit[rtx]')")
     from deploykit.backends.tensorrt import BuildOptions, EngineFromOnnx
 
     proto = onnx_from_model(_model("vit_tiny_patch16", depth=1, img_size=64), (96, 64))

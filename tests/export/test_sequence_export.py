@@ -73,7 +73,6 @@ def test_exported_graph_runs_any_batch(exported):
 
 
 def test_rtx_builds_sequence_graph(exported):
-    pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed (pip install 'deploykit[rtx]')")
     from deploykit.backends.tensorrt import BuildOptions, EngineFromOnnx
 
     _, out, manifest = exported

@@ -5,6 +5,7 @@ is one line naming the file, on the library and from the command line (exit 1, n
 from __future__ import annotations
 
 import numpy as np
+import PIL.Image as PIL
 import pytest
 import torch
 
@@ -15,7 +16,6 @@ from tests import image_bombs
 from tests.serve.serve_reference import torch_preprocess
 from tests.test_cli import assert_one_line_error, run_cli
 
-PIL = pytest.importorskip("PIL.Image", reason="pillow comes with the images extra")
 RES = (32, 32)
 # A preprocessing unlike deploykit's default, so reading it from the config is what is tested.
 SETTINGS = dict(crop_pct=0.95, crop_mode="squash", interpolation="bilinear")

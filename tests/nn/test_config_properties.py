@@ -13,10 +13,9 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import hypothesis
 import pytest
 import torch
-
-hypothesis = pytest.importorskip("hypothesis", reason="hypothesis is in the test extra")
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -17,9 +17,6 @@ from deploykit.serve.bench import perf_analyzer_level
 from deploykit.serve.bench.aiperf import JSON_FILE
 from deploykit.serve.bench.loadgen import Concurrency, RequestRate
 
-pytest.importorskip("pytriton", reason="needs the serve extra: pip install 'deploykit[serve]'")
-pytest.importorskip("tritonclient.grpc", reason="needs the serve extra")
-
 
 def test_serve_bench_refuses_missing_perf_analyzer_in_one_line(export_dir, capsys):
     if shutil.which("perf_analyzer"):

@@ -142,7 +142,6 @@ def test_report_json_keeps_the_level_keys_and_adds_the_distribution():
 
 
 def test_plot_writes_a_png_per_load_kind(tmp_path):
-    pytest.importorskip("matplotlib")
     from deploykit.serve.bench.plot import plot_bench
 
     out = plot_bench(_report(), tmp_path / "bench.png")

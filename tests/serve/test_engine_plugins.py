@@ -10,8 +10,6 @@ from functools import partial
 
 import pytest
 
-pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx is in the test extra")
-
 from deploykit.backends.devices import Device
 from deploykit.backends.plugins import Plugins
 from deploykit.backends.trt_runner import engine_runner

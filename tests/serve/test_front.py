@@ -16,9 +16,6 @@ import numpy as np
 import pytest
 from stub_triton import WORKSPACE, front_before_stub, infer_head, raw_request
 
-pytest.importorskip("aiohttp", reason="needs the serve extra")
-pytest.importorskip("grpc", reason="needs the serve extra")
-
 OK = json.dumps({"inputs": [{"name": "images", "datatype": "FP32", "shape": [1, 2], "data": [0.5, 1.5]}]}).encode()
 GUARD_S = 30
 

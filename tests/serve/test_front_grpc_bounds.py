@@ -13,13 +13,11 @@ import socket
 import struct
 import time
 
+import h2.config
+import h2.connection as h2_connection
+import h2.events
 import pytest
 from stub_triton import front_before_stub
-
-pytest.importorskip("grpc", reason="needs the serve extra")
-h2_connection = pytest.importorskip("h2.connection", reason="needs the test extra (h2)")
-import h2.config
-import h2.events
 
 from deploykit.serve.front import GRPC_STREAM_WINDOW
 

@@ -12,10 +12,10 @@ import re
 import struct
 import zlib
 
+import hypothesis
 import numpy as np
+import PIL.Image as PIL
 import pytest
-
-hypothesis = pytest.importorskip("hypothesis", reason="hypothesis comes with the test extra")
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -23,7 +23,6 @@ from deploykit import imaging
 from deploykit.imaging import MAX_INPUT_MAGNITUDE
 from deploykit.serve.requests import MAX_JSON_DEPTH, RequestRejected, check_grpc_infer, check_http_infer, client_message
 
-PIL = pytest.importorskip("PIL.Image", reason="pillow comes with the images extra")
 # Pillow warns on opening a header over its own pixel budget; decode refuses those right after.
 pytestmark = pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")
 
@@ -113,7 +112,8 @@ def test_a_value_beyond_the_input_bound_anywhere_is_refused(shape, binary, datat
 
 def test_grpc_values_beyond_the_input_bound_are_refused():
     """gRPC's raw and typed contents: the same bound as HTTP's."""
-    service_pb2 = pytest.importorskip("tritonclient.grpc.service_pb2", reason="needs tritonclient (serve extra)")
+    import tritonclient.grpc.service_pb2 as service_pb2
+
     values = np.array([0.5, -3e38, 1.0], np.float32)
     raw = service_pb2.ModelInferRequest(model_name="logits_32", raw_input_contents=[values.tobytes()])
     raw.inputs.add(name="images", datatype="FP32", shape=[3])
@@ -532,8 +532,6 @@ def _sent(lines: list[str], name: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def front_and_stub():
-    pytest.importorskip("aiohttp", reason="needs the serve extra")
-    pytest.importorskip("grpc", reason="needs the serve extra")
     from stub_triton import front_before_stub
 
     with front_before_stub() as (_, port, stub):

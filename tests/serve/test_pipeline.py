@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import PIL.Image as PIL
 import pytest
 from serve_reference import ort_logits, preprocessed, softmax_top_k
 from stand_in_runner import NanRowRunner
@@ -18,8 +19,6 @@ from deploykit.errors import ConfigError, DeployKitError, InputError, MissingDep
 from deploykit.inputs.builtin import sample_images
 from deploykit.serve import Pipeline, nearest_resolution
 from tests import image_bombs
-
-PIL = pytest.importorskip("PIL.Image", reason="pillow comes with the images extra")
 
 
 @pytest.fixture(scope="module")

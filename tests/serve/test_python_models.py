@@ -19,9 +19,6 @@ import deploykit
 from deploykit.answers import top_k
 from tests import image_bombs
 
-PIL = pytest.importorskip("PIL.Image", reason="pillow comes with the images extra")
-pytest.importorskip("pytriton", reason="the classify model's BLS calls run PyTriton's batching (serve extra)")
-
 VALID = 12  # valid requests in each batch, the poisoned one in the middle
 PATH = re.compile(r"/\w+/|\.py\b|site-packages")
 
@@ -62,7 +59,6 @@ def classify_model(pipeline, monkeypatch):
 
 
 def preprocess_model(pipeline, monkeypatch, resolution=(32, 32)):
-    pytest.importorskip("tritonclient.grpc.model_config_pb2", reason="needs tritonclient (serve extra)")
     from google.protobuf import json_format, text_format
     from tritonclient.grpc import model_config_pb2
 

@@ -22,8 +22,6 @@ import pytest
 from serve_reference import ort_logits, preprocessed, softmax_top_k
 from server_process import stop_leftovers
 
-pytest.importorskip("ray.serve", reason="needs the ray extra: pip install 'deploykit[ray]'")
-
 from deploykit.inputs.builtin import sample_images
 from deploykit.serve.ray_serve import PROXY_CHECK_TIMEOUT_S, PROXY_CHECK_TIMEOUTS, serve_ray
 

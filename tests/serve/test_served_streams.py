@@ -19,7 +19,6 @@ from deploykit.profile.choice import Choice
 from deploykit.profile.streams import with_measured_streams
 from deploykit.resolutions import resolution_tag
 
-pytest.importorskip("openvino", reason="the openvino extra is not installed")
 TWO_CORES = pytest.mark.skipif(usable_cores() < 2, reason="two streams need two cores (OpenVINO caps streams at the cores)")
 
 
@@ -74,7 +73,8 @@ def test_streams_asked_for_override_the_choice_and_reach_an_explicit_backend(exp
 def test_the_server_runs_one_model_instance_per_stream_on_its_share_of_the_cores(export_dir, tmp_path):
     """A CPU plan's ``logits_<res>`` is a Triton Python-backend model: as many instances (stub
     processes, each with a runner) as the chosen plan has streams, the cores split between them."""
-    pytriton = pytest.importorskip("pytriton.triton", reason="needs PyTriton (serve extra)")
+    import pytriton.triton as pytriton
+
     from deploykit.backends.streams import threads_per_stream
     from deploykit.serve.triton_server import ServerOptions, logits_models
 
@@ -96,7 +96,8 @@ def test_the_server_runs_one_model_instance_per_stream_on_its_share_of_the_cores
 def test_the_server_gives_a_runner_that_spreads_batches_one_instance_with_its_streams(export_dir, tmp_path):
     """ONNX Runtime with streams spreads a merged batch over them itself (``StreamScheduler``): one
     instance, whose runner has the streams and the session of all cores, gets every batch."""
-    pytriton = pytest.importorskip("pytriton.triton", reason="needs PyTriton (serve extra)")
+    import pytriton.triton as pytriton
+
     from deploykit.serve.triton_server import ServerOptions, logits_models
 
     triton = mock.create_autospec(pytriton.Triton, instance=True)

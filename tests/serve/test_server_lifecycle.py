@@ -21,9 +21,6 @@ import pytest
 from serve_reference import ort_logits
 from server_process import free_ports, process_tree, stop, stop_leftovers, tritonserver_pid, wait_until
 
-pytest.importorskip("pytriton", reason="needs the serve extra: pip install 'deploykit[serve]'")
-pytest.importorskip("aiohttp", reason="needs the serve extra")
-
 # Triton's log records: "I1125 19:34:34.061105 7711 file.cc:117] message" (W, E for the other levels)
 TRITON_RECORD = re.compile(r"^[IWE]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\]]*\] ")
 

@@ -11,14 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 from serve_reference import png, zoo_test_images
 from server_process import descendants, free_ports, process_tree, stop_leftovers
 from stand_in_runner import OverlapDetectingRunner
-
-pytest.importorskip("pytriton", reason="needs the serve extra: pip install 'deploykit[serve]'")
-httpclient = pytest.importorskip("tritonclient.http", reason="needs the serve extra")
-grpcclient = pytest.importorskip("tritonclient.grpc", reason="needs the serve extra")
-pytest.importorskip("PIL.Image", reason="needs pillow")
 from tritonclient.utils import InferenceServerException
 
 from deploykit.serve import Pipeline

@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
+import tritonclient.grpc.model_config_pb2 as model_config_pb2
+from google.protobuf import text_format
 from serve_reference import torch_preprocess
 from server_process import free_ports, process_tree, stop, wait_until
 
@@ -28,9 +30,6 @@ from deploykit.inputs.builtin import sample_images
 from deploykit.serve import defaults
 from deploykit.serve.triton_repo import RepositoryOptions, package_triton
 from tests.test_imaging import png_header_only
-
-model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2", reason="needs tritonclient (serve extra)")
-from google.protobuf import text_format
 
 TAGS = ["32", "48"]
 
@@ -156,7 +155,8 @@ def test_refuses_nonempty_output_and_leaves_it(export_dir, repo, tmp_path):
 
 
 def _bundled_backends() -> set[str]:
-    pytriton = pytest.importorskip("pytriton", reason="needs the serve extra")
+    import pytriton as pytriton
+
     return {p.name for p in (Path(pytriton.__file__).parent / "tritonserver/backends").iterdir() if p.is_dir()}
 
 
@@ -204,7 +204,8 @@ def bundled_server(repo, tmp_path_factory):
         "--exit-timeout-secs=5",
     ]
     log = work / "server.log"
-    httpclient = pytest.importorskip("tritonclient.http")
+    import tritonclient.http as httpclient
+
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
     tree = [(proc.pid, "")]

@@ -9,6 +9,8 @@ import shlex
 import shutil
 
 import pytest
+import tritonclient.grpc.model_config_pb2 as model_config_pb2
+from google.protobuf import text_format
 
 from deploykit.backends.engine_cache import Fingerprint, engine_paths, write_fingerprint
 from deploykit.backends.plugins import Plugins
@@ -16,9 +18,6 @@ from deploykit.cli import main
 from deploykit.errors import ConfigError, DeployKitError, StaleEngineError
 from deploykit.export.manifest import sha256_file
 from deploykit.serve.triton_repo import RepositoryOptions, package_triton
-
-model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2", reason="needs tritonclient (serve extra)")
-from google.protobuf import text_format
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
 
@@ -52,7 +51,6 @@ def _tensorrt_engine(graph, batches=(1, 8, 16), data=b"serialized TensorRT engin
 
 
 def test_rtx_build_then_package_says_the_rtx_engine_is_not_a_tensorrt_plan(export_dir, tmp_path, capsys):
-    pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed")
     exp = shutil.copytree(export_dir, tmp_path / "exp")
     main(["build", str(exp), "--backend", "rtx", "--opt-level", "0", "-r", "32"])
     assert (exp / "model_32.rtx.engine").is_file()

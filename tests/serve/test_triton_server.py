@@ -18,14 +18,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import PIL.Image as PIL
 import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 from serve_reference import ort_logits, png, preprocessed, softmax_top_k, zoo_test_images
 from server_process import command_line_argument, free_ports, listening_addresses, process_tree, stop, tritonserver_pid
-
-pytest.importorskip("pytriton", reason="needs the serve extra: pip install 'deploykit[serve]'")
-httpclient = pytest.importorskip("tritonclient.http", reason="needs the serve extra")
-grpcclient = pytest.importorskip("tritonclient.grpc", reason="needs the serve extra")
-PIL = pytest.importorskip("PIL.Image", reason="needs pillow")
 from tritonclient.utils import InferenceServerException
 
 from deploykit.backends.table import auto_order
@@ -516,7 +514,7 @@ def test_images_outside_the_allow_list_and_limits_are_refused(clients, protocol,
 def test_fuzzed_http_bodies_never_get_a_server_error(server, clients):
     """Hypothesis over raw bodies sent to the live server: every answer is 2xx or 4xx with a
     one-line JSON error, never a 5xx, a traceback or a cut connection; the server stays up."""
-    hypothesis = pytest.importorskip("hypothesis", reason="hypothesis comes with the test extra")
+    import hypothesis as hypothesis
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
