@@ -62,7 +62,15 @@ from deploykit.export.onnx_export import (
     rows_per_call,
     save_onnx,
 )
-from deploykit.export.precision import PLANS, PlanInputs, apply_precision, apply_precision_to_base, check_precision, plan_graph
+from deploykit.export.precision import (
+    PLANS,
+    PlanInputs,
+    apply_precision,
+    apply_precision_to_base,
+    check_precision,
+    is_quantized,
+    plan_graph,
+)
 from deploykit.inputs.builtin import CALIBRATION_SPLIT, HELD_OUT_SPLIT, check_real_count
 from deploykit.nn.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_model, save_model
 from deploykit.nn.factory import Model
@@ -113,7 +121,7 @@ class ExportRequest:
         precisions = list(dict.fromkeys(["fp32", *precisions]))
         for precision in precisions:
             check_precision(precision)
-        if any(p.startswith("int8") for p in precisions):
+        if any(is_quantized(p) for p in precisions):
             if calibration.data is not None:  # the user's inputs, before any work
                 calibration.data.check(model, [resolution for resolution, _ in jobs])
             else:
@@ -287,7 +295,7 @@ def planned_graphs(
     def make(precision: str) -> onnx.ModelProto:
         if precision not in made:
             base = check_precision(precision).base
-            if not precision.startswith("int8"):
+            if not is_quantized(precision):
                 made[precision] = apply_precision(proto, precision)
             elif base in precisions:
                 made[precision] = plans.checked(apply_precision_to_base(make(base), precision), precision)

@@ -31,6 +31,7 @@ bfloat16 through ml_dtypes (onnx-graphsurgeon keeps constants as plain numpy, wh
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -42,7 +43,7 @@ from deploykit.catalog import TABLE_PREFIXES
 from deploykit.checks import Bar, Tolerance, bar_of
 from deploykit.errors import ConfigError, unknown_choice
 from deploykit.export.defaults import PLAN_NAMES
-from deploykit.export.metadata import GraphMetadata
+from deploykit.export.metadata import GraphMetadata, copy_metadata
 
 if TYPE_CHECKING:
     import onnx_ir as ir  # imported where used: it is slow to import, and most users of PLANS never write a plan
@@ -144,6 +145,38 @@ def _int8_dynamic(proto: onnx.ModelProto, _: PlanInputs) -> Planned:
     return Planned(int8_dynamic.quantize_dynamic_int8(proto))
 
 
+def _gpu_plan(name: str, qdq: str, low: int) -> PrecisionPlan:
+    """``qdq`` (``int8``/``fp8``) Q/DQ on the matmuls and attention products over a ``low``
+    remainder (``deploykit.export.gpu_plans``)."""
+    low_name = {TensorProto.FLOAT16: "fp16", TensorProto.BFLOAT16: "bf16"}[low]
+
+    def write(proto: onnx.ModelProto, given: PlanInputs) -> Planned:
+        from deploykit.export import gpu_plans, int8_static
+
+        attention = True if given.attention is None else given.attention  # TensorRT fuses quantized attention
+        rewrite = (lambda out: gpu_plans.int8_to_fp8(out, proto)) if qdq == "fp8" else gpu_plans.at_opset
+        quantized, _ = int8_static.quantize_static_int8(
+            proto, given.calibration, attention, given.target, given.progress, given.keep_float, plan=name, rewrite=rewrite
+        )
+        record = GraphMetadata.of(quantized).quantization
+        out = gpu_plans.with_remainder(quantized, low)
+        copy_metadata(quantized, out)
+        qdq_name = "float8e4m3fn" if qdq == "fp8" else "int8"
+        GraphMetadata.update(out, quantization=dataclasses.replace(record, qdq_type=qdq_name, remainder=low_name))
+        # the fallback's outputs were the fp32-remainder graph's: the plan check runs this one
+        return Planned(out)
+
+    what = "FP8 E4M3" if qdq == "fp8" else "int8"
+    return PrecisionPlan(
+        name,
+        f"Q/DQ {what} matmuls and attention products, calibrated, over an {low_name} remainder; tables, rotations, gates, "
+        "LayerNorm, Softmax, logits fp32 (TensorRT; ONNX Runtime checks it on CPU)",
+        INT8_CRITERIA,
+        write,
+        calibrated=True,
+    )
+
+
 def _fp32_mha(proto: onnx.ModelProto, _: PlanInputs) -> Planned:
     from deploykit.export import fused_attention
 
@@ -206,6 +239,8 @@ PLANS: dict[str, PrecisionPlan] = {
             ort_only="fp32-mha uses ONNX Runtime's com.microsoft.MultiHeadAttention, which TensorRT does not parse; "
             "TensorRT fuses attention itself from the fp32 graph",
         ),
+        _gpu_plan("fp8", "fp8", TensorProto.FLOAT16),
+        _gpu_plan("int8-fp16", "int8", TensorProto.FLOAT16),
     )
 }
 if tuple(PLANS) != PLAN_NAMES:  # the CLI offers PLAN_NAMES without importing this module
@@ -219,6 +254,12 @@ FP32_OPS = frozenset({"LayerNormalization", "Softmax"})
 _STANDARD_DOMAINS = ("", "ai.onnx")
 # Low type -> (short name for inserted tensors, ONNX schema type name).
 _LOW_NAMES = {TensorProto.FLOAT16: ("fp16", "float16"), TensorProto.BFLOAT16: ("bf16", "bfloat16")}
+
+
+def is_quantized(precision: str) -> bool:
+    """Whether the plan quantizes (its graph is checked against fp32 on held-out inputs, and a
+    calibrated one reads calibration inputs): the INT8 plans and the GPU plans (``gpu_plans``)."""
+    return precision.startswith("int8") or check_precision(precision).calibrated
 
 
 def check_precision(precision: str) -> PrecisionPlan:
@@ -336,10 +377,13 @@ class _CastPass:
     producer or weight, and inserts a Cast where a reader wants the other type.
     """
 
-    def __init__(self, proto: onnx.ModelProto, low: int):
+    def __init__(self, proto: onnx.ModelProto, low: int, qdq: bool = False):
         import onnx_ir as ir
 
         self.low, self.low_name = low, _LOW_NAMES[low][0]
+        # Q/DQ plans over a low remainder (``gpu_plans``): a DequantizeLinear feeding only low
+        # products gives the low type itself, rather than fp32 and a Cast before each product.
+        self.qdq = qdq
         # inferred: every tensor's type, also in a plan's graph written without them
         self.model = ir.from_proto(onnx.shape_inference.infer_shapes(proto))
         self.graph = self.model.graph
@@ -377,7 +421,15 @@ class _CastPass:
                 continue
             if node.op_type in LOW_PRECISION_OPS or (live and all(v.producer() in low_nodes for v in live)):
                 low_nodes.add(node)
+            elif self.qdq and node.op_type == "DequantizeLinear" and self._feeds_low_products(node):
+                low_nodes.add(node)
         return low_nodes
+
+    def _feeds_low_products(self, node: ir.Node) -> bool:
+        uses = [use.node for value in node.outputs for use in value.uses()]
+        return bool(uses) and all(
+            user.op_type in LOW_PRECISION_OPS and self._may_lower(user, [v for v in user.inputs if v in self.floats]) for user in uses
+        )
 
     def _may_lower(self, node: ir.Node, floats: list[ir.Value]) -> bool:
         if not floats or node.domain not in _STANDARD_DOMAINS or node.op_type in FP32_OPS:
@@ -436,6 +488,13 @@ def _schema_accepts(op_type: str, opset: int, low: int) -> bool:
         return False
     low_str = f"tensor({_LOW_NAMES[low][1]})"
     return all(low_str in c.allowed_type_strs for c in schema.type_constraints if "tensor(float)" in c.allowed_type_strs)
+
+
+def _converted_array(values, to: int):
+    """A numpy array rounded to ONNX type ``to`` (round-to-nearest-even; bfloat16 as ml_dtypes')."""
+    import onnx_ir as ir
+
+    return values.astype(ir.DataType(to).numpy())
 
 
 def _converted(tensor: ir.TensorProtocol, to: int, name: str | None) -> ir.TensorProtocol:
