@@ -408,6 +408,26 @@ def profile(
             render.wrote(console, write(path))
 
 
+@cli.command("import-plan")
+@EXPORT_DIR
+@click.argument("graph", type=click.Path(path_type=Path))
+def import_plan_cmd(export_dir, graph):
+    """Add a Q/DQ graph made elsewhere (ModelOpt's ONNX PTQ, QAT) to EXPORT_DIR as the imported plan,
+    once it matches the checkpoint (resolution, architecture, weights) and passes the plan's
+    criteria against PyTorch; then validate, build, profile and serve --precision imported."""
+    from deploykit.export.import_plan import import_plan
+
+    console = render.console()
+    with render.steps(console, "import-plan") as step:
+        done = import_plan(export_dir, graph, progress=step)
+    record = done.record
+    render.say(
+        console,
+        f"✓ {done.path}  ({'x'.join(map(str, done.resolution))}, imported: {record.quantized_nodes} products Q/DQ "
+        f"{record.qdq_type} over {record.remainder}, from {record.source})",
+    )
+
+
 @cli.group("import")
 def import_group():
     """Bring a trained model in as a deploykit model directory: from timm, or from a paper's own

@@ -40,7 +40,7 @@ from deploykit._io import clear_stale_stages, directory_lock, staged_directory, 
 from deploykit._terminal import counter
 from deploykit.backends.onnxrt import run_graph
 from deploykit.encodings import config_to_dict
-from deploykit.errors import DeployKitError, ExportError
+from deploykit.errors import ConfigError, DeployKitError, ExportError
 from deploykit.export.directory import ExportDir
 from deploykit.export.int8_static import CalibrationOptions
 from deploykit.export.lint import check_graph
@@ -120,7 +120,10 @@ class ExportRequest:
         # start from the fp32 graph, so a directory without it would be refused by each of them.
         precisions = list(dict.fromkeys(["fp32", *precisions]))
         for precision in precisions:
-            check_precision(precision)
+            if check_precision(precision).imported:
+                raise ConfigError(
+                    f"export does not write the {precision} plan: bring a Q/DQ graph with deploykit import-plan EXPORT_DIR GRAPH"
+                )
         if any(is_quantized(p) for p in precisions):
             if calibration.data is not None:  # the user's inputs, before any work
                 calibration.data.check(model, [resolution for resolution, _ in jobs])

@@ -66,6 +66,8 @@ class PrecisionPlan:
             ``PlanInputs`` it needs; from the ``base`` plan's graph when the plan has one.
         base: the plan whose graph this one rewrites (``int8-mha``: the ``int8`` graph with its
             float attention fused), so an export asking for both makes the base plan once.
+        imported: the graph is made elsewhere and brought in (``deploykit import-plan``), never
+            written by ``export``.
     """
 
     name: str
@@ -76,6 +78,7 @@ class PrecisionPlan:
     calibrated: bool = False
     ort_only: str = ""
     base: str = ""
+    imported: bool = False
 
     @property
     def tolerance(self) -> Tolerance:
@@ -177,6 +180,10 @@ def _gpu_plan(name: str, qdq: str, low: int) -> PrecisionPlan:
     )
 
 
+def _brought_in(proto: onnx.ModelProto, _: PlanInputs) -> Planned:
+    raise ConfigError("the imported plan is a Q/DQ graph made elsewhere: bring it with deploykit import-plan EXPORT_DIR GRAPH")
+
+
 def _fp32_mha(proto: onnx.ModelProto, _: PlanInputs) -> Planned:
     from deploykit.export import fused_attention
 
@@ -241,6 +248,13 @@ PLANS: dict[str, PrecisionPlan] = {
         ),
         _gpu_plan("fp8", "fp8", TensorProto.FLOAT16),
         _gpu_plan("int8-fp16", "int8", TensorProto.FLOAT16),
+        PrecisionPlan(
+            "imported",
+            "a Q/DQ graph made elsewhere (ModelOpt, QAT), brought in by deploykit import-plan and checked against the checkpoint",
+            INT8_CRITERIA,  # judged like the INT8 plans: direction and ranking on real inputs
+            _brought_in,
+            imported=True,
+        ),
     )
 }
 if tuple(PLANS) != PLAN_NAMES:  # the CLI offers PLAN_NAMES without importing this module
