@@ -124,19 +124,29 @@ def test_fp8_scales_are_amax_over_448_from_the_int8_plans_ranges(zoo_int8_export
     assert activations and weights_checked
 
 
-def test_zoo_model_fp8_and_int8_fp16_meet_the_agreement_target_and_validate(tmp_path, deploykit_cli):
-    """The trained default zoo model at its training resolution: each plan meets the fallback's
-    99.5% top-1 target on held-out val images, the graph as written (fp16 remainder) agrees with
-    fp32 on ≥ 99% of them, and ``validate`` passes it against PyTorch."""
+@pytest.fixture(scope="module")
+def zoo_gpu_export(tmp_path_factory):
+    """The trained default zoo model at its training resolution (48) in fp8 and int8-fp16, the
+    fallback on (default 99.5% target) on 200 held-out val images (shared: copy before modifying)."""
+    from deploykit.cli import main
+
+    out = tmp_path_factory.mktemp("zoo-gpu") / "exp"
+    args = ["export", "-c", str(model_dir(DEFAULT_ZOO_MODEL)), "-r", "48", "--precision", "fp8", "--precision", "int8-fp16"]
+    try:
+        main([*args, "--calibration-samples", "32", "--held-out", "200", "-o", str(out)])
+    except SystemExit as exit_:
+        assert exit_.code in (0, None), f"export of {DEFAULT_ZOO_MODEL} in the GPU plans failed with {exit_.code}"
+    return out
+
+
+def test_zoo_model_fp8_and_int8_fp16_meet_the_agreement_target_and_validate(zoo_gpu_export, deploykit_cli):
+    """Each plan meets the fallback's 99.5% top-1 target on held-out val images, the graph as
+    written (fp16 remainder) agrees with fp32 on >= 99% of them, and ``validate`` passes it
+    against PyTorch."""
     from deploykit.inputs.builtin import DefaultCalibration
     from deploykit.nn.checkpoint import load_model
 
-    out = tmp_path / "exp"
-    code, err = deploykit_cli(
-        "export", "-c", model_dir(DEFAULT_ZOO_MODEL), "-r", 48, "--precision", "fp8", "--precision", "int8-fp16",
-        "--calibration-samples", 32, "--held-out", 200, "-o", out,
-    )  # fmt: skip
-    assert code == 0, err
+    out = zoo_gpu_export
     held_out, _ = DefaultCalibration().held_out(load_model(model_dir(DEFAULT_ZOO_MODEL)), (48, 48), 32, 200)
 
     def answers(path):
@@ -150,3 +160,25 @@ def test_zoo_model_fp8_and_int8_fp16_meet_the_agreement_target_and_validate(tmp_
         assert np.mean(answers(out / f"model_48_{plan}.onnx") == reference) >= 0.99
         code, err = deploykit_cli("validate", out, "--precision", plan)
         assert code == 0, err
+
+
+def test_tensorrt_rtx_builds_both_plans_for_compute_capability_8_9_and_fingerprints_the_plan(zoo_gpu_export, tmp_path, deploykit_cli):
+    """TensorRT-RTX's real builder (on this CPU) builds fp8 and int8-fp16 engines for an Ada GPU
+    (8.9, the first with FP8), and refuses fp8 for Ampere (8.6), writing no engine."""
+    import json
+    import shutil
+
+    out = tmp_path / "exp"
+    shutil.copytree(zoo_gpu_export, out)
+    for plan in ("fp8", "int8-fp16"):
+        code, err = deploykit_cli("build", out, "--backend", "rtx", "--precision", plan, "--compute-capability", "8.9")
+        assert code == 0, err
+        fingerprint = json.loads((out / f"model_48_{plan}.rtx.json").read_text())["fingerprint"]
+        assert fingerprint["precision"] == plan and fingerprint["module"] == "tensorrt_rtx"
+        assert fingerprint["build"]["compute_capabilities"] == ["8.9"]
+        assert (out / f"model_48_{plan}.rtx.engine").stat().st_size > 0
+    ampere = tmp_path / "ampere"
+    shutil.copytree(zoo_gpu_export, ampere)
+    code, err = deploykit_cli("build", ampere, "--backend", "rtx", "--precision", "fp8", "--compute-capability", "8.6")
+    assert code == 1 and "fp8_e4m3" in err and "sm86" in err, err
+    assert not list(ampere.glob("*.engine"))

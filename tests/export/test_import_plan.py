@@ -66,6 +66,10 @@ def test_a_modelopt_graph_enters_as_the_imported_plan_and_validates(graphs, tmp_
     assert entry["file"] == "model_48_imported.onnx" and entry["opset"] == 19 and entry["quantization"]["qdq_type"] == "int8"
     code, err = deploykit_cli("validate", directory, "--precision", "imported")
     assert code == 0, err
+    # TensorRT-RTX's builder (on this CPU) builds it like any plan; the fingerprint names the plan.
+    code, err = deploykit_cli("build", directory, "--backend", "rtx", "--precision", "imported", "--compute-capability", "8.9")
+    assert code == 0, err
+    assert json.loads((directory / "model_48_imported.rtx.json").read_text())["fingerprint"]["precision"] == "imported"
     # Importing again replaces the entry rather than adding a second one.
     code, err = deploykit_cli("import-plan", directory, made["same"])
     assert code == 0, err
