@@ -408,6 +408,31 @@ def profile(
             render.wrote(console, write(path))
 
 
+@cli.command("debug-precision")
+@EXPORT_DIR
+@click.option(
+    "--precision", type=click.Choice(["fp16", "bf16"]), default="fp16", show_default=True, help="The cast plan that fails validation."
+)
+@resolutions_option(help="The resolution to check (default: the first exported).")
+def debug_precision_cmd(export_dir, precision, resolutions):
+    """Find the smallest set of layers a cast plan must keep fp32 to pass validation (as Polygraphy's
+    debug precision does), printed as --keep-float options for deploykit export."""
+    from deploykit.export.precision_debug import debug_precision
+
+    console = render.console()
+    with render.steps(console, "debug-precision") as step:
+        found = debug_precision(export_dir, precision, resolutions[0] if resolutions else None, progress=step)
+    where = "x".join(map(str, found.resolution))
+    if not found.kept:
+        render.say(console, f"✓ {precision} at {where} passes with every product {precision} ({found.checks} check)")
+        return
+    kept = ", ".join(f"{module} ({name})" if module else name for module, name in found.kept)
+    render.say(
+        console, f"{precision} at {where} passes with {len(found.kept)} of {found.products} products fp32 ({found.checks} checks): {kept}"
+    )
+    render.say(console, "export with: " + " ".join(found.keep_float_args()))
+
+
 @cli.command("import-plan")
 @EXPORT_DIR
 @click.argument("graph", type=click.Path(path_type=Path))

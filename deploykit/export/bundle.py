@@ -298,8 +298,8 @@ def planned_graphs(
     def make(precision: str) -> onnx.ModelProto:
         if precision not in made:
             base = check_precision(precision).base
-            if not is_quantized(precision):
-                made[precision] = apply_precision(proto, precision)
+            if not is_quantized(precision):  # --keep-float pins products of the cast plans to fp32 too
+                made[precision] = apply_precision(proto, precision, keep_float=tuple(options.keep_float))
             elif base in precisions:
                 made[precision] = plans.checked(apply_precision_to_base(make(base), precision), precision)
             else:

@@ -129,8 +129,9 @@ def _as_exported(proto: onnx.ModelProto, _: PlanInputs) -> Planned:
 def _half_plan(name: str, low: int, tolerance: Tolerance) -> PrecisionPlan:
     """The plan ``name`` whose matrix products run in ``low`` (``_CastPass`` says what stays fp32)."""
 
-    def write(proto: onnx.ModelProto, _: PlanInputs) -> Planned:
-        return Planned(_CastPass(proto, low).rewrite())  # a new model: onnx_ir reads ``proto`` without changing it
+    def write(proto: onnx.ModelProto, given: PlanInputs) -> Planned:
+        kept = kept_fp32(proto, given.keep_float) if given.keep_float else frozenset()
+        return Planned(_CastPass(proto, low, keep_fp32=kept).rewrite())  # a new model: onnx_ir reads ``proto`` without changing it
 
     return PrecisionPlan(name, f"matmuls {name}; tables, LayerNorm, Softmax, logits fp32", (tolerance,), write, low=low)
 
@@ -270,6 +271,19 @@ _STANDARD_DOMAINS = ("", "ai.onnx")
 _LOW_NAMES = {TensorProto.FLOAT16: ("fp16", "float16"), TensorProto.BFLOAT16: ("bf16", "bfloat16")}
 
 
+def kept_fp32(proto: onnx.ModelProto, patterns) -> frozenset[str]:
+    """The products (MatMul, Gemm, Conv) a cast plan keeps in fp32 for ``--keep-float`` patterns
+    (module paths with wildcards, or ONNX names; ``names.matching_nodes``).
+
+    Raises:
+        ConfigError: a pattern that matches no product.
+    """
+    from deploykit.export import names
+
+    products = [n.name for n in proto.graph.node if n.op_type in LOW_PRECISION_OPS and n.domain in _STANDARD_DOMAINS]
+    return frozenset(names.matching_nodes(patterns, products, names.module_paths(proto)))
+
+
 def is_quantized(precision: str) -> bool:
     """Whether the plan quantizes (its graph is checked against fp32 on held-out inputs, and a
     calibrated one reads calibration inputs): the INT8 plans and the GPU plans (``gpu_plans``)."""
@@ -391,9 +405,10 @@ class _CastPass:
     producer or weight, and inserts a Cast where a reader wants the other type.
     """
 
-    def __init__(self, proto: onnx.ModelProto, low: int, qdq: bool = False):
+    def __init__(self, proto: onnx.ModelProto, low: int, qdq: bool = False, keep_fp32: frozenset[str] = frozenset()):
         import onnx_ir as ir
 
+        self.keep_fp32 = keep_fp32  # node names pinned to fp32 (--keep-float, ``precision_debug``)
         self.low, self.low_name = low, _LOW_NAMES[low][0]
         # Q/DQ plans over a low remainder (``gpu_plans``): a DequantizeLinear feeding only low
         # products gives the low type itself, rather than fp32 and a Cast before each product.
@@ -446,6 +461,8 @@ class _CastPass:
         )
 
     def _may_lower(self, node: ir.Node, floats: list[ir.Value]) -> bool:
+        if node.name in self.keep_fp32:
+            return False
         if not floats or node.domain not in _STANDARD_DOMAINS or node.op_type in FP32_OPS:
             return False
         if any(v.name.startswith(TABLE_PREFIXES) for v in floats) or not self.outputs.isdisjoint(node.outputs):
