@@ -78,3 +78,15 @@ def test_a_difference_with_no_reason_is_reported_unexplained(both):
     assert GraphMetadata.of(edited).quantization is not None
     unexplained = [d for d in compare(edited, theirs) if d.reason is None]
     assert unexplained and {d.node for d in unexplained} == {target}
+
+
+def test_modelopt_cannot_read_sape2s_function_and_says_so(sape2_export, tmp_path):
+    """SaPE²'s bias is a model-local function (``deploykit::SaPE2Bias``): ModelOpt 0.47's calibration
+    session does not register it, so the comparison covers the table and rotary encodings; deploykit's
+    own plans quantize SaPE² graphs (tests/export/test_gpu_plans.py)."""
+    import numpy as np
+
+    calibration = np.random.default_rng(0).standard_normal((4, 3, 32, 32)).astype(np.float32)
+    with pytest.raises(RuntimeError, match="deploykit:SaPE2Bias.* is not a registered function/op"):
+        modelopt_quantize(sape2_export / "model_32.onnx", "fp8", calibration, tmp_path / "q.onnx")
+    assert not (tmp_path / "q.onnx").exists()
