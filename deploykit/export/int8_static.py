@@ -34,7 +34,7 @@ from deploykit._terminal import counter, quiet_logger
 from deploykit.checks import Agreement, Reference
 from deploykit.errors import ConfigError, ExportError, listed, unknown_choice
 from deploykit.export import defaults, names, sensitivity
-from deploykit.export.int8_selection import QUANTIZED_OP_TYPES, looks_untrained, select_nodes, with_plan_record
+from deploykit.export.int8_selection import QUANTIZED_OP_TYPES, looks_untrained, quantized_word, select_nodes, with_plan_record
 from deploykit.export.lint import check_scales
 
 _log = logging.getLogger(__name__)
@@ -227,7 +227,7 @@ def quantize_static_int8(
     noise = {}
     if selection.quantize:
         count = min(len(calibration.inputs), 16, max(2, _SENSITIVITY_PASSES // len(selection.quantize)))
-        what = f"output error of each of {len(selection.quantize)} matmuls int8 alone, one pass on {count} inputs"
+        what = f"output error of each of {len(selection.quantize)} matmuls {quantized_word(plan)} alone, one pass on {count} inputs"
         tick = counter(progress, what, len(selection.quantize), "matmuls")
         tick(0)  # said before the pass starts: it is the export's longest step
         noise = sensitivity.node_sensitivity(proto, out, selection.quantize, calibration.inputs[:count], done=tick)

@@ -143,6 +143,7 @@ def test_zoo_model_fp8_and_int8_fp16_meet_the_agreement_target_and_validate(zoo_
     """Each plan meets the fallback's 99.5% top-1 target on held-out val images, the graph as
     written (fp16 remainder) agrees with fp32 on >= 99% of them, and ``validate`` passes it
     against PyTorch."""
+    from deploykit.export.int8_check import describe_plan
     from deploykit.inputs.builtin import DefaultCalibration
     from deploykit.nn.checkpoint import load_model
 
@@ -158,6 +159,9 @@ def test_zoo_model_fp8_and_int8_fp16_meet_the_agreement_target_and_validate(zoo_
         record = GraphMetadata.of(onnx.load(str(out / f"model_48_{plan}.onnx"))).quantization
         assert record.agreement["final"]["top1_agreement"] >= 0.995, record.agreement
         assert np.mean(answers(out / f"model_48_{plan}.onnx") == reference) >= 0.99
+        kind = "fp8" if plan == "fp8" else "int8"  # the plan's messages name its type
+        assert all(e.why.endswith(f"when {kind} alone") for e in record.kept_float if e.reason == "sensitivity")
+        assert describe_plan(record)[0].startswith(f"{record.quantized_nodes} matmuls {kind}, ")
         code, err = deploykit_cli("validate", out, "--precision", plan)
         assert code == 0, err
 
