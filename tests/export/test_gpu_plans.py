@@ -124,21 +124,6 @@ def test_fp8_scales_are_amax_over_448_from_the_int8_plans_ranges(zoo_int8_export
     assert activations and weights_checked
 
 
-@pytest.fixture(scope="module")
-def zoo_gpu_export(tmp_path_factory):
-    """The trained default zoo model at its training resolution (48) in fp8 and int8-fp16, the
-    fallback on (default 99.5% target) on 200 held-out val images (shared: copy before modifying)."""
-    from deploykit.cli import main
-
-    out = tmp_path_factory.mktemp("zoo-gpu") / "exp"
-    args = ["export", "-c", str(model_dir(DEFAULT_ZOO_MODEL)), "-r", "48", "--precision", "fp8", "--precision", "int8-fp16"]
-    try:
-        main([*args, "--calibration-samples", "32", "--held-out", "200", "-o", str(out)])
-    except SystemExit as exit_:
-        assert exit_.code in (0, None), f"export of {DEFAULT_ZOO_MODEL} in the GPU plans failed with {exit_.code}"
-    return out
-
-
 def test_zoo_model_fp8_and_int8_fp16_meet_the_agreement_target_and_validate(zoo_gpu_export, deploykit_cli):
     """Each plan meets the fallback's 99.5% top-1 target on held-out val images, the graph as
     written (fp16 remainder) agrees with fp32 on >= 99% of them, and ``validate`` passes it

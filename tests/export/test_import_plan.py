@@ -107,3 +107,21 @@ def test_a_graph_without_qdq_and_export_of_the_imported_plan_are_refused(graphs,
     code, err = deploykit_cli("export", "-c", model_dir(DEFAULT_ZOO_MODEL), "-r", 48, "--precision", "imported", "-o", tmp_path / "o")
     assert code == 1 and "deploykit import-plan" in err and not (tmp_path / "o").exists()
     assert _state(directory) == before
+
+
+@pytest.mark.parametrize(
+    "fixture, graph, qtype, remainder",
+    [("zoo_gpu_export", "model_48_fp8.onnx", "float8e4m3fn", "fp16"), ("zoo_int8_export", "model_48_int8.onnx", "int8", "fp32")],
+)
+def test_graphs_storing_quantized_weights_enter_too(request, tmp_path, deploykit_cli, fixture, graph, qtype, remainder):
+    """Weights stored quantized (FP8 or INT8 initializers read by a per-channel DequantizeLinear, as
+    deploykit's and ONNX Runtime's quantizers write them) are dequantized to match the checkpoint."""
+    source = request.getfixturevalue(fixture)
+    directory = tmp_path / "exp"
+    shutil.copytree(source, directory)
+    outside = tmp_path / "elsewhere.onnx"
+    shutil.copyfile(source / graph, outside)
+    code, err = deploykit_cli("import-plan", directory, outside)
+    assert code == 0, err
+    record = GraphMetadata.of(onnx.load(str(directory / "model_48_imported.onnx"))).quantization
+    assert (record.qdq_type, record.remainder) == (qtype, remainder)
