@@ -460,6 +460,51 @@ def profile(
             render.wrote(console, write(path))
 
 
+@cli.command("debug-precision")
+@EXPORT_DIR
+@click.option(
+    "--precision", type=click.Choice(["fp16", "bf16"]), default="fp16", show_default=True, help="The cast plan that fails validation."
+)
+@resolutions_option(help="The resolution to check (default: the first exported).")
+def debug_precision_cmd(export_dir, precision, resolutions):
+    """Find the smallest set of layers a cast plan must keep fp32 to pass validation (as Polygraphy's
+    debug precision does), printed as --keep-float options for deploykit export."""
+    from deploykit.export.precision_debug import debug_precision
+
+    console = render.console()
+    with render.steps(console, "debug-precision") as step:
+        found = debug_precision(export_dir, precision, resolutions[0] if resolutions else None, progress=step)
+    where = "x".join(map(str, found.resolution))
+    if not found.kept:
+        render.say(console, f"✓ {precision} at {where} passes with every product {precision} ({found.checks} check)")
+        return
+    kept = ", ".join(f"{module} ({name})" if module else name for module, name in found.kept)
+    render.say(
+        console, f"{precision} at {where} passes with {len(found.kept)} of {found.products} products fp32 ({found.checks} checks): {kept}"
+    )
+    render.say(console, "export with: " + " ".join(found.keep_float_args()))
+
+
+@cli.command("import-plan")
+@EXPORT_DIR
+@click.argument("graph", type=click.Path(path_type=Path))
+def import_plan_cmd(export_dir, graph):
+    """Add a Q/DQ graph made elsewhere (ModelOpt's ONNX PTQ, QAT) to EXPORT_DIR as the imported plan,
+    once it matches the checkpoint (resolution, architecture, weights) and passes the plan's
+    criteria against PyTorch; then validate, build, profile and serve --precision imported."""
+    from deploykit.export.import_plan import import_plan
+
+    console = render.console()
+    with render.steps(console, "import-plan") as step:
+        done = import_plan(export_dir, graph, progress=step)
+    record = done.record
+    render.say(
+        console,
+        f"✓ {done.path}  ({'x'.join(map(str, done.resolution))}, imported: {record.quantized_nodes} products Q/DQ "
+        f"{record.qdq_type} over {record.remainder}, from {record.source})",
+    )
+
+
 @cli.group("import")
 def import_group():
     """Bring a trained model in as a deploykit model directory: from timm, or from a paper's own

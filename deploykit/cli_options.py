@@ -383,13 +383,14 @@ def int8_options(command):
             "keep_float",
             multiple=True,
             metavar="PATTERN",
-            help="int8: repeatable; keep the layers whose module path matches float (wildcards: blocks.*.mlp.fc2, blocks.11.*).",
+            help="int8, fp8, int8-fp16, fp16, bf16: repeatable; keep the layers whose module path matches float (wildcards: "
+            "blocks.*.mlp.fc2, blocks.11.*; deploykit debug-precision finds them for fp16).",
         ),
         click.option(
             "--int8-attention",
             is_flag=True,
             help="int8: quantize the attention products too (faster at high resolution; measured to cost top-1 agreement "
-            "away from the training resolution, so off by default).",
+            "away from the training resolution, so off by default; fp8 and int8-fp16 always quantize them).",
         ),
     )(command)
 

@@ -104,6 +104,22 @@ def zoo_ape_export(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def zoo_gpu_export(tmp_path_factory):
+    """The trained default zoo model at its training resolution (48) in fp8 and int8-fp16, the
+    fallback on (default 99.5% target) on 200 held-out val images (shared: copy before modifying)."""
+    from deploykit.cli import main
+    from deploykit.zoo.registry import DEFAULT_ZOO_MODEL, model_dir
+
+    out = tmp_path_factory.mktemp("zoo-gpu") / "exp"
+    args = ["export", "-c", str(model_dir(DEFAULT_ZOO_MODEL)), "-r", "48", "--precision", "fp8", "--precision", "int8-fp16"]
+    try:
+        main([*args, "--calibration-samples", "32", "--held-out", "200", "-o", str(out)])
+    except SystemExit as exit_:
+        assert exit_.code in (0, None), f"export of {DEFAULT_ZOO_MODEL} in the GPU plans failed with {exit_.code}"
+    return out
+
+
+@pytest.fixture(scope="session")
 def sape2_export(tmp_path_factory):
     """A two-block SaPE² ViT at 32x32 exported once: ``model_32.onnx`` holds two
     ``deploykit::SaPE2Bias`` nodes and their model-local function (shared; copy before modifying)."""

@@ -116,3 +116,14 @@ def test_sape2_floor_times_every_runtime_against_ape_and_the_op_against_its_floo
         # nothing runs faster than the machine allows: the floor is a lower bound of every runtime's call
         assert all(op[rt]["min_ms"] >= floor["floor_ms"] and op[rt]["over_floor"] >= 1 for rt in runtimes)
     assert result["goals"] == []  # the goals are ViT-S/16's; a smoke run judges none
+
+
+@pytest.mark.slow
+def test_gpu_plan_accuracy_compares_both_plans_with_modelopts_graphs(tmp_path):
+    _run("gpu_plan_accuracy.py", "--output-dir", str(tmp_path))
+    result = json.loads((tmp_path / "gpu-plan-accuracy-quick.json").read_text())
+    records = {r["lane"]: r for r in result["records"]}
+    assert set(records) == {"deploykit fp8", "deploykit int8-fp16", "modelopt fp8", "modelopt int8"}
+    assert all(r["n"] == 64 and r["calibration_inputs"] == 32 and 0 < r["agreement"] <= 1 for r in records.values()), records
+    # deploykit's int8-fp16, its fallback on, agrees with fp32 on a trained model; the rest are measurements.
+    assert records["deploykit int8-fp16"]["agreement"] >= 62 / 64 and result["complete"]

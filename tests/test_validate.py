@@ -84,7 +84,7 @@ def test_bad_arguments(good_export, tmp_path):
     with pytest.raises(ConfigError, match="ort"):
         validate(good_export, backends=["nope"])
     with pytest.raises(ConfigError, match="fp32"):
-        validate(good_export, precision="fp8")
+        validate(good_export, precision="fp4")
     with pytest.raises(DeployKitError, match="no graph exported at 320"):
         validate(good_export, resolutions=[(320, 320)])
     with pytest.raises(DeployKitError, match="not a deploykit export directory"):

@@ -40,7 +40,7 @@ from deploykit._io import clear_stale_stages, directory_lock, staged_directory, 
 from deploykit._terminal import counter
 from deploykit.backends.onnxrt import run_graph
 from deploykit.encodings import config_to_dict
-from deploykit.errors import DeployKitError, ExportError
+from deploykit.errors import ConfigError, DeployKitError, ExportError
 from deploykit.export.directory import ExportDir
 from deploykit.export.int8_static import CalibrationOptions
 from deploykit.export.lint import check_graph
@@ -62,7 +62,15 @@ from deploykit.export.onnx_export import (
     rows_per_call,
     save_onnx,
 )
-from deploykit.export.precision import PLANS, PlanInputs, apply_precision, apply_precision_to_base, check_precision, plan_graph
+from deploykit.export.precision import (
+    PLANS,
+    PlanInputs,
+    apply_precision,
+    apply_precision_to_base,
+    check_precision,
+    is_quantized,
+    plan_graph,
+)
 from deploykit.inputs.builtin import CALIBRATION_SPLIT, HELD_OUT_SPLIT, check_real_count
 from deploykit.nn.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_model, save_model
 from deploykit.nn.factory import Model
@@ -112,8 +120,11 @@ class ExportRequest:
         # start from the fp32 graph, so a directory without it would be refused by each of them.
         precisions = list(dict.fromkeys(["fp32", *precisions]))
         for precision in precisions:
-            check_precision(precision)
-        if any(p.startswith("int8") for p in precisions):
+            if check_precision(precision).imported:
+                raise ConfigError(
+                    f"export does not write the {precision} plan: bring a Q/DQ graph with deploykit import-plan EXPORT_DIR GRAPH"
+                )
+        if any(is_quantized(p) for p in precisions):
             if calibration.data is not None:  # the user's inputs, before any work
                 calibration.data.check(model, [resolution for resolution, _ in jobs])
             else:
@@ -287,8 +298,8 @@ def planned_graphs(
     def make(precision: str) -> onnx.ModelProto:
         if precision not in made:
             base = check_precision(precision).base
-            if not precision.startswith("int8"):
-                made[precision] = apply_precision(proto, precision)
+            if not is_quantized(precision):  # --keep-float pins products of the cast plans to fp32 too
+                made[precision] = apply_precision(proto, precision, keep_float=tuple(options.keep_float))
             elif base in precisions:
                 made[precision] = plans.checked(apply_precision_to_base(make(base), precision), precision)
             else:

@@ -14,7 +14,7 @@ DEFAULT_OPSET = 18
 # converter fails beyond it. SaPE²'s ONNX function is written in opset 18 (custom_ops.FUNCTION_OPSET).
 SUPPORTED_OPSETS = range(17, 26)
 
-PLAN_NAMES = ("fp32", "fp16", "bf16", "int8", "int8-dynamic", "int8-mha", "fp32-mha")
+PLAN_NAMES = ("fp32", "fp16", "bf16", "int8", "int8-dynamic", "int8-mha", "fp32-mha", "fp8", "int8-fp16", "imported")
 
 # INT8 calibration and its check (``deploykit.export.int8_static.CalibrationOptions``).
 CALIBRATION_SAMPLES = 128

@@ -17,7 +17,7 @@ from deploykit.checks import Agreement, Bar, Reference, Tolerance, bar_of, check
 from deploykit.checks.run import JudgedPlan
 from deploykit.errors import ExportError, InputError, listed
 from deploykit.export import names, sensitivity
-from deploykit.export.int8_selection import QUANTIZED_OP_TYPES
+from deploykit.export.int8_selection import QUANTIZED_OP_TYPES, quantized_word
 from deploykit.export.metadata import GraphMetadata, QuantizationRecord
 
 
@@ -26,7 +26,8 @@ def describe_plan(details: QuantizationRecord) -> list[str]:
     module path with its ONNX name beside it: what was quantized and on what, what stayed float
     and why (pinned, sensitivity, policy), the most sensitive nodes and the target reached."""
     kept = details.kept_float
-    lines = [f"{details.quantized_nodes} matmuls int8, {len(kept) or sum(map(len, (details.float_nodes or {}).values()))} float"]
+    kind = quantized_word(details.plan)
+    lines = [f"{details.quantized_nodes} matmuls {kind}, {len(kept) or sum(map(len, (details.float_nodes or {}).values()))} float"]
     if details.calibration_data is not None:
         lines[0] += f"; calibrated ({details.calibration}) on {details.calibration_data}"
     for entry in kept:
@@ -49,7 +50,7 @@ def describe_plan(details: QuantizationRecord) -> list[str]:
         moved = sum(1 for e in kept if e.reason == "sensitivity")
         lines.append(
             f"target {goal} on {record['target']['held_out']} held-out inputs: "
-            f"{sensitivity.summary(record['quantized_all'])} with every matmul int8; "
+            f"{sensitivity.summary(record['quantized_all'])} with every matmul {kind}; "
             f"{sensitivity.summary(record['final'])} with {moved} back in float ({record['checks']} checks)"
             + ("" if record["met"] else "; target missed")
         )

@@ -77,11 +77,16 @@ class NodeSelection:
             if reason == "pinned":
                 reason, why = "pinned", f"--keep-float {self.pinned_by[name]}"
             elif reason == "sensitivity":
-                why = f"output error {noise[name]:.2e} when int8 alone" if noise else ""
+                why = f"output error {noise[name]:.2e} when {quantized_word(plan.get('plan', 'int8'))} alone" if noise else ""
             else:
                 reason, why = "policy", reason
             kept.append(KeptFloat(modules.get(name, ""), name, reason, why))
         return QuantizationRecord(**plan, quantized_nodes=len(self.quantize), float_nodes=reasons, kept_float=tuple(kept))
+
+
+def quantized_word(plan: str) -> str:
+    """What a plan's quantized products are called in its messages: ``fp8`` for the FP8 plans, else ``int8``."""
+    return "fp8" if plan.startswith("fp8") else "int8"
 
 
 def select_nodes(proto: onnx.ModelProto, attention: bool, keep_float: Sequence[str] = ()) -> NodeSelection:

@@ -34,7 +34,7 @@ from deploykit._terminal import counter, quiet_logger
 from deploykit.checks import Agreement, Reference
 from deploykit.errors import ConfigError, ExportError, listed, unknown_choice
 from deploykit.export import defaults, names, sensitivity
-from deploykit.export.int8_selection import QUANTIZED_OP_TYPES, looks_untrained, select_nodes, with_plan_record
+from deploykit.export.int8_selection import QUANTIZED_OP_TYPES, looks_untrained, quantized_word, select_nodes, with_plan_record
 from deploykit.export.lint import check_scales
 
 _log = logging.getLogger(__name__)
@@ -168,6 +168,8 @@ def quantize_static_int8(
     target: sensitivity.QualityTarget | None = None,
     progress: Callable[[str], None] | None = None,
     keep_float: Sequence[str] = (),
+    plan: str = "int8",
+    rewrite: Callable[[onnx.ModelProto], onnx.ModelProto] | None = None,
 ) -> tuple[onnx.ModelProto, np.ndarray | None]:
     """The ``int8`` plan of an fp32 graph: QDQ on the selected nodes' inputs, calibrated.
 
@@ -185,6 +187,9 @@ def quantize_static_int8(
         target: held-out inputs and what to aim for; None: quantize every selected node.
         progress: optional callable taking a status line.
         keep_float: module-path patterns kept float (``select_nodes``).
+        plan: the plan's name in its record (``gpu_plans``' plans are written here too).
+        rewrite: applied to the quantizer's Q/DQ graph before the sensitivity pass and fallback
+            (``gpu_plans.int8_to_fp8``: the same pairs in FP8), which then judge its pairs.
 
     Returns:
         The quantized graph, with ``deploykit.quantization`` in its metadata, and its output rows
@@ -200,7 +205,7 @@ def quantize_static_int8(
     modules = names.module_paths(proto)
     held_out_outputs = None
     details = {
-        "plan": "int8",
+        "plan": plan,
         "calibration": calibration.method,
         "samples": len(calibration.inputs),
         "calibration_data": calibration.source,
@@ -217,10 +222,12 @@ def quantize_static_int8(
     with tempfile.TemporaryDirectory(prefix="deploykit-int8-") as tmp, quiet_logger(""):
         tick = counter(progress, f"calibrating on {calibration.source} ({calibration.method})", len(calibration.inputs), "inputs")
         out = _StaticQuantizer(proto, calibration, Path(tmp), tick).quantize(selection.quantize)
+    if rewrite is not None:
+        out = rewrite(out)
     noise = {}
     if selection.quantize:
         count = min(len(calibration.inputs), 16, max(2, _SENSITIVITY_PASSES // len(selection.quantize)))
-        what = f"output error of each of {len(selection.quantize)} matmuls int8 alone, one pass on {count} inputs"
+        what = f"output error of each of {len(selection.quantize)} matmuls {quantized_word(plan)} alone, one pass on {count} inputs"
         tick = counter(progress, what, len(selection.quantize), "matmuls")
         tick(0)  # said before the pass starts: it is the export's longest step
         noise = sensitivity.node_sensitivity(proto, out, selection.quantize, calibration.inputs[:count], done=tick)

@@ -115,6 +115,10 @@ class QuantizationRecord:
         quantized_nodes: how many nodes run int8.
         float_nodes: reason → the float nodes, as ``module (onnx)``.
         kept_float: every float node with its reason.
+        qdq_type: the type the Q/DQ pairs quantize to (``int8``, ``float8e4m3fn``), for the GPU
+            plans (``gpu_plans``) and a graph brought in; None: ``int8``'s.
+        remainder: the type of what is not quantized (``fp16``, ``bf16``); None: fp32.
+        source: who wrote the Q/DQ graph when deploykit did not (``import-plan``: its producer).
     """
 
     plan: str
@@ -129,6 +133,9 @@ class QuantizationRecord:
     quantized_nodes: int | None = None
     float_nodes: dict[str, list[str]] | None = None
     kept_float: tuple[KeptFloat, ...] = ()
+    qdq_type: str | None = None
+    remainder: str | None = None
+    source: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (graph metadata, the manifest): the fields set, in this order."""

@@ -31,6 +31,7 @@ bfloat16 through ml_dtypes (onnx-graphsurgeon keeps constants as plain numpy, wh
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -42,7 +43,7 @@ from deploykit.catalog import TABLE_PREFIXES
 from deploykit.checks import Bar, Tolerance, bar_of
 from deploykit.errors import ConfigError, unknown_choice
 from deploykit.export.defaults import PLAN_NAMES
-from deploykit.export.metadata import GraphMetadata
+from deploykit.export.metadata import GraphMetadata, copy_metadata
 
 if TYPE_CHECKING:
     import onnx_ir as ir  # imported where used: it is slow to import, and most users of PLANS never write a plan
@@ -65,6 +66,8 @@ class PrecisionPlan:
             ``PlanInputs`` it needs; from the ``base`` plan's graph when the plan has one.
         base: the plan whose graph this one rewrites (``int8-mha``: the ``int8`` graph with its
             float attention fused), so an export asking for both makes the base plan once.
+        imported: the graph is made elsewhere and brought in (``deploykit import-plan``), never
+            written by ``export``.
     """
 
     name: str
@@ -75,6 +78,7 @@ class PrecisionPlan:
     calibrated: bool = False
     ort_only: str = ""
     base: str = ""
+    imported: bool = False
 
     @property
     def tolerance(self) -> Tolerance:
@@ -125,8 +129,9 @@ def _as_exported(proto: onnx.ModelProto, _: PlanInputs) -> Planned:
 def _half_plan(name: str, low: int, tolerance: Tolerance) -> PrecisionPlan:
     """The plan ``name`` whose matrix products run in ``low`` (``_CastPass`` says what stays fp32)."""
 
-    def write(proto: onnx.ModelProto, _: PlanInputs) -> Planned:
-        return Planned(_CastPass(proto, low).rewrite())  # a new model: onnx_ir reads ``proto`` without changing it
+    def write(proto: onnx.ModelProto, given: PlanInputs) -> Planned:
+        kept = kept_fp32(proto, given.keep_float) if given.keep_float else frozenset()
+        return Planned(_CastPass(proto, low, keep_fp32=kept).rewrite())  # a new model: onnx_ir reads ``proto`` without changing it
 
     return PrecisionPlan(name, f"matmuls {name}; tables, LayerNorm, Softmax, logits fp32", (tolerance,), write, low=low)
 
@@ -142,6 +147,42 @@ def _int8_dynamic(proto: onnx.ModelProto, _: PlanInputs) -> Planned:
     from deploykit.export import int8_dynamic
 
     return Planned(int8_dynamic.quantize_dynamic_int8(proto))
+
+
+def _gpu_plan(name: str, qdq: str, low: int) -> PrecisionPlan:
+    """``qdq`` (``int8``/``fp8``) Q/DQ on the matmuls and attention products over a ``low``
+    remainder (``deploykit.export.gpu_plans``)."""
+    low_name = {TensorProto.FLOAT16: "fp16", TensorProto.BFLOAT16: "bf16"}[low]
+
+    def write(proto: onnx.ModelProto, given: PlanInputs) -> Planned:
+        from deploykit.export import gpu_plans, int8_static
+
+        attention = True if given.attention is None else given.attention  # TensorRT fuses quantized attention
+        rewrite = (lambda out: gpu_plans.int8_to_fp8(out, proto)) if qdq == "fp8" else gpu_plans.at_opset
+        quantized, _ = int8_static.quantize_static_int8(
+            proto, given.calibration, attention, given.target, given.progress, given.keep_float, plan=name, rewrite=rewrite
+        )
+        record = GraphMetadata.of(quantized).quantization
+        out = gpu_plans.with_remainder(quantized, low)
+        copy_metadata(quantized, out)
+        qdq_name = "float8e4m3fn" if qdq == "fp8" else "int8"
+        GraphMetadata.update(out, quantization=dataclasses.replace(record, qdq_type=qdq_name, remainder=low_name))
+        # the fallback's outputs were the fp32-remainder graph's: the plan check runs this one
+        return Planned(out)
+
+    what = "FP8 E4M3" if qdq == "fp8" else "int8"
+    return PrecisionPlan(
+        name,
+        f"Q/DQ {what} matmuls and attention products, calibrated, over an {low_name} remainder; tables, rotations, gates, "
+        "LayerNorm, Softmax, logits fp32 (TensorRT; ONNX Runtime checks it on CPU)",
+        INT8_CRITERIA,
+        write,
+        calibrated=True,
+    )
+
+
+def _brought_in(proto: onnx.ModelProto, _: PlanInputs) -> Planned:
+    raise ConfigError("the imported plan is a Q/DQ graph made elsewhere: bring it with deploykit import-plan EXPORT_DIR GRAPH")
 
 
 def _fp32_mha(proto: onnx.ModelProto, _: PlanInputs) -> Planned:
@@ -206,6 +247,15 @@ PLANS: dict[str, PrecisionPlan] = {
             ort_only="fp32-mha uses ONNX Runtime's com.microsoft.MultiHeadAttention, which TensorRT does not parse; "
             "TensorRT fuses attention itself from the fp32 graph",
         ),
+        _gpu_plan("fp8", "fp8", TensorProto.FLOAT16),
+        _gpu_plan("int8-fp16", "int8", TensorProto.FLOAT16),
+        PrecisionPlan(
+            "imported",
+            "a Q/DQ graph made elsewhere (ModelOpt, QAT), brought in by deploykit import-plan and checked against the checkpoint",
+            INT8_CRITERIA,  # judged like the INT8 plans: direction and ranking on real inputs
+            _brought_in,
+            imported=True,
+        ),
     )
 }
 if tuple(PLANS) != PLAN_NAMES:  # the CLI offers PLAN_NAMES without importing this module
@@ -219,6 +269,25 @@ FP32_OPS = frozenset({"LayerNormalization", "Softmax"})
 _STANDARD_DOMAINS = ("", "ai.onnx")
 # Low type -> (short name for inserted tensors, ONNX schema type name).
 _LOW_NAMES = {TensorProto.FLOAT16: ("fp16", "float16"), TensorProto.BFLOAT16: ("bf16", "bfloat16")}
+
+
+def kept_fp32(proto: onnx.ModelProto, patterns) -> frozenset[str]:
+    """The products (MatMul, Gemm, Conv) a cast plan keeps in fp32 for ``--keep-float`` patterns
+    (module paths with wildcards, or ONNX names; ``names.matching_nodes``).
+
+    Raises:
+        ConfigError: a pattern that matches no product.
+    """
+    from deploykit.export import names
+
+    products = [n.name for n in proto.graph.node if n.op_type in LOW_PRECISION_OPS and n.domain in _STANDARD_DOMAINS]
+    return frozenset(names.matching_nodes(patterns, products, names.module_paths(proto)))
+
+
+def is_quantized(precision: str) -> bool:
+    """Whether the plan quantizes (its graph is checked against fp32 on held-out inputs, and a
+    calibrated one reads calibration inputs): the INT8 plans and the GPU plans (``gpu_plans``)."""
+    return precision.startswith("int8") or check_precision(precision).calibrated
 
 
 def check_precision(precision: str) -> PrecisionPlan:
@@ -336,10 +405,14 @@ class _CastPass:
     producer or weight, and inserts a Cast where a reader wants the other type.
     """
 
-    def __init__(self, proto: onnx.ModelProto, low: int):
+    def __init__(self, proto: onnx.ModelProto, low: int, qdq: bool = False, keep_fp32: frozenset[str] = frozenset()):
         import onnx_ir as ir
 
+        self.keep_fp32 = keep_fp32  # node names pinned to fp32 (--keep-float, ``precision_debug``)
         self.low, self.low_name = low, _LOW_NAMES[low][0]
+        # Q/DQ plans over a low remainder (``gpu_plans``): a DequantizeLinear feeding only low
+        # products gives the low type itself, rather than fp32 and a Cast before each product.
+        self.qdq = qdq
         # inferred: every tensor's type, also in a plan's graph written without them
         self.model = ir.from_proto(onnx.shape_inference.infer_shapes(proto))
         self.graph = self.model.graph
@@ -377,9 +450,19 @@ class _CastPass:
                 continue
             if node.op_type in LOW_PRECISION_OPS or (live and all(v.producer() in low_nodes for v in live)):
                 low_nodes.add(node)
+            elif self.qdq and node.op_type == "DequantizeLinear" and self._feeds_low_products(node):
+                low_nodes.add(node)
         return low_nodes
 
+    def _feeds_low_products(self, node: ir.Node) -> bool:
+        uses = [use.node for value in node.outputs for use in value.uses()]
+        return bool(uses) and all(
+            user.op_type in LOW_PRECISION_OPS and self._may_lower(user, [v for v in user.inputs if v in self.floats]) for user in uses
+        )
+
     def _may_lower(self, node: ir.Node, floats: list[ir.Value]) -> bool:
+        if node.name in self.keep_fp32:
+            return False
         if not floats or node.domain not in _STANDARD_DOMAINS or node.op_type in FP32_OPS:
             return False
         if any(v.name.startswith(TABLE_PREFIXES) for v in floats) or not self.outputs.isdisjoint(node.outputs):
@@ -436,6 +519,13 @@ def _schema_accepts(op_type: str, opset: int, low: int) -> bool:
         return False
     low_str = f"tensor({_LOW_NAMES[low][1]})"
     return all(low_str in c.allowed_type_strs for c in schema.type_constraints if "tensor(float)" in c.allowed_type_strs)
+
+
+def _converted_array(values, to: int):
+    """A numpy array rounded to ONNX type ``to`` (round-to-nearest-even; bfloat16 as ml_dtypes')."""
+    import onnx_ir as ir
+
+    return values.astype(ir.DataType(to).numpy())
 
 
 def _converted(tensor: ir.TensorProtocol, to: int, name: str | None) -> ir.TensorProtocol:

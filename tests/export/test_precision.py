@@ -136,7 +136,7 @@ def test_custom_domain_node_stays_fp32():
 
 def test_unknown_precision_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="fp16"):
-        export(encoding_model("ape"), [RES], tmp_path, precisions=["fp8"])
+        export(encoding_model("ape"), [RES], tmp_path, precisions=["fp4"])
     assert not any(tmp_path.iterdir())
 
 
