@@ -469,7 +469,7 @@ def profile(
 def debug_precision_cmd(export_dir, precision, resolutions):
     """Find the smallest set of layers a cast plan must keep fp32 to pass validation (as Polygraphy's
     debug precision does), printed as --keep-float options for deploykit export."""
-    from deploykit.export.precision_debug import debug_precision
+    from deploykit.precision_debug import debug_precision
 
     console = render.console()
     with render.steps(console, "debug-precision") as step:
@@ -492,7 +492,7 @@ def import_plan_cmd(export_dir, graph):
     """Add a Q/DQ graph made elsewhere (ModelOpt's ONNX PTQ, QAT) to EXPORT_DIR as the imported plan,
     once it matches the checkpoint (resolution, architecture, weights) and passes the plan's
     criteria against PyTorch; then validate, build, profile and serve --precision imported."""
-    from deploykit.export.import_plan import import_plan
+    from deploykit.import_plan import import_plan
 
     console = render.console()
     with render.steps(console, "import-plan") as step:

@@ -68,6 +68,8 @@ LAYERS = [
         (
             "deploykit.validate",
             "deploykit.validate_bundle",
+            "deploykit.import_plan",
+            "deploykit.precision_debug",
             "deploykit.layer_map",
             "deploykit.replay_script",
             "deploykit.build",

@@ -24,7 +24,7 @@ Q/DQ on fp16/bf16 tensors and FP8 types need opset 19: these graphs are written 
 (every op deploykit exports reads the same from 18 to 19: 19 only adds types and attributes
 with the old defaults). ONNX Runtime's CPU kernels run both graphs (FP8 and fp16
 ``DequantizeLinear``, fp16 products), so they are checked as the ``int8`` plan is. A bf16
-remainder (``with_remainder(..., BFLOAT16)`` writes one) is not offered as a plan: ONNX Runtime's
+remainder (``precision.with_remainder(..., BFLOAT16)`` writes one) is not offered as a plan: ONNX Runtime's
 CPU provider has no bf16 ``MatMul`` or ``DequantizeLinear`` kernel, so the export could not check it.
 
 The sensitivity pass and the fallback judge the Q/DQ graph with an fp32 remainder (the nodes
@@ -133,32 +133,6 @@ def _drop_unread_initializers(graph: onnx.GraphProto) -> None:
     kept = [t for t in graph.initializer if t.name in read]
     del graph.initializer[:]
     graph.initializer.extend(kept)
-
-
-def scales_in(proto: onnx.ModelProto, low: int) -> onnx.ModelProto:
-    """``proto`` (in place) with every Q/DQ scale rounded to a value ``low`` holds exactly, so a
-    pair whose Q stays fp32 and whose DQ gives ``low`` reads the same scale on both sides."""
-    from deploykit.export.precision import _converted_array
-
-    weights = {t.name: t for t in proto.graph.initializer}
-    done = set()
-    for node in proto.graph.node:
-        if node.op_type in _QDQ and len(node.input) > 1 and node.input[1] in weights and node.input[1] not in done:
-            tensor = weights[node.input[1]]
-            rounded = _converted_array(numpy_helper.to_array(tensor), low).astype(np.float32)
-            tensor.CopyFrom(numpy_helper.from_array(rounded, tensor.name))
-            done.add(node.input[1])
-    return proto
-
-
-def with_remainder(qdq: onnx.ModelProto, low: int) -> onnx.ModelProto:
-    """The Q/DQ graph ``qdq`` with its remainder in ``low`` (``TensorProto.FLOAT16``/``BFLOAT16``)
-    by the cast plans' rules (``precision._CastPass``), each DQ feeding only low products in ``low``."""
-    from deploykit.export.precision import _CastPass
-
-    proto = onnx.ModelProto()
-    proto.CopyFrom(qdq)
-    return _CastPass(scales_in(at_opset(proto), low), low, qdq=True).rewrite()
 
 
 def qdq_type(proto: onnx.ModelProto) -> int | None:

@@ -163,7 +163,7 @@ def _gpu_plan(name: str, qdq: str, low: int) -> PrecisionPlan:
             proto, given.calibration, attention, given.target, given.progress, given.keep_float, plan=name, rewrite=rewrite
         )
         record = GraphMetadata.of(quantized).quantization
-        out = gpu_plans.with_remainder(quantized, low)
+        out = with_remainder(quantized, low)
         copy_metadata(quantized, out)
         qdq_name = "float8e4m3fn" if qdq == "fp8" else "int8"
         GraphMetadata.update(out, quantization=dataclasses.replace(record, qdq_type=qdq_name, remainder=low_name))
@@ -534,3 +534,33 @@ def _converted(tensor: ir.TensorProtocol, to: int, name: str | None) -> ir.Tenso
     import onnx_ir as ir
 
     return ir.tensor(tensor.numpy().astype(ir.DataType(to).numpy()), name=name or None)
+
+
+# The GPU plans' remainder (deploykit.export.gpu_plans): the cast pass over a Q/DQ graph.
+def scales_in(proto: onnx.ModelProto, low: int) -> onnx.ModelProto:
+    """``proto`` (in place) with every Q/DQ scale rounded to a value ``low`` holds exactly, so a
+    pair whose Q stays fp32 and whose DQ gives ``low`` reads the same scale on both sides."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    from deploykit.export.gpu_plans import _QDQ
+
+    weights = {t.name: t for t in proto.graph.initializer}
+    done = set()
+    for node in proto.graph.node:
+        if node.op_type in _QDQ and len(node.input) > 1 and node.input[1] in weights and node.input[1] not in done:
+            tensor = weights[node.input[1]]
+            rounded = _converted_array(numpy_helper.to_array(tensor), low).astype(np.float32)
+            tensor.CopyFrom(numpy_helper.from_array(rounded, tensor.name))
+            done.add(node.input[1])
+    return proto
+
+
+def with_remainder(qdq: onnx.ModelProto, low: int) -> onnx.ModelProto:
+    """The Q/DQ graph ``qdq`` with its remainder in ``low`` (``TensorProto.FLOAT16``/``BFLOAT16``)
+    by the cast plans' rules (``precision._CastPass``), each DQ feeding only low products in ``low``."""
+    proto = onnx.ModelProto()
+    proto.CopyFrom(qdq)
+    from deploykit.export.gpu_plans import at_opset
+
+    return _CastPass(scales_in(at_opset(proto), low), low, qdq=True).rewrite()

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from deploykit.export.precision_debug import debug_precision
 from deploykit.nn import create_model, save_model
+from deploykit.precision_debug import debug_precision
 
 RES = 32
 
