@@ -3,7 +3,8 @@
 
 Every case is a seeded tiny model built with ``transformers`` itself (hidden 32, 2 layers), saved
 with ``save_pretrained`` and compared with its own forward: PyTorch at the native and a
-non-square size (``interpolate_pos_encoding``, which DINOv2 always does), ONNX Runtime at both.
+non-square and a larger size (``interpolate_pos_encoding``, which DINOv2 always does), ONNX
+Runtime at all three.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from deploykit.export import export
 from deploykit.nn import load_model
 from deploykit.nn.from_transformers import import_transformers, is_transformers_directory
 
-NATIVE, WIDE = (32, 32), (48, 32)
+NATIVE, WIDE, LARGE = (32, 32), (48, 32), (64, 64)
 _VIT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32, patch_size=8)
 _DINO = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=8)
 # case -> (model class, config class, config kwargs)
@@ -97,7 +98,7 @@ def saved(tmp_path_factory):
 def test_pytorch_model_equals_transformers(saved, case):
     source, directory = saved(case)
     model = import_transformers(directory).model
-    for resolution in (NATIVE, WIDE):
+    for resolution in (NATIVE, WIDE, LARGE):
         x = images(resolution)
         expected = reference(source, x)
         with torch.no_grad():
@@ -132,7 +133,7 @@ def exported(saved, tmp_path_factory):
     def get(case):
         if case not in done:
             done[case] = tmp_path_factory.mktemp(f"{case}_export")
-            export(import_transformers(saved(case)[1]).model, [NATIVE, WIDE], done[case])
+            export(import_transformers(saved(case)[1]).model, [NATIVE, WIDE, LARGE], done[case])
         return done[case]
 
     return get
@@ -141,7 +142,7 @@ def exported(saved, tmp_path_factory):
 @pytest.mark.parametrize("case", ["vit_classifier", "deit_classifier", "dinov2_swiglu", "dinov2_registers"])
 def test_onnx_runtime_equals_transformers(saved, exported, case):
     source, out = saved(case)[0], exported(case)
-    for resolution, name in ((NATIVE, "model_32.onnx"), (WIDE, "model_48x32.onnx")):
+    for resolution, name in ((NATIVE, "model_32.onnx"), (WIDE, "model_48x32.onnx"), (LARGE, "model_64.onnx")):
         x = images(resolution)
         with OnnxrtRunner(out / name) as runner:
             actual = runner.infer({"images": x.numpy()})["logits"]
@@ -160,13 +161,15 @@ def test_import_hf_from_the_command_line_and_directories_are_recognised(saved, t
             assert relative_error(model(x), reference(source, x)) <= 1e-5
 
 
-def test_export_takes_a_transformers_directory(saved, tmp_path, deploykit_cli):
+def test_export_and_validate_take_a_transformers_directory(saved, tmp_path, deploykit_cli):
     source, directory = saved("vit_classifier")
     code, err = deploykit_cli("export", "-c", directory, "-r", "48x32", "-o", tmp_path / "export")
     assert code == 0, err
     x = images(WIDE)
     with OnnxrtRunner(tmp_path / "export" / "model_48x32.onnx") as runner:
         assert relative_error(runner.infer({"images": x.numpy()})["logits"], reference(source, x)) <= 1e-4
+    code, err = deploykit_cli("validate", tmp_path / "export", "--num-random", "2", "--num-real", "2")
+    assert code == 0 and "checks passed" in err, err
 
 
 def _edited(directory, tmp_path, **changes):
