@@ -21,12 +21,18 @@ load, so a tensor this mapping does not place is refused too.
                                  (``use_swiglu_ffn``); ``pooler_output``, the normed class token
 ``Dinov2WithRegistersModel``     + registers, which ``transformers`` gives no position: their
                                  rows of ``pos_embed`` are zero; antialiased bicubic resize
+``DINOv3ViTModel``               ``rope-axial`` as ``DINOv3ViTRopePositionEmbedding`` (patch
+                                 centres in [-1, 1] per axis, rows first, 2π/θ^(4j/d),
+                                 ``rotate_half``; timm's DINOv3 options), registers, LayerScale,
+                                 q/k/v projections fused into ``qkv`` (a missing bias zero),
+                                 ``use_gated_mlp`` → SwiGLU; ``pooler_output``
 ===============================  ==========================================================
 
 Refused, in one line: ``DeiTForImageClassificationWithTeacher`` (two heads averaged, on the class
 and the distillation token), ``Dinov2ForImageClassification`` (a head on the class token
 concatenated with the mean patch token), any other ``model_type`` or architecture, and options
-such as ``hidden_act`` other than exact GELU, pruned heads or non-square patches.
+such as ``hidden_act`` other than exact GELU (SiLU for DINOv3's gated MLP), projections without
+bias, pruned heads or non-square patches.
 
 The preprocessing is read from ``preprocessor_config.json`` as ``transformers``' image processor
 applies it: ``ViTImageProcessor`` resizes to ``size`` without cropping (``squash``, crop 1),
@@ -75,6 +81,14 @@ _DINOV2_OPTIONS = {
     "patch_size", "num_channels", "qkv_bias", "layerscale_value", "use_swiglu_ffn", "use_mask_token", "out_features",
     "out_indices", "stage_names", "apply_layernorm", "reshape_hidden_states", "num_register_tokens",
 }  # fmt: skip
+# DINOv3's: pos_embed_shift/jitter/rescale augment the RoPE coordinates in training only.
+_DINOV3_OPTIONS = {
+    "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act", "layer_norm_eps",
+    "image_size", "patch_size", "num_channels", "layerscale_value", "num_register_tokens", "rope_theta", "query_bias",
+    "key_bias", "value_bias", "proj_bias", "mlp_bias", "use_gated_mlp", "attention_dropout", "pos_embed_shift",
+    "pos_embed_jitter", "pos_embed_rescale", "out_features", "out_indices", "stage_names", "apply_layernorm",
+    "reshape_hidden_states",
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -104,6 +118,7 @@ FAMILIES: dict[str, Family] = {
     "Dinov2Model": Family("dinov2", "", False, frozenset(_DINOV2_OPTIONS)),
     # transformers' Dinov2WithRegistersEmbeddings resizes with antialias=True (Dinov2Embeddings without).
     "Dinov2WithRegistersModel": Family("dinov2_with_registers", "", False, frozenset(_DINOV2_OPTIONS), antialias=True),
+    "DINOv3ViTModel": Family("dinov3_vit", "", False, frozenset(_DINOV3_OPTIONS)),
 }
 # Architectures of these model types whose forward the trunk does not compute, and why.
 REFUSED = {
@@ -210,9 +225,16 @@ def _config_fields(data: dict[str, Any], family: Family, architecture: str) -> t
         raise ConfigError(f"cannot import {architecture}: {where} {unknown[0]!r} is not mapped (deploykit does not know what it changes)")
     if data.get("pruned_heads"):
         raise ConfigError(f"cannot import {architecture}: {where} 'pruned_heads' is not mapped (heads of unequal count per layer)")
-    act = data.get("hidden_act", "gelu")
-    if act != "gelu":
-        raise ConfigError(f"cannot import {architecture}: {where} hidden_act={act!r} is not mapped (deploykit's MLP uses exact GELU)")
+    gated = family.model_type == "dinov3_vit" and bool(data.get("use_gated_mlp", False))
+    act, expected_act = data.get("hidden_act", "gelu"), "silu" if gated else "gelu"
+    if act != expected_act:
+        raise ConfigError(
+            f"cannot import {architecture}: {where} hidden_act={act!r} is not mapped (deploykit's "
+            + ("gated MLP uses SiLU)" if gated else "MLP uses exact GELU)")
+        )
+    for flag in ("proj_bias", "mlp_bias"):  # DINOv3's: deploykit's projections always carry a bias
+        if data.get(flag, True) is not True:
+            raise ConfigError(f"cannot import {architecture}: {where} {flag}={data[flag]!r} is not mapped (projections without bias)")
     try:
         dims = dict(
             img_size=_square(data.get("image_size", 224), "image_size"),
@@ -221,7 +243,9 @@ def _config_fields(data: dict[str, Any], family: Family, architecture: str) -> t
             embed_dim=data.get("hidden_size", 768),
             depth=data.get("num_hidden_layers", 12),
             num_heads=data.get("num_attention_heads", 12),
-            qkv_bias=data.get("qkv_bias", True),
+            qkv_bias=any(data.get(k, True) for k in ("query_bias", "key_bias", "value_bias"))
+            if family.model_type == "dinov3_vit"
+            else data.get("qkv_bias", True),
             norm_eps=float(data.get("layer_norm_eps", 1e-12 if family.model_type in ("vit", "deit") else 1e-6)),
         )
     except (ConfigError, TypeError, ValueError) as err:
@@ -234,6 +258,11 @@ def _config_fields(data: dict[str, Any], family: Family, architecture: str) -> t
         fields["reg_tokens"] = 1 if family.model_type == "deit" else 0  # DeiT's distillation token
         if not family.head and "pooler_act" in data:
             notes.append("the pooler (dense + tanh) is not the output: the normed class token is")
+    elif family.model_type == "dinov3_vit":
+        hidden = data.get("intermediate_size", 3072)
+        fields.update(mlp_hidden_dim=hidden, mlp_ratio=hidden / fields["embed_dim"], mlp_layer="swiglu" if gated else "mlp")
+        fields["init_values"] = float(data.get("layerscale_value", 1.0))
+        fields["reg_tokens"] = data.get("num_register_tokens", 0)
     else:
         ratio = data.get("mlp_ratio", 4)
         fields["init_values"] = float(data.get("layerscale_value", 1.0))
@@ -247,6 +276,19 @@ def _config_fields(data: dict[str, Any], family: Family, architecture: str) -> t
     if family.head:
         labels = data.get("id2label") or {}
         fields["num_classes"] = len(labels) if isinstance(labels, dict) else 0
+    if family.model_type == "dinov3_vit":
+        # transformers' DINOv3ViTRopePositionEmbedding: patch centres in [-1, 1] per axis, rows first,
+        # angle 2π·c/θ^(4j/d), rotate_half pairs; prefix tokens unrotated (as timm's DINOv3, deploykit/nn/from_timm.py)
+        fields["encoding"] = get_config(
+            "rope-axial",
+            theta=float(data.get("rope_theta", 100.0)),
+            coords="centered",
+            normalize_coords="separate",
+            axis_order="yx",
+            angle_scale=2 * math.pi,
+            pairs="halves",
+        )
+        return fields, notes
     fields["encoding"] = get_config("ape", interpolation="bicubic", antialias=family.antialias, no_embed_class=False)
     return fields, notes
 
@@ -311,6 +353,7 @@ _LAYER_NAMES = {
     "layernorm_before": "norm1",
     "layernorm_after": "norm2",
     "attention.output.dense": "attn.proj",
+    "attention.o_proj": "attn.proj",
     "intermediate.dense": "mlp.fc1",
     "output.dense": "mlp.fc2",
     "norm1": "norm1",
@@ -328,6 +371,10 @@ _EMBEDDINGS = {
     "embeddings.register_tokens": "reg_token",
     "embeddings.patch_embeddings.projection.weight": "patch_embed.proj.weight",
     "embeddings.patch_embeddings.projection.bias": "patch_embed.proj.bias",
+    "embeddings.patch_embeddings.weight": "patch_embed.proj.weight",  # DINOv3: the convolution itself
+    "embeddings.patch_embeddings.bias": "patch_embed.proj.bias",
+    "norm.weight": "norm.weight",
+    "norm.bias": "norm.bias",
     "layernorm.weight": "norm.weight",
     "layernorm.bias": "norm.bias",
 }
@@ -352,9 +399,28 @@ def state_dict_from_transformers(
             out["pos_embed"] = _position_table(value, cfg)
         elif name == "classifier.weight" or name == "classifier.bias":
             out["head." + name.rpartition(".")[2]] = value
-        elif name.startswith("encoder.layer."):
-            index, _, inner = name[len("encoder.layer.") :].partition(".")
+        elif name.startswith(("encoder.layer.", "layer.")):  # DINOv3's layers sit at the top level
+            index, _, inner = name.removeprefix("encoder.").removeprefix("layer.").partition(".")
             owner, _, leaf = inner.rpartition(".")
+            if owner in ("attention.q_proj", "attention.k_proj", "attention.v_proj"):
+                # DINOv3: separate projections, each bias optional; fused at the query's weight, a missing bias zero
+                layer = f"{family.prefix}{name.rpartition('.attention.')[0]}.attention"
+                full = lambda proj, leaf, layer=layer: state.get(f"{layer}.{proj}.{leaf}")
+                if full("q_proj", "weight") is None:
+                    out[key] = value  # no query to join: the strict load names it
+                elif owner == "attention.q_proj" and leaf == "weight":
+                    parts = [full(p, "weight") for p in ("q_proj", "k_proj", "v_proj")]
+                    if any(t is None for t in parts):
+                        raise CheckpointError(f"{source}: {key} has no k_proj/v_proj partner")
+                    out[f"blocks.{index}.attn.qkv.weight"] = torch.cat(parts)
+                    biases = [full(p, "bias") for p in ("q_proj", "k_proj", "v_proj")]
+                    if any(t is not None for t in biases):
+                        zeros = value.new_zeros(value.shape[0])
+                        out[f"blocks.{index}.attn.qkv.bias"] = torch.cat([zeros if t is None else t for t in biases])
+                continue
+            if owner == "mlp.up_proj" and cfg.mlp_layer == "mlp":  # DINOv3's plain MLP: up, GELU, down
+                out[f"blocks.{index}.mlp.fc1.{leaf}"] = value
+                continue
             if owner == "attention.attention.query":  # the three projections become one qkv, as timm holds it
                 parts = [state.get(key.replace(".query.", f".{p}.")) for p in ("query", "key", "value")]
                 if any(p is None for p in parts):

@@ -44,6 +44,13 @@ CASES = {
     "dinov2": ("Dinov2Model", "Dinov2Config", dict(_DINO, layerscale_value=0.5)),
     "dinov2_swiglu": ("Dinov2Model", "Dinov2Config", dict(_DINO, use_swiglu_ffn=True)),
     "dinov2_registers": ("Dinov2WithRegistersModel", "Dinov2WithRegistersConfig", dict(_DINO, num_register_tokens=3)),
+    # DINOv3: RoPE at patch centres, registers, LayerScale; k without bias (its default), or SwiGLU and no q/v bias
+    "dinov3": ("DINOv3ViTModel", "DINOv3ViTConfig", dict(_VIT, num_register_tokens=2)),
+    "dinov3_gated": (
+        "DINOv3ViTModel",
+        "DINOv3ViTConfig",
+        dict(_VIT, num_register_tokens=4, use_gated_mlp=True, hidden_act="silu", query_bias=False, value_bias=False),
+    ),
 }
 
 
@@ -117,6 +124,9 @@ def test_conventions_are_read_from_the_config(saved):
     assert [cfgs[c].reg_tokens for c in ("vit_classifier", "deit_classifier", "dinov2", "dinov2_registers")] == [0, 1, 0, 3]
     assert (cfgs["dinov2"].init_values, cfgs["vit_classifier"].init_values) == (0.5, None)
     assert (cfgs["dinov2_swiglu"].mlp_layer, cfgs["dinov2_swiglu"].hidden_dim) == ("swiglu", 88)  # (int(128 * 2/3) + 7) // 8 * 8
+    assert (cfgs["dinov3"].qkv_bias, cfgs["dinov3_gated"].qkv_bias, cfgs["dinov3_gated"].mlp_layer) == (True, False, "swiglu")
+    rope = cfgs["dinov3"].encoding
+    assert (rope.coords, rope.axis_order, rope.pairs, rope.theta) == ("centered", "yx", "halves", 100.0)
     # transformers resizes DINOv2-with-registers' table with antialiasing, the others without
     assert [cfgs[c].encoding.antialias for c in ("vit_classifier", "deit_classifier", "dinov2", "dinov2_registers")] == [
         False,
@@ -139,7 +149,7 @@ def exported(saved, tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("case", ["vit_classifier", "deit_classifier", "dinov2_swiglu", "dinov2_registers"])
+@pytest.mark.parametrize("case", ["vit_classifier", "deit_classifier", "dinov2_swiglu", "dinov2_registers", "dinov3_gated"])
 def test_onnx_runtime_equals_transformers(saved, exported, case):
     source, out = saved(case)[0], exported(case)
     for resolution, name in ((NATIVE, "model_32.onnx"), (WIDE, "model_48x32.onnx"), (LARGE, "model_64.onnx")):
@@ -191,7 +201,10 @@ def _edited(directory, tmp_path, **changes):
 @pytest.mark.parametrize(
     "changes, expected",
     [
-        (dict(model_type="swin"), "transformers model_type 'swin' is not mapped; deploykit maps deit, dinov2, dinov2_with_registers, vit"),
+        (
+            dict(model_type="swin"),
+            "transformers model_type 'swin' is not mapped; deploykit maps deit, dinov2, dinov2_with_registers, dinov3_vit, vit",
+        ),
         (dict(architectures=["ViTForMaskedImageModeling"]), "architecture ViTForMaskedImageModeling is not mapped"),
         (dict(hidden_act="gelu_new"), "option hidden_act='gelu_new' is not mapped"),
         (dict(image_size=[32, 48]), "image_size [32, 48] is not square"),
@@ -205,6 +218,21 @@ def test_unmapped_types_and_options_are_refused_in_one_line(saved, tmp_path, dep
         code, err = deploykit_cli(*args)
         assert code == 1 and expected in err and err.count("\n") == 1, err
         assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "changes, expected",
+    [
+        (dict(mlp_bias=False), "option mlp_bias=False is not mapped (projections without bias)"),
+        (dict(hidden_act="gelu"), "option hidden_act='gelu' is not mapped (deploykit's gated MLP uses SiLU)"),
+        (dict(pos_embed_grid=2), "option 'pos_embed_grid' is not mapped"),
+    ],
+)
+def test_unmapped_dinov3_options_are_refused_in_one_line(saved, tmp_path, deploykit_cli, changes, expected):
+    directory = _edited(saved("dinov3_gated")[1], tmp_path, **changes)
+    code, err = deploykit_cli("import", "hf", directory, "-o", tmp_path / "out")
+    assert code == 1 and expected in err and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize(
