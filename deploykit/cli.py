@@ -500,8 +500,8 @@ def import_timm(name, weights, ema, model_kwargs, options, output):
 @click.argument("directory", type=click.Path(path_type=Path))
 @output_option("Model directory to write (config.json + model.safetensors).")
 def import_hf(directory, output):
-    """Import a Hugging Face transformers save_pretrained DIRECTORY (ViT, DeiT, DINOv2 with or without registers),
-    with the preprocessing of its preprocessor_config.json."""
+    """Import a Hugging Face transformers save_pretrained DIRECTORY (ViT, DeiT, DINOv2 with or without registers,
+    DINOv3), with the preprocessing of its preprocessor_config.json."""
     from deploykit.nn.checkpoint import save_model
     from deploykit.nn.from_transformers import import_transformers
 

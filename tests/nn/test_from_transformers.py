@@ -41,6 +41,7 @@ CASES = {
     "vit_classifier": ("ViTForImageClassification", "ViTConfig", dict(_VIT, num_labels=5)),
     "vit_model": ("ViTModel", "ViTConfig", dict(_VIT, layer_norm_eps=1e-6, qkv_bias=False)),
     "deit_classifier": ("DeiTForImageClassification", "DeiTConfig", dict(_VIT, num_labels=5)),
+    "deit_model": ("DeiTModel", "DeiTConfig", dict(_VIT)),
     "dinov2": ("Dinov2Model", "Dinov2Config", dict(_DINO, layerscale_value=0.5)),
     "dinov2_swiglu": ("Dinov2Model", "Dinov2Config", dict(_DINO, use_swiglu_ffn=True)),
     "dinov2_registers": ("Dinov2WithRegistersModel", "Dinov2WithRegistersConfig", dict(_DINO, num_register_tokens=3)),
@@ -118,7 +119,7 @@ def test_pytorch_model_equals_transformers(saved, case):
 
 def test_conventions_are_read_from_the_config(saved):
     cfgs = {case: import_transformers(saved(case)[1]).model.cfg for case in CASES}
-    assert [cfgs[c].num_classes for c in ("vit_classifier", "vit_model", "deit_classifier")] == [5, 0, 5]
+    assert [cfgs[c].num_classes for c in ("vit_classifier", "vit_model", "deit_classifier", "deit_model")] == [5, 0, 5, 0]
     assert (cfgs["vit_classifier"].norm_eps, cfgs["vit_model"].norm_eps) == (1e-12, 1e-6)  # transformers' ViT default, then the file's
     assert (cfgs["vit_classifier"].qkv_bias, cfgs["vit_model"].qkv_bias) == (True, False)
     assert [cfgs[c].reg_tokens for c in ("vit_classifier", "deit_classifier", "dinov2", "dinov2_registers")] == [0, 1, 0, 3]
@@ -134,6 +135,14 @@ def test_conventions_are_read_from_the_config(saved):
         False,
         True,
     ]
+
+
+def test_what_is_left_out_is_said(saved):
+    """ViTModel's pooler (dense + tanh) is not the output and DINOv2's mask token is used only with
+    bool_masked_pos: both are named in what the import reports, not dropped without a word."""
+    assert "left out pooler.dense.bias, pooler.dense.weight" in import_transformers(saved("vit_model")[1]).read["note"]
+    assert "left out embeddings.mask_token" in import_transformers(saved("dinov2")[1]).read["note"]
+    assert "note" not in import_transformers(saved("vit_classifier")[1]).read
 
 
 @pytest.fixture(scope="module")
