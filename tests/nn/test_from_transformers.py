@@ -19,6 +19,8 @@ import torch
 # transformers imports torchvision where it is installed; PyPI's torchvision is built against CUDA
 # torch and does not import beside the CPU torch the suite pins (tests/nn/timm_reference.py). The
 # models used here need no torchvision, so a broken one is hidden (image processors fall back to PIL).
+# Process-wide: where torchvision is broken, a later `import torchvision` (timm's) raises ImportError
+# instead of RuntimeError; both are deploykit's one-line MissingDependencyError.
 try:
     import torchvision  # noqa: F401
 except Exception:  # RuntimeError: operator torchvision::nms does not exist
@@ -26,7 +28,7 @@ except Exception:  # RuntimeError: operator torchvision::nms does not exist
         del sys.modules[_name]
     sys.modules["torchvision"] = None  # importlib.util.find_spec answers None: transformers sees no torchvision
 
-transformers = pytest.importorskip("transformers", reason="transformers not installed (pip install -e '.[test]')")
+import transformers  # the test extra installs it: a broken install fails here by name
 
 from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.export import export
