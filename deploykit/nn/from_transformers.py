@@ -152,12 +152,16 @@ def import_transformers(directory: str | os.PathLike) -> Imported:
     directory = Path(directory)
     data = _read_json(directory / CONFIG_FILE)
     family, architecture = _family(data, directory)
-    cfg_fields, notes = _config_fields(data, family, architecture)
-    preprocessing, read_from = _preprocessing(directory / PREPROCESSOR_FILE, cfg_fields["img_size"])
-    try:
+    try:  # a value of the wrong type (a string where a number goes) is refused in one line too
+        cfg_fields, notes = _config_fields(data, family, architecture)
+        preprocessing, read_from = _preprocessing(directory / PREPROCESSOR_FILE, cfg_fields["img_size"])
         cfg = ViTConfig(**cfg_fields, **preprocessing)
     except ConfigError as err:
         raise ConfigError(f"cannot import {directory} ({architecture}): {err}") from err
+    except (TypeError, ValueError, KeyError, AttributeError) as err:
+        raise ConfigError(
+            f"cannot import {directory} ({architecture}): a value of config.json or {PREPROCESSOR_FILE} is not of its type ({str(err)[:200]})"
+        ) from err
     weights = directory / WEIGHTS_FILE
     if not weights.is_file():
         raise CheckpointError(f"{directory} holds no {WEIGHTS_FILE} (save_pretrained with safe_serialization, the default, writes it)")
@@ -222,19 +226,18 @@ def _config_fields(data: dict[str, Any], family: Family, architecture: str) -> t
     where = f"{architecture} option"
     unknown = sorted(set(data) - family.options - _BOOKKEEPING)
     if unknown:
-        raise ConfigError(f"cannot import {architecture}: {where} {unknown[0]!r} is not mapped (deploykit does not know what it changes)")
+        raise ConfigError(f"{where} {unknown[0]!r} is not mapped (deploykit does not know what it changes)")
     if data.get("pruned_heads"):
-        raise ConfigError(f"cannot import {architecture}: {where} 'pruned_heads' is not mapped (heads of unequal count per layer)")
+        raise ConfigError(f"{where} 'pruned_heads' is not mapped (heads of unequal count per layer)")
     gated = family.model_type == "dinov3_vit" and bool(data.get("use_gated_mlp", False))
     act, expected_act = data.get("hidden_act", "gelu"), "silu" if gated else "gelu"
     if act != expected_act:
         raise ConfigError(
-            f"cannot import {architecture}: {where} hidden_act={act!r} is not mapped (deploykit's "
-            + ("gated MLP uses SiLU)" if gated else "MLP uses exact GELU)")
+            f"{where} hidden_act={act!r} is not mapped (deploykit's " + ("gated MLP uses SiLU)" if gated else "MLP uses exact GELU)")
         )
     for flag in ("proj_bias", "mlp_bias"):  # DINOv3's: deploykit's projections always carry a bias
         if data.get(flag, True) is not True:
-            raise ConfigError(f"cannot import {architecture}: {where} {flag}={data[flag]!r} is not mapped (projections without bias)")
+            raise ConfigError(f"{where} {flag}={data[flag]!r} is not mapped (projections without bias)")
     try:
         dims = dict(
             img_size=_square(data.get("image_size", 224), "image_size"),
@@ -249,7 +252,7 @@ def _config_fields(data: dict[str, Any], family: Family, architecture: str) -> t
             norm_eps=float(data.get("layer_norm_eps", 1e-12 if family.model_type in ("vit", "deit") else 1e-6)),
         )
     except (ConfigError, TypeError, ValueError) as err:
-        raise ConfigError(f"cannot import {architecture}: {err}") from err
+        raise ConfigError(str(err)) from err
     notes = []
     fields: dict[str, Any] = dict(dims, class_token=True, global_pool="token", num_classes=0)
     if family.model_type in ("vit", "deit"):
@@ -307,7 +310,7 @@ def _preprocessing(path: Path, img_size: int) -> tuple[dict[str, Any], str]:
     data = _read_json(path)
     kind = str(data.get("image_processor_type", ""))
     base = kind.removesuffix("Fast").removesuffix("Pil")
-    refuse = lambda what: ConfigError(f"cannot import the preprocessing of {path}: {what}")
+    refuse = lambda what: ConfigError(f"{PREPROCESSOR_FILE}: {what}")
     if base not in _PROCESSORS:
         raise refuse(f"image_processor_type {kind!r} is not mapped; deploykit maps {', '.join(_PROCESSORS)}")
     if data.get("do_resize", True) is False:

@@ -229,6 +229,8 @@ def _edited(directory, tmp_path, **changes):
         (dict(image_size=[32, 48]), "image_size [32, 48] is not square"),
         (dict(use_rope=True), "option 'use_rope' is not mapped"),
         (dict(pruned_heads={"0": [1]}), "option 'pruned_heads' is not mapped"),
+        (dict(layer_norm_eps="tiny"), "(ViTForImageClassification): could not convert string to float: 'tiny'"),
+        (dict(intermediate_size=-1), "(ViTForImageClassification): mlp_ratio must be a finite number > 0"),
     ],
 )
 def test_unmapped_types_and_options_are_refused_in_one_line(saved, tmp_path, deploykit_cli, changes, expected):
