@@ -507,8 +507,8 @@ def import_plan_cmd(export_dir, graph):
 
 @cli.group("import")
 def import_group():
-    """Bring a trained model in as a deploykit model directory: from timm, or from a paper's own
-    training script (gridpe, mope, wepe)."""
+    """Bring a trained model in as a deploykit model directory: from timm, a Hugging Face transformers
+    directory (hf), or a paper's own training script (gridpe, mope, wepe)."""
 
 
 @import_group.command("timm")
@@ -539,6 +539,21 @@ def import_timm(name, weights, ema, model_kwargs, options, output):
     model = convert(name, weights, options, ema, **parse_model_kwargs(model_kwargs))
     save_model(model, output, metadata={"source": f"timm:{name}", "weights": str(weights or "pretrained"), "ema": ema})
     render.done(render.console(), f"{output}  ({describe(model, name)})")
+
+
+@import_group.command("hf")
+@click.argument("directory", type=click.Path(path_type=Path))
+@output_option("Model directory to write (config.json + model.safetensors).")
+def import_hf(directory, output):
+    """Import a Hugging Face transformers save_pretrained DIRECTORY (ViT, DeiT, DINOv2 with or without registers,
+    DINOv3), with the preprocessing of its preprocessor_config.json."""
+    from deploykit.nn.checkpoint import save_model
+    from deploykit.nn.from_transformers import import_transformers
+
+    imported = import_transformers(directory)
+    described = imported.describe()  # everything read is shown before anything is written
+    save_model(imported.model, output, metadata={"source": imported.source})
+    render.done(render.console(), f"{output}  ({described})")
 
 
 def _paper_import_command(importer) -> None:

@@ -395,7 +395,8 @@ def read_config(path: str | os.PathLike) -> ModelConfig:
 
 
 def load_model(path: str | os.PathLike, config: ModelConfig | None = None) -> Model:
-    """Load a model directory (``config.json`` + ``model.safetensors``) or a weights file.
+    """Load a model directory (``config.json`` + ``model.safetensors``), a Hugging Face
+    ``transformers`` ``save_pretrained`` directory (``deploykit.nn.from_transformers``) or a weights file.
 
     Args:
         path: a directory written by ``save_model``, or a weights file; for a file, the config
@@ -406,6 +407,11 @@ def load_model(path: str | os.PathLike, config: ModelConfig | None = None) -> Mo
         CheckpointError: missing/corrupt files or weights that do not fit.
     """
     path = Path(path)
+    if config is None and path.is_dir():
+        from deploykit.nn.from_transformers import import_transformers, is_transformers_directory
+
+        if is_transformers_directory(path):  # a save_pretrained directory: mapped (or refused) as `import hf` does
+            return import_transformers(path).model
     weights = path / WEIGHTS_FILE if path.is_dir() else path
     if config is None:
         config = read_config((path if path.is_dir() else path.parent) / CONFIG_FILE)
