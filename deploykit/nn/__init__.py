@@ -1,6 +1,7 @@
 """The ViT trunk (timm-compatible names) with three positional-encoding hooks, and the causal
 sequence model that carries 1-D MoPE + EGA; ``deploy_spec`` tells what deployment needs of either."""
 
+from deploykit.nn import from_transformers  # noqa: F401  registers the transformers directory layout with load_model
 from deploykit.nn.checkpoint import load_checkpoint, load_model, save_model
 from deploykit.nn.factory import create_model, list_models
 from deploykit.nn.sequence import SEQUENCE_CONFIGS, SequenceConfig, SequenceTransformer

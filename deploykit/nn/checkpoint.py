@@ -10,7 +10,7 @@ import dataclasses
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -394,6 +394,13 @@ def read_config(path: str | os.PathLike) -> ModelConfig:
         raise CheckpointError(f"invalid model config {path}: {one_line(err)}") from err
 
 
+# Checkpoint directories in other layouts, as (recognises, loads) pairs their modules register when
+# imported (``deploykit.nn``'s package imports them): a ``transformers`` ``save_pretrained``
+# directory (``deploykit.nn.from_transformers``). ``load_model`` asks each before reading a
+# directory as its own.
+DIRECTORY_LAYOUTS: list[tuple[Callable[[Path], bool], Callable[[Path], Model]]] = []
+
+
 def load_model(path: str | os.PathLike, config: ModelConfig | None = None) -> Model:
     """Load a model directory (``config.json`` + ``model.safetensors``), a Hugging Face
     ``transformers`` ``save_pretrained`` directory (``deploykit.nn.from_transformers``) or a weights file.
@@ -408,10 +415,9 @@ def load_model(path: str | os.PathLike, config: ModelConfig | None = None) -> Mo
     """
     path = Path(path)
     if config is None and path.is_dir():
-        from deploykit.nn.from_transformers import import_transformers, is_transformers_directory
-
-        if is_transformers_directory(path):  # a save_pretrained directory: mapped (or refused) as `import hf` does
-            return import_transformers(path).model
+        for recognises, loads in DIRECTORY_LAYOUTS:
+            if recognises(path):  # mapped (or refused) as its own import command does
+                return loads(path)
     weights = path / WEIGHTS_FILE if path.is_dir() else path
     if config is None:
         config = read_config((path if path.is_dir() else path.parent) / CONFIG_FILE)

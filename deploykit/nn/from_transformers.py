@@ -55,7 +55,7 @@ from torch import Tensor
 
 from deploykit.encodings import get_config
 from deploykit.errors import CheckpointError, ConfigError
-from deploykit.nn.checkpoint import CONFIG_FILE, WEIGHTS_FILE, Imported, imported_model, load_checkpoint
+from deploykit.nn.checkpoint import CONFIG_FILE, DIRECTORY_LAYOUTS, WEIGHTS_FILE, Imported, imported_model, load_checkpoint
 from deploykit.nn.vit import ViTConfig
 
 PREPROCESSOR_FILE = "preprocessor_config.json"
@@ -460,3 +460,6 @@ def _position_table(table: Tensor, cfg: ViTConfig) -> Tensor:
 def describe(imported: Imported) -> str:
     """One line for the CLI: what the import became."""
     return imported.describe()
+
+
+DIRECTORY_LAYOUTS.append((is_transformers_directory, lambda path: import_transformers(path).model))
