@@ -161,6 +161,7 @@ def test_rtx_engine_matches_reference_on_gpu(rtx_dir, precision):
 @needs_gpu
 @pytest.mark.parametrize("cuda_graph", [False, True])
 def test_tensorrt_engine_matches_onnxruntime(tmp_path, cuda_graph):
+    pytest.importorskip("tensorrt", reason="TensorRT not installed (pip install 'deploykit[trt]')")
     import sys
 
     if "polygraphy.backend.trt" in sys.modules and sys.modules["polygraphy.config"].USE_TENSORRT_RTX:

@@ -145,6 +145,7 @@ def test_tensorrt_plugin_module_imports_without_tensorrt():
 
 
 def test_tensorrt_plugin_registers():
+    pytest.importorskip("tensorrt", reason="TensorRT not installed (pip install 'deploykit[trt]'); needs an NVIDIA GPU machine")
     from deploykit.plugins.sape2.trt_plugin import register
 
     assert register() == "deploykit::SaPE2Distance"
