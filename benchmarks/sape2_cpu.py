@@ -73,14 +73,18 @@ def _stats(samples_ns: list[int]) -> dict:
     return {"p50_ms": statistics.median(ms), "mean_ms": statistics.fmean(ms), "min_ms": ms[0], "max_ms": ms[-1], "n": len(ms)}
 
 
-def interleaved(fns: dict, iters: int, warmup: int) -> dict:
-    """Time each callable ``iters`` times, round-robin, after ``warmup`` untimed rounds."""
+def interleaved(fns: dict, iters: int, warmup: int, gap_s: float = 0.0) -> dict:
+    """Time each callable ``iters`` times, round-robin, after ``warmup`` untimed rounds; with
+    ``gap_s``, idle that long before each timed call, so that the previous call's runtime has
+    stopped spinning its worker threads (ONNX Runtime's pools and OpenMP's spin after a parallel
+    section and would take the cores from the next call, whichever runtime it is)."""
     for _ in range(warmup):
         for fn in fns.values():
             fn()
     samples = {name: [] for name in fns}
     for _ in range(iters):
         for name, fn in fns.items():
+            time.sleep(gap_s)
             start = time.perf_counter_ns()
             fn()
             samples[name].append(time.perf_counter_ns() - start)

@@ -46,6 +46,10 @@ from sape2_cpu import interleaved, ort_session
 RESULTS = Path(__file__).resolve().parent / "results"
 GOALS = {224: 1.15, 384: 1.25, 512: 1.35}  # ONNX Runtime SaPE²/APE, ViT-S/16 batch 1
 OPENVINO_SLACK = 1.1  # or OpenVINO's ratio within 1.1× of ONNX Runtime's
+# Idle before each timed call: five runtimes' thread pools live side by side, and one that spins
+# after its call (ONNX Runtime, OpenMP) slows the next call, whichever runtime it is (in a run
+# without the gap, two sessions of one APE graph read 82 and 120 ms back to back).
+GAP_S = 0.3
 RUNTIMES = ("ort", "ort-body", "openvino", "openvino-body", "torch")
 
 
@@ -92,7 +96,7 @@ class _BiasOnly(torch.nn.Module):
         return torch.ops.deploykit.sape2_bias(q, k, table_x, table_y, *self.attrs)
 
 
-def bias_op(model, batch: int, resolution: int, rates: dict, runtimes, rounds: int) -> dict:
+def bias_op(model, batch: int, resolution: int, rates: dict, runtimes, rounds: int, gap_s: float = GAP_S) -> dict:
     """One block's SaPE² op alone on each runtime, against its floor."""
     from deploykit.backends.openvino import OpenvinoRunner
     from deploykit.export.custom_ops import CUSTOM_TRANSLATIONS, attach_functions
@@ -127,7 +131,7 @@ def bias_op(model, batch: int, resolution: int, rates: dict, runtimes, rounds: i
     if "torch" in runtimes:
         calls["torch"] = lambda: torch.ops.deploykit.sape2_bias(q, k, tx, ty, *attrs)
     with torch.no_grad():
-        times = interleaved(calls, rounds, 2)
+        times = interleaved(calls, rounds, 2, gap_s)
     floor = bias_floor_ms(batch, heads, tokens, prefix, grid, d, enc.npos_max, rates)
     return {"floor": floor, "kernels": kernels, **{rt: {**t, "over_floor": t["min_ms"] / floor["floor_ms"]} for rt, t in times.items()}}
 
@@ -141,7 +145,7 @@ def ort_runner(proto, runtime: str):
     return runner
 
 
-def model_ratios(name: str, batch: int, resolution: int, runtimes, rounds: int, quick: bool) -> tuple[dict, object]:
+def model_ratios(name: str, batch: int, resolution: int, runtimes, rounds: int, quick: bool, gap_s: float = GAP_S) -> tuple[dict, object]:
     """SaPE²/APE per runtime for one model, batch and resolution."""
     from deploykit.backends.openvino import OpenvinoRunner
     from deploykit.export import onnx_from_model
@@ -171,7 +175,7 @@ def model_ratios(name: str, batch: int, resolution: int, runtimes, rounds: int, 
             x = torch.from_numpy(images)
             calls[f"torch {enc}"] = lambda m=model, x=x: m(x)
     with torch.no_grad():
-        times = interleaved(calls, rounds, 1)
+        times = interleaved(calls, rounds, 1, gap_s)
     ratios = {rt: times[f"{rt} sape2"]["p50_ms"] / times[f"{rt} ape"]["p50_ms"] for rt in runtimes}
     return {"latency": times, "sape2_over_ape": ratios, "kernels": kernels}, models["sape2"]
 
@@ -186,8 +190,9 @@ def measured(args) -> dict:
         batch, rounds = int(batch), int(rest[1]) if len(rest) > 1 else args.rounds
         for resolution in [int(r) for r in rest[0].split(",")] if rest and rest[0] else args.resolutions:
             print(f"{name} batch {batch} @ {resolution} ...", file=sys.stderr, flush=True)
-            model_part, sape2 = model_ratios(name, batch, resolution, args.runtimes, rounds, args.quick)
-            op_part = bias_op(sape2, batch, resolution, rates, args.runtimes, rounds)
+            gap = 0.0 if args.quick else GAP_S  # a smoke run times nothing anyone reads
+            model_part, sape2 = model_ratios(name, batch, resolution, args.runtimes, rounds, args.quick, gap)
+            op_part = bias_op(sape2, batch, resolution, rates, args.runtimes, rounds, gap)
             record = {"model": name, "batch": batch, "resolution": resolution, "rounds": rounds, **model_part, "bias_op": op_part}
             records.append(record)
             ratios = model_part["sape2_over_ape"]
@@ -209,7 +214,8 @@ def measured(args) -> dict:
         "benchmark": "sape2_floor",
         "machine_rates": rates,
         "goals": goals,
-        "note": "batch 1 unless said; ratios are p50 over interleaved calls of one run; bias_op over_floor uses each runtime's fastest call",
+        "note": "batch 1 unless said; ratios are p50 over interleaved calls of one run, each call after an idle gap (gap_s); bias_op over_floor uses each runtime's fastest call",
+        "gap_s": 0.0 if args.quick else GAP_S,
         "records": records,
     }
 
