@@ -10,7 +10,8 @@ anything):
   per block) on ONNX Runtime as deploykit runs it (``ort``: the distances in its compiled kernel,
   ``deploykit.backends.cpu_kernels``), on ONNX Runtime alone (``ort-body``: the op's plain-ONNX
   function body, what any ONNX Runtime runs), on OpenVINO (f32 hint) likewise (``openvino``: the
-  distances in deploykit's compiled extension; ``openvino-body``: the function body), and the PyTorch model
+  distances in deploykit's compiled extension, opt-in in the runner; ``openvino-body``: the
+  function body, the runner's default), and the PyTorch model
   (fp32, ``torch.ops.deploykit.sape2_bias``'s CPU form) — SaPE²/APE per runtime, each APE graph
   run by the same runner as its SaPE² graph.
 * ``bias_op``: one block's op alone (the model's shapes, random q/k, std-1 tables) on each

@@ -75,6 +75,10 @@ class OpenvinoRunner(Runner):
         threads: ``INFERENCE_NUM_THREADS``; 0 lets OpenVINO choose (one per physical core). A runner
             given its threads leaves them unpinned (``ENABLE_CPU_PINNING`` off), as others run beside it.
         streams: inference streams (module docstring); 1 is the latency hint.
+        compiled_kernels: under an f32 hint, run SaPE²'s distances in deploykit's compiled
+            extension (``deploykit.backends.cpu_kernels``) instead of the function body. Off by
+            default: OpenVINO runs an extension op through its reference ``evaluate`` path, and in
+            ``benchmarks/results/sape2-floor.json`` it is no faster than the body beyond 224 px.
     """
 
     name = "openvino"
@@ -87,7 +91,7 @@ class OpenvinoRunner(Runner):
         precision_hint: str | None = "f32",
         threads: int = 0,
         streams: int = 1,
-        compiled_kernels: bool = True,
+        compiled_kernels: bool = False,
     ):
         super().__init__()
         self.compiled_kernels = compiled_kernels

@@ -180,7 +180,7 @@ def test_a_bf16_hint_keeps_the_function_body(encoding_export):
 
     if "BF16" not in cpu_capabilities():
         pytest.skip("this CPU has no native bf16")
-    with OpenvinoRunner(encoding_export("sape2") / "model_64_bf16.onnx", precision_hint="bf16") as runner:
+    with OpenvinoRunner(encoding_export("sape2") / "model_64_bf16.onnx", precision_hint="bf16", compiled_kernels=True) as runner:
         assert "function body (a bf16 hint" in runner.info.kernels
 
 
