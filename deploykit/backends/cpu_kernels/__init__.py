@@ -145,7 +145,7 @@ def torch_distances(zx, zy, num_prefix_tokens: int):
     library = compiled_library()
     if library.path is None:
         return None
-    fn = _threads_entry(str(library.path))
+    fn = _entry(str(library.path), "deploykit_sape2_distance_threads")
     zx, zy = zx.contiguous(), zy.contiguous()
     *lead, n, w = zx.shape
     t = num_prefix_tokens + n
@@ -157,9 +157,10 @@ def torch_distances(zx, zy, num_prefix_tokens: int):
 
 
 @functools.cache
-def _threads_entry(library: str):
-    fn = ctypes.CDLL(library).deploykit_sape2_distance_threads
-    fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 5 + [ctypes.c_void_p, ctypes.c_int]
+def _entry(library: str, name: str):
+    """The library's plain-buffer entry ``name`` (``..._threads`` takes a thread count last), loaded once."""
+    fn = getattr(ctypes.CDLL(library), name)
+    fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 5 + [ctypes.c_void_p] + ([ctypes.c_int] if name.endswith("_threads") else [])
     fn.restype = ctypes.c_int
     return fn
 
@@ -167,9 +168,7 @@ def _threads_entry(library: str):
 def distances(library: Path, zx: np.ndarray, zy: np.ndarray, num_prefix_tokens: int) -> np.ndarray:
     """The kernel on numpy arrays, on the calling thread (the library's plain-buffer entry):
     ``Zx`` ``[B, h, N, W]``, ``Zy`` ``[B, h, N, H]`` fp32 to ``[B, h, P + N, P + N]``."""
-    fn = ctypes.CDLL(str(library)).deploykit_sape2_distance
-    fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 5 + [ctypes.c_void_p]
-    fn.restype = ctypes.c_int
+    fn = _entry(str(library), "deploykit_sape2_distance")
     zx, zy = (np.ascontiguousarray(z, dtype=np.float32) for z in (zx, zy))
     (b, h, n, w), rows = zx.shape, zy.shape[-1]
     if zy.shape[:3] != (b, h, n):
