@@ -196,7 +196,7 @@ class OnnxrtRunner(Runner):
         import onnx
 
         from deploykit.backends.cpu_kernels import OPS, compiled_library
-        from deploykit.graph.plugin_nodes import has_companions, mark_plugin_nodes, plugin_ops
+        from deploykit.graph.plugin_nodes import fold_logits_adds, has_companions, mark_plugin_nodes, plugin_ops
 
         try:
             model = onnx.load_from_string(source) if isinstance(source, bytes) else onnx.load(source)
@@ -212,8 +212,10 @@ class OnnxrtRunner(Runner):
             self.kernels = f"{names}: ONNX function body ({why})"
             return source
         mark_plugin_nodes(model, OPS)
+        folded = fold_logits_adds(model)
         self._library = str(library.path)
-        self.kernels = f"{names}: distances in deploykit's compiled kernel ({', '.join(f'{d}::{o}' for d, o in sorted(OPS))})"
+        kernel = ", ".join(f"{d}::{o}" for d, o in sorted(OPS))
+        self.kernels = f"{names}: distances in deploykit's compiled kernel ({kernel}{', logits added there' if folded else ''})"
         return model.SerializeToString()
 
     def _new_session(self, source, options):
@@ -343,12 +345,20 @@ def cpu_runner(proto) -> OnnxrtRunner:
 
 
 def _mentions(source: str | bytes, names: Iterable[str]) -> bool:
-    """Whether a graph's bytes (or file) contain any of ``names``: a cheap look before parsing it."""
-    try:
-        data = source if isinstance(source, bytes) else Path(source).read_bytes() if Path(source).is_file() else b""
-    except OSError:
+    """Whether a graph's bytes (or file) contain any of ``names``: a look before parsing it, through
+    a memory map (no copy of a file of hundreds of MB; its pages are the ones the runtime reads next)."""
+    import mmap
+
+    wanted = [name.encode() for name in names]
+    if isinstance(source, bytes):
+        return any(name in source for name in wanted)
+    if not Path(source).is_file():  # a FIFO would block the open
         return False
-    return any(name.encode() in data for name in names)
+    try:
+        with open(source, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return any(data.find(name) >= 0 for name in wanted)
+    except (OSError, ValueError):  # not a regular file, or empty (mmap refuses a length of 0)
+        return False
 
 
 def run_graph(

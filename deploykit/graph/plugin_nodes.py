@@ -121,3 +121,67 @@ def _split_sape2_bias(model: onnx.ModelProto, node: onnx.NodeProto, index: int) 
 
 
 _SPLITTERS = {("deploykit", "SaPE2Bias"): _split_sape2_bias}
+
+
+def fold_logits_adds(model: onnx.ModelProto) -> int:
+    """ONNX Runtime's compiled-kernel form of a split graph (``mark_plugin_nodes``), in place: where
+    q is fp32, each ``SaPE2Distance``'s ``CastLike`` goes (ONNX Runtime runs a float-to-float
+    ``Cast`` as a copy of ``[B, h, T, T]``), and where the distances' one consumer is then the
+    ``Add`` of fp32 logits (the fp16 plan casts them to fp32 for the encoding), the logits become
+    the node's third input and the node takes the ``Add``'s place: the kernel adds them as it
+    writes, in the same single fp32 addition. Returns the number of ``Add`` nodes folded."""
+    from onnx import TensorProto
+
+    values = _value_types(model)
+    types = {name: t.tensor_type.elem_type for name, t in values.items()}
+    nodes = list(model.graph.node)
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in nodes:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    outputs = {o.name for o in model.graph.output}
+    dropped, folded = set(), 0
+    for node in nodes:
+        if (node.domain, node.op_type) not in SPLITS.values() or len(node.input) != 2:
+            continue
+        cast = consumers.get(node.output[0], [])
+        if len(cast) != 1 or cast[0].op_type != "CastLike" or types.get(cast[0].input[1]) != TensorProto.FLOAT:
+            continue
+        node.output[0] = cast[0].output[0]
+        dropped.add(id(cast[0]))
+        adds = consumers.get(node.output[0], [])
+        if node.output[0] in outputs or len(adds) != 1 or adds[0].op_type != "Add" or adds[0].domain not in STANDARD_DOMAINS:
+            continue
+        add = adds[0]
+        logits = add.input[1] if add.input[0] == node.output[0] else add.input[0]
+        if logits == node.output[0] or types.get(logits) != TensorProto.FLOAT or _rank(values[logits]) not in (4, None):
+            continue
+        node.input.append(logits)
+        node.output[0] = add.output[0]
+        dropped.add(id(add))
+        folded += 1
+    kept = [n for n in nodes if id(n) not in dropped]
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+    return folded
+
+
+def _rank(value: onnx.TypeProto) -> int | None:
+    """A tensor type's rank, None where inference left its shape unknown (a plan's cast logits:
+    deploykit's trunk adds the bias to full ``[B, h, T, T]`` logits, and the kernel refuses others)."""
+    return len(value.tensor_type.shape.dim) if value.tensor_type.HasField("shape") else None
+
+
+def _value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
+    """Every value's type (inputs, initializers, inferred inner values, outputs), from shape
+    inference on a light copy of the graph: its initializers declared as inputs, without data."""
+    graph = onnx.GraphProto(name=model.graph.name)
+    graph.node.extend(model.graph.node)
+    graph.input.extend(model.graph.input)
+    graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in model.graph.initializer)
+    graph.output.extend(model.graph.output)
+    graph.value_info.extend(model.graph.value_info)
+    light = onnx.helper.make_model(graph, opset_imports=list(model.opset_import), functions=list(model.functions))
+    light.ir_version = model.ir_version
+    inferred = onnx.shape_inference.infer_shapes(light).graph
+    return {v.name: v.type for v in (*inferred.input, *inferred.value_info, *inferred.output)}

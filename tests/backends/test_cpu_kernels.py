@@ -88,6 +88,77 @@ def test_the_op_refuses_signatures_that_do_not_fit_its_grid(library):
     assert good.shape == (1, 1, 13, 13) and not good.any()  # control: the same session runs signatures that fit
 
 
+def test_the_op_adds_the_logits_it_is_given_where_they_fit(library):
+    """The third input: logits + distances in one fp32 addition (what ONNX Runtime's Add gives, to
+    the bit), the logits alone in prefix rows and columns; logits of another shape are an error."""
+    import onnxruntime as ort
+
+    model = onnx.load_from_string(_distance_graph(5, 3, 2, None, None))
+    model.graph.node[0].input.append("logits")
+    model.graph.input.append(onnx.helper.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, None))
+    options = ort.SessionOptions()
+    options.register_custom_ops_library(str(library))
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=[CPU])
+    rng = np.random.default_rng(3)
+    zx, zy = rng.standard_normal((2, 3, 15, 3), dtype=np.float32), rng.standard_normal((2, 3, 15, 5), dtype=np.float32)
+    logits = rng.standard_normal((2, 3, 17, 17), dtype=np.float32) * 10
+    got = session.run(None, {"zx": zx, "zy": zy, "logits": logits})[0]
+    assert np.array_equal(got, logits + cpu_kernels.distances(library, zx, zy, 2))
+    assert np.array_equal(got[:, :, :2], logits[:, :, :2]) and np.array_equal(got[:, :, :, :2], logits[:, :, :, :2])
+    with pytest.raises(Exception, match="logits must be"):
+        session.run(None, {"zx": zx, "zy": zy, "logits": logits[:, :, :16, :16]})
+
+
+@pytest.mark.parametrize("plan", ["fp32", "fp16"])
+def test_onnx_runtime_s_form_folds_the_logits_add_into_the_kernel_and_equals_the_unfolded_split(encoding_export, library, plan):
+    """On the export's graphs every block's distance node takes the logits and replaces their Add
+    and CastLike (two fewer passes over [B, h, T, T]; the fp16 plan adds in fp32 too); its outputs
+    equal the split graph's with ONNX Runtime's own Add to the bit."""
+    import onnxruntime as ort
+
+    from deploykit.graph.plugin_nodes import fold_logits_adds
+
+    def session(model):
+        options = ort.SessionOptions()
+        options.register_custom_ops_library(str(library))
+        return ort.InferenceSession(model.SerializeToString(), options, providers=[CPU])
+
+    split = onnx.load(encoding_export("sape2") / ("model_64.onnx" if plan == "fp32" else f"model_64_{plan}.onnx"))
+    mark_plugin_nodes(split, cpu_kernels.OPS)
+    folded = onnx.ModelProto()
+    folded.CopyFrom(split)
+    blocks = sum(n.op_type == "SaPE2Distance" for n in split.graph.node)
+    assert blocks > 1 and fold_logits_adds(folded) == blocks
+    distances = [n for n in folded.graph.node if n.op_type == "SaPE2Distance"]
+    assert all(len(n.input) == 3 for n in distances) and not [n for n in folded.graph.node if n.op_type == "CastLike"]
+    assert len(folded.graph.node) == len(split.graph.node) - 2 * blocks
+    images = np.random.default_rng(0).standard_normal((2, 3, 64, 64)).astype(np.float32)
+    assert np.array_equal(session(folded).run(None, {"images": images})[0], session(split).run(None, {"images": images})[0])
+
+
+def test_the_fold_keeps_the_cast_and_the_add_where_the_logits_are_not_fp32(library):
+    """A bias added to fp16 logits keeps its CastLike and Add: the kernel adds in fp32 only."""
+    from onnx import TensorProto, helper
+
+    from deploykit.graph.plugin_nodes import fold_logits_adds
+
+    nodes = [
+        helper.make_node("SaPE2Distance", ["zx", "zy"], ["d"], domain="deploykit", grid_h=2, grid_w=2, num_prefix_tokens=0),
+        helper.make_node("CastLike", ["d", "logits"], ["bias"]),
+        helper.make_node("Add", ["logits", "bias"], ["y"]),
+    ]
+    inputs = [
+        helper.make_tensor_value_info("zx", TensorProto.FLOAT, [1, 1, 4, 2]),
+        helper.make_tensor_value_info("zy", TensorProto.FLOAT, [1, 1, 4, 2]),
+    ]
+    for dtype, folds in ((TensorProto.FLOAT16, 0), (TensorProto.FLOAT, 1)):  # the fp32 graph is the control
+        graph = helper.make_graph(nodes, "g", [*inputs, helper.make_tensor_value_info("logits", dtype, [1, 1, 4, 4])],
+                                  [helper.make_tensor_value_info("y", dtype, None)])  # fmt: skip
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("deploykit", 1)])
+        assert fold_logits_adds(model) == folds
+        assert [n.op_type for n in model.graph.node] == (["SaPE2Distance", "CastLike", "Add"] if folds == 0 else ["SaPE2Distance"])
+
+
 def _runner(runtime: str, graph, compiled: bool):
     from deploykit.backends.openvino import OpenvinoRunner
 
@@ -194,3 +265,28 @@ def test_a_home_that_cannot_be_written_builds_in_a_private_temporary_folder(tmp_
     assert chosen.parent.stat().st_mode & 0o777 == 0o700
     (tmp_path / f"deploykit-{os.getuid()}").chmod(0o777)  # a folder others can write is never used
     assert cpu_kernels.cache_dir() == blocked / "cpu-kernels"
+
+
+def test_pytorch_s_cpu_op_uses_the_kernel_without_importing_onnx_runtime(tmp_path):
+    """PyTorch's fp32 CPU op runs the kernel through its plain-buffer entries, checked with ctypes
+    alone: a PyTorch-only caller never imports ONNX Runtime for it."""
+    import subprocess
+    import sys
+
+    code = """
+import sys, torch
+import deploykit.encodings.sape2  # registers torch.ops.deploykit.sape2_bias
+from deploykit.backends import cpu_kernels
+g = torch.Generator().manual_seed(0)
+q, k = (torch.randn(1, 2, 1 + 12, 8, generator=g) for _ in range(2))
+tx, ty = (torch.randn(8, 16, generator=g) for _ in range(2))
+got = torch.ops.deploykit.sape2_bias(q, k, tx, ty, 3, 4, 1, 0.5, 1)
+want = torch.ops.deploykit.sape2_bias(q.double(), k.double(), tx.double(), ty.double(), 3, 4, 1, 0.5, 1)
+assert cpu_kernels.compiled_library("buffers").path is not None, cpu_kernels.compiled_library("buffers").reason
+assert (got.double() - want).abs().max() <= 1e-5 * want.abs().max()
+print("onnxruntime" in sys.modules)
+"""
+    env = {**os.environ, "DEPLOYKIT_CACHE": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False"]

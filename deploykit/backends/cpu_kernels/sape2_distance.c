@@ -1,7 +1,10 @@
 /* deploykit::SaPE2Distance for ONNX Runtime's CPU provider: a custom-op library.
  *
  * out[b, h, P + i, P + j] = |Zx_i - Zx_j| + |Zy_i - Zy_j|  (SaPE² Eq. 15, the direct form), prefix
- * rows and columns 0, from Zx [B, h, N, W] and Zy [B, h, N, H] (fp32, tokens row-major).
+ * rows and columns 0, from Zx [B, h, N, W] and Zy [B, h, N, H] (fp32, tokens row-major). With the
+ * optional third input, logits [B, h, P + N, P + N], out = logits + distances: the Add of the
+ * attention logits that would otherwise read and write [B, h, T, T] once more, in the same fp32
+ * addition it does.
  *
  * The direct form in fp32 is exact where the arithmetic allows: the diagonal and every pair of
  * equal signatures are exactly 0 and the result is exactly symmetric, since (a - b)^2 == (b - a)^2
@@ -103,14 +106,21 @@ typedef struct OrtCustomOp {
 
 /* ---- the kernel ---------------------------------------------------------------------------- */
 
+/* One vector: 16 floats where AVX-512 gives 32 registers of 16, else 8 (AVX2's 16 registers of 8
+ * would spill the accumulators of 16-float vectors, which run 10x slower there). */
+#ifdef __AVX512F__
 #define LANES 16
-#define TILE 32 /* rows and columns of a tile: 2 vectors of columns, rows in groups of ROWS */
+#else
+#define LANES 8
+#endif
+#define TILE (2 * LANES) /* rows and columns of a tile: 2 vectors of columns, rows in groups of ROWS */
 #define ROWS 4
 typedef float vec __attribute__((vector_size(LANES * sizeof(float))));
 
 typedef struct {
   const float *zx, *zy; /* [BH, N, W], [BH, N, H] */
   float *zt;            /* per (b, h): Zx^T [W, Npad] then Zy^T [H, Npad], zero past N */
+  const float *add;     /* [BH, T, T] logits added to the distances, or NULL */
   float *out;           /* [BH, T, T] */
   int64_t bh, n, w, h, p, npad, tiles;
 } Job;
@@ -137,6 +147,7 @@ static void tile(const Job *job, int64_t bh, int64_t I, int64_t J) {
   const int64_t n = job->n, npad = job->npad, t = job->p + n;
   const float *zx = job->zt + bh * npad * (job->w + job->h), *zy = zx + npad * job->w;
   float *out = job->out + bh * t * t;
+  const float *add = job->add ? job->add + bh * t * t : NULL;
   float block[TILE][TILE];
   for (int64_t i0 = 0; i0 < TILE; i0 += ROWS) {
     vec ax[ROWS][2] = {{{0}}}, ay[ROWS][2] = {{{0}}};
@@ -147,6 +158,19 @@ static void tile(const Job *job, int64_t bh, int64_t I, int64_t J) {
         for (int l = 0; l < LANES; ++l) block[i0 + r][c * LANES + l] = sqrtf(ax[r][c][l]) + sqrtf(ay[r][c][l]);
   }
   const int64_t rows = n - I < TILE ? n - I : TILE, cols = n - J < TILE ? n - J : TILE;
+  if (add) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t at = (job->p + I + r) * t + job->p + J;
+      for (int64_t c = 0; c < cols; ++c) out[at + c] = add[at + c] + block[r][c];
+    }
+    if (I != J)
+      for (int64_t c = 0; c < cols; ++c)
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t at = (job->p + J + c) * t + job->p + I + r;
+          out[at] = add[at] + block[r][c];
+        }
+    return;
+  }
   for (int64_t r = 0; r < rows; ++r) memcpy(out + (job->p + I + r) * t + job->p + J, block[r], cols * sizeof(float));
   if (I != J)
     for (int64_t c = 0; c < cols; ++c)
@@ -163,10 +187,17 @@ static void transpose_one(void *data, size_t bh) {
     for (int64_t k = 0; k < job->w; ++k) xt[k * npad + i] = zx[i * job->w + k];
     for (int64_t k = 0; k < job->h; ++k) yt[k * npad + i] = zy[i * job->h + k];
   }
-  float *out = job->out + bh * (job->p + n) * (job->p + n);
-  if (job->p) { /* prefix rows, and the prefix columns of the patch rows */
-    memset(out, 0, sizeof(float) * job->p * (job->p + n));
-    for (int64_t i = 0; i < n; ++i) memset(out + (job->p + i) * (job->p + n), 0, sizeof(float) * job->p);
+  const int64_t t = job->p + n;
+  float *out = job->out + bh * t * t;
+  const float *add = job->add ? job->add + bh * t * t : NULL;
+  if (job->p) { /* prefix rows, and the prefix columns of the patch rows: 0, or the logits there */
+    if (add) {
+      memcpy(out, add, sizeof(float) * job->p * t);
+      for (int64_t i = 0; i < n; ++i) memcpy(out + (job->p + i) * t, add + (job->p + i) * t, sizeof(float) * job->p);
+    } else {
+      memset(out, 0, sizeof(float) * job->p * t);
+      for (int64_t i = 0; i < n; ++i) memset(out + (job->p + i) * t, 0, sizeof(float) * job->p);
+    }
   }
 }
 
@@ -185,7 +216,7 @@ static void serial_for(void (*fn)(void *, size_t), size_t total, void *data) {
 /* The whole op on plain buffers: what the kernel runs, and what tests call through ctypes. */
 int deploykit_sape2_distance(const float *zx, const float *zy, int64_t bh, int64_t n, int64_t w, int64_t h, int64_t p,
                              float *out) {
-  Job job = {zx, zy, NULL, out, bh, n, w, h, p, (n + TILE - 1) / TILE * TILE, (n + TILE - 1) / TILE};
+  Job job = {zx, zy, NULL, NULL, out, bh, n, w, h, p, (n + TILE - 1) / TILE * TILE, (n + TILE - 1) / TILE};
   job.zt = malloc(sizeof(float) * (size_t)(bh * job.npad * (w + h)) + 1);
   if (!job.zt) return 1;
   serial_for(transpose_one, (size_t)bh, &job);
@@ -209,7 +240,7 @@ static void *share_run(void *data) {
 
 int deploykit_sape2_distance_threads(const float *zx, const float *zy, int64_t bh, int64_t n, int64_t w, int64_t h, int64_t p,
                                      float *out, int threads) {
-  Job job = {zx, zy, NULL, out, bh, n, w, h, p, (n + TILE - 1) / TILE * TILE, (n + TILE - 1) / TILE};
+  Job job = {zx, zy, NULL, NULL, out, bh, n, w, h, p, (n + TILE - 1) / TILE * TILE, (n + TILE - 1) / TILE};
   if (threads < 1) threads = 1;
   if (threads > 64) threads = 64;
   job.zt = malloc(sizeof(float) * (size_t)(bh * job.npad * (w + h)) + 1);
@@ -247,7 +278,7 @@ static OrtStatus *fail(int code, const char *msg) { return API(api, CREATE_STATU
     if (status_) return status_;            \
   } while (0)
 
-static OrtStatus *shape_of(const OrtValue *value, int64_t dims[4]) {
+static OrtStatus *shape_of(const OrtValue *value, int64_t dims[4]) { /* float32 of rank 4 */
   OrtTensorTypeAndShapeInfo *info;
   TRY(API(api, GET_TENSOR_TYPE_AND_SHAPE, GetTensorTypeAndShapeFn)(value, &info));
   size_t count = 0;
@@ -255,7 +286,7 @@ static OrtStatus *shape_of(const OrtValue *value, int64_t dims[4]) {
   OrtStatus *status = API(api, GET_DIMENSIONS_COUNT, GetDimensionsCountFn)(info, &count);
   if (!status) status = API(api, GET_TENSOR_ELEMENT_TYPE, GetTensorElementTypeFn)(info, &type);
   if (!status && (count != 4 || type != ELEMENT_FLOAT))
-    status = fail(ORT_INVALID_ARGUMENT, "SaPE2Distance: signatures must be float32 of rank 4 [B, h, N, L]");
+    status = fail(ORT_INVALID_ARGUMENT, "SaPE2Distance: its inputs must be float32 of rank 4");
   if (!status) status = API(api, GET_DIMENSIONS, GetDimensionsFn)(info, dims, 4);
   API(api, RELEASE_TENSOR_TYPE_AND_SHAPE_INFO, ReleaseFn)(info);
   return status;
@@ -273,6 +304,16 @@ static OrtStatus *compute(void *state, OrtKernelContext *context) {
   if (sx[0] != sy[0] || sx[1] != sy[1] || sx[2] != n || sy[2] != n || sx[3] != kernel->grid_w || sy[3] != kernel->grid_h)
     return fail(ORT_INVALID_ARGUMENT, "SaPE2Distance: Zx must be [B, h, grid_h*grid_w, grid_w] and Zy [B, h, grid_h*grid_w, grid_h]");
   const int64_t t = kernel->prefix + n, dims[4] = {sx[0], sx[1], t, t};
+  const OrtValue *add_value = NULL; /* the optional logits: absent inputs come back NULL */
+  TRY(API(api, KERNEL_CONTEXT_GET_INPUT, KernelContextGetInputFn)(context, 2, &add_value));
+  void *add = NULL;
+  if (add_value) {
+    int64_t sa[4];
+    TRY(shape_of(add_value, sa));
+    if (memcmp(sa, dims, sizeof(dims)) != 0)
+      return fail(ORT_INVALID_ARGUMENT, "SaPE2Distance: the logits must be [B, h, P + N, P + N] like its output");
+    TRY(API(api, GET_TENSOR_MUTABLE_DATA, GetTensorMutableDataFn)((OrtValue *)add_value, &add));
+  }
   OrtValue *out_value;
   TRY(API(api, KERNEL_CONTEXT_GET_OUTPUT, KernelContextGetOutputFn)(context, 0, dims, 4, &out_value));
   void *zx, *zy, *out;
@@ -281,7 +322,7 @@ static OrtStatus *compute(void *state, OrtKernelContext *context) {
   TRY(API(api, GET_TENSOR_MUTABLE_DATA, GetTensorMutableDataFn)(out_value, &out));
   const int64_t bh = sx[0] * sx[1];
   if (bh == 0 || n == 0) return NULL;
-  Job job = {zx, zy, NULL, out, bh, n, kernel->grid_w, kernel->grid_h, kernel->prefix, (n + TILE - 1) / TILE * TILE,
+  Job job = {zx, zy, NULL, add, out, bh, n, kernel->grid_w, kernel->grid_h, kernel->prefix, (n + TILE - 1) / TILE * TILE,
              (n + TILE - 1) / TILE};
   job.zt = malloc(sizeof(float) * (size_t)(bh * job.npad * (job.w + job.h)));
   if (!job.zt) return fail(ORT_FAIL, "SaPE2Distance: out of memory");
@@ -315,9 +356,11 @@ static void destroy(void *state) { free(state); }
 static const char *name(const OrtCustomOp *op) { (void)op; return "SaPE2Distance"; }
 static const char *provider(const OrtCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
 static int float_type(const OrtCustomOp *op, size_t i) { (void)op; (void)i; return ELEMENT_FLOAT; }
-static size_t two(const OrtCustomOp *op) { (void)op; return 2; }
+static size_t three(const OrtCustomOp *op) { (void)op; return 3; }
 static size_t one(const OrtCustomOp *op) { (void)op; return 1; }
-static int required(const OrtCustomOp *op, size_t i) { (void)op; (void)i; return 0; }
+enum { REQUIRED = 0, OPTIONAL = 1 }; /* OrtCustomOpInputOutputCharacteristic */
+static int input_kind(const OrtCustomOp *op, size_t i) { (void)op; return i == 2 ? OPTIONAL : REQUIRED; }
+static int required(const OrtCustomOp *op, size_t i) { (void)op; (void)i; return REQUIRED; }
 static int default_memory(const OrtCustomOp *op, size_t i) { (void)op; (void)i; return 0; }
 static int arity(const OrtCustomOp *op) { (void)op; return 1; }
 static int start_version(const OrtCustomOp *op) { (void)op; return 1; }
@@ -328,11 +371,11 @@ static const OrtCustomOp sape2_distance_op = {
     .GetName = name,
     .GetExecutionProviderType = provider,
     .GetInputType = float_type,
-    .GetInputTypeCount = two,
+    .GetInputTypeCount = three,
     .GetOutputType = float_type,
     .GetOutputTypeCount = one,
     .KernelDestroy = destroy,
-    .GetInputCharacteristic = required,
+    .GetInputCharacteristic = input_kind,
     .GetOutputCharacteristic = required,
     .GetInputMemoryType = default_memory,
     .GetVariadicInputMinArity = arity,
