@@ -96,6 +96,7 @@ class OpenvinoRunner(Runner):
         super().__init__()
         self.compiled_kernels = compiled_kernels
         self.kernels = ""  # what computed deploykit's custom ops (RunInfo.kernels), once active
+        self._why_body = ""  # why SaPE²'s op runs its function body, where it does
         if precision_hint is not None and precision_hint not in HINTS:
             raise DeployKitError(unknown_choice("OpenVINO precision hint", precision_hint, HINTS))
         self.model, self.precision_hint, self.threads, self.streams = model, precision_hint, threads, check_streams(streams)
@@ -121,6 +122,8 @@ class OpenvinoRunner(Runner):
         try:
             kernel_threads = self._kernels(core)
             source = openvino_source(self.model, self.precision_hint, self.seven_bit_weights, kernel_threads)
+            if kernel_threads is None and ("deploykit", "SaPE2Bias") in source.custom_ops:
+                self.kernels = f"deploykit::SaPE2Bias: ONNX function body ({self._why_body or 'no extension'})"
             self.narrowed_weights = source.narrowed_weights
             model = core.read_model(source.graph)
             if self.precision_hint == "bf16":
@@ -142,26 +145,26 @@ class OpenvinoRunner(Runner):
         self._outputs = [port.get_any_name() for port in self._compiled.outputs]
 
     def _kernels(self, core) -> int | None:
-        """Load the compiled extension into ``core`` where the graph has deploykit's ops and an f32
-        hint (a bf16 plan keeps the op's body, marked f32); the threads its op is to use, else None.
-        ``self.kernels`` says which form runs."""
+        """Load the compiled extension into ``core`` where it is wanted (``compiled_kernels``, an
+        f32 hint: a bf16 plan keeps the op's body, marked f32) and the graph has deploykit's ops;
+        the threads its op is to use, else None, with ``self._why_body`` saying why for a graph
+        that turns out to have them. ``self.kernels`` says which form runs."""
         from deploykit.backends.cpu_kernels import compiled_library
         from deploykit.backends.onnxrt import _mentions
 
         self.kernels = ""
-        source = self.model if isinstance(self.model, bytes) else str(self.model)
-        if not _mentions(source, ["SaPE2Bias"]):
-            return None
-        why = (
+        self._why_body = (
             "compiled_kernels=False"
             if not self.compiled_kernels
             else "a bf16 hint keeps the op's body, marked f32"
             if self.precision_hint == "bf16"
             else ""
         )
-        library = None if why else compiled_library("openvino")
-        if library is None or library.path is None:
-            self.kernels = f"deploykit::SaPE2Bias: ONNX function body ({why or library.reason})"
+        if self._why_body or not _mentions(self.model if isinstance(self.model, bytes) else str(self.model), ["SaPE2Bias"]):
+            return None  # the default: the graph is read once, by openvino_source
+        library = compiled_library("openvino")
+        if library.path is None:
+            self._why_body = library.reason
             return None
         core.add_extension(str(library.path))
         self.kernels = "deploykit::SaPE2Bias: distances in deploykit's compiled extension (deploykit::SaPE2Distance)"
@@ -268,6 +271,7 @@ class OpenvinoSource(NamedTuple):
     narrowed_weights: int  # int8 weights narrowed to 7 bits
     # the part of ``fp32`` whose lowering makes a run unfaithful (``fp32_tensors(...).encoding``)
     encoding_fp32: frozenset[str] = frozenset()
+    custom_ops: frozenset[tuple[str, str]] = frozenset()  # (domain, op type) outside ONNX's, as exported
 
 
 def openvino_source(
@@ -287,12 +291,14 @@ def openvino_source(
 
     from deploykit.export.precision import Fp32Tensors, fp32_tensors
     from deploykit.graph.openvino import prepare_for_openvino
+    from deploykit.graph.plugin_nodes import custom_ops
 
     label = "model bytes" if isinstance(model, bytes) else str(model)
     try:
         proto = onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(str(model))
     except Exception as err:  # protobuf's DecodeError, a missing file, ...
         raise DeployKitError(one_line(f"openvino cannot load {label}: not a readable ONNX graph: {err}")) from err
+    exported_ops = frozenset(custom_ops(proto))
     fp32, required = fp32_tensors(proto) if precision_hint == "bf16" else Fp32Tensors(set(), set())
     split = kernel_threads is not None and _split_for_kernels(proto, kernel_threads)
     prepared = prepare_for_openvino(proto, seven_bit_weights)
@@ -300,7 +306,7 @@ def openvino_source(
         fp32 |= prepared.inlined
         required |= prepared.inlined
     graph = prepared.proto.SerializeToString() if prepared.changed or split else model if isinstance(model, bytes) else str(model)
-    return OpenvinoSource(graph, fp32, prepared.narrowed_weights, frozenset(required))
+    return OpenvinoSource(graph, fp32, prepared.narrowed_weights, frozenset(required), exported_ops)
 
 
 def _split_for_kernels(proto, threads: int) -> bool:

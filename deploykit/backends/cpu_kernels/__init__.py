@@ -39,6 +39,9 @@ SOURCE = Path(__file__).with_name("sape2_distance.c")
 OPENVINO_SOURCE = Path(__file__).with_name("openvino_sape2.cpp")
 OPS = frozenset({("deploykit", "SaPE2Distance")})  # (domain, op type) the libraries compute
 RUNTIMES = ("onnxruntime", "openvino")
+# What loads a library: a runtime, or ctypes alone (``buffers``: the plain-buffer entries PyTorch's
+# CPU op calls, in the ONNX Runtime library's file, checked without importing ONNX Runtime).
+LOADERS = (*RUNTIMES, "buffers")
 MIN_ORT = (1, 17)  # KernelContext_ParallelFor (OrtApi version 17)
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-shared", "-fPIC")
 
@@ -142,7 +145,7 @@ def torch_distances(zx, zy, num_prefix_tokens: int):
     library does not build here (the caller computes the distances its own way)."""
     import torch
 
-    library = compiled_library()
+    library = compiled_library("buffers")
     if library.path is None:
         return None
     fn = _entry(str(library.path), "deploykit_sape2_distance_threads")
@@ -180,15 +183,27 @@ def distances(library: Path, zx: np.ndarray, zy: np.ndarray, num_prefix_tokens: 
     return out
 
 
-def _check_case(threads: int | None = None):
-    """A small SaPE2Distance graph (prefix token, non-square grid, two heads), its inputs, and the
-    float64 direct distances it must give."""
-    from onnx import TensorProto, helper
+CHECK_GRID = (2, 3, 1)  # grid_h, grid_w, prefix tokens of the check: non-square, one prefix token
 
-    grid_h, grid_w, prefix = 2, 3, 1
+
+def _check_inputs() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The check's signatures (two heads) and the float64 direct distances they must give."""
+    grid_h, grid_w, prefix = CHECK_GRID
     rng = np.random.default_rng(0)
     zx = rng.standard_normal((1, 2, grid_h * grid_w, grid_w)).astype(np.float32)
     zy = rng.standard_normal((1, 2, grid_h * grid_w, grid_h)).astype(np.float32)
+    want = np.zeros((1, 2, prefix + grid_h * grid_w, prefix + grid_h * grid_w))
+    for z in (zx.astype(np.float64), zy.astype(np.float64)):
+        want[:, :, prefix:, prefix:] += np.sqrt(((z[:, :, :, None, :] - z[:, :, None, :, :]) ** 2).sum(-1))
+    return zx, zy, want
+
+
+def _check_case(threads: int | None = None):
+    """The check as a small SaPE2Distance graph, its inputs, and the distances it must give."""
+    from onnx import TensorProto, helper
+
+    grid_h, grid_w, prefix = CHECK_GRID
+    zx, zy, want = _check_inputs()
     node = helper.make_node(
         "SaPE2Distance", ["zx", "zy"], ["d"], domain="deploykit", grid_h=grid_h, grid_w=grid_w, num_prefix_tokens=prefix
     )
@@ -201,15 +216,32 @@ def _check_case(threads: int | None = None):
         [helper.make_tensor_value_info("d", TensorProto.FLOAT, None)],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("deploykit", 1)])
-    want = np.zeros((1, 2, prefix + grid_h * grid_w, prefix + grid_h * grid_w))
-    for z in (zx.astype(np.float64), zy.astype(np.float64)):
-        want[:, :, prefix:, prefix:] += np.sqrt(((z[:, :, :, None, :] - z[:, :, None, :, :]) ** 2).sum(-1))
     return model.SerializeToString(), {"zx": zx, "zy": zy}, want
 
 
 def _self_check(library: Path, runtime: str = "onnxruntime") -> str:
-    """``""`` when the library loads into ``runtime`` and its op equals numpy's direct distances on
-    a small case; else why not."""
+    """``""`` when the library loads into ``runtime`` (a runtime of ``LOADERS``) and its op equals
+    numpy's direct distances on a small case; else why not."""
+    if runtime == "buffers":
+        zx, zy, want = _check_inputs()
+        got = distances(library, zx, zy, CHECK_GRID[2])
+        threaded = np.empty_like(got)
+        fn = _entry(str(library), "deploykit_sape2_distance_threads")
+        fn(
+            zx.ctypes.data,
+            zy.ctypes.data,
+            zx.shape[0] * zx.shape[1],
+            zx.shape[2],
+            zx.shape[3],
+            zy.shape[3],
+            CHECK_GRID[2],
+            threaded.ctypes.data,
+            2,
+        )
+        same = np.array_equal(got, threaded)
+        return (
+            "" if same and np.allclose(got, want, rtol=1e-5, atol=1e-6) else "its plain-buffer entries disagree with numpy on a small case"
+        )
     graph, feed, want = _check_case(None if runtime == "onnxruntime" else 2)
     if runtime == "onnxruntime":
         import onnxruntime as ort
@@ -230,20 +262,23 @@ def _self_check(library: Path, runtime: str = "onnxruntime") -> str:
 
 @functools.cache
 def compiled_library(runtime: str = "onnxruntime") -> CompiledLibrary:
-    """``runtime``'s library for this machine, built on first use (``build``) and checked
-    (``_self_check``); once per process and runtime."""
+    """The library ``runtime`` (one of ``LOADERS``) loads, for this machine, built on first use
+    (``build``) and checked (``_self_check``); once per process and loader."""
+    if runtime not in LOADERS:
+        raise ValueError(f"no compiled library for {runtime!r}: one of {', '.join(LOADERS)}")
     if runtime == "onnxruntime":
         import onnxruntime as ort
 
         version = tuple(int(p) for p in ort.__version__.split(".")[:2] if p.isdigit())
         if version < MIN_ORT:
             return CompiledLibrary(None, f"onnxruntime {ort.__version__} is older than {'.'.join(map(str, MIN_ORT))}")
-    compiler = _compiler(runtime)
+    source = "openvino" if runtime == "openvino" else "onnxruntime"  # the buffers' entries are in ONNX Runtime's file
+    compiler = _compiler(source)
     if compiler is None:
-        name = (os.environ.get("CC") or "cc") if runtime == "onnxruntime" else (os.environ.get("CXX") or "c++")
-        return CompiledLibrary(None, f"no {'C' if runtime == 'onnxruntime' else 'C++'} compiler ({name}) on PATH")
+        name = (os.environ.get("CC") or "cc") if source == "onnxruntime" else (os.environ.get("CXX") or "c++")
+        return CompiledLibrary(None, f"no {'C' if source == 'onnxruntime' else 'C++'} compiler ({name}) on PATH")
     try:
-        path = build(compiler, cache_dir(), runtime)
+        path = build(compiler, cache_dir(), source)
         problem = _self_check(path, runtime)
     except (OSError, RuntimeError) as err:
         return CompiledLibrary(None, str(err).splitlines()[0])
