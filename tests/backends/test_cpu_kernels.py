@@ -60,6 +60,25 @@ def test_the_kernel_equals_float64_direct_distances_with_exact_zeros_and_symmetr
         assert not got[:, :, prefix + 1, prefix + 4].any() and not got[:, :, prefix + 4, prefix + 1].any()
 
 
+@pytest.mark.parametrize("lanes", [8, 16])
+def test_both_vector_widths_equal_float64_whichever_this_cpu_picks(tmp_path, lanes):
+    """The kernel's vectors are 16 floats under AVX-512 and 8 otherwise (its tiles 32 or 16 tokens):
+    each width, built here whatever the CPU, gives the direct distances, N not a multiple of either tile."""
+    import subprocess
+
+    compiler = cpu_kernels._compiler()
+    assert compiler, "no C compiler"
+    library = tmp_path / f"lanes{lanes}.so"
+    command = [compiler, *cpu_kernels.FLAGS, f"-DLANES={lanes}", str(cpu_kernels.SOURCE), "-o", str(library), "-lm", "-lpthread"]
+    subprocess.run(command, check=True, capture_output=True)
+    rng = np.random.default_rng(lanes)
+    zx = rng.standard_normal((1, 2, 9 * 7, 7)).astype(np.float32)
+    zy = rng.standard_normal((1, 2, 9 * 7, 9)).astype(np.float32)
+    want = _direct(zx, zy, 1)
+    got = cpu_kernels.distances(library, zx, zy, 1)
+    assert np.abs(got - want).max() <= 1e-6 * want.max() and np.array_equal(got, got.transpose(0, 1, 3, 2))
+
+
 def _distance_graph(grid_h: int, grid_w: int, prefix: int, zx_shape, zy_shape) -> bytes:
     node = onnx.helper.make_node(
         "SaPE2Distance", ["zx", "zy"], ["d"], domain="deploykit", grid_h=grid_h, grid_w=grid_w, num_prefix_tokens=prefix

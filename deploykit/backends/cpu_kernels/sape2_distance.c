@@ -108,10 +108,12 @@ typedef struct OrtCustomOp {
 
 /* One vector: 16 floats where AVX-512 gives 32 registers of 16, else 8 (AVX2's 16 registers of 8
  * would spill the accumulators of 16-float vectors, which run 10x slower there). */
+#ifndef LANES /* (tests build both widths on any machine) */
 #ifdef __AVX512F__
 #define LANES 16
 #else
 #define LANES 8
+#endif
 #endif
 #define TILE (2 * LANES) /* rows and columns of a tile: 2 vectors of columns, rows in groups of ROWS */
 #define ROWS 4
@@ -119,21 +121,23 @@ typedef float vec __attribute__((vector_size(LANES * sizeof(float))));
 
 typedef struct {
   const float *zx, *zy; /* [BH, N, W], [BH, N, H] */
-  float *zt;            /* per (b, h): Zx^T [W, Npad] then Zy^T [H, Npad], zero past N */
+  float *zt;            /* per (b, h): Zx then Zy in blocks of TILE tokens, [Npad / TILE, W or H, TILE], zero past N */
   const float *add;     /* [BH, T, T] logits added to the distances, or NULL */
   float *out;           /* [BH, T, T] */
   int64_t bh, n, w, h, p, npad, tiles;
 } Job;
 
-/* Squared distances of ROWS rows (i0..) to TILE columns (j0..) along one axis, added to acc. */
-static inline void axis_tile(const float *zt, int64_t dims, int64_t npad, int64_t i0, int64_t j0, vec acc[ROWS][2]) {
+/* Squared distances of ROWS rows (row i0 of the block `rows`) to the TILE columns of the block
+ * `cols` along one axis, added to acc. A block holds each dimension's TILE values side by side, so
+ * the loop reads two contiguous blocks (a layout of one row per dimension across all N tokens
+ * would put the dimensions a whole row apart, 4 KiB at N = 1024, all in one set of L1). */
+static inline void axis_tile(const float *rows, const float *cols, int64_t dims, int64_t i0, vec acc[ROWS][2]) {
   for (int64_t k = 0; k < dims; ++k) {
-    const float *row = zt + k * npad;
     vec c0, c1;
-    memcpy(&c0, row + j0, sizeof(vec));
-    memcpy(&c1, row + j0 + LANES, sizeof(vec));
+    memcpy(&c0, cols + k * TILE, sizeof(vec));
+    memcpy(&c1, cols + k * TILE + LANES, sizeof(vec));
     for (int r = 0; r < ROWS; ++r) {
-      const float v = row[i0 + r];
+      const float v = rows[k * TILE + i0 + r];
       vec d0 = c0 - v, d1 = c1 - v;
       acc[r][0] += d0 * d0;
       acc[r][1] += d1 * d1;
@@ -144,15 +148,15 @@ static inline void axis_tile(const float *zt, int64_t dims, int64_t npad, int64_
 /* One tile: rows I..I+TILE, columns J..J+TILE of one (b, h); written at (i, j) and, off the
  * diagonal, at (j, i). */
 static void tile(const Job *job, int64_t bh, int64_t I, int64_t J) {
-  const int64_t n = job->n, npad = job->npad, t = job->p + n;
-  const float *zx = job->zt + bh * npad * (job->w + job->h), *zy = zx + npad * job->w;
+  const int64_t n = job->n, npad = job->npad, t = job->p + n, w = job->w, h = job->h;
+  const float *zx = job->zt + bh * npad * (w + h), *zy = zx + npad * w;
   float *out = job->out + bh * t * t;
   const float *add = job->add ? job->add + bh * t * t : NULL;
   float block[TILE][TILE];
   for (int64_t i0 = 0; i0 < TILE; i0 += ROWS) {
     vec ax[ROWS][2] = {{{0}}}, ay[ROWS][2] = {{{0}}};
-    axis_tile(zx, job->w, npad, I + i0, J, ax);
-    axis_tile(zy, job->h, npad, I + i0, J, ay);
+    axis_tile(zx + I * w, zx + J * w, w, i0, ax);
+    axis_tile(zy + I * h, zy + J * h, h, i0, ay);
     for (int r = 0; r < ROWS; ++r)
       for (int c = 0; c < 2; ++c)
         for (int l = 0; l < LANES; ++l) block[i0 + r][c * LANES + l] = sqrtf(ax[r][c][l]) + sqrtf(ay[r][c][l]);
@@ -184,8 +188,9 @@ static void transpose_one(void *data, size_t bh) {
   const float *zx = job->zx + bh * n * job->w, *zy = job->zy + bh * n * job->h;
   memset(xt, 0, sizeof(float) * npad * (job->w + job->h));
   for (int64_t i = 0; i < n; ++i) {
-    for (int64_t k = 0; k < job->w; ++k) xt[k * npad + i] = zx[i * job->w + k];
-    for (int64_t k = 0; k < job->h; ++k) yt[k * npad + i] = zy[i * job->h + k];
+    const int64_t block = i / TILE * TILE, lane = i % TILE;
+    for (int64_t k = 0; k < job->w; ++k) xt[(block * job->w) + k * TILE + lane] = zx[i * job->w + k];
+    for (int64_t k = 0; k < job->h; ++k) yt[(block * job->h) + k * TILE + lane] = zy[i * job->h + k];
   }
   const int64_t t = job->p + n;
   float *out = job->out + bh * t * t;
