@@ -22,7 +22,8 @@ anything):
   both measured in this run.
 
 Goals (issue 51, ViT-S/16 batch 1): ONNX Runtime SaPE²/APE ≤ 1.15 at 224, ≤ 1.25 at 384, ≤ 1.35
-at 512; OpenVINO within the same bounds or within 1.1× of ONNX Runtime's ratio.
+at 512; OpenVINO within the same bounds or within 1.1× of ONNX Runtime's ratio, judged for the
+runner's default (``openvino-body``) and for the opt-in extension (``openvino``).
 
     python benchmarks/sape2_floor.py                      # ViT-S/16 b1 and ViT-B/16 b8, 224/384/512
     python benchmarks/sape2_floor.py --quick              # a smoke run of every step (the suite's)
@@ -200,17 +201,12 @@ def measured(args) -> dict:
             print("  SaPE²/APE " + ", ".join(f"{rt} {r:.2f}" for rt, r in ratios.items()), file=sys.stderr)
             if name == "vit_small_patch16" and batch == 1 and resolution in GOALS and "ort" in ratios:
                 bound = GOALS[resolution]
-                ov = ratios.get("openvino")
-                goals.append(
-                    {
-                        "resolution": resolution,
-                        "bound": bound,
-                        "ort": ratios["ort"],
-                        "ort_met": ratios["ort"] <= bound,
-                        "openvino": ov,
-                        "openvino_met": None if ov is None else (ov <= bound or ov <= OPENVINO_SLACK * ratios["ort"]),
-                    }
-                )
+                goal = {"resolution": resolution, "bound": bound, "ort": ratios["ort"], "ort_met": ratios["ort"] <= bound}
+                for runtime in ("openvino-body", "openvino"):  # the runner's default first, then the opt-in extension
+                    ov = ratios.get(runtime)
+                    goal[runtime] = ov
+                    goal[f"{runtime}_met"] = None if ov is None else (ov <= bound or ov <= OPENVINO_SLACK * ratios["ort"])
+                goals.append(goal)
     return {
         "benchmark": "sape2_floor",
         "machine_rates": rates,
