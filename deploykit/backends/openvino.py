@@ -316,11 +316,12 @@ def _split_for_kernels(proto, threads: int) -> bool:
     from onnx import helper
 
     from deploykit.backends.cpu_kernels import OPS
-    from deploykit.graph.plugin_nodes import has_companions, mark_plugin_nodes, plugin_ops
+    from deploykit.graph.plugin_nodes import fold_logits_adds, has_companions, mark_plugin_nodes, plugin_ops
 
     if not plugin_ops(proto, OPS) or not has_companions(proto):
         return False
     mark_plugin_nodes(proto, OPS)
+    fold_logits_adds(proto)
     for node in proto.graph.node:
         if (node.domain, node.op_type) in OPS:
             node.attribute.append(helper.make_attribute("threads", threads))

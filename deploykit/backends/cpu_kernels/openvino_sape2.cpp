@@ -1,7 +1,8 @@
 // deploykit::SaPE2Distance for OpenVINO: an extension library (an op with `evaluate`, and its
 // mapping from the ONNX frontend), running the kernel of sape2_distance.c on threads of its own:
 // OpenVINO gives an op's evaluate no thread pool. Its `threads` attribute is the runner's share of
-// the cores (deploykit.backends.openvino sets it), 0 all of them.
+// the cores (deploykit.backends.openvino sets it), 0 all of them. An optional third input, the
+// attention logits [B, h, T, T], is added as the distances are written (the ONNX Runtime op's form).
 #include <cstdint>
 #include <memory>
 #include <thread>
@@ -12,8 +13,8 @@
 #include <openvino/frontend/onnx/extension/op.hpp>
 #include <openvino/op/op.hpp>
 
-extern "C" int deploykit_sape2_distance_threads(const float *zx, const float *zy, int64_t bh, int64_t n, int64_t w, int64_t h,
-                                                int64_t p, float *out, int threads);
+extern "C" int deploykit_sape2_distance_add_threads(const float *zx, const float *zy, const float *add, int64_t bh, int64_t n, int64_t w,
+                                                    int64_t h, int64_t p, float *out, int threads);
 
 namespace deploykit {
 
@@ -61,11 +62,17 @@ class SaPE2Distance : public ov::op::Op {
         int64_t(sx[3]) != m_grid_w || int64_t(sy[3]) != m_grid_h || inputs[0].get_element_type() != ov::element::f32 ||
         inputs[1].get_element_type() != ov::element::f32)
       return false;
+    const float *add = nullptr;
+    if (inputs.size() == 3) {
+      if (inputs[2].get_shape() != ov::Shape{sx[0], sx[1], size_t(t), size_t(t)} || inputs[2].get_element_type() != ov::element::f32)
+        return false;
+      add = inputs[2].data<const float>();
+    }
     outputs[0].set_shape(ov::Shape{sx[0], sx[1], size_t(t), size_t(t)});
     const unsigned cores = std::thread::hardware_concurrency();
     const int threads = m_threads > 0 ? int(m_threads) : cores ? int(cores) : 1;
-    return deploykit_sape2_distance_threads(inputs[0].data<const float>(), inputs[1].data<const float>(), int64_t(sx[0] * sx[1]), n,
-                                            m_grid_w, m_grid_h, m_prefix, outputs[0].data<float>(), threads) == 0;
+    return deploykit_sape2_distance_add_threads(inputs[0].data<const float>(), inputs[1].data<const float>(), add, int64_t(sx[0] * sx[1]),
+                                                n, m_grid_w, m_grid_h, m_prefix, outputs[0].data<float>(), threads) == 0;
   }
 
  private:

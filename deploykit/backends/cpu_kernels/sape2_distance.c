@@ -243,9 +243,10 @@ static void *share_run(void *data) {
   return NULL;
 }
 
-int deploykit_sape2_distance_threads(const float *zx, const float *zy, int64_t bh, int64_t n, int64_t w, int64_t h, int64_t p,
-                                     float *out, int threads) {
-  Job job = {zx, zy, NULL, NULL, out, bh, n, w, h, p, (n + TILE - 1) / TILE * TILE, (n + TILE - 1) / TILE};
+/* With `add` (logits [BH, T, T], or NULL), out = add + distances, as the ONNX Runtime op's third input. */
+int deploykit_sape2_distance_add_threads(const float *zx, const float *zy, const float *add, int64_t bh, int64_t n, int64_t w, int64_t h,
+                                         int64_t p, float *out, int threads) {
+  Job job = {zx, zy, NULL, add, out, bh, n, w, h, p, (n + TILE - 1) / TILE * TILE, (n + TILE - 1) / TILE};
   if (threads < 1) threads = 1;
   if (threads > 64) threads = 64;
   job.zt = malloc(sizeof(float) * (size_t)(bh * job.npad * (w + h)) + 1);
@@ -265,6 +266,11 @@ int deploykit_sape2_distance_threads(const float *zx, const float *zy, int64_t b
   }
   free(job.zt);
   return 0;
+}
+
+int deploykit_sape2_distance_threads(const float *zx, const float *zy, int64_t bh, int64_t n, int64_t w, int64_t h, int64_t p,
+                                     float *out, int threads) {
+  return deploykit_sape2_distance_add_threads(zx, zy, NULL, bh, n, w, h, p, out, threads);
 }
 
 /* ---- ONNX Runtime's side ------------------------------------------------------------------- */
