@@ -33,7 +33,6 @@ from deploykit._io import atomic_path
 from deploykit.errors import StaleEngineError
 from deploykit.export.directory import refit_graph_file, shared_weights_file
 
-
 # Smaller tensors stay in the refit graph (ONNX's own default threshold for external data): shape
 # operands among them, which ONNX Runtime's shape inference needs inline, and they weigh nothing.
 INLINE_BYTES = 1024
