@@ -291,3 +291,30 @@ def test_tensorrt_has_no_require_user_allocation_flag():
     with pytest.raises(ExportError, match="^TensorRT has no builder flag REQUIRE_USER_ALLOCATION; build this engine with the other"):
         _apply_engine_kind(lean, config, BuildOptions(require_user_allocation=True), "TensorRT")
     config.set_flag.assert_not_called()
+
+
+def test_the_tensorrt_path_sets_each_engine_kind_with_tensorrt_s_own_members():
+    """TensorRT itself does not install here; its 11.4 enums do (the lean wheel's ``BuilderFlag``
+    and ``HardwareCompatibilityLevel`` are full TensorRT's). Every kind deploykit asks of it is set
+    with TensorRT's own member, on a builder config autospecced from the real class, and read back."""
+    import tensorrt_lean as lean
+    import tensorrt_rtx as rtx
+
+    from deploykit.backends.tensorrt import _apply_engine_kind
+    from tests.trt_api import strict_autospec
+
+    config = strict_autospec(rtx.IBuilderConfig)  # TensorRT's own builder config class does not install here
+    held = set()
+    config.set_flag.side_effect, config.get_flag.side_effect = held.add, held.__contains__
+    options = BuildOptions(
+        refittable=True, strip_weights=True, version_compatible=True, exclude_lean_runtime=True, hardware_compatibility="ampere_plus"
+    )
+    _apply_engine_kind(lean, config, options, "TensorRT")
+    names = ("VERSION_COMPATIBLE", "EXCLUDE_LEAN_RUNTIME", "REFIT_IDENTICAL", "STRIP_PLAN")
+    assert held == {getattr(lean.BuilderFlag, n) for n in names} and options.engine_flags == names
+    assert config.hardware_compatibility_level == lean.HardwareCompatibilityLevel.AMPERE_PLUS
+    config.get_flag.side_effect = lambda flag: False  # a config that did not take a flag is refused before the build
+    from deploykit.errors import ExportError
+
+    with pytest.raises(ExportError, match="^TensorRT did not take the builder flag VERSION_COMPATIBLE$"):
+        _apply_engine_kind(lean, config, options, "TensorRT")
