@@ -32,6 +32,7 @@ buffers, stream, shapes, output allocation). Ours around it:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import threading
@@ -320,6 +321,8 @@ def debug_engine_runner(
         (shapes,) = stored.shapes.values()  # [min, opt, max] of the one input
         samples = tuple(tuple(s[1:]) for s in shapes)
         options = BuildOptions(module=module, **stored.build, sample_shapes=samples if len(set(samples)) > 1 else None)
+        # With its weights: nothing refits a debug engine (and refit flags change no precision or shape).
+        options = dataclasses.replace(options, refittable=False, strip_weights=False)
         return EngineFromOnnx(marked, options, plugins=plugins if plugins is not None else installed_plugins(record))()
 
     return TrtRunner(build, module=module, device_info=device)

@@ -11,6 +11,7 @@ named as each engine's refitter asks for them.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -125,10 +126,11 @@ def test_tensorrt_rtx_parses_each_refit_graph_from_the_one_file_with_the_weights
 
 def _stripped_records(export_dir: Path, module: str = "tensorrt_rtx", strip=(True, True)) -> list[Path]:
     """Each graph's record as a stripped build of it writes it, beside stand-in engine bytes."""
-    options = BuildOptions(module=module, refittable=True, strip_weights=True, compute_capabilities=("8.9",))
+    plain = BuildOptions(module=module, compute_capabilities=("8.9",), optimization_level=0)
+    options = dataclasses.replace(plain, refittable=True, strip_weights=True)
     paths = []
     for graph, stripped in zip(_graphs(export_dir), strip):
-        opts = options if stripped else BuildOptions(module=module, compute_capabilities=("8.9",))
+        opts = options if stripped else plain
         shapes = {"images": [[4, 3, int(graph.stem.split("_")[1]), int(graph.stem.split("_")[1])]] * 3}
         fingerprint = current_fingerprint(graph, GraphMetadata.of_file(graph), shapes, opts, device=RTX_4090)
         engine, fp_path = engine_paths(graph, module)
@@ -186,3 +188,15 @@ def test_package_triton_refuses_a_weight_stripped_engine(export_copy, tmp_path):
     ):
         package_triton(export_copy, tmp_path / "repo", RepositoryOptions())
     assert not (tmp_path / "repo").exists()
+
+
+def test_the_debug_engine_of_a_stripped_engine_is_built_with_its_weights(export_copy):
+    """``validate --debug`` builds a debug engine with the recorded engine's settings; nothing refits
+    it, so it is built with its weights (before, the stripped record's STRIP_PLAN went with it:
+    TensorRT-RTX's real builder refused it here, and on a GPU it would have run without weights)."""
+    from deploykit.backends.trt_runner import debug_engine_runner
+
+    _stripped_records(export_copy)
+    graph = _graphs(export_copy)[0]
+    runner = debug_engine_runner(graph, graph.read_bytes(), "tensorrt_rtx", device=RTX_4090)
+    assert runner.refit_from is None and len(runner.engine()) > 0  # TensorRT-RTX's real builder, on this CPU
