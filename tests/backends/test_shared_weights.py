@@ -155,6 +155,11 @@ def test_build_records_the_one_weight_set_and_the_runner_refits_from_it(export_c
         assert runner.refit_from == refit_graph_file(graph, "rtx")  # not the graph: one weight set for both
         assert EngineFromPath(graph, "tensorrt_rtx", device=RTX_4090)() == engine_paths(graph, "tensorrt_rtx")[0].read_bytes()
     assert ExportDir(export_copy).foreign_files() == []  # a re-export knows them as deploykit's
+    from deploykit.inspection import inspect_path
+
+    assert (
+        inspect_path(engine_paths(_graphs(export_copy)[1], "tensorrt_rtx")[0])["shared_weights"] == shared.to_dict()
+    )  # deploykit inspect says so
     # A weight set changed since (edited, or written again by hand) is refused before the engine is loaded.
     with weights.open("r+b") as f:
         f.write(b"\0\0\0\0")
