@@ -205,3 +205,19 @@ def test_the_debug_engine_of_a_stripped_engine_is_built_with_its_weights(export_
     graph = _graphs(export_copy)[0]
     runner = debug_engine_runner(graph, graph.read_bytes(), "tensorrt_rtx", device=RTX_4090)
     assert runner.refit_from is None and len(runner.engine()) > 0  # TensorRT-RTX's real builder, on this CPU
+
+
+def test_a_later_build_of_another_resolution_joins_the_one_weight_set(export_copy):
+    """``build --strip-weights -r 32``, then ``-r 48``: the second writes the weight set over both
+    engines and names it in the first one's record too, which still loads."""
+    first = _stripped_records(export_copy, strip=(True, False))[0]
+    share_weights(export_copy, "tensorrt_rtx")
+    alone, kept = read_fingerprint(first).shared_weights, first.read_text()
+    _stripped_records(export_copy, strip=(True, True))  # the 48 px engine built stripped later
+    first.write_text(kept)  # the 32 px engine's record as the first build left it (naming the weight set of 32 px alone)
+    written = share_weights(export_copy, "tensorrt_rtx")
+    assert set(written.engines) == set(_graphs(export_copy))
+    joined = read_fingerprint(first).shared_weights
+    assert joined.weights == alone.weights and joined.weights_sha256 != alone.weights_sha256
+    for graph in _graphs(export_copy):
+        EngineFromPath(graph, "tensorrt_rtx", device=RTX_4090)()  # neither refused as changed since
