@@ -283,6 +283,8 @@ def engine_checks(
                 group=ENGINE,
             )
         checks.run(f"inspect engine {flavour} {encoding}", inspect_engine_check(out, flavour), skip=run_built, group=ENGINE)
+        # TensorRT-RTX's builder compiles a refittable graph with CUDA: on a CPU host it refuses (test_engine_kinds)
+        checks.run(f"weight-stripped engines {flavour} {encoding}", stripped_engine_check(out, flavour), skip=cannot_run, group=ENGINE)
     if "sape2" in exported and flavour == "trt":  # TensorRT-RTX has no Python plugins
         checks.run(
             "sape2 with the TensorRT plugin",
@@ -313,6 +315,30 @@ def static_engine_check(out: Path, flavour: str):
         copy = _copy(out, f"static_{flavour}_")
         build(copy, flavour, precisions=["fp32"], rebuild=True)
         return _report_validation(validate_check(copy, flavour, "fp32")())
+
+    return check
+
+
+def stripped_engine_check(out: Path, flavour: str):
+    """``build --strip-weights`` for every exported resolution: each engine smaller on disk than the
+    refittable one built with its weights, one weight set beside them (each distinct initializer
+    once), and the stripped engines, refitted from it when loaded, validated."""
+    from deploykit.build import build
+    from deploykit.export.directory import shared_weights_file
+
+    def check():
+        full, stripped = _copy(out, f"weights_{flavour}_"), _copy(out, f"stripped_{flavour}_")
+        with_weights = build(full, flavour, precisions=["fp32"], refittable=True, rebuild=True)
+        without = build(stripped, flavour, precisions=["fp32"], strip_weights=True, rebuild=True)
+        sizes = {s.graph: [w.engine.stat().st_size, s.engine.stat().st_size] for w, s in zip(with_weights, without)}
+        details = {
+            "engine_bytes_with_and_without_weights": sizes,
+            "weight_set_bytes": shared_weights_file(stripped, flavour).stat().st_size,
+        }
+        if any(bare >= whole for whole, bare in sizes.values()):
+            raise Failed("a weight-stripped engine is not smaller than the engine with its weights", details)
+        details["validation"] = _report_validation(validate_check(stripped, flavour, "fp32")())
+        return details
 
     return check
 

@@ -5,6 +5,8 @@ as ``model_224_fp16.trt.engine`` with its fingerprint ``model_224_fp16.trt.json`
 (``deploykit.backends.engine_cache``). An engine whose fingerprint matches what would be built
 now is reused; one that does not is refused, naming the fields, unless ``rebuild=True``: all
 graphs are checked before anything is built, so a refusal leaves the directory as it was.
+Weight-stripped engines (``strip_weights``) are then given one weight set for every resolution
+(``share_weights``).
 
 Shapes: a graph exported at one resolution has static height/width (tables baked for it) and
 a dynamic batch. By default each engine is fully static (batch ``batch``), TensorRT's fastest
@@ -34,11 +36,13 @@ from deploykit.backends.engine_cache import (
     engine_paths,
     profile_shapes,
     read_fingerprint,
+    record_shared_weights,
     write_fingerprint,
 )
 from deploykit.backends.plugins import Plugins
 from deploykit.backends.profiles import ProfileRequest, profiles_from_resolutions
 from deploykit.backends.registry import check_backend
+from deploykit.backends.shared_weights import WeightSet, write_weight_set
 from deploykit.backends.table import engine_flavours, flavour
 from deploykit.backends.tensorrt import BuildOptions, BuildProgress, EngineFromOnnx, lean_runtime_note, save_engine
 from deploykit.errors import ConfigError, StaleEngineError
@@ -83,8 +87,8 @@ class BuildSettings:
         profiles_from_resolutions: for a graph exported over a resolution range, one profile per
             bucket between the exported resolutions inside it (batches 1 to ``max_batch``).
         version_compatible, exclude_lean_runtime, hardware_compatibility, refittable,
-            strip_weights: the engine kind (``BuildOptions``); ``strip_weights`` implies
-            ``refittable``.
+            strip_weights, require_user_allocation: the engine kind (``BuildOptions``);
+            ``strip_weights`` implies ``refittable``.
     """
 
     dynamic: bool = False
@@ -103,6 +107,7 @@ class BuildSettings:
     hardware_compatibility: str = "none"
     refittable: bool = False
     strip_weights: bool = False
+    require_user_allocation: bool = False
 
 
 @dataclass(frozen=True)
@@ -141,6 +146,7 @@ def build_options(module: str, export_dir: Path, settings: BuildSettings) -> Bui
             hardware_compatibility=settings.hardware_compatibility,
             refittable=settings.refittable or settings.strip_weights,
             strip_weights=settings.strip_weights,
+            require_user_allocation=settings.require_user_allocation,
         )
     except ValueError as err:
         raise ConfigError(str(err)) from err
@@ -199,7 +205,36 @@ def build(
     jobs = [
         _prepare_build(export_dir, entry, options, plugins, settings.rebuild, device, requests) for entry in entries
     ]  # refuse before building
-    return [_build_one(job, plugins, progress) for job in jobs]
+    built = [_build_one(job, plugins, progress) for job in jobs]
+    if settings.strip_weights:
+        shared = share_weights(export_dir, module)
+        if shared is not None:
+            _log.info("%s", shared.describe())
+    return built
+
+
+def share_weights(export_dir: str | os.PathLike, module: str) -> WeightSet | None:
+    """Write the flavour's one weight set (``deploykit.backends.shared_weights``) over every
+    weight-stripped engine in ``export_dir`` built from its graph as it is now (those of earlier
+    builds too: their refit graphs then point into the new file), and name it in each one's
+    record; None when there is none."""
+    directory = ExportDir(export_dir)
+    stripped: dict[Path, Path] = {}  # graph -> its engine's record
+    for entry in directory.manifest().graphs:
+        graph = directory.path / entry.file
+        engine, fp_path = engine_paths(graph, module)
+        try:
+            record = read_fingerprint(fp_path)
+        except StaleEngineError:  # refused where it is loaded or built again
+            continue
+        if engine.is_file() and record.weights_stripped and record.fingerprint.onnx_sha256 == sha256_file(graph):
+            stripped[graph] = fp_path
+    if not stripped:
+        return None
+    written = write_weight_set(list(stripped), flavour(module).tag)
+    for graph, fp_path in stripped.items():  # last: a record names only files already written
+        record_shared_weights(fp_path, written.engines[graph])
+    return written
 
 
 def _build_one(job: BuildJob, plugins: Plugins, progress: BuildProgress | None) -> BuiltEngine:

@@ -284,7 +284,13 @@ def validate(
 @click.option(
     "--strip-weights",
     is_flag=True,
-    help="A weight-stripped engine (STRIP_PLAN, implies --refittable), refitted from the graph's own ONNX when loaded.",
+    help="A weight-stripped engine (STRIP_PLAN, implies --refittable), refitted when loaded from one weight set (model.TAG.weights) "
+    "every resolution's stripped engine shares.",
+)
+@click.option(
+    "--require-user-allocation",
+    is_flag=True,
+    help="rtx: an engine that never allocates at run time, so CUDA graphs capture every execution (REQUIRE_USER_ALLOCATION).",
 )
 @click.option("--rebuild", is_flag=True, help="Replace engines whose fingerprint no longer matches (otherwise refused).")
 def build(
@@ -306,6 +312,7 @@ def build(
     hardware_compatibility,
     refittable,
     strip_weights,
+    require_user_allocation,
     rebuild,
 ):
     """Build one TensorRT engine per exported graph, beside it, with a fingerprint (-v: every
@@ -334,6 +341,7 @@ def build(
         hardware_compatibility=hardware_compatibility,
         refittable=refittable,
         strip_weights=strip_weights,
+        require_user_allocation=require_user_allocation,
     )
     console = render.console()
     progress = BuildProgress()

@@ -151,6 +151,8 @@ def inspect_engine(path: Path) -> dict:
             profile_shapes=record.fingerprint.shapes,
             profiles=[[list(shape) for shape in profile] for profile in record.profiles],  # every optimization profile
             lean_runtime=record.lean_runtime,
+            # a weight-stripped engine's refit graph and the one weights file it shares (None: it carries its weights)
+            shared_weights=record.shared_weights.to_dict() if record.shared_weights is not None else None,
         )
         # Plugins whose kernels the engine carries need loading no more than TensorRT needs them.
         module, installed = record.fingerprint.module, [] if record.self_contained else record.installed_plugins

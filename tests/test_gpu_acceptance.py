@@ -99,6 +99,7 @@ def test_gpu_parts_are_skipped_with_the_reason(report):
                 "static-batch",
                 "resolution-range",
                 "cuda graphs",
+                "weight-stripped engines",
             )
         )
         or "plugin library" in c["name"]
@@ -119,6 +120,7 @@ def test_gpu_parts_are_skipped_with_the_reason(report):
             f"static-batch engine trt {encoding}",
             f"resolution-range engine rtx {encoding}",
             f"cuda graphs match plain runs rtx {encoding}, shapes alternating",
+            f"weight-stripped engines rtx {encoding}",
             f"{encoding} with the plugin library None on trt",
         } <= names
     others = {c["name"]: c for c in data["checks"]}

@@ -6,7 +6,10 @@ Two flavours, two mechanisms:
   from outside may record a compilation; it captures graphs itself when the execution context is
   created with an ``IRuntimeConfig`` whose ``cuda_graph_strategy`` is ``WHOLE_GRAPH_CAPTURE``
   (``rtx_runtime.rtx_context``; ``rtx_graph_note`` reads back what it runs with). Polygraphy's
-  runner then runs that context as any other.
+  runner then runs that context as any other. Whether an execution was captured is judged by the
+  engine's builder flag (``REQUIRE_USER_ALLOCATION``, in its record: no allocation at run time,
+  so capture is possible at every shape) and by the context's ``is_stream_capturable``
+  (``rtx_capture_note``).
 * TensorRT has no such strategy and no ``is_stream_capturable`` (only TensorRT-RTX's context has
   it): the application captures ``execute_async_v3`` into a CUDA graph itself, as TensorRT's
   developer guide describes and ``trtexec --useCudaGraph`` does. Polygraphy's ``TrtRunner``
@@ -53,13 +56,22 @@ def rtx_graph_note(context: Any, trt: Any) -> str:
     return ""
 
 
-def rtx_capture_note(context: Any, stream_ptr: int, shape: tuple[int, ...]) -> str:
+def rtx_capture_note(context: Any, stream_ptr: int, shape: tuple[int, ...], guaranteed: bool = False) -> str:
     """Why TensorRT-RTX cannot capture the execution just run at ``shape`` on ``stream_ptr`` ("" when
-    it can): its own answer, ``IExecutionContext.is_stream_capturable`` (False for data-dependent
-    shapes or on-device control flow, TensorRT-RTX 1.2 release notes), which a capture needs."""
+    it can), judged by the engine's builder flag and the context's own answer together.
+
+    ``guaranteed``: the engine was built with ``REQUIRE_USER_ALLOCATION`` (its record says so), which
+    rules out allocation at run time for every shape (a layer that needs it fails the build), so a
+    capture is refused only by the stream. Without the flag TensorRT-RTX allocates at run time where
+    a shape exceeds its static allocation, and a capture needs ``is_stream_capturable`` (False then,
+    and for data-dependent shapes or on-device control flow: TensorRT-RTX 1.2 release notes).
+    """
     if context.is_stream_capturable(stream_ptr):
         return ""
-    return f"TensorRT-RTX cannot capture the execution at input shape {list(shape)} into a CUDA graph (is_stream_capturable is False)"
+    what = f"TensorRT-RTX cannot capture the execution at input shape {list(shape)} into a CUDA graph (is_stream_capturable is False"
+    if guaranteed:
+        return f"{what} on this stream, although the engine was built with REQUIRE_USER_ALLOCATION)"
+    return f"{what}: the engine was built without REQUIRE_USER_ALLOCATION, so it may allocate at run time; deploykit build --require-user-allocation builds one that never does)"
 
 
 class TorchCudaDevice:

@@ -27,6 +27,7 @@ from deploykit._io import write_json_atomic
 from deploykit.backends._polygraphy import import_trt
 from deploykit.backends.devices import Device, check_rtx_targets, probe_device
 from deploykit.backends.plugins import Plugins, check_plugins
+from deploykit.backends.shared_weights import SharedWeights
 from deploykit.backends.table import flavour
 from deploykit.backends.tensorrt import BuildOptions
 from deploykit.errors import DeployKitError, StaleEngineError
@@ -158,7 +159,15 @@ def build_settings(options: BuildOptions) -> dict:
     return settings
 
 
-ENGINE_KIND_FIELDS = ("profiles", "version_compatible", "exclude_lean_runtime", "hardware_compatibility", "refittable", "strip_weights")
+ENGINE_KIND_FIELDS = (
+    "profiles",
+    "version_compatible",
+    "exclude_lean_runtime",
+    "hardware_compatibility",
+    "refittable",
+    "strip_weights",
+    "require_user_allocation",
+)
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(BuildOptions)}
 
 
@@ -220,6 +229,9 @@ class EngineRecord:
             registered (0 in records written before this was recorded: a plugin is loaded).
         lean_runtime: what a version-compatible engine needs where it is loaded
             (``tensorrt.lean_runtime_note``); "" for any other engine.
+        shared_weights: a weight-stripped engine's refit graph and the one weights file it
+            shares with the flavour's other stripped engines (``shared_weights``); None for an
+            engine that carries its weights, or a stripped one refitted from its own graph.
     """
 
     fingerprint: Fingerprint
@@ -229,6 +241,7 @@ class EngineRecord:
     plugin_layers: int
     embedded_plugin_layers: int = 0
     lean_runtime: str = ""
+    shared_weights: SharedWeights | None = None
 
     @property
     def profiles(self) -> list:
@@ -242,6 +255,12 @@ class EngineRecord:
     def weights_stripped(self) -> bool:
         """Built with ``STRIP_PLAN``: refitted from the graph's ONNX when loaded."""
         return bool(self.fingerprint.build.get("strip_weights"))
+
+    @property
+    def capture_guaranteed(self) -> bool:
+        """Built with ``REQUIRE_USER_ALLOCATION`` (TensorRT-RTX): no execution allocates at run
+        time, so each can be captured into a CUDA graph (``cuda_graphs.capture_note``)."""
+        return bool(self.fingerprint.build.get("require_user_allocation"))
 
     @property
     def self_contained(self) -> bool:
@@ -276,6 +295,14 @@ def write_fingerprint(
     write_json_atomic(path, record)
 
 
+def record_shared_weights(path: str | os.PathLike, shared: SharedWeights) -> None:
+    """Add to the record at ``path`` the weight set its weight-stripped engine is refitted
+    from (written after the weight set, so a record never names files not yet there)."""
+    record = json.loads(Path(path).read_text())
+    record["shared_weights"] = shared.to_dict()
+    write_json_atomic(path, record)
+
+
 def read_fingerprint(path: str | os.PathLike) -> EngineRecord:
     """The record ``write_fingerprint`` stored.
 
@@ -293,6 +320,7 @@ def read_fingerprint(path: str | os.PathLike) -> EngineRecord:
             int(record["plugin_layers"]),
             int(record.get("embedded_plugin_layers", 0)),
             str(record.get("lean_runtime", "")),
+            SharedWeights.from_dict(record["shared_weights"]) if record.get("shared_weights") else None,
         )
     except FileNotFoundError:
         raise StaleEngineError(f"engine fingerprint {path} is missing; rebuild with deploykit build --rebuild") from None
@@ -360,6 +388,8 @@ class EngineFromPath:
         check_fingerprint(engine, stored, current, hint)
         if sha256_file(engine) != record.engine_sha256:
             raise StaleEngineError(f"{engine} changed since it was built (sha256 differs from {fp_path.name}); {hint}")
+        if record.weights_stripped and record.shared_weights is not None:  # before it is loaded and refitted from them
+            record.shared_weights.check(engine.parent, hint)
         if not record.self_contained:  # before the runner deserializes: plugin layers need their creators
             plugins.load(self.module)
         return engine.read_bytes()

@@ -70,7 +70,12 @@ class BuildOptions:
         refittable: ``REFIT_IDENTICAL``: weights can be refitted with the identical ones (TensorRT
             11.3's release notes advise it over ``REFIT``: the builder may optimise for them).
         strip_weights: ``STRIP_PLAN``: the engine carries no refittable weights; they are refitted
-            from the graph's own ONNX when it is loaded (needs ``refittable``).
+            when it is loaded, from the weight set ``deploykit build`` writes for every
+            resolution (``deploykit.backends.shared_weights``; needs ``refittable``).
+        require_user_allocation: TensorRT-RTX's ``REQUIRE_USER_ALLOCATION``: the engine never
+            allocates at run time, so every execution can be captured into a CUDA graph (its
+            build fails on a layer that would need to: data-dependent shapes); what the runner's
+            CUDA-graph verdict reads (``cuda_graphs.capture_note``). TensorRT has no such flag.
     """
 
     module: str = "tensorrt"
@@ -88,6 +93,7 @@ class BuildOptions:
     hardware_compatibility: str = "none"
     refittable: bool = False
     strip_weights: bool = False
+    require_user_allocation: bool = False
 
     def __post_init__(self) -> None:
         # As tuples, however given (a fingerprint read back from JSON holds lists).
@@ -132,6 +138,7 @@ class BuildOptions:
             "EXCLUDE_LEAN_RUNTIME": self.exclude_lean_runtime,
             "REFIT_IDENTICAL": self.refittable,
             "STRIP_PLAN": self.strip_weights,
+            "REQUIRE_USER_ALLOCATION": self.require_user_allocation,
         }
         return tuple(name for name, on in wanted.items() if on)
 

@@ -21,8 +21,10 @@ buffers, stream, shapes, output allocation). Ours around it:
 * TensorRT-RTX's runtime cache (``deploykit.backends.rtx_runtime``): the kernels it compiles
   for the GPU, read from a file beside the engine and written back when the runner deactivates,
   so the next process does not compile them again;
-* a weight-stripped engine (``deploykit build --strip-weights``) gets its weights back from the
-  graph it was built from when it is deserialized (``refit_from_onnx``), before any call;
+* a weight-stripped engine (``deploykit build --strip-weights``) gets its weights back when it
+  is deserialized (``refit_from_onnx``), before any call: from its refit graph, whose
+  initializers are in the one weights file every resolution's stripped engine of the flavour
+  shares (``deploykit.backends.shared_weights``; checked against the engine's record first);
 * TensorRT's own messages: every call runs inside ``TrtMessages``, so an error TensorRT logs
   becomes the one-line ``DeployKitError`` of a failed call and its warnings reach the log.
 """
@@ -30,10 +32,12 @@ buffers, stream, shapes, output allocation). Ours around it:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -65,8 +69,12 @@ class TrtRunner(Runner):
         device_info: what ``probe_device(device)`` reports; probed when None (tests pass one in).
         runtime_cache: portable flavours only (TensorRT-RTX): the file its runtime cache is kept in (read when the
             runner activates, written when it deactivates); None keeps none.
-        refit_from: the ONNX graph a weight-stripped engine was built from, refitted from it
-            when deserialized; None for an engine that carries its weights.
+        refit_from: the ONNX graph a weight-stripped engine is refitted from when deserialized
+            (its refit graph, ``shared_weights``); None for an engine that carries its weights.
+        capture_guaranteed: TensorRT-RTX: the engine was built with ``REQUIRE_USER_ALLOCATION``
+            (``EngineRecord.capture_guaranteed``), so no execution allocates at run time and the
+            first execution's ``is_stream_capturable`` stands for every shape
+            (``cuda_graphs.rtx_capture_note``); otherwise each execution is asked.
     """
 
     def __init__(
@@ -78,9 +86,10 @@ class TrtRunner(Runner):
         device_info: Device | None = None,
         runtime_cache: str | os.PathLike | None = None,
         refit_from: str | os.PathLike | None = None,
+        capture_guaranteed: bool = False,
     ):
         super().__init__()
-        self.refit_from = refit_from
+        self.refit_from, self.capture_guaranteed = refit_from, capture_guaranteed
         self.engine, self.module, self.cuda_graph, self.device, self.device_info = engine, module, cuda_graph, device, device_info
         self.flavour = flavour(module)
         self.runtime_cache = RuntimeCache(runtime_cache) if runtime_cache is not None and self.flavour.portable else None
@@ -215,11 +224,13 @@ class TrtRunner(Runner):
     def _run(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         with self._tensorrt("inference failed"):
             outputs = dict(self._state["executor"].infer(feed))
-        if self.flavour.captures_cuda_graphs and self.cuda_graph and not self._state["note"]:
-            # TensorRT-RTX captures inside execute_async_v3 and says nothing of it: ask it, per shape run,
-            # whether it could (Polygraphy's runner holds the context and the stream it ran on).
+        if self.flavour.captures_cuda_graphs and self.cuda_graph and not self._state["note"] and not self._state.get("judged"):
+            # TensorRT-RTX captures inside execute_async_v3 and says nothing of it: ask it whether it could
+            # (Polygraphy's runner holds the context and the stream it ran on), per execution unless the
+            # engine's builder flag rules out allocation at run time, when the first answer stands.
             executor, shape = self._state["executor"], tuple(next(iter(feed.values())).shape)
-            self._state["note"] = rtx_capture_note(executor.context, executor.stream.ptr, shape)
+            self._state["note"] = rtx_capture_note(executor.context, executor.stream.ptr, shape, self.capture_guaranteed)
+            self._state["judged"] = self.capture_guaranteed
         return outputs
 
     def _deactivate(self) -> None:
@@ -271,11 +282,23 @@ def engine_runner(
     _, fp_path = require_engine(onnx_path, module)  # said first: whatever the machine, the engine is to be built
     source = EngineFromPath(onnx_path, module, device, plugins)
     try:
-        stripped = read_fingerprint(fp_path).weights_stripped
+        record = read_fingerprint(fp_path)
     except StaleEngineError:  # EngineFromPath refuses it when the runner activates, in order with the device checks
-        stripped = False
+        record = None
+    refit_from = None
+    if record is not None and record.weights_stripped:  # the flavour's one weight set, else (recorded before it) its own graph
+        shared = record.shared_weights
+        refit_from = Path(onnx_path).parent / shared.refit_graph if shared is not None else onnx_path
     cache = runtime_cache_path(onnx_path)
-    return TrtRunner(source, module, cuda_graph, device_info=device, runtime_cache=cache, refit_from=onnx_path if stripped else None)
+    return TrtRunner(
+        source,
+        module,
+        cuda_graph,
+        device_info=device,
+        runtime_cache=cache,
+        refit_from=refit_from,
+        capture_guaranteed=record is not None and record.capture_guaranteed,
+    )
 
 
 def debug_engine_runner(
@@ -298,6 +321,8 @@ def debug_engine_runner(
         (shapes,) = stored.shapes.values()  # [min, opt, max] of the one input
         samples = tuple(tuple(s[1:]) for s in shapes)
         options = BuildOptions(module=module, **stored.build, sample_shapes=samples if len(set(samples)) > 1 else None)
+        # With its weights: nothing refits a debug engine (and refit flags change no precision or shape).
+        options = dataclasses.replace(options, refittable=False, strip_weights=False)
         return EngineFromOnnx(marked, options, plugins=plugins if plugins is not None else installed_plugins(record))()
 
     return TrtRunner(build, module=module, device_info=device)

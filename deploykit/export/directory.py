@@ -11,6 +11,9 @@ Layout of ``DIR``::
     model_224.trt.engine an engine ``deploykit build`` wrote beside its graph (``.rtx.`` for
     model_224.trt.json   TensorRT-RTX) and its fingerprint; TensorRT-RTX's runtime cache
                          (``model_224.rtx.runtime-cache``) beside its engine
+    model_224.trt.refit.onnx  a weight-stripped engine's refit graph: its graph with the
+    model.trt.weights    initializers in the one weights file every resolution's stripped
+                         engine of the flavour is refitted from (``backends.shared_weights``)
     timing.cache         TensorRT's timing cache, shared by the builds of every graph
     profile_choice.json  ``deploykit profile``'s fastest validated plan per resolution and batch,
                          each with the sha256 of the graph it runs (``Choice``)
@@ -58,10 +61,11 @@ ENGINE_TAGS = tuple(f.tag for f in FLAVOURS)
 # The flavour that compiles its kernels when it loads an engine (TensorRT-RTX) keeps them beside it.
 (RUNTIME_CACHE_TAG,) = (f.tag for f in FLAVOURS if f.portable)
 ENGINE_SUFFIXES = (
-    *(f".{tag}.{kind}" for tag in ENGINE_TAGS for kind in ("engine", "json")),
+    *(f".{tag}.{kind}" for tag in ENGINE_TAGS for kind in ("engine", "json", "refit.onnx")),
     f".{RUNTIME_CACHE_TAG}.runtime-cache",
 )
-BUILD_FILES = (TIMING_CACHE_FILE,)
+# One weights file per flavour, shared by its weight-stripped engines (``shared_weights_file``).
+BUILD_FILES = (TIMING_CACHE_FILE, *(f"model.{tag}.weights" for tag in ENGINE_TAGS))
 # ``_io.atomic_path``'s temporary file, left by a write that was killed.
 _TEMPORARY = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
 
@@ -71,6 +75,19 @@ def engine_files(graph: str | os.PathLike, tag: str) -> tuple[Path, Path]:
     (``model_224.trt.engine``, ``model_224.trt.json`` for ``model_224.onnx``)."""
     stem = Path(graph).with_suffix("")
     return stem.with_name(f"{stem.name}.{tag}.engine"), stem.with_name(f"{stem.name}.{tag}.json")
+
+
+def refit_graph_file(graph: str | os.PathLike, tag: str) -> Path:
+    """The refit graph of the weight-stripped engine of flavour ``tag`` beside ``graph``
+    (``model_224.rtx.refit.onnx``): ``graph`` with its initializers in ``shared_weights_file``."""
+    stem = Path(graph).with_suffix("")
+    return stem.with_name(f"{stem.name}.{tag}.refit.onnx")
+
+
+def shared_weights_file(directory: str | os.PathLike, tag: str) -> Path:
+    """The one weights file the weight-stripped engines of flavour ``tag`` in ``directory`` are
+    refitted from (``model.rtx.weights``), whatever their resolution."""
+    return Path(directory) / f"model.{tag}.weights"
 
 
 def runtime_cache_file(graph: str | os.PathLike) -> Path:

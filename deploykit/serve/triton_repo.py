@@ -275,6 +275,12 @@ def _find_engines(graph: Path, plugins) -> FoundEngines:
         raise StaleEngineError(f"{trt_engine}: the graph changed since the engine was built; {hint}")
     if record.engine_sha256 != sha256_file(trt_engine):
         raise StaleEngineError(f"{trt_engine} changed since it was built; {hint}")
+    if record.weights_stripped:  # Triton deserializes the engine as it is: a stripped one would run without its weights
+        raise DeployKitError(
+            f"{trt_engine.name} is weight-stripped (deploykit build --strip-weights), and Triton's TensorRT backend loads an engine "
+            f"as it is, without refitting it; for Triton, build it with its weights (deploykit build {graph.parent} --backend trt "
+            "--rebuild), or serve it with deploykit serve, which refits it"
+        )
     libraries: tuple[Path, ...] = ()
     if record.plugin_layers and not record.self_contained:
         if record.installed_plugins or any(s.kind != "library" for s in plugins.sources):

@@ -253,3 +253,68 @@ def test_a_weight_stripped_engine_is_refitted_from_its_graph(zoo_ape_export):
         DeployKitError, match=r"did not refit the engine from model_48.onnx \(weights missing: \['blocks.0.attn.qkv.weight'\]\)"
     ):
         refit_from_onnx(module, engine, graph, logger)
+
+
+def test_rtx_builds_an_engine_that_never_allocates_at_run_time(zoo_ape_export, tmp_path, deploykit_cli):
+    """REQUIRE_USER_ALLOCATION (TensorRT-RTX 1.2+): no execution allocates at run time, so each can
+    be captured into a CUDA graph. TensorRT-RTX's real builder builds it here; the record says so,
+    and the runner made from that record judges capture by it."""
+    from deploykit.backends.devices import Device
+    from deploykit.backends.trt_runner import engine_runner
+
+    exp, code, errors = _build(deploykit_cli, zoo_ape_export, tmp_path, "--require-user-allocation")
+    assert code == 0, errors
+    record = read_fingerprint(engine_paths(exp / "model_48.onnx", "tensorrt_rtx")[1])
+    assert record.fingerprint.build["require_user_allocation"] is True and record.capture_guaranteed
+    rtx_4090 = Device("13.0", "580.65", "NVIDIA GeForce RTX 4090", "8.9")
+    assert engine_runner(exp / "model_48.onnx", "tensorrt_rtx", cuda_graph=True, device=rtx_4090).capture_guaranteed
+    # an engine built without it carries no such guarantee, and its record keeps the fingerprint it had
+    plain, code, errors = _build(deploykit_cli, zoo_ape_export, tmp_path / "plain")
+    assert code == 0, errors
+    record = read_fingerprint(engine_paths(plain / "model_48.onnx", "tensorrt_rtx")[1])
+    assert "require_user_allocation" not in record.fingerprint.build and not record.capture_guaranteed
+    assert not engine_runner(plain / "model_48.onnx", "tensorrt_rtx", cuda_graph=True, device=rtx_4090).capture_guaranteed
+
+
+def test_tensorrt_has_no_require_user_allocation_flag():
+    """TensorRT 11.4's BuilderFlag (the lean wheel's: the same enum as full TensorRT's) has no
+    REQUIRE_USER_ALLOCATION: asked of it, the build is refused in one line before it starts."""
+    import tensorrt_lean as lean
+    import tensorrt_rtx as rtx
+
+    from deploykit.backends.tensorrt import _apply_engine_kind
+    from deploykit.errors import ExportError
+    from tests.trt_api import strict_autospec
+
+    assert not hasattr(lean.BuilderFlag, "REQUIRE_USER_ALLOCATION") and hasattr(rtx.BuilderFlag, "REQUIRE_USER_ALLOCATION")
+    config = strict_autospec(rtx.IBuilderConfig)  # TensorRT's own builder config does not install here
+    with pytest.raises(ExportError, match="^TensorRT has no builder flag REQUIRE_USER_ALLOCATION; build this engine with the other"):
+        _apply_engine_kind(lean, config, BuildOptions(require_user_allocation=True), "TensorRT")
+    config.set_flag.assert_not_called()
+
+
+def test_the_tensorrt_path_sets_each_engine_kind_with_tensorrt_s_own_members():
+    """TensorRT itself does not install here; its 11.4 enums do (the lean wheel's ``BuilderFlag``
+    and ``HardwareCompatibilityLevel`` are full TensorRT's). Every kind deploykit asks of it is set
+    with TensorRT's own member, on a builder config autospecced from the real class, and read back."""
+    import tensorrt_lean as lean
+    import tensorrt_rtx as rtx
+
+    from deploykit.backends.tensorrt import _apply_engine_kind
+    from tests.trt_api import strict_autospec
+
+    config = strict_autospec(rtx.IBuilderConfig)  # TensorRT's own builder config class does not install here
+    held = set()
+    config.set_flag.side_effect, config.get_flag.side_effect = held.add, held.__contains__
+    options = BuildOptions(
+        refittable=True, strip_weights=True, version_compatible=True, exclude_lean_runtime=True, hardware_compatibility="ampere_plus"
+    )
+    _apply_engine_kind(lean, config, options, "TensorRT")
+    names = ("VERSION_COMPATIBLE", "EXCLUDE_LEAN_RUNTIME", "REFIT_IDENTICAL", "STRIP_PLAN")
+    assert held == {getattr(lean.BuilderFlag, n) for n in names} and options.engine_flags == names
+    assert config.hardware_compatibility_level == lean.HardwareCompatibilityLevel.AMPERE_PLUS
+    config.get_flag.side_effect = lambda flag: False  # a config that did not take a flag is refused before the build
+    from deploykit.errors import ExportError
+
+    with pytest.raises(ExportError, match="^TensorRT did not take the builder flag VERSION_COMPATIBLE$"):
+        _apply_engine_kind(lean, config, options, "TensorRT")

@@ -264,13 +264,45 @@ def test_rtx_runner_reports_cuda_graphs_only_while_tensorrt_rtx_can_capture(rtx_
         context.is_stream_capturable.return_value = False  # e.g. data-dependent shapes at this batch
         runner.infer({"images": np.zeros((1, 3, 32, 32), np.float32)})
         assert not runner.cuda_graphs and not runner.info.cuda_graphs.used
-        assert (
-            runner.cuda_graph_note
-            == "TensorRT-RTX cannot capture the execution at input shape [1, 3, 32, 32] into a CUDA graph (is_stream_capturable is False)"
+        assert runner.cuda_graph_note == (
+            "TensorRT-RTX cannot capture the execution at input shape [1, 3, 32, 32] into a CUDA graph (is_stream_capturable is False: "
+            "the engine was built without REQUIRE_USER_ALLOCATION, so it may allocate at run time; "
+            "deploykit build --require-user-allocation builds one that never does)"
         )
         context.is_stream_capturable.return_value = True
         runner.infer({"images": np.zeros((4, 3, 32, 32), np.float32)})
         assert not runner.cuda_graphs  # one execution that could not be captured is enough to say so
+
+
+def test_rtx_capture_is_judged_by_the_engine_s_builder_flag_too(rtx_runner):
+    """An engine built with REQUIRE_USER_ALLOCATION (its record says so: ``capture_guaranteed``)
+    never allocates at run time, so TensorRT-RTX's first answer stands for every shape and it is
+    not asked again; a refusal then is the stream's, and says so."""
+    make, engine, made = rtx_runner
+    context = engine.create_execution_context.return_value
+    with make(cuda_graph=True, capture_guaranteed=True) as runner:
+        polygraphy = made[-1][1]
+        polygraphy.infer.side_effect = lambda feed: {"logits": np.zeros((len(feed["images"]), 10), np.float32)}
+        context.is_stream_capturable.return_value = True
+        for batch in (4, 1, 8):
+            runner.infer({"images": np.zeros((batch, 3, 32, 32), np.float32)})
+        context.is_stream_capturable.assert_called_once_with(11)
+        assert runner.cuda_graphs and runner.cuda_graph_note == ""
+    with make(cuda_graph=True, capture_guaranteed=True) as runner:
+        made[-1][1].infer.side_effect = polygraphy.infer.side_effect
+        context.is_stream_capturable.return_value = False
+        runner.infer({"images": np.zeros((2, 3, 32, 32), np.float32)})
+        assert not runner.cuda_graphs and runner.cuda_graph_note == (
+            "TensorRT-RTX cannot capture the execution at input shape [2, 3, 32, 32] into a CUDA graph "
+            "(is_stream_capturable is False on this stream, although the engine was built with REQUIRE_USER_ALLOCATION)"
+        )
+    with make(cuda_graph=True) as runner:  # without the flag, each execution is asked
+        made[-1][1].infer.side_effect = polygraphy.infer.side_effect
+        context.is_stream_capturable.reset_mock(return_value=True)
+        context.is_stream_capturable.return_value = True
+        for batch in (4, 1, 8):
+            runner.infer({"images": np.zeros((batch, 3, 32, 32), np.float32)})
+        assert context.is_stream_capturable.call_count == 3 and runner.cuda_graphs
 
 
 @pytest.mark.parametrize("cuda_graph", [False, True])

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from deploykit.export import export
-from deploykit.export.directory import BUILD_FILES, ENGINE_SUFFIXES
+from deploykit.export.directory import BUILD_FILES, ENGINE_SUFFIXES, TIMING_CACHE_FILE, refit_graph_file, shared_weights_file
 from deploykit.export.manifest import Manifest
 from tests.export.test_staged_export import tiny
 from tests.test_cli import RES, assert_one_line_error, run_cli, snapshot
@@ -145,7 +145,10 @@ def test_the_files_export_knows_as_builds_are_the_ones_build_writes(tmp_path):
     written = {
         path.name.removeprefix("model_32") for module in (f.module for f in FLAVOURS) for path in engine_paths("model_32.onnx", module)
     }
+    written |= {refit_graph_file("model_32.onnx", f.tag).name.removeprefix("model_32") for f in FLAVOURS}  # build --strip-weights
     written.add(runtime_cache_path("model_32.onnx").name.removeprefix("model_32"))  # TensorRT-RTX's runners write it
     assert written == set(ENGINE_SUFFIXES)
     options = build_options("tensorrt", tmp_path, BuildSettings())
-    assert (Path(options.timing_cache).parent, Path(options.timing_cache).name) == (tmp_path, *BUILD_FILES)
+    assert (Path(options.timing_cache).parent, Path(options.timing_cache).name) == (tmp_path, TIMING_CACHE_FILE)
+    # and the one weights file of each flavour's weight-stripped engines
+    assert set(BUILD_FILES) == {TIMING_CACHE_FILE, *(shared_weights_file(tmp_path, f.tag).name for f in FLAVOURS)}
