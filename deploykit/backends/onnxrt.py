@@ -196,7 +196,14 @@ class OnnxrtRunner(Runner):
         import onnx
 
         from deploykit.backends.cpu_kernels import OPS, compiled_library
-        from deploykit.graph.plugin_nodes import fold_logits_adds, has_companions, mark_plugin_nodes, plugin_ops
+        from deploykit.graph.plugin_nodes import (
+            compile_signatures,
+            fold_logits_adds,
+            has_companions,
+            mark_plugin_nodes,
+            plugin_ops,
+            value_types,
+        )
 
         try:
             model = onnx.load_from_string(source) if isinstance(source, bytes) else onnx.load(source)
@@ -212,10 +219,13 @@ class OnnxrtRunner(Runner):
             self.kernels = f"{names}: ONNX function body ({why})"
             return source
         mark_plugin_nodes(model, OPS)
-        folded = fold_logits_adds(model)
+        values = value_types(model)
+        signatures = compile_signatures(model, values)
+        folded = fold_logits_adds(model, values)
         self._library = str(library.path)
-        kernel = ", ".join(f"{d}::{o}" for d, o in sorted(OPS))
-        self.kernels = f"{names}: distances in deploykit's compiled kernel ({kernel}{', logits added there' if folded else ''})"
+        ran = [*(["deploykit::SaPE2Signatures"] if signatures else []), *(f"{d}::{o}" for d, o in sorted(OPS))]
+        stages = "signatures and distances in deploykit's compiled kernels" if signatures else "distances in deploykit's compiled kernel"
+        self.kernels = f"{names}: {stages} ({', '.join(ran)}{', logits added there' if folded else ''})"
         return model.SerializeToString()
 
     def _new_session(self, source, options):

@@ -123,16 +123,44 @@ def _split_sape2_bias(model: onnx.ModelProto, node: onnx.NodeProto, index: int) 
 _SPLITTERS = {("deploykit", "SaPE2Bias"): _split_sape2_bias}
 
 
-def fold_logits_adds(model: onnx.ModelProto) -> int:
+SIGNATURES = ("deploykit", "SaPE2AxisSignatures")  # the first stage of SaPE2Bias's split, a model-local function
+COMPILED_SIGNATURES = ("deploykit", "SaPE2Signatures")  # the same stage in deploykit's CPU kernel library
+
+
+def compile_signatures(model: onnx.ModelProto, values: dict[str, onnx.TypeProto] | None = None) -> int:
+    """ONNX Runtime's compiled-kernel form of a split graph (``mark_plugin_nodes``), in place: each
+    ``SaPE2AxisSignatures`` node whose inputs are all fp32 becomes the library's ``SaPE2Signatures``
+    (same inputs, outputs and attributes), and the function goes where no node calls it any more.
+    ``values`` are the graph's value types (``value_types``), computed here when not given. Returns
+    the number of nodes changed."""
+    from onnx import TensorProto
+
+    values = value_types(model) if values is None else values
+    changed = 0
+    for node in model.graph.node:
+        if (node.domain, node.op_type) == SIGNATURES and all(
+            name in values and values[name].tensor_type.elem_type == TensorProto.FLOAT for name in node.input
+        ):
+            node.domain, node.op_type = COMPILED_SIGNATURES
+            changed += 1
+    called = {(n.domain, n.op_type) for n in model.graph.node}
+    kept = [f for f in model.functions if (f.domain, f.name) != SIGNATURES or SIGNATURES in called]
+    del model.functions[:]
+    model.functions.extend(kept)
+    return changed
+
+
+def fold_logits_adds(model: onnx.ModelProto, values: dict[str, onnx.TypeProto] | None = None) -> int:
     """ONNX Runtime's compiled-kernel form of a split graph (``mark_plugin_nodes``), in place: where
     q is fp32, each ``SaPE2Distance``'s ``CastLike`` goes (ONNX Runtime runs a float-to-float
     ``Cast`` as a copy of ``[B, h, T, T]``), and where the distances' one consumer is then the
     ``Add`` of fp32 logits (the fp16 plan casts them to fp32 for the encoding), the logits become
     the node's third input and the node takes the ``Add``'s place: the kernel adds them as it
-    writes, in the same single fp32 addition. Returns the number of ``Add`` nodes folded."""
+    writes, in the same single fp32 addition. ``values`` as ``compile_signatures`` takes them.
+    Returns the number of ``Add`` nodes folded."""
     from onnx import TensorProto
 
-    values = _value_types(model)
+    values = value_types(model) if values is None else values
     types = {name: t.tensor_type.elem_type for name, t in values.items()}
     nodes = list(model.graph.node)
     consumers: dict[str, list[onnx.NodeProto]] = {}
@@ -172,7 +200,7 @@ def _rank(value: onnx.TypeProto) -> int | None:
     return len(value.tensor_type.shape.dim) if value.tensor_type.HasField("shape") else None
 
 
-def _value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
+def value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
     """Every value's type (inputs, initializers, inferred inner values, outputs), from shape
     inference on a light copy of the graph: its initializers declared as inputs, without data."""
     graph = onnx.GraphProto(name=model.graph.name)

@@ -79,6 +79,59 @@ def test_both_vector_widths_equal_float64_whichever_this_cpu_picks(tmp_path, lan
     assert np.abs(got - want).max() <= 1e-6 * want.max() and np.array_equal(got, got.transpose(0, 1, 3, 2))
 
 
+@pytest.mark.parametrize(
+    "grid, prefix, d, table, mode, table_std",
+    [
+        ((14, 14), 1, 64, 64, 1, 1.0),  # ViT-S at 224, the paper's mode
+        ((7, 31), 0, 12, 16, 0, 1.0),  # non-square, d not a whole vector, M < W: positions clamp to M - 1
+        ((5, 3), 5, 32, 8, 2, 0.02),  # registers, k_swap, small tables as trained ones start
+        ((1, 1), 1, 8, 4, 1, 1.0),  # one patch
+    ],
+)
+def test_the_signature_kernel_equals_float64_pytorch_in_every_mode(library, grid, prefix, d, table, mode, table_std):
+    """deploykit::SaPE2Signatures (Eq. 9-14 in C, its exp a polynomial) against the float64
+    reference PyTorch computes, within 1e-5 of the largest signature."""
+    import torch
+
+    from deploykit.encodings.sape2 import MODES, sape2_axis_signatures
+
+    rows, cols = grid
+    rng = np.random.default_rng(rows * cols + d)
+    q, k = (rng.standard_normal((2, 3, prefix + rows * cols, d)).astype(np.float32) for _ in range(2))
+    tx, ty = ((rng.standard_normal((d, table)) * table_std).astype(np.float32) for _ in range(2))
+    got = cpu_kernels.signatures(library, q, k, tx, ty, rows, cols, prefix, 0.6, mode)
+    as64 = [torch.from_numpy(a).double() for a in (q[:, :, prefix:], k[:, :, prefix:], tx, ty)]
+    want = sape2_axis_signatures(*as64, grid, 0.6, MODES[mode])
+    if table < max(grid):  # control: the case reaches the clamp
+        assert (torch.sigmoid(0.6 * as64[0] @ as64[1].transpose(-1, -2)).sum(-1) > table - 1).any()
+    for z, w in zip(got, want, strict=True):
+        assert z.shape == tuple(w.shape) and np.abs(z - w.numpy()).max() <= 1e-5 * np.abs(w.numpy()).max()
+
+
+def test_the_runner_computes_signatures_in_the_kernel_only_where_their_inputs_are_fp32(library):
+    """A SaPE2AxisSignatures node with fp32 inputs becomes the library's SaPE2Signatures; one with
+    an fp16 input keeps its function (the kernel reads fp32 only)."""
+    from onnx import TensorProto, helper
+
+    from deploykit.export.custom_ops import function_proto
+    from deploykit.graph.plugin_nodes import compile_signatures
+
+    attrs = {"grid_h": 2, "grid_w": 2, "num_prefix_tokens": 1, "scale": 1.0, "mode": 1}
+    node = helper.make_node("SaPE2AxisSignatures", ["q", "k", "tx", "ty"], ["zx", "zy"], domain="deploykit", **attrs)
+    for dtype, changes in ((TensorProto.FLOAT16, 0), (TensorProto.FLOAT, 1)):  # the fp32 graph is the control
+        inputs = [helper.make_tensor_value_info(n, dtype, [1, 1, 5, 4]) for n in ("q", "k")]
+        inputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, [4, 3]) for n in ("tx", "ty")]
+        outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("zx", "zy")]
+        model = helper.make_model(
+            helper.make_graph([node], "g", inputs, outputs),
+            opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("deploykit", 1)],
+            functions=[function_proto(("deploykit", "SaPE2AxisSignatures"))],
+        )
+        assert compile_signatures(model) == changes
+        assert model.graph.node[0].op_type == ("SaPE2AxisSignatures" if changes == 0 else "SaPE2Signatures")
+        assert len(model.functions) == 1 - changes  # the function goes once nothing calls it
+
+
 def _distance_graph(grid_h: int, grid_w: int, prefix: int, zx_shape, zy_shape) -> bytes:
     node = onnx.helper.make_node(
         "SaPE2Distance", ["zx", "zy"], ["d"], domain="deploykit", grid_h=grid_h, grid_w=grid_w, num_prefix_tokens=prefix
@@ -202,6 +255,7 @@ def test_each_cpu_runtime_runs_a_sape2_export_through_the_kernel_as_the_function
         with _runner(runtime, graph, True) as compiled, _runner(runtime, graph, False) as body:
             got, plain = (next(iter(r.infer({"images": images}).values())) for r in (compiled, body))
             assert "compiled" in compiled.info.kernels and "function body" in body.info.kernels
+            assert ("SaPE2Signatures" in compiled.info.kernels) == (runtime == "onnxruntime")
         with torch.no_grad():
             want = model(torch.from_numpy(images)).numpy()
         scale = np.abs(want).max()

@@ -249,6 +249,8 @@ def _self_check(library: Path, runtime: str = "onnxruntime") -> str:
         options = ort.SessionOptions()
         options.register_custom_ops_library(str(library))
         got = ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"]).run(None, feed)[0]
+        if not _signatures_agree(library, options):
+            return "its SaPE2Signatures disagrees with its own plain-buffer entry on a small case"
     else:
         import openvino as ov
 
@@ -258,6 +260,70 @@ def _self_check(library: Path, runtime: str = "onnxruntime") -> str:
     if got.shape != want.shape or not np.allclose(got, want, rtol=1e-5, atol=1e-6):
         return "its SaPE2Distance disagrees with numpy on a small case"
     return ""
+
+
+def _signatures_agree(library: Path, options) -> bool:
+    """Whether ONNX Runtime's ``SaPE2Signatures`` gives what the library's plain-buffer entry gives
+    on a small case (the attribute and shape plumbing; the tests judge the arithmetic against
+    float64 PyTorch)."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    grid_h, grid_w, prefix = CHECK_GRID
+    rng = np.random.default_rng(1)
+    q, k = (rng.standard_normal((1, 2, prefix + grid_h * grid_w, 4)).astype(np.float32) for _ in range(2))
+    tx, ty = (rng.standard_normal((4, 5)).astype(np.float32) for _ in range(2))
+    attrs = {"grid_h": grid_h, "grid_w": grid_w, "num_prefix_tokens": prefix, "scale": 0.75, "mode": 2}
+    node = helper.make_node("SaPE2Signatures", ["q", "k", "tx", "ty"], ["zx", "zy"], domain="deploykit", **attrs)
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("q", "k", "tx", "ty")]
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("zx", "zy")]
+    graph = helper.make_model(
+        helper.make_graph([node], "check", inputs, outputs),
+        opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("deploykit", 1)],
+    )
+    zx, zy = ort.InferenceSession(graph.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(
+        None, {"q": q, "k": k, "tx": tx, "ty": ty}
+    )
+    want = signatures(library, q, k, tx, ty, grid_h, grid_w, prefix, attrs["scale"], attrs["mode"])
+    return all(a.shape == b.shape and np.array_equal(a, b) for a, b in zip((zx, zy), want, strict=True))
+
+
+def signatures(library: Path, q: np.ndarray, k: np.ndarray, table_x: np.ndarray, table_y: np.ndarray, grid_h: int, grid_w: int,
+               num_prefix_tokens: int, scale: float, mode: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """SaPE²'s axis signatures (Eq. 9-14) in the library's plain-buffer entry, on the calling thread:
+    ``q``, ``k`` ``[B, h, P + N, d]`` and tables ``[d, M]`` fp32 to ``Zx`` ``[B, h, N, W]`` and ``Zy``
+    ``[B, h, N, H]``; ``mode`` an index into SaPE²'s modes (q, k, k_swap)."""
+    fn = _signature_entry(str(library))
+    q, k, table_x, table_y = (np.ascontiguousarray(a, dtype=np.float32) for a in (q, k, table_x, table_y))
+    b, h, t, d = q.shape
+    n = grid_h * grid_w
+    if k.shape != q.shape or t != num_prefix_tokens + n or table_x.shape[0] != d or table_y.shape != table_x.shape:
+        raise ValueError(f"q {q.shape}, k {k.shape}, tables {table_x.shape} {table_y.shape} do not fit a {grid_h}x{grid_w} grid")
+    zx, zy = np.empty((b, h, n, grid_w), np.float32), np.empty((b, h, n, grid_h), np.float32)
+    for i, j in np.ndindex(b, h):
+        args = (q[i, j], k[i, j], table_x, table_y)
+        if fn(
+            *(a.ctypes.data for a in args),
+            d,
+            table_x.shape[1],
+            grid_h,
+            grid_w,
+            num_prefix_tokens,
+            scale,
+            mode,
+            zx[i, j].ctypes.data,
+            zy[i, j].ctypes.data,
+        ):
+            raise MemoryError("SaPE2Signatures: out of memory")
+    return zx, zy
+
+
+@functools.cache
+def _signature_entry(library: str):
+    fn = ctypes.CDLL(library).deploykit_sape2_signatures
+    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_int64] + [ctypes.c_void_p] * 2
+    fn.restype = ctypes.c_int
+    return fn
 
 
 @functools.cache

@@ -50,6 +50,7 @@ enum {
   CREATE_CUSTOM_OP_DOMAIN = 26,
   CUSTOM_OP_DOMAIN_ADD = 27,
   ADD_CUSTOM_OP_DOMAIN = 28,
+  KERNEL_INFO_GET_ATTRIBUTE_FLOAT = 85,
   KERNEL_INFO_GET_ATTRIBUTE_INT64 = 86,
   KERNEL_CONTEXT_GET_INPUT = 90,
   KERNEL_CONTEXT_GET_OUTPUT = 91,
@@ -70,6 +71,7 @@ typedef OrtStatus *(*CreateCustomOpDomainFn)(const char *, OrtCustomOpDomain **)
 typedef OrtStatus *(*CustomOpDomainAddFn)(OrtCustomOpDomain *, const void *);
 typedef OrtStatus *(*AddCustomOpDomainFn)(OrtSessionOptions *, OrtCustomOpDomain *);
 typedef OrtStatus *(*KernelInfoGetAttributeInt64Fn)(const OrtKernelInfo *, const char *, int64_t *);
+typedef OrtStatus *(*KernelInfoGetAttributeFloatFn)(const OrtKernelInfo *, const char *, float *);
 typedef OrtStatus *(*KernelContextGetInputFn)(const OrtKernelContext *, size_t, const OrtValue **);
 typedef OrtStatus *(*KernelContextGetOutputFn)(OrtKernelContext *, size_t, const int64_t *, size_t, OrtValue **);
 typedef void (*ReleaseFn)(void *);
@@ -213,6 +215,126 @@ static void tile_row(void *data, size_t item) {
   for (int64_t J = I; J < job->n; J += TILE) tile(job, bh, I, J);
 }
 
+/* ---- the signatures (Eq. 9-14), deploykit::SaPE2Signatures ---------------------------------- */
+
+/* out[i * ldo + j] = sum_k x[i * ldx + k] * yt[k * ldy + j] for i < rows, j < cols: a small matrix
+ * product in the tiles above (ROWS rows by two vectors of columns); yt's rows are zero past cols up
+ * to a whole tile (ldy). */
+static void small_product(const float *x, int64_t ldx, const float *yt, int64_t ldy, int64_t rows, int64_t cols, int64_t d,
+                          float *out, int64_t ldo) {
+  for (int64_t i0 = 0; i0 < rows; i0 += ROWS) {
+    const float *xr[ROWS];
+    for (int r = 0; r < ROWS; ++r) xr[r] = x + (i0 + r < rows ? i0 + r : i0) * ldx; /* rows past the end repeat one */
+    for (int64_t j0 = 0; j0 < cols; j0 += TILE) {
+      vec acc[ROWS][2] = {{{0}}};
+      for (int64_t k = 0; k < d; ++k) {
+        vec c0, c1;
+        memcpy(&c0, yt + k * ldy + j0, sizeof(vec));
+        memcpy(&c1, yt + k * ldy + j0 + LANES, sizeof(vec));
+        for (int r = 0; r < ROWS; ++r) {
+          const float v = xr[r][k];
+          acc[r][0] += c0 * v;
+          acc[r][1] += c1 * v;
+        }
+      }
+      const int64_t n = cols - j0 < TILE ? cols - j0 : TILE;
+      for (int r = 0; r < ROWS && i0 + r < rows; ++r) {
+        float row[TILE];
+        memcpy(row, &acc[r][0], sizeof(vec));
+        memcpy(row + LANES, &acc[r][1], sizeof(vec));
+        memcpy(out + (i0 + r) * ldo + j0, row, n * sizeof(float));
+      }
+    }
+  }
+}
+
+static int64_t whole_tiles(int64_t n) { return (n + TILE - 1) / TILE * TILE; }
+
+typedef int32_t ivec __attribute__((vector_size(LANES * sizeof(int32_t))));
+
+static inline vec splat(float v) { return (vec){0} + v; }
+
+/* 1 / (1 + exp(x)) lane by lane, x clamped to [-87, 87]: exp as 2^n times a degree-6 polynomial of
+ * the rest (Cody-Waite reduction, within 2 ulp), in vector arithmetic, since the C library's expf
+ * runs one lane at a time without -ffast-math. */
+static inline vec logistic_of_minus(vec x) {
+  const ivec low = x < splat(-87.f), high = x > splat(87.f);
+  x = (vec)(((ivec)x & ~(low | high)) | ((ivec)splat(-87.f) & low) | ((ivec)splat(87.f) & high));
+  const vec magic = splat(12582912.f); /* 1.5 * 2^23: adding and subtracting it rounds to an integer */
+  const vec n = (x * 1.44269504088896341f + magic) - magic;
+  const vec r = (x - n * 0.693145751953125f) - n * 1.428606765330187045e-06f;
+  vec p = splat(1.f / 720.f);
+  p = p * r + 1.f / 120.f;
+  p = p * r + 1.f / 24.f;
+  p = p * r + 1.f / 6.f;
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  p = p * r + 1.f;
+  p = (vec)((ivec)p + (__builtin_convertvector(n, ivec) << 23));
+  return 1.f / (1.f + p);
+}
+
+/* One axis of one (b, h): `lines` lines of S tokens, token s of line l at row l * line_step + s *
+ * token_step of a, b, c ([N, d]); e [d, M] padded to ldm columns. Gates sigma(scale a.b) within the
+ * line (Eq. 9), their reverse cumulative sum clamped to M - 1 (Eq. 10), and c.E interpolated there
+ * (Eq. 13-14), written at out[l * out_line + s * out_token + m]. */
+static void axis_signatures(const float *a, const float *b, const float *c, const float *e, int64_t ldm, int64_t d, int64_t M,
+                            int64_t lines, int64_t S, int64_t line_step, int64_t token_step, float scale, float *out, int64_t out_line,
+                            int64_t out_token, float *work) {
+  const int64_t lds = whole_tiles(S);
+  float *at = work;            /* [d, lds]: a of the line, transposed, zero past S */
+  float *gates = at + d * lds; /* [S, lds]: gates[m][s], the logit of token s's gate on token m */
+  float *ce = gates + S * lds; /* [S, ldm]: c . E */
+  float *pos = ce + S * ldm;   /* [lds]: each token's running suffix sum */
+  memset(at, 0, sizeof(float) * d * lds);
+  const float top = (float)(M - 1);
+  for (int64_t line = 0; line < lines; ++line) {
+    const int64_t first = line * line_step;
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t k = 0; k < d; ++k) at[k * lds + s] = a[(first + s * token_step) * d + k];
+    small_product(b + first * d, token_step * d, at, lds, S, S, d, gates, lds);
+    small_product(c + first * d, token_step * d, e, ldm, S, M, d, ce, ldm);
+    memset(pos, 0, sizeof(float) * lds);
+    float *o = out + line * out_line;
+    for (int64_t m = S - 1; m >= 0; --m) { /* the suffix sum, added from the end as ONNX's reverse CumSum adds */
+      const float *g = gates + m * lds;
+      for (int64_t s = 0; s < S; s += LANES) { /* whole vectors: the rows are padded to a tile */
+        vec gv, sum;
+        memcpy(&gv, g + s, sizeof(vec));
+        memcpy(&sum, pos + s, sizeof(vec));
+        sum += logistic_of_minus(gv * -scale);
+        memcpy(pos + s, &sum, sizeof(vec));
+      }
+      for (int64_t s = 0; s < S; ++s) {
+        const float p = pos[s] < top ? pos[s] : top, lo = floorf(p);
+        const int64_t i = (int64_t)lo, next = i + 1 < M ? i + 1 : M - 1;
+        const float *row = ce + s * ldm;
+        o[s * out_token + m] = row[i] + (p - lo) * (row[next] - row[i]);
+      }
+    }
+  }
+}
+
+/* Zx [N, W] and Zy [N, H] of one (b, h) from its q, k [P + N, d] (prefix first, then the grid row
+ * by row) and the tables ex, ey [d, M]; mode 0 gates (q, k) and projects q, 1 gates (q, k) and
+ * projects k, 2 gates (k, q) and projects k. Returns non-zero when out of memory. */
+int deploykit_sape2_signatures(const float *q, const float *k, const float *ex, const float *ey, int64_t d, int64_t M, int64_t H,
+                               int64_t W, int64_t P, float scale, int64_t mode, float *zx, float *zy) {
+  const float *a = (mode == 2 ? k : q) + P * d, *b = (mode == 2 ? q : k) + P * d, *c = (mode == 0 ? q : k) + P * d;
+  const int64_t S = W > H ? W : H, lds = whole_tiles(S), ldm = whole_tiles(M);
+  float *tables = calloc((size_t)(2 * d * ldm + d * lds + S * lds + S * ldm + lds), sizeof(float));
+  if (!tables) return 1;
+  for (int64_t r = 0; r < d; ++r) {
+    memcpy(tables + r * ldm, ex + r * M, sizeof(float) * M);
+    memcpy(tables + (d + r) * ldm, ey + r * M, sizeof(float) * M);
+  }
+  float *work = tables + 2 * d * ldm;
+  axis_signatures(a, b, c, tables, ldm, d, M, H, W, W, 1, scale, zx, W * W, W, work);               /* rows */
+  axis_signatures(a, b, c, tables + d * ldm, ldm, d, M, W, H, 1, W, scale, zy, H, W * H, work);     /* columns */
+  free(tables);
+  return 0;
+}
+
 /* Serial stand-in for ParallelFor (tests, and a context-free call). */
 static void serial_for(void (*fn)(void *, size_t), size_t total, void *data) {
   for (size_t i = 0; i < total; ++i) fn(data, i);
@@ -289,19 +411,21 @@ static OrtStatus *fail(int code, const char *msg) { return API(api, CREATE_STATU
     if (status_) return status_;            \
   } while (0)
 
-static OrtStatus *shape_of(const OrtValue *value, int64_t dims[4]) { /* float32 of rank 4 */
+static OrtStatus *shape_of_rank(const OrtValue *value, int64_t *dims, size_t rank) { /* float32 of that rank */
   OrtTensorTypeAndShapeInfo *info;
   TRY(API(api, GET_TENSOR_TYPE_AND_SHAPE, GetTensorTypeAndShapeFn)(value, &info));
   size_t count = 0;
   int type = 0;
   OrtStatus *status = API(api, GET_DIMENSIONS_COUNT, GetDimensionsCountFn)(info, &count);
   if (!status) status = API(api, GET_TENSOR_ELEMENT_TYPE, GetTensorElementTypeFn)(info, &type);
-  if (!status && (count != 4 || type != ELEMENT_FLOAT))
-    status = fail(ORT_INVALID_ARGUMENT, "SaPE2Distance: its inputs must be float32 of rank 4");
-  if (!status) status = API(api, GET_DIMENSIONS, GetDimensionsFn)(info, dims, 4);
+  if (!status && (count != rank || type != ELEMENT_FLOAT))
+    status = fail(ORT_INVALID_ARGUMENT, rank == 4 ? "SaPE2: an input is not float32 of rank 4" : "SaPE2: a table is not float32 [d, M]");
+  if (!status) status = API(api, GET_DIMENSIONS, GetDimensionsFn)(info, dims, rank);
   API(api, RELEASE_TENSOR_TYPE_AND_SHAPE_INFO, ReleaseFn)(info);
   return status;
 }
+
+static OrtStatus *shape_of(const OrtValue *value, int64_t dims[4]) { return shape_of_rank(value, dims, 4); }
 
 static OrtStatus *compute(void *state, OrtKernelContext *context) {
   const Kernel *kernel = state;
@@ -399,6 +523,106 @@ static const OrtCustomOp sape2_distance_op = {
     .GetEndVersion = end_version,
 };
 
+/* deploykit::SaPE2Signatures: q, k [B, h, P + N, d], table_x, table_y [d, M] (fp32) to Zx [B, h, N,
+ * W] and Zy [B, h, N, H], one (b, h) per work item (the first stage of SaPE2Bias, whose function
+ * SaPE2AxisSignatures computes the same in plain ONNX). */
+typedef struct {
+  int64_t grid_h, grid_w, prefix, mode;
+  float scale;
+} SignatureKernel;
+
+typedef struct {
+  const SignatureKernel *kernel;
+  const float *q, *k, *ex, *ey;
+  float *zx, *zy;
+  int64_t t, d, m;
+  int failed;
+} SignatureJob;
+
+static void signatures_item(void *data, size_t item) {
+  SignatureJob *job = data;
+  const SignatureKernel *kr = job->kernel;
+  const int64_t n = kr->grid_h * kr->grid_w, at = (int64_t)item;
+  if (deploykit_sape2_signatures(job->q + at * job->t * job->d, job->k + at * job->t * job->d, job->ex, job->ey, job->d, job->m,
+                                 kr->grid_h, kr->grid_w, kr->prefix, kr->scale, kr->mode, job->zx + at * n * kr->grid_w,
+                                 job->zy + at * n * kr->grid_h))
+    job->failed = 1;
+}
+
+static OrtStatus *signatures_compute(void *state, OrtKernelContext *context) {
+  const SignatureKernel *kernel = state;
+  const OrtValue *values[4];
+  for (size_t i = 0; i < 4; ++i) TRY(API(api, KERNEL_CONTEXT_GET_INPUT, KernelContextGetInputFn)(context, i, &values[i]));
+  int64_t sq[4], sk[4], sx[2], sy[2];
+  TRY(shape_of(values[0], sq));
+  TRY(shape_of(values[1], sk));
+  TRY(shape_of_rank(values[2], sx, 2));
+  TRY(shape_of_rank(values[3], sy, 2));
+  const int64_t n = kernel->grid_h * kernel->grid_w;
+  if (memcmp(sq, sk, sizeof(sq)) != 0 || sq[2] != kernel->prefix + n || sx[0] != sq[3] || sy[0] != sq[3] || sx[1] != sy[1] || sx[1] < 1)
+    return fail(ORT_INVALID_ARGUMENT, "SaPE2Signatures: q and k must be [B, h, P + grid_h*grid_w, d] and the tables [d, M]");
+  const int64_t dx[4] = {sq[0], sq[1], n, kernel->grid_w}, dy[4] = {sq[0], sq[1], n, kernel->grid_h};
+  OrtValue *zx_value, *zy_value;
+  TRY(API(api, KERNEL_CONTEXT_GET_OUTPUT, KernelContextGetOutputFn)(context, 0, dx, 4, &zx_value));
+  TRY(API(api, KERNEL_CONTEXT_GET_OUTPUT, KernelContextGetOutputFn)(context, 1, dy, 4, &zy_value));
+  void *data[6];
+  for (size_t i = 0; i < 4; ++i) TRY(API(api, GET_TENSOR_MUTABLE_DATA, GetTensorMutableDataFn)((OrtValue *)values[i], &data[i]));
+  TRY(API(api, GET_TENSOR_MUTABLE_DATA, GetTensorMutableDataFn)(zx_value, &data[4]));
+  TRY(API(api, GET_TENSOR_MUTABLE_DATA, GetTensorMutableDataFn)(zy_value, &data[5]));
+  SignatureJob job = {kernel, data[0], data[1], data[2], data[3], data[4], data[5], sq[2], sq[3], sx[1], 0};
+  const int64_t bh = sq[0] * sq[1];
+  if (bh == 0 || n == 0) return NULL;
+  TRY(API(api, KERNEL_CONTEXT_PARALLEL_FOR, ParallelForFn)(context, signatures_item, (size_t)bh, 0, &job));
+  return job.failed ? fail(ORT_FAIL, "SaPE2Signatures: out of memory") : NULL;
+}
+
+static OrtStatus *signatures_create(const OrtCustomOp *op, OrtApiTable table, const OrtKernelInfo *info, void **state) {
+  (void)op;
+  (void)table;
+  SignatureKernel *kernel = malloc(sizeof(SignatureKernel));
+  if (!kernel) return fail(ORT_FAIL, "SaPE2Signatures: out of memory");
+  KernelInfoGetAttributeInt64Fn attribute = API(api, KERNEL_INFO_GET_ATTRIBUTE_INT64, KernelInfoGetAttributeInt64Fn);
+  OrtStatus *status = attribute(info, "grid_h", &kernel->grid_h);
+  if (!status) status = attribute(info, "grid_w", &kernel->grid_w);
+  if (!status) status = attribute(info, "num_prefix_tokens", &kernel->prefix);
+  if (!status) status = attribute(info, "mode", &kernel->mode);
+  if (!status) status = API(api, KERNEL_INFO_GET_ATTRIBUTE_FLOAT, KernelInfoGetAttributeFloatFn)(info, "scale", &kernel->scale);
+  if (!status && (kernel->grid_h < 1 || kernel->grid_w < 1 || kernel->prefix < 0 || kernel->mode < 0 || kernel->mode > 2))
+    status = fail(ORT_INVALID_ARGUMENT, "SaPE2Signatures: grid_h, grid_w must be positive, num_prefix_tokens >= 0, mode 0, 1 or 2");
+  if (status) {
+    free(kernel);
+    return status;
+  }
+  *state = kernel;
+  return NULL;
+}
+
+static const char *signatures_name(const OrtCustomOp *op) { (void)op; return "SaPE2Signatures"; }
+static size_t four(const OrtCustomOp *op) { (void)op; return 4; }
+static size_t two(const OrtCustomOp *op) { (void)op; return 2; }
+
+static const OrtCustomOp sape2_signatures_op = {
+    .version = API_VERSION,
+    .GetName = signatures_name,
+    .GetExecutionProviderType = provider,
+    .GetInputType = float_type,
+    .GetInputTypeCount = four,
+    .GetOutputType = float_type,
+    .GetOutputTypeCount = two,
+    .KernelDestroy = destroy,
+    .GetInputCharacteristic = required,
+    .GetOutputCharacteristic = required,
+    .GetInputMemoryType = default_memory,
+    .GetVariadicInputMinArity = arity,
+    .GetVariadicInputHomogeneity = arity,
+    .GetVariadicOutputMinArity = arity,
+    .GetVariadicOutputHomogeneity = arity,
+    .CreateKernelV2 = signatures_create,
+    .KernelComputeV2 = signatures_compute,
+    .GetStartVersion = start_version,
+    .GetEndVersion = end_version,
+};
+
 /* What ONNX Runtime calls when a session registers this library. */
 OrtStatus *RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *base) {
   api = base->GetApi(API_VERSION);
@@ -406,5 +630,6 @@ OrtStatus *RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *base)
   OrtCustomOpDomain *domain;
   TRY(API(api, CREATE_CUSTOM_OP_DOMAIN, CreateCustomOpDomainFn)("deploykit", &domain));
   TRY(API(api, CUSTOM_OP_DOMAIN_ADD, CustomOpDomainAddFn)(domain, &sape2_distance_op));
+  TRY(API(api, CUSTOM_OP_DOMAIN_ADD, CustomOpDomainAddFn)(domain, &sape2_signatures_op));
   return API(api, ADD_CUSTOM_OP_DOMAIN, AddCustomOpDomainFn)(options, domain);
 }
