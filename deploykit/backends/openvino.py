@@ -167,7 +167,7 @@ class OpenvinoRunner(Runner):
             self._why_body = library.reason
             return None
         core.add_extension(str(library.path))
-        self.kernels = "deploykit::SaPE2Bias: distances in deploykit's compiled extension (deploykit::SaPE2Distance)"
+        self.kernels = "deploykit::SaPE2Bias: signatures and distances in deploykit's compiled extension (deploykit::SaPE2Signatures, deploykit::SaPE2Distance)"
         cores = os.cpu_count() or 1
         return self.threads or max(1, cores // self.streams)
 
@@ -316,13 +316,23 @@ def _split_for_kernels(proto, threads: int) -> bool:
     from onnx import helper
 
     from deploykit.backends.cpu_kernels import OPS
-    from deploykit.graph.plugin_nodes import fold_logits_adds, has_companions, mark_plugin_nodes, plugin_ops
+    from deploykit.graph.plugin_nodes import (
+        COMPILED_SIGNATURES,
+        compile_signatures,
+        fold_logits_adds,
+        has_companions,
+        mark_plugin_nodes,
+        plugin_ops,
+        value_types,
+    )
 
     if not plugin_ops(proto, OPS) or not has_companions(proto):
         return False
     mark_plugin_nodes(proto, OPS)
-    fold_logits_adds(proto)
+    values = value_types(proto)
+    compile_signatures(proto, values)
+    fold_logits_adds(proto, values)
     for node in proto.graph.node:
-        if (node.domain, node.op_type) in OPS:
+        if (node.domain, node.op_type) in OPS | {COMPILED_SIGNATURES}:
             node.attribute.append(helper.make_attribute("threads", threads))
     return True

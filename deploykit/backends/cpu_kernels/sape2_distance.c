@@ -395,6 +395,49 @@ int deploykit_sape2_distance_threads(const float *zx, const float *zy, int64_t b
   return deploykit_sape2_distance_add_threads(zx, zy, NULL, bh, n, w, h, p, out, threads);
 }
 
+/* Signatures of bh (b, h) pairs (q, k [bh, P + N, d]) with `threads` threads of its own, pairs dealt
+ * round-robin: what OpenVINO's evaluate and PyTorch's CPU op call. */
+typedef struct {
+  const float *q, *k, *ex, *ey;
+  float *zx, *zy;
+  int64_t bh, d, m, grid_h, grid_w, p, mode, first, step;
+  float scale;
+  int failed;
+} SignatureShare;
+
+static void *signature_share_run(void *data) {
+  SignatureShare *share = data;
+  const int64_t n = share->grid_h * share->grid_w, t = share->p + n;
+  for (int64_t at = share->first; at < share->bh; at += share->step)
+    if (deploykit_sape2_signatures(share->q + at * t * share->d, share->k + at * t * share->d, share->ex, share->ey, share->d, share->m,
+                                   share->grid_h, share->grid_w, share->p, share->scale, share->mode, share->zx + at * n * share->grid_w,
+                                   share->zy + at * n * share->grid_h))
+      share->failed = 1;
+  return NULL;
+}
+
+int deploykit_sape2_signatures_threads(const float *q, const float *k, const float *ex, const float *ey, int64_t bh, int64_t d, int64_t m,
+                                       int64_t grid_h, int64_t grid_w, int64_t p, float scale, int64_t mode, float *zx, float *zy,
+                                       int threads) {
+  if (threads < 1) threads = 1;
+  if (threads > 64) threads = 64;
+  pthread_t ids[64];
+  SignatureShare shares[64];
+  int running[64] = {0}, failed = 0;
+  for (int i = 0; i < threads; ++i)
+    shares[i] = (SignatureShare){q, k, ex, ey, zx, zy, bh, d, m, grid_h, grid_w, p, mode, i, threads, scale, 0};
+  for (int i = 1; i < threads; ++i) running[i] = pthread_create(&ids[i], NULL, signature_share_run, &shares[i]) == 0;
+  signature_share_run(&shares[0]);
+  for (int i = 0; i < threads; ++i) {
+    if (i > 0 && running[i])
+      pthread_join(ids[i], NULL);
+    else if (i > 0)
+      signature_share_run(&shares[i]); /* a thread that could not start: its share runs here */
+    failed |= shares[i].failed;
+  }
+  return failed;
+}
+
 /* ---- ONNX Runtime's side ------------------------------------------------------------------- */
 
 static OrtApiTable api;
