@@ -159,6 +159,40 @@ def torch_distances(zx, zy, num_prefix_tokens: int):
     return out
 
 
+def torch_signatures(q, k, table_x, table_y, grid_h: int, grid_w: int, num_prefix_tokens: int, scale: float, mode: int):
+    """SaPE²'s axis signatures in the kernel on CPU fp32 torch tensors (``q``, ``k`` ``[..., P + N,
+    d]``, tables ``[d, M]``), on torch's intra-op thread count: ``Zx`` ``[..., N, W]`` and ``Zy``
+    ``[..., N, H]``; None where the library does not build here."""
+    import torch
+
+    library = compiled_library("buffers")
+    if library.path is None:
+        return None
+    fn = _signature_entry(str(library.path), threads=True)
+    q, k, table_x, table_y = (t.contiguous() for t in (q, k, table_x, table_y))
+    *lead, _, d = q.shape
+    n = grid_h * grid_w
+    zx, zy = torch.empty(*lead, n, grid_w), torch.empty(*lead, n, grid_h)
+    heads = int(np.prod(lead)) if lead else 1
+    pointers = (t.data_ptr() for t in (q, k, table_x, table_y))
+    if fn(
+        *pointers,
+        heads,
+        d,
+        table_x.shape[-1],
+        grid_h,
+        grid_w,
+        num_prefix_tokens,
+        scale,
+        mode,
+        zx.data_ptr(),
+        zy.data_ptr(),
+        torch.get_num_threads(),
+    ):
+        raise MemoryError("SaPE2Signatures: out of memory")
+    return zx, zy
+
+
 @functools.cache
 def _entry(library: str, name: str):
     """The library's plain-buffer entry ``name`` (``..._threads`` takes a thread count last), loaded once."""
@@ -319,9 +353,18 @@ def signatures(library: Path, q: np.ndarray, k: np.ndarray, table_x: np.ndarray,
 
 
 @functools.cache
-def _signature_entry(library: str):
-    fn = ctypes.CDLL(library).deploykit_sape2_signatures
-    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_int64] + [ctypes.c_void_p] * 2
+def _signature_entry(library: str, threads: bool = False):
+    """The library's plain-buffer signatures entry: one (b, h) (``deploykit_sape2_signatures``), or
+    ``bh`` of them on a given number of threads (``..._threads``)."""
+    lib = ctypes.CDLL(library)
+    if threads:
+        fn = lib.deploykit_sape2_signatures_threads
+        fn.argtypes = (
+            [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int64] + [ctypes.c_void_p] * 2 + [ctypes.c_int]
+        )
+    else:
+        fn = lib.deploykit_sape2_signatures
+        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_int64] + [ctypes.c_void_p] * 2
     fn.restype = ctypes.c_int
     return fn
 
