@@ -69,7 +69,16 @@ from torch import Tensor
 
 from deploykit.encodings import get_config
 from deploykit.errors import CheckpointError, ConfigError
-from deploykit.nn.checkpoint import CONFIG_FILE, DIRECTORY_LAYOUTS, WEIGHTS_FILE, Imported, imported_model, load_checkpoint
+from deploykit.nn.checkpoint import (
+    CONFIG_FILE,
+    DIRECTORY_LAYOUTS,
+    WEIGHTS_FILE,
+    WEIGHTS_INDEX_FILE,
+    Imported,
+    imported_model,
+    load_checkpoint,
+    load_sharded_checkpoint,
+)
 from deploykit.nn.vit import ViTConfig
 
 PREPROCESSOR_FILE = "preprocessor_config.json"
@@ -202,10 +211,8 @@ def import_transformers(directory: str | os.PathLike) -> Imported:
         raise ConfigError(
             f"cannot import {directory} ({architecture}): a value of config.json or {PREPROCESSOR_FILE} is not of its type ({str(err)[:200]})"
         ) from err
-    weights = directory / WEIGHTS_FILE
-    if not weights.is_file():
-        raise CheckpointError(f"{directory} holds no {WEIGHTS_FILE} (save_pretrained with safe_serialization, the default, writes it)")
-    state, dropped = state_dict_from_transformers(load_checkpoint(weights), family, cfg, str(weights))
+    weights, state = _weights(directory)
+    state, dropped = state_dict_from_transformers(state, family, cfg, str(weights))
     model = imported_model(cfg, state, weights)
     read = {"architecture": architecture, "depth": cfg.depth, "width": cfg.embed_dim, "heads": cfg.num_heads}
     read["output"] = _output(cfg)
@@ -215,6 +222,19 @@ def import_transformers(directory: str | os.PathLike) -> Imported:
     if notes:
         read["note"] = "; ".join(notes)
     return Imported(model, f"hf:{directory}", read=read)
+
+
+def _weights(directory: Path) -> tuple[Path, dict[str, Tensor]]:
+    """The file the weights are named by and the state dict: ``model.safetensors``, or else the
+    shards its index lists (as ``transformers`` looks for them, the single file first)."""
+    single, index = directory / WEIGHTS_FILE, directory / WEIGHTS_INDEX_FILE
+    if single.exists() or not index.exists():
+        if not single.exists():
+            raise CheckpointError(
+                f"{directory} holds neither {WEIGHTS_FILE} nor {WEIGHTS_INDEX_FILE} (save_pretrained with safe_serialization, the default, writes one)"
+            )
+        return single, load_checkpoint(single)
+    return index, load_sharded_checkpoint(index)
 
 
 def _output(cfg: ViTConfig) -> str:

@@ -415,3 +415,63 @@ def test_preprocessing_that_cannot_be_expressed_is_refused(saved, tmp_path, depl
     code, err = deploykit_cli("import", "hf", directory, "-o", tmp_path / "out")
     assert code == 1 and "it makes 64x64 inputs but the model's image_size is 32" in err and err.count("\n") == 1, err
     assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------ sharded weights
+
+
+@pytest.fixture(scope="module")
+def sharded(saved, tmp_path_factory):
+    """The DeiT classifier saved in shards of 20 kB (model.safetensors.index.json + several files)."""
+    source = saved("deit_classifier")[0]
+    directory = tmp_path_factory.mktemp("sharded")
+    source.save_pretrained(directory, max_shard_size="20KB")
+    return source, directory
+
+
+def test_sharded_weights_import_as_transformers_loads_them(sharded, tmp_path, deploykit_cli):
+    source, directory = sharded
+    assert len(list(directory.glob("model-*.safetensors"))) > 2 and not (directory / "model.safetensors").exists()
+    code, err = deploykit_cli("import", "hf", directory, "-o", tmp_path / "imported")
+    assert code == 0, err
+    x = images(WIDE)
+    with torch.no_grad():
+        assert relative_error(load_model(tmp_path / "imported")(x), reference(source, x)) <= 1e-5
+
+
+def _index_edited(directory, tmp_path, edit):
+    """A copy of a sharded directory whose index's weight_map went through ``edit``."""
+    copy = _edited(directory, tmp_path)
+    index = copy / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    edit(data["weight_map"])
+    index.write_text(json.dumps(data))
+    return copy
+
+
+def _moved(weight_map):
+    """The class token listed in another shard than the one holding it."""
+    other = next(shard for shard in weight_map.values() if shard != weight_map["deit.embeddings.cls_token"])
+    weight_map["deit.embeddings.cls_token"] = other
+
+
+@pytest.mark.parametrize(
+    "edit, expected",
+    [
+        (
+            lambda m: m.update({"deit.layernorm.weight": "../model.safetensors"}),
+            "names shard '../model.safetensors'; a shard is a .safetensors",
+        ),
+        (
+            lambda m: m.update({"deit.layernorm.weight": "model-gone.safetensors"}),
+            "lists shard 'model-gone.safetensors', which is not a file in",
+        ),
+        (_moved, "is in it but the index puts it elsewhere"),
+        (lambda m: m.clear(), "has no weight_map of tensor names to shard files"),
+    ],
+)
+def test_shards_that_disagree_with_their_index_are_refused(sharded, tmp_path, deploykit_cli, edit, expected):
+    directory = _index_edited(sharded[1], tmp_path, edit)
+    code, err = deploykit_cli("import", "hf", directory, "-o", tmp_path / "out")
+    assert code == 1 and expected in err and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()
