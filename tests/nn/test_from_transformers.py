@@ -241,8 +241,9 @@ def test_import_hf_from_the_command_line_and_directories_are_recognised(saved, t
             assert relative_error(model(x), reference(source, x)) <= 1e-5
 
 
-def test_export_and_validate_take_a_transformers_directory(saved, tmp_path, deploykit_cli):
-    source, directory = saved("vit_classifier")
+@pytest.mark.parametrize("case", ["vit_classifier", pytest.param("siglip", marks=pytest.mark.slow)])
+def test_export_and_validate_take_a_transformers_directory(saved, tmp_path, deploykit_cli, case):
+    source, directory = saved(case)
     code, err = deploykit_cli("export", "-c", directory, "-r", "48x32", "-o", tmp_path / "export")
     assert code == 0, err
     x = images(WIDE)
