@@ -138,6 +138,7 @@ class Family:
         interpolation: how it resizes (bicubic; SigLIP2 bilinear).
         nested: the options sit in the config's ``vision_config`` (``SiglipConfig``).
         distilled: DeiT's distillation head (``distillation_classifier`` → ``head_dist``).
+        siglip: SigLIP's tower (``self_attn``, ``layer_norm1``, tanh GELU by default, its pooling head).
     """
 
     model_type: str
@@ -148,10 +149,7 @@ class Family:
     interpolation: str = "bicubic"
     nested: bool = False
     distilled: bool = False
-
-    @property
-    def siglip(self) -> bool:
-        return self.model_type.startswith("siglip")
+    siglip: bool = False
 
 
 FAMILIES: dict[str, Family] = {
@@ -164,11 +162,13 @@ FAMILIES: dict[str, Family] = {
     # transformers' Dinov2WithRegistersEmbeddings resizes with antialias=True (Dinov2Embeddings without).
     "Dinov2WithRegistersModel": Family("dinov2_with_registers", "", False, frozenset(_DINOV2_OPTIONS), antialias=True),
     "DINOv3ViTModel": Family("dinov3_vit", "", False, frozenset(_DINOV3_OPTIONS)),
-    "SiglipVisionModel": Family("siglip_vision_model", "", False, frozenset(_SIGLIP_OPTIONS)),
-    "SiglipForImageClassification": Family("siglip", "vision_model.", True, frozenset(_SIGLIP_OPTIONS), nested=True),
+    "SiglipVisionModel": Family("siglip_vision_model", "", False, frozenset(_SIGLIP_OPTIONS), siglip=True),
+    "SiglipForImageClassification": Family("siglip", "vision_model.", True, frozenset(_SIGLIP_OPTIONS), nested=True, siglip=True),
     # SigLIP2's tower at one fixed grid per graph (images in, not NaFlex's padded patch sequences);
     # transformers resizes its table bilinearly with antialiasing, per image
-    "Siglip2VisionModel": Family("siglip2_vision_model", "", False, frozenset(_SIGLIP2_OPTIONS), antialias=True, interpolation="bilinear"),
+    "Siglip2VisionModel": Family(
+        "siglip2_vision_model", "", False, frozenset(_SIGLIP2_OPTIONS), antialias=True, interpolation="bilinear", siglip=True
+    ),
 }
 # Architectures of these model types whose forward the trunk does not compute, and why.
 REFUSED = {
@@ -291,48 +291,14 @@ def _square(value: Any, name: str) -> int:
 
 def _config_fields(data: dict[str, Any], family: Family, architecture: str) -> tuple[dict[str, Any], list[str]]:
     """``ViTConfig`` fields (without preprocessing) and notes on what was left out."""
-    where = f"{architecture} option"
     labels = data.get("id2label") or {}
-    if family.nested:  # SiglipConfig: the tower's options in vision_config, the text tower's beside them
-        _check_known(data, _SIGLIP_OUTER, where)
-        data = data.get("vision_config")
-        if not isinstance(data, dict):
-            raise ConfigError(f"{architecture} config has no vision_config object")
-        where = f"{architecture} vision_config option"
-    _check_known(data, family.options, where)
-    if data.get("pruned_heads"):
-        raise ConfigError(f"{where} 'pruned_heads' is not mapped (heads of unequal count per layer)")
-    gated = family.model_type == "dinov3_vit" and bool(data.get("use_gated_mlp", False))
-    act = data.get("hidden_act", "gelu_pytorch_tanh" if family.siglip else "gelu")
-    if family.siglip and act not in _ACTIVATIONS:
-        raise ConfigError(f"{where} hidden_act={act!r} is not mapped (deploykit's MLP uses exact or tanh-approximated GELU)")
-    if not family.siglip and act != ("silu" if gated else "gelu"):
-        raise ConfigError(
-            f"{where} hidden_act={act!r} is not mapped (deploykit's " + ("gated MLP uses SiLU)" if gated else "MLP uses exact GELU)")
-        )
-    for flag in ("proj_bias", "mlp_bias"):  # DINOv3's: deploykit's projections always carry a bias
-        if data.get(flag, True) is not True:
-            raise ConfigError(f"{where} {flag}={data[flag]!r} is not mapped (projections without bias)")
+    data, where = _tower(data, family, architecture)
+    act_layer = _act_layer(data, family, where)
     try:
-        patch = _square(data.get("patch_size", 16), "patch_size")
-        dims = dict(
-            img_size=_native_grid(data) * patch
-            if family.model_type == "siglip2_vision_model"
-            else _square(data.get("image_size", 224), "image_size"),
-            patch_size=patch,
-            in_chans=data.get("num_channels", 3),
-            embed_dim=data.get("hidden_size", 768),
-            depth=data.get("num_hidden_layers", 12),
-            num_heads=data.get("num_attention_heads", 12),
-            qkv_bias=any(data.get(k, True) for k in ("query_bias", "key_bias", "value_bias"))
-            if family.model_type == "dinov3_vit"
-            else data.get("qkv_bias", True),
-            norm_eps=float(data.get("layer_norm_eps", 1e-12 if family.model_type in ("vit", "deit") else 1e-6)),
-        )
+        fields: dict[str, Any] = dict(_dims(data, family), class_token=True, global_pool="token", num_classes=0, act_layer=act_layer)
     except (ConfigError, TypeError, ValueError) as err:
         raise ConfigError(str(err)) from err
     notes = []
-    fields: dict[str, Any] = dict(dims, class_token=True, global_pool="token", num_classes=0)
     if family.model_type in ("vit", "deit"):
         fields["mlp_hidden_dim"] = data.get("intermediate_size", 3072)
         fields["mlp_ratio"] = fields["mlp_hidden_dim"] / fields["embed_dim"]
@@ -340,17 +306,10 @@ def _config_fields(data: dict[str, Any], family: Family, architecture: str) -> t
         if not family.head and "pooler_act" in data:
             notes.append("the pooler (dense + tanh) is not the output: the normed class token is")
     elif family.siglip:
-        hidden = data.get("intermediate_size", 3072)
-        fields.update(mlp_hidden_dim=hidden, mlp_ratio=hidden / fields["embed_dim"], act_layer=_ACTIVATIONS[act], class_token=False)
-        if family.head:  # SiglipForImageClassification: the classifier reads the mean of every normed token
-            fields["global_pool"] = "avg"
-        elif data.get("vision_use_head", True):  # pooler_output: SiglipMultiheadAttentionPoolingHead, timm's map
-            fields["global_pool"] = "map"
-        else:
-            fields["global_pool"] = ""
-            notes.append("no pooling head (vision_use_head false): the output is every normed token (last_hidden_state)")
+        notes += _siglip_fields(data, family, fields)
     elif family.model_type == "dinov3_vit":
         hidden = data.get("intermediate_size", 3072)
+        gated = bool(data.get("use_gated_mlp", False))
         fields.update(mlp_hidden_dim=hidden, mlp_ratio=hidden / fields["embed_dim"], mlp_layer="swiglu" if gated else "mlp")
         fields["init_values"] = float(data.get("layerscale_value", 1.0))
         fields["reg_tokens"] = data.get("num_register_tokens", 0)
@@ -367,21 +326,96 @@ def _config_fields(data: dict[str, Any], family: Family, architecture: str) -> t
     if family.head:
         fields["num_classes"] = len(labels) if isinstance(labels, dict) else 0
         fields["distilled"] = family.distilled
-    if family.model_type == "dinov3_vit":
-        # transformers' DINOv3ViTRopePositionEmbedding: patch centres in [-1, 1] per axis, rows first,
-        # angle 2π·c/θ^(4j/d), rotate_half pairs; prefix tokens unrotated (as timm's DINOv3, deploykit/nn/from_timm.py)
-        fields["encoding"] = get_config(
-            "rope-axial",
-            theta=float(data.get("rope_theta", 100.0)),
-            coords="centered",
-            normalize_coords="separate",
-            axis_order="yx",
-            angle_scale=2 * math.pi,
-            pairs="halves",
-        )
-        return fields, notes
-    fields["encoding"] = get_config("ape", interpolation=family.interpolation, antialias=family.antialias, no_embed_class=False)
+    fields["encoding"] = _encoding(data, family)
     return fields, notes
+
+
+def _tower(data: dict[str, Any], family: Family, architecture: str) -> tuple[dict[str, Any], str]:
+    """The vision tower's options (``SiglipConfig``: its ``vision_config``, the text tower's config
+    beside it) once each is known, and how a refusal names one."""
+    where = f"{architecture} option"
+    if family.nested:
+        _check_known(data, _SIGLIP_OUTER, where)
+        data = data.get("vision_config")
+        if not isinstance(data, dict):
+            raise ConfigError(f"{architecture} config has no vision_config object")
+        where = f"{architecture} vision_config option"
+    _check_known(data, family.options, where)
+    if data.get("pruned_heads"):
+        raise ConfigError(f"{where} 'pruned_heads' is not mapped (heads of unequal count per layer)")
+    return data, where
+
+
+def _act_layer(data: dict[str, Any], family: Family, where: str) -> str:
+    """``ViTConfig.act_layer`` from ``hidden_act``: exact GELU (SiLU in DINOv3's gated MLP), or
+    SigLIP's tanh approximation; anything else, or projections without bias, refused."""
+    gated = family.model_type == "dinov3_vit" and bool(data.get("use_gated_mlp", False))
+    act = data.get("hidden_act", "gelu_pytorch_tanh" if family.siglip else "gelu")
+    if family.siglip and act not in _ACTIVATIONS:
+        raise ConfigError(f"{where} hidden_act={act!r} is not mapped (deploykit's MLP uses exact or tanh-approximated GELU)")
+    if not family.siglip and act != ("silu" if gated else "gelu"):
+        raise ConfigError(
+            f"{where} hidden_act={act!r} is not mapped (deploykit's " + ("gated MLP uses SiLU)" if gated else "MLP uses exact GELU)")
+        )
+    for flag in ("proj_bias", "mlp_bias"):  # DINOv3's: deploykit's projections always carry a bias
+        if data.get(flag, True) is not True:
+            raise ConfigError(f"{where} {flag}={data[flag]!r} is not mapped (projections without bias)")
+    return _ACTIVATIONS[act] if family.siglip else "gelu"
+
+
+def _dims(data: dict[str, Any], family: Family) -> dict[str, Any]:
+    """The trunk's sizes, patch, norm epsilon and q/k/v bias."""
+    patch = _square(data.get("patch_size", 16), "patch_size")
+    if family.model_type == "siglip2_vision_model":
+        img_size = _native_grid(data) * patch
+    else:
+        img_size = _square(data.get("image_size", 224), "image_size")
+    if family.model_type == "dinov3_vit":
+        qkv_bias = any(data.get(k, True) for k in ("query_bias", "key_bias", "value_bias"))
+    else:
+        qkv_bias = data.get("qkv_bias", True)
+    return dict(
+        img_size=img_size,
+        patch_size=patch,
+        in_chans=data.get("num_channels", 3),
+        embed_dim=data.get("hidden_size", 768),
+        depth=data.get("num_hidden_layers", 12),
+        num_heads=data.get("num_attention_heads", 12),
+        qkv_bias=qkv_bias,
+        norm_eps=float(data.get("layer_norm_eps", 1e-12 if family.model_type in ("vit", "deit") else 1e-6)),
+    )
+
+
+def _siglip_fields(data: dict[str, Any], family: Family, fields: dict[str, Any]) -> list[str]:
+    """SigLIP's tower into ``fields``: no class token, the MLP's width, and the pooling its output
+    is; notes on what that leaves out."""
+    hidden = data.get("intermediate_size", 3072)
+    fields.update(mlp_hidden_dim=hidden, mlp_ratio=hidden / fields["embed_dim"], class_token=False)
+    if family.head:  # SiglipForImageClassification: the classifier reads the mean of every normed token
+        fields["global_pool"] = "avg"
+    elif data.get("vision_use_head", True):  # pooler_output: SiglipMultiheadAttentionPoolingHead, timm's map
+        fields["global_pool"] = "map"
+    else:
+        fields["global_pool"] = ""
+        return ["no pooling head (vision_use_head false): the output is every normed token (last_hidden_state)"]
+    return []
+
+
+def _encoding(data: dict[str, Any], family: Family):
+    """The APE as ``interpolate_pos_encoding`` resizes it, or DINOv3's RoPE."""
+    if family.model_type != "dinov3_vit":
+        return get_config("ape", interpolation=family.interpolation, antialias=family.antialias, no_embed_class=False)
+    # transformers' DINOv3ViTRopePositionEmbedding: patch centres in [-1, 1] per axis, rows first,
+    # angle 2π·c/θ^(4j/d), rotate_half pairs; prefix tokens unrotated (as timm's DINOv3, deploykit/nn/from_timm.py)
+    return get_config(
+        "rope-axial",
+        theta=float(data.get("rope_theta", 100.0)),
+        coords="centered",
+        normalize_coords="separate",
+        axis_order="yx",
+        angle_scale=2 * math.pi,
+        pairs="halves",
+    )
 
 
 def _check_known(data: dict[str, Any], options: set[str] | frozenset[str], where: str) -> None:
