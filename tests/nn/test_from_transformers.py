@@ -229,6 +229,18 @@ def test_onnx_runtime_equals_transformers(saved, exported, case):
             assert np.array_equal(actual.argmax(-1), expected.argmax(-1).numpy())
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["siglip", "deit_distilled"])
+def test_tensorrt_rtx_builds_the_pooling_and_distilled_graphs(exported, case):
+    """TensorRT-RTX's real parser and builder take the attention pooling (a one-query attention),
+    the tanh GELU and the averaged heads at every exported size."""
+    pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed (pip install 'deploykit[rtx]')")
+    from deploykit.build import build
+
+    results = build(exported(case), "rtx", optimization_level=0)
+    assert len(results) == 3 and all(r.engine.stat().st_size > 1000 for r in results)
+
+
 def test_import_hf_from_the_command_line_and_directories_are_recognised(saved, tmp_path, deploykit_cli):
     source, directory = saved("dinov2_registers")
     assert is_transformers_directory(directory) and not is_transformers_directory(tmp_path)
