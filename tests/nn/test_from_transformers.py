@@ -405,6 +405,12 @@ def test_weights_that_do_not_fit_are_refused_by_name(saved, tmp_path, deploykit_
             dict(size={"shortest_edge": 40}, crop_size={"height": 32, "width": 32}, image_mean=[0.4, 0.5, 0.6], image_std=[0.2, 0.3, 0.4]),
             dict(crop_mode="center", crop_pct=0.8, interpolation="bicubic", mean=(0.4, 0.5, 0.6), std=(0.2, 0.3, 0.4)),
         ),
+        # SigLIP: resize to size, no crop, its own mean/std of 0.5 and bicubic by default
+        (
+            "SiglipImageProcessor",
+            dict(size={"height": 32, "width": 32}),
+            dict(crop_mode="squash", crop_pct=1.0, interpolation="bicubic", mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)),
+        ),
     ],
 )
 def test_preprocessing_is_read_as_the_image_processor_applies_it(saved, tmp_path, processor, kwargs, expected):
