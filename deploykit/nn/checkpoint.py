@@ -30,6 +30,8 @@ CONFIG_FILE = "config.json"
 # margin is for what later versions may add.
 MAX_CONFIG_NESTING = 8
 WEIGHTS_FILE = "model.safetensors"
+# Hugging Face's sharded weights: this index maps every tensor name to a shard file beside it.
+WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
 _TORCH_SUFFIXES = (".pt", ".pth", ".bin")
 
 # The untrained fallback for a named size or an encoding the zoo has no trained model for
@@ -195,6 +197,45 @@ def read_training_checkpoint(path: str | os.PathLike) -> TrainingCheckpoint:
     if path.suffix in _TORCH_SUFFIXES:
         return _torch_training_checkpoint(path)
     raise CheckpointError(f"unsupported checkpoint format {path.suffix!r} for {path}; expected .safetensors or .pt")
+
+
+def load_sharded_checkpoint(index: str | os.PathLike) -> dict[str, Tensor]:
+    """The state dict of safetensors shards listed by a ``model.safetensors.index.json``
+    (``save_pretrained(max_shard_size=...)``): its ``weight_map`` names each tensor's shard.
+
+    Each shard is a plain ``.safetensors`` file name beside the index (no path leads elsewhere),
+    read once, and must hold exactly the tensors the index gives it.
+
+    Raises:
+        CheckpointError: an unreadable index, a shard name that is not a file beside it, a
+            missing shard, or a tensor the index and the shards disagree on (named).
+    """
+    index = Path(index)
+    try:
+        weight_map = json.loads(index.read_text()).get("weight_map")
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError, AttributeError) as err:
+        raise CheckpointError(f"cannot read {index}: {one_line(err, 200)}") from err
+    if not (isinstance(weight_map, dict) and weight_map and all(isinstance(v, str) for v in weight_map.values())):
+        raise CheckpointError(f"{index} has no weight_map of tensor names to shard files")
+    shards: dict[str, set[str]] = {}
+    for name, shard in weight_map.items():
+        shards.setdefault(shard, set()).add(name)
+    for shard in shards:  # every name checked before any shard is read
+        if Path(shard).name != shard or shard in (".", "..") or not shard.endswith(".safetensors"):
+            raise CheckpointError(f"{index} names shard {shard[:80]!r}; a shard is a .safetensors file name beside the index")
+        if not (index.parent / shard).is_file():
+            raise CheckpointError(f"{index} lists shard {shard!r}, which is not a file in {index.parent}")
+    state: dict[str, Tensor] = {}
+    for shard, names in shards.items():
+        tensors = load_checkpoint(index.parent / shard)
+        stray, missing = sorted(set(tensors) - names), sorted(names - set(tensors))
+        if stray or missing:
+            which = (
+                f"{stray[0]} is in it but the index puts it elsewhere" if stray else f"it lacks {missing[0]}, which the index puts there"
+            )
+            raise CheckpointError(f"shard {index.parent / shard} does not match {index.name}: {which}")
+        state.update(tensors)
+    return state
 
 
 def _file_kind(path: Path) -> str:

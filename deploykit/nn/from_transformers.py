@@ -6,30 +6,42 @@ every config option that changes the forward is mapped onto ``ViTConfig`` or ref
 line naming it, and the weights move by name onto deploykit's trunk (timm's names) as a strict
 load, so a tensor this mapping does not place is refused too.
 
-===============================  ==========================================================
-``transformers``                 deploykit
-===============================  ==========================================================
-``ViTForImageClassification``    ``ape`` (plain bicubic resize, as ``interpolate_pos_encoding``),
-                                 class token, ``classifier`` → ``head``
-``ViTModel``                     the same trunk without head: the normed class token
-                                 (``last_hidden_state[:, 0]``); its pooler (dense + tanh) is
-                                 not part of that output and is left out, said in the output
-``DeiTForImageClassification``   + the distillation token as one register token (its position
-                                 row kept); the head reads the class token
-``DeiTModel``                    the DeiT trunk: the normed class token
-``Dinov2Model``                  LayerScale (``lambda1`` → ``ls1``/``ls2.gamma``), SwiGLU
-                                 (``use_swiglu_ffn``); ``pooler_output``, the normed class token
-``Dinov2WithRegistersModel``     + registers, which ``transformers`` gives no position: their
-                                 rows of ``pos_embed`` are zero; antialiased bicubic resize
-``DINOv3ViTModel``               ``rope-axial`` as ``DINOv3ViTRopePositionEmbedding`` (patch
-                                 centres in [-1, 1] per axis, rows first, 2π/θ^(4j/d),
-                                 ``rotate_half``; timm's DINOv3 options), registers, LayerScale,
-                                 q/k/v projections fused into ``qkv`` (a missing bias zero),
-                                 ``use_gated_mlp`` → SwiGLU; ``pooler_output``
-===============================  ==========================================================
+===================================  ==========================================================
+``transformers``                     deploykit
+===================================  ==========================================================
+``ViTForImageClassification``        ``ape`` (plain bicubic resize, as ``interpolate_pos_encoding``),
+                                     class token, ``classifier`` → ``head``
+``ViTModel``                         the same trunk without head: the normed class token
+                                     (``last_hidden_state[:, 0]``); its pooler (dense + tanh) is
+                                     not part of that output and is left out, said in the output
+``DeiTForImageClassification``       + the distillation token as one register token (its position
+                                     row kept); the head reads the class token
+``DeiTModel``                        the DeiT trunk: the normed class token
+``Dinov2Model``                      LayerScale (``lambda1`` → ``ls1``/``ls2.gamma``), SwiGLU
+                                     (``use_swiglu_ffn``); ``pooler_output``, the normed class token
+``Dinov2WithRegistersModel``         + registers, which ``transformers`` gives no position: their
+                                     rows of ``pos_embed`` are zero; antialiased bicubic resize
+``DeiTForImageClassification``       + ``distilled``: ``distillation_classifier`` → ``head_dist`` on the
+``WithTeacher``                      distillation token (timm's ``dist_token``), averaged with ``head``
+``SiglipVisionModel``                no class token, ``ape`` (bicubic), tanh GELU (``gelu_pytorch_tanh``),
+                                     q/k/v fused into ``qkv``; ``pooler_output``: its
+                                     ``SiglipMultiheadAttentionPoolingHead`` as timm's ``map`` pooling
+                                     (``probe`` → ``attn_pool.latent``, ``in_proj`` → ``q`` + ``kv``);
+                                     ``vision_use_head`` false: every normed token
+``SiglipForImageClassification``     the tower of ``vision_config``, mean of every normed token
+                                     (``avg``), ``classifier`` → ``head``; the tower's pooling head,
+                                     which its logits do not read, is left out (said in the output)
+``Siglip2VisionModel``               the SigLIP tower at one image grid per graph (not NaFlex): the
+                                     patch ``Linear`` as the equal convolution, the ``num_patches``
+                                     table resized bilinearly with antialiasing, as its embeddings do
+``DINOv3ViTModel``                   ``rope-axial`` as ``DINOv3ViTRopePositionEmbedding`` (patch
+                                     centres in [-1, 1] per axis, rows first, 2π/θ^(4j/d),
+                                     ``rotate_half``; timm's DINOv3 options), registers, LayerScale,
+                                     q/k/v projections fused into ``qkv`` (a missing bias zero),
+                                     ``use_gated_mlp`` → SwiGLU; ``pooler_output``
+===================================  ==========================================================
 
-Refused, in one line: ``DeiTForImageClassificationWithTeacher`` (two heads averaged, on the class
-and the distillation token), ``Dinov2ForImageClassification`` (a head on the class token
+Refused, in one line: ``Dinov2ForImageClassification`` (a head on the class token
 concatenated with the mean patch token), any other ``model_type`` or architecture, and options
 such as ``hidden_act`` other than exact GELU (SiLU for DINOv3's gated MLP), projections without
 bias, pruned heads or non-square patches.
@@ -37,7 +49,9 @@ bias, pruned heads or non-square patches.
 The preprocessing is read from ``preprocessor_config.json`` as ``transformers``' image processor
 applies it: ``ViTImageProcessor`` resizes to ``size`` without cropping (``squash``, crop 1),
 ``DeiTImageProcessor`` resizes to ``size`` and centre-crops ``crop_size`` (``squash``),
-``BitImageProcessor`` (DINOv2) resizes the short side and centre-crops (``center``).
+``BitImageProcessor`` (DINOv2) resizes the short side and centre-crops (``center``),
+``SiglipImageProcessor`` resizes to ``size`` (``squash``). ``Siglip2ImageProcessor`` resizes each
+image to its own patch grid (NaFlex) and is refused.
 """
 
 from __future__ import annotations
@@ -55,7 +69,16 @@ from torch import Tensor
 
 from deploykit.encodings import get_config
 from deploykit.errors import CheckpointError, ConfigError
-from deploykit.nn.checkpoint import CONFIG_FILE, DIRECTORY_LAYOUTS, WEIGHTS_FILE, Imported, imported_model, load_checkpoint
+from deploykit.nn.checkpoint import (
+    CONFIG_FILE,
+    DIRECTORY_LAYOUTS,
+    WEIGHTS_FILE,
+    WEIGHTS_INDEX_FILE,
+    Imported,
+    imported_model,
+    load_checkpoint,
+    load_sharded_checkpoint,
+)
 from deploykit.nn.vit import ViTConfig
 
 PREPROCESSOR_FILE = "preprocessor_config.json"
@@ -81,6 +104,16 @@ _DINOV2_OPTIONS = {
     "patch_size", "num_channels", "qkv_bias", "layerscale_value", "use_swiglu_ffn", "use_mask_token", "out_features",
     "out_indices", "stage_names", "apply_layernorm", "reshape_hidden_states", "num_register_tokens",
 }  # fmt: skip
+# SigLIP's vision tower (SiglipVisionConfig); SigLIP2's gives its native grid as num_patches instead of image_size.
+_SIGLIP_OPTIONS = {
+    "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_channels", "image_size", "patch_size",
+    "hidden_act", "layer_norm_eps", "attention_dropout", "vision_use_head",
+}  # fmt: skip
+_SIGLIP2_OPTIONS = (_SIGLIP_OPTIONS - {"image_size"}) | {"num_patches"}
+# SiglipConfig's own fields around its vision_config: the text tower is not part of an image classifier.
+_SIGLIP_OUTER = {"text_config", "vision_config", "initializer_factor"}
+# transformers' hidden_act -> ViTConfig.act_layer (gelu_pytorch_tanh: F.gelu(approximate="tanh"))
+_ACTIVATIONS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh"}
 # DINOv3's: pos_embed_shift/jitter/rescale augment the RoPE coordinates in training only.
 _DINOV3_OPTIONS = {
     "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act", "layer_norm_eps",
@@ -99,8 +132,13 @@ class Family:
         model_type: the config's ``model_type``.
         prefix: where the trunk's weights sit in the file (``vit.`` under a classification head).
         head: the file has a classifier (``classifier`` → ``head``).
-        options: the config keys this family reads or knows to be inert.
+        options: the config keys this family reads or knows to be inert (of ``vision_config``
+            where ``nested``).
         antialias: whether ``interpolate_pos_encoding`` resizes with antialiasing.
+        interpolation: how it resizes (bicubic; SigLIP2 bilinear).
+        nested: the options sit in the config's ``vision_config`` (``SiglipConfig``).
+        distilled: DeiT's distillation head (``distillation_classifier`` → ``head_dist``).
+        siglip: SigLIP's tower (``self_attn``, ``layer_norm1``, tanh GELU by default, its pooling head).
     """
 
     model_type: str
@@ -108,21 +146,32 @@ class Family:
     head: bool
     options: frozenset[str]
     antialias: bool = False
+    interpolation: str = "bicubic"
+    nested: bool = False
+    distilled: bool = False
+    siglip: bool = False
 
 
 FAMILIES: dict[str, Family] = {
     "ViTForImageClassification": Family("vit", "vit.", True, frozenset(_VIT_OPTIONS)),
     "ViTModel": Family("vit", "", False, frozenset(_VIT_OPTIONS)),
     "DeiTForImageClassification": Family("deit", "deit.", True, frozenset(_VIT_OPTIONS)),
+    "DeiTForImageClassificationWithTeacher": Family("deit", "deit.", True, frozenset(_VIT_OPTIONS), distilled=True),
     "DeiTModel": Family("deit", "", False, frozenset(_VIT_OPTIONS)),
     "Dinov2Model": Family("dinov2", "", False, frozenset(_DINOV2_OPTIONS)),
     # transformers' Dinov2WithRegistersEmbeddings resizes with antialias=True (Dinov2Embeddings without).
     "Dinov2WithRegistersModel": Family("dinov2_with_registers", "", False, frozenset(_DINOV2_OPTIONS), antialias=True),
     "DINOv3ViTModel": Family("dinov3_vit", "", False, frozenset(_DINOV3_OPTIONS)),
+    "SiglipVisionModel": Family("siglip_vision_model", "", False, frozenset(_SIGLIP_OPTIONS), siglip=True),
+    "SiglipForImageClassification": Family("siglip", "vision_model.", True, frozenset(_SIGLIP_OPTIONS), nested=True, siglip=True),
+    # SigLIP2's tower at one fixed grid per graph (images in, not NaFlex's padded patch sequences);
+    # transformers resizes its table bilinearly with antialiasing, per image
+    "Siglip2VisionModel": Family(
+        "siglip2_vision_model", "", False, frozenset(_SIGLIP2_OPTIONS), antialias=True, interpolation="bilinear", siglip=True
+    ),
 }
 # Architectures of these model types whose forward the trunk does not compute, and why.
 REFUSED = {
-    "DeiTForImageClassificationWithTeacher": "its logits average two heads, on the class and the distillation token",
     "Dinov2ForImageClassification": "its head reads the class token concatenated with the mean patch token",
     "Dinov2WithRegistersForImageClassification": "its head reads the class token concatenated with the mean patch token",
 }
@@ -162,19 +211,38 @@ def import_transformers(directory: str | os.PathLike) -> Imported:
         raise ConfigError(
             f"cannot import {directory} ({architecture}): a value of config.json or {PREPROCESSOR_FILE} is not of its type ({str(err)[:200]})"
         ) from err
-    weights = directory / WEIGHTS_FILE
-    if not weights.is_file():
-        raise CheckpointError(f"{directory} holds no {WEIGHTS_FILE} (save_pretrained with safe_serialization, the default, writes it)")
-    state, dropped = state_dict_from_transformers(load_checkpoint(weights), family, cfg, str(weights))
+    weights, state = _weights(directory)
+    state, dropped = state_dict_from_transformers(state, family, cfg, str(weights))
     model = imported_model(cfg, state, weights)
     read = {"architecture": architecture, "depth": cfg.depth, "width": cfg.embed_dim, "heads": cfg.num_heads}
-    read["output"] = f"{cfg.num_classes} classes" if cfg.num_classes else "the normed class token"
+    read["output"] = _output(cfg)
     read["preprocessing"] = read_from
     if dropped:
         notes.append(f"left out {', '.join(dropped)}")
     if notes:
         read["note"] = "; ".join(notes)
     return Imported(model, f"hf:{directory}", read=read)
+
+
+def _weights(directory: Path) -> tuple[Path, dict[str, Tensor]]:
+    """The file the weights are named by and the state dict: ``model.safetensors``, or else the
+    shards its index lists (as ``transformers`` looks for them, the single file first)."""
+    single, index = directory / WEIGHTS_FILE, directory / WEIGHTS_INDEX_FILE
+    if single.exists() or not index.exists():
+        if not single.exists():
+            raise CheckpointError(
+                f"{directory} holds neither {WEIGHTS_FILE} nor {WEIGHTS_INDEX_FILE} (save_pretrained with safe_serialization, the default, writes one)"
+            )
+        return single, load_checkpoint(single)
+    return index, load_sharded_checkpoint(index)
+
+
+def _output(cfg: ViTConfig) -> str:
+    if cfg.num_classes:
+        return f"{cfg.num_classes} classes" + (" (class and distillation heads averaged)" if cfg.distilled else "")
+    return {"map": "the attention-pooled features (pooler_output)", "": "every normed token (last_hidden_state)"}.get(
+        cfg.pool, "the normed class token"
+    )
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -223,46 +291,25 @@ def _square(value: Any, name: str) -> int:
 
 def _config_fields(data: dict[str, Any], family: Family, architecture: str) -> tuple[dict[str, Any], list[str]]:
     """``ViTConfig`` fields (without preprocessing) and notes on what was left out."""
-    where = f"{architecture} option"
-    unknown = sorted(set(data) - family.options - _BOOKKEEPING)
-    if unknown:
-        raise ConfigError(f"{where} {unknown[0]!r} is not mapped (deploykit does not know what it changes)")
-    if data.get("pruned_heads"):
-        raise ConfigError(f"{where} 'pruned_heads' is not mapped (heads of unequal count per layer)")
-    gated = family.model_type == "dinov3_vit" and bool(data.get("use_gated_mlp", False))
-    act, expected_act = data.get("hidden_act", "gelu"), "silu" if gated else "gelu"
-    if act != expected_act:
-        raise ConfigError(
-            f"{where} hidden_act={act!r} is not mapped (deploykit's " + ("gated MLP uses SiLU)" if gated else "MLP uses exact GELU)")
-        )
-    for flag in ("proj_bias", "mlp_bias"):  # DINOv3's: deploykit's projections always carry a bias
-        if data.get(flag, True) is not True:
-            raise ConfigError(f"{where} {flag}={data[flag]!r} is not mapped (projections without bias)")
+    labels = data.get("id2label") or {}
+    data, where = _tower(data, family, architecture)
+    act_layer = _act_layer(data, family, where)
     try:
-        dims = dict(
-            img_size=_square(data.get("image_size", 224), "image_size"),
-            patch_size=_square(data.get("patch_size", 16), "patch_size"),
-            in_chans=data.get("num_channels", 3),
-            embed_dim=data.get("hidden_size", 768),
-            depth=data.get("num_hidden_layers", 12),
-            num_heads=data.get("num_attention_heads", 12),
-            qkv_bias=any(data.get(k, True) for k in ("query_bias", "key_bias", "value_bias"))
-            if family.model_type == "dinov3_vit"
-            else data.get("qkv_bias", True),
-            norm_eps=float(data.get("layer_norm_eps", 1e-12 if family.model_type in ("vit", "deit") else 1e-6)),
-        )
+        fields: dict[str, Any] = dict(_dims(data, family), class_token=True, global_pool="token", num_classes=0, act_layer=act_layer)
     except (ConfigError, TypeError, ValueError) as err:
         raise ConfigError(str(err)) from err
     notes = []
-    fields: dict[str, Any] = dict(dims, class_token=True, global_pool="token", num_classes=0)
     if family.model_type in ("vit", "deit"):
         fields["mlp_hidden_dim"] = data.get("intermediate_size", 3072)
         fields["mlp_ratio"] = fields["mlp_hidden_dim"] / fields["embed_dim"]
         fields["reg_tokens"] = 1 if family.model_type == "deit" else 0  # DeiT's distillation token
         if not family.head and "pooler_act" in data:
             notes.append("the pooler (dense + tanh) is not the output: the normed class token is")
+    elif family.siglip:
+        notes += _siglip_fields(data, family, fields)
     elif family.model_type == "dinov3_vit":
         hidden = data.get("intermediate_size", 3072)
+        gated = bool(data.get("use_gated_mlp", False))
         fields.update(mlp_hidden_dim=hidden, mlp_ratio=hidden / fields["embed_dim"], mlp_layer="swiglu" if gated else "mlp")
         fields["init_values"] = float(data.get("layerscale_value", 1.0))
         fields["reg_tokens"] = data.get("num_register_tokens", 0)
@@ -277,29 +324,119 @@ def _config_fields(data: dict[str, Any], family: Family, architecture: str) -> t
         else:
             fields.update(mlp_ratio=float(ratio), mlp_hidden_dim=int(fields["embed_dim"] * ratio))
     if family.head:
-        labels = data.get("id2label") or {}
         fields["num_classes"] = len(labels) if isinstance(labels, dict) else 0
-    if family.model_type == "dinov3_vit":
-        # transformers' DINOv3ViTRopePositionEmbedding: patch centres in [-1, 1] per axis, rows first,
-        # angle 2π·c/θ^(4j/d), rotate_half pairs; prefix tokens unrotated (as timm's DINOv3, deploykit/nn/from_timm.py)
-        fields["encoding"] = get_config(
-            "rope-axial",
-            theta=float(data.get("rope_theta", 100.0)),
-            coords="centered",
-            normalize_coords="separate",
-            axis_order="yx",
-            angle_scale=2 * math.pi,
-            pairs="halves",
-        )
-        return fields, notes
-    fields["encoding"] = get_config("ape", interpolation="bicubic", antialias=family.antialias, no_embed_class=False)
+        fields["distilled"] = family.distilled
+    fields["encoding"] = _encoding(data, family)
     return fields, notes
+
+
+def _tower(data: dict[str, Any], family: Family, architecture: str) -> tuple[dict[str, Any], str]:
+    """The vision tower's options (``SiglipConfig``: its ``vision_config``, the text tower's config
+    beside it) once each is known, and how a refusal names one."""
+    where = f"{architecture} option"
+    if family.nested:
+        _check_known(data, _SIGLIP_OUTER, where)
+        data = data.get("vision_config")
+        if not isinstance(data, dict):
+            raise ConfigError(f"{architecture} config has no vision_config object")
+        where = f"{architecture} vision_config option"
+    _check_known(data, family.options, where)
+    if data.get("pruned_heads"):
+        raise ConfigError(f"{where} 'pruned_heads' is not mapped (heads of unequal count per layer)")
+    return data, where
+
+
+def _act_layer(data: dict[str, Any], family: Family, where: str) -> str:
+    """``ViTConfig.act_layer`` from ``hidden_act``: exact GELU (SiLU in DINOv3's gated MLP), or
+    SigLIP's tanh approximation; anything else, or projections without bias, refused."""
+    gated = family.model_type == "dinov3_vit" and bool(data.get("use_gated_mlp", False))
+    act = data.get("hidden_act", "gelu_pytorch_tanh" if family.siglip else "gelu")
+    if family.siglip and act not in _ACTIVATIONS:
+        raise ConfigError(f"{where} hidden_act={act!r} is not mapped (deploykit's MLP uses exact or tanh-approximated GELU)")
+    if not family.siglip and act != ("silu" if gated else "gelu"):
+        raise ConfigError(
+            f"{where} hidden_act={act!r} is not mapped (deploykit's " + ("gated MLP uses SiLU)" if gated else "MLP uses exact GELU)")
+        )
+    for flag in ("proj_bias", "mlp_bias"):  # DINOv3's: deploykit's projections always carry a bias
+        if data.get(flag, True) is not True:
+            raise ConfigError(f"{where} {flag}={data[flag]!r} is not mapped (projections without bias)")
+    return _ACTIVATIONS[act] if family.siglip else "gelu"
+
+
+def _dims(data: dict[str, Any], family: Family) -> dict[str, Any]:
+    """The trunk's sizes, patch, norm epsilon and q/k/v bias."""
+    patch = _square(data.get("patch_size", 16), "patch_size")
+    if family.model_type == "siglip2_vision_model":
+        img_size = _native_grid(data) * patch
+    else:
+        img_size = _square(data.get("image_size", 224), "image_size")
+    if family.model_type == "dinov3_vit":
+        qkv_bias = any(data.get(k, True) for k in ("query_bias", "key_bias", "value_bias"))
+    else:
+        qkv_bias = data.get("qkv_bias", True)
+    return dict(
+        img_size=img_size,
+        patch_size=patch,
+        in_chans=data.get("num_channels", 3),
+        embed_dim=data.get("hidden_size", 768),
+        depth=data.get("num_hidden_layers", 12),
+        num_heads=data.get("num_attention_heads", 12),
+        qkv_bias=qkv_bias,
+        norm_eps=float(data.get("layer_norm_eps", 1e-12 if family.model_type in ("vit", "deit") else 1e-6)),
+    )
+
+
+def _siglip_fields(data: dict[str, Any], family: Family, fields: dict[str, Any]) -> list[str]:
+    """SigLIP's tower into ``fields``: no class token, the MLP's width, and the pooling its output
+    is; notes on what that leaves out."""
+    hidden = data.get("intermediate_size", 3072)
+    fields.update(mlp_hidden_dim=hidden, mlp_ratio=hidden / fields["embed_dim"], class_token=False)
+    if family.head:  # SiglipForImageClassification: the classifier reads the mean of every normed token
+        fields["global_pool"] = "avg"
+    elif data.get("vision_use_head", True):  # pooler_output: SiglipMultiheadAttentionPoolingHead, timm's map
+        fields["global_pool"] = "map"
+    else:
+        fields["global_pool"] = ""
+        return ["no pooling head (vision_use_head false): the output is every normed token (last_hidden_state)"]
+    return []
+
+
+def _encoding(data: dict[str, Any], family: Family):
+    """The APE as ``interpolate_pos_encoding`` resizes it, or DINOv3's RoPE."""
+    if family.model_type != "dinov3_vit":
+        return get_config("ape", interpolation=family.interpolation, antialias=family.antialias, no_embed_class=False)
+    # transformers' DINOv3ViTRopePositionEmbedding: patch centres in [-1, 1] per axis, rows first,
+    # angle 2π·c/θ^(4j/d), rotate_half pairs; prefix tokens unrotated (as timm's DINOv3, deploykit/nn/from_timm.py)
+    return get_config(
+        "rope-axial",
+        theta=float(data.get("rope_theta", 100.0)),
+        coords="centered",
+        normalize_coords="separate",
+        axis_order="yx",
+        angle_scale=2 * math.pi,
+        pairs="halves",
+    )
+
+
+def _check_known(data: dict[str, Any], options: set[str] | frozenset[str], where: str) -> None:
+    unknown = sorted(set(data) - options - _BOOKKEEPING)
+    if unknown:
+        raise ConfigError(f"{where} {unknown[0]!r} is not mapped (deploykit does not know what it changes)")
+
+
+def _native_grid(data: dict[str, Any]) -> int:
+    """SigLIP2's position table is a square grid of ``num_patches`` rows (``position_embedding_size``)."""
+    count = data.get("num_patches", 256)
+    side = math.isqrt(count) if type(count) is int and count > 0 else 0
+    if side * side != count:
+        raise ConfigError(f"num_patches {count!r} is not a square grid of positions")
+    return side
 
 
 # PIL's resample codes, as transformers' image processors store them.
 _RESAMPLE = {2: "bilinear", 3: "bicubic"}
 # The image processors whose steps deploykit's preprocessing reproduces (their Fast/Pil backends alike).
-_PROCESSORS = ("ViTImageProcessor", "DeiTImageProcessor", "BitImageProcessor")
+_PROCESSORS = ("ViTImageProcessor", "DeiTImageProcessor", "BitImageProcessor", "SiglipImageProcessor")
 
 
 def _preprocessing(path: Path, img_size: int) -> tuple[dict[str, Any], str]:
@@ -328,7 +465,7 @@ def _preprocessing(path: Path, img_size: int) -> tuple[dict[str, Any], str]:
     else:
         fields["mean"], fields["std"] = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)
     size = data.get("size") or {}
-    crop = data.get("crop_size") if data.get("do_center_crop", base != "ViTImageProcessor") else None
+    crop = data.get("crop_size") if data.get("do_center_crop", base not in ("ViTImageProcessor", "SiglipImageProcessor")) else None
     if "shortest_edge" in size:  # resize the short side, then centre-crop (torchvision's Resize(int) + CenterCrop)
         out = _hw(crop, refuse) if crop else None
         if out is None:
@@ -367,6 +504,9 @@ _LAYER_NAMES = {
     "mlp.up_proj": "mlp.fc1_x",
     "mlp.down_proj": "mlp.fc2",
     "mlp.weights_out": "mlp.fc2",
+    "layer_norm1": "norm1",  # SigLIP
+    "layer_norm2": "norm2",
+    "self_attn.out_proj": "attn.proj",
 }
 _EMBEDDINGS = {
     "embeddings.cls_token": "cls_token",
@@ -380,7 +520,20 @@ _EMBEDDINGS = {
     "norm.bias": "norm.bias",
     "layernorm.weight": "norm.weight",
     "layernorm.bias": "norm.bias",
+    "embeddings.patch_embedding.bias": "patch_embed.proj.bias",  # SigLIP
+    "post_layernorm.weight": "norm.weight",
+    "post_layernorm.bias": "norm.bias",
 }
+# SigLIP's SiglipMultiheadAttentionPoolingHead → timm's AttentionPoolLatent (in_proj is split into q and kv).
+_POOL_NAMES = {
+    "head.probe": "attn_pool.latent",
+    "head.attention.out_proj.weight": "attn_pool.proj.weight",
+    "head.attention.out_proj.bias": "attn_pool.proj.bias",
+    "head.layernorm.weight": "attn_pool.norm.weight",
+    "head.layernorm.bias": "attn_pool.norm.bias",
+    **{f"head.mlp.{fc}.{leaf}": f"attn_pool.mlp.{fc}.{leaf}" for fc in ("fc1", "fc2") for leaf in ("weight", "bias")},
+}
+_CLASSIFIERS = {"classifier": "head", "cls_classifier": "head", "distillation_classifier": "head_dist"}
 # In the file, not in the output: the mask token (used only with bool_masked_pos) and ViTModel's pooler.
 _LEFT_OUT = ("embeddings.mask_token", "pooler.dense.weight", "pooler.dense.bias")
 
@@ -394,24 +547,43 @@ def state_dict_from_transformers(
     out, dropped = {}, []
     for key, value in state.items():
         name = key[len(family.prefix) :] if family.prefix and key.startswith(family.prefix) else key
+        classifier, _, leaf = name.partition(".")
         if name in _LEFT_OUT:
             dropped.append(name)
         elif name in _EMBEDDINGS:
             out[_EMBEDDINGS[name]] = value
+        elif name == "embeddings.distillation_token":  # DeiT's: timm's dist_token in a distilled model
+            out["dist_token" if cfg.distilled else "reg_token"] = value
+        elif name == "embeddings.patch_embedding.weight":
+            out["patch_embed.proj.weight"] = _patch_kernel(value, cfg)
         elif name == "embeddings.position_embeddings":
             out["pos_embed"] = _position_table(value, cfg)
-        elif name == "classifier.weight" or name == "classifier.bias":
-            out["head." + name.rpartition(".")[2]] = value
-        elif name.startswith(("encoder.layer.", "layer.")):  # DINOv3's layers sit at the top level
-            index, _, inner = name.removeprefix("encoder.").removeprefix("layer.").partition(".")
+        elif name == "embeddings.position_embedding.weight":  # SigLIP's nn.Embedding: [N, D], patches only
+            out["pos_embed"] = value.unsqueeze(0)
+        elif classifier in _CLASSIFIERS and leaf in ("weight", "bias"):
+            out[f"{_CLASSIFIERS[classifier]}.{leaf}"] = value
+        elif family.siglip and name.startswith("head."):
+            if cfg.pool != "map":  # SiglipForImageClassification's logits do not read the tower's pooling head
+                dropped.append("head.*")
+            elif name in _POOL_NAMES:
+                out[_POOL_NAMES[name]] = value
+            elif name in ("head.attention.in_proj_weight", "head.attention.in_proj_bias") and value.shape[0] == 3 * cfg.embed_dim:
+                q, kv = value.split([cfg.embed_dim, 2 * cfg.embed_dim])  # rows: q, k, v
+                kind = name.rpartition("_")[2]
+                out[f"attn_pool.q.{kind}"], out[f"attn_pool.kv.{kind}"] = q, kv
+            else:
+                out[key] = value
+        elif name.startswith(("encoder.layer.", "encoder.layers.", "layer.")):  # DINOv3's layers sit at the top level
+            index, _, inner = name.removeprefix("encoder.").removeprefix("layers.").removeprefix("layer.").partition(".")
             owner, _, leaf = inner.rpartition(".")
-            if owner in ("attention.q_proj", "attention.k_proj", "attention.v_proj"):
-                # DINOv3: separate projections, each bias optional; fused at the query's weight, a missing bias zero
-                layer = f"{family.prefix}{name.rpartition('.attention.')[0]}.attention"
+            attention, _, projection = owner.rpartition(".")
+            if attention in ("attention", "self_attn") and projection in ("q_proj", "k_proj", "v_proj"):
+                # DINOv3, SigLIP: separate projections, each bias optional; fused at the query's weight, a missing bias zero
+                layer = key.removesuffix(f".{projection}.{leaf}")
                 full = lambda proj, leaf, layer=layer: state.get(f"{layer}.{proj}.{leaf}")
                 if full("q_proj", "weight") is None:
                     out[key] = value  # no query to join: the strict load names it
-                elif owner == "attention.q_proj" and leaf == "weight":
+                elif projection == "q_proj" and leaf == "weight":
                     parts = [full(p, "weight") for p in ("q_proj", "k_proj", "v_proj")]
                     if any(t is None for t in parts):
                         raise CheckpointError(f"{source}: {key} has no k_proj/v_proj partner")
@@ -446,6 +618,16 @@ def state_dict_from_transformers(
         else:
             out[key] = value
     return out, sorted(set(dropped))
+
+
+def _patch_kernel(weight: Tensor, cfg: ViTConfig) -> Tensor:
+    """SigLIP2's patch embedding is a Linear over patches flattened as (row, column, channel)
+    (``Siglip2ImageProcessor``'s ``convert_image_to_patches``): the same map as a stride-p
+    convolution ``[D, C, p, p]``. SigLIP's is that convolution already."""
+    p = cfg.patch_size
+    if weight.ndim != 2 or weight.shape[1] != p * p * cfg.in_chans:
+        return weight  # a convolution already, or of another shape: the strict load names it
+    return weight.reshape(weight.shape[0], p, p, -1).permute(0, 3, 1, 2).contiguous()
 
 
 def _position_table(table: Tensor, cfg: ViTConfig) -> Tensor:

@@ -210,8 +210,24 @@ class VitSpec(DeploySpec):
         tokens, d = gh * gw + cfg.num_prefix_tokens, cfg.embed_dim
         block = _block_gemms(batch, tokens, d, cfg.num_heads, cfg.hidden_dim, 1 if cfg.mlp_layer == "mlp" else 2)
         patch = (1, batch * gh * gw, cfg.in_chans * cfg.patch_size**2, d)
-        head = (1, batch, d, cfg.num_classes)
-        return [patch, *block * cfg.depth, head]
+        heads = [(1, batch, d, cfg.num_classes)] * (2 if cfg.distilled else 1)  # DeiT's head and head_dist
+        return [patch, *block * cfg.depth, *self._pool_gemms(tokens, batch), *heads]
+
+    def _pool_gemms(self, tokens: int, batch: int) -> list[Gemm]:
+        """``map`` pooling: the latent's q, kv over every token, one query's attention, proj, MLP."""
+        cfg = self.cfg
+        if cfg.pool != "map":
+            return []
+        d, heads = cfg.embed_dim, cfg.num_heads
+        return [
+            (1, 1, d, d),  # q of the latent
+            (1, batch * tokens, d, 2 * d),  # kv
+            (batch * heads, 1, d // heads, tokens),  # q @ k^T
+            (batch * heads, 1, tokens, d // heads),  # softmax(.) @ v
+            (1, batch, d, d),  # proj
+            (1, batch, d, cfg.hidden_dim),  # mlp.fc1
+            (1, batch, cfg.hidden_dim, d),  # mlp.fc2
+        ]
 
     def random_inputs(self, batch: int, resolution: tuple[int, int], seed: int) -> np.ndarray:
         return random_inputs(batch, resolution, seed=seed)

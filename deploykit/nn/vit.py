@@ -131,8 +131,9 @@ class ViTConfig:
         class_token: prepend a class token.
         reg_tokens: register tokens after the class token (timm's ``reg_tokens``; DINOv3: 4).
         global_pool: ``token`` (the class token), ``avg``/``max``/``avgmax`` over the patch tokens
-            (prefix tokens excluded, as timm), or ``""`` (every token); ``None`` means ``token``
-            with a class token, else ``avg``.
+            (prefix tokens excluded, as timm), ``map`` (timm's ``AttentionPoolLatent``: a learned
+            latent query attends over every token, ``attn_pool``), or ``""`` (every token);
+            ``None`` means ``token`` with a class token, else ``avg``.
         fc_norm: the final LayerNorm comes after pooling (timm's ``fc_norm``) instead of before.
         embed_norm: a LayerNorm on the patch tokens right after the embedding (timm's
             ``PatchEmbed(norm_layer=...)``, ``patch_embed.norm``; the WePE authors' ``patch_norm``).
@@ -146,6 +147,14 @@ class ViTConfig:
         attn_norm: a LayerNorm on the attention output before ``proj`` (EVA-02 CLIP's sub-LN,
             timm's ``scale_attn_inner``/``scale_attn_norm``: ``attn.norm``).
         mlp_hidden_dim: the MLP's hidden width; ``None`` means ``int(embed_dim * mlp_ratio)``.
+        act_layer: the activation of ``mlp`` MLPs (and of the ``map`` pool's MLP): ``gelu``
+            (exact erf) or ``gelu_tanh`` (tanh approximation: SigLIP, timm's ``act_layer='gelu_tanh'``).
+        qk_norm: a LayerNorm over each head's channels on q and k before the encoding's q/k hook
+            and the scaling (timm's ``qk_norm``: ``attn.q_norm``, ``attn.k_norm``).
+        distilled: DeiT's distillation token and head: the one register token is timm's
+            ``dist_token`` and a second head ``head_dist`` reads it, averaged with ``head`` (on the
+            class token) at inference, as timm's ``VisionTransformerDistilled`` and
+            ``transformers``' ``DeiTForImageClassificationWithTeacher`` do.
         mean, std: input normalisation the model expects (per channel, on [0, 1] pixels).
         dataset: the ``deploykit.zoo`` dataset the weights were trained on, if any; validation
             then takes its real inputs from that dataset's test split.
@@ -173,6 +182,9 @@ class ViTConfig:
     mlp_hidden_dim: int | None = None
     mlp_norm: bool = False
     attn_norm: bool = False
+    act_layer: str = "gelu"
+    qk_norm: bool = False
+    distilled: bool = False
     norm_eps: float = 1e-6
     mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
     std: tuple[float, float, float] = (0.229, 0.224, 0.225)
@@ -195,11 +207,17 @@ class ViTConfig:
         if self.img_size % self.patch_size:
             raise ConfigError(f"img_size {self.img_size} is not a multiple of patch_size {self.patch_size}")
         if self.pool not in POOLS:
-            raise ConfigError(f"global_pool must be one of {POOLS} (attention pooling 'map' is not supported), got {self.global_pool!r}")
+            raise ConfigError(f"global_pool must be one of {POOLS}, got {self.global_pool!r}")
         if self.pool == "token" and not self.class_token:
             raise ConfigError("global_pool 'token' needs class_token true (or global_pool avg, max, avgmax or '')")
         if self.mlp_layer not in MLP_LAYERS:
             raise ConfigError(f"mlp_layer must be one of {MLP_LAYERS}, got {self.mlp_layer!r}")
+        if self.act_layer not in ACTIVATIONS:
+            raise ConfigError(f"act_layer must be one of {tuple(ACTIVATIONS)}, got {self.act_layer!r}")
+        if self.act_layer != "gelu" and self.mlp_layer != "mlp":
+            raise ConfigError(f"act_layer {self.act_layer!r} needs mlp_layer 'mlp' ({self.mlp_layer} gates with SiLU)")
+        if self.distilled and not (self.pool == "token" and self.reg_tokens == 1 and self.num_classes):
+            raise ConfigError("distilled needs global_pool 'token', reg_tokens 1 (the distillation token) and num_classes > 0")
         check_normalisation(self.mean, self.std, self.in_chans)
         if self.dataset is not None and self.dataset not in DATASETS:
             raise ConfigError(f"dataset must be null or one of {', '.join(DATASETS)} (deploykit.zoo), got {show(self.dataset)}")
@@ -246,8 +264,10 @@ class ViTConfig:
         return cls(**data)
 
 
-POOLS = ("token", "avg", "max", "avgmax", "")
+POOLS = ("token", "avg", "max", "avgmax", "map", "")
 MLP_LAYERS = ("mlp", "swiglu", "swiglu_packed")
+# act_layer -> nn.GELU's approximate (timm's names: gelu, gelu_tanh)
+ACTIVATIONS = {"gelu": "none", "gelu_tanh": "tanh"}
 
 MODEL_CONFIGS: dict[str, dict[str, Any]] = {
     # Standard sizes at patch 16 (timm's vit_{tiny,small,base}_patch16_224).
@@ -282,12 +302,13 @@ def sub_norm(enabled: bool, width: int, eps: float) -> nn.Module:
 
 
 class Mlp(nn.Module):
-    """``fc2(norm(GELU(fc1(x))))``; ``norm`` is a LayerNorm on the hidden units when asked, as timm's ``Mlp``."""
+    """``fc2(norm(GELU(fc1(x))))``; ``norm`` is a LayerNorm on the hidden units when asked, as timm's ``Mlp``;
+    ``act`` is an ``ACTIVATIONS`` name (exact erf GELU, timm's default, or its tanh approximation)."""
 
-    def __init__(self, dim: int, hidden: int, norm: bool = False, eps: float = 1e-6):
+    def __init__(self, dim: int, hidden: int, norm: bool = False, eps: float = 1e-6, act: str = "gelu"):
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden)
-        self.act = nn.GELU()  # exact erf GELU, as timm
+        self.act = nn.GELU(approximate=ACTIVATIONS[act])
         self.norm = sub_norm(norm, hidden, eps)
         self.fc2 = nn.Linear(hidden, dim)
 
@@ -342,13 +363,16 @@ class LayerScale(nn.Module):
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention with the encoding's q/k and logits hooks."""
+    """Multi-head self-attention with the encoding's q/k and logits hooks; ``qk_norm`` normalises
+    each head's q and k first (timm's ``q_norm``/``k_norm``, Identities holding no keys otherwise)."""
 
-    def __init__(self, dim: int, num_heads: int, qkv_bias: bool, norm: bool = False, eps: float = 1e-6):
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool, norm: bool = False, eps: float = 1e-6, qk_norm: bool = False):
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.q_norm = sub_norm(qk_norm, self.head_dim, eps)
+        self.k_norm = sub_norm(qk_norm, self.head_dim, eps)
         self.norm = sub_norm(norm, dim, eps)
         self.proj = nn.Linear(dim, dim)
 
@@ -356,6 +380,7 @@ class Attention(nn.Module):
         B, N, C = x.shape
         # [B, N, 3D] -> [3, B, H, N, d]
         q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k = self.q_norm(q), self.k_norm(k)  # before RoPE and the scaling, as timm's Attention
         bias = None
         if pos_enc.uses(Hook.QK):
             q, k = pos_enc.apply_qk(q, k, tables)
@@ -369,15 +394,42 @@ class Block(nn.Module):
     def __init__(self, cfg: ViTConfig):
         super().__init__()
         self.norm1 = nn.LayerNorm(cfg.embed_dim, eps=cfg.norm_eps)
-        self.attn = Attention(cfg.embed_dim, cfg.num_heads, cfg.qkv_bias, cfg.attn_norm, cfg.norm_eps)
+        self.attn = Attention(cfg.embed_dim, cfg.num_heads, cfg.qkv_bias, cfg.attn_norm, cfg.norm_eps, cfg.qk_norm)
         self.ls1 = LayerScale(cfg.embed_dim, cfg.init_values) if cfg.init_values is not None else nn.Identity()
         self.norm2 = nn.LayerNorm(cfg.embed_dim, eps=cfg.norm_eps)
-        self.mlp = _MLPS[cfg.mlp_layer](cfg.embed_dim, cfg.hidden_dim, cfg.mlp_norm, cfg.norm_eps)
+        mlp_act = dict(act=cfg.act_layer) if cfg.mlp_layer == "mlp" else {}
+        self.mlp = _MLPS[cfg.mlp_layer](cfg.embed_dim, cfg.hidden_dim, cfg.mlp_norm, cfg.norm_eps, **mlp_act)
         self.ls2 = LayerScale(cfg.embed_dim, cfg.init_values) if cfg.init_values is not None else nn.Identity()
 
     def forward(self, x: Tensor, pos_enc, tables: dict[str, Tensor], grid: tuple[int, int]) -> Tensor:
         x = x + self.ls1(self.attn(self.norm1(x), pos_enc, tables, grid))
         return x + self.ls2(self.mlp(self.norm2(x)))
+
+
+class AttentionPoolLatent(nn.Module):
+    """timm's ``AttentionPoolLatent`` as its ``VisionTransformer`` builds it for ``global_pool='map'``
+    (one latent, biased projections, no q/k norm or position): a learned query attends over every
+    token, then a residual MLP on its LayerNorm: ``[B, N, D]`` → ``[B, D]``. ``transformers``'
+    ``SiglipMultiheadAttentionPoolingHead`` computes the same (``probe`` = ``latent``; its
+    ``in_proj`` splits into ``q`` and ``kv``)."""
+
+    def __init__(self, dim: int, num_heads: int, hidden: int, eps: float, act: str):
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, dim // num_heads
+        self.latent = nn.Parameter(torch.zeros(1, 1, dim))
+        self.q = nn.Linear(dim, dim)
+        self.kv = nn.Linear(dim, 2 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm = nn.LayerNorm(dim, eps=eps)
+        self.mlp = Mlp(dim, hidden, act=act)
+
+    def forward(self, x: Tensor) -> Tensor:
+        B, N, C = x.shape
+        q = self.q(self.latent).reshape(1, 1, self.num_heads, self.head_dim).transpose(1, 2).expand(B, -1, -1, -1)
+        # [B, N, 2D] -> [2, B, H, N, d]
+        k, v = self.kv(x).reshape(B, N, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        x = self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, C))
+        return x + self.mlp(self.norm(x))
 
 
 class VisionTransformer(nn.Module):
@@ -408,7 +460,11 @@ class VisionTransformer(nn.Module):
         final_norm = nn.LayerNorm(cfg.embed_dim, eps=cfg.norm_eps)
         self.norm = nn.Identity() if cfg.fc_norm else final_norm
         self.fc_norm = final_norm if cfg.fc_norm else nn.Identity()
+        self.attn_pool = (
+            AttentionPoolLatent(cfg.embed_dim, cfg.num_heads, cfg.hidden_dim, cfg.norm_eps, cfg.act_layer) if cfg.pool == "map" else None
+        )
         self.head = nn.Linear(cfg.embed_dim, cfg.num_classes) if cfg.num_classes else nn.Identity()
+        self.head_dist = nn.Linear(cfg.embed_dim, cfg.num_classes) if cfg.distilled else None
         self._init_weights()
         self.register_state_dict_post_hook(_to_timm_names)
         self.register_load_state_dict_pre_hook(_from_timm_names)
@@ -424,6 +480,8 @@ class VisionTransformer(nn.Module):
             nn.init.normal_(self.cls_token, std=1e-6)
         if self.reg_token is not None:
             nn.init.normal_(self.reg_token, std=1e-6)
+        if self.attn_pool is not None:
+            nn.init.trunc_normal_(self.attn_pool.latent, std=self.cfg.embed_dim**-0.5)
         self.pos_enc.reset_parameters()
 
     def grid(self, height: int, width: int) -> tuple[int, int]:
@@ -494,13 +552,18 @@ class VisionTransformer(nn.Module):
 
     def forward_head(self, x: Tensor) -> Tensor:
         """Pooling (timm's ``global_pool_nlc``), ``fc_norm``, head, as timm's ``forward_head``: normed
-        tokens ``[B, P + N, D]`` → ``[B, classes]`` (or ``[B, D]`` / ``[B, P + N, D]`` features without a head)."""
+        tokens ``[B, P + N, D]`` → ``[B, classes]`` (or ``[B, D]`` / ``[B, P + N, D]`` features without a head).
+        A distilled model averages ``head`` on the class token and ``head_dist`` on the next one."""
+        if self.head_dist is not None:
+            return 0.5 * (self.head(self.fc_norm(x[:, 0])) + self.head_dist(self.fc_norm(x[:, 1])))
         return self.head(self.fc_norm(self.pool(x)))
 
     def pool(self, x: Tensor) -> Tensor:
         pool = self.cfg.pool
         if pool == "token":
             return x[:, 0]
+        if pool == "map":
+            return self.attn_pool(x)
         if not pool:
             return x
         patches = x[:, self.cfg.num_prefix_tokens :]
@@ -512,8 +575,12 @@ class VisionTransformer(nn.Module):
 
 
 def _renames(module: VisionTransformer) -> dict[str, str]:
-    """``pos_enc.<key>`` → ``<key>`` for the keys the encoding keeps at timm's top level."""
-    return {f"pos_enc.{key}": key for key in module.pos_enc.top_level_keys}
+    """``pos_enc.<key>`` → ``<key>`` for the keys the encoding keeps at timm's top level, and a
+    distilled model's token as timm's ``VisionTransformerDistilled`` names it (``dist_token``)."""
+    renames = {f"pos_enc.{key}": key for key in module.pos_enc.top_level_keys}
+    if module.cfg.distilled:
+        renames["reg_token"] = "dist_token"
+    return renames
 
 
 def _to_timm_names(module, state_dict, prefix, local_metadata):

@@ -19,7 +19,7 @@ from tests.encoding_params import encoding_params
 DEPTH = 2
 
 
-def small(encoding, **kw):
+def small(encoding="ape", **kw):
     torch.manual_seed(0)
     return create_model("vit_tiny_patch16", encoding=encoding, depth=DEPTH, img_size=64, num_classes=10, **kw).eval()
 
@@ -79,6 +79,31 @@ def test_dynamic_batch_matches_torch(exported, batch):
     model.float()
     assert out.shape == (batch, 10)
     np.testing.assert_allclose(out, ref, atol=1e-4)
+
+
+# timm's trunk options SigLIP and DeiT use: q/k norms before RoPE, tanh GELU, attention pooling over
+# every token (no class token), and DeiT's distillation head averaged with the class token's.
+TRUNK_OPTIONS = {
+    "siglip_like": dict(encoding="rope-axial", qk_norm=True, act_layer="gelu_tanh", class_token=False, global_pool="map"),
+    "distilled": dict(encoding="ape", reg_tokens=1, distilled=True),
+}
+
+
+@pytest.mark.parametrize("options", TRUNK_OPTIONS.values(), ids=TRUNK_OPTIONS)
+def test_trunk_options_export_lint_clean_and_match_torch(options):
+    model = small(**options)
+    with torch.no_grad():
+        for p in model.parameters():  # away from init, so that norms, latent and both heads count
+            p.add_(0.2 * torch.randn_like(p))
+    proto = onnx_from_model(model, (96, 64))
+    assert lint_graph(proto) == []
+    x = np.random.default_rng(0).standard_normal((2, 3, 96, 64), dtype=np.float32)
+    with OnnxrtRunner(proto.SerializeToString()) as runner:
+        out = runner.infer({"images": x})["logits"]
+    with torch.no_grad():
+        ref = model.double()(torch.from_numpy(x).double()).numpy()
+    assert out.shape == (2, 10)
+    np.testing.assert_allclose(out, ref, atol=1e-4 * np.abs(ref).max())
 
 
 def test_bad_resolution_raises_before_exporting(tmp_path):

@@ -59,6 +59,22 @@ def test_reordered_model_computes_the_same_function(encoding):
             assert torch.equal(after[key], value), key
 
 
+@pytest.mark.parametrize("encoding", ["rope-axial", "geope"])
+def test_qk_norms_follow_the_reordered_channels(encoding):
+    """timm's qk_norm normalises a head before the rotation: its weights move with the channels."""
+    torch.manual_seed(0)
+    model = create_model("vit_tiny_patch16", encoding=encoding, depth=2, img_size=64, num_classes=10, qk_norm=True).double().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    reordered, order = with_contiguous_qk_channels(model)
+    assert order is not None
+    x = torch.randn(2, 3, 64, 96, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(reordered(x), model(x), atol=1e-12, rtol=0)
+        assert torch.equal(reordered.blocks[0].attn.q_norm.weight, model.blocks[0].attn.q_norm.weight[order])
+
+
 @pytest.mark.parametrize("encoding", sorted(set(list_encodings()) - set(QK_ENCODINGS)))
 def test_encodings_without_channel_mixing_export_the_model_as_is(encoding):
     model = small(encoding)

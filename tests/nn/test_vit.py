@@ -200,12 +200,103 @@ def test_headless_per_token_features_and_refused_pools():
     model = create_model("vit_tiny_patch16", depth=1, img_size=32, num_classes=0, global_pool="").eval()
     with torch.no_grad():
         assert model(torch.randn(1, 3, 32, 64)).shape == (1, 1 + 8, 192)
-    with pytest.raises(ConfigError, match="attention pooling 'map' is not supported"):
-        create_model("vit_tiny_patch16", global_pool="map")
+    with pytest.raises(ConfigError, match="global_pool must be one of"):
+        create_model("vit_tiny_patch16", global_pool="gem")
+    with pytest.raises(ConfigError, match="act_layer must be one of"):
+        create_model("vit_tiny_patch16", act_layer="relu")
+    with pytest.raises(ConfigError, match="act_layer 'gelu_tanh' needs mlp_layer 'mlp'"):
+        create_model("vit_tiny_patch16", act_layer="gelu_tanh", mlp_layer="swiglu")
+    with pytest.raises(ConfigError, match="distilled needs global_pool 'token', reg_tokens 1"):
+        create_model("vit_tiny_patch16", distilled=True)
     with pytest.raises(ConfigError, match="'token' needs class_token true"):
         create_model("vit_tiny_patch16", global_pool="token", class_token=False)
     with pytest.raises(ConfigError, match="mlp_layer must be one of"):
         create_model("vit_tiny_patch16", mlp_layer="geglu")
+
+
+def _randomised(model):
+    for param in model.parameters():  # norms away from the identity, so that they count
+        torch.nn.init.normal_(param, std=0.3)
+    return model
+
+
+def _heads_attention(q, k, v):
+    return torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, -1) @ v
+
+
+@pytest.mark.parametrize("encoding", ["ape", "rope-axial"])
+def test_qk_norm_is_timms_layer_norm_per_head_before_the_rotation(encoding):
+    model = _randomised(create_model("vit_tiny_patch16", encoding=encoding, depth=1, img_size=32, embed_dim=32, num_heads=2, qk_norm=True))
+    model = model.to(F64).eval()
+    sd = {k.removeprefix("blocks.0.attn."): v for k, v in model.state_dict().items() if k.startswith("blocks.0.attn.")}
+    assert (sd["q_norm.weight"].shape, sd["k_norm.bias"].shape) == ((16,), (16,))  # timm's names, one head's width
+    x = torch.randn(2, 5, 32, dtype=F64)
+    q, k, v = (x @ sd["qkv.weight"].T + sd["qkv.bias"]).reshape(2, 5, 3, 2, 16).permute(2, 0, 3, 1, 4)
+    q, k = (F.layer_norm(t, (16,), sd[f"{n}.weight"], sd[f"{n}.bias"], 1e-6) for t, n in ((q, "q_norm"), (k, "k_norm")))
+    tables = model.tables((2, 2), F64).layers
+    tables = tables[0] if tables else {}
+    if encoding != "ape":
+        q, k = model.pos_enc.apply_qk(q, k, tables)
+    expected = _heads_attention(q, k, v).transpose(1, 2).reshape(2, 5, 32) @ sd["proj.weight"].T + sd["proj.bias"]
+    with torch.no_grad():
+        torch.testing.assert_close(model.blocks[0].attn(x, model.pos_enc, tables, (2, 2)), expected)
+    plain = create_model("vit_tiny_patch16", encoding=encoding)
+    assert not any("_norm." in k for k in plain.state_dict()) and plain.cfg.to_dict()["qk_norm"] is False
+
+
+def test_map_pool_is_timms_attention_pool_latent_over_every_token():
+    options = dict(depth=1, img_size=32, embed_dim=32, num_heads=2, mlp_hidden_dim=40, class_token=False, num_classes=3)
+    model = _randomised(create_model("vit_tiny_patch16", global_pool="map", act_layer="gelu_tanh", **options)).to(F64).eval()
+    sd = model.state_dict()
+    pool = {k.removeprefix("attn_pool."): v for k, v in sd.items() if k.startswith("attn_pool.")}
+    assert {k: tuple(v.shape) for k, v in pool.items()} == {
+        "latent": (1, 1, 32),
+        **{f"{n}.weight": s for n, s in (("q", (32, 32)), ("kv", (64, 32)), ("proj", (32, 32)), ("norm", (32,)))},
+        **{f"{n}.bias": s for n, s in (("q", (32,)), ("kv", (64,)), ("proj", (32,)), ("norm", (32,)))},
+        **{"mlp.fc1.weight": (40, 32), "mlp.fc1.bias": (40,), "mlp.fc2.weight": (32, 40), "mlp.fc2.bias": (32,)},
+    }
+    tokens = torch.randn(2, 4, 32, dtype=F64)  # normed tokens: no prefix, every one attended
+    q = (pool["latent"] @ pool["q.weight"].T + pool["q.bias"]).reshape(1, 1, 2, 16).transpose(1, 2)
+    k, v = (tokens @ pool["kv.weight"].T + pool["kv.bias"]).reshape(2, 4, 2, 2, 16).permute(2, 0, 3, 1, 4)
+    pooled = _heads_attention(q, k, v).transpose(1, 2).reshape(2, 32) @ pool["proj.weight"].T + pool["proj.bias"]
+    hidden = F.gelu(
+        F.layer_norm(pooled, (32,), pool["norm.weight"], pool["norm.bias"], 1e-6) @ pool["mlp.fc1.weight"].T + pool["mlp.fc1.bias"],
+        approximate="tanh",
+    )
+    pooled = pooled + hidden @ pool["mlp.fc2.weight"].T + pool["mlp.fc2.bias"]
+    with torch.no_grad():
+        torch.testing.assert_close(model.forward_head(tokens), pooled @ sd["head.weight"].T + sd["head.bias"])
+        block_mlp = model.blocks[0].mlp  # gelu_tanh is the blocks' activation too
+        torch.testing.assert_close(
+            block_mlp(tokens),
+            F.gelu(tokens @ sd["blocks.0.mlp.fc1.weight"].T + sd["blocks.0.mlp.fc1.bias"], approximate="tanh")
+            @ sd["blocks.0.mlp.fc2.weight"].T
+            + sd["blocks.0.mlp.fc2.bias"],
+        )
+    assert not any(k.startswith("attn_pool.") for k in create_model("vit_tiny_patch16").state_dict())
+
+
+def test_distilled_model_averages_timms_head_and_head_dist():
+    options = dict(depth=1, img_size=32, num_classes=3, reg_tokens=1, distilled=True)
+    model = _randomised(create_model("vit_tiny_patch16", **options)).to(F64).eval()
+    sd = model.state_dict()
+    assert (
+        "dist_token" in sd and "reg_token" not in sd and sd["head_dist.weight"].shape == (3, 192)
+    )  # timm's VisionTransformerDistilled names
+    assert (
+        deploy_spec(model.cfg).flops((32, 32), 1)
+        - deploy_spec(create_model("vit_tiny_patch16", **dict(options, distilled=False)).cfg).flops((32, 32), 1)
+        == 2 * 192 * 3
+    )
+    tokens = torch.randn(2, 6, 192, dtype=F64)
+    expected = 0.5 * (tokens[:, 0] @ sd["head.weight"].T + sd["head.bias"] + tokens[:, 1] @ sd["head_dist.weight"].T + sd["head_dist.bias"])
+    with torch.no_grad():
+        torch.testing.assert_close(model.forward_head(tokens), expected)
+    again = create_model("vit_tiny_patch16", **options).to(F64)
+    again.load_state_dict(sd)  # the timm names load back
+    with torch.no_grad():
+        x = torch.randn(1, 3, 32, 32, dtype=F64)
+        torch.testing.assert_close(again.eval()(x), model(x))
 
 
 def test_config_without_the_new_fields_means_the_old_trunk():
