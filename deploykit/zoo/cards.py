@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
-import deploykit
 from deploykit._io import write_json_atomic, write_text_atomic
+from deploykit._version import __version__
 from deploykit.encodings import config_to_dict
 from deploykit.errors import CheckpointError, ConfigError
 from deploykit.inputs.builtin import normalise
@@ -110,7 +110,7 @@ def _fp32_columns(name, model, dataset, resolutions, correct, directory, train_s
         train_settings=train_settings,
         eval_command=f"deploykit zoo eval {name}",
         overrides=entry.model_overrides,
-        deploykit_version=deploykit.__version__,
+        deploykit_version=__version__,
         torch_version=torch.__version__,
     )
 
