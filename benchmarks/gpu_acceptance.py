@@ -100,7 +100,7 @@ def _report_validation(report) -> dict:
 
 def validate_check(export_dir: Path, backend: str, precision: str, plugins=None):
     from deploykit.backends.plugins import Plugins
-    from deploykit.validate import validate
+    from deploykit.validation.run import validate
 
     def check():
         return _report_validation(
@@ -240,7 +240,7 @@ def engine_checks(
 ) -> None:
     """Build, validate, replay, profile and inspect ``flavour``'s engines of each export on ``device``
     (what ``probe_device`` reports); each check skipped with the reason where it cannot run."""
-    from deploykit.build import build
+    from deploykit.backends.build import build
     from deploykit.export.manifest import Manifest
     from deploykit.export.precision import PLANS
 
@@ -307,7 +307,7 @@ def _copy(out: Path, prefix: str) -> Path:
 
 def static_engine_check(out: Path, flavour: str):
     """What plain ``deploykit build`` makes (static batch 1), validated."""
-    from deploykit.build import build
+    from deploykit.backends.build import build
 
     def check():
         copy = _copy(out, f"static_{flavour}_")
@@ -331,7 +331,7 @@ def range_skip(out: Path) -> str | None:
 def range_engine_check(out: Path, flavour: str):
     """A graph over a resolution range (``export --resolution-range``) built and validated at its
     min/opt/max (for encodings whose tables nest: ``range_skip``)."""
-    from deploykit.build import build
+    from deploykit.backends.build import build
     from deploykit.errors import ExportError
     from deploykit.export import export
     from deploykit.export.bundle import load_reference
@@ -446,13 +446,13 @@ def plugin_engine_check(out: Path, flavour: str, specs: list[str]):
     layer (the fingerprint's count and the engine inspector's agree), and the engine validates."""
     import onnx
 
+    from deploykit.backends.build import build
     from deploykit.backends.engine_cache import engine_paths, read_fingerprint
     from deploykit.backends.plugins import Plugins
-    from deploykit.build import build
     from deploykit.export.manifest import Manifest
     from deploykit.graph.plugin_nodes import STANDARD_DOMAINS
     from deploykit.inspection import inspect_engine
-    from deploykit.validate import validate
+    from deploykit.validation.run import validate
 
     def check():
         copy = _copy(out, "plugins_")

@@ -312,10 +312,10 @@ def build(
     TensorRT message; otherwise its warnings are summarised once)."""
     from rich.live import Live
 
+    from deploykit.backends.build import BuildSettings
+    from deploykit.backends.build import build as build_engines
     from deploykit.backends.plugins import Plugins
     from deploykit.backends.tensorrt import BuildProgress
-    from deploykit.build import BuildSettings
-    from deploykit.build import build as build_engines
 
     settings = BuildSettings(
         dynamic=dynamic,

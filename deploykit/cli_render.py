@@ -102,7 +102,7 @@ def validation(out, report) -> None:
 
 def built(out, results) -> None:
     """One line per ``BuiltEngine``."""
-    from deploykit.build import describe
+    from deploykit.backends.build import describe
 
     for result in results:
         done(out, describe(result))

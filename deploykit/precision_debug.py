@@ -72,7 +72,7 @@ def debug_precision(
     from deploykit.export.directory import ExportDir
     from deploykit.export.precision import LOW_PRECISION_OPS, _CastPass, check_precision
     from deploykit.inputs.builtin import VALIDATION_NOISE, VALIDATION_REAL
-    from deploykit.validate import References
+    from deploykit.validation.run import References
 
     plan = check_precision(precision)
     if plan.low is None:

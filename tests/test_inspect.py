@@ -69,7 +69,7 @@ def test_graph_as_openvino_reads_it(export_dir):
 
 
 def test_engine(export_dir, tmp_path):
-    from deploykit.build import build
+    from deploykit.backends.build import build
 
     out = shutil.copytree(export_dir, tmp_path / "exp")
     (built,) = build(out, "rtx", dynamic=True, max_batch=4, optimization_level=0, precisions=["fp32"])

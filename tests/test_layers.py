@@ -66,13 +66,13 @@ LAYERS = [
     (
         "tools",
         (
-            "deploykit.validate",
+            "deploykit.validation.run",
             "deploykit.validate_bundle",
             "deploykit.import_plan",
             "deploykit.precision_debug",
             "deploykit.layer_map",
             "deploykit.replay_script",
-            "deploykit.build",
+            "deploykit.backends.build",
             "deploykit.profile",
             "deploykit.inspection",
             "deploykit.zoo",
@@ -143,6 +143,12 @@ def test_imports_point_down():
         if dep != ROOT and _layer(dep) > _layer(name)
     ]
     assert not upward, "\n".join(upward)
+
+
+def test_nothing_inside_imports_the_root():
+    """The root is the front door (``__version__`` lives in ``deploykit._version``): a module that
+    imported it would load the whole workflow's facade to read one name."""
+    assert sorted(name for name, deps in _graph().items() if ROOT in deps and name != ROOT) == []
 
 
 def test_no_import_cycle():

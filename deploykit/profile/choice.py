@@ -32,7 +32,7 @@ from deploykit.export.precision import PLANS
 from deploykit.nn.spec import deploy_spec
 from deploykit.profile.report import FP32, TORCH_BACKEND, ProfileRecord, Verdict, add_ratios
 from deploykit.profile.timing import Budget, LatencyStats, measure
-from deploykit.validate import References as ValidationReferences
+from deploykit.validation.run import References as ValidationReferences
 
 # Plans a CPU user picks for speed on ONNX Runtime (the cast plans fp16/bf16 are for GPUs).
 CPU_SPEED_PLANS = ("int8", "int8-dynamic", "int8-mha", "fp32-mha")

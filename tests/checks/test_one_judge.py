@@ -19,7 +19,7 @@ def _verdicts(export_dir) -> dict[str, tuple[bool, str]]:
     from deploykit.export.int8_static import CalibrationOptions
     from deploykit.profile.choice import References, check_target
     from deploykit.profile.targets import RunnerTarget
-    from deploykit.validate import validate
+    from deploykit.validation.run import validate
 
     model = load_reference(export_dir)
     path = export_dir / f"model_{RES}.onnx"

@@ -221,7 +221,7 @@ def test_bad_calibration_options():
 
 @pytest.mark.slow
 def test_dynamic_and_fused_attention_plans_validate(tmp_path):
-    from deploykit.validate import validate
+    from deploykit.validation.run import validate
 
     model = load_model(model_dir(DEFAULT_ZOO_MODEL))
     export(model, [(48, 48)], tmp_path, precisions=["fp32", "int8-dynamic", "fp32-mha"])
@@ -243,7 +243,7 @@ def test_int8_mha_is_the_int8_plan_with_its_float_attention_fused(tmp_path, monk
     from deploykit.backends.onnxrt import run_graph
     from deploykit.export import int8_static
     from deploykit.export.precision import apply_precision_to_base
-    from deploykit.validate import validate
+    from deploykit.validation.run import validate
 
     calls = {"inputs": 0, "calibration": 0}
 
@@ -287,7 +287,7 @@ def test_validate_passes_int8_on_a_trained_model_and_fails_a_planted_bad_scale(t
     import shutil
 
     from deploykit.export.manifest import MANIFEST_FILE, sha256_file
-    from deploykit.validate import validate
+    from deploykit.validation.run import validate
 
     out = shutil.copytree(zoo_int8_export, tmp_path / "x")
     (good,) = validate(out, resolutions=[(48, 48)], precision="int8").records
