@@ -162,8 +162,8 @@ def export_models(args, checks: Checks, work: Path) -> dict[str, Path]:
 def cpu_checks(exported: dict[str, Path], checks: Checks) -> None:
     import onnxruntime
 
+    from deploykit.backends.inspection import inspect_graph
     from deploykit.export.manifest import Manifest
-    from deploykit.inspection import inspect_graph
 
     no_ort_cuda = None if "CUDAExecutionProvider" in onnxruntime.get_available_providers() else "onnxruntime has no CUDA provider"
     for encoding, out in exported.items():
@@ -413,8 +413,8 @@ def inspect_engine_check(out: Path, flavour: str):
     import onnx
 
     from deploykit.backends.engine_cache import engine_paths
+    from deploykit.backends.inspection import inspect_engine
     from deploykit.export.manifest import Manifest
-    from deploykit.inspection import inspect_engine
 
     def check():
         graph = out / Manifest.read(out).graphs[0].file
@@ -448,10 +448,10 @@ def plugin_engine_check(out: Path, flavour: str, specs: list[str]):
 
     from deploykit.backends.build import build
     from deploykit.backends.engine_cache import engine_paths, read_fingerprint
+    from deploykit.backends.inspection import inspect_engine
     from deploykit.backends.plugins import Plugins
     from deploykit.export.manifest import Manifest
     from deploykit.graph.plugin_nodes import STANDARD_DOMAINS
-    from deploykit.inspection import inspect_engine
     from deploykit.validation.run import validate
 
     def check():

@@ -113,8 +113,8 @@ def gemm_roofline(
 def update_sweep(path: Path) -> dict:
     """Re-measure the roofline of every resolution × batch of a sweep file; refresh its fractions."""
     from deploykit._io import write_json_atomic
+    from deploykit.inputs.resolutions import parse_resolution
     from deploykit.nn import create_model
-    from deploykit.resolutions import parse_resolution
 
     data = json.loads(path.read_text())
     cfg = create_model(data["model"]).cfg

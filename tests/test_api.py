@@ -49,7 +49,8 @@ def test_no_code_reaches_a_step_module_through_the_package_attribute():
     shadowed = r"(build|export|profile|validate)"
     pattern = re.compile(rf"^\s*(from deploykit import .*\b{shadowed}\b|import deploykit\.{shadowed}\b.* as )", re.M)
     files = [p for folder in ("deploykit", "tests", "benchmarks", "plugins", "examples") for p in (ROOT / folder).rglob("*.py")]
-    offenders = [str(p.relative_to(ROOT)) for p in files if pattern.search(p.read_text(encoding="utf-8"))]
+    root = ROOT / "deploykit" / "__init__.py"  # loads the two packages before binding the steps over them
+    offenders = [str(p.relative_to(ROOT)) for p in files if p != root and pattern.search(p.read_text(encoding="utf-8"))]
     assert offenders == []
 
 

@@ -30,9 +30,10 @@ LAYERS = [
             "deploykit._cpu",
             "deploykit._terminal",
             "deploykit._fields",
+            "deploykit._version",
             "deploykit.answers",
-            "deploykit.imaging",
-            "deploykit.resolutions",
+            "deploykit.inputs.imaging",
+            "deploykit.inputs.resolutions",
             "deploykit.catalog",
             "deploykit.inputs",
             "deploykit.backends.table",
@@ -46,7 +47,7 @@ LAYERS = [
     ("nn", ("deploykit.nn",)),
     # The table of the papers' importers (``deploykit import gridpe|mope|wepe``): torch-free, so the
     # CLI builds its commands from it; each entry names its converter in nn, which imports nothing from here.
-    ("importers", ("deploykit.importers",)),
+    ("importers", ("deploykit.cli.importers",)),
     # Graph rewrites and edits, torch-free (onnx_ir, onnxscript's rewriter): the canonical rule set
     # the export applies, OpenVINO's that its runner applies when it loads a graph, and the INT8
     # fallback's edits. Below both.
@@ -66,15 +67,10 @@ LAYERS = [
     (
         "tools",
         (
-            "deploykit.validation.run",
-            "deploykit.validate_bundle",
-            "deploykit.import_plan",
-            "deploykit.precision_debug",
-            "deploykit.layer_map",
-            "deploykit.replay_script",
+            "deploykit.validation",
             "deploykit.backends.build",
             "deploykit.profile",
-            "deploykit.inspection",
+            "deploykit.backends.inspection",
             "deploykit.zoo",
         ),
     ),
@@ -83,7 +79,7 @@ LAYERS = [
     ("api", ("deploykit.api",)),
     # The command, what its commands share (option types and groups, -q/-v, the error line) and
     # what they print.
-    ("cli", ("deploykit.cli", "deploykit.cli_options", "deploykit.cli_render", "deploykit.cli_serve", "deploykit.__main__")),
+    ("cli", ("deploykit.cli", "deploykit.__main__")),
 ]
 # The package root only holds ``__version__`` and the facade of ``deploykit.api``'s names (imported
 # on first use): anything may import it, and its lazy import of the workflow is the public API.

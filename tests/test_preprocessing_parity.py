@@ -19,9 +19,9 @@ import pytest
 import torch
 
 import deploykit
-from deploykit import imaging
 from deploykit.export import export, int8_static
 from deploykit.export.int8_static import CalibrationOptions
+from deploykit.inputs import imaging
 from deploykit.inputs.user import UserCalibration, read_inputs
 from deploykit.nn import create_model
 from deploykit.validation import run as validate_module

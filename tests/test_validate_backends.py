@@ -24,8 +24,8 @@ from deploykit.export.bundle import load_reference
 from deploykit.export.int8_check import check_plan
 from deploykit.export.manifest import MANIFEST_FILE, Manifest, sha256_file
 from deploykit.export.precision import PLANS
-from deploykit.layer_map import marked_graph
 from deploykit.nn import create_model
+from deploykit.validation.layer_map import marked_graph
 from deploykit.validation.run import first_divergent_block, validate
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")

@@ -72,10 +72,10 @@ from deploykit.export.precision import (
     plan_graph,
 )
 from deploykit.inputs.builtin import CALIBRATION_SPLIT, HELD_OUT_SPLIT, check_real_count
+from deploykit.inputs.resolutions import resolution_tag
 from deploykit.nn.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_model, save_model
 from deploykit.nn.factory import Model
 from deploykit.nn.spec import deploy_spec
-from deploykit.resolutions import resolution_tag
 
 _log = logging.getLogger(__name__)
 

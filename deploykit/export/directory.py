@@ -48,7 +48,7 @@ from deploykit.export.manifest import (
     confined_path,
     json_object,
 )
-from deploykit.resolutions import resolution_tag
+from deploykit.inputs.resolutions import resolution_tag
 
 WEIGHTS_FILE = "model.safetensors"  # as deploykit.nn.checkpoint.save_model writes it
 TIMING_CACHE_FILE = "timing.cache"

@@ -40,9 +40,9 @@ from deploykit.export.metadata import GraphMetadata
 from deploykit.export.names import node_scopes, trunk_scope
 from deploykit.export.qk_channels import with_contiguous_qk_channels
 from deploykit.graph.canonical import CANONICAL
+from deploykit.inputs.resolutions import resolution_tag
 from deploykit.nn.factory import Model
 from deploykit.nn.spec import block_paths, deploy_spec
-from deploykit.resolutions import resolution_tag
 
 # TensorRT's ITensor: "the volume of the tensor must be less than 2^31 elements". Every graph
 # here materialises each block's attention scores [batch, heads, T, T], so even at batch 1

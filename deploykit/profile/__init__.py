@@ -9,7 +9,7 @@ Method (the README's `deploykit profile` paragraph says it for users):
   returns host arrays, so on a GPU its copies are in the time; the positional step alone, queued
   on a GPU, is timed with CUDA events;
 * kernel-only (the model on a prepared input) and end-to-end (uint8 camera frames through
-  ``deploykit.imaging.preprocess``, host copies, the model, softmax + top-5) side by side;
+  ``deploykit.inputs.imaging.preprocess``, host copies, the model, softmax + top-5) side by side;
 * the same trunk with a learned APE runs in the same session, so each encoding's cost is a
   ratio measured under the same load; in PyTorch eager the positional step alone (table add,
   q/k rotation, or logits bias, over all blocks) shows where that cost goes (``pe_share``, on

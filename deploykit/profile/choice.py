@@ -259,7 +259,7 @@ def plans_slower_than_float(export_dir: str | os.PathLike, budget: Budget = QUIC
     disagree because their inputs differ."""
     from deploykit.backends.onnxrt import CPU, OnnxrtRunner
     from deploykit.export.manifest import Manifest, checked_graph
-    from deploykit.resolutions import resolution_tag
+    from deploykit.inputs.resolutions import resolution_tag
 
     directory = Path(export_dir)
     manifest = Manifest.read(directory)

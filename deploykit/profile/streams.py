@@ -125,7 +125,7 @@ def with_measured_streams(
         DeployKitError: a chosen graph is missing or changed.
     """
     from deploykit.backends.registry import create_runner
-    from deploykit.resolutions import resolution_tag
+    from deploykit.inputs.resolutions import resolution_tag
 
     if not any(choice.backend in STREAM_BACKENDS for entries in choices.values() for choice in entries) or machine_streams() <= 1:
         return choices

@@ -19,11 +19,11 @@ from deploykit.encodings import encoding_name, get_config
 from deploykit.errors import ConfigError, DeployKitError
 from deploykit.export.bundle import load_reference
 from deploykit.export.directory import ExportDir
+from deploykit.inputs.resolutions import resolution_tag
 from deploykit.nn.factory import Model, build_model
 from deploykit.nn.spec import deploy_spec
 from deploykit.profile.report import BASELINE_ENCODING, FP32
 from deploykit.profile.timing import CpuTimer
-from deploykit.resolutions import resolution_tag
 
 
 @dataclass

@@ -32,7 +32,7 @@ model instances, unless it spreads one call's batch over its streams (``spreads_
 Runtime), when a server gives it one instance and whole merged batches.
 
 Limits: an image over ``ImageLimits`` (pixels, encoded bytes) or over the decode-work limits of
-``deploykit.imaging`` (chunks, scans, frames) is refused before it is decoded; bytes that do not
+``deploykit.inputs.imaging`` (chunks, scans, frames) is refused before it is decoded; bytes that do not
 decode are one ``InputError``, whatever Pillow raised. Inputs beyond ``±imaging.MAX_INPUT_MAGNITUDE``
 are refused, and so is an answer holding NaN/Inf (never ranked).
 """
@@ -51,7 +51,6 @@ from typing import Any
 
 import numpy as np
 
-from deploykit import imaging
 from deploykit._lazy import lazy_import
 from deploykit.answers import top_k, unranked
 from deploykit.backends.base import Runner
@@ -60,8 +59,9 @@ from deploykit.catalog import OUTPUT_NAME
 from deploykit.errors import ConfigError, DeployKitError, InputError, one_line
 from deploykit.export.directory import ExportDir
 from deploykit.export.manifest import Manifest
-from deploykit.imaging import nearest_resolution
-from deploykit.resolutions import resolution_tag
+from deploykit.inputs import imaging
+from deploykit.inputs.imaging import nearest_resolution
+from deploykit.inputs.resolutions import resolution_tag
 from deploykit.serve.classifier import INPUT_NAME, ImageLimits, read_image_config
 
 _log = logging.getLogger(__name__)
@@ -388,7 +388,7 @@ class Pipeline:
 
     def preprocess(self, image: np.ndarray, resolution: tuple[int, int]) -> np.ndarray:
         """``[H, W, 3]`` uint8 → ``[3, h, w]`` float32, preprocessed as the model's ``config.json`` says
-        (``deploykit.imaging.Preprocessing``, what calibration and validation applied)."""
+        (``deploykit.inputs.imaging.Preprocessing``, what calibration and validation applied)."""
         return self.config.preprocessing(image, resolution)
 
     def logits(self, images: np.ndarray) -> np.ndarray:

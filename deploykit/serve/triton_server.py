@@ -23,7 +23,7 @@ batch merged). Models served from one export directory:
     input ``image`` BYTES ``[B, 1]`` (encoded PNG/JPEG/...); outputs ``classes``, ``scores``
     and ``resolution`` INT64 ``[B, 2]`` (where each image was routed). A Triton Python-backend
     model of our own (``triton_classify_model.py``, in Triton's stub processes): it checks each
-    image's size from its header, decodes, routes and preprocesses with ``deploykit.imaging``
+    image's size from its header, decodes, routes and preprocesses with ``deploykit.inputs.imaging``
     (the pipeline's code), and sends each resolution's images to ``logits_<res>``, whose
     dynamic batcher merges them with other clients' tensors. Its own model because PyTriton
     (0.7, and its main branch) answers any exception of a bound function with HTTP 500 / gRPC
@@ -63,12 +63,13 @@ from pathlib import Path
 
 import numpy as np
 
-from deploykit import _nvml, imaging
+from deploykit import _nvml
 from deploykit._lazy import lazy_import
 from deploykit.answers import top_k
 from deploykit.catalog import OUTPUT_NAME
 from deploykit.errors import ConfigError, DeployKitError, InputError
-from deploykit.resolutions import resolution_tag
+from deploykit.inputs import imaging
+from deploykit.inputs.resolutions import resolution_tag
 from deploykit.serve import defaults
 from deploykit.serve.classifier import INPUT_NAME, ImageLimits
 from deploykit.serve.door import free_loopback_ports

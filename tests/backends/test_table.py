@@ -119,7 +119,7 @@ def test_a_usable_gpu_backend_of_the_table_outranks_a_profiled_cpu_choice(good_e
 
     from deploykit.export.directory import CHOICE_FILE
     from deploykit.export.manifest import Manifest, sha256_file
-    from deploykit.resolutions import resolution_tag
+    from deploykit.inputs.resolutions import resolution_tag
     from deploykit.serve.pipeline import Pipeline
 
     out = shutil.copytree(good_export, tmp_path / "exp")

@@ -21,9 +21,9 @@ from record_gridpe import CHECKPOINT, FIXTURE
 from timm_reference import probe_images, tag
 
 from deploykit.backends.onnxrt import OnnxrtRunner
+from deploykit.cli.importers import get_importer
 from deploykit.errors import CheckpointError, ConfigError
 from deploykit.export import export, lint_graph
-from deploykit.importers import get_importer
 from deploykit.nn import load_model
 from deploykit.nn.from_gridpe import IMAGENET_MEAN, IMAGENET_STD
 

@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from deploykit.backends.onnxrt import OnnxrtRunner
+from deploykit.cli.importers import get_importer
 from deploykit.errors import CheckpointError
 from deploykit.export import export
-from deploykit.importers import get_importer
 from deploykit.nn import create_model, load_model
 from deploykit.nn.checkpoint import read_training_checkpoint
 from deploykit.nn.from_mope import convert

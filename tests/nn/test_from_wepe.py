@@ -24,12 +24,12 @@ import pytest
 import torch
 from timm_reference import hashed_uniform
 
+from deploykit.cli.importers import get_importer
 from deploykit.encodings import PETables
 from deploykit.encodings.wepe import build_wepe_table
 from deploykit.errors import CheckpointError, ConfigError
 from deploykit.export.precision import PLANS
-from deploykit.imaging import Preprocessing
-from deploykit.importers import get_importer
+from deploykit.inputs.imaging import Preprocessing
 
 DATA = Path(__file__).with_name("data") / "wepe"
 REFERENCE = json.loads((DATA / "reference.json").read_text())

@@ -15,9 +15,9 @@ import deploykit
 from deploykit.backends.streams import usable_cores
 from deploykit.export.directory import CHOICE_FILE, ExportDir
 from deploykit.export.manifest import Manifest, sha256_file
+from deploykit.inputs.resolutions import resolution_tag
 from deploykit.profile.choice import Choice
 from deploykit.profile.streams import with_measured_streams
-from deploykit.resolutions import resolution_tag
 
 TWO_CORES = pytest.mark.skipif(usable_cores() < 2, reason="two streams need two cores (OpenVINO caps streams at the cores)")
 
