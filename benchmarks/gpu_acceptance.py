@@ -53,7 +53,7 @@ from deploykit._io import write_json_atomic
 from deploykit._lazy import is_available
 from deploykit.backends.devices import Device, probe_device, supported_text, supports
 from deploykit.backends.environment import capture_environment, environment_line
-from deploykit.backends.table import engine_flavours
+from deploykit.runners.table import engine_flavours
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gpu_acceptance.json"
 FLAVOURS = {tag: flavour.module for tag, flavour in reversed(engine_flavours().items())}  # TensorRT-RTX first
@@ -191,7 +191,7 @@ def cpu_checks(exported: dict[str, Path], checks: Checks) -> None:
 
 def placement_check(graph: Path):
     """Where ONNX Runtime's CUDA provider session runs each node: compute on the CPU fails."""
-    from deploykit.backends.onnxrt import OnnxrtCudaRunner
+    from deploykit.runners.onnxrt import OnnxrtCudaRunner
 
     def check():
         with OnnxrtCudaRunner(graph, allow_cpu_fallback=True) as runner:

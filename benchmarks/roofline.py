@@ -36,7 +36,7 @@ def _ort_matmul(a: np.ndarray, b: np.ndarray):
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    from deploykit.backends.onnxrt import session_options
+    from deploykit.runners.onnxrt import session_options
 
     if len(a) == 1:
         a, b = a[0], b[0]

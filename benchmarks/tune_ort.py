@@ -23,10 +23,10 @@ import torch
 
 from deploykit._io import write_json_atomic
 from deploykit.backends.environment import capture_environment, environment_line
-from deploykit.backends.onnxrt import session_options
 from deploykit.export import BakedModel, onnx_from_model
 from deploykit.nn import create_model
 from deploykit.profile import Budget, LatencyStats, denormals_flushed, measure
+from deploykit.runners.onnxrt import session_options
 
 RESULTS = Path(__file__).parent / "results"
 VARIANTS = {

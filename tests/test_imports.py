@@ -56,3 +56,12 @@ def test_cli_and_pipeline_do_not_import_optional_extras():
     assert proc.returncode == 0, proc.stderr
     loaded = json.loads(proc.stdout.strip().splitlines()[-1])
     assert loaded == [], f"optional extras imported eagerly: {loaded}"
+
+
+@pytest.mark.parametrize("name", ["deploykit.backends", "deploykit.export", "deploykit.profile", "deploykit.serve"])
+def test_every_name_a_package_lists_resolves(name):
+    """A package's names imported on first use point at modules by path: a moved module must not
+    leave one of them pointing nowhere."""
+    package = importlib.import_module(name)
+    missing = [attr for attr in package.__all__ if not hasattr(package, attr)]
+    assert missing == []

@@ -10,11 +10,11 @@ import onnxruntime
 import pytest
 import torch
 
-from deploykit.backends.base import CudaGraphUse, RunInfo
-from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.export import export
 from deploykit.nn import create_model
 from deploykit.profile import Budget, Subject, profile
+from deploykit.runners.base import CudaGraphUse, RunInfo
+from deploykit.runners.onnxrt import OnnxrtRunner
 from tests.test_cli import run_cli
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")

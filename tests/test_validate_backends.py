@@ -17,7 +17,6 @@ import torch
 from onnx import numpy_helper
 
 from deploykit.backends import registry
-from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.errors import ExportError
 from deploykit.export import export
 from deploykit.export.bundle import load_reference
@@ -25,6 +24,7 @@ from deploykit.export.int8_check import check_plan
 from deploykit.export.manifest import MANIFEST_FILE, Manifest, sha256_file
 from deploykit.export.precision import PLANS
 from deploykit.nn import create_model
+from deploykit.runners.onnxrt import OnnxrtRunner
 from deploykit.validation.layer_map import marked_graph
 from deploykit.validation.run import first_divergent_block, validate
 

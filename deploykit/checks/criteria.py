@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from deploykit.backends.base import output_rows
+from deploykit.runners.base import output_rows
 
 
 @dataclass(frozen=True)

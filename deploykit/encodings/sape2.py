@@ -229,7 +229,7 @@ def sape2_bias_reference(
 def _bias_in_fp32_or_wider(q, k, table_x, table_y, grid_h, grid_w, num_prefix_tokens, scale, mode):
     """float64 inputs: the direct reference (the validation's yardstick); fp32 and narrower: the
     signatures in fp32, then on the CPU the distances in deploykit's compiled kernel (the direct
-    form, ``deploykit.backends.cpu_kernels``) where it builds, else the matrix-product form the
+    form, ``deploykit.kernels``) where it builds, else the matrix-product form the
     ONNX function body computes, each judged against that reference."""
     if q.dtype == torch.float64:
         args = [t.double() for t in (q, k, table_x, table_y)]
@@ -238,7 +238,7 @@ def _bias_in_fp32_or_wider(q, k, table_x, table_y, grid_h, grid_w, num_prefix_to
     P = num_prefix_tokens
     zx, zy = sape2_axis_signatures(args[0][:, :, P:], args[1][:, :, P:], *args[2:], (grid_h, grid_w), scale, MODES[mode])
     if zx.device.type == "cpu":
-        from deploykit.backends.cpu_kernels import torch_distances
+        from deploykit.kernels import torch_distances
 
         compiled = torch_distances(zx, zy, P)
         if compiled is not None:

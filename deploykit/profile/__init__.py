@@ -20,7 +20,7 @@ Method (the README's `deploykit profile` paragraph says it for users):
 A sequence model (MoPE + EGA) is profiled the same way with its length as the resolution: token
 ids as the kernel input, and text → character ids → model → next-token top-5 as end-to-end.
 
-Backends are every name in the table of backends (``deploykit.backends.table``): ``torch``
+Backends are every name in the table of backends (``deploykit.runners.table``): ``torch``
 (eager, the reference) and every runner of a graph or an engine, so a backend added there is
 profiled with no change here.
 

@@ -246,7 +246,7 @@ def runs_in_triton(pipeline: Pipeline, resolution: tuple[int, int]) -> bool:
     """Whether the runner of ``resolution`` runs in Triton's own Python backend (a CPU backend of the
     table: ``triton_logits_model.py``) rather than bound through PyTriton to this process (an engine,
     whose CUDA context and plugins live here, or a runner a caller made)."""
-    from deploykit.backends.table import CPU, find
+    from deploykit.runners.table import CPU, find
 
     found = find(pipeline.backends[resolution])
     return found is not None and found.device == CPU
@@ -257,7 +257,7 @@ def logits_config(pipeline: Pipeline, resolution: tuple[int, int], options: Serv
     its streams (``Runner.spreads_batches``) gets one instance, a stub process running it with those
     streams, and every merged batch; any other gets one instance per call it runs at once, the cores
     split between them."""
-    from deploykit.backends.streams import threads_per_stream
+    from deploykit.runners.streams import threads_per_stream
 
     k = min(options.top_k, pipeline.num_classes)
     runner = pipeline.served[resolution].runner

@@ -38,13 +38,13 @@ import onnx
 from deploykit._io import staged_directory, write_json_atomic, write_text_atomic
 from deploykit._lazy import lazy_import
 from deploykit.backends import TorchRunner
-from deploykit.backends.base import run_batched
 from deploykit.checks import Reference, Tolerance
 from deploykit.errors import ConfigError
 from deploykit.export.directory import engine_files
 from deploykit.inputs.resolutions import resolution_tag
 from deploykit.nn.factory import Model
 from deploykit.nn.spec import block_paths
+from deploykit.runners.base import run_batched
 from deploykit.validation.layer_map import marked_graph, node_origins
 
 BUNDLE_VERSION = 1

@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from deploykit.backends.onnxrt import with_outputs
 from deploykit.checks import Tolerance, first_divergent
 from deploykit.export.metadata import GraphMetadata
+from deploykit.runners.onnxrt import with_outputs
 
 NAME_SCOPES = "pkg.torch.onnx.name_scopes"
 _EXPORT_WRAPPER = "model."  # deploykit.export.onnx_export.BakedModel holds the model as ``model``

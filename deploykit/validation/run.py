@@ -23,7 +23,6 @@ import numpy as np
 
 from deploykit._terminal import counter
 from deploykit.backends import TorchRunner, registry
-from deploykit.backends.base import Runner, run_batched
 from deploykit.backends.defaults import RUNNER
 from deploykit.backends.plugins import Plugins
 from deploykit.catalog import OUTPUT_NAME
@@ -45,6 +44,7 @@ from deploykit.inputs.resolutions import resolution_tag
 from deploykit.inputs.user import InputData
 from deploykit.nn.factory import Model
 from deploykit.nn.spec import block_paths, deploy_spec
+from deploykit.runners.base import Runner, run_batched
 from deploykit.validation.layer_map import marked_graph
 
 
@@ -190,7 +190,7 @@ def validate(
     Args:
         export_dir: an export directory (``manifest.json``, reference weights, graphs).
         resolutions: which exported resolutions; default all.
-        backends: graph or engine backends of the table (``deploykit.backends.table``).
+        backends: graph or engine backends of the table (``deploykit.runners.table``).
         precision: which precision plan's graphs to check, held to that plan's criteria
             (``deploykit.export.precision.PLANS``).
         num_random, num_real: seeded-noise and real inputs per resolution (bundled images or

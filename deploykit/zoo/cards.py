@@ -59,11 +59,11 @@ def int8_columns(model: Model, dataset, resolutions: list[int], limit: int | Non
     ``deploykit export --precision int8`` does (train split, agreement target on the val split),
     run in ONNX Runtime; the share of test predictions it shares with the fp32 graph, with its
     binomial standard error (the test split is used by neither calibration nor the fallback)."""
-    from deploykit.backends.onnxrt import cpu_runner, run_graph
     from deploykit.checks import Agreement, Reference, check_runner
     from deploykit.export import onnx_from_model
     from deploykit.export.bundle import planned_graph
     from deploykit.export.metadata import GraphMetadata
+    from deploykit.runners.onnxrt import cpu_runner, run_graph
 
     count = min(limit or dataset.size("test"), dataset.size("test"))
     accuracy, agreement, error, correct_hex, plans = [], [], [], [], []

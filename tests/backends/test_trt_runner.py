@@ -11,14 +11,15 @@ import numpy as np
 import pytest
 import torch
 
-from deploykit.backends import registry, table
+from deploykit.backends import registry
 from deploykit.backends.build import build
-from deploykit.backends.onnxrt import OnnxrtCudaRunner
 from deploykit.backends.trt_runner import TrtRunner
 from deploykit.errors import ConfigError, DeployKitError
 from deploykit.export import export
 from deploykit.nn import create_model
 from deploykit.profile import backend_names
+from deploykit.runners import table
+from deploykit.runners.onnxrt import OnnxrtCudaRunner
 from deploykit.validation.run import validate
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
@@ -170,8 +171,8 @@ def test_tensorrt_engine_matches_onnxruntime(tmp_path, cuda_graph):
             "alone (benchmarks/gpu_acceptance.py runs each flavour in its own process)"
         )
     from deploykit.backends.build import build
-    from deploykit.backends.onnxrt import OnnxrtRunner
     from deploykit.backends.trt_runner import engine_runner
+    from deploykit.runners.onnxrt import OnnxrtRunner
 
     torch.manual_seed(0)
     export(create_model("vit_tiny_patch16", encoding="rope-mixed", depth=2, img_size=32, num_classes=10), [(32, 32)], tmp_path)

@@ -9,11 +9,11 @@ import onnx
 import pytest
 import torch
 
-from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.errors import ExportError, ResolutionError
 from deploykit.export import export, onnx_from_model
 from deploykit.export.manifest import Manifest
 from deploykit.nn import create_model
+from deploykit.runners.onnxrt import OnnxrtRunner
 from deploykit.validation.run import validate
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")

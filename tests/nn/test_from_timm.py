@@ -32,13 +32,13 @@ from timm_reference import (
 )
 
 from deploykit._lazy import is_available
-from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.cli import main
 from deploykit.export import export, lint_graph
 from deploykit.inputs.imaging import Preprocessing
 from deploykit.nn import VisionTransformer, ViTConfig, load_model
 from deploykit.nn.checkpoint import load_weights
 from deploykit.nn.from_timm import preprocessing_fields, state_dict_from_timm
+from deploykit.runners.onnxrt import OnnxrtRunner
 from deploykit.validation.run import validate
 
 # torch.onnx's dynamo exporter trips a deprecation inside torch.utils._pytree; not ours to fix.
