@@ -33,7 +33,6 @@ import torch
 
 from deploykit._io import write_json_atomic
 from deploykit.backends.environment import capture_environment
-from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.backends.openvino import OpenvinoBf16Runner, OpenvinoRunner, cpu_capabilities
 from deploykit.backends.registry import available_backends
 from deploykit.checks import row_cosines
@@ -44,6 +43,7 @@ from deploykit.export.int8_static import CalibrationOptions
 from deploykit.inputs.builtin import validation_inputs
 from deploykit.nn import create_model, load_model
 from deploykit.profile import Budget, LatencyStats, measure
+from deploykit.runners.onnxrt import OnnxrtRunner
 from deploykit.zoo.registry import DEFAULT_ZOO_MODEL, model_dir
 from deploykit.zoo.resolve import resolve_model
 

@@ -33,9 +33,7 @@ import torch
 from cpu_backends import usable_lanes  # benchmarks/ is on sys.path when run as a script
 
 from deploykit._io import write_json_atomic
-from deploykit.backends.base import run_batched
 from deploykit.backends.environment import capture_environment
-from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.backends.openvino import OpenvinoBf16Runner, OpenvinoRunner
 from deploykit.encodings import encoding_name
 from deploykit.errors import DeployKitError
@@ -45,6 +43,8 @@ from deploykit.export.int8_static import CalibrationOptions
 from deploykit.inputs.builtin import normalise
 from deploykit.inputs.datasets import get_dataset
 from deploykit.nn import load_model
+from deploykit.runners.base import run_batched
+from deploykit.runners.onnxrt import OnnxrtRunner
 from deploykit.zoo.cards import eval_resolutions
 from deploykit.zoo.registry import DEFAULT_ZOO_MODEL, EVAL_SCALES, list_zoo, model_dir
 

@@ -3,7 +3,7 @@
     python benchmarks/decode_bounds.py            # every case at the limits: 40 MP, 32 MiB, 64 scans, 20,000 chunks
     python benchmarks/decode_bounds.py --quick    # smoke: the same cases at 1 MP
 
-Each case is an image at the limits of ``deploykit.imaging`` (``MAX_PIXELS``, ``MAX_BYTES``,
+Each case is an image at the limits of ``deploykit.inputs.imaging`` (``MAX_PIXELS``, ``MAX_BYTES``,
 ``MAX_SCANS``, ``MAX_CHUNKS``) built to cost as much as the bounds allow: a progressive JPEG with
 each of libjpeg's ten scans in turn repeated up to 64 scans, a noisy baseline JPEG of nearly 32
 MiB, 16-bit RGBA PNGs (the most bytes a pixel inflates to; Paeth filters, Adam7 interlacing) in
@@ -29,7 +29,7 @@ import numpy as np
 from PIL import Image, features
 from results_file import write_results
 
-from deploykit import imaging
+from deploykit.inputs import imaging
 
 
 def _chunk(kind: bytes, data: bytes) -> bytes:

@@ -6,7 +6,7 @@
 The default model's trained attention is so peaked on some images that softmax writes
 probabilities below float32's normal range, and every ``attn @ v`` product with one takes a
 microcode assist. deploykit's ONNX Runtime runner flushes denormals to zero in ONNX Runtime's
-threads (``session.set_denormal_as_zero``) and in the calling thread (``deploykit._cpu``).
+threads (``session.set_denormal_as_zero``) and in the calling thread (``deploykit.runners.cpu``).
 
 Two lanes per plan (fp32, fp32-mha, int8), on the same graph, one image at a time, interleaved
 image by image and round by round: ``flushed`` (``OnnxrtRunner``, as validate, profile, serve
@@ -29,13 +29,13 @@ import numpy as np
 import torch
 from results_file import write_results
 
-from deploykit._cpu import flushing_denormals
-from deploykit.backends.onnxrt import CPU, OnnxrtRunner, session_options
 from deploykit.export import onnx_from_model
 from deploykit.export.bundle import planned_graphs
 from deploykit.export.int8_static import CalibrationOptions
 from deploykit.inputs.builtin import calibration_inputs
 from deploykit.nn import create_model
+from deploykit.runners.cpu import flushing_denormals
+from deploykit.runners.onnxrt import CPU, OnnxrtRunner, session_options
 from deploykit.zoo.resolve import resolve_model
 
 RESULTS = Path(__file__).parent / "results"

@@ -53,7 +53,7 @@ from deploykit._io import write_json_atomic
 from deploykit._lazy import is_available
 from deploykit.backends.devices import Device, probe_device, supported_text, supports
 from deploykit.backends.environment import capture_environment, environment_line
-from deploykit.backends.table import engine_flavours
+from deploykit.runners.table import engine_flavours
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gpu_acceptance.json"
 FLAVOURS = {tag: flavour.module for tag, flavour in reversed(engine_flavours().items())}  # TensorRT-RTX first
@@ -100,7 +100,7 @@ def _report_validation(report) -> dict:
 
 def validate_check(export_dir: Path, backend: str, precision: str, plugins=None):
     from deploykit.backends.plugins import Plugins
-    from deploykit.validate import validate
+    from deploykit.validation.run import validate
 
     def check():
         return _report_validation(
@@ -162,8 +162,8 @@ def export_models(args, checks: Checks, work: Path) -> dict[str, Path]:
 def cpu_checks(exported: dict[str, Path], checks: Checks) -> None:
     import onnxruntime
 
+    from deploykit.backends.inspection import inspect_graph
     from deploykit.export.manifest import Manifest
-    from deploykit.inspection import inspect_graph
 
     no_ort_cuda = None if "CUDAExecutionProvider" in onnxruntime.get_available_providers() else "onnxruntime has no CUDA provider"
     for encoding, out in exported.items():
@@ -191,7 +191,7 @@ def cpu_checks(exported: dict[str, Path], checks: Checks) -> None:
 
 def placement_check(graph: Path):
     """Where ONNX Runtime's CUDA provider session runs each node: compute on the CPU fails."""
-    from deploykit.backends.onnxrt import OnnxrtCudaRunner
+    from deploykit.runners.onnxrt import OnnxrtCudaRunner
 
     def check():
         with OnnxrtCudaRunner(graph, allow_cpu_fallback=True) as runner:
@@ -240,7 +240,7 @@ def engine_checks(
 ) -> None:
     """Build, validate, replay, profile and inspect ``flavour``'s engines of each export on ``device``
     (what ``probe_device`` reports); each check skipped with the reason where it cannot run."""
-    from deploykit.build import build
+    from deploykit.backends.build import build
     from deploykit.export.manifest import Manifest
     from deploykit.export.precision import PLANS
 
@@ -309,7 +309,7 @@ def _copy(out: Path, prefix: str) -> Path:
 
 def static_engine_check(out: Path, flavour: str):
     """What plain ``deploykit build`` makes (static batch 1), validated."""
-    from deploykit.build import build
+    from deploykit.backends.build import build
 
     def check():
         copy = _copy(out, f"static_{flavour}_")
@@ -323,7 +323,7 @@ def stripped_engine_check(out: Path, flavour: str):
     """``build --strip-weights`` for every exported resolution: each engine smaller on disk than the
     refittable one built with its weights, one weight set beside them (each distinct initializer
     once), and the stripped engines, refitted from it when loaded, validated."""
-    from deploykit.build import build
+    from deploykit.backends.build import build
     from deploykit.export.directory import shared_weights_file
 
     def check():
@@ -357,7 +357,7 @@ def range_skip(out: Path) -> str | None:
 def range_engine_check(out: Path, flavour: str):
     """A graph over a resolution range (``export --resolution-range``) built and validated at its
     min/opt/max (for encodings whose tables nest: ``range_skip``)."""
-    from deploykit.build import build
+    from deploykit.backends.build import build
     from deploykit.errors import ExportError
     from deploykit.export import export
     from deploykit.export.bundle import load_reference
@@ -439,8 +439,8 @@ def inspect_engine_check(out: Path, flavour: str):
     import onnx
 
     from deploykit.backends.engine_cache import engine_paths
+    from deploykit.backends.inspection import inspect_engine
     from deploykit.export.manifest import Manifest
-    from deploykit.inspection import inspect_engine
 
     def check():
         graph = out / Manifest.read(out).graphs[0].file
@@ -472,13 +472,13 @@ def plugin_engine_check(out: Path, flavour: str, specs: list[str]):
     layer (the fingerprint's count and the engine inspector's agree), and the engine validates."""
     import onnx
 
+    from deploykit.backends.build import build
     from deploykit.backends.engine_cache import engine_paths, read_fingerprint
+    from deploykit.backends.inspection import inspect_engine
     from deploykit.backends.plugins import Plugins
-    from deploykit.build import build
     from deploykit.export.manifest import Manifest
     from deploykit.graph.plugin_nodes import STANDARD_DOMAINS
-    from deploykit.inspection import inspect_engine
-    from deploykit.validate import validate
+    from deploykit.validation.run import validate
 
     def check():
         copy = _copy(out, "plugins_")

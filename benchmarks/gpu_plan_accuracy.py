@@ -34,9 +34,7 @@ import onnx
 import torch
 
 from deploykit._io import write_json_atomic
-from deploykit.backends.base import run_batched
 from deploykit.backends.environment import capture_environment
-from deploykit.backends.onnxrt import cpu_runner
 from deploykit.encodings import encoding_name
 from deploykit.export import onnx_from_model
 from deploykit.export.bundle import planned_graphs
@@ -45,6 +43,8 @@ from deploykit.export.qdq_compare import modelopt_quantize
 from deploykit.inputs.builtin import DefaultCalibration, normalise
 from deploykit.inputs.datasets import get_dataset
 from deploykit.nn import load_model
+from deploykit.runners.base import run_batched
+from deploykit.runners.onnxrt import cpu_runner
 from deploykit.zoo.cards import eval_resolutions
 from deploykit.zoo.registry import DEFAULT_ZOO_MODEL, EVAL_SCALES, list_zoo, model_dir
 

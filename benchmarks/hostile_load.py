@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from deploykit import imaging
+from deploykit.inputs import imaging
 from deploykit.serve.defaults import MAX_JSON_VALUES, MAX_REQUEST_BYTES
 
 sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))  # image_bombs.py: the tests' decode bombs

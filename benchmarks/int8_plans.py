@@ -33,7 +33,6 @@ import torch
 
 from deploykit._io import write_json_atomic
 from deploykit.backends.environment import capture_environment
-from deploykit.backends.onnxrt import run_graph
 from deploykit.encodings import encoding_name, list_encodings
 from deploykit.export import onnx_from_model
 from deploykit.export.bundle import planned_graphs
@@ -41,6 +40,7 @@ from deploykit.export.int8_static import Calibration, CalibrationOptions, quanti
 from deploykit.inputs.builtin import normalise, validation_inputs
 from deploykit.nn import create_model
 from deploykit.profile import Budget, LatencyStats, measure
+from deploykit.runners.onnxrt import run_graph
 
 RESULTS = Path(__file__).parent / "results"
 PLANS = ("fp32", "int8", "int8-dynamic", "int8-mha", "fp32-mha")
@@ -97,7 +97,7 @@ def _time_variants(variants: dict, model, model_name, encoding, resolution, batc
     would flatter every ratio to fp32."""
     import onnxruntime as ort
 
-    from deploykit.backends.onnxrt import session_options
+    from deploykit.runners.onnxrt import session_options
 
     sessions = {n: ort.InferenceSession(g, session_options(), providers=["CPUExecutionProvider"]) for n, g in variants.items()}
     x = validation_inputs(model, (resolution, resolution), 0, batch)

@@ -21,9 +21,9 @@ import torch
 
 from deploykit._io import write_json_atomic
 from deploykit.backends.environment import capture_environment
-from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.export import export
 from deploykit.nn import create_model
+from deploykit.runners.onnxrt import OnnxrtRunner
 from deploykit.serve import Pipeline
 from deploykit.serve.bench.loadgen import Concurrency
 

@@ -27,11 +27,11 @@ import torch
 
 from deploykit._io import write_json_atomic
 from deploykit.backends.environment import capture_environment, environment_line
-from deploykit.backends.onnxrt import session_options
 from deploykit.export import onnx_from_model
 from deploykit.graph import RuleSet
+from deploykit.inputs.resolutions import parse_resolution, resolution_tag
 from deploykit.nn import create_model
-from deploykit.resolutions import parse_resolution, resolution_tag
+from deploykit.runners.onnxrt import session_options
 
 RESULTS = Path(__file__).parent / "results"
 GEMM_OPS = ("MatMul", "FusedMatMul", "Gemm", "Conv")

@@ -35,13 +35,13 @@ from onnx import TensorProto, helper, numpy_helper
 
 import deploykit
 from deploykit.backends import TorchRunner
-from deploykit.backends.base import run_batched
 from deploykit.checks import Reference, judge
 from deploykit.encodings import list_encodings
 from deploykit.export import onnx_from_model
 from deploykit.export.precision import PLANS, PRECISIONS, apply_precision
 from deploykit.inputs.builtin import random_inputs, real_inputs
 from deploykit.nn.checkpoint import DEFAULT_MODEL, default_model
+from deploykit.runners.base import run_batched
 
 RESOLUTION = (224, 224)
 NUM_RANDOM, NUM_REAL = 24, 8

@@ -36,7 +36,7 @@ def _ort_matmul(a: np.ndarray, b: np.ndarray):
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    from deploykit.backends.onnxrt import session_options
+    from deploykit.runners.onnxrt import session_options
 
     if len(a) == 1:
         a, b = a[0], b[0]
@@ -113,8 +113,8 @@ def gemm_roofline(
 def update_sweep(path: Path) -> dict:
     """Re-measure the roofline of every resolution × batch of a sweep file; refresh its fractions."""
     from deploykit._io import write_json_atomic
+    from deploykit.inputs.resolutions import parse_resolution
     from deploykit.nn import create_model
-    from deploykit.resolutions import parse_resolution
 
     data = json.loads(path.read_text())
     cfg = create_model(data["model"]).cfg

@@ -38,10 +38,10 @@ import torch
 
 import deploykit
 from deploykit._io import write_json_atomic
-from deploykit.backends.onnxrt import session_options
 from deploykit.encodings.sape2 import MODES, pairwise_distance, sape2_axis_signatures
 from deploykit.export import onnx_from_model
 from deploykit.nn import create_model
+from deploykit.runners.onnxrt import session_options
 
 RESULTS = Path(__file__).resolve().parent / "results" / "sape2_cpu.json"
 

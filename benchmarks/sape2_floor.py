@@ -8,7 +8,7 @@ anything):
 
 * ``model``: the exported graph of each encoding (SaPE² with one ``deploykit::SaPE2Bias`` node
   per block) on ONNX Runtime as deploykit runs it (``ort``: the distances in its compiled kernel,
-  ``deploykit.backends.cpu_kernels``), on ONNX Runtime alone (``ort-body``: the op's plain-ONNX
+  ``deploykit.kernels``), on ONNX Runtime alone (``ort-body``: the op's plain-ONNX
   function body, what any ONNX Runtime runs), on OpenVINO (f32 hint) likewise (``openvino``: the
   distances in deploykit's compiled extension, opt-in in the runner; ``openvino-body``: the
   function body, the runner's default), and the PyTorch model
@@ -140,7 +140,7 @@ def bias_op(model, batch: int, resolution: int, rates: dict, runtimes, rounds: i
 
 def ort_runner(proto, runtime: str):
     """deploykit's ONNX Runtime runner, active: ``ort`` with its compiled kernels, ``ort-body`` without."""
-    from deploykit.backends.onnxrt import CPU, OnnxrtRunner
+    from deploykit.runners.onnxrt import CPU, OnnxrtRunner
 
     runner = OnnxrtRunner(proto.SerializeToString(), providers=[CPU], compiled_kernels=runtime == "ort")
     runner.activate()

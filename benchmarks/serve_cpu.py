@@ -39,10 +39,10 @@ import torch
 
 from deploykit._io import write_json_atomic
 from deploykit.backends.environment import environment_line
-from deploykit.backends.streams import machine_streams
 from deploykit.export import export
 from deploykit.export.manifest import Manifest
 from deploykit.nn import create_model
+from deploykit.runners.streams import machine_streams
 from deploykit.serve.bench import BenchOptions, BenchReport, bench_serving
 from deploykit.serve.bench.aiperf import write_aiperf
 from deploykit.serve.bench.plot import plot_bench

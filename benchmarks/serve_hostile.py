@@ -67,7 +67,7 @@ from decode_bounds import png_rgba16
 from hostile_load import Clients, LoadSpec, run_load
 from results_file import write_results
 
-from deploykit import imaging
+from deploykit.inputs import imaging
 from deploykit.serve import defaults
 
 CONCURRENCY = 4

@@ -1,4 +1,4 @@
-"""What ONNX Runtime's streams with a wide session (``deploykit.backends.streams.StreamScheduler``)
+"""What ONNX Runtime's streams with a wide session (``deploykit.runners.streams.StreamScheduler``)
 give a served CPU plan, against one session of all the cores (``streams=1``), under the loads one
 Triton instance sees:
 
@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 from results_file import write_results  # benchmarks/ is on sys.path when run as a script
 
-from deploykit.backends.streams import machine_streams
+from deploykit.runners.streams import machine_streams
 
 RESULTS = Path(__file__).parent / "results"
 VARIANTS = ("one session", "streams + wide", "streams + wide, spinning")
@@ -58,7 +58,7 @@ def _images_per_s(call, images_per_call: int, seconds: float, callers: int = 1) 
 
 def child(variant: str, graph: str, seconds: float, res: tuple[int, int]) -> dict:
     """One variant's loads in this process."""
-    from deploykit.backends import onnxrt
+    from deploykit.runners import onnxrt
 
     if variant.endswith("spinning"):
         onnxrt.wide_session_options = onnxrt.session_options  # the wide session as any other

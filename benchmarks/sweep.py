@@ -21,9 +21,9 @@ import torch
 
 from deploykit._io import write_json_atomic
 from deploykit.encodings import list_encodings
+from deploykit.inputs.resolutions import parse_resolution, resolution_tag
 from deploykit.nn import create_model
 from deploykit.profile import Budget, profile
-from deploykit.resolutions import parse_resolution, resolution_tag
 
 sys.path.insert(0, str(Path(__file__).parent))
 from make_readme import write_readme

@@ -4,7 +4,7 @@ load changes on a shared machine hit every variant alike. Writes
 
     python benchmarks/tune_ort.py [--model vit_small_patch16] [--resolution 224] [--batches 1 8]
 
-Variants: deploykit's defaults (``backends.onnxrt.session_options``: sequential execution, all
+Variants: deploykit's defaults (``runners.onnxrt.session_options``: sequential execution, all
 graph optimisations, ORT's thread count), two intra-op threads set explicitly, thread spinning
 off, denormals as zero, parallel execution mode (to confirm design.md's pitfall), and the graph
 after ``onnxruntime.transformers`` fusions (BiasGelu, SkipLayerNormalization), which changes
@@ -23,10 +23,10 @@ import torch
 
 from deploykit._io import write_json_atomic
 from deploykit.backends.environment import capture_environment, environment_line
-from deploykit.backends.onnxrt import session_options
 from deploykit.export import BakedModel, onnx_from_model
 from deploykit.nn import create_model
 from deploykit.profile import Budget, LatencyStats, denormals_flushed, measure
+from deploykit.runners.onnxrt import session_options
 
 RESULTS = Path(__file__).parent / "results"
 VARIANTS = {

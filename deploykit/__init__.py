@@ -13,37 +13,12 @@ nor ONNX Runtime)::
 ``deploykit.api`` documents each function.
 """
 
-import sys
-import types
-
-__version__ = "0.1.0"
+# Two steps share their names with the packages that implement them (``deploykit/export/``,
+# ``deploykit/profile/``). Python binds a subpackage to its parent's attribute once, when it first
+# loads it: so both load here, first (each only lists its names, imported on first use), and the
+# steps are bound over them; ``deploykit.export`` stays the function whatever is imported later.
+from deploykit import export, profile
+from deploykit._version import __version__ as __version__
+from deploykit.api import build, create_model, export, list_encodings, list_models, load, profile, validate  # noqa: F811
 
 __all__ = ["build", "create_model", "export", "list_encodings", "list_models", "load", "profile", "validate"]
-
-
-def __getattr__(name: str):
-    if name in __all__:
-        from deploykit import api
-
-        return getattr(api, name)
-    raise AttributeError(f"module 'deploykit' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
-
-
-class _Package(types.ModuleType):
-    """``deploykit``'s module type. Four steps share their names with the modules that implement
-    them (``deploykit/export/``, ``validate.py``, ``build.py``, ``profile/``), and importing a
-    submodule sets it as an attribute of its package: these properties keep ``deploykit.validate``
-    the function whatever was imported before. The modules stay importable by their full names
-    (``from deploykit.validate import Record``, ``importlib.import_module("deploykit.validate")``)."""
-
-
-for _name in ("build", "export", "profile", "validate"):
-    # The setter drops the import system's ``setattr(deploykit, "validate", <module>)``.
-    setattr(_Package, _name, property(lambda self, name=_name: __getattr__(name), lambda self, value: None))
-
-sys.modules[__name__].__class__ = _Package
-del _name

@@ -28,13 +28,13 @@ from deploykit import catalog
 from deploykit.errors import DeployKitError, ValidationError
 
 if TYPE_CHECKING:  # the names below import PyTorch; the functions import them when called
-    from deploykit.build import BuiltEngine
+    from deploykit.backends.build import BuiltEngine
     from deploykit.export.int8_static import CalibrationOptions
     from deploykit.export.manifest import Manifest
     from deploykit.nn.factory import Model
     from deploykit.profile.report import ProfileReport
     from deploykit.serve.pipeline import Pipeline
-    from deploykit.validate import ValidationReport
+    from deploykit.validation.run import ValidationReport
 
 Resolution = tuple[int, ...]
 
@@ -161,13 +161,13 @@ def validate(
         inputs: your real inputs: a folder of images, a text file listing images, or a ``.npy``/``.npz``.
         num_real: real inputs per resolution; default all of ``inputs``, else the bundled set
             (a zoo model's test split, or the bundled images).
-        **options: the rest of ``deploykit.validate.validate``'s keywords (``num_random``, ``seed``, ...).
+        **options: the rest of ``deploykit.validation.run.validate``'s keywords (``num_random``, ``seed``, ...).
 
     Returns:
         The report: ``bool(report)`` is True when every check passed.
     """
     from deploykit.inputs.user import read_inputs
-    from deploykit.validate import validate as run_validation
+    from deploykit.validation.run import validate as run_validation
 
     data = read_inputs(inputs) if inputs is not None else None
     if backends:
@@ -199,15 +199,15 @@ def build(export_dir: str | os.PathLike, backend: str | None = None, **options: 
 
     Args:
         export_dir: what ``export`` wrote; each engine and its fingerprint go beside its graph.
-        backend: ``trt`` or ``rtx``; default ``deploykit.build.build``'s (TensorRT).
-        **options: ``deploykit.build.build``'s keywords (``dynamic``, ``batch``, ``precisions``,
+        backend: ``trt`` or ``rtx``; default ``deploykit.backends.build.build``'s (TensorRT).
+        **options: ``deploykit.backends.build.build``'s keywords (``dynamic``, ``batch``, ``precisions``,
             ``plugins``, ``rebuild``, ...).
 
     Raises:
         MissingDependencyError: TensorRT (``deploykit[trt]``) or TensorRT-RTX (``deploykit[rtx]``) is absent.
         StaleEngineError: an engine no longer matches its graph (``rebuild=True`` replaces it).
     """
-    from deploykit.build import build as build_engines
+    from deploykit.backends.build import build as build_engines
 
     if backend is not None:  # else build's own default
         options["backend"] = backend

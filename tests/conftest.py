@@ -142,7 +142,7 @@ def stand_in_backend(monkeypatch):
     backend stays one), else a new graph backend on the CPU, last."""
     import dataclasses
 
-    from deploykit.backends import table
+    from deploykit.runners import table
 
     def add(name, runner, bisect=None, **fields):
         fields.update(

@@ -1,5 +1,5 @@
 """Images whose decoding costs more than their pixels (issue 41), small enough for a test: each
-multiplier ``deploykit.imaging.check_structure`` bounds, built from a real Pillow-encoded image."""
+multiplier ``deploykit.inputs.imaging.check_structure`` bounds, built from a real Pillow-encoded image."""
 
 from __future__ import annotations
 

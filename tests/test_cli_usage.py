@@ -14,7 +14,7 @@ import click
 import pytest
 
 from deploykit.cli import cli
-from deploykit.cli_options import Resolutions
+from deploykit.cli.options import Resolutions
 from tests.test_cli import RES, assert_usage_error, run_cli
 
 

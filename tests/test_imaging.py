@@ -1,4 +1,4 @@
-"""``deploykit.imaging``: the one preprocessing, checked against PyTorch's antialiased bicubic
+"""``deploykit.inputs.imaging``: the one preprocessing, checked against PyTorch's antialiased bicubic
 resize (the implementation validation used before), and size limits enforced from the header."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import PIL.Image as PIL
 import pytest
 
-from deploykit import imaging
+from deploykit.inputs import imaging
 from tests import image_bombs
 from tests.serve.serve_reference import torch_preprocess
 

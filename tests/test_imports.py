@@ -49,10 +49,19 @@ def test_module_imports(name):
 def test_cli_and_pipeline_do_not_import_optional_extras():
     code = (
         "import json, sys\n"
-        "import deploykit.cli, deploykit.backends, deploykit.backends.tensorrt, deploykit.export, deploykit.validate\n"
+        "import deploykit.cli, deploykit.backends, deploykit.backends.tensorrt, deploykit.export, deploykit.validation.run\n"
         f"print(json.dumps(sorted(m for m in {OPTIONAL!r} if m in sys.modules)))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     loaded = json.loads(proc.stdout.strip().splitlines()[-1])
     assert loaded == [], f"optional extras imported eagerly: {loaded}"
+
+
+@pytest.mark.parametrize("name", ["deploykit.backends", "deploykit.export", "deploykit.profile", "deploykit.serve"])
+def test_every_name_a_package_lists_resolves(name):
+    """A package's names imported on first use point at modules by path: a moved module must not
+    leave one of them pointing nowhere."""
+    package = importlib.import_module(name)
+    missing = [attr for attr in package.__all__ if not hasattr(package, attr)]
+    assert missing == []

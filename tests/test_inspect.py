@@ -12,9 +12,9 @@ import sys
 import pytest
 import torch
 
+from deploykit.backends.inspection import inspect_path
 from deploykit.errors import DeployKitError
 from deploykit.export import export
-from deploykit.inspection import inspect_path
 from deploykit.nn import create_model
 from tests.test_cli import run_cli
 
@@ -69,7 +69,7 @@ def test_graph_as_openvino_reads_it(export_dir):
 
 
 def test_engine(export_dir, tmp_path):
-    from deploykit.build import build
+    from deploykit.backends.build import build
 
     out = shutil.copytree(export_dir, tmp_path / "exp")
     (built,) = build(out, "rtx", dynamic=True, max_batch=4, optimization_level=0, precisions=["fp32"])
@@ -113,7 +113,7 @@ def test_engine_layers_read_the_inspector_json_of_tensorrt_11(tmp_path, monkeypa
     import tensorrt_rtx as rtx
 
     from deploykit.backends._polygraphy import backend
-    from deploykit.inspection import _engine_layers
+    from deploykit.backends.inspection import _engine_layers
     from tests.trt_api import strict_autospec
 
     layers = [  # TensorRT 11's schema, then TensorRT 10's

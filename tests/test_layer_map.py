@@ -7,9 +7,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from deploykit.backends.onnxrt import with_outputs
 from deploykit.export.precision import PLANS
-from deploykit.layer_map import first_divergent_node, layer_nodes, node_origins
+from deploykit.runners.onnxrt import with_outputs
+from deploykit.validation.layer_map import first_divergent_node, layer_nodes, node_origins
 
 PLANTED_MODULE = "blocks.2.mlp.fc1"
 

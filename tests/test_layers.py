@@ -1,5 +1,5 @@
-"""The package's layers: every import points down (or within its layer), and no modules import
-each other in a cycle.
+"""The package's layers, one per folder: every import points down (or within its folder), no
+modules import each other in a cycle, and no folders do.
 
 Read from the source (every ``import``, at module level or inside a function: a function-level
 import is still a dependency), so the test needs none of the optional packages.
@@ -10,84 +10,48 @@ from pathlib import Path
 
 from tests.package_layout import modules, package_dirs, source_packages
 
-# Lowest first. A module belongs to the longest prefix listed; it may import its own layer and
-# the layers below. Where the small shared modules sit, and why:
+# One row per folder, lowest first: a module may import its own folder and the folders below.
 LAYERS = [
-    # Imports nothing above itself: errors, atomic writes, the lazy importer, NVML, CLI rendering
-    # helpers, /proc/cpuinfo, the check of config values (the encodings' and the models' configs share it),
-    # image decoding (numpy + Pillow), resolution strings,
-    # the torch-free catalog of names, and model inputs (numpy: noise, sample images, the zoo's data;
-    # a user's own folders, lists and arrays; the rendered datasets the zoo trains on, which
-    # model configs name and validation draws from), and the table of backends (names and the
-    # TensorRT flavours as data: the export directory names engine files by their flavour's tag).
-    (
-        "infrastructure",
-        (
-            "deploykit.errors",
-            "deploykit._io",
-            "deploykit._lazy",
-            "deploykit._nvml",
-            "deploykit._cpu",
-            "deploykit._terminal",
-            "deploykit._fields",
-            "deploykit.answers",
-            "deploykit.imaging",
-            "deploykit.resolutions",
-            "deploykit.catalog",
-            "deploykit.inputs",
-            "deploykit.backends.table",
-        ),
-    ),
-    # GPU kernels and TensorRT plugins, and the CPU runtimes' compiled kernels: imported by the
-    # encodings' own ops (SaPE²'s CUDA kernel, its CPU distances) and the runners, importing nothing
-    # of deploykit but the lazy importer.
-    ("kernels", ("deploykit.plugins", "deploykit.backends.cpu_kernels")),
-    ("encodings", ("deploykit.encodings",)),
-    ("nn", ("deploykit.nn",)),
-    # The table of the papers' importers (``deploykit import gridpe|mope|wepe``): torch-free, so the
-    # CLI builds its commands from it; each entry names its converter in nn, which imports nothing from here.
-    ("importers", ("deploykit.importers",)),
-    # Graph rewrites and edits, torch-free (onnx_ir, onnxscript's rewriter): the canonical rule set
-    # the export applies, OpenVINO's that its runner applies when it loads a graph, and the INT8
-    # fallback's edits. Below both.
-    ("graph", ("deploykit.graph",)),
-    # Running graphs, torch-free: the Runner interface and batched runs, ONNX Runtime's runners and
-    # their inference streams. In the backends' folder with every other runner, but below export,
-    # whose checks (calibration fallback, plan check) run graphs through them.
-    ("runners", ("deploykit.backends.base", "deploykit.backends.onnxrt", "deploykit.backends.streams")),
-    # One judge of outputs against a reference, torch-free: criteria (numpy) and the check that runs
-    # a runner against them. Below export, whose plan check and INT8 fallback judge by it.
-    ("checks", ("deploykit.checks",)),
-    ("export", ("deploykit.export",)),
-    ("backends", ("deploykit.backends",)),
-    # What uses exported graphs and runners: checks, engines, timing (with what a timing ran on,
-    # which reads the runtimes' thread settings), inspection, and the zoo: its table of trained
-    # models, which model a command works on (a zoo model by default), training and cards.
-    (
-        "tools",
-        (
-            "deploykit.validate",
-            "deploykit.validate_bundle",
-            "deploykit.import_plan",
-            "deploykit.precision_debug",
-            "deploykit.layer_map",
-            "deploykit.replay_script",
-            "deploykit.build",
-            "deploykit.profile",
-            "deploykit.inspection",
-            "deploykit.zoo",
-        ),
-    ),
-    ("serve", ("deploykit.serve",)),
-    # ``import deploykit``'s workflow: one thin function per step, over every layer below.
-    ("api", ("deploykit.api",)),
-    # The command, what its commands share (option types and groups, -q/-v, the error line) and
-    # what they print.
-    ("cli", ("deploykit.cli", "deploykit.cli_options", "deploykit.cli_render", "deploykit.cli_serve", "deploykit.__main__")),
+    # The root's own modules, which import no folder: errors, atomic writes, the lazy importer, NVML,
+    # the CLI's progress lines, the check of config values, the version, a classifier's answer and
+    # the torch-free catalog of names (and ``deploykit.api`` and ``deploykit.__main__``: ``FRONT``).
+    ("root", "deploykit"),
+    # Model inputs, numpy only: image decoding and resolution strings, bundled and user inputs, the
+    # rendered datasets the zoo trains on (model configs name them; validation draws from them).
+    ("inputs", "deploykit.inputs"),
+    # TensorRT plugins and the GPU kernels behind them (SaPE²'s op on CUDA uses them).
+    ("plugins", "deploykit.plugins"),
+    # The CPU runtimes' compiled kernels: SaPE²'s CPU distances, ONNX Runtime's and OpenVINO's custom ops.
+    ("kernels", "deploykit.kernels"),
+    ("encodings", "deploykit.encodings"),
+    ("nn", "deploykit.nn"),
+    # Graph rewrites and edits, torch-free (onnx_ir, onnxscript's rewriter).
+    ("graph", "deploykit.graph"),
+    # Running graphs, torch-free: the Runner interface, the table of backends, ONNX Runtime's runners
+    # and inference streams, what this CPU is. Below export, whose plan checks and calibration run graphs.
+    ("runners", "deploykit.runners"),
+    # One judge of outputs against a reference: criteria (numpy) and the check that runs a runner.
+    ("checks", "deploykit.checks"),
+    # PyTorch → ONNX, precision plans and the export directory.
+    ("export", "deploykit.export"),
+    # The other runners (PyTorch eager, TensorRT, OpenVINO), their registry, engines and inspection.
+    ("backends", "deploykit.backends"),
+    # The zoo's table of trained models, which model a command works on, training and cards.
+    ("zoo", "deploykit.zoo"),
+    ("validation", "deploykit.validation"),
+    ("profile", "deploykit.profile"),
+    ("serve", "deploykit.serve"),
+    # The command: what its commands share (option types and groups, -q/-v, the error line), what
+    # they print, the importers' table it builds ``deploykit import`` from.
+    ("cli", "deploykit.cli"),
 ]
-# The package root only holds ``__version__`` and the facade of ``deploykit.api``'s names (imported
-# on first use): anything may import it, and its lazy import of the workflow is the public API.
+# The root's modules that are not infrastructure, by the row they sit in: ``import deploykit``'s
+# workflow (one thin function per step, which the command calls too) and ``python -m deploykit``.
+FRONT = {"deploykit.api": "serve", "deploykit.__main__": "cli"}
+# The package root holds ``__version__`` (from ``deploykit._version``) and ``deploykit.api``'s
+# names: it imports anything, and nothing inside the package imports it.
 ROOT = "deploykit"
+MAX_ROOT_MODULES = 12
 
 
 def _modules() -> dict[str, Path]:
@@ -115,12 +79,37 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
     return {m for m in found if m in known and m != name}
 
 
+def _folder(name: str) -> str:
+    """The folder ``name`` lives in, as a package name: ``deploykit.export`` for
+    ``deploykit.export.int8_static``, ``deploykit`` for a module of the root."""
+    parts = name.split(".")
+    if len(parts) > 2:
+        return ".".join(parts[:2])
+    return name if name in _folders() else ROOT
+
+
+def _folders() -> set[str]:
+    """The package's folders: ``deploykit.X`` for every package directly under the root."""
+    return {name for name in package_dirs() if name.count(".") == 1}
+
+
 def _layer(name: str) -> int:
-    matches = [
-        (len(prefix), i) for i, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes if name == prefix or name.startswith(prefix + ".")
-    ]
-    assert matches, f"{name} is in no layer: add it to LAYERS with the reason it sits there"
-    return max(matches)[1]
+    rows = [folder for _, folder in LAYERS]
+    if name in FRONT:
+        return [row for row, _ in LAYERS].index(FRONT[name])
+    assert _folder(name) in rows, f"{name}: its folder {_folder(name)} has no row: add it to LAYERS with the reason it sits there"
+    return rows.index(_folder(name))
+
+
+def test_one_row_per_folder():
+    rows = [folder for _, folder in LAYERS]
+    assert len(rows) == len(set(rows)) and set(rows) == _folders() | {ROOT}
+
+
+def test_the_root_holds_few_modules():
+    """What has a folder lives in it: the root keeps its infrastructure leaves and the front door."""
+    at_root = [name for name in _modules() if name != ROOT and _folder(name) == ROOT]
+    assert len(at_root) + 1 <= MAX_ROOT_MODULES, sorted(at_root)
 
 
 def _graph() -> dict[str, set[str]]:
@@ -143,6 +132,12 @@ def test_imports_point_down():
         if dep != ROOT and _layer(dep) > _layer(name)
     ]
     assert not upward, "\n".join(upward)
+
+
+def test_nothing_inside_imports_the_root():
+    """The root is the front door (``__version__`` lives in ``deploykit._version``): a module that
+    imported it would load the whole workflow's facade to read one name."""
+    assert sorted(name for name, deps in _graph().items() if ROOT in deps and name != ROOT) == []
 
 
 def test_no_import_cycle():
@@ -171,15 +166,13 @@ def _cycles(graph: dict[str, set[str]]) -> list[str]:
 
 
 def _package(name: str) -> str:
-    """The package a module belongs to: ``deploykit.export`` for ``deploykit.export.int8_static``; a
-    module directly under ``deploykit`` is a package of its own, and so is a module ``LAYERS`` lists
-    by itself below its package's layer (the runners under ``deploykit.backends``)."""
-    own = [prefix for _, prefixes in LAYERS for prefix in prefixes if prefix.count(".") > 1 and (name + ".").startswith(prefix + ".")]
-    return max(own, key=len) if own else ".".join(name.split(".")[:2])
+    """The folder a module belongs to (``deploykit.export`` for ``deploykit.export.int8_static``);
+    the root's front-door modules count as their own."""
+    return name if name in FRONT else _folder(name)
 
 
 def test_no_package_cycle():
-    """Packages as a whole import one way: no ``nn → zoo → nn``, however many modules apart
+    """Folders as a whole import one way: no ``nn → zoo → nn``, however many modules apart
     (module cycles are caught above; this catches the loops they hide)."""
     graph: dict[str, set[str]] = {}
     for name, deps in _graph().items():

@@ -19,16 +19,14 @@ import pytest
 import torch
 
 import deploykit
-from deploykit import imaging
 from deploykit.export import export, int8_static
 from deploykit.export.int8_static import CalibrationOptions
+from deploykit.inputs import imaging
 from deploykit.inputs.user import UserCalibration, read_inputs
 from deploykit.nn import create_model
-from deploykit.validate import validate
+from deploykit.validation import run as validate_module
+from deploykit.validation.run import validate
 from tests.serve.serve_reference import torch_preprocess
-
-# ``deploykit.validate`` is the step function; the module is imported by its full name.
-validate_module = importlib.import_module("deploykit.validate")
 
 SETTINGS = dict(crop_pct=0.95, crop_mode="squash", interpolation="bilinear", mean=(0.5, 0.4, 0.3), std=(0.2, 0.25, 0.3))
 RES = (32, 32)

@@ -22,6 +22,7 @@ from deploykit.cli import parse_counts
 from deploykit.encodings import encoding_name
 from deploykit.errors import ConfigError, ResolutionError
 from deploykit.export import BakedModel, export
+from deploykit.inputs.resolutions import parse_resolutions
 from deploykit.nn import create_model, save_model
 from deploykit.profile import (
     RECORD_FIELDS,
@@ -35,7 +36,6 @@ from deploykit.profile import (
 )
 from deploykit.profile.output import plot_latency, write_csv
 from deploykit.profile.report import ProfileRecord, add_ratios
-from deploykit.resolutions import parse_resolutions
 from tests.test_cli import assert_usage_error, run_cli
 
 RES = 32

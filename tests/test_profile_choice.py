@@ -340,11 +340,11 @@ def test_the_int8_plan_s_own_target_is_checked_again_on_the_user_s_held_out_data
     target, is checked again on the same split of those arrays and against that target (not on
     the bundled images at the default target); once the arrays changed, the check is refused and
     the run is not a default choice, saying why."""
-    from deploykit.backends.onnxrt import OnnxrtRunner
     from deploykit.errors import InputError
     from deploykit.inputs.user import UserCalibration, read_inputs
     from deploykit.profile.choice import References, check_target, not_default_because
     from deploykit.profile.targets import RunnerTarget
+    from deploykit.runners.onnxrt import OnnxrtRunner
     from deploykit.zoo.resolve import resolve_model
     from tests.test_cli import run_cli
 

@@ -10,11 +10,11 @@ import onnxruntime
 import pytest
 import torch
 
-from deploykit.backends.base import CudaGraphUse, RunInfo
-from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.export import export
 from deploykit.nn import create_model
 from deploykit.profile import Budget, Subject, profile
+from deploykit.runners.base import CudaGraphUse, RunInfo
+from deploykit.runners.onnxrt import OnnxrtRunner
 from tests.test_cli import run_cli
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
@@ -33,7 +33,7 @@ def export_dir(tmp_path_factory):
 def test_cli_profile_on_rtx_notes_what_it_cannot_time(export_dir, tmp_path, capsys):
     """The README's ``deploykit profile DIR --backend rtx`` crashed (the APE twin's in-memory graph
     reached the engine runner as bytes). Engines built at 32 only; no GPU here."""
-    from deploykit.build import build
+    from deploykit.backends.build import build
 
     build(export_dir, "rtx", resolutions=[(32, 32)], optimization_level=0)
     code, stdout, stderr = run_cli(

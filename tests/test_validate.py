@@ -9,13 +9,13 @@ import pytest
 import torch
 from onnx import numpy_helper
 
-from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.checks import Reference, judge
 from deploykit.encodings import list_encodings
 from deploykit.errors import ConfigError, DeployKitError, ValidationError
 from deploykit.export.manifest import MANIFEST_FILE, sha256_file
 from deploykit.export.precision import PLANS
-from deploykit.validate import validate
+from deploykit.runners.onnxrt import OnnxrtRunner
+from deploykit.validation.run import validate
 from tests.encoding_params import EXPORT_RESOLUTIONS
 
 RESOLUTIONS = [list(r) for r in EXPORT_RESOLUTIONS]  # 1x, 2x and a 32x32 patch grid

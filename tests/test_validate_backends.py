@@ -17,16 +17,16 @@ import torch
 from onnx import numpy_helper
 
 from deploykit.backends import registry
-from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.errors import ExportError
 from deploykit.export import export
 from deploykit.export.bundle import load_reference
 from deploykit.export.int8_check import check_plan
 from deploykit.export.manifest import MANIFEST_FILE, Manifest, sha256_file
 from deploykit.export.precision import PLANS
-from deploykit.layer_map import marked_graph
 from deploykit.nn import create_model
-from deploykit.validate import first_divergent_block, validate
+from deploykit.runners.onnxrt import OnnxrtRunner
+from deploykit.validation.layer_map import marked_graph
+from deploykit.validation.run import first_divergent_block, validate
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
 RES = (64, 64)
@@ -104,8 +104,8 @@ def test_debug_engine_is_built_from_the_marked_graph_with_the_engine_s_settings(
     ONNX names, and the debug engine is built with the settings recorded for the failing engine."""
     from deploykit.backends import tensorrt, trt_runner
     from deploykit.backends._polygraphy import backend
+    from deploykit.backends.build import build
     from deploykit.backends.devices import Device
-    from deploykit.build import build
 
     out = shutil.copytree(export_dir, tmp_path / "exp")
     (built,) = build(out, "rtx", dynamic=True, batch=2, max_batch=4, optimization_level=0, precisions=["fp16"])
@@ -136,8 +136,8 @@ def test_debug_engine_is_built_from_the_marked_graph_with_the_engine_s_settings(
 
 def test_a_debug_engine_is_refused_when_the_engine_is_stale(export_dir, tmp_path, monkeypatch):
     from deploykit.backends import trt_runner
+    from deploykit.backends.build import build
     from deploykit.backends.devices import Device
-    from deploykit.build import build
     from deploykit.errors import StaleEngineError
 
     monkeypatch.setattr(trt_runner, "probe_device", lambda index=0: Device("12.8", "570.1", "NVIDIA RTX 4090", "8.9"))

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deploykit.validate_bundle import BUNDLE_FILE, REPLAY_SCRIPT, TRTEXEC_ALGORITHMS, TRTEXEC_FLAGS
+from deploykit.validation.bundle import BUNDLE_FILE, REPLAY_SCRIPT, TRTEXEC_ALGORITHMS, TRTEXEC_FLAGS
 
 RESOLUTIONS = (32, 48)  # as zoo_ape_export exported them
 

@@ -38,8 +38,8 @@ from collections.abc import Iterator
 from types import ModuleType
 
 from deploykit._lazy import lazy_import
-from deploykit.backends.table import FLAVOURS, flavour
 from deploykit.errors import DeployKitError, ExportError, MissingDependencyError, one_line
+from deploykit.runners.table import FLAVOURS, flavour
 
 _POLYGRAPHY_LOGGER = "Polygraphy"
 _MAX_KINDS = 3  # distinct warnings quoted in the summary
@@ -55,7 +55,7 @@ def import_trt(module: str = "tensorrt") -> ModuleType:
         The imported module.
 
     Raises:
-        ValueError: ``module`` is not a TensorRT flavour's (``deploykit.backends.table.FLAVOURS``).
+        ValueError: ``module`` is not a TensorRT flavour's (``deploykit.runners.table.FLAVOURS``).
         MissingDependencyError: the module is not installed.
     """
     return lazy_import(module, flavour(module).tag)

@@ -4,7 +4,7 @@ Imports only the table of backends (the CLI reads it at start-up, before onnx or
 ``validate()``, ``build()`` and ``BuildOptions`` take their defaults from here.
 """
 
-from deploykit.backends.table import BASELINE, ENGINE, names
+from deploykit.runners.table import BASELINE, ENGINE, names
 
 # The runner every machine has: ONNX Runtime on the CPU (validate's and serve-bench's default).
 RUNNER = BASELINE

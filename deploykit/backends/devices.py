@@ -48,8 +48,8 @@ from dataclasses import dataclass
 
 from deploykit import _nvml
 from deploykit._nvml import driver_version
-from deploykit.backends.table import TENSORRT_RTX, flavour
 from deploykit.errors import ConfigError, DeployKitError, StaleEngineError
+from deploykit.runners.table import TENSORRT_RTX, flavour
 
 # CUDA major of a TensorRT wheel -> the oldest driver branch that runs it (CUDA toolkit release
 # notes: 12.x from R525, 13.x from R580, by minor-version compatibility).

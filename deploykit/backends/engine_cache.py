@@ -28,11 +28,11 @@ from deploykit.backends._polygraphy import import_trt
 from deploykit.backends.devices import Device, check_rtx_targets, probe_device
 from deploykit.backends.plugins import Plugins, check_plugins
 from deploykit.backends.shared_weights import SharedWeights
-from deploykit.backends.table import flavour
 from deploykit.backends.tensorrt import BuildOptions
 from deploykit.errors import DeployKitError, StaleEngineError
 from deploykit.export.directory import engine_files, runtime_cache_file
 from deploykit.export.metadata import GraphMetadata
+from deploykit.runners.table import flavour
 
 _MAX_VALUE_CHARS = 40  # keep the one-line refusal readable when a hash differs
 

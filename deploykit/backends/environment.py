@@ -12,9 +12,9 @@ import platform
 
 import torch
 
-from deploykit._cpu import cpu_instruction_sets, cpuinfo
 from deploykit._nvml import clocks, driver_version
-from deploykit.backends.onnxrt import session_options
+from deploykit.runners.cpu import cpu_instruction_sets, cpuinfo
+from deploykit.runners.onnxrt import session_options
 
 # Distributions whose versions change timings; absent ones are left out.
 _PACKAGES = ("deploykit", "torch", "onnxruntime", "onnxruntime-gpu", "openvino", "onnx", "numpy", "tensorrt", "tensorrt-rtx")

@@ -22,7 +22,7 @@ report records it (the runner's ``info.precision``):
 ``PERFORMANCE_HINT`` is ``LATENCY`` (one stream over all cores) by default. With ``streams`` > 1 it
 is ``THROUGHPUT`` with that many ``NUM_STREAMS`` (OpenVINO caps it at the cores it has), and the
 runner keeps one infer request per stream (``OPTIMAL_NUMBER_OF_INFER_REQUESTS``) in a pool, so
-concurrent ``infer`` calls run in parallel, each on its own stream (``deploykit.backends.streams``).
+concurrent ``infer`` calls run in parallel, each on its own stream (``deploykit.runners.streams``).
 """
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from deploykit._lazy import lazy_import
-from deploykit.backends.base import CpuPrecision, RunInfo, Runner
 from deploykit.backends.openvino_audit import lowered_below_f32
 from deploykit.backends.openvino_marks import exempt_adds_from_low_precision_passes, keep_fp32, ops_computing, with_typed_marks
-from deploykit.backends.streams import ExecutorPool, check_streams
 from deploykit.errors import DeployKitError, one_line, unknown_choice
+from deploykit.runners.base import CpuPrecision, RunInfo, Runner
+from deploykit.runners.streams import ExecutorPool, check_streams
 
 HINTS = ("f32", "bf16")
 
@@ -76,7 +76,7 @@ class OpenvinoRunner(Runner):
             given its threads leaves them unpinned (``ENABLE_CPU_PINNING`` off), as others run beside it.
         streams: inference streams (module docstring); 1 is the latency hint.
         compiled_kernels: under an f32 hint, run SaPE²'s distances in deploykit's compiled
-            extension (``deploykit.backends.cpu_kernels``) instead of the function body. Off by
+            extension (``deploykit.kernels``) instead of the function body. Off by
             default: OpenVINO runs an extension op through its reference ``evaluate`` path, and in
             ``benchmarks/results/sape2-floor.json`` it is no faster than the body beyond 224 px.
     """
@@ -149,8 +149,8 @@ class OpenvinoRunner(Runner):
         f32 hint: a bf16 plan keeps the op's body, marked f32) and the graph has deploykit's ops;
         the threads its op is to use, else None, with ``self._why_body`` saying why for a graph
         that turns out to have them. ``self.kernels`` says which form runs."""
-        from deploykit.backends.cpu_kernels import compiled_library
-        from deploykit.backends.onnxrt import _mentions
+        from deploykit.kernels import compiled_library
+        from deploykit.runners.onnxrt import _mentions
 
         self.kernels = ""
         self._why_body = (
@@ -257,7 +257,7 @@ class OpenvinoBf16Runner(OpenvinoRunner):
 def int8_saturates() -> bool:
     """Whether OpenVINO's int8 products saturate on this CPU: x86 without VNNI or AMX, where a
     pair of u8·s8 products is summed in 16 bits (OpenVINO's "saturation (overflow) issue")."""
-    from deploykit._cpu import cpu_instruction_sets
+    from deploykit.runners.cpu import cpu_instruction_sets
 
     isa = set(cpu_instruction_sets())
     return "sse4_2" in isa and not isa & {"avx512_vnni", "avx_vnni", "amx_int8"}
@@ -279,17 +279,17 @@ def openvino_source(
 ) -> OpenvinoSource:
     """What OpenVINO reads for an exported graph (its path, or ONNX bytes) and, under a bf16
     hint, the tensors to keep in f32 and the part of them that must stay there
-    (``deploykit.export.precision.fp32_tensors``). The file is never changed: OpenVINO's rule set
+    (``deploykit.graph.cast.fp32_tensors``). The file is never changed: OpenVINO's rule set
     (``deploykit.graph.openvino.prepare_for_openvino``) is applied in memory. A model-local
     function's inlined body is the custom op's: kept in f32 as the bf16 plan keeps the op. With
     ``seven_bit_weights`` (``OpenvinoRunner`` on a CPU where ``int8_saturates``), int8 weights are
-    narrowed to 7 bits. With ``kernel_threads`` (the extension of ``deploykit.backends.cpu_kernels``
+    narrowed to 7 bits. With ``kernel_threads`` (the extension of ``deploykit.kernels``
     is loaded), each ``deploykit::SaPE2Bias`` is split as TensorRT's plugin form is: its signature
     stage inlined, its distances the extension's ``SaPE2Distance`` on that many threads.
     """
     import onnx
 
-    from deploykit.export.precision import Fp32Tensors, fp32_tensors
+    from deploykit.graph.cast import Fp32Tensors, fp32_tensors
     from deploykit.graph.openvino import prepare_for_openvino
     from deploykit.graph.plugin_nodes import custom_ops
 
@@ -315,7 +315,6 @@ def _split_for_kernels(proto, threads: int) -> bool:
     signature stage's own function)."""
     from onnx import helper
 
-    from deploykit.backends.cpu_kernels import OPS
     from deploykit.graph.plugin_nodes import (
         COMPILED_SIGNATURES,
         compile_signatures,
@@ -325,6 +324,7 @@ def _split_for_kernels(proto, threads: int) -> bool:
         plugin_ops,
         value_types,
     )
+    from deploykit.kernels import OPS
 
     if not plugin_ops(proto, OPS) or not has_companions(proto):
         return False

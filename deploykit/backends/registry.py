@@ -1,5 +1,5 @@
 """Backend name → runner for one exported graph: the one lookup ``validate``, ``profile`` and
-``serve`` share, over the table of backends (``deploykit.backends.table``).
+``serve`` share, over the table of backends (``deploykit.runners.table``).
 
 Each factory takes its descriptor, the path of an exported ONNX graph and the ``RunnerOptions``
 a command was given (each backend reads the ones it has). ONNX Runtime runs the graph directly; the TensorRT
@@ -19,11 +19,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from deploykit.backends import table
-from deploykit.backends.base import Runner
 from deploykit.backends.openvino import OpenvinoBf16Runner, OpenvinoRunner, best_hint
 from deploykit.backends.plugins import Plugins
 from deploykit.errors import ConfigError, unknown_choice
+from deploykit.runners import table
+from deploykit.runners.base import Runner
 
 
 @dataclass(frozen=True)
@@ -116,25 +116,25 @@ def range_low(onnx_path: str | os.PathLike) -> tuple[int, ...] | None:
 
 
 def onnxrt_runner(backend: table.Backend, onnx_path, options: RunnerOptions) -> Runner:
-    from deploykit.backends.onnxrt import OnnxrtRunner
+    from deploykit.runners.onnxrt import OnnxrtRunner
 
     return OnnxrtRunner(onnx_path, intra_op_threads=options.threads, range_low=range_low(onnx_path), streams=options.streams)
 
 
 def onnxrt_bisect_runner(backend: table.Backend, onnx_path, marked: bytes, options: RunnerOptions) -> Runner:
-    from deploykit.backends.onnxrt import OnnxrtRunner
+    from deploykit.runners.onnxrt import OnnxrtRunner
 
     return OnnxrtRunner(marked)
 
 
 def onnxrt_cuda_runner(backend: table.Backend, onnx_path, options: RunnerOptions) -> Runner:
-    from deploykit.backends.onnxrt import OnnxrtCudaRunner
+    from deploykit.runners.onnxrt import OnnxrtCudaRunner
 
     return OnnxrtCudaRunner(onnx_path, allow_cpu_fallback=options.allow_cpu_fallback, range_low=range_low(onnx_path))
 
 
 def onnxrt_cuda_bisect_runner(backend: table.Backend, onnx_path, marked: bytes, options: RunnerOptions) -> Runner:
-    from deploykit.backends.onnxrt import OnnxrtCudaRunner
+    from deploykit.runners.onnxrt import OnnxrtCudaRunner
 
     # The graph's own runner passed (or was allowed) the CPU-fallback check; bisecting only locates.
     return OnnxrtCudaRunner(marked, allow_cpu_fallback=True, range_low=range_low(onnx_path))

@@ -26,8 +26,8 @@ from deploykit.backends import defaults
 from deploykit.backends._polygraphy import TrtMessages, backend, import_trt
 from deploykit.backends.plugins import Plugins
 from deploykit.backends.profiles import ProfileShapes
-from deploykit.backends.table import FLAVOURS, Flavour, flavour
 from deploykit.errors import ExportError
+from deploykit.runners.table import FLAVOURS, Flavour, flavour
 
 _MAX_OPT_LEVEL = 5
 

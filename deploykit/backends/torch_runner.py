@@ -8,11 +8,11 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from deploykit.backends.base import Runner
 from deploykit.catalog import OUTPUT_NAME
 from deploykit.errors import DeployKitError
 from deploykit.nn.factory import Model
 from deploykit.nn.spec import block_paths
+from deploykit.runners.base import Runner
 
 
 class TorchRunner(Runner):

@@ -43,14 +43,14 @@ from typing import Any
 import numpy as np
 
 from deploykit.backends._polygraphy import TrtMessages, backend, import_trt
-from deploykit.backends.base import CudaGraphUse, RunInfo, Runner
 from deploykit.backends.cuda_graphs import CudaGraphExecutor, io_names, rtx_capture_note, rtx_graph_note
 from deploykit.backends.devices import Device, check_cuda_build, check_device, check_rtx_engine, probe_device
 from deploykit.backends.plugins import Plugins
 from deploykit.backends.profiles import batch_range, choose_profile
 from deploykit.backends.rtx_runtime import RuntimeCache, rtx_context
-from deploykit.backends.table import flavour
 from deploykit.errors import DeployKitError, StaleEngineError, one_line
+from deploykit.runners.base import CudaGraphUse, RunInfo, Runner
+from deploykit.runners.table import flavour
 
 EngineSource = bytes | Callable[[], bytes]
 

@@ -1,6 +1,6 @@
 """One judge of "is this output good enough?": criteria and the check that runs a backend against them.
 
-Torch-free (numpy and the runners' interface, ``deploykit.backends.base``). A bar (``Tolerance``, ``Agreement``) is a
+Torch-free (numpy and the runners' interface, ``deploykit.runners.base``). A bar (``Tolerance``, ``Agreement``) is a
 frozen value a precision plan names in its row of ``deploykit.export.precision.PLANS``;
 ``check_runner`` runs a runner over a ``Reference`` and judges it by those bars, for
 ``deploykit.validate``, the export's plan check and INT8 fallback, ``profile``'s check before

@@ -7,7 +7,7 @@ batch (``update``) and answers with a ``CheckResult`` (``result``). Streaming le
 as soon as its bar can no longer be met (``Criterion.still_possible``), as the INT8 fallback's
 trials do.
 
-Rows: outputs are compared as ``[rows, last dim]`` float64 (``backends.base.output_rows``: a
+Rows: outputs are compared as ``[rows, last dim]`` float64 (``runners.base.output_rows``: a
 classifier's logits one row per input, a sequence model's or a backbone's every token a row).
 ``real`` marks the rows of real inputs (images, text), as opposed to seeded noise.
 """
@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from deploykit.backends.base import output_rows
+from deploykit.runners.base import output_rows
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class Reference:
     Attributes:
         inputs: ``[N, ...]`` model inputs, the real ones (images, text) last.
         outputs: the reference's outputs on them: ``[N, ..., last dim]``, or already as rows
-            (``backends.base.output_rows``).
+            (``runners.base.output_rows``).
         num_real: how many of the inputs, at the end, are real rather than seeded noise.
         top_k: the outputs are logits, ranked by top-1 / top-5 agreement; a backbone's features
             are not (max abs and cosine decide).

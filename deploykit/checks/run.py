@@ -14,8 +14,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from deploykit.backends.base import Runner, output_rows, run_rows
 from deploykit.checks.criteria import Bar, CheckResult, Criterion, Reference
+from deploykit.runners.base import Runner, output_rows, run_rows
 
 
 @runtime_checkable

@@ -229,7 +229,7 @@ def sape2_bias_reference(
 def _bias_in_fp32_or_wider(q, k, table_x, table_y, grid_h, grid_w, num_prefix_tokens, scale, mode):
     """float64 inputs: the direct reference (the validation's yardstick); fp32 and narrower: the
     signatures and the distances in fp32: on the CPU in deploykit's compiled kernels (the direct
-    form, ``deploykit.backends.cpu_kernels``) where they build, else in PyTorch, the distances in the
+    form, ``deploykit.kernels``) where they build, else in PyTorch, the distances in the
     matrix-product form the ONNX function body computes; each judged against that reference."""
     if q.dtype == torch.float64:
         args = [t.double() for t in (q, k, table_x, table_y)]
@@ -237,7 +237,7 @@ def _bias_in_fp32_or_wider(q, k, table_x, table_y, grid_h, grid_w, num_prefix_to
     args = [t.float() for t in (q, k, table_x, table_y)]
     P = num_prefix_tokens
     if q.device.type == "cpu":
-        from deploykit.backends.cpu_kernels import torch_distances, torch_signatures
+        from deploykit.kernels import torch_distances, torch_signatures
 
         signatures = torch_signatures(*args, grid_h, grid_w, P, scale, mode)
         if signatures is not None:

@@ -38,7 +38,6 @@ import torch
 
 from deploykit._io import clear_stale_stages, directory_lock, staged_directory, write_json_atomic
 from deploykit._terminal import counter
-from deploykit.backends.onnxrt import run_graph
 from deploykit.encodings import config_to_dict
 from deploykit.errors import ConfigError, DeployKitError, ExportError
 from deploykit.export.directory import ExportDir
@@ -72,10 +71,11 @@ from deploykit.export.precision import (
     plan_graph,
 )
 from deploykit.inputs.builtin import CALIBRATION_SPLIT, HELD_OUT_SPLIT, check_real_count
+from deploykit.inputs.resolutions import resolution_tag
 from deploykit.nn.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_model, save_model
 from deploykit.nn.factory import Model
 from deploykit.nn.spec import deploy_spec
-from deploykit.resolutions import resolution_tag
+from deploykit.runners.onnxrt import run_graph
 
 _log = logging.getLogger(__name__)
 

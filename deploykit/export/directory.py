@@ -37,7 +37,6 @@ from pathlib import Path, PurePath
 
 from deploykit._fields import show
 from deploykit._io import read_bounded_text, write_json_atomic
-from deploykit.backends.table import FLAVOURS
 from deploykit.errors import DeployKitError, one_line
 from deploykit.export.manifest import (
     CONFIG_FILE,
@@ -51,7 +50,8 @@ from deploykit.export.manifest import (
     confined_path,
     json_object,
 )
-from deploykit.resolutions import resolution_tag
+from deploykit.inputs.resolutions import resolution_tag
+from deploykit.runners.table import FLAVOURS
 
 WEIGHTS_FILE = "model.safetensors"  # as deploykit.nn.checkpoint.save_model writes it
 TIMING_CACHE_FILE = "timing.cache"
@@ -113,7 +113,7 @@ class Choice:
 
 def _checked_choice(choice: Choice) -> Choice:
     """``choice`` if every field is of the type ``profile`` writes, its streams at most one per usable core."""
-    from deploykit.backends.streams import usable_cores
+    from deploykit.runners.streams import usable_cores
 
     if not all(isinstance(getattr(choice, name), str) for name in ("backend", "precision", "graph_sha256")):
         raise TypeError("backend, precision and graph_sha256 are strings")

@@ -15,7 +15,7 @@ In both, attention's two batched products (q·kᵀ and attention·v) are quantiz
 fuses FP8/INT8 attention only where Q/DQ sit on them; ``--int8-attention`` off does not apply,
 ``--keep-float`` and the agreement fallback do). What stays float is decided as for ``int8``
 (``int8_selection``: tables and their readers, rotations, SaPE²'s op, MoPE's gate, the logits),
-and the remainder is written by the cast plans' pass (``precision._CastPass``): the products and
+and the remainder is written by the cast plans' pass (``deploykit.graph.cast.CastPass``): the products and
 what follows them in the low type; LayerNorm, Softmax, tables and their readers, custom ops and
 the logits in fp32. Each ``DequantizeLinear`` feeding only low products gives the low type
 directly (its scale stored in it), so no Cast sits between a DQ and its product.

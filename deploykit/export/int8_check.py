@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from deploykit.backends.onnxrt import cpu_runner, run_graph
 from deploykit.checks import Agreement, Bar, Reference, Tolerance, bar_of, check_runner, first_divergent, judge
 from deploykit.checks.run import JudgedPlan
 from deploykit.errors import ExportError, InputError, listed
 from deploykit.export import names, sensitivity
 from deploykit.export.int8_selection import QUANTIZED_OP_TYPES, quantized_word
 from deploykit.export.metadata import GraphMetadata, QuantizationRecord
+from deploykit.runners.onnxrt import cpu_runner, run_graph
 
 
 def describe_plan(details: QuantizationRecord) -> list[str]:

@@ -361,7 +361,7 @@ def _refuse_histograms_beyond_memory(proto: onnx.ModelProto, calibration: Calibr
     """ONNX Runtime's histogram calibrators (every method but min-max) keep every calibrated
     tensor of every input until the last one has run, many GB for a few dozen inputs of a model at
     384 px. Where that cannot fit, say so rather than be killed mid-export."""
-    from deploykit._cpu import available_memory
+    from deploykit.runners.cpu import available_memory
 
     if calibration.method == "minmax":
         return

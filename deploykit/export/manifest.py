@@ -18,12 +18,12 @@ from pathlib import Path, PurePath
 import onnx
 from google.protobuf.message import DecodeError
 
-import deploykit
 from deploykit._fields import json_nesting, show
 from deploykit._io import read_bounded_text
+from deploykit._version import __version__
 from deploykit.errors import DeployKitError, one_line
 from deploykit.export.metadata import GraphMetadata
-from deploykit.resolutions import resolution_tag
+from deploykit.inputs.resolutions import resolution_tag
 
 MANIFEST_FILE = "manifest.json"
 CONFIG_FILE = "config.json"  # the reference model's config, as deploykit.nn.checkpoint writes it
@@ -77,12 +77,12 @@ class Manifest:
     encoding: str
     weights_sha256: str
     source: str
-    deploykit_version: str = deploykit.__version__
+    deploykit_version: str = __version__
     graphs: list[GraphEntry] = field(default_factory=list)
     # config.json's sha256: its mean/std, classes and channels change what is served. None in
     # manifests written before it was recorded; those are refused by checked_config.
     config_sha256: str | None = None
-    # How an image becomes an input (``deploykit.imaging.Preprocessing.to_dict``, from config.json):
+    # How an image becomes an input (``deploykit.inputs.imaging.Preprocessing.to_dict``, from config.json):
     # what calibration, validation and serving apply. None for sequence models and older manifests.
     preprocessing: dict | None = None
 

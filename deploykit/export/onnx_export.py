@@ -27,9 +27,9 @@ import onnx
 import torch
 from torch import Tensor, nn
 
-import deploykit
 from deploykit._io import atomic_path
 from deploykit._terminal import quiet_logger
+from deploykit._version import __version__
 from deploykit.encodings import KeepsFloat, PETables, config_to_dict
 from deploykit.errors import ExportError, ResolutionError
 from deploykit.export.custom_ops import CUSTOM_TRANSLATIONS, attach_functions
@@ -40,9 +40,9 @@ from deploykit.export.metadata import GraphMetadata
 from deploykit.export.names import node_scopes, trunk_scope
 from deploykit.export.qk_channels import with_contiguous_qk_channels
 from deploykit.graph.canonical import CANONICAL
+from deploykit.inputs.resolutions import resolution_tag
 from deploykit.nn.factory import Model
 from deploykit.nn.spec import block_paths, deploy_spec
-from deploykit.resolutions import resolution_tag
 
 # TensorRT's ITensor: "the volume of the tensor must be less than 2^31 elements". Every graph
 # here materialises each block's attention scores [batch, heads, T, T], so even at batch 1
@@ -265,7 +265,7 @@ def onnx_from_model(
     attach_functions(proto)
     # qk_order: said, for anyone comparing q/k tensors inside the graph
     _describe(model, resolution, resolution_range, qk_order, proto).write(proto)
-    proto.producer_name, proto.producer_version = "deploykit", deploykit.__version__
+    proto.producer_name, proto.producer_version = "deploykit", __version__
     check_graph(proto)
     return proto
 
@@ -344,7 +344,7 @@ def _describe(model: Model, resolution: tuple[int, ...], resolution_range, qk_or
     """The graph's own record of what it is."""
     encoding = config_to_dict(model.cfg.encoding)
     return GraphMetadata(
-        version=deploykit.__version__,
+        version=__version__,
         encoding=encoding["name"],
         encoding_config=encoding,
         model_config=model.cfg.to_dict(),

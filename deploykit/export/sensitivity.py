@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
-from deploykit.backends.base import Runner, output_rows
-from deploykit.backends.onnxrt import cpu_runner, with_outputs
 from deploykit.checks import Agreement, Reference, check_runner
 from deploykit.export.int8_selection import QUANTIZED_OP_TYPES
 from deploykit.graph.edits import back_to_float, counterpart, starting_at
+from deploykit.runners.base import Runner, output_rows
+from deploykit.runners.onnxrt import cpu_runner, with_outputs
 
 if TYPE_CHECKING:  # imported where used: onnx_ir is slow to import
     import onnx_ir as ir
@@ -53,7 +53,7 @@ class QualityTarget:
 
     Attributes:
         reference: the held-out inputs (neither the calibration inputs nor a test split) and the
-            fp32 graph's output rows on them (``deploykit.backends.onnxrt.run_graph``'s: one per image
+            fp32 graph's output rows on them (``deploykit.runners.onnxrt.run_graph``'s: one per image
             for a classifier or a pooled features model, one per token for a model returning
             every token).
         goal: the agreement to reach.

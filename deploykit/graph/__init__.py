@@ -21,7 +21,10 @@ passes keep an int8 weight's per-channel scales on) and what the export's finger
 
 ``edits`` holds the edits that change what a graph computes but carry no numeric meaning of their
 own (quantized nodes back to float, a graph started at given tensors): the INT8 fallback decides
-what to edit, on the same toolkit.
+what to edit, on the same toolkit. ``cast`` is the cast plans' pass (products in fp16 or bf16,
+tables, normalisations, custom ops and the logits in fp32; ``deploykit.export.precision`` says
+which plan asks for it); ``fused_attention`` fuses attention into ONNX Runtime's
+``MultiHeadAttention`` (the ``*-mha`` plans).
 """
 
 from deploykit.graph.rules import RuleSet

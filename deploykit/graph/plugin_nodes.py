@@ -25,7 +25,7 @@ whose body the bias's begins with, plain ONNX in fp32: gates, reverse cumulative
 The split needs that companion function in the file (exports since it existed have it;
 ``deploykit.export.custom_ops.attach_functions`` adds it to an older one). Only onnx is imported
 here: ``deploykit build`` loads no exporter, and ONNX Runtime's runner makes the same split for
-its compiled ``SaPE2Distance`` kernel (``deploykit.backends.cpu_kernels``).
+its compiled ``SaPE2Distance`` kernel (``deploykit.kernels``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ ship inside a package, seeded noise, a zoo model's own dataset, text for sequenc
 Real images come from scikit-image's bundled samples (installed with the ``images`` extra), so
 nothing is downloaded and top-1 agreement is measured on natural-image statistics. They are
 preprocessed as the model's config says (``ViTConfig.preprocessing``: the one preprocessing of
-``deploykit.imaging``, which serving applies too). A user's own inputs: ``deploykit.inputs.user``.
+``deploykit.inputs.imaging``, which serving applies too). A user's own inputs: ``deploykit.inputs.user``.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from deploykit import imaging
 from deploykit._lazy import lazy_import
 from deploykit.errors import ConfigError
+from deploykit.inputs import imaging
 
 # RGB samples bundled inside scikit-image's wheel (no pooch download).
 SAMPLE_IMAGES = ("astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field", "immunohistochemistry", "retina", "colorwheel")

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from deploykit import imaging
 from deploykit.errors import InputError
-from deploykit.inputs import builtin
-from deploykit.resolutions import resolution_tag
+from deploykit.inputs import builtin, imaging
+from deploykit.inputs.resolutions import resolution_tag
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@
   by its tag (``224``, ``384x256``).
 
 Images are decoded with Pillow and preprocessed at each resolution by the model's own
-``deploykit.imaging.Preprocessing`` (what ``config.json`` records; what serving applies), so
+``deploykit.inputs.imaging.Preprocessing`` (what ``config.json`` records; what serving applies), so
 calibration, validation and serving see the same pixels. Arrays are taken as they are, and must
 match the model's input at that resolution.
 
@@ -33,9 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
-from deploykit import imaging
 from deploykit.errors import InputError, one_line
-from deploykit.resolutions import resolution_tag
+from deploykit.inputs import imaging
+from deploykit.inputs.resolutions import resolution_tag
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff", ".gif")
 # Pillow's format names for those suffixes: no other decoder is tried.

@@ -146,7 +146,7 @@ class Imported:
         source: ``"<importer>:<file>"`` (saved in the weights' metadata).
         read: what the file said (``{"depth": 12, "heads": 6, ...}``).
         assumed: what the file does not hold and the import took: the importer's ``Assumption``
-            values (``deploykit.importers``), or the training script's defaults.
+            values (``deploykit.cli.importers``), or the training script's defaults.
     """
 
     model: Model

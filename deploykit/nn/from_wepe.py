@@ -22,7 +22,7 @@ under ``model`` in its resume file ``checkpoint_vit_ti.pth``). The weights move 
 The file says the depth, width, classes, patch size, input channels, MLP width and whether ℘′ is
 fed (the projection's input width, 4 or 2). It does not say the heads (``nn.MultiheadAttention``'s
 ``in_proj_weight`` is ``[3D, D]`` for any head count) or the image size (WePE keeps no table of
-positions): ``deploykit.importers`` assumes the script's 3 and 224. ``W_Ti.py`` fixes the rest in
+positions): ``deploykit.cli.importers`` assumes the script's 3 and 224. ``W_Ti.py`` fixes the rest in
 code, and the config records it: LayerNorm eps 1e-5 everywhere, exact GELU, class-token pooling,
 the square lattice ``ω1 = ω3 = ϖ`` (``g3 = 0``), the mapping scale 0.4, ``α_scale = exp(·)``
 clamped to [0.002, 0.8], ``ω3′`` clamped to [0.02, 8], ``β_pos`` scaling the class-token row too,

@@ -29,10 +29,10 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from deploykit import imaging
 from deploykit.catalog import OUTPUT_NAME
 from deploykit.encodings import EncodingConfig, Hook
 from deploykit.errors import ExportError
+from deploykit.inputs import imaging
 from deploykit.inputs.builtin import encode_chars, random_inputs, random_token_inputs, sample_text
 from deploykit.nn.sequence import SequenceConfig, SequenceTransformer
 from deploykit.nn.vit import VisionTransformer, ViTConfig

@@ -24,7 +24,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from deploykit import imaging
 from deploykit._fields import FLOAT32_TINY, Range, check_values, dataclass_values, show
 from deploykit.catalog import IMAGES_INPUT
 from deploykit.encodings import (
@@ -40,6 +39,7 @@ from deploykit.encodings import (
     gridpe,
 )
 from deploykit.errors import ConfigError, ResolutionError, unknown_choice
+from deploykit.inputs import imaging
 from deploykit.inputs.datasets import DATASETS
 from deploykit.inputs.kinds import ImageInput
 
@@ -159,7 +159,7 @@ class ViTConfig:
         dataset: the ``deploykit.zoo`` dataset the weights were trained on, if any; validation
             then takes its real inputs from that dataset's test split.
         crop_pct, crop_mode, interpolation: how an image becomes an input, with ``mean``/``std``
-            (timm's eval transform, ``deploykit.imaging.Preprocessing``; an import from timm
+            (timm's eval transform, ``deploykit.inputs.imaging.Preprocessing``; an import from timm
             takes them from the model's ``pretrained_cfg``).
     """
 

@@ -9,7 +9,7 @@ Method (the README's `deploykit profile` paragraph says it for users):
   returns host arrays, so on a GPU its copies are in the time; the positional step alone, queued
   on a GPU, is timed with CUDA events;
 * kernel-only (the model on a prepared input) and end-to-end (uint8 camera frames through
-  ``deploykit.imaging.preprocess``, host copies, the model, softmax + top-5) side by side;
+  ``deploykit.inputs.imaging.preprocess``, host copies, the model, softmax + top-5) side by side;
 * the same trunk with a learned APE runs in the same session, so each encoding's cost is a
   ratio measured under the same load; in PyTorch eager the positional step alone (table add,
   q/k rotation, or logits bias, over all blocks) shows where that cost goes (``pe_share``, on
@@ -20,7 +20,7 @@ Method (the README's `deploykit profile` paragraph says it for users):
 A sequence model (MoPE + EGA) is profiled the same way with its length as the resolution: token
 ids as the kernel input, and text → character ids → model → next-token top-5 as end-to-end.
 
-Backends are every name in the table of backends (``deploykit.backends.table``): ``torch``
+Backends are every name in the table of backends (``deploykit.runners.table``): ``torch``
 (eager, the reference) and every runner of a graph or an engine, so a backend added there is
 profiled with no change here.
 

@@ -25,14 +25,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from deploykit.backends.table import BASELINE
 from deploykit.checks import Agreement, check_runner
 from deploykit.export.directory import Choice, ExportDir
 from deploykit.export.precision import PLANS
 from deploykit.nn.spec import deploy_spec
 from deploykit.profile.report import FP32, TORCH_BACKEND, ProfileRecord, Verdict, add_ratios
 from deploykit.profile.timing import Budget, LatencyStats, measure
-from deploykit.validate import References as ValidationReferences
+from deploykit.runners.table import BASELINE
+from deploykit.validation.run import References as ValidationReferences
 
 # Plans a CPU user picks for speed on ONNX Runtime (the cast plans fp16/bf16 are for GPUs).
 CPU_SPEED_PLANS = ("int8", "int8-dynamic", "int8-mha", "fp32-mha")
@@ -68,10 +68,10 @@ class References(ValidationReferences):
         import onnx
 
         from deploykit.backends import TorchRunner
-        from deploykit.backends.base import run_rows
         from deploykit.export.int8_check import recorded_target
         from deploykit.export.metadata import GraphMetadata
         from deploykit.export.onnx_export import rows_per_call
+        from deploykit.runners.base import run_rows
 
         key = ("quality", id(model), tuple(resolution), str(graph))
         if key not in self._targets:
@@ -257,9 +257,9 @@ def plans_slower_than_float(export_dir: str | os.PathLike, budget: Budget = QUIC
     Given the exported ``model``, the graphs are timed on one of the real inputs ``profile`` times
     on (``targets.real_rows``, which says why), else on zeros: export and profile should not
     disagree because their inputs differ."""
-    from deploykit.backends.onnxrt import CPU, OnnxrtRunner
     from deploykit.export.manifest import Manifest, checked_graph
-    from deploykit.resolutions import resolution_tag
+    from deploykit.inputs.resolutions import resolution_tag
+    from deploykit.runners.onnxrt import CPU, OnnxrtRunner
 
     directory = Path(export_dir)
     manifest = Manifest.read(directory)

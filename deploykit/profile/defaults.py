@@ -5,7 +5,7 @@ take their defaults from here.
 """
 
 from deploykit.backends.defaults import RUNNER
-from deploykit.backends.table import REFERENCE
+from deploykit.runners.table import REFERENCE
 
 BACKENDS = (REFERENCE, RUNNER)  # PyTorch eager and the runner every machine has
 BATCHES = (1,)

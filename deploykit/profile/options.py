@@ -20,7 +20,7 @@ class ProfileOptions:
         resolutions: ``(height, width)`` pairs (a sequence model: lengths); empty: every
             resolution of the export directory profiled, else the model's own.
         batches: batch sizes.
-        backends: names from the table of backends (``deploykit.backends.table``), ``torch`` included.
+        backends: names from the table of backends (``deploykit.runners.table``), ``torch`` included.
         precisions: precision plans the ONNX runners time, interleaved; empty: every plan of the
             export directory profiled, else fp32. PyTorch eager runs fp32 only.
         budget: time per measurement.

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from deploykit._io import output_file, write_output_text
 from deploykit._lazy import lazy_import
+from deploykit.inputs.resolutions import parse_resolution
 from deploykit.profile.report import RECORD_FIELDS, TORCH_BACKEND, ProfileRecord, ProfileReport
-from deploykit.resolutions import parse_resolution
 
 
 def write_csv(path: str | os.PathLike, records: Sequence[ProfileRecord]) -> Path:

@@ -12,8 +12,8 @@ from typing import Any
 
 from deploykit._io import write_output_json
 from deploykit.backends.environment import environment_line
-from deploykit.backends.table import REFERENCE
 from deploykit.profile.timing import LatencyStats
+from deploykit.runners.table import REFERENCE
 
 # The record schema (CSV column order); extra fields follow these.
 RECORD_FIELDS = (

@@ -19,6 +19,7 @@ from deploykit.errors import ConfigError, DeployKitError, unknown_choice
 from deploykit.export.directory import ExportDir
 from deploykit.export.onnx_export import check_export_shape
 from deploykit.export.precision import check_precision
+from deploykit.inputs.resolutions import resolution_tag
 from deploykit.nn.factory import Model
 from deploykit.profile.choice import (
     References,
@@ -46,7 +47,6 @@ from deploykit.profile.targets import (
     real_rows,
 )
 from deploykit.profile.timing import LatencyStats, denormals_flushed, device_timer, measure
-from deploykit.resolutions import resolution_tag
 
 
 def _resolve_device(device: str) -> torch.device:

@@ -3,7 +3,7 @@ runs each profiled plan with.
 
 ``deploykit profile EXPORT_DIR`` first chooses each resolution's plan by latency (``choice.py``).
 For a chosen plan whose runner has streams (``STREAM_BACKENDS``: OpenVINO's ``THROUGHPUT`` hint,
-ONNX Runtime's split sessions; ``deploykit.backends.streams``) it then measures the images per
+ONNX Runtime's split sessions; ``deploykit.runners.streams``) it then measures the images per
 second the plan answers when calls arrive concurrently, with one stream called by one thread (the
 latency setting as served) and with ``machine_streams()`` streams called by as many threads, in
 interleaved rounds. Streams are kept only when they answer at least ``GAIN_MARGIN`` times as many
@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from deploykit.backends.streams import machine_streams
-from deploykit.backends.table import stream_names
 from deploykit.errors import DeployKitError
 from deploykit.export.directory import Choice, ExportDir
+from deploykit.runners.streams import machine_streams
+from deploykit.runners.table import stream_names
 
 STREAM_BACKENDS = tuple(stream_names())  # the table's backends whose runners take streams
 # Streams cost memory (a session or infer request each; ONNX Runtime's also keep a session of all
@@ -125,7 +125,7 @@ def with_measured_streams(
         DeployKitError: a chosen graph is missing or changed.
     """
     from deploykit.backends.registry import create_runner
-    from deploykit.resolutions import resolution_tag
+    from deploykit.inputs.resolutions import resolution_tag
 
     if not any(choice.backend in STREAM_BACKENDS for entries in choices.values() for choice in entries) or machine_streams() <= 1:
         return choices

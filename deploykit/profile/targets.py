@@ -19,11 +19,11 @@ from deploykit.encodings import encoding_name, get_config
 from deploykit.errors import ConfigError, DeployKitError
 from deploykit.export.bundle import load_reference
 from deploykit.export.directory import ExportDir
+from deploykit.inputs.resolutions import resolution_tag
 from deploykit.nn.factory import Model, build_model
 from deploykit.nn.spec import deploy_spec
 from deploykit.profile.report import BASELINE_ENCODING, FP32
 from deploykit.profile.timing import CpuTimer
-from deploykit.resolutions import resolution_tag
 
 
 @dataclass
@@ -150,7 +150,7 @@ class RunnerTarget:
 
 def backend_names() -> list[str]:
     """Backends ``profile`` knows: every backend of the table, PyTorch eager first."""
-    from deploykit.backends.table import names
+    from deploykit.runners.table import names
 
     return names()
 
@@ -161,7 +161,7 @@ class Unavailable(Exception):
 
 def open_target(backend: str, subject: Subject, resolution: tuple[int, int], precision: str, device: torch.device, runner_options: dict):
     from deploykit.backends.registry import create_runner
-    from deploykit.backends.table import ENGINE, GRAPH, find, resolve
+    from deploykit.runners.table import ENGINE, GRAPH, find, resolve
 
     descriptor = find(backend)
     if descriptor.runs not in (GRAPH, ENGINE):  # the model itself: PyTorch eager
@@ -192,7 +192,7 @@ def real_rows(model: Model, resolution) -> np.ndarray | None:
     """The real inputs kernels are timed on, once per resolution: validate's (a zoo model's test
     split, else the bundled images or text), so a kernel whose speed depends on its values is timed
     on values it will see (noise and images differ in how many float32 denormals they produce,
-    which the runner flushes: ``deploykit._cpu``, ``benchmarks/results/denormals.json``). None
+    which the runner flushes: ``deploykit.runners.cpu``, ``benchmarks/results/denormals.json``). None
     without the ``images`` extra (a model with no dataset)."""
     from deploykit.errors import MissingDependencyError
     from deploykit.inputs.builtin import VALIDATION_REAL, validation_inputs

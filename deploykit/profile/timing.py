@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from deploykit._cpu import denormals_flushed  # noqa: F401  (profile's timing mode; exported here)
 from deploykit.errors import ConfigError
 from deploykit.profile import defaults
+from deploykit.runners.cpu import denormals_flushed  # noqa: F401  (profile's timing mode; exported here)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ __getattr__, __dir__, __all__ = lazy_exports(
     __name__,
     {
         ".classifier": ["ImageLimits"],
-        "..imaging": ["nearest_resolution"],
+        "..inputs.imaging": ["nearest_resolution"],
         ".pipeline": ["Pipeline", "Prediction", "load"],
     },
 )

@@ -13,11 +13,11 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from deploykit import imaging
 from deploykit.catalog import IMAGES_INPUT, SEQUENCE_ARCHITECTURE
 from deploykit.errors import ConfigError
 from deploykit.export.directory import ExportDir
 from deploykit.export.manifest import Manifest
+from deploykit.inputs import imaging
 
 INPUT_NAME = IMAGES_INPUT  # serving is for image classifiers
 

@@ -10,7 +10,7 @@ to that graph; any other image goes to the exported resolution nearest in log-sc
 Preprocessing then resizes and crops it to that resolution, exactly as for a matching image.
 
 Backend selection: ``backend="auto"`` tries the runner factories in the order the table of
-backends ranks them (``deploykit.backends.table.auto_order``: TensorRT, TensorRT-RTX, ONNX
+backends ranks them (``deploykit.runners.table.auto_order``: TensorRT, TensorRT-RTX, ONNX
 Runtime), skipping any not registered, and keeps the first whose
 runner activates; each skipped backend's reason is kept in ``Pipeline.skipped`` and
 ``Pipeline.describe_backends()`` says it in a few lines. An engine that was built but could not
@@ -32,7 +32,7 @@ model instances, unless it spreads one call's batch over its streams (``spreads_
 Runtime), when a server gives it one instance and whole merged batches.
 
 Limits: an image over ``ImageLimits`` (pixels, encoded bytes) or over the decode-work limits of
-``deploykit.imaging`` (chunks, scans, frames) is refused before it is decoded; bytes that do not
+``deploykit.inputs.imaging`` (chunks, scans, frames) is refused before it is decoded; bytes that do not
 decode are one ``InputError``, whatever Pillow raised. Inputs beyond ``±imaging.MAX_INPUT_MAGNITUDE``
 are refused, and so is an answer holding NaN/Inf (never ranked).
 """
@@ -51,17 +51,17 @@ from typing import Any
 
 import numpy as np
 
-from deploykit import imaging
 from deploykit._lazy import lazy_import
 from deploykit.answers import top_k, unranked
-from deploykit.backends.base import Runner
-from deploykit.backends.table import auto_order, gpu_names
 from deploykit.catalog import OUTPUT_NAME
 from deploykit.errors import ConfigError, DeployKitError, InputError, one_line
 from deploykit.export.directory import ExportDir
 from deploykit.export.manifest import Manifest
-from deploykit.imaging import nearest_resolution
-from deploykit.resolutions import resolution_tag
+from deploykit.inputs import imaging
+from deploykit.inputs.imaging import nearest_resolution
+from deploykit.inputs.resolutions import resolution_tag
+from deploykit.runners.base import Runner
+from deploykit.runners.table import auto_order, gpu_names
 from deploykit.serve.classifier import INPUT_NAME, ImageLimits, read_image_config
 
 _log = logging.getLogger(__name__)
@@ -182,7 +182,7 @@ def activate_runner(onnx_path: Path, backend: str, factories: Mapping[str, Runne
 
 def _engine_built(onnx_path: Path, backend: str) -> bool:
     from deploykit.backends.engine_cache import engine_paths
-    from deploykit.backends.table import engine_flavours
+    from deploykit.runners.table import engine_flavours
 
     engines = engine_flavours()
     return backend in engines and engine_paths(onnx_path, engines[backend].module)[0].is_file()
@@ -227,7 +227,7 @@ class Pipeline:
         plugins: for the engine backends of the default factories, the plugins the engines were
             built with (``Plugins``); None: the installed plugin packages each engine names.
         streams: inference streams of the runners that have them (ONNX Runtime, OpenVINO:
-            ``deploykit.backends.streams``); None: what ``deploykit profile`` measured for its
+            ``deploykit.runners.streams``); None: what ``deploykit profile`` measured for its
             choice, else 1.
 
     Raises:
@@ -262,9 +262,9 @@ class Pipeline:
         streams: int | None = None,
     ):
         from deploykit.backends.registry import create_runner
-        from deploykit.backends.streams import check_streams
-        from deploykit.backends.table import ENGINE, GRAPH, names, stream_names
         from deploykit.export.precision import check_precision
+        from deploykit.runners.streams import check_streams
+        from deploykit.runners.table import ENGINE, GRAPH, names, stream_names
 
         if factories is None:
             factories = {name: partial(create_runner, name, plugins=plugins) for name in names((GRAPH, ENGINE))}
@@ -388,7 +388,7 @@ class Pipeline:
 
     def preprocess(self, image: np.ndarray, resolution: tuple[int, int]) -> np.ndarray:
         """``[H, W, 3]`` uint8 → ``[3, h, w]`` float32, preprocessed as the model's ``config.json`` says
-        (``deploykit.imaging.Preprocessing``, what calibration and validation applied)."""
+        (``deploykit.inputs.imaging.Preprocessing``, what calibration and validation applied)."""
         return self.config.preprocessing(image, resolution)
 
     def logits(self, images: np.ndarray) -> np.ndarray:

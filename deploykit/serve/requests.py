@@ -20,7 +20,7 @@ well-formed, bounded, finite requests that it reads as they were checked:
   only as binary data), where Triton would answer 500 or cast silently;
 * floating-point inputs (FP16/BF16/FP32/FP64, JSON or binary, and gRPC's raw or typed contents)
   finite at their own precision (``1e39`` is an FP32 infinity) and within ``±MAX_INPUT_MAGNITUDE``
-  (``deploykit.imaging``: far beyond normalised pixels; 3e38 overflowed the model to NaN logits);
+  (``deploykit.inputs.imaging``: far beyond normalised pixels; 3e38 overflowed the model to NaN logits);
   checked in slices, no Python object per element;
 * no shared-memory inputs (the region registration endpoints are not served).
 
@@ -38,7 +38,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from deploykit.imaging import MAX_INPUT_MAGNITUDE
+from deploykit.inputs.imaging import MAX_INPUT_MAGNITUDE
 from deploykit.serve.defaults import MAX_JSON_VALUES
 from deploykit.serve.strict_json import MAX_JSON_DEPTH, RequestRejected, read_json
 

@@ -1,7 +1,7 @@
 """Triton Python-backend model ``classify`` of ``deploykit serve``: encoded images → top-k classes.
 
 Written into the server's model repository as ``classify/1/model.py``, beside
-``deploykit_imaging.py`` (a copy of ``deploykit/imaging.py``: the pipeline's decoding, routing
+``deploykit_imaging.py`` (a copy of ``deploykit/inputs/imaging.py``: the pipeline's decoding, routing
 and preprocessing, so served and in-process answers come from the same pixels). Settings come
 from the ``settings`` JSON parameter of ``config.pbtxt`` (written by ``classify_config``).
 

@@ -29,10 +29,10 @@ class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         import triton_python_backend_utils as pb_utils  # only exists inside Triton's stub
 
-        from deploykit import imaging
         from deploykit.answers import top_k, unranked
         from deploykit.backends.registry import create_runner
         from deploykit.catalog import IMAGES_INPUT, OUTPUT_NAME
+        from deploykit.inputs import imaging
 
         self.pb, self.imaging, self.top_k, self.unranked = pb_utils, imaging, top_k, unranked
         self.input, self.output = IMAGES_INPUT, OUTPUT_NAME

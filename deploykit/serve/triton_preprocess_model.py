@@ -1,9 +1,9 @@
 """Triton Python-backend model: encoded image bytes → one preprocessed ``[3, H, W]`` float32.
 
 Copied verbatim into a generated model repository as ``preprocess_<res>/1/model.py``, beside
-``deploykit_imaging.py`` (a copy of ``deploykit/imaging.py``), so it needs numpy and Pillow
+``deploykit_imaging.py`` (a copy of ``deploykit/inputs/imaging.py``), so it needs numpy and Pillow
 only, and preprocesses with the code the in-process pipeline and validation use: the served
-tensors equal ``deploykit.imaging.Preprocessing`` to float32 rounding. Settings come from the
+tensors equal ``deploykit.inputs.imaging.Preprocessing`` to float32 rounding. Settings come from the
 ``parameters`` of its ``config.pbtxt``: ``height``, ``width``, ``preprocessing`` (the model's, as
 ``config.json`` records it), ``max_pixels``, ``max_bytes``, ``max_request_pixels``. An image that is
 not one, or is over a limit (size and decode work, checked from its header before decoding; its

@@ -10,7 +10,7 @@ For every exported resolution ``<res>`` (``224``, ``384x256``, ...)::
                          runner reads (``openvino_source``: model-local functions inlined, since
                          OpenVINO's reader has no rule for SaPE²'s custom node; qkv as three products);
                          INFERENCE_PRECISION_HINT f32 and PERFORMANCE_HINT LATENCY as parameters
-    preprocess_<res>/    Python backend: encoded image bytes -> [3, H, W] float32 (deploykit.imaging,
+    preprocess_<res>/    Python backend: encoded image bytes -> [3, H, W] float32 (deploykit.inputs.imaging,
                          copied beside model.py: the pipeline's own preprocessing)
     classify_<res>_trt/  ensemble: preprocess_<res> -> vit_<res>_trt   (bytes in, logits out)
     classify_<res>_onnx/ ensemble: preprocess_<res> -> vit_<res>_onnx
@@ -50,19 +50,19 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from deploykit import imaging
 from deploykit._io import directory_beside
 from deploykit._lazy import lazy_import
 from deploykit.catalog import OUTPUT_NAME
 from deploykit.errors import ConfigError, DeployKitError, unknown_choice
 from deploykit.export.manifest import Manifest
-from deploykit.resolutions import resolution_tag
+from deploykit.inputs import imaging
+from deploykit.inputs.resolutions import resolution_tag
 from deploykit.serve import defaults
 from deploykit.serve.classifier import INPUT_NAME, ImageLimits, read_image_config
 
 PREPROCESS_MODEL_SOURCE = Path(__file__).with_name("triton_preprocess_model.py")
 PLUGIN_DIR = "plugins"  # plugin libraries the TensorRT engines need, loaded by tritonserver
-IMAGING_MODULE = "deploykit_imaging"  # the name the Python models import deploykit/imaging.py by
+IMAGING_MODULE = "deploykit_imaging"  # the name the Python models import deploykit/inputs/imaging.py by
 
 _log = logging.getLogger(__name__)
 
@@ -326,7 +326,7 @@ def _fit_to_engine(opts: RepositoryOptions, batches: tuple[int, int], engine: Pa
 
 
 def copy_python_model(source: Path, version_dir: Path) -> None:
-    """Copy a Python-backend model into ``version_dir`` as ``model.py``, with ``deploykit/imaging.py``
+    """Copy a Python-backend model into ``version_dir`` as ``model.py``, with ``deploykit/inputs/imaging.py``
     beside it (the Python backend puts the version directory on ``sys.path``)."""
     shutil.copyfile(source, version_dir / "model.py")
     shutil.copyfile(imaging.__file__, version_dir / f"{IMAGING_MODULE}.py")

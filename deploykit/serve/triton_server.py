@@ -23,7 +23,7 @@ batch merged). Models served from one export directory:
     input ``image`` BYTES ``[B, 1]`` (encoded PNG/JPEG/...); outputs ``classes``, ``scores``
     and ``resolution`` INT64 ``[B, 2]`` (where each image was routed). A Triton Python-backend
     model of our own (``triton_classify_model.py``, in Triton's stub processes): it checks each
-    image's size from its header, decodes, routes and preprocesses with ``deploykit.imaging``
+    image's size from its header, decodes, routes and preprocesses with ``deploykit.inputs.imaging``
     (the pipeline's code), and sends each resolution's images to ``logits_<res>``, whose
     dynamic batcher merges them with other clients' tensors. Its own model because PyTriton
     (0.7, and its main branch) answers any exception of a bound function with HTTP 500 / gRPC
@@ -63,12 +63,13 @@ from pathlib import Path
 
 import numpy as np
 
-from deploykit import _nvml, imaging
+from deploykit import _nvml
 from deploykit._lazy import lazy_import
 from deploykit.answers import top_k
 from deploykit.catalog import OUTPUT_NAME
 from deploykit.errors import ConfigError, DeployKitError, InputError
-from deploykit.resolutions import resolution_tag
+from deploykit.inputs import imaging
+from deploykit.inputs.resolutions import resolution_tag
 from deploykit.serve import defaults
 from deploykit.serve.classifier import INPUT_NAME, ImageLimits
 from deploykit.serve.door import free_loopback_ports
@@ -245,7 +246,7 @@ def runs_in_triton(pipeline: Pipeline, resolution: tuple[int, int]) -> bool:
     """Whether the runner of ``resolution`` runs in Triton's own Python backend (a CPU backend of the
     table: ``triton_logits_model.py``) rather than bound through PyTriton to this process (an engine,
     whose CUDA context and plugins live here, or a runner a caller made)."""
-    from deploykit.backends.table import CPU, find
+    from deploykit.runners.table import CPU, find
 
     found = find(pipeline.backends[resolution])
     return found is not None and found.device == CPU
@@ -256,7 +257,7 @@ def logits_config(pipeline: Pipeline, resolution: tuple[int, int], options: Serv
     its streams (``Runner.spreads_batches``) gets one instance, a stub process running it with those
     streams, and every merged batch; any other gets one instance per call it runs at once, the cores
     split between them."""
-    from deploykit.backends.streams import threads_per_stream
+    from deploykit.runners.streams import threads_per_stream
 
     k = min(options.top_k, pipeline.num_classes)
     runner = pipeline.served[resolution].runner

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
-import deploykit
 from deploykit._io import write_json_atomic, write_text_atomic
+from deploykit._version import __version__
 from deploykit.encodings import config_to_dict
 from deploykit.errors import CheckpointError, ConfigError
 from deploykit.inputs.builtin import normalise
@@ -59,11 +59,11 @@ def int8_columns(model: Model, dataset, resolutions: list[int], limit: int | Non
     ``deploykit export --precision int8`` does (train split, agreement target on the val split),
     run in ONNX Runtime; the share of test predictions it shares with the fp32 graph, with its
     binomial standard error (the test split is used by neither calibration nor the fallback)."""
-    from deploykit.backends.onnxrt import cpu_runner, run_graph
     from deploykit.checks import Agreement, Reference, check_runner
     from deploykit.export import onnx_from_model
     from deploykit.export.bundle import planned_graph
     from deploykit.export.metadata import GraphMetadata
+    from deploykit.runners.onnxrt import cpu_runner, run_graph
 
     count = min(limit or dataset.size("test"), dataset.size("test"))
     accuracy, agreement, error, correct_hex, plans = [], [], [], [], []
@@ -110,7 +110,7 @@ def _fp32_columns(name, model, dataset, resolutions, correct, directory, train_s
         train_settings=train_settings,
         eval_command=f"deploykit zoo eval {name}",
         overrides=entry.model_overrides,
-        deploykit_version=deploykit.__version__,
+        deploykit_version=__version__,
         torch_version=torch.__version__,
     )
 

@@ -163,7 +163,7 @@ def built(tmp_path_factory):
     """A tiny export with a TensorRT-RTX engine (no plugins: its record is doctored below)."""
     import torch
 
-    from deploykit.build import build
+    from deploykit.backends.build import build
     from deploykit.export import export
     from deploykit.nn import create_model
 

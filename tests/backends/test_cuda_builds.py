@@ -83,7 +83,7 @@ def test_the_runner_refuses_before_the_engine_is_read(driver):
 
 
 def test_build_refuses_before_reading_the_export(driver, tmp_path):
-    from deploykit.build import build
+    from deploykit.backends.build import build
 
     driver("570.133.20", "12.8")
     with pytest.raises(DeployKitError, match=r"^tensorrt_rtx_cu13 .*'deploykit\[rtx-cu12\]'"):

@@ -54,7 +54,7 @@ def test_three_profiles_are_built_and_recorded(three_profiles, deploykit_cli):
         ((9, 3, 48, 48), (32, 3, 48, 48), (32, 3, 48, 48)),
     ]
     assert record.fingerprint.shapes == {"images": [list(s) for s in record.profiles[0]]}
-    from deploykit.inspection import inspect_path
+    from deploykit.backends.inspection import inspect_path
 
     assert inspect_path(engine)["profiles"] == [[list(s) for s in p] for p in record.profiles]  # deploykit inspect shows each
     # a runner's loader reads the record back as the same build (for an RTX 4090: a GPU it was built for)

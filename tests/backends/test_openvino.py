@@ -22,8 +22,9 @@ from deploykit.backends.openvino_marks import KEEP_FP32, keep_fp32, ops_computin
 from deploykit.encodings import list_encodings
 from deploykit.errors import DeployKitError, MissingDependencyError
 from deploykit.export.manifest import MANIFEST_FILE, sha256_file
-from deploykit.export.precision import PLANS, fp32_tensors
-from deploykit.validate import validate
+from deploykit.export.precision import PLANS
+from deploykit.graph.cast import fp32_tensors
+from deploykit.validation.run import validate
 from tests.encoding_params import EXPORT_BASE, EXPORT_PLANS
 from tests.small_graphs import int8_linear
 

@@ -53,7 +53,7 @@ def _mapped(path: Path) -> bool:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """A tiny export with a TensorRT-RTX engine built without plugins."""
-    from deploykit.build import build
+    from deploykit.backends.build import build
 
     torch.manual_seed(0)
     out = tmp_path_factory.mktemp("trust") / "exp"
@@ -112,8 +112,8 @@ def test_build_does_not_import_plugins_from_the_working_directory(built, tmp_pat
 
 
 def test_the_runner_refuses_plugins_other_than_the_build_s(built, tmp_path):
+    from deploykit.backends.build import build
     from deploykit.backends.engine_cache import EngineFromPath
-    from deploykit.build import build
 
     out = shutil.copytree(built, tmp_path / "exp")
     library = _stand_in_library(tmp_path / "lib")
@@ -136,8 +136,8 @@ def test_plugin_library_recorded_by_build_is_loaded_before_the_engine_deserializ
     """build records the library (by hash) → the runner, given the same library (here a copy at
     another path, so its loading shows), loads it before deserializing."""
     from deploykit.backends import trt_runner
+    from deploykit.backends.build import build
     from deploykit.backends.devices import Device
-    from deploykit.build import build
 
     out = shutil.copytree(built, tmp_path / "exp")
     build(out, "rtx", optimization_level=0, plugins=Plugins.resolve([_stand_in_library(tmp_path / "built_with")]), rebuild=True)

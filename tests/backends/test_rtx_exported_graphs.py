@@ -10,9 +10,9 @@ import shutil
 import pytest
 import torch
 
+from deploykit.backends.build import build
 from deploykit.backends.devices import Device
 from deploykit.backends.engine_cache import EngineFromPath, engine_paths
-from deploykit.build import build
 from deploykit.encodings import list_encodings
 from deploykit.errors import DeployKitError, StaleEngineError
 from deploykit.export import export

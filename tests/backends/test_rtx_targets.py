@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from onnx import helper, numpy_helper
 
+from deploykit.backends.build import build
 from deploykit.backends.devices import Device, rtx_targets
 from deploykit.backends.engine_cache import EngineFromPath, engine_paths
 from deploykit.backends.tensorrt import BuildOptions, EngineFromOnnx
-from deploykit.build import build
 from deploykit.errors import ConfigError, ExportError, StaleEngineError
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")

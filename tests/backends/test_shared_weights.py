@@ -20,6 +20,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
+from deploykit.backends.build import share_weights
 from deploykit.backends.devices import Device
 from deploykit.backends.engine_cache import (
     EngineFromPath,
@@ -30,7 +31,6 @@ from deploykit.backends.engine_cache import (
 )
 from deploykit.backends.shared_weights import INLINE_BYTES, write_weight_set
 from deploykit.backends.tensorrt import BuildOptions
-from deploykit.build import share_weights
 from deploykit.errors import DeployKitError, StaleEngineError
 from deploykit.export.directory import ExportDir, refit_graph_file, shared_weights_file
 from deploykit.export.manifest import sha256_file
@@ -155,7 +155,7 @@ def test_build_records_the_one_weight_set_and_the_runner_refits_from_it(export_c
         assert runner.refit_from == refit_graph_file(graph, "rtx")  # not the graph: one weight set for both
         assert EngineFromPath(graph, "tensorrt_rtx", device=RTX_4090)() == engine_paths(graph, "tensorrt_rtx")[0].read_bytes()
     assert ExportDir(export_copy).foreign_files() == []  # a re-export knows them as deploykit's
-    from deploykit.inspection import inspect_path
+    from deploykit.backends.inspection import inspect_path
 
     assert (
         inspect_path(engine_paths(_graphs(export_copy)[1], "tensorrt_rtx")[0])["shared_weights"] == shared.to_dict()

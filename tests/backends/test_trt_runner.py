@@ -11,15 +11,16 @@ import numpy as np
 import pytest
 import torch
 
-from deploykit.backends import registry, table
-from deploykit.backends.onnxrt import OnnxrtCudaRunner
+from deploykit.backends import registry
+from deploykit.backends.build import build
 from deploykit.backends.trt_runner import TrtRunner
-from deploykit.build import build
 from deploykit.errors import ConfigError, DeployKitError
 from deploykit.export import export
 from deploykit.nn import create_model
 from deploykit.profile import backend_names
-from deploykit.validate import validate
+from deploykit.runners import table
+from deploykit.runners.onnxrt import OnnxrtCudaRunner
+from deploykit.validation.run import validate
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="engine runners need a CUDA GPU and a CUDA build of torch")
@@ -103,7 +104,7 @@ def test_ort_cuda_refuses_cpu_only_onnxruntime(tmp_path):
 
 @pytest.fixture(scope="module")
 def rtx_dir(tmp_path_factory):
-    from deploykit.build import build
+    from deploykit.backends.build import build
 
     torch.manual_seed(0)
     out = tmp_path_factory.mktemp("runner")
@@ -169,9 +170,9 @@ def test_tensorrt_engine_matches_onnxruntime(tmp_path, cuda_graph):
             "Polygraphy runs one TensorRT flavour per process and is on TensorRT-RTX here; run this test "
             "alone (benchmarks/gpu_acceptance.py runs each flavour in its own process)"
         )
-    from deploykit.backends.onnxrt import OnnxrtRunner
+    from deploykit.backends.build import build
     from deploykit.backends.trt_runner import engine_runner
-    from deploykit.build import build
+    from deploykit.runners.onnxrt import OnnxrtRunner
 
     torch.manual_seed(0)
     export(create_model("vit_tiny_patch16", encoding="rope-mixed", depth=2, img_size=32, num_classes=10), [(32, 32)], tmp_path)

@@ -7,8 +7,8 @@ import numpy as np
 import onnx
 import pytest
 
-from deploykit.backends.onnxrt import cpu_runner
 from deploykit.checks import Agreement, Reference, Tolerance, check_runner, judge
+from deploykit.runners.onnxrt import cpu_runner
 
 # Two rows. Row 0: reference (3, 4), output (4, 3): |Δ| = 1 in both, cosine 24/25 = 0.96, and the
 # arg-max moves from 1 to 0. Row 1: equal, cosine 1, same arg-max.

@@ -14,12 +14,12 @@ from tests.test_cli import RES
 
 def _verdicts(export_dir) -> dict[str, tuple[bool, str]]:
     """Each judge's verdict on the fp32 graph of ``export_dir``, with its failures as one line."""
-    from deploykit.backends.onnxrt import OnnxrtRunner
     from deploykit.export.bundle import _QuantizedPlans, load_reference
     from deploykit.export.int8_static import CalibrationOptions
     from deploykit.profile.choice import References, check_target
     from deploykit.profile.targets import RunnerTarget
-    from deploykit.validate import validate
+    from deploykit.runners.onnxrt import OnnxrtRunner
+    from deploykit.validation.run import validate
 
     model = load_reference(export_dir)
     path = export_dir / f"model_{RES}.onnx"

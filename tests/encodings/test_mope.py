@@ -296,7 +296,7 @@ class _EgaEval(torch.nn.Module):
 
 
 def test_ega_eval_form_exports_to_onnx():
-    from deploykit.backends.onnxrt import OnnxrtRunner
+    from deploykit.runners.onnxrt import OnnxrtRunner
 
     torch.manual_seed(0)
     module = _EgaEval().eval()

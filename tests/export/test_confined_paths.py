@@ -110,7 +110,7 @@ def test_every_reader_goes_through_manifest_read(layout, kind):
 
 
 def test_build_refuses_before_building(layout):
-    from deploykit.build import build
+    from deploykit.backends.build import build
 
     export_dir, evil = layout
     _escape("relative", export_dir, evil)

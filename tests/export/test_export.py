@@ -7,13 +7,13 @@ import onnx
 import pytest
 import torch
 
-from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.encodings import list_encodings
 from deploykit.errors import ExportError, ResolutionError
 from deploykit.export import export, lint_graph, onnx_from_model
 from deploykit.export.manifest import Manifest
+from deploykit.inputs.resolutions import parse_resolution
 from deploykit.nn import create_model
-from deploykit.resolutions import parse_resolution
+from deploykit.runners.onnxrt import OnnxrtRunner
 from tests.encoding_params import encoding_params
 
 DEPTH = 2

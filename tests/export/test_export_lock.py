@@ -138,9 +138,9 @@ def export_copy(good_export, tmp_path) -> Path:
 
 
 def test_the_files_export_knows_as_builds_are_the_ones_build_writes(tmp_path):
+    from deploykit.backends.build import BuildSettings, build_options
     from deploykit.backends.engine_cache import engine_paths, runtime_cache_path
-    from deploykit.backends.table import FLAVOURS
-    from deploykit.build import BuildSettings, build_options
+    from deploykit.runners.table import FLAVOURS
 
     written = {
         path.name.removeprefix("model_32") for module in (f.module for f in FLAVOURS) for path in engine_paths("model_32.onnx", module)

@@ -15,7 +15,7 @@ from deploykit.export.lint import TABLE_PREFIXES, check_graph
 from deploykit.export.manifest import Manifest
 from deploykit.export.metadata import GraphMetadata
 from deploykit.export.precision import apply_precision
-from deploykit.validate import validate
+from deploykit.validation.run import validate
 from tests.encoding_params import EXPORT_BASE, encoding_model
 
 RES = (EXPORT_BASE, EXPORT_BASE)

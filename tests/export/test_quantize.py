@@ -169,7 +169,7 @@ def test_a_histogram_calibration_that_cannot_fit_in_memory_is_refused_before_it_
     """ONNX Runtime's histogram calibrators keep every calibrated tensor of every input: where
     that is more than the machine has, the export says so in one line and writes nothing (the
     same machine, made small here, still calibrates min-max: it keeps only per-batch ranges)."""
-    import deploykit._cpu
+    import deploykit.runners.cpu
     from deploykit.export import int8_static, onnx_from_model
 
     model = _model("ape")
@@ -177,7 +177,7 @@ def test_a_histogram_calibration_that_cannot_fit_in_memory_is_refused_before_it_
     per_input = int8_static._calibrated_bytes_per_input(fp32)
     # attention's scores alone: 3 heads x 17 x 17 tokens at 64 px, two of them per block, 2 blocks
     assert per_input >= 4 * 2 * 2 * 3 * 17 * 17
-    monkeypatch.setattr(deploykit._cpu, "available_memory", lambda: per_input * QUICK.samples - 1)
+    monkeypatch.setattr(deploykit.runners.cpu, "available_memory", lambda: per_input * QUICK.samples - 1)
     out = tmp_path / "x"
     percentile = CalibrationOptions(samples=QUICK.samples, held_out=QUICK.held_out, min_agreement=None, method="percentile")
     with pytest.raises(
@@ -221,7 +221,7 @@ def test_bad_calibration_options():
 
 @pytest.mark.slow
 def test_dynamic_and_fused_attention_plans_validate(tmp_path):
-    from deploykit.validate import validate
+    from deploykit.validation.run import validate
 
     model = load_model(model_dir(DEFAULT_ZOO_MODEL))
     export(model, [(48, 48)], tmp_path, precisions=["fp32", "int8-dynamic", "fp32-mha"])
@@ -240,10 +240,10 @@ def test_int8_mha_is_the_int8_plan_with_its_float_attention_fused(tmp_path, monk
     """Same calibration and fallback as ``int8``; the attention core becomes MultiHeadAttention.
     Asked for both (in either order), the export reads its inputs, runs the fp32 reference and
     searches the plan once, and writes int8-mha from the int8 graph."""
-    from deploykit.backends.onnxrt import run_graph
     from deploykit.export import int8_static
     from deploykit.export.precision import apply_precision_to_base
-    from deploykit.validate import validate
+    from deploykit.runners.onnxrt import run_graph
+    from deploykit.validation.run import validate
 
     calls = {"inputs": 0, "calibration": 0}
 
@@ -287,7 +287,7 @@ def test_validate_passes_int8_on_a_trained_model_and_fails_a_planted_bad_scale(t
     import shutil
 
     from deploykit.export.manifest import MANIFEST_FILE, sha256_file
-    from deploykit.validate import validate
+    from deploykit.validation.run import validate
 
     out = shutil.copytree(zoo_int8_export, tmp_path / "x")
     (good,) = validate(out, resolutions=[(48, 48)], precision="int8").records
@@ -366,11 +366,11 @@ def _planted_model():
 
 
 def test_the_fallback_finds_the_planted_matmul_names_it_and_meets_the_target(tmp_path, caplog, monkeypatch):
-    from deploykit.backends import base
-    from deploykit.backends.onnxrt import run_graph
     from deploykit.export import int8_check, int8_static, onnx_export
     from deploykit.export.int8_check import describe_plan
     from deploykit.inputs.user import InputData, UserCalibration
+    from deploykit.runners import base
+    from deploykit.runners.onnxrt import run_graph
 
     checked = []
     check_plan = int8_check.check_plan
@@ -436,9 +436,9 @@ def test_bisection_checks_a_logarithmic_number_of_times():
 
 
 def test_moving_every_node_back_to_float_gives_the_fp32_graph(tmp_path):
-    from deploykit.backends.onnxrt import run_graph
     from deploykit.export import int8_selection, int8_static, onnx_from_model
     from deploykit.export.sensitivity import dequantize_nodes
+    from deploykit.runners.onnxrt import run_graph
 
     fp32 = onnx_from_model(_model("rope-axial"), RES)
     inputs = np.random.default_rng(0).standard_normal((8, 3, *RES)).astype(np.float32)
@@ -455,9 +455,9 @@ def test_each_nodes_sensitivity_is_the_output_error_with_it_alone_int8(which, mo
     """The one pass (nodes a few at a time, each group's graph started where its first node
     reads, fed the fp32 tensors crossing there) against the definition, one graph per node:
     the plan with every other node back in float, run whole."""
-    from deploykit.backends.onnxrt import run_graph
     from deploykit.export import int8_selection, int8_static, onnx_from_model, sensitivity
     from deploykit.export.sensitivity import dequantize_nodes, node_sensitivity
+    from deploykit.runners.onnxrt import run_graph
 
     monkeypatch.setattr(sensitivity, "_GROUPS_PER_CAPTURE", 2)  # cut tensors captured in several runs
     model, res = (_planted_model(), (32, 32)) if which == "planted" else (_model("sape2"), RES)

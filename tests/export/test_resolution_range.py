@@ -9,12 +9,12 @@ import onnx
 import pytest
 import torch
 
-from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.errors import ExportError, ResolutionError
 from deploykit.export import export, onnx_from_model
 from deploykit.export.manifest import Manifest
 from deploykit.nn import create_model
-from deploykit.validate import validate
+from deploykit.runners.onnxrt import OnnxrtRunner
+from deploykit.validation.run import validate
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
 LOW, OPT, HIGH = (64, 64), (96, 96), (128, 128)
@@ -123,8 +123,8 @@ def test_range_off_the_patch_grid_is_refused():
 
 
 def test_rtx_builds_the_range_with_its_profile(exported):
+    from deploykit.backends.build import build
     from deploykit.backends.engine_cache import read_fingerprint
-    from deploykit.build import build
 
     _, out, _ = exported
     (result,) = build(out, "rtx", resolutions=None, precisions=["fp32"], optimization_level=0, dynamic=True, batch=2, max_batch=4)[1:]
@@ -136,8 +136,8 @@ def test_rtx_builds_the_range_with_its_profile(exported):
 def test_rtx_builds_resolution_buckets_between_the_exported_resolutions(exported, tmp_path):
     import shutil
 
+    from deploykit.backends.build import build
     from deploykit.backends.engine_cache import read_fingerprint
-    from deploykit.build import build
 
     out = shutil.copytree(exported[1], tmp_path / "exp")
     built = build(out, "rtx", precisions=["fp32"], optimization_level=0, max_batch=4, profiles_from_resolutions=True, rebuild=True)

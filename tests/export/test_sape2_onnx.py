@@ -9,11 +9,11 @@ import onnx.inliner
 import pytest
 import torch
 
-from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.encodings.sape2 import MODES, sape2_bias_reference
 from deploykit.export import onnx_from_model
 from deploykit.export.custom_ops import CUSTOM_TRANSLATIONS, attach_functions
 from deploykit.nn import create_model
+from deploykit.runners.onnxrt import OnnxrtRunner
 
 F64 = torch.float64
 

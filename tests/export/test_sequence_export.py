@@ -7,10 +7,10 @@ import onnx
 import pytest
 import torch
 
-from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.export import export
 from deploykit.nn import create_model
-from deploykit.validate import validate
+from deploykit.runners.onnxrt import OnnxrtRunner
+from deploykit.validation.run import validate
 
 LENGTHS = [(128,), (256,), (1024,)]  # the lengths (the paper trains at 256)
 

@@ -10,10 +10,10 @@ import os
 
 import pytest
 
-from deploykit.backends.streams import check_streams, usable_cores
 from deploykit.errors import ConfigError, DeployKitError
 from deploykit.export.directory import CHOICE_FILE, ExportDir
 from deploykit.export.manifest import MANIFEST_FILE, Manifest
+from deploykit.runners.streams import check_streams, usable_cores
 
 ENTRY = {"resolution": [48, 48], "file": "model_48.onnx", "sha256": "0" * 64, "opset": 18}
 MANIFEST = {"encoding": "ape", "weights_sha256": "0" * 64, "source": "default", "graphs": [ENTRY]}

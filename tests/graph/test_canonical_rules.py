@@ -12,12 +12,12 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from deploykit.backends.onnxrt import OnnxrtRunner, session_options
 from deploykit.export import onnx_from_model
 from deploykit.export.onnx_export import DEFAULT_OPSET
 from deploykit.graph import RuleSet
 from deploykit.graph.canonical import CANONICAL
 from deploykit.nn import create_model
+from deploykit.runners.onnxrt import OnnxrtRunner, session_options
 
 
 @pytest.fixture(scope="module")

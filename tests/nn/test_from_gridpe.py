@@ -20,12 +20,12 @@ import torch
 from record_gridpe import CHECKPOINT, FIXTURE
 from timm_reference import probe_images, tag
 
-from deploykit.backends.onnxrt import OnnxrtRunner
+from deploykit.cli.importers import get_importer
 from deploykit.errors import CheckpointError, ConfigError
 from deploykit.export import export, lint_graph
-from deploykit.importers import get_importer
 from deploykit.nn import load_model
 from deploykit.nn.from_gridpe import IMAGENET_MEAN, IMAGENET_STD
+from deploykit.runners.onnxrt import OnnxrtRunner
 
 pytestmark = [
     # The official base 10000 exceeds the paper's bound on the scale ratio (spec A1/A2): the warning is GridPE's own.

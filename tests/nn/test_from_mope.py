@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 import torch
 
-from deploykit.backends.onnxrt import OnnxrtRunner
+from deploykit.cli.importers import get_importer
 from deploykit.errors import CheckpointError
 from deploykit.export import export
-from deploykit.importers import get_importer
 from deploykit.nn import create_model, load_model
 from deploykit.nn.checkpoint import read_training_checkpoint
 from deploykit.nn.from_mope import convert
+from deploykit.runners.onnxrt import OnnxrtRunner
 from tests.test_cli import assert_one_line_error, run_cli
 
 # torch.onnx's dynamo exporter trips a deprecation inside torch.utils._pytree; not ours to fix.

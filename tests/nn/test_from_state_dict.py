@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from deploykit.cli.importers import get_importer
 from deploykit.encodings import get_config
 from deploykit.errors import CheckpointError, ConfigError
-from deploykit.importers import get_importer
 from deploykit.nn import create_model
 
 VIT = get_importer("vit")

@@ -32,14 +32,14 @@ from timm_reference import (
 )
 
 from deploykit._lazy import is_available
-from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.cli import main
 from deploykit.export import export, lint_graph
-from deploykit.imaging import Preprocessing
+from deploykit.inputs.imaging import Preprocessing
 from deploykit.nn import VisionTransformer, ViTConfig, load_model
 from deploykit.nn.checkpoint import load_weights
 from deploykit.nn.from_timm import preprocessing_fields, state_dict_from_timm
-from deploykit.validate import validate
+from deploykit.runners.onnxrt import OnnxrtRunner
+from deploykit.validation.run import validate
 
 # torch.onnx's dynamo exporter trips a deprecation inside torch.utils._pytree; not ours to fix.
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
@@ -187,7 +187,7 @@ def test_rotation_tables_are_fp32_initializers_without_control_flow(exported, na
 @pytest.mark.parametrize("name", CASES)
 def test_tensorrt_rtx_builds_every_graph(exported, name):
     pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed (pip install 'deploykit[rtx]')")
-    from deploykit.build import build
+    from deploykit.backends.build import build
 
     results = build(exported(name), "rtx", optimization_level=0)
     assert len(results) == len(exported_resolutions(name)) and all(r.engine.stat().st_size > 1000 for r in results)

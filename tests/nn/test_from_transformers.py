@@ -30,10 +30,10 @@ except Exception:  # RuntimeError: operator torchvision::nms does not exist
 
 import transformers  # the test extra installs it: a broken install fails here by name
 
-from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.export import export
 from deploykit.nn import load_model
 from deploykit.nn.from_transformers import import_transformers, is_transformers_directory
+from deploykit.runners.onnxrt import OnnxrtRunner
 
 NATIVE, WIDE, LARGE = (32, 32), (48, 32), (64, 64)
 _VIT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32, patch_size=8)
@@ -235,7 +235,7 @@ def test_tensorrt_rtx_builds_the_pooling_and_distilled_graphs(exported, case):
     """TensorRT-RTX's real parser and builder take the attention pooling (a one-query attention),
     the tanh GELU and the averaged heads at every exported size."""
     pytest.importorskip("tensorrt_rtx", reason="tensorrt-rtx not installed (pip install 'deploykit[rtx]')")
-    from deploykit.build import build
+    from deploykit.backends.build import build
 
     results = build(exported(case), "rtx", optimization_level=0)
     assert len(results) == 3 and all(r.engine.stat().st_size > 1000 for r in results)

@@ -24,12 +24,12 @@ import pytest
 import torch
 from timm_reference import hashed_uniform
 
+from deploykit.cli.importers import get_importer
 from deploykit.encodings import PETables
 from deploykit.encodings.wepe import build_wepe_table
 from deploykit.errors import CheckpointError, ConfigError
 from deploykit.export.precision import PLANS
-from deploykit.imaging import Preprocessing
-from deploykit.importers import get_importer
+from deploykit.inputs.imaging import Preprocessing
 
 DATA = Path(__file__).with_name("data") / "wepe"
 REFERENCE = json.loads((DATA / "reference.json").read_text())
@@ -234,7 +234,7 @@ def cli_import(tmp_path_factory):
 
 @pytest.mark.slow
 def test_cli_import_export_validate_and_onnx_runtime_equals_the_official(cli_import, tmp_path, deploykit_cli):
-    from deploykit.backends.onnxrt import OnnxrtRunner
+    from deploykit.runners.onnxrt import OnnxrtRunner
 
     assert json.loads((cli_import / "config.json").read_text())["encoding"]["clamp_omega3"] is True
     code, err = deploykit_cli("export", "-c", cli_import, "-r", 64, "-o", tmp_path / "onnx")

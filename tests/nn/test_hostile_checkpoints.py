@@ -21,8 +21,8 @@ import torch
 from record_gridpe import CHECKPOINT as GRIDPE
 
 from deploykit._io import write_json_atomic
+from deploykit.cli.importers import get_importer
 from deploykit.errors import CheckpointError, DeployKitError
-from deploykit.importers import get_importer
 from deploykit.nn import create_model
 from deploykit.nn.checkpoint import read_training_checkpoint
 from deploykit.nn.from_mope import read_layout

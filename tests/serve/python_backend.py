@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from deploykit import imaging
+from deploykit.inputs import imaging
 
 
 class TritonError:

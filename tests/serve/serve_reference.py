@@ -1,6 +1,6 @@
 """Independent oracles for the serving tests: ONNX Runtime called directly (no deploykit
 runner), preprocessing with PyTorch's antialiased bicubic resize (what validation used before
-``deploykit.imaging``) and a float64 softmax / top-k, written out here, not taken from the code
+``deploykit.inputs.imaging``) and a float64 softmax / top-k, written out here, not taken from the code
 under test."""
 
 from __future__ import annotations

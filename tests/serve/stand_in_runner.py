@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from deploykit.backends.onnxrt import OnnxrtRunner
+from deploykit.runners.onnxrt import OnnxrtRunner
 
 HOLD_S = 0.002
 

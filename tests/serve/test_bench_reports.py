@@ -120,7 +120,7 @@ def test_triton_statistics_are_the_difference_per_model_over_the_level():
 def test_the_printed_table_has_one_line_per_level_and_the_server_breakdown(capsys):
     from dataclasses import replace
 
-    from deploykit import cli_render
+    from deploykit.cli import render as cli_render
     from deploykit.serve.bench.records import ModelStats, SearchResult, SideSearch
 
     report = _report()

@@ -10,10 +10,10 @@ from functools import partial
 
 import pytest
 
+from deploykit.backends.build import build
 from deploykit.backends.devices import Device
 from deploykit.backends.plugins import Plugins
 from deploykit.backends.trt_runner import engine_runner
-from deploykit.build import build
 from deploykit.errors import DeployKitError
 from deploykit.serve.pipeline import Pipeline
 

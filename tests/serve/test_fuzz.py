@@ -19,8 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deploykit import imaging
-from deploykit.imaging import MAX_INPUT_MAGNITUDE
+from deploykit.inputs import imaging
+from deploykit.inputs.imaging import MAX_INPUT_MAGNITUDE
 from deploykit.serve.requests import MAX_JSON_DEPTH, RequestRejected, check_grpc_infer, check_http_infer, client_message
 
 # Pillow warns on opening a header over its own pixel budget; decode refuses those right after.

@@ -14,9 +14,9 @@ from serve_reference import ort_logits, preprocessed, softmax_top_k
 from stand_in_runner import NanRowRunner
 
 import deploykit
-from deploykit.backends.onnxrt import OnnxrtRunner
 from deploykit.errors import ConfigError, DeployKitError, InputError, MissingDependencyError
 from deploykit.inputs.builtin import sample_images
+from deploykit.runners.onnxrt import OnnxrtRunner
 from deploykit.serve import Pipeline, nearest_resolution
 from tests import image_bombs
 

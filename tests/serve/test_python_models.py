@@ -122,7 +122,7 @@ def test_a_poisoned_request_fails_alone_in_a_preprocess_batch(pipeline, valid_im
     assert_client_error(responses.pop(2), "")
     for data, response in zip(valid_images, responses):
         assert not response.has_error()
-        expected = pipeline.preprocess(deploykit.imaging.decode(data), (32, 32))
+        expected = pipeline.preprocess(deploykit.inputs.imaging.decode(data), (32, 32))
         np.testing.assert_array_equal(response.output_tensors[0].as_numpy(), expected[None])
 
 
@@ -258,7 +258,7 @@ def test_one_request_s_decode_work_is_bounded_and_its_images_take_turns_with_oth
     request whose images hold more than ``REQUEST_IMAGES_OF_MAX`` largest images' pixels is
     refused before anything is decoded; the others of its batch are answered, and the decode pool
     takes every request's first image before any request's second."""
-    from deploykit.imaging import REQUEST_IMAGES_OF_MAX
+    from deploykit.inputs.imaging import REQUEST_IMAGES_OF_MAX
     from deploykit.serve.classifier import ImageLimits
     from deploykit.serve.triton_server import CLASSIFY_MODEL_SOURCE, ServerOptions, classify_config
 
@@ -285,7 +285,7 @@ def test_one_request_s_decode_work_is_bounded_and_its_images_take_turns_with_oth
 
 
 def test_the_packaged_preprocess_model_bounds_a_request_s_pixels_too(pipeline, monkeypatch):
-    from deploykit.imaging import MAX_PIXELS, REQUEST_IMAGES_OF_MAX
+    from deploykit.inputs.imaging import MAX_PIXELS, REQUEST_IMAGES_OF_MAX
 
     model = preprocess_model(pipeline, monkeypatch)
     assert model.max_request_pixels == REQUEST_IMAGES_OF_MAX * MAX_PIXELS

@@ -168,7 +168,7 @@ def test_checking_binary_data_costs_a_fraction_of_it():
 PYTHON_BACKEND_ERROR = (
     "Failed to process the request(s) for model 'classify_0_0', message: ValueError: the image header is cut short\n\n"
     "At:\n  /tmp/pytriton_workspace_ab12/model_store/classify/1/model.py(57): execute\n"
-    "  /work/venv/lib/python3.11/site-packages/deploykit/imaging.py(120): decode\n"
+    "  /work/venv/lib/python3.11/site-packages/deploykit/inputs/imaging.py(120): decode\n"
 )
 
 

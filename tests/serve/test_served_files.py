@@ -50,7 +50,7 @@ def _edit_json(path, change):
 
 def test_an_edited_config_is_refused_by_load_and_validate(copied_export):
     """The normalisation mean/std live in config.json: an edit changes every served answer."""
-    from deploykit.validate import validate
+    from deploykit.validation.run import validate
 
     _edit_json(copied_export / "config.json", lambda c: c.update(mean=[0.0, 0.0, 0.0]))
     for run in (lambda: deploykit.load(copied_export, backend="ort"), lambda: validate(copied_export, backends=["ort"])):

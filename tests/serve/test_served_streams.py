@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 import deploykit
-from deploykit.backends.streams import usable_cores
 from deploykit.export.directory import CHOICE_FILE, ExportDir
 from deploykit.export.manifest import Manifest, sha256_file
+from deploykit.inputs.resolutions import resolution_tag
 from deploykit.profile.choice import Choice
 from deploykit.profile.streams import with_measured_streams
-from deploykit.resolutions import resolution_tag
+from deploykit.runners.streams import usable_cores
 
 TWO_CORES = pytest.mark.skipif(usable_cores() < 2, reason="two streams need two cores (OpenVINO caps streams at the cores)")
 
@@ -75,7 +75,7 @@ def test_the_server_runs_one_model_instance_per_stream_on_its_share_of_the_cores
     processes, each with a runner) as the chosen plan has streams, the cores split between them."""
     import pytriton.triton as pytriton
 
-    from deploykit.backends.streams import threads_per_stream
+    from deploykit.runners.streams import threads_per_stream
     from deploykit.serve.triton_server import ServerOptions, logits_models
 
     out = shutil.copytree(export_dir, tmp_path / "exp")

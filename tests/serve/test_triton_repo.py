@@ -25,8 +25,8 @@ from server_process import free_ports, process_tree, stop, wait_until
 from deploykit.backends.openvino import openvino_source
 from deploykit.cli import main
 from deploykit.errors import DeployKitError
-from deploykit.imaging import Preprocessing
 from deploykit.inputs.builtin import sample_images
+from deploykit.inputs.imaging import Preprocessing
 from deploykit.serve import defaults
 from deploykit.serve.triton_repo import RepositoryOptions, package_triton
 from tests.test_imaging import png_header_only
@@ -79,10 +79,10 @@ def test_layout_and_every_config_parses(repo):
         assert config.max_batch_size == 8
         assert (repo / name / "1").is_dir()
     assert (repo / "vit_32_onnx/1/model.onnx").stat().st_size > 0
-    import deploykit.imaging
+    import deploykit.inputs.imaging
 
     for tag in TAGS:  # the pipeline's own preprocessing travels with the model
-        assert (repo / f"preprocess_{tag}/1/deploykit_imaging.py").read_bytes() == Path(deploykit.imaging.__file__).read_bytes()
+        assert (repo / f"preprocess_{tag}/1/deploykit_imaging.py").read_bytes() == Path(deploykit.inputs.imaging.__file__).read_bytes()
     readme = (repo / "README.md").read_text()
     # No path to a plugin library that nothing builds: SaPE²'s plugin is Python; Triton gets the inlined op.
     assert "LD_PRELOAD" not in readme and "libdeploykit" not in readme and "without `--plugins`" in readme

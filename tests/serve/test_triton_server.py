@@ -26,8 +26,8 @@ from serve_reference import ort_logits, png, preprocessed, softmax_top_k, zoo_te
 from server_process import command_line_argument, free_ports, listening_addresses, process_tree, stop, tritonserver_pid
 from tritonclient.utils import InferenceServerException
 
-from deploykit.backends.table import auto_order
 from deploykit.inputs.builtin import sample_images
+from deploykit.runners.table import auto_order
 from tests import image_bombs
 
 MAX_BATCH = 8

@@ -36,7 +36,7 @@ import numpy as np
 
 from deploykit._lazy import lazy_import
 from deploykit.errors import ConfigError, unknown_choice
-from deploykit.resolutions import resolution_tag
+from deploykit.inputs.resolutions import resolution_tag
 from deploykit.serve import defaults
 from deploykit.serve.bench.clients import GrpcClient, HttpImageClient, perf_analyzer_level
 from deploykit.serve.bench.loadgen import Concurrency, RequestRate

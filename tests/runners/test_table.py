@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 import deploykit
-from deploykit.backends import defaults, registry, table
-from deploykit.backends.onnxrt import OnnxrtRunner
+from deploykit.backends import defaults, registry
 from deploykit.errors import ConfigError, DeployKitError
+from deploykit.runners import table
+from deploykit.runners.onnxrt import OnnxrtRunner
 
 PACKAGE = Path(deploykit.__file__).parent
 TABLE = PACKAGE / "backends" / "table.py"
@@ -58,7 +59,7 @@ def test_no_backend_name_is_branched_on_outside_the_table():
         if path != TABLE
         for line, name in name_branches(path.read_text())
     ]
-    assert not branches, "compare a descriptor's field (deploykit.backends.table) instead:\n" + "\n".join(branches)
+    assert not branches, "compare a descriptor's field (deploykit.runners.table) instead:\n" + "\n".join(branches)
 
 
 def test_every_reference_in_the_table_resolves():
@@ -119,7 +120,7 @@ def test_a_usable_gpu_backend_of_the_table_outranks_a_profiled_cpu_choice(good_e
 
     from deploykit.export.directory import CHOICE_FILE
     from deploykit.export.manifest import Manifest, sha256_file
-    from deploykit.resolutions import resolution_tag
+    from deploykit.inputs.resolutions import resolution_tag
     from deploykit.serve.pipeline import Pipeline
 
     out = shutil.copytree(good_export, tmp_path / "exp")

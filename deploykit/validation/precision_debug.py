@@ -3,7 +3,7 @@ found, as Polygraphy's ``debug precision`` finds it, reported by module path and
 ``--keep-float`` (``deploykit debug-precision``).
 
 Each check writes the plan with a set of products (MatMul, Gemm, Conv) pinned to fp32
-(``precision._CastPass``'s ``keep_fp32``) and judges it as ``validate`` does: ONNX Runtime on CPU
+(``deploykit.graph.cast.CastPass``'s ``keep_fp32``) and judges it as ``validate`` does: ONNX Runtime on CPU
 against the checkpoint's PyTorch model, on the validation inputs, with the plan's criteria.
 
 1. **Bisection over graph order** (Polygraphy's): the shortest prefix of the products, in graph
@@ -65,14 +65,15 @@ def debug_precision(
         ConfigError: not a cast plan, bf16, or a resolution not exported.
         ExportError: the plan fails even with every product fp32 (the cause lies outside them).
     """
-    from deploykit.backends.onnxrt import cpu_runner
     from deploykit.checks import check_runner
     from deploykit.export import names
     from deploykit.export.bundle import load_reference
     from deploykit.export.directory import ExportDir
-    from deploykit.export.precision import LOW_PRECISION_OPS, _CastPass, check_precision
+    from deploykit.export.precision import check_precision
+    from deploykit.graph.cast import LOW_PRECISION_OPS, CastPass
     from deploykit.inputs.builtin import VALIDATION_NOISE, VALIDATION_REAL
-    from deploykit.validate import References
+    from deploykit.runners.onnxrt import cpu_runner
+    from deploykit.validation.run import References
 
     plan = check_precision(precision)
     if plan.low is None:
@@ -85,7 +86,7 @@ def debug_precision(
     entry = manifest.graph(tuple(resolution), "fp32") if resolution else manifest.graphs_at("fp32")[0]
     fp32 = onnx.load(str(directory.graph(entry, manifest.encoding)))
     reference = References(VALIDATION_NOISE, VALIDATION_REAL).at(load_reference(Path(export_dir)), tuple(entry.resolution))
-    low_nodes = _CastPass(fp32, plan.low)._classify()
+    low_nodes = CastPass(fp32, plan.low)._classify()
     products = [n.name for n in low_nodes if n.op_type in LOW_PRECISION_OPS]
     order = {n.name: k for k, n in enumerate(fp32.graph.node)}
     products.sort(key=order.get)
@@ -96,7 +97,7 @@ def debug_precision(
         checks += 1
         if progress:
             progress(f"check {checks}: {len(kept)} of {len(products)} products fp32")
-        graph = _CastPass(fp32, plan.low, keep_fp32=frozenset(kept)).rewrite()
+        graph = CastPass(fp32, plan.low, keep_fp32=frozenset(kept)).rewrite()
         with cpu_runner(graph) as runner:
             return check_runner(runner, reference, plan, batch=4, exact=True).result.passed
 

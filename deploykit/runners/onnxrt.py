@@ -13,7 +13,7 @@ but an int64 shape, naming them, unless ``allow_cpu_fallback``. ``placement`` (a
 ``info``, which reports record) say where every node ran.
 
 deploykit's custom ops. On the CPU provider alone, a graph with ``deploykit::SaPE2Bias`` nodes
-runs their pairwise distances in deploykit's compiled kernel (``deploykit.backends.cpu_kernels``;
+runs their pairwise distances in deploykit's compiled kernel (``deploykit.kernels``;
 the signature stage stays the exported function's plain ONNX), unless ``compiled_kernels=False``
 or the kernel cannot be built here, when ONNX Runtime runs the function body; ``info.kernels``
 says which. ``cpu_runner``, what the exporter's checks run, always runs the function body.
@@ -30,10 +30,10 @@ from pathlib import Path
 
 import numpy as np
 
-from deploykit._cpu import denormal_mode_kept, denormals_flushed
-from deploykit.backends.base import NodePlacement, Placement, RunInfo, Runner, run_rows
-from deploykit.backends.streams import StreamScheduler, check_streams, threads_per_stream
 from deploykit.errors import DeployKitError, listed, one_line
+from deploykit.runners.base import NodePlacement, Placement, RunInfo, Runner, run_rows
+from deploykit.runners.cpu import denormal_mode_kept, denormals_flushed
+from deploykit.runners.streams import StreamScheduler, check_streams, threads_per_stream
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -55,7 +55,7 @@ def session_options(intra_op_threads: int = 0):
     flushes the calling thread, which computes too).
 
     Flushed, because a peaked softmax writes float32 denormals and every product with one takes a
-    slow path on x86 (``deploykit._cpu``; ``benchmarks/results/denormals.json``), while the outputs
+    slow path on x86 (``deploykit.runners.cpu``; ``benchmarks/results/denormals.json``), while the outputs
     stay bit-identical."""
     import onnxruntime as ort
 
@@ -141,7 +141,7 @@ class OnnxrtRunner(Runner):
         streams: sessions of the graph, each with this machine's cores split between them
             (``intra_op_threads`` each, unless set), so that concurrent calls run in parallel
             instead of sharing one thread pool; beside them one session of all the cores, which a
-            call that finds the runner idle keeps (``deploykit.backends.streams.StreamScheduler``).
+            call that finds the runner idle keeps (``deploykit.runners.streams.StreamScheduler``).
         compiled_kernels: on the CPU provider alone, run deploykit's custom ops in its compiled
             kernels where they build here (module docstring); False runs their function bodies.
     """
@@ -195,7 +195,6 @@ class OnnxrtRunner(Runner):
             return source
         import onnx
 
-        from deploykit.backends.cpu_kernels import OPS, compiled_library
         from deploykit.graph.plugin_nodes import (
             compile_signatures,
             fold_logits_adds,
@@ -204,6 +203,7 @@ class OnnxrtRunner(Runner):
             plugin_ops,
             value_types,
         )
+        from deploykit.kernels import OPS, compiled_library
 
         try:
             model = onnx.load_from_string(source) if isinstance(source, bytes) else onnx.load(source)

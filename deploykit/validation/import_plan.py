@@ -227,7 +227,7 @@ def _check_against_pytorch(export_dir: Path, graph: Path, resolution: tuple[int,
     from deploykit.export.bundle import load_reference
     from deploykit.export.precision import PLANS
     from deploykit.inputs.builtin import VALIDATION_NOISE, VALIDATION_REAL
-    from deploykit.validate import References
+    from deploykit.validation.run import References
 
     model = load_reference(export_dir)
     references = References(VALIDATION_NOISE, VALIDATION_REAL, progress=progress)

@@ -115,7 +115,7 @@ class RunInfo:
         precision: runners that take a precision hint (OpenVINO).
         kernels: ONNX Runtime on the CPU: what computed deploykit's custom ops, for instance
             ``"deploykit::SaPE2Distance compiled"``, or the function body and why
-            (``deploykit.backends.cpu_kernels``); empty for a graph without them.
+            (``deploykit.kernels``); empty for a graph without them.
     """
 
     provider: str
@@ -190,13 +190,13 @@ class Runner:
     @property
     def parallel_calls(self) -> int:
         """How many ``infer`` calls this runner runs at once when called from that many threads
-        (its inference streams, ``deploykit.backends.streams``); 1 for most runners."""
+        (its inference streams, ``deploykit.runners.streams``); 1 for most runners."""
         return 1
 
     @property
     def spreads_batches(self) -> bool:
         """Whether one call of several rows runs on all of ``parallel_calls`` at once
-        (``deploykit.backends.streams.StreamScheduler``): a server then gives this runner one
+        (``deploykit.runners.streams.StreamScheduler``): a server then gives this runner one
         instance and its whole merged batches, rather than one instance per stream."""
         return False
 

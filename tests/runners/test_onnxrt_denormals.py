@@ -13,8 +13,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from deploykit._cpu import flushing_denormals
-from deploykit.backends.onnxrt import CPU, OnnxrtRunner
+from deploykit.runners.cpu import flushing_denormals
+from deploykit.runners.onnxrt import CPU, OnnxrtRunner
 
 # 1e-30 * 1e-10 = 1e-40: below float32's smallest normal (1.2e-38), so each element is a denormal
 # unless the thread that computed it flushes. A million elements: ONNX Runtime splits the Mul
@@ -67,8 +67,8 @@ def test_the_runner_flushes_denormals_where_a_plain_session_keeps_them(graph):
 # In a fresh process: ONNX Runtime changes the mode only in the thread creating its first session.
 _FIRST_SESSION = """
 import sys
-from deploykit._cpu import flushing_denormals
-from deploykit.backends.onnxrt import CPU, OnnxrtRunner, session_options
+from deploykit.runners.cpu import flushing_denormals
+from deploykit.runners.onnxrt import CPU, OnnxrtRunner, session_options
 graph = open(sys.argv[1], "rb").read()
 if sys.argv[2] == "plain":
     import onnxruntime as ort

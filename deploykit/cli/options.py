@@ -4,7 +4,7 @@ counts as comma lists, one form for every error, and the option groups several c
 
 Defaults the library also applies are read from its torch-free constants (the ``defaults``
 modules of ``deploykit.export``, ``deploykit.backends``, ``deploykit.profile`` and
-``deploykit.serve``; ``deploykit.inputs.builtin`` for validation's inputs, ``deploykit.imaging`` for image
+``deploykit.serve``; ``deploykit.inputs.builtin`` for validation's inputs, ``deploykit.inputs.imaging`` for image
 limits), never restated as literals, so ``--help`` shows what the library does.
 
 Exit codes: a command line click cannot parse (an unknown command or option, a missing argument,
@@ -110,7 +110,7 @@ class Resolutions(_Parsed):
         return isinstance(value, tuple) and all(isinstance(r, tuple) for r in value)
 
     def parse(self, value):
-        from deploykit.resolutions import parse_resolutions
+        from deploykit.inputs.resolutions import parse_resolutions
 
         return tuple(parse_resolutions([value]))
 
@@ -195,7 +195,7 @@ class Resolution(_Parsed):
     name = "RESOLUTION"
 
     def parse(self, value):
-        from deploykit.resolutions import parse_resolution
+        from deploykit.inputs.resolutions import parse_resolution
 
         return parse_resolution(value)
 
@@ -207,7 +207,7 @@ class ResolutionRange(_Parsed):
 
     def parse(self, value):
         from deploykit.errors import ConfigError
-        from deploykit.resolutions import parse_resolution
+        from deploykit.inputs.resolutions import parse_resolution
 
         parts = str(value).split(":")
         if len(parts) != 3:
@@ -302,7 +302,7 @@ set_option = click.option(
 
 def image_limit_options(command):
     """``--max-image-pixels`` / ``--max-image-bytes``: what one image may cost before it is decoded."""
-    from deploykit.imaging import MAX_BYTES, MAX_PIXELS
+    from deploykit.inputs.imaging import MAX_BYTES, MAX_PIXELS
 
     return group(
         defaulted(

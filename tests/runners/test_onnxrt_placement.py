@@ -9,8 +9,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from deploykit.backends.onnxrt import CPU, OnnxrtCudaRunner, Placement, _zero_feed, check_placement, profiled_placement, session_options
 from deploykit.errors import DeployKitError
+from deploykit.runners.onnxrt import CPU, OnnxrtCudaRunner, Placement, _zero_feed, check_placement, profiled_placement, session_options
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +102,7 @@ def test_ort_cuda_probes_a_resolution_range_graph_inside_its_range(range_graph, 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:Specified provider 'CUDAExecutionProvider':UserWarning")
 def test_an_onnx_runtime_error_in_the_placement_probe_is_one_line(range_graph, cuda_session_on_the_cpu, monkeypatch, capfd):
-    from deploykit.backends import onnxrt
+    from deploykit.runners import onnxrt
 
     # A feed outside the graph's shapes, so ONNX Runtime itself fails the probe's run.
     monkeypatch.setattr(onnxrt, "_zero_feed", lambda session, low=None: {"images": np.zeros((1, 3, 1, 1), np.float32)})

@@ -6,7 +6,7 @@ Everything else is derived from here: the registry's lookups and availability ch
 (``deploykit.serve.pipeline``), the engine backends ``deploykit build`` takes, the runner every
 machine has (validate's default and profile's ratio baseline) and PyTorch eager as the reference
 that runs the model itself. A test fails where a backend name is compared outside this table
-(``tests/backends/test_table.py``).
+(``tests/runners/test_table.py``).
 
 Imports nothing but the errors (the CLI reads it at start-up, before onnxruntime or TensorRT; the
 export directory, below the runners, names engine files by its flavours' tags): a descriptor names
@@ -127,7 +127,7 @@ class Backend:
         everywhere: the runner every machine has: ``validate``'s default and the baseline
             ``profile``'s ratios are taken against.
         streams: its runner runs several calls at once on inference streams when asked
-            (``deploykit.backends.streams``), which ``profile`` measures and ``serve`` takes.
+            (``deploykit.runners.streams``), which ``profile`` measures and ``serve`` takes.
     """
 
     name: str

@@ -84,7 +84,7 @@ def _value_info(value) -> dict:
 def _rtx_parse(path: Path) -> dict:
     """What TensorRT-RTX's ONNX parser makes of the graph (through Polygraphy's loader)."""
     from deploykit._lazy import is_available
-    from deploykit.backends.table import TENSORRT_RTX
+    from deploykit.runners.table import TENSORRT_RTX
 
     if not is_available(TENSORRT_RTX.module):
         return {"parsed": None, "note": f"{TENSORRT_RTX.module} is not installed (pip install 'deploykit[{TENSORRT_RTX.tag}]')"}
@@ -128,8 +128,8 @@ def _openvino_read(path: Path) -> dict:
 def inspect_engine(path: Path) -> dict:
     """Fingerprint, profile shapes and (with a GPU) layers and their precisions of one engine."""
     from deploykit.backends.engine_cache import read_fingerprint
-    from deploykit.backends.table import engine_flavours
     from deploykit.errors import StaleEngineError
+    from deploykit.runners.table import engine_flavours
 
     info: dict = {"kind": "engine", "path": str(path), "bytes": path.stat().st_size}
     installed: list[str] = []  # plugin packages to load before the engine deserializes

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from deploykit.nn import create_model, save_model
-from deploykit.precision_debug import debug_precision
+from deploykit.validation.precision_debug import debug_precision
 
 RES = 32
 

@@ -23,7 +23,6 @@ import numpy as np
 
 from deploykit._terminal import counter
 from deploykit.backends import TorchRunner, registry
-from deploykit.backends.base import Runner, run_batched
 from deploykit.backends.defaults import RUNNER
 from deploykit.backends.plugins import Plugins
 from deploykit.catalog import OUTPUT_NAME
@@ -41,11 +40,12 @@ from deploykit.inputs.builtin import (
     check_real_count,
     validation_inputs,
 )
+from deploykit.inputs.resolutions import resolution_tag
 from deploykit.inputs.user import InputData
-from deploykit.layer_map import marked_graph
 from deploykit.nn.factory import Model
 from deploykit.nn.spec import block_paths, deploy_spec
-from deploykit.resolutions import resolution_tag
+from deploykit.runners.base import Runner, run_batched
+from deploykit.validation.layer_map import marked_graph
 
 
 @dataclass
@@ -190,7 +190,7 @@ def validate(
     Args:
         export_dir: an export directory (``manifest.json``, reference weights, graphs).
         resolutions: which exported resolutions; default all.
-        backends: graph or engine backends of the table (``deploykit.backends.table``).
+        backends: graph or engine backends of the table (``deploykit.runners.table``).
         precision: which precision plan's graphs to check, held to that plan's criteria
             (``deploykit.export.precision.PLANS``).
         num_random, num_real: seeded-noise and real inputs per resolution (bundled images or
@@ -203,7 +203,7 @@ def validate(
             installed plugin packages each engine's fingerprint names.
         allow_cpu_fallback: ``ort-cuda`` accepts nodes ONNX Runtime runs on the CPU (records
             name them in ``node_placement``); refused by default.
-        bundle: also write a replay bundle here (``deploykit.validate_bundle``): each graph, its
+        bundle: also write a replay bundle here (``deploykit.validation.bundle``): each graph, its
             inputs and the float64 reference in trtexec's, Polygraphy's and numpy's forms, with
             the command lines that replay the check without deploykit; written whether or not
             the check passed.
@@ -219,7 +219,7 @@ def validate(
     plan = check_precision(precision)
     _check_request(backends, num_random, num_real, inputs)
     if bundle is not None:
-        from deploykit.validate_bundle import check_bundle_destination
+        from deploykit.validation.bundle import check_bundle_destination
 
         check_bundle_destination(bundle)  # before the work, not after it
     directory = ExportDir(export_dir)
@@ -259,7 +259,7 @@ def validate(
                 records.append(Record.of(checked, run, references.at(model, resolution), resolution, batch, block))
     report = ValidationReport(records)
     if bundle is not None:
-        from deploykit.validate_bundle import write_bundle
+        from deploykit.validation.bundle import write_bundle
 
         graphs = [(directory.graph(e, manifest.encoding), tuple(r), references.at(model, r)) for e in entries for r in e.shapes]
         write_bundle(bundle, model, graphs, plan.tolerance, precision=precision, report=report.to_json())

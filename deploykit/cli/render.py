@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from deploykit.cli_options import verbosity
+from deploykit.cli.options import verbosity
 
 OK, FAILED = "[green]✓[/]", "[red]✗[/]"
 
@@ -67,7 +67,7 @@ def plan(out, details: dict | None) -> None:
 def exported(out, output: Path, manifest) -> None:
     """One line per graph of an export's ``Manifest`` (range graphs with their range), each
     quantized graph's plan under it."""
-    from deploykit.resolutions import resolution_tag
+    from deploykit.inputs.resolutions import resolution_tag
 
     for graph in manifest.graphs:
         where = resolution_tag(graph.resolution)
@@ -79,7 +79,7 @@ def exported(out, output: Path, manifest) -> None:
 
 def validation(out, report) -> None:
     """A ``ValidationReport``: one ✓/✗ line per check, the count passed, each quantized graph's plan."""
-    from deploykit.resolutions import resolution_tag
+    from deploykit.inputs.resolutions import resolution_tag
 
     width = max((len(r.backend) for r in report.records), default=5)
     for r in report.records:
@@ -102,7 +102,7 @@ def validation(out, report) -> None:
 
 def built(out, results) -> None:
     """One line per ``BuiltEngine``."""
-    from deploykit.build import describe
+    from deploykit.backends.build import describe
 
     for result in results:
         done(out, describe(result))
@@ -179,7 +179,7 @@ def repository(out, repo: Path) -> None:
 
 
 def inspection(info: dict) -> None:
-    from deploykit.inspection import render
+    from deploykit.backends.inspection import render
 
     click.echo("\n".join(render(info)))
 

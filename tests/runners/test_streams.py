@@ -1,4 +1,4 @@
-"""Inference streams (``deploykit.backends.streams``): a runner with several streams answers what one
+"""Inference streams (``deploykit.runners.streams``): a runner with several streams answers what one
 stream answers, and runs concurrent calls at once, each on an executor of its own; with a wide
 executor, a lone call keeps every core (``StreamScheduler``); profile keeps streams only where they
 raise throughput."""
@@ -12,10 +12,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from deploykit.backends.onnxrt import OnnxrtRunner
-from deploykit.backends.streams import ExecutorPool, StreamScheduler, check_streams, threads_per_stream, usable_cores
 from deploykit.errors import ConfigError
 from deploykit.profile.streams import pick_streams
+from deploykit.runners.onnxrt import OnnxrtRunner
+from deploykit.runners.streams import ExecutorPool, StreamScheduler, check_streams, threads_per_stream, usable_cores
 
 TWO_CORES = pytest.mark.skipif(usable_cores() < 2, reason="two streams need two cores (OpenVINO caps streams at the cores)")
 

@@ -3,8 +3,8 @@
 Every ``DeployKitError`` (bad path, corrupt checkpoint, bad resolution, failed check) becomes a
 one-line message on stderr and exit code 1, with no traceback. Library imports happen inside
 the commands so ``deploykit --help`` starts fast. Options several commands share are declared
-in ``deploykit.cli_options``, with the library's defaults; what a command prints is in
-``deploykit.cli_render``.
+in ``deploykit.cli.options``, with the library's defaults; what a command prints is in
+``deploykit.cli.render``.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from pathlib import Path
 
 import click
 
-from deploykit import cli_render as render
 from deploykit.backends import defaults as backend_defaults
-from deploykit.cli_options import (
+from deploykit.cli import render
+from deploykit.cli.importers import IMPORTERS
+from deploykit.cli.options import (
     EXPORT_DIR,
     FiniteFloat,
     Group,
@@ -38,10 +39,9 @@ from deploykit.cli_options import (
     verbosity,
     zoo_root_option,
 )
-from deploykit.cli_serve import package, serve, serve_bench
+from deploykit.cli.serving import package, serve, serve_bench
 from deploykit.errors import DeployKitError
 from deploykit.export import defaults as export_defaults
-from deploykit.importers import IMPORTERS
 from deploykit.inputs.builtin import VALIDATION_NOISE, VALIDATION_REAL, VALIDATION_SEED
 from deploykit.profile import defaults as profile_defaults
 
@@ -319,10 +319,10 @@ def build(
     TensorRT message; otherwise its warnings are summarised once)."""
     from rich.live import Live
 
+    from deploykit.backends.build import BuildSettings
+    from deploykit.backends.build import build as build_engines
     from deploykit.backends.plugins import Plugins
     from deploykit.backends.tensorrt import BuildProgress
-    from deploykit.build import BuildSettings
-    from deploykit.build import build as build_engines
 
     settings = BuildSettings(
         dynamic=dynamic,
@@ -477,7 +477,7 @@ def profile(
 def debug_precision_cmd(export_dir, precision, resolutions):
     """Find the smallest set of layers a cast plan must keep fp32 to pass validation (as Polygraphy's
     debug precision does), printed as --keep-float options for deploykit export."""
-    from deploykit.precision_debug import debug_precision
+    from deploykit.validation.precision_debug import debug_precision
 
     console = render.console()
     with render.steps(console, "debug-precision") as step:
@@ -500,7 +500,7 @@ def import_plan_cmd(export_dir, graph):
     """Add a Q/DQ graph made elsewhere (ModelOpt's ONNX PTQ, QAT) to EXPORT_DIR as the imported plan,
     once it matches the checkpoint (resolution, architecture, weights) and passes the plan's
     criteria against PyTorch; then validate, build, profile and serve --precision imported."""
-    from deploykit.import_plan import import_plan
+    from deploykit.validation.import_plan import import_plan
 
     console = render.console()
     with render.steps(console, "import-plan") as step:
@@ -566,7 +566,7 @@ def import_hf(directory, output):
 
 def _paper_import_command(importer) -> None:
     """``deploykit import <paper> CHECKPOINT -o DIR``: one command per official repository
-    (``deploykit.importers.IMPORTERS``), its options those the file does not hold."""
+    (``deploykit.cli.importers.IMPORTERS``), its options those the file does not hold."""
 
     def run(checkpoint, ema, options, output, **assumed):
         from deploykit.nn.checkpoint import save_model
@@ -598,7 +598,7 @@ def inspect_cmd(path, json_path):
     """Describe an exported graph (encoding, tables, precision plan, opset, custom ops, TensorRT-RTX's
     parse) or a built engine (fingerprint, profile shapes, layers and their precisions)."""
     from deploykit._io import check_file_destination, write_output_json
-    from deploykit.inspection import inspect_path
+    from deploykit.backends.inspection import inspect_path
 
     if json_path:
         check_file_destination(json_path)
@@ -674,7 +674,7 @@ for _command in (serve, serve_bench, package):
 
 def main(argv=None) -> None:
     """Entry point: run the CLI; a usage error exits 2 and a DeployKitError 1, each with one
-    ``error:`` line on stderr (``deploykit.cli_options``)."""
+    ``error:`` line on stderr (``deploykit.cli.options``)."""
     try:
         cli.main(args=argv, prog_name="deploykit", standalone_mode=False)
     except click.exceptions.Abort:

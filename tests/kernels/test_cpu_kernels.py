@@ -1,4 +1,4 @@
-"""deploykit's compiled SaPE2Distance kernel for the CPU runtimes (``deploykit.backends.cpu_kernels``):
+"""deploykit's compiled SaPE2Distance kernel for the CPU runtimes (``deploykit.kernels``):
 the op against float64 direct distances, each runner's split graph (ONNX Runtime's custom-op
 library, OpenVINO's extension) against the function body and PyTorch, and the fallback when no
 kernel can be built."""
@@ -11,9 +11,9 @@ import numpy as np
 import onnx
 import pytest
 
-from deploykit.backends import cpu_kernels
-from deploykit.backends.onnxrt import CPU, OnnxrtRunner
+from deploykit import kernels as cpu_kernels
 from deploykit.graph.plugin_nodes import mark_plugin_nodes
+from deploykit.runners.onnxrt import CPU, OnnxrtRunner
 
 
 @pytest.fixture(scope="module")
@@ -349,7 +349,7 @@ def test_pytorch_s_cpu_op_uses_the_kernel_without_importing_onnx_runtime(tmp_pat
     code = """
 import sys, torch
 import deploykit.encodings.sape2  # registers torch.ops.deploykit.sape2_bias
-from deploykit.backends import cpu_kernels
+from deploykit import kernels as cpu_kernels
 g = torch.Generator().manual_seed(0)
 q, k = (torch.randn(1, 2, 1 + 12, 8, generator=g) for _ in range(2))
 tx, ty = (torch.randn(8, 16, generator=g) for _ in range(2))

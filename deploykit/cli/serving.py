@@ -1,15 +1,15 @@
 """The serving commands: ``serve`` (Triton or Ray Serve), ``serve-bench`` and ``package triton``.
 
 Registered on the ``deploykit`` group by ``deploykit.cli``; parse options, call the serving
-library, print through ``deploykit.cli_render``, as the other commands do.
+library, print through ``deploykit.cli.render``, as the other commands do.
 """
 
 from __future__ import annotations
 
 import click
 
-from deploykit import cli_render as render
-from deploykit.cli_options import (
+from deploykit.cli import render
+from deploykit.cli.options import (
     EXPORT_DIR,
     Command,
     Group,

@@ -17,11 +17,11 @@ from __future__ import annotations
 import onnx
 
 from deploykit.errors import ExportError
-from deploykit.export.metadata import GraphMetadata
 
 
-def fuse_attention(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``proto`` with every matched attention replaced by ``MultiHeadAttention``.
+def fuse_attention(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """A copy of ``proto`` with every matched attention replaced by ``MultiHeadAttention``, and
+    how many were (the plan records it in the graph's metadata).
 
     Raises:
         ExportError: no attention in the graph matched the pattern (the plan would be the fp32
@@ -35,6 +35,4 @@ def fuse_attention(proto: onnx.ModelProto) -> onnx.ModelProto:
     fused = sdpa_via_mha.replace_sdpa_by_mha(model) if found else 0
     if not fused:
         raise ExportError("fp32-mha: no attention in the graph matches ONNX Runtime's MultiHeadAttention pattern")
-    out = ir.to_proto(model)
-    GraphMetadata.update(out, fused_attention=fused)
-    return out
+    return ir.to_proto(model), fused

@@ -13,7 +13,7 @@ is read from what the tools already record:
 
 ``first_divergent_node`` walks the nodes in graph order and names the first whose outputs leave
 the tolerance, given each tensor's reference and actual values (``polygraphy run --trt-outputs
-mark all`` or a runner on a graph whose outputs are all marked, ``backends.onnxrt.with_outputs``).
+mark all`` or a runner on a graph whose outputs are all marked, ``runners.onnxrt.with_outputs``).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from deploykit.backends.onnxrt import with_outputs
 from deploykit.checks import Tolerance, first_divergent
 from deploykit.export.metadata import GraphMetadata
+from deploykit.runners.onnxrt import with_outputs
 
 NAME_SCOPES = "pkg.torch.onnx.name_scopes"
 _EXPORT_WRAPPER = "model."  # deploykit.export.onnx_export.BakedModel holds the model as ``model``
@@ -122,7 +122,7 @@ def first_divergent_node(
 
 def marked_graph(onnx_path: Path) -> tuple[bytes, list[str]]:
     """The graph with its recorded block outputs (``deploykit.block_outputs`` metadata) also
-    marked as graph outputs (``backends.onnxrt.with_outputs``, as the int8 plan check marks them), and
+    marked as graph outputs (``runners.onnxrt.with_outputs``, as the int8 plan check marks them), and
     their names; ``(b"", [])`` when none were recorded."""
     proto = onnx.load(str(onnx_path))
     names = list(GraphMetadata.of(proto).block_outputs)

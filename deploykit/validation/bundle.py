@@ -9,7 +9,7 @@ float64 PyTorch reference outputs on them, in the forms each tool reads:
   ``--accuracyThreshold``, which newer trtexec builds have; ``TRTEXEC_FLAGS``);
 - Polygraphy: ``inputs.json`` (a list of feed dicts, ``polygraphy.json.save_json``) for
   ``--load-inputs`` and ``reference.json`` (a ``RunResults``) for ``--load-outputs``;
-- numpy: ``.npy`` files, read by ``replay_ort.py`` (``deploykit.replay_script``), which replays
+- numpy: ``.npy`` files, read by ``replay_ort.py`` (``deploykit.validation.replay_script``), which replays
   the check with ONNX Runtime alone and, when it fails, names the first divergent block from the
   per-block reference activations (``blocks.npz``) and the graph with its block outputs marked.
 
@@ -38,14 +38,14 @@ import onnx
 from deploykit._io import staged_directory, write_json_atomic, write_text_atomic
 from deploykit._lazy import lazy_import
 from deploykit.backends import TorchRunner
-from deploykit.backends.base import run_batched
 from deploykit.checks import Reference, Tolerance
 from deploykit.errors import ConfigError
 from deploykit.export.directory import engine_files
-from deploykit.layer_map import marked_graph, node_origins
+from deploykit.inputs.resolutions import resolution_tag
 from deploykit.nn.factory import Model
 from deploykit.nn.spec import block_paths
-from deploykit.resolutions import resolution_tag
+from deploykit.runners.base import run_batched
+from deploykit.validation.layer_map import marked_graph, node_origins
 
 BUNDLE_VERSION = 1
 BUNDLE_FILE = "bundle.json"

@@ -43,13 +43,13 @@ from deploykit.backends.plugins import Plugins
 from deploykit.backends.profiles import ProfileRequest, profiles_from_resolutions
 from deploykit.backends.registry import check_backend
 from deploykit.backends.shared_weights import WeightSet, write_weight_set
-from deploykit.backends.table import engine_flavours, flavour
 from deploykit.backends.tensorrt import BuildOptions, BuildProgress, EngineFromOnnx, lean_runtime_note, save_engine
 from deploykit.errors import ConfigError, StaleEngineError
 from deploykit.export.directory import ExportDir
 from deploykit.export.manifest import GraphEntry, Manifest, sha256_file
 from deploykit.export.metadata import GraphMetadata
 from deploykit.export.precision import PLANS, check_precision
+from deploykit.runners.table import engine_flavours, flavour
 
 _log = logging.getLogger(__name__)
 
