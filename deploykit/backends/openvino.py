@@ -315,23 +315,12 @@ def _split_for_kernels(proto, threads: int) -> bool:
     signature stage's own function)."""
     from onnx import helper
 
-    from deploykit.graph.plugin_nodes import (
-        COMPILED_SIGNATURES,
-        compile_signatures,
-        fold_logits_adds,
-        has_companions,
-        mark_plugin_nodes,
-        plugin_ops,
-        value_types,
-    )
+    from deploykit.graph.plugin_nodes import COMPILED_SIGNATURES, for_cpu_kernels, has_companions, plugin_ops
     from deploykit.kernels import OPS
 
     if not plugin_ops(proto, OPS) or not has_companions(proto):
         return False
-    mark_plugin_nodes(proto, OPS)
-    values = value_types(proto)
-    compile_signatures(proto, values)
-    fold_logits_adds(proto, values)
+    for_cpu_kernels(proto, OPS)
     for node in proto.graph.node:
         if (node.domain, node.op_type) in OPS | {COMPILED_SIGNATURES}:
             node.attribute.append(helper.make_attribute("threads", threads))

@@ -31,6 +31,7 @@ its compiled ``SaPE2Distance`` kernel (``deploykit.kernels``).
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import dataclass
 
 import onnx
 
@@ -148,6 +149,25 @@ def compile_signatures(model: onnx.ModelProto, values: dict[str, onnx.TypeProto]
     del model.functions[:]
     model.functions.extend(kept)
     return changed
+
+
+@dataclass(frozen=True)
+class KernelForm:
+    """What ``for_cpu_kernels`` made of a graph: how many signature stages and logits adds went
+    into the compiled ops."""
+
+    signatures: int
+    folded_adds: int
+
+
+def for_cpu_kernels(model: onnx.ModelProto, ops: Collection[tuple[str, str]]) -> KernelForm:
+    """The graph the CPU runtimes' compiled kernels run (ONNX Runtime's custom-op library, OpenVINO's
+    extension), in place: split for the distance op (``mark_plugin_nodes``), each fp32 signature
+    stage given to the compiled one (``compile_signatures``) and each logits add folded into the
+    distances (``fold_logits_adds``)."""
+    mark_plugin_nodes(model, ops)
+    values = value_types(model)
+    return KernelForm(compile_signatures(model, values), fold_logits_adds(model, values))
 
 
 def fold_logits_adds(model: onnx.ModelProto, values: dict[str, onnx.TypeProto] | None = None) -> int:

@@ -195,14 +195,7 @@ class OnnxrtRunner(Runner):
             return source
         import onnx
 
-        from deploykit.graph.plugin_nodes import (
-            compile_signatures,
-            fold_logits_adds,
-            has_companions,
-            mark_plugin_nodes,
-            plugin_ops,
-            value_types,
-        )
+        from deploykit.graph.plugin_nodes import for_cpu_kernels, has_companions, plugin_ops
         from deploykit.kernels import OPS, compiled_library
 
         try:
@@ -218,14 +211,13 @@ class OnnxrtRunner(Runner):
             why = "compiled_kernels=False" if library is None else library.reason or "exported before its signature stage was a function"
             self.kernels = f"{names}: ONNX function body ({why})"
             return source
-        mark_plugin_nodes(model, OPS)
-        values = value_types(model)
-        signatures = compile_signatures(model, values)
-        folded = fold_logits_adds(model, values)
+        form = for_cpu_kernels(model, OPS)
         self._library = str(library.path)
-        ran = [*(["deploykit::SaPE2Signatures"] if signatures else []), *(f"{d}::{o}" for d, o in sorted(OPS))]
-        stages = "signatures and distances in deploykit's compiled kernels" if signatures else "distances in deploykit's compiled kernel"
-        self.kernels = f"{names}: {stages} ({', '.join(ran)}{', logits added there' if folded else ''})"
+        ran = [*(["deploykit::SaPE2Signatures"] if form.signatures else []), *(f"{d}::{o}" for d, o in sorted(OPS))]
+        stages = (
+            "signatures and distances in deploykit's compiled kernels" if form.signatures else "distances in deploykit's compiled kernel"
+        )
+        self.kernels = f"{names}: {stages} ({', '.join(ran)}{', logits added there' if form.folded_adds else ''})"
         return model.SerializeToString()
 
     def _new_session(self, source, options):
