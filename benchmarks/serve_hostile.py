@@ -33,13 +33,13 @@ most ``quiet p99 + K x T``, where
   median of three runs before the server starts;
 * ``K`` is the server's ``classify`` instance count (``ServerOptions.classify_instances``, 2),
   which is also how many threads send that image, each with one in flight: at most K are in the
-  server at once, enough to keep every decoding instance busy. An instance prepares the requests
-  of one Triton batch one after another and answers them together. A valid ``classify`` request
-  that finds an instance free (or one running only valid requests, which frees first) waits for
-  the worst images batched with it: at most K. One that finds every instance preparing a worst
-  image (one each) waits for the first to finish (T), then for at most the one image that
-  instance's sender resent into its batch (T): 2T <= K x T. ``logits_<res>`` requests never pass
-  through ``classify``: only CPU contention reaches them.
+  server at once. ``classify`` answers each request as soon as its own images are classified, and
+  its decode threads (at least 4 per instance) take the images of every request in flight in
+  turns, so a valid request waits for no other request's image while a thread is free, and for
+  at most one image of each request ahead of it when none is: at most K worst images, K x T.
+  The one request of many worst images (``hostile_load.py``) is refused at full size (its pixels
+  are over the per-request bound) and, in quick mode, takes its turns like any other.
+  ``logits_<res>`` requests never pass through ``classify``: only CPU contention reaches them.
 
 The bound assumes a decoding instance keeps a core (this machine's usable cores are recorded):
 where the cores are fewer than the instances plus the rest of the load, the decodes share them
