@@ -10,7 +10,7 @@ does) and prints one JSON line per case: the exit code, stderr, a traceback's la
 exception escaped, the process's peak resident size after the case, and what the output
 directory holds. ``test_checkpoint_fuzz.py`` judges the lines.
 
-The peak resident size (``ru_maxrss``) only grows, so each case's line holds the peak of every
+The peak resident size (``VmHWM``) only grows, so each case's line holds the peak of every
 case so far: a case that allocates beyond the bound shows as the first line over it. An
 address-space limit a little above the bound keeps a runaway case from taking the host's memory.
 """
@@ -372,7 +372,10 @@ def _contents(folder: Path) -> dict[str, str] | None:
 
 
 def _peak() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
+    """This process's peak resident size (``VmHWM``; ``ru_maxrss`` would start at the parent's peak,
+    kept across fork and exec, and hide a case's growth under pytest's own)."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) * 1024
 
 
 def _limit_address_space() -> None:
