@@ -33,13 +33,21 @@ most ``quiet p99 + K x T``, where
   median of three runs before the server starts;
 * ``K`` is the server's ``classify`` instance count (``ServerOptions.classify_instances``, 2),
   which is also how many threads send that image, each with one in flight: at most K are in the
-  server at once, enough to keep every decoding instance busy. An instance prepares the requests
-  of one Triton batch one after another and answers them together. A valid ``classify`` request
-  that finds an instance free (or one running only valid requests, which frees first) waits for
-  the worst images batched with it: at most K. One that finds every instance preparing a worst
-  image (one each) waits for the first to finish (T), then for at most the one image that
-  instance's sender resent into its batch (T): 2T <= K x T. ``logits_<res>`` requests never pass
-  through ``classify``: only CPU contention reaches them.
+  server at once. ``classify`` answers each request as soon as its own images are classified, and
+  its decode threads (at least 4 per instance) take the images of every request in flight in
+  turns, so a valid request waits for no other request's image while a thread is free, and for
+  at most one image of each request ahead of it when none is: at most K worst images, K x T.
+  The one request of many worst images (``hostile_load.py``) is refused at full size (its pixels
+  are over the per-request bound) and, in quick mode, takes its turns like any other.
+  ``logits_<res>`` requests never pass through ``classify``: only CPU contention reaches them.
+
+The memory bound, in the same run: the server's resident memory (``VmRSS`` summed over its
+processes, sampled every ``RSS_INTERVAL_S`` through each phase; shared pages count once per
+process, so the sum over-states) peaks under the hostile load at most ``quiet peak + B + D x M``,
+where ``B`` is what the front may hold of request bytes (``--max-request-bytes`` times the bodies
+held at once, plus as many incomplete gRPC messages: ``front_bytes``), ``D`` the decode threads of
+every ``classify`` instance, and ``M`` what preparing the worst accepted image adds to a fresh
+process's peak resident size (measured before the server starts).
 
 The bound assumes a decoding instance keeps a core (this machine's usable cores are recorded):
 where the cores are fewer than the instances plus the rest of the load, the decodes share them
@@ -69,6 +77,7 @@ from results_file import write_results
 
 from deploykit.inputs import imaging
 from deploykit.serve import defaults
+from deploykit.serve.triton_classify_model import DECODE_THREADS
 
 CONCURRENCY = 4
 REQUESTS, QUICK_REQUESTS = 400, 24
@@ -76,6 +85,7 @@ MIN_HOSTILE_S = 60.0  # the hostile phase outlasts many worst-image decodes and 
 IMAGE_SIZES = (48, 40, 64, 30)  # the zoo's test images, rendered at these sizes
 WORST_CASE = "png rgba16 paeth adam7"  # decode_bounds.py's worst accepted image
 RTOL, ATOL = 1e-5, 1e-6
+RSS_INTERVAL_S = 0.2
 OUTPUTS = {"classify": ("classes", "scores", "resolution"), "logits": ("logits", "classes", "scores")}
 EXACT = ("classes", "resolution")
 SLOWEST = 8  # valid requests listed under the hostile load
@@ -193,6 +203,80 @@ def worst_prepare(pipeline, data: bytes, runs: int = 3) -> dict:
     )
 
 
+def _prepare_peak(preprocessing, resolutions, data: bytes, results) -> None:
+    """In a fresh process: its resident size before, and its peak after, preparing ``data`` as ``classify`` does (KiB)."""
+    from PIL import Image
+
+    from deploykit import imaging
+
+    small = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(small, format="PNG")
+    image = imaging.decode(small.getvalue())  # the decoders' and preprocessing's imports, before the measurement
+    preprocessing(image, imaging.nearest_resolution(image.shape[:2], resolutions))
+    with open("/proc/self/status") as status:  # resident now, not the imports' passing peak
+        before = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+    image = imaging.decode(data)
+    preprocessing(image, imaging.nearest_resolution(image.shape[:2], resolutions))
+    with open("/proc/self/status") as status:  # this process's own peak (ru_maxrss starts at its parent's)
+        results.put((before, next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))))
+
+
+def worst_prepare_bytes(pipeline, data: bytes) -> int:
+    """``M`` of the memory bound: what preparing ``data`` adds to a fresh process's peak resident size."""
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    child = context.Process(target=_prepare_peak, args=(pipeline.config.preprocessing, pipeline.resolutions, data, results))
+    child.start()
+    before, after = results.get(timeout=300)
+    child.join(60)
+    return (after - before) * 1024  # /proc's sizes are in KiB
+
+
+def rss_bytes(server_pid: int) -> dict[str, int]:
+    """The server's resident memory by role (``_role``): ``VmRSS`` summed over its process tree."""
+    roles: dict[str, int] = {}
+    todo = [server_pid]
+    while todo:
+        pid = todo.pop()
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            todo += [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
+        except OSError:
+            continue  # exited meanwhile
+        line = next((line for line in status.splitlines() if line.startswith("VmRSS:")), None)
+        roles[_role(command)] = roles.get(_role(command), 0) + (int(line.split()[1]) * 1024 if line else 0)
+    return roles
+
+
+class RssPeak:
+    """The peak of ``rss_bytes`` over a ``with`` block, sampled every ``RSS_INTERVAL_S``."""
+
+    def __init__(self, server_pid: int):
+        self.pid, self.peak, self.roles, self._stop = server_pid, 0, {}, threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _note(self) -> None:
+        roles = rss_bytes(self.pid)
+        if sum(roles.values()) > self.peak:
+            self.peak, self.roles = sum(roles.values()), roles
+
+    def _sample(self) -> None:
+        while True:
+            self._note()
+            if self._stop.wait(RSS_INTERVAL_S):
+                return
+
+    def __enter__(self) -> RssPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._note()
+
+
 def run_phase(server, requests: list[ValidRequest], model: str, min_s: float = 0.0) -> list[Served]:
     """Send the requests in turn, ``CONCURRENCY`` at a time (each thread with its own clients),
     every one once and then, until ``min_s`` seconds have passed, again from the first."""
@@ -226,14 +310,17 @@ class Phase:
     served: list[Served]
     wall_s: float
     cpu_s: dict[str, float]
+    rss_peak: int
+    rss_roles: dict[str, int]
 
 
 def timed_phase(server, requests: list[ValidRequest], model: str, min_s: float = 0.0) -> Phase:
     before, start = cpu_seconds(server.proc.pid), time.perf_counter()
-    served = run_phase(server, requests, model, min_s)
+    with RssPeak(server.proc.pid) as rss:
+        served = run_phase(server, requests, model, min_s)
     wall_s, after = time.perf_counter() - start, cpu_seconds(server.proc.pid)
     sent = [requests[i % len(requests)] for i in range(len(served))]
-    return Phase(sent, served, wall_s, {role: round(after[role] - before.get(role, 0.0), 2) for role in after})
+    return Phase(sent, served, wall_s, {role: round(after[role] - before.get(role, 0.0), 2) for role in after}, rss.peak, rss.roles)
 
 
 def cpu_seconds(server_pid: int) -> dict[str, float]:
@@ -285,6 +372,8 @@ def phase_summary(phase: Phase, expected: dict[tuple[str, int], dict]) -> dict:
         throughput_rps=round(len(served) / phase.wall_s, 1),
         refused=sorted({s.outcome for s in served if s.outputs is None}),
         cpu_s=phase.cpu_s,
+        rss_peak_mib=round(phase.rss_peak / 2**20, 1),
+        rss_at_peak_mib={role: round(b / 2**20, 1) for role, b in sorted(phase.rss_roles.items())},
     )
     groups: dict[str, list[int]] = {}
     for request, s in zip(requests, served):
@@ -340,6 +429,22 @@ def bound(quiet: dict, hostile: dict, worst: dict, instances: int) -> dict:
     )
 
 
+def memory_bound(quiet: dict, hostile: dict, worst_bytes: int, decoders: int, front_bytes: int) -> dict:
+    """The memory bound (module docstring) and its verdict."""
+    limit_mib = quiet["rss_peak_mib"] + (front_bytes + decoders * worst_bytes) / 2**20
+    return dict(
+        statement="the server's peak resident memory under the hostile load <= its quiet peak + B + D x M (B: request bytes "
+        "the front may hold, D: classify's decode threads in all, M: the worst accepted image's preparation peak in a fresh process)",
+        quiet_peak_mib=quiet["rss_peak_mib"],
+        B_mib=round(front_bytes / 2**20, 1),
+        D=decoders,
+        M_mib=round(worst_bytes / 2**20, 1),
+        bound_mib=round(limit_mib, 1),
+        hostile_peak_mib=hostile["rss_peak_mib"],
+        met=hostile["rss_peak_mib"] <= limit_mib,
+    )
+
+
 def serve_and_load(export_dir: Path, res: tuple[int, int], requests: list[ValidRequest], worst_bytes: bytes, quick: bool, work: Path):
     """Start the server, run both phases; ``(quiet, hostile, hostile kinds' records, server settings)``."""
     from deploykit.serve.bench import BenchOptions, ServerProcess
@@ -362,6 +467,10 @@ def serve_and_load(export_dir: Path, res: tuple[int, int], requests: list[ValidR
         max_queue_delay_us=options.max_queue_delay_us,
         header_timeout_s=defaults.HEADER_TIMEOUT_S,
         usable_cores=len(os.sched_getaffinity(0)),
+        # classify's threads per instance (triton_classify_model.initialize), over its instances
+        decode_threads=instances * min(options.max_batch_size, max(DECODE_THREADS, os.cpu_count() or 1)),
+        # bodies held at once, and as many incomplete gRPC messages (the serving guide's table)
+        front_bytes=2 * defaults.IN_FLIGHT_BODIES * defaults.MAX_REQUEST_BYTES,
     )
     return quiet, hostile, records, settings
 
@@ -380,11 +489,13 @@ def measure(quick: bool, count: int) -> dict:
             requests = valid_requests(pipeline, count)
             expected = expected_answers(pipeline, requests)
             worst = worst_prepare(pipeline, worst_bytes)
+            worst_peak = worst_prepare_bytes(pipeline, worst_bytes)
         print(f"worst accepted image: {worst['width']}x{worst['height']}, {worst['prepare_cpu_s']} s CPU to prepare", flush=True)
         quiet_run, hostile_run, records, settings = serve_and_load(export_dir, res, requests, worst_bytes, quick, Path(tmp))
     quiet, hostile = phase_summary(quiet_run, expected), phase_summary(hostile_run, expected)
     verdict = bound(quiet, hostile, worst, settings["classify_instances"])
-    report(quiet, hostile, records, verdict)
+    memory = memory_bound(quiet, hostile, worst_peak, settings["decode_threads"], settings["front_bytes"])
+    report(quiet, hostile, records, verdict, memory)
     return dict(
         environment_line=line,
         model=f"zoo:shapes-ape exported at {res[0]}x{res[1]}, fp32, served by deploykit serve (ONNX Runtime)",
@@ -402,10 +513,11 @@ def measure(quick: bool, count: int) -> dict:
         hostile_all_answered_as_expected=all(r["as_expected"] == r["sent"] for r in records if not r["kind"].startswith("slow")),
         slowest_under_hostile=slowest(hostile_run),
         bound=verdict,
+        memory=memory,
     )
 
 
-def report(quiet: dict, hostile: dict, records: list[dict], verdict: dict) -> None:
+def report(quiet: dict, hostile: dict, records: list[dict], verdict: dict, memory: dict) -> None:
     for name, phase in (("quiet", quiet), ("hostile", hostile)):
         ms = phase["latency_ms"]
         print(f"{name:8} valid {phase['valid']}, equal {phase['equal']}; p50 {ms['p50']} ms, p99 {ms['p99']} ms, max {ms['max']} ms")
@@ -414,6 +526,10 @@ def report(quiet: dict, hostile: dict, records: list[dict], verdict: dict) -> No
     print(
         f"bound: max {verdict['hostile_max_ms']} ms <= {verdict['bound_ms']} ms (quiet p99 + {verdict['K']} x {verdict['T_ms']} ms): "
         f"{'met' if verdict['met'] else 'NOT met'}"
+    )
+    print(
+        f"memory: peak {memory['hostile_peak_mib']} MiB <= {memory['bound_mib']} MiB (quiet {memory['quiet_peak_mib']} + "
+        f"{memory['B_mib']} + {memory['D']} x {memory['M_mib']} MiB): {'met' if memory['met'] else 'NOT met'}"
     )
 
 

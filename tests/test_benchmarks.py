@@ -83,6 +83,10 @@ def test_serve_hostile_checks_every_valid_answer_under_every_hostile_kind(tmp_pa
     bound = result["bound"]
     assert bound["bound_ms"] == pytest.approx(bound["quiet_p99_ms"] + bound["K"] * bound["T_ms"], abs=0.2)
     assert bound["answers_equal"] and bound["K"] == result["server"]["classify_instances"] >= 1 and result["environment_line"]
+    memory = result["memory"]  # the server's resident memory, sampled through both phases (issue 52)
+    assert quiet["rss_peak_mib"] == memory["quiet_peak_mib"] > 0 and hostile["rss_peak_mib"] == memory["hostile_peak_mib"] > 0
+    assert memory["bound_mib"] == pytest.approx(memory["quiet_peak_mib"] + memory["B_mib"] + memory["D"] * memory["M_mib"], abs=0.3)
+    assert memory["D"] >= result["server"]["classify_instances"] and 0 < memory["M_mib"] < 1024
 
 
 @pytest.mark.slow

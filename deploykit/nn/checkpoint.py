@@ -191,9 +191,10 @@ def read_training_checkpoint(path: str | os.PathLike) -> TrainingCheckpoint:
         from safetensors.torch import load_file
 
         try:
-            return TrainingCheckpoint(path, load_file(str(path)))
+            weights = load_file(str(path))
         except (SafetensorError, OSError, ValueError) as err:
             raise CheckpointError(f"corrupt safetensors checkpoint {path}: {err}") from err
+        return TrainingCheckpoint(path, _stored(weights, path))
     if path.suffix in _TORCH_SUFFIXES:
         return _torch_training_checkpoint(path)
     raise CheckpointError(f"unsupported checkpoint format {path.suffix!r} for {path}; expected .safetensors or .pt")
@@ -288,6 +289,14 @@ def _stored(state: dict[str, Tensor], path: Path, container: str | None = None) 
     where = f"{path} ({container})" if container else str(path)
     described = 0
     for key, tensor in state.items():
+        if len(key) > MAX_KEY_CHARS or not key.isprintable():
+            shown = repr(key[:60]) + ("..." if len(key) > 60 else "")
+            raise CheckpointError(
+                f"{where}: a weight is named {shown} ({len(key):,} characters); weight names are printable and at most {MAX_KEY_CHARS:,} long"
+            )
+        problem = _not_plain(tensor)
+        if problem:
+            raise CheckpointError(f"{where}: {key} is {problem}; a weight is a dense tensor of numbers in memory")
         if tensor.is_complex():
             raise CheckpointError(f"{where}: {key} holds complex values ({tensor.dtype}); a weight is real")
         described += tensor.numel() * tensor.element_size()
@@ -302,6 +311,30 @@ def _stored(state: dict[str, Tensor], path: Path, container: str | None = None) 
 
 # What the tensors of a checkpoint may describe, as a multiple of the file's bytes (plus 1 MiB).
 MAX_VIEW_RATIO = 4
+# The longest weight name read (timm's longest are under 100 characters): every message names keys.
+MAX_KEY_CHARS = 1024
+# The dtypes a weight or buffer is stored in: the float types deploykit computes in, and the
+# integers and booleans of buffers (positions, masks). Float8 and unsigned wide integers have no
+# arithmetic on the CPU (``isfinite`` alone raises), quantized dtypes none outside quantized kernels.
+PLAIN_DTYPES = frozenset(
+    (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128)
+    + (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool)
+)
+
+
+def _not_plain(tensor: Tensor) -> str | None:
+    """What makes ``tensor`` other than a dense strided CPU tensor of a ``PLAIN_DTYPES`` dtype
+    (``weights_only`` also rebuilds meta, sparse, nested and quantized tensors, whose sizes describe
+    no stored values and on which the checks below raise), or None."""
+    if tensor.is_nested:
+        return "a nested tensor"
+    if tensor.layout != torch.strided:
+        return f"a {str(tensor.layout).removeprefix('torch.')} tensor"
+    if tensor.device.type != "cpu":
+        return f"a tensor on the {tensor.device.type} device (no values stored)"
+    if tensor.dtype not in PLAIN_DTYPES:
+        return f"of dtype {tensor.dtype}"
+    return None
 
 
 def _holds_its_values(tensor: Tensor) -> bool:

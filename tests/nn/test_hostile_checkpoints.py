@@ -281,3 +281,43 @@ def test_a_long_model_kwargs_literal_is_refused_in_one_line(deploykit_cli):
         match=r"^--model-kwargs img_size= has a value of 128,000 characters; timm.s arguments are short literals \(at most 1,024\)",
     ):
         parse_model_kwargs([f"img_size={negated}"])
+
+
+# ----------------------------------------------------------------------------------------------
+# Tensors that store no values, or values no CPU arithmetic reads (found by test_checkpoint_fuzz.py)
+
+TENSORS_OF_NO_WEIGHT = {
+    "meta": (lambda: torch.empty(192, device="meta"), r"is a tensor on the meta device \(no values stored\)"),
+    "sparse": (lambda: torch.zeros(192).to_sparse(), r"is a sparse_coo tensor"),
+    "sparse CSR": (lambda: torch.zeros(3, 64).to_sparse_csr(), r"is a sparse_csr tensor"),
+    "nested": (lambda: torch.nested.nested_tensor([torch.zeros(2), torch.zeros(1)]), r"is a nested tensor"),
+    "float8": (lambda: torch.zeros(192, dtype=torch.float8_e4m3fn), r"is of dtype torch\.float8_e4m3fn"),
+}
+
+
+@pytest.mark.parametrize("kind", TENSORS_OF_NO_WEIGHT)
+def test_a_tensor_storing_no_plain_values_is_refused_by_name(tmp_path, kind):
+    make, expected = TENSORS_OF_NO_WEIGHT[kind]
+    state = {**_tiny_vit_state(), "norm.bias": make()}
+    path = written(tmp_path, state)
+    loaded, made = contents(path)["norm.bias"], make()  # control: torch's weights-only load rebuilds it as it was
+    assert (loaded.layout, loaded.is_nested, loaded.device, loaded.dtype) == (made.layout, made.is_nested, made.device, made.dtype)
+    with pytest.raises(CheckpointError, match=rf"norm\.bias {expected}; a weight is a dense tensor of numbers") as err:
+        get_importer("vit").convert(path, model="vit_tiny_patch16")  # main: RuntimeError/NotImplementedError
+    assert "\n" not in str(err.value)
+
+
+def test_a_float8_weight_in_a_safetensors_file_is_refused_by_name(tmp_path):
+    from safetensors.torch import save_file
+
+    save_file({**_tiny_vit_state(), "norm.bias": torch.zeros(192, dtype=torch.float8_e4m3fn)}, tmp_path / "w.safetensors")
+    with pytest.raises(CheckpointError, match=r"norm\.bias is of dtype torch\.float8_e4m3fn"):
+        get_importer("vit").convert(tmp_path / "w.safetensors", model="vit_tiny_patch16")
+
+
+@pytest.mark.parametrize("name", ["x" * 100_000, "head.weight\nerror: not this"])
+def test_a_weight_name_too_long_or_not_printable_is_refused_in_one_short_line(tmp_path, name):
+    state = {**_tiny_vit_state(), name: torch.zeros(1)}
+    with pytest.raises(CheckpointError, match=r"a weight is named .* characters\); weight names are printable and at most 1,024") as err:
+        get_importer("vit").convert(written(tmp_path, state), model="vit_tiny_patch16")
+    assert "\n" not in str(err.value) and len(str(err.value)) < 400  # main: the name whole in the message

@@ -7,11 +7,13 @@ binds through PyTriton, with PyTriton's error (a Python traceback) when one rais
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import sys
+import threading
 import traceback
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -52,6 +54,30 @@ class InferenceResponse:
         return self._error
 
 
+COMPLETE_FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
+_sent = itertools.count()  # the order responses are sent in, across every request
+
+
+class ResponseSender:
+    """A request's response sender, as Triton's stub gives a model that answers outside
+    ``execute``'s return value: one response, with the final flag, once (the stub refuses more)."""
+
+    def __init__(self):
+        self.response, self.order, self._sent = None, None, threading.Event()
+
+    def send(self, response=None, flags: int = 0) -> None:
+        if self._sent.is_set():
+            raise RuntimeError("Unable to send response. Non-decoupled model cannot send more than one response.")
+        assert flags == COMPLETE_FINAL and response is not None, "a non-decoupled model sends its one response with the final flag"
+        self.response, self.order = response, next(_sent)
+        self._sent.set()
+
+    def wait(self, timeout: float) -> InferenceResponse:
+        if not self._sent.wait(timeout):
+            raise TimeoutError(f"no response sent within {timeout} s")
+        return self.response
+
+
 @dataclass
 class Request:
     """What Triton hands ``execute``: named input tensors, and the outputs the client asked for
@@ -59,9 +85,22 @@ class Request:
 
     inputs: dict[str, np.ndarray]
     outputs: tuple[str, ...] = ()
+    sender: ResponseSender = field(default_factory=ResponseSender)
 
     def requested_output_names(self) -> list[str]:
         return list(self.outputs)
+
+    def get_response_sender(self) -> ResponseSender:
+        return self.sender
+
+
+def answered(model, requests: list[Request], timeout: float = 60) -> list[InferenceResponse]:
+    """``model.execute(requests)``'s answers in request order: its return value, or (a model
+    answering through the response senders, ``execute`` returning None) what each sender sent."""
+    responses = model.execute(requests)
+    if responses is not None:
+        return responses
+    return [request.sender.wait(timeout) for request in requests]
 
 
 def images_request(*images: bytes) -> Request:
@@ -105,6 +144,7 @@ def utils_module(pipeline=None) -> types.ModuleType:
         InferenceRequest=InferenceRequest,
         get_input_tensor_by_name=_input,
         get_output_tensor_by_name=_output,
+        TRITONSERVER_RESPONSE_COMPLETE_FINAL=COMPLETE_FINAL,
     )
     return module
 

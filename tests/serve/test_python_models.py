@@ -12,7 +12,7 @@ import threading
 
 import numpy as np
 import pytest
-from python_backend import Request, images_request, load_model
+from python_backend import Request, answered, images_request, load_model
 from stand_in_runner import NanRowRunner
 
 import deploykit
@@ -81,7 +81,7 @@ def test_a_poisoned_request_fails_alone_in_a_classify_batch(pipeline, valid_imag
     model = classify_model(pipeline, monkeypatch)
     requests = [images_request(data) for data in valid_images]
     requests.insert(VALID // 2, images_request(valid_images[0], POISONED[poison]()))  # a valid image beside it fails with it
-    responses = model.execute(requests)
+    responses = answered(model, requests)
     assert len(responses) == VALID + 1
     assert_client_error(responses.pop(VALID // 2), "")
     failed = [r.error().message() for r in responses if r.has_error()]
@@ -95,7 +95,7 @@ def test_a_poisoned_request_fails_alone_in_a_classify_batch(pipeline, valid_imag
 
 def test_classify_says_why_an_image_was_refused(pipeline, monkeypatch):
     model = classify_model(pipeline, monkeypatch)
-    responses = model.execute([images_request(data()) for data in POISONED.values()])
+    responses = answered(model, [images_request(data()) for data in POISONED.values()])
     needles = ["cannot decode image bytes: ", "cannot decode image bytes: ", "scans; this server takes at most", "animated (3 frames)"]
     for response, needle in zip(responses, needles):
         assert_client_error(response, needle)
@@ -104,7 +104,7 @@ def test_classify_says_why_an_image_was_refused(pipeline, monkeypatch):
 def test_a_nan_answer_is_refused_not_ranked_by_classify(export_dir, valid_images, monkeypatch):
     """The model answers NaN for one image: its call fails (a model fault) and nothing is ranked."""
     with deploykit.load(export_dir, factories={"ort": NanRowRunner}, top_k=3) as pipe:
-        responses = classify_model(pipe, monkeypatch).execute([images_request(data) for data in valid_images[:2]])
+        responses = answered(classify_model(pipe, monkeypatch), [images_request(data) for data in valid_images[:2]])
     for response in responses:
         assert response.has_error() and not response.output_tensors
         message = response.error().message()
@@ -151,7 +151,7 @@ def test_classify_answers_the_others_when_preparing_one_request_fails(pipeline, 
 
     monkeypatch.setattr(model, "_prepare", prepare)
     requests = [images_request(image_bombs.encoded("PNG", (40, 40))), images_request(poisoned), images_request(image_bombs.encoded("PNG"))]
-    responses = model.execute(requests)
+    responses = answered(model, requests)
     assert_client_error(responses[1], "cannot prepare this request's images (MemoryError)")
     assert not responses[0].has_error() and not responses[2].has_error()
 
@@ -172,7 +172,7 @@ def test_a_slow_image_does_not_hold_the_decode_of_the_others_in_its_batch(pipeli
         return real(data)
 
     monkeypatch.setattr(model, "_prepare", prepare)
-    responses = model.execute([images_request(slow), images_request(fast)])
+    responses = answered(model, [images_request(slow), images_request(fast)])
     assert [r.has_error() for r in responses] == [False, False], [r.error().message() for r in responses if r.has_error()]
     assert [t.as_numpy().tolist() for t in responses[1].output_tensors if t.name == "resolution"] == [[[32, 32]]]
     model.finalize()
@@ -260,6 +260,7 @@ def test_one_request_s_decode_work_is_bounded_and_its_images_take_turns_with_oth
     takes every request's first image before any request's second."""
     from deploykit.inputs.imaging import REQUEST_IMAGES_OF_MAX
     from deploykit.serve.classifier import ImageLimits
+    from deploykit.serve.triton_classify_model import Turns
     from deploykit.serve.triton_server import CLASSIFY_MODEL_SOURCE, ServerOptions, classify_config
 
     side = 50 * 70  # each image below is 50 x 70: within the per-image bound of 1.5 such images
@@ -269,18 +270,54 @@ def test_one_request_s_decode_work_is_bounded_and_its_images_take_turns_with_oth
     model = load_model(CLASSIFY_MODEL_SOURCE, {"parameters": {"settings": {"string_value": settings}}}, monkeypatch, pipeline)
     image = image_bombs.encoded("PNG", (50, 70))
     fits = REQUEST_IMAGES_OF_MAX * limits.max_pixels // side  # images of this size one request may hold
-    order, submit = [], model.decoders.submit
+    model.decoders.close()
+    model.decoders = Turns(1)  # one thread: the order images are taken in is the order they are prepared in
+    order, prepare = [], model._prepare
 
-    def recorded(fn, data):  # the real pool, its submission order noted
+    def recorded(data):
         order.append(bytes(data))
-        return submit(fn, data)
+        return prepare(data)
 
-    monkeypatch.setattr(model.decoders, "submit", recorded)
+    monkeypatch.setattr(model, "_prepare", recorded)
     small = image_bombs.encoded("PNG", (32, 32))
-    responses = model.execute([images_request(*[image] * (fits + 1)), images_request(*[image] * fits), images_request(small)])
+    responses = answered(model, [images_request(*[image] * (fits + 1)), images_request(*[image] * fits), images_request(small)])
     assert_client_error(responses[0], f"this request's {fits + 1} images hold {(fits + 1) * side:,} pixels; this server decodes at most")
     assert not responses[1].has_error() and not responses[2].has_error()
-    assert order.index(small) == 1  # in the first round: after the other request's first image, not its last
+    assert order.index(small) <= 1  # in the first round: after the other request's first image, not its last
+    model.finalize()
+
+
+def test_a_request_is_answered_while_an_earlier_ones_images_still_decode(pipeline, monkeypatch):
+    """Item 3 of issue 52: a valid request waited for every image of the requests batched with it,
+    and a request arriving during a batch for that whole batch (194 s behind 32 worst-case images).
+    ``execute`` now returns at once and each request is answered when its own images are ready:
+    here a heavy request's first image cannot finish until a small request has arrived in a later
+    ``execute`` (Triton calls an instance's ``execute`` one batch at a time), and the small one,
+    taken in turn after at most the heavy one's next image, is answered before the heavy one's six are."""
+    from deploykit.serve.triton_classify_model import Turns
+
+    model = classify_model(pipeline, monkeypatch)
+    model.decoders.close()
+    model.decoders = Turns(1)  # the worst case: every decode thread busy with the heavy request
+    heavy, small = image_bombs.encoded("PNG", (40, 40)), image_bombs.encoded("PNG", (32, 32))
+    arrived, order, prepare = threading.Event(), [], model._prepare
+
+    def prepared(data):
+        if bytes(data) == heavy and not order and not arrived.wait(5):
+            raise TimeoutError("execute held the instance until the heavy request's images were decoded")
+        order.append("small" if bytes(data) == small else "heavy")
+        return prepare(data)
+
+    monkeypatch.setattr(model, "_prepare", prepared)
+    first, second = images_request(*[heavy] * 6), images_request(small)
+    assert model.execute([first]) is None  # main: blocked here until the wait above gave up
+    model.execute([second])
+    arrived.set()
+    responses = [request.sender.wait(30) for request in (first, second)]
+    assert [r.has_error() for r in responses] == [False, False], [r.error().message() for r in responses if r.has_error()]
+    # the heavy request's second image may have been taken before the small one arrived, no more
+    assert order.count("heavy") == 6 and order.index("small") in (1, 2), order
+    assert second.sender.order < first.sender.order
     model.finalize()
 
 
