@@ -251,7 +251,11 @@ def config_from_timm(model: nn.Module, name: str) -> ViTConfig:
 
 def _readers() -> dict[type, Callable[[nn.Module, _Refusals], EncodingConfig | None]]:
     timm = lazy_import("timm")
-    return {timm.models.vision_transformer.VisionTransformer: _vit_encoding, timm.models.eva.Eva: _eva_encoding}
+    return {
+        timm.models.vision_transformer.VisionTransformer: _vit_encoding,
+        timm.models.deit.VisionTransformerDistilled: _vit_encoding,  # DeiT's distillation token and head
+        timm.models.eva.Eva: _eva_encoding,
+    }
 
 
 def _check_trunk(model: nn.Module, refuse: _Refusals) -> None:
@@ -266,7 +270,8 @@ def _check_trunk(model: nn.Module, refuse: _Refusals) -> None:
     refuse.check(embed.proj.bias is not None, "a patch embedding without bias")
     refuse.check(not getattr(embed, "dynamic_img_pad", False), "dynamic_img_pad")
     refuse.check(isinstance(model.norm_pre, nn.Identity), "a norm before the blocks (pre_norm)")
-    refuse.check(getattr(model, "attn_pool", None) is None, f"attention pooling (global_pool={model.global_pool!r})")
+    if getattr(model, "attn_pool", None) is not None:
+        _check_attention_pool(model.attn_pool, model, refuse, layers)
     refuse.check(not getattr(model, "pool_include_prefix", False), "pooling that includes prefix tokens")
     refuse.check(not (isinstance(model.norm, nn.Identity) and isinstance(model.fc_norm, nn.Identity)), "no final norm")
     norms = [m for m in model.modules() if isinstance(m, (nn.LayerNorm, layers.RmsNorm))]
@@ -304,7 +309,11 @@ def _check_block(block: nn.Module, embed_dim: int, refuse: _Refusals, layers) ->
         return
     attn, mlp = block.attn, block.mlp
     qk_norms = [getattr(attn, n, None) for n in ("q_norm", "k_norm")]
-    refuse.check(all(m is None or isinstance(m, nn.Identity) for m in qk_norms), "q/k norms")
+    refuse.check(
+        all(m is None or isinstance(m, nn.Identity) for m in qk_norms)
+        or all(isinstance(m, nn.LayerNorm) and m.normalized_shape == (attn.head_dim,) for m in qk_norms),
+        "q/k norms other than a LayerNorm over each head's channels",
+    )
     refuse.check(getattr(attn, "gate", None) is None, "gated attention")
     refuse.check(getattr(attn, "qkv", None) is not None or _separate_qkv(attn), "separate q/k/v projections with a k bias")
     refuse.check(attn.head_dim * attn.num_heads == embed_dim, "an attention width other than embed_dim")
@@ -312,7 +321,7 @@ def _check_block(block: nn.Module, embed_dim: int, refuse: _Refusals, layers) ->
     refuse.check(type(mlp) in [getattr(layers, name) for name in _MLP_LAYERS], f"MLP {type(mlp).__name__}")
     refuse.check(all(m.bias is not None for m in mlp.modules() if isinstance(m, nn.Linear)), "MLP projections without bias")
     if type(mlp) is layers.Mlp:
-        refuse.check(type(mlp.act) is nn.GELU and mlp.act.approximate == "none", f"MLP activation {mlp.act}")
+        refuse.check(_gelu(mlp.act) is not None, f"MLP activation {mlp.act}")
     else:  # SwiGLU, GluMlp: SiLU gate, first half of GluMlp's fc1 (gate_last=False, timm's SwiGLUPacked)
         refuse.check(
             type(mlp.act) is nn.SiLU and not getattr(mlp, "gate_last", False), f"{type(mlp).__name__} with {mlp.act} or the gate last"
@@ -321,10 +330,41 @@ def _check_block(block: nn.Module, embed_dim: int, refuse: _Refusals, layers) ->
     refuse.check(attn_scale is None or mlp_scale is not None, "LayerScale on the attention branch only")
 
 
+def _check_attention_pool(pool: nn.Module, model: nn.Module, refuse: _Refusals, layers) -> None:
+    """timm's ``AttentionPoolLatent`` (``global_pool='map'``) as deploykit's trunk computes it: one
+    latent, biased q/kv, no q/k norm or position, an ``Mlp`` with the blocks' activation."""
+    refuse.check(type(pool).__name__ == "AttentionPoolLatent", f"attention pooling {type(pool).__name__}")
+    if type(pool).__name__ != "AttentionPoolLatent":
+        return
+    refuse.check(
+        pool.latent.shape[1] == 1 and getattr(pool, "pos_embed", None) is None,
+        "attention pooling with several latents or a position embedding",
+    )
+    refuse.check(
+        all(isinstance(getattr(pool, n, nn.Identity()), nn.Identity) for n in ("q_norm", "k_norm")), "attention pooling with q/k norms"
+    )
+    refuse.check(pool.q.bias is not None and pool.kv.bias is not None, "attention pooling without q/kv biases")
+    refuse.check(pool.num_heads == model.blocks[0].attn.num_heads, "attention pooling with its own head count")
+    trunk_mlp = model.blocks[0].mlp
+    refuse.check(type(pool.mlp) is layers.Mlp and type(trunk_mlp) is layers.Mlp, "attention pooling's MLP beside a gated one")
+    if type(pool.mlp) is layers.Mlp and type(trunk_mlp) is layers.Mlp:
+        refuse.check(_gelu(pool.mlp.act) == _gelu(trunk_mlp.act), "attention pooling's MLP activation")
+        refuse.check(pool.mlp.fc1.out_features == trunk_mlp.fc1.out_features, "attention pooling's MLP width")
+
+
+def _gelu(act: nn.Module) -> str | None:
+    """``ViTConfig.act_layer`` of an MLP activation: ``gelu`` (erf), ``gelu_tanh``, None for others
+    (torch's ``nn.GELU`` or timm's ``GELU``/``GELUTanh`` classes)."""
+    if type(act) is nn.GELU:
+        return {"none": "gelu", "tanh": "gelu_tanh"}.get(act.approximate)
+    return {"GELU": "gelu", "GELUTanh": "gelu_tanh"}.get(type(act).__name__)
+
+
 def _trunk_fields(model: nn.Module) -> dict[str, Any]:
     """``ViTConfig`` fields shared by ``VisionTransformer`` and ``Eva`` (after ``_check_trunk``)."""
     embed, block = model.patch_embed, model.blocks[0]
     hidden = block.mlp.fc2.in_features
+    distilled = getattr(model, "dist_token", None) is not None
     return dict(
         img_size=embed.img_size[0],
         patch_size=embed.patch_size[0],
@@ -340,7 +380,10 @@ def _trunk_fields(model: nn.Module) -> dict[str, Any]:
         attn_norm=not isinstance(getattr(block.attn, "norm", nn.Identity()), nn.Identity),
         qkv_bias=_has_qkv_bias(block.attn),
         class_token=model.cls_token is not None,
-        reg_tokens=0 if model.reg_token is None else model.reg_token.shape[1],
+        reg_tokens=1 if distilled else 0 if model.reg_token is None else model.reg_token.shape[1],
+        distilled=distilled,
+        qk_norm=isinstance(getattr(block.attn, "q_norm", None), nn.LayerNorm),
+        act_layer=(_gelu(block.mlp.act) if type(block.mlp).__name__ == "Mlp" else None) or "gelu",  # gated MLPs gate with SiLU
         global_pool=model.global_pool,
         fc_norm=not isinstance(model.fc_norm, nn.Identity),
         init_values=_layer_scale(block)[0],

@@ -74,7 +74,9 @@ def test_pytorch_model_equals_timm_at_every_resolution(name):
         expected = timm_output(name, resolution)
         assert out.shape == expected.shape
         assert expected.abs().max() > 0.1  # a real signal
-        torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
+        # fp32 rounding grows with the outputs' size, and differs between CPUs' kernels (AVX2, AVX-512)
+        scale = max(1.0, float(expected.abs().max()))
+        torch.testing.assert_close(out, expected, atol=1e-5 * scale, rtol=0)
 
 
 def test_plain_bicubic_resize_would_not_match_timm():
@@ -306,7 +308,6 @@ def test_set_changes_the_imported_encoding(tmp_path, deploykit_cli):
         ("vit_tiny_patch16_244", [], "timm has no model 'vit_tiny_patch16_244'; did you mean vit_tiny_patch16_224"),
         ("resnet18", [], "class ResNet is not supported"),
         ("vit_base_patch16_clip_224", ["depth=1"], "not supported: a patch embedding without bias; a norm before the blocks (pre_norm)"),
-        ("vit_base_patch16_siglip_224", ["depth=1"], "not supported: attention pooling (global_pool='map')"),
         ("eva02_enormous_patch14_clip_224", ["depth=1"], "not supported: EvaBlockPostNorm blocks"),
         ("vit_small_patch16_18x2_224", ["depth=1"], "not supported: ParallelThingsBlock blocks; attention variants"),
     ],

@@ -5,6 +5,8 @@ Why recorded: timm imports torchvision, and PyPI's torchvision for the CPU torch
 (2.13.0) is built against CUDA torch, so it does not import there. Where timm does import,
 ``tests/nn/test_from_timm.py`` regenerates these outputs live and checks they still hold.
 
+``python tests/nn/timm_reference.py NAME ...`` records only those cases again.
+
 Weights and images come from a counter-based hash (splitmix64 of the element index and the
 key's CRC32), not from a framework RNG, so any machine and any torch version rebuilds them
 bit for bit from a key and a shape. Regenerate the JSON where timm imports::
@@ -47,6 +49,9 @@ CASES: dict[str, dict] = {
     "eva02_tiny_patch14_224": dict(_EVA, img_size=56),  # EVA-02 Ti's widths: packed SwiGLU, q/v biases, RoPE on the reference grid + APE
     "eva02_base_patch14_224": dict(_EVA, img_size=56, embed_dim=64, num_heads=2),  # q/k/v projections, SwiGLU + sub-LayerNorm
     "eva02_base_patch16_clip_224": dict(_EVA, img_size=64, embed_dim=64, num_heads=2),  # + attention sub-LayerNorm, class token
+    "vit_base_patch16_siglip_224": dict(_TINY, num_classes=10, dynamic_img_size=True),  # SigLIP: no class token, attention pooling (map)
+    "vit_small_patch16_224": dict(_TINY, num_classes=10, dynamic_img_size=True, qk_norm=True, act_layer="gelu_tanh"),  # q/k norms, tanh GELU
+    "deit_tiny_distilled_patch16_224": dict(_TINY, num_classes=10, dynamic_img_size=True),  # distillation token and head
 }
 RESOLUTIONS = ((64, 64), (48, 80), (96, 96))
 _PATCH14 = ((56, 56), (42, 70), (84, 84), (42, 42))
@@ -180,8 +185,13 @@ def meta_reference(name: str) -> dict:
 
 
 if __name__ == "__main__":
-    data = {name: timm_reference(name) for name in CASES}
-    data["dinov3_meta_format"] = {name: meta_reference(name) for name in META_CASES}
+    import sys
+
+    only = sys.argv[1:]  # names to record again, the others kept as recorded (default: all)
+    data = read_fixture() if only else {}
+    data.update({name: timm_reference(name) for name in (only or CASES)})
+    if not only:
+        data["dinov3_meta_format"] = {name: meta_reference(name) for name in META_CASES}
     FIXTURE.parent.mkdir(exist_ok=True)
     FIXTURE.write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {FIXTURE} ({FIXTURE.stat().st_size} bytes)")
