@@ -3,6 +3,7 @@ comes from and the layer TensorRT-RTX's real parser made of it."""
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 from collections import Counter
@@ -177,3 +178,18 @@ def _depends_on(proto: onnx.ModelProto, node: str, upstream: str) -> bool:
             seen.add(parent.name)
             todo.append(parent)
     return False
+
+
+def test_the_validate_output_names_the_first_divergent_layer(planted_validation):
+    from rich.console import Console
+
+    from deploykit import cli_render
+    from deploykit.validate import ValidationReport
+
+    record, *_ = planted_validation
+    out = Console(file=io.StringIO(), color_system=None)
+    cli_render.validation(out, ValidationReport([record]))
+    lines = out.file.getvalue().splitlines()
+    assert "first divergence: blocks.2" in lines[0]
+    assert lines[1].strip().startswith("first divergent layer: ONNX nodes ")
+    assert f" of {PLANTED_MODULE}: max abs " in lines[1] and all(n in lines[1] for n in record.first_divergent_layer.nodes)
