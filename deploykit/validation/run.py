@@ -37,6 +37,7 @@ from deploykit.export.directory import ExportDir
 from deploykit.export.manifest import GraphEntry
 from deploykit.export.metadata import GraphMetadata
 from deploykit.export.precision import check_precision
+from deploykit.export.qk_channels import with_contiguous_qk_channels
 from deploykit.inputs.builtin import (
     VALIDATION_NOISE,
     VALIDATION_REAL,
@@ -234,7 +235,13 @@ def first_divergent_layer(
     with runner:
         actual = run_batched(runner, inputs, batch_size)
         layers = runner.layer_names()
-    with TorchRunner(model, return_modules=list(chosen)) as reference_runner:
+    # The graph's q/k rows may be reordered at export (``export.qk_channels``, the order recorded):
+    # the reference is the model it was exported as, whose qkv outputs are in the graph's order.
+    graph_model, order = with_contiguous_qk_channels(model)
+    recorded = GraphMetadata.of(proto).qk_channel_order
+    if (None if order is None else tuple(int(i) for i in order)) != (None if recorded is None else tuple(recorded)):
+        graph_model = model  # a graph recording another order, or none: the trained layout
+    with TorchRunner(graph_model, return_modules=list(chosen)) as reference_runner:
         reference = run_batched(reference_runner, inputs, batch_size)
     errors = node_errors(chosen, reference, actual, tolerance, num_real)
     return DivergentLayer.of(errors, layers, [n.name for n in proto.graph.node], module_nodes(proto, chosen)), errors
