@@ -183,12 +183,12 @@ def _depends_on(proto: onnx.ModelProto, node: str, upstream: str) -> bool:
 def test_the_validate_output_names_the_first_divergent_layer(planted_validation):
     from rich.console import Console
 
-    from deploykit import cli_render
-    from deploykit.validate import ValidationReport
+    from deploykit.cli import render
+    from deploykit.validation.run import ValidationReport
 
     record, *_ = planted_validation
     out = Console(file=io.StringIO(), color_system=None)
-    cli_render.validation(out, ValidationReport([record]))
+    render.validation(out, ValidationReport([record]))
     lines = out.file.getvalue().splitlines()
     assert "first divergence: blocks.2" in lines[0]
     assert lines[1].strip().startswith("first divergent layer: ONNX nodes ")
