@@ -53,12 +53,8 @@ def test_a_planted_wrong_layer_is_named_with_its_node_and_module(zoo_ape_export)
     planted, node = _planted(proto)
     images = np.random.default_rng(0).standard_normal((2, 3, 48, 48)).astype(np.float32)
     # the layers TensorRT-RTX's real parser makes of the planted graph, named after their nodes
-    logger = rtx.Logger(rtx.Logger.ERROR)
-    builder = rtx.Builder(logger)
-    network = builder.create_network(1 << int(rtx.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
-    parser = rtx.OnnxParser(network, logger)
-    assert parser.parse(planted.SerializeToString())
-    layers = [network.get_layer(i).name for i in range(network.num_layers)]
+    layers = network_layers(rtx, planted)
+    assert layers
     found = first_divergent_node(node_origins(planted), _run_all(proto, images), _run_all(planted, images), PLANS["fp32"].tolerance, layers)
     assert found is not None
     assert (found.origin.node, found.origin.op_type, found.origin.module) == (node, "MatMul", PLANTED_MODULE)

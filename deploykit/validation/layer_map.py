@@ -236,8 +236,8 @@ def node_errors(
 ) -> list[NodeError]:
     """The error at each module's output node (``module_outputs``: module → node, in graph order)
     with the module's reference output in ``reference`` (by module) and the runner's in ``actual``
-    (by tensor); a module whose output is missing on either side, or of another shape (a module
-    called more than once, a tuple output), is not measured."""
+    (by tensor); a module whose output is missing on either side (a tuple output is not kept) or
+    of another shape is not measured."""
     errors = []
     for module, origin in outputs.items():
         tensor = origin.outputs[0] if origin.outputs else ""
