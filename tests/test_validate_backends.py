@@ -79,7 +79,11 @@ def test_fp16_divergence_is_named_in_onnxruntime(export_dir, tmp_path):
     (out / MANIFEST_FILE).write_text(json.dumps(manifest))
     (record,) = validate(out, precision="fp16", num_random=2, num_real=2).records
     assert not record.passed and record.first_divergent_block == "blocks.1"
-    assert validate(out, precision="fp32", num_random=2, num_real=2).records[0].first_divergent_block is None  # fp32 intact
+    # the layer: fc2, not the qkv projection whose q/k rows the export reordered (compared in the graph's order)
+    assert record.first_divergent_layer.module == "blocks.1.mlp.fc2"
+    assert not any(e.diverged for e in record.node_errors if e.module == "blocks.1.attn.qkv")
+    clean = validate(out, precision="fp32", num_random=2, num_real=2).records[0]  # fp32 intact
+    assert clean.first_divergent_block is None and clean.first_divergent_layer is None and clean.node_errors is None
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
@@ -93,6 +97,7 @@ def test_an_engine_s_divergence_is_located_in_that_engine(export_dir, stand_in_b
     (ort_record, engine_record) = report.records
     assert ort_record.passed and ort_record.first_divergent_block is None
     assert not engine_record.passed and engine_record.first_divergent_block == "blocks.2"
+    assert engine_record.first_divergent_layer.module == "blocks.2.mlp.fc2"  # in the engine too
 
 
 class _StandInStop(Exception):

@@ -64,6 +64,12 @@ def test_bundle_replays_without_deploykit(bundle):
     assert [line.split()[1] for line in passed] == [f"model_{r}.onnx" for r in RESOLUTIONS]
 
 
+def test_a_passing_check_names_no_divergence(bundle):
+    written = json.loads((bundle / BUNDLE_FILE).read_text())
+    assert written["divergences"] == [] and not (bundle / "divergence").exists()
+    assert all(r["first_divergent_layer"] is None and r["node_errors"] is None for r in written["report"])
+
+
 def test_bare_replay_names_the_first_divergent_block(bundle, tmp_path):
     # A reference that leaves the tolerance from block 2 on (and in the logits): the replay fails
     # and names blocks.2, found by running the graph with its block outputs marked.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -23,6 +23,8 @@ class TorchRunner(Runner):
         dtype: ``torch.float64`` for reference checks, ``torch.float32`` for timing.
         return_blocks: also return every block's output under its module path (``nn.spec.block_paths``:
             ``blocks.<i>``), for bisection.
+        return_modules: also return these modules' outputs under their names (``named_modules``;
+            a module called more than once: its last call), to compare with the nodes computing them.
         device: where the copy runs; inputs go there and outputs come back as host arrays, so
             timing ``infer`` includes the copies, as it does for every other runner.
         shape: bake the positional tables once for this input shape (``(height, width)`` or
@@ -37,6 +39,7 @@ class TorchRunner(Runner):
         model: Model,
         dtype: torch.dtype = torch.float64,
         return_blocks: bool = False,
+        return_modules: Sequence[str] = (),
         device: torch.device | str = "cpu",
         shape: tuple[int, ...] | None = None,
     ):
@@ -44,6 +47,7 @@ class TorchRunner(Runner):
         self.model = model
         self.dtype = dtype
         self.return_blocks = return_blocks
+        self.return_modules = tuple(return_modules)
         self.device = torch.device(device)
         self.shape = tuple(shape) if shape is not None else None
         self._model = None
@@ -69,8 +73,16 @@ class TorchRunner(Runner):
             if self.shape is not None and tuple(shape) != self.shape:
                 raise DeployKitError(f"torch runner baked for input shape {self.shape}, got {tuple(shape)}")
             tables = self._tables if self.shape is not None else self._tables_for(shape)
-            states = self._model.hidden_states(x, tables)
-            out = {OUTPUT_NAME: self._model.forward_head(self._model.norm(states[-1])).cpu().numpy()}
+            captured: dict[str, torch.Tensor] = {}
+            modules = dict(self._model.named_modules())
+            hooks = [modules[name].register_forward_hook(_capture(captured, name)) for name in self.return_modules if name in modules]
+            try:
+                states = self._model.hidden_states(x, tables)
+                out = {OUTPUT_NAME: self._model.forward_head(self._model.norm(states[-1])).cpu().numpy()}
+            finally:
+                for hook in hooks:
+                    hook.remove()
+            out.update({name: t.cpu().numpy() for name, t in captured.items()})
             if self.return_blocks:
                 out.update({path: f.cpu().numpy() for path, f in zip(block_paths(self._model), states[1:])})
         return out
@@ -85,3 +97,13 @@ class TorchRunner(Runner):
     def _deactivate(self) -> None:
         self._model = None
         self._tables = None
+
+
+def _capture(captured: dict, name: str):
+    """A forward hook keeping a module's tensor output under ``name`` (other outputs are not kept)."""
+
+    def hook(module, args, output):
+        if isinstance(output, torch.Tensor):
+            captured[name] = output.detach()
+
+    return hook

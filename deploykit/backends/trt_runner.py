@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import threading
@@ -232,6 +233,16 @@ class TrtRunner(Runner):
             self._state["note"] = rtx_capture_note(executor.context, executor.stream.ptr, shape, self.capture_guaranteed)
             self._state["judged"] = self.capture_guaranteed
         return outputs
+
+    def layer_names(self) -> list[str]:
+        """The engine's layers as its inspector lists them (fused layers named after the ONNX
+        nodes they hold); each entry is a name, or a dict with ``Name`` at detailed verbosity."""
+        engine = self._state.get("engine")
+        if engine is None:
+            return []
+        trt = import_trt(self.module)
+        info = json.loads(engine.create_engine_inspector().get_engine_information(trt.LayerInformationFormat.JSON))
+        return [layer if isinstance(layer, str) else str(layer.get("Name", "")) for layer in info.get("Layers", [])]
 
     def _deactivate(self) -> None:
         executor = self._state.get("executor")

@@ -92,6 +92,8 @@ def validation(out, report) -> None:
         if r.first_divergent_block:
             line += f"  first divergence: {r.first_divergent_block}"
         out.print(f"{line}  on {r.provider}", soft_wrap=True)
+        if r.first_divergent_layer:
+            out.print(f"  first divergent layer: {r.first_divergent_layer.describe()}", soft_wrap=True)
     passed = sum(r.passed for r in report.records)
     colour = "green" if report else "red"
     out.print(f"[{colour}]{passed}/{len(report.records)} checks passed[/]")

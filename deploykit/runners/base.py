@@ -212,6 +212,11 @@ class Runner:
         shape (PyTorch, ONNX Runtime)."""
         return ()
 
+    def layer_names(self) -> list[str]:
+        """The names of the layers an active runner executes (an engine's, as its inspector lists
+        them), for mapping a divergence back to the graph; empty for runners without layers."""
+        return []
+
     def __enter__(self):
         self.activate()
         return self

@@ -13,6 +13,11 @@ float64 PyTorch reference outputs on them, in the forms each tool reads:
   the check with ONNX Runtime alone and, when it fails, names the first divergent block from the
   per-block reference activations (``blocks.npz``) and the graph with its block outputs marked.
 
+For each failing check whose first divergent layer was found, ``divergence/<check>.json`` names it
+(engine layer, ONNX nodes, module, the error there) with every measured node's error, largest
+first, and ``divergence/<check>.node_data.json`` holds those errors as Model Explorer's node data
+(``model-explorer-onnx``: ``onnxvis GRAPH --node_data_paths=FILE`` colours each node by it).
+
 ``bundle.json`` records the tolerance deploykit judged by, the report, the engines' fingerprints
 found beside the graphs, and the environment; ``README.md`` and ``commands.sh`` give the exact
 command lines. The reference is computed in float64 and stored as the graph's output dtype for
@@ -24,6 +29,7 @@ bundle is refused, never replaced.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -45,7 +51,7 @@ from deploykit.inputs.resolutions import resolution_tag
 from deploykit.nn.factory import Model
 from deploykit.nn.spec import block_paths
 from deploykit.runners.base import run_batched
-from deploykit.validation.layer_map import marked_graph, node_origins
+from deploykit.validation.layer_map import DivergentLayer, NodeError, marked_graph, node_data, node_origins
 
 BUNDLE_VERSION = 1
 BUNDLE_FILE = "bundle.json"
@@ -84,12 +90,28 @@ class BundleCheck:
 
 
 @dataclass(frozen=True)
+class Divergent:
+    """A failing check's divergence as validate found it: what ``divergence/`` holds."""
+
+    label: str  # the report's label of the check (``ort@48``)
+    graph: Path  # the graph checked
+    block: str | None
+    layer: DivergentLayer | None
+    errors: tuple[NodeError, ...]
+
+    @property
+    def stem(self) -> str:
+        return _safe(self.label)
+
+
+@dataclass(frozen=True)
 class Bundle:
     """What ``write_bundle`` wrote."""
 
     path: Path
     checks: tuple[BundleCheck, ...]
     commands: tuple[str, ...]
+    divergences: tuple[str, ...] = ()  # the files of ``divergence/``
 
 
 def check_bundle_destination(dest: str | os.PathLike) -> None:
@@ -108,9 +130,10 @@ def write_bundle(
     *,
     precision: str,
     report: list[dict],
+    divergent: Sequence[Divergent] = (),
 ) -> Bundle:
     """Write the replay bundle for ``graphs`` (each graph's path, resolution and the reference it
-    was judged against) into ``dest``.
+    was judged against) into ``dest``, with ``divergent``: where failing checks diverged.
 
     Raises:
         ConfigError: ``dest`` exists and is not a bundle.
@@ -123,6 +146,7 @@ def write_bundle(
         commands = tuple(c for check in checks for c in replay_commands(check, tolerance))
         shutil.copyfile(Path(__file__).with_name("replay_script.py"), stage / REPLAY_SCRIPT)
         fingerprints = _copy_fingerprints(stage, [path for path, _, _ in graphs])
+        divergences = tuple(f for d in divergent if d.errors for f in _write_divergence(stage, d))
         write_json_atomic(
             stage / BUNDLE_FILE,
             {
@@ -132,13 +156,39 @@ def write_bundle(
                 "checks": [c.to_dict() for c in checks],
                 "commands": list(commands),
                 "fingerprints": fingerprints,
+                "divergences": list(divergences),
                 "report": report,
                 "environment": _environment(),
             },
         )
         write_text_atomic(stage / "commands.sh", "#!/bin/sh\n# Run from this directory; see README.md.\n" + "\n".join(commands) + "\n")
-        write_text_atomic(stage / "README.md", _readme(checks, commands, tolerance, precision))
-    return Bundle(dest, checks, commands)
+        write_text_atomic(stage / "README.md", _readme(checks, commands, tolerance, precision, divergent))
+    return Bundle(dest, checks, commands, divergences)
+
+
+DIVERGENCE_DIR = "divergence"
+
+
+def _write_divergence(stage: Path, divergent: Divergent) -> tuple[str, str]:
+    """``divergence/<check>.json`` (the first divergent layer, each measured node's error largest
+    first) and ``divergence/<check>.node_data.json`` (Model Explorer's node data); their paths."""
+    (stage / DIVERGENCE_DIR).mkdir(exist_ok=True)
+    summary, overlay = f"{DIVERGENCE_DIR}/{divergent.stem}.json", f"{DIVERGENCE_DIR}/{divergent.stem}.node_data.json"
+    ranked = sorted(divergent.errors, key=lambda e: -e.max_abs)
+    write_json_atomic(
+        stage / summary,
+        {
+            "check": divergent.label,
+            "graph": divergent.graph.name,
+            "first_divergent_block": divergent.block,
+            "first_divergent_layer": None if divergent.layer is None else dataclasses.asdict(divergent.layer),
+            "node_errors": [e.to_dict() for e in ranked],
+            "node_data": overlay,
+        },
+    )
+    graph_id = onnx.load(str(divergent.graph), load_external_data=False).graph.name
+    write_json_atomic(stage / overlay, node_data(graph_id, divergent.errors, divergent.layer))
+    return summary, overlay
 
 
 def _write_check(stage: Path, model: Model, graph: Path, resolution: tuple[int, ...], reference: Reference) -> BundleCheck:
@@ -271,7 +321,9 @@ def _environment() -> dict:
     return capture_environment(torch.device("cpu"))
 
 
-def _readme(checks: Sequence[BundleCheck], commands: Sequence[str], tolerance: Tolerance, precision: str) -> str:
+def _readme(
+    checks: Sequence[BundleCheck], commands: Sequence[str], tolerance: Tolerance, precision: str, divergent: Sequence[Divergent]
+) -> str:
     graphs = ", ".join(f"{c.graph} at {resolution_tag(c.resolution)}" for c in checks)
     lines = [
         "# deploykit validation bundle",
@@ -298,4 +350,13 @@ def _readme(checks: Sequence[BundleCheck], commands: Sequence[str], tolerance: T
         "module it comes from, so a layer Polygraphy or trtexec reports maps back to the model.",
         "",
     ]
+    found = [d for d in divergent if d.errors]
+    if found:
+        lines += ["Where the failing checks diverged (`divergence/`: each measured node's error, largest first):", ""]
+        for d in found:
+            where = d.layer.describe() if d.layer else f"no module of {d.block} left the tolerance on its own"
+            lines.append(f"- {d.label}: first divergent block {d.block}; {where}")
+        overlays = ",".join(f"{DIVERGENCE_DIR}/{d.stem}.node_data.json" for d in found)
+        lines += ["", "Model Explorer (`pip install model-explorer-onnx`) colours each node by its error:", ""]
+        lines += [f"    onnxvis {found[0].graph.name} --node_data_paths={overlays}", ""]
     return "\n".join(lines)

@@ -10,6 +10,10 @@ fails, block outputs are compared one by one (recorded at export, so only those 
 marked as outputs: fusion elsewhere is untouched) to name the first transformer block that
 diverges, in the backend that failed: ONNX Runtime with the same providers, or a debug engine
 built from the marked graph with the failing engine's settings (``registry.create_bisect_runner``).
+Within that block the output of each module is then compared with its float64 output
+(``first_divergent_layer``): the record names the first divergent layer (the engine layer where
+the runner has layers, its ONNX nodes, the module, the error there) and holds each measured node's
+error, which ``--bundle`` writes for Model Explorer (``deploykit.validation.layer_map``).
 """
 
 from __future__ import annotations
@@ -31,7 +35,9 @@ from deploykit.errors import ConfigError, ValidationError
 from deploykit.export.bundle import load_reference
 from deploykit.export.directory import ExportDir
 from deploykit.export.manifest import GraphEntry
+from deploykit.export.metadata import GraphMetadata
 from deploykit.export.precision import check_precision
+from deploykit.export.qk_channels import with_contiguous_qk_channels
 from deploykit.inputs.builtin import (
     VALIDATION_NOISE,
     VALIDATION_REAL,
@@ -45,7 +51,7 @@ from deploykit.inputs.user import InputData
 from deploykit.nn.factory import Model
 from deploykit.nn.spec import block_paths, deploy_spec
 from deploykit.runners.base import Runner, run_batched
-from deploykit.validation.layer_map import marked_graph
+from deploykit.validation.layer_map import DivergentLayer, NodeError, marked_graph, module_nodes, module_outputs, node_errors
 
 
 @dataclass
@@ -71,6 +77,8 @@ class Record:
     passed: bool
     failures: list[str] = field(default_factory=list)
     first_divergent_block: str | None = None
+    first_divergent_layer: DivergentLayer | None = None  # within that block (``first_divergent_layer``)
+    node_errors: list[NodeError] | None = None  # each module output node measured there, in graph order
     profiled: bool = False  # ``resolution`` × ``batch`` is one of an engine's profile shapes (min/opt/max)
     graph: str = ""  # the graph file checked
     range_graph: bool = False  # the graph covers a resolution range (checked at its min/opt/max)
@@ -82,9 +90,11 @@ class Record:
     kernels: str = ""  # ONNX Runtime on the CPU: what computed deploykit's custom ops (compiled kernel or function body)
 
     @classmethod
-    def of(cls, checked: Checked, run: Run, reference: Reference, resolution: tuple[int, ...], batch: int, block: str | None) -> Record:
+    def of(
+        cls, checked: Checked, run: Run, reference: Reference, resolution: tuple[int, ...], batch: int, divergence: Divergence | None
+    ) -> Record:
         """The record of one check (``checked``) of ``run``'s runner on ``reference`` at
-        ``resolution`` × ``batch``; ``block``: the first divergent block, when it failed."""
+        ``resolution`` × ``batch``; ``divergence``: where it diverged, when it failed."""
         tolerance = bar_of(checked.criteria, Tolerance)
         reported = {f.name for f in fields(cls)}  # the tolerance's metrics (another bar of the plan may measure more)
         return cls(
@@ -98,7 +108,9 @@ class Record:
             tolerance=tolerance.to_dict(),
             passed=checked.result.passed,
             failures=list(checked.result.failures),
-            first_divergent_block=block,
+            first_divergent_block=divergence.block if divergence else None,
+            first_divergent_layer=divergence.layer if divergence else None,
+            node_errors=divergence.errors if divergence and divergence.errors else None,
             profiled=run.profiled,
             graph=run.entry.file,
             range_graph=run.entry.resolution_range is not None,
@@ -169,6 +181,72 @@ def first_divergent_block(
     return "head" if block is None else paths[block]
 
 
+@dataclass(frozen=True)
+class Divergence:
+    """Where a failing check diverged: the first divergent block, the first divergent layer in it
+    and the error at each module output node measured there."""
+
+    block: str | None
+    layer: DivergentLayer | None = None
+    errors: list[NodeError] = field(default_factory=list)
+
+
+def first_divergent_layer(
+    onnx_path: Path,
+    model: Model,
+    inputs: np.ndarray,
+    tolerance: Tolerance,
+    block: str,
+    batch_size: int = 4,
+    backend: str = RUNNER,
+    plugins: Plugins | None = None,
+    num_real: int = 0,
+) -> tuple[DivergentLayer | None, list[NodeError]]:
+    """The first layer of ``block`` (``blocks.<i>``, or ``"head"``: what follows the last block)
+    whose output diverges in ``backend``, and the error at each module output node of the block.
+
+    Every module whose output node lies after the previous block's output and up to this block's
+    (``layer_map.module_outputs``) has that output marked and compared with the module's float64
+    output; the layer is the engine layer holding the first divergent node where the runner names
+    its layers, else that node. ``(None, [])`` when the graph recorded no block outputs or the
+    backend cannot run a marked graph."""
+    import onnx
+
+    from deploykit.runners.onnxrt import with_outputs
+
+    proto = onnx.load(str(onnx_path))
+    paths, tensors = block_paths(model), GraphMetadata.of(proto).block_outputs
+    if len(tensors) != len(paths):
+        return None, []
+    produced = {tensor: i for i, node in enumerate(proto.graph.node) for tensor in node.output}
+    at = {node.name: i for i, node in enumerate(proto.graph.node)}
+    # the nodes after the previous block's output, up to this block's (the head: to the end)
+    index = paths.index(block) if block in paths else len(paths)
+    low = produced[tensors[index - 1]] if index > 0 else -1
+    high = produced[tensors[index]] if index < len(paths) else len(at)
+    outputs = module_outputs(proto, [name for name, _ in model.named_modules() if name])
+    chosen = {m: o for m, o in outputs.items() if low < at[o.node] <= high and o.outputs}
+    if not chosen:
+        return None, []
+    marked = with_outputs(proto, [o.outputs[0] for o in chosen.values()]).SerializeToString()
+    runner = registry.create_bisect_runner(backend, onnx_path, marked, plugins=plugins)
+    if runner is None:
+        return None, []
+    with runner:
+        actual = run_batched(runner, inputs, batch_size)
+        layers = runner.layer_names()
+    # The graph's q/k rows may be reordered at export (``export.qk_channels``, the order recorded):
+    # the reference is the model it was exported as, whose qkv outputs are in the graph's order.
+    graph_model, order = with_contiguous_qk_channels(model)
+    recorded = GraphMetadata.of(proto).qk_channel_order
+    if (None if order is None else tuple(int(i) for i in order)) != (None if recorded is None else tuple(recorded)):
+        graph_model = model  # a graph recording another order, or none: the trained layout
+    with TorchRunner(graph_model, return_modules=list(chosen)) as reference_runner:
+        reference = run_batched(reference_runner, inputs, batch_size)
+    errors = node_errors(chosen, reference, actual, tolerance, num_real)
+    return DivergentLayer.of(errors, layers, [n.name for n in proto.graph.node], module_nodes(proto, chosen)), errors
+
+
 def validate(
     export_dir: str | os.PathLike,
     *,
@@ -234,7 +312,7 @@ def validate(
         check_real_count(model, num_real, VALIDATION_SPLIT, "--num-real")  # before any run, not at the first resolution
     references = References(num_random, num_real, inputs, seed, batch_size, progress)
     used = None if inputs is None else inputs.record(range(num_real))
-    records = []
+    records, divergent = [], []
     for entry in entries:
         path = directory.graph(entry, manifest.encoding)
         for backend in backends:
@@ -248,21 +326,27 @@ def validate(
                     for r, b in _checks(entry, runner, batch_size)
                 ]
             for resolution, batch, checked in checks:
-                block = None
+                divergence = None
                 if not checked:
                     if progress:
-                        progress(f"{backend} @ {path.name}: locating the first divergent block")
+                        progress(f"{backend} @ {path.name}: locating the first divergent block and layer")
                     tolerance = bar_of(checked.criteria, Tolerance)
-                    block = first_divergent_block(
-                        path, model, references.at(model, resolution).inputs, tolerance, batch, backend, plugins, num_real
-                    )
-                records.append(Record.of(checked, run, references.at(model, resolution), resolution, batch, block))
+                    images = references.at(model, resolution).inputs
+                    block = first_divergent_block(path, model, images, tolerance, batch, backend, plugins, num_real)
+                    divergence = Divergence(block)
+                    if block is not None:
+                        layer, errors = first_divergent_layer(path, model, images, tolerance, block, batch, backend, plugins, num_real)
+                        divergence = Divergence(block, layer, errors)
+                records.append(Record.of(checked, run, references.at(model, resolution), resolution, batch, divergence))
+                if divergence is not None:
+                    divergent.append((records[-1].label, path, divergence))
     report = ValidationReport(records)
     if bundle is not None:
-        from deploykit.validation.bundle import write_bundle
+        from deploykit.validation.bundle import Divergent, write_bundle
 
         graphs = [(directory.graph(e, manifest.encoding), tuple(r), references.at(model, r)) for e in entries for r in e.shapes]
-        write_bundle(bundle, model, graphs, plan.tolerance, precision=precision, report=report.to_json())
+        found = [Divergent(label, path, d.block, d.layer, tuple(d.errors)) for label, path, d in divergent]
+        write_bundle(bundle, model, graphs, plan.tolerance, precision=precision, report=report.to_json(), divergent=found)
     return report
 
 

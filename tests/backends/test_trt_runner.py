@@ -185,3 +185,24 @@ def test_tensorrt_engine_matches_onnxruntime(tmp_path, cuda_graph):
         expected = ort_runner.infer({"images": images})["logits"]
     np.testing.assert_allclose(first, expected, atol=1e-3)
     np.testing.assert_array_equal(first, again)
+
+
+@pytest.mark.parametrize("verbosity", ["layer names only", "detailed"])
+def test_an_engine_runner_lists_its_layers_as_the_inspector_names_them(verbosity):
+    # The inspector's JSON lists each layer as its name, or (detailed verbosity) as a dict with "Name";
+    # deserialising a real engine needs a GPU, so the engine and its inspector are TensorRT-RTX's own classes, specced.
+    from unittest.mock import create_autospec
+
+    import tensorrt_rtx as rtx
+
+    names = ["node_MatMul_205 + node_linear_10", "{ForeignNode[node_Mul_26...node_add_251]}"]
+    inspector = create_autospec(rtx.EngineInspector, instance=True)
+    layers = names if verbosity == "layer names only" else [{"Name": n, "LayerType": "Myelin"} for n in names]
+    inspector.get_engine_information.return_value = json.dumps({"Layers": layers, "Bindings": ["images", "logits"]})
+    engine = create_autospec(rtx.ICudaEngine, instance=True)
+    engine.create_engine_inspector.return_value = inspector
+    runner = TrtRunner(b"", module="tensorrt_rtx")
+    assert runner.layer_names() == []  # not active: no engine
+    runner._state = {"engine": engine}
+    assert runner.layer_names() == names
+    inspector.get_engine_information.assert_called_once_with(rtx.LayerInformationFormat.JSON)
