@@ -50,7 +50,9 @@ CASES: dict[str, dict] = {
     "eva02_base_patch14_224": dict(_EVA, img_size=56, embed_dim=64, num_heads=2),  # q/k/v projections, SwiGLU + sub-LayerNorm
     "eva02_base_patch16_clip_224": dict(_EVA, img_size=64, embed_dim=64, num_heads=2),  # + attention sub-LayerNorm, class token
     "vit_base_patch16_siglip_224": dict(_TINY, num_classes=10, dynamic_img_size=True),  # SigLIP: no class token, attention pooling (map)
-    "vit_small_patch16_224": dict(_TINY, num_classes=10, dynamic_img_size=True, qk_norm=True, act_layer="gelu_tanh"),  # q/k norms, tanh GELU
+    "vit_small_patch16_224": dict(
+        _TINY, num_classes=10, dynamic_img_size=True, qk_norm=True, act_layer="gelu_tanh"
+    ),  # q/k norms, tanh GELU
     "deit_tiny_distilled_patch16_224": dict(_TINY, num_classes=10, dynamic_img_size=True),  # distillation token and head
 }
 RESOLUTIONS = ((64, 64), (48, 80), (96, 96))
