@@ -41,6 +41,7 @@ from deploykit.backends.openvino_audit import lowered_below_f32
 from deploykit.backends.openvino_marks import exempt_adds_from_low_precision_passes, keep_fp32, ops_computing, with_typed_marks
 from deploykit.errors import DeployKitError, one_line, unknown_choice
 from deploykit.runners.base import CpuPrecision, RunInfo, Runner
+from deploykit.runners.cpu import int8_saturates
 from deploykit.runners.streams import ExecutorPool, check_streams
 
 HINTS = ("f32", "bf16")
@@ -252,15 +253,6 @@ class OpenvinoBf16Runner(OpenvinoRunner):
 
     def __init__(self, model: str | os.PathLike | bytes, threads: int = 0, streams: int = 1):
         super().__init__(model, precision_hint="bf16", threads=threads, streams=streams)
-
-
-def int8_saturates() -> bool:
-    """Whether OpenVINO's int8 products saturate on this CPU: x86 without VNNI or AMX, where a
-    pair of u8·s8 products is summed in 16 bits (OpenVINO's "saturation (overflow) issue")."""
-    from deploykit.runners.cpu import cpu_instruction_sets
-
-    isa = set(cpu_instruction_sets())
-    return "sse4_2" in isa and not isa & {"avx512_vnni", "avx_vnni", "amx_int8"}
 
 
 class OpenvinoSource(NamedTuple):

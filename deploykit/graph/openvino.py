@@ -144,7 +144,10 @@ def weights_in_seven_bits(model) -> int:
         values, factors, zero = (v.const_value.numpy() for v in sources)
         if values.dtype != np.int8 or zero.any() or (values.min() >= -64 and values.max() <= 63):
             continue  # not a symmetric int8 weight, or already within 7 bits
-        halved = (np.clip(np.rint(values / 2.0), -64, 63).astype(np.int8), factors * 2)
+        halved = (
+            np.clip(np.rint(values / 2.0), -64, 63).astype(np.int8),
+            np.asarray(factors * 2, dtype=factors.dtype),
+        )  # a 0-d scale stays an array of its dtype
         for index, (value, array) in enumerate(zip(sources[:2], halved)):
             if len(value.uses()) == 1:
                 value.const_value = ir.tensor(array, name=value.name)

@@ -381,7 +381,7 @@ def compiled_library(runtime: str = "onnxruntime") -> CompiledLibrary:
         version = tuple(int(p) for p in ort.__version__.split(".")[:2] if p.isdigit())
         if version < MIN_ORT:
             return CompiledLibrary(None, f"onnxruntime {ort.__version__} is older than {'.'.join(map(str, MIN_ORT))}")
-    source = "openvino" if runtime == "openvino" else "onnxruntime"  # the buffers' entries are in ONNX Runtime's file
+    source = runtime if runtime in RUNTIMES else RUNTIMES[0]  # the buffers' entries are in ONNX Runtime's file
     compiler = _compiler(source)
     if compiler is None:
         name = (os.environ.get("CC") or "cc") if source == "onnxruntime" else (os.environ.get("CXX") or "c++")

@@ -110,3 +110,11 @@ def denormals_flushed() -> Iterator[bool]:
 
     with denormal_mode_kept():
         yield torch.set_flush_denormal(True)
+
+
+def int8_saturates() -> bool:
+    """Whether int8 products saturate on this CPU: x86 without VNNI or AMX, where a pair of u8·s8
+    products is summed in 16 bits (OpenVINO's "saturation (overflow) issue"; ONNX Runtime's u8s8
+    kernels too, the reason for its quantizer's ``reduce_range``)."""
+    isa = set(cpu_instruction_sets())
+    return "sse4_2" in isa and not isa & {"avx512_vnni", "avx_vnni", "amx_int8"}
