@@ -207,7 +207,7 @@ def _prepare_peak(preprocessing, resolutions, data: bytes, results) -> None:
     """In a fresh process: its resident size before, and its peak after, preparing ``data`` as ``classify`` does (KiB)."""
     from PIL import Image
 
-    from deploykit import imaging
+    from deploykit.inputs import imaging
 
     small = io.BytesIO()
     Image.new("RGB", (8, 8)).save(small, format="PNG")
