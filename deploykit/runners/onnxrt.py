@@ -13,10 +13,11 @@ but an int64 shape, naming them, unless ``allow_cpu_fallback``. ``placement`` (a
 ``info``, which reports record) say where every node ran.
 
 deploykit's custom ops. On the CPU provider alone, a graph with ``deploykit::SaPE2Bias`` nodes
-runs their pairwise distances in deploykit's compiled kernel (``deploykit.kernels``;
-the signature stage stays the exported function's plain ONNX), unless ``compiled_kernels=False``
-or the kernel cannot be built here, when ONNX Runtime runs the function body; ``info.kernels``
-says which. ``cpu_runner``, what the exporter's checks run, always runs the function body.
+runs them in deploykit's compiled kernels (``deploykit.kernels``: the signature stage where its
+inputs are fp32, the pairwise distances with the logits' add), unless ``compiled_kernels=False``
+or the kernels cannot be built here, when ONNX Runtime runs the function body; ``info.kernels``
+says which. ``cpu_runner``, what the exporter's checks run, always runs the function body. On a
+CPU whose int8 products saturate, int8 weights are narrowed to 7 bits as OpenVINO's runner does.
 """
 
 from __future__ import annotations
